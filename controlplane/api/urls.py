@@ -1,0 +1,20 @@
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from controlplane.api import views
+
+router = DefaultRouter()
+router.register("devices", views.DeviceViewSet, basename="device")
+router.register("tasks", views.TaskViewSet, basename="task")
+router.register("experiments", views.ExperimentViewSet, basename="experiment")
+router.register("runs", views.RunViewSet, basename="run")
+router.register("rounds", views.RoundViewSet, basename="round")
+router.register("assignments", views.AssignmentViewSet, basename="assignment")
+router.register("checkpoints", views.CheckpointViewSet, basename="checkpoint")
+
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("", include(router.urls)),
+]

@@ -1,0 +1,199 @@
+"""API views: validate the request's shape, call a service, serialize the result."""
+
+from __future__ import annotations
+
+import django_filters
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.api import serializers as s
+from controlplane.experiments import selectors as exp_selectors
+from controlplane.experiments import services as exp_services
+from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Task
+from controlplane.fleet import selectors as fleet_selectors
+from controlplane.fleet import services as fleet_services
+
+
+def _validated(serializer_class, request: Request, **kwargs) -> dict:
+    serializer = serializer_class(data=request.data, **kwargs)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class DeviceViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Devices of the federation; each is served by ``mtfl agent --device NAME``."""
+
+    serializer_class = s.DeviceSerializer
+    filterset_fields = ["backend", "status"]
+
+    def get_queryset(self):
+        return fleet_selectors.device_list()
+
+    @extend_schema(request=s.DeviceCreateSerializer, responses={201: s.DeviceSerializer})
+    def create(self, request: Request) -> Response:
+        device = fleet_services.device_create(**_validated(s.DeviceCreateSerializer, request))
+        return Response(s.DeviceSerializer(device).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.DeviceUpdateSerializer, responses={200: s.DeviceSerializer})
+    def update(self, request: Request, pk=None, partial=False) -> Response:
+        device = fleet_services.device_update(device=self.get_object(), **_validated(s.DeviceUpdateSerializer, request))
+        return Response(s.DeviceSerializer(device).data)
+
+
+class TaskViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Learning tasks: a model architecture from the zoo trained on a data set."""
+
+    serializer_class = s.TaskSerializer
+    queryset = Task.objects.order_by("id")
+    filterset_fields = ["architecture", "dataset"]
+
+    @extend_schema(request=s.TaskWriteSerializer, responses={201: s.TaskSerializer})
+    def create(self, request: Request) -> Response:
+        task = exp_services.task_create(**_validated(s.TaskWriteSerializer, request))
+        return Response(s.TaskSerializer(task).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.TaskWriteSerializer, responses={200: s.TaskSerializer})
+    def update(self, request: Request, pk=None, partial=False) -> Response:
+        data = _validated(s.TaskWriteSerializer, request, partial=partial)
+        if partial:
+            data = {k: v for k, v in data.items() if k in request.data}
+        task = exp_services.task_update(task=self.get_object(), **data)
+        return Response(s.TaskSerializer(task).data)
+
+
+class ExperimentViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Experiments: tasks × devices with each device's shard of each task's data."""
+
+    serializer_class = s.ExperimentSerializer
+
+    def get_queryset(self):
+        return Experiment.objects.prefetch_related("tasks", "devices", "shards__device", "shards__task").order_by("-id")
+
+    @extend_schema(request=s.ExperimentCreateSerializer, responses={201: s.ExperimentSerializer})
+    def create(self, request: Request) -> Response:
+        data = _validated(s.ExperimentCreateSerializer, request)
+        experiment = exp_services.experiment_create(
+            name=data["name"],
+            description=data["description"],
+            task_ids=data["tasks"],
+            device_ids=data["devices"],
+            rounds=data["rounds"],
+            local_epochs=data["local_epochs"],
+            partition_rule=data["partition_rule"],
+            dirichlet_alpha=data["dirichlet_alpha"],
+            seed=data["seed"],
+            sample_counts=data["sample_counts"],
+        )
+        return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.ExperimentUpdateSerializer, responses={200: s.ExperimentSerializer})
+    def update(self, request: Request, pk=None, partial=False) -> Response:
+        unknown = set(request.data) - set(s.ExperimentUpdateSerializer().fields) if hasattr(request.data, "keys") else set()
+        data = dict(_validated(s.ExperimentUpdateSerializer, request, partial=True))
+        for field in sorted(unknown):
+            data[field] = request.data[field]
+        experiment = exp_services.experiment_update(experiment=self.get_object(), **data)
+        return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data)
+
+    @extend_schema(request=s.RunCreateSerializer, responses={201: s.RunSerializer})
+    @action(detail=True, methods=["post"], url_path="runs")
+    def runs(self, request: Request, pk=None) -> Response:
+        """Launch a run of a strategy (``temporal``, ``isolation``, ``sharing`` or ``manual``)."""
+        data = _validated(s.RunCreateSerializer, request)
+        run = exp_services.run_create(experiment=self.get_object(), strategy=data["strategy"], plan=data["plan"])
+        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+class RunFilter(django_filters.FilterSet):
+    class Meta:
+        model = Run
+        fields = ["experiment", "strategy", "status"]
+
+
+class RunViewSet(viewsets.ReadOnlyModelViewSet):
+    """Runs: one strategy executed on an experiment. Launch one with
+    ``POST /api/experiments/{id}/runs/``."""
+
+    serializer_class = s.RunSerializer
+    filterset_class = RunFilter
+
+    def get_queryset(self):
+        return exp_selectors.run_list()
+
+    @extend_schema(request=None, responses={200: s.RunSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk=None) -> Response:
+        """Cancel a run: no further round starts."""
+        run = exp_services.run_cancel(run=self.get_object())
+        return Response(s.RunSerializer(run).data)
+
+    @extend_schema(responses={200: dict})
+    @action(detail=True, methods=["get"])
+    def progress(self, request: Request, pk=None) -> Response:
+        """Rounds done, the current round's assignments done, and a fraction in [0, 1]."""
+        return Response(exp_selectors.run_progress(self.get_object()))
+
+
+class RoundFilter(django_filters.FilterSet):
+    experiment = django_filters.NumberFilter(field_name="run__experiment")
+
+    class Meta:
+        model = Round
+        fields = ["run", "experiment", "status", "index"]
+
+
+class RoundViewSet(viewsets.ReadOnlyModelViewSet):
+    """Rounds (FL synchronisation cycles) with their time and throughput metrics."""
+
+    serializer_class = s.RoundSerializer
+    filterset_class = RoundFilter
+
+    def get_queryset(self):
+        return exp_selectors.round_list()
+
+
+class AssignmentFilter(django_filters.FilterSet):
+    run = django_filters.NumberFilter(field_name="round__run")
+    experiment = django_filters.NumberFilter(field_name="round__run__experiment")
+
+    class Meta:
+        model = Assignment
+        fields = ["round", "run", "experiment", "device", "task", "status"]
+
+
+class AssignmentViewSet(viewsets.ReadOnlyModelViewSet):
+    """Assignments: one task on one device in one round (plan and measurements)."""
+
+    serializer_class = s.AssignmentSerializer
+    filterset_class = AssignmentFilter
+
+    def get_queryset(self):
+        return exp_selectors.assignment_list()
+
+
+class CheckpointFilter(django_filters.FilterSet):
+    class Meta:
+        model = Checkpoint
+        fields = ["run", "task", "round"]
+
+
+class CheckpointViewSet(viewsets.ReadOnlyModelViewSet):
+    """Checkpoints: the global model of each task after each round, with its test accuracy."""
+
+    serializer_class = s.CheckpointSerializer
+    filterset_class = CheckpointFilter
+
+    def get_queryset(self):
+        return exp_selectors.checkpoint_list()

@@ -1,0 +1,1 @@
+"""Pieces shared by the control plane's apps: the application error type."""

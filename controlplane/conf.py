@@ -1,0 +1,26 @@
+"""App settings for mtfl-lab, read from ``settings.MTFL`` with defaults (DRF's APISettings pattern)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    "ROUND_DEADLINE_S": 1800.0,
+    "WARMUP_ITERATIONS": 2,
+    "STANDALONE_TIMED_ITERATIONS": 5,
+    "HEARTBEAT_OFFLINE_S": 60.0,
+    "BASELINE_BATCH_SIZE": 128,
+}
+
+
+def mtfl_setting(name: str) -> Any:
+    """Return ``settings.MTFL[name]``, or its default.
+
+    Raises:
+        KeyError: for a name that is not an mtfl-lab setting.
+    """
+    if name not in DEFAULTS:
+        raise KeyError(f"unknown mtfl-lab setting {name!r}; known: {sorted(DEFAULTS)}")
+    return getattr(settings, "MTFL", {}).get(name, DEFAULTS[name])

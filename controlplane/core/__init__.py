@@ -1,0 +1,1 @@
+"""Operations: the embedded Redis, child-process supervision and the ``mtfl`` commands."""

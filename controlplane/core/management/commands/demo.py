@@ -1,0 +1,133 @@
+"""``mtfl demo``: a whole multi-task FL comparison on real data, on the embedded stack."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_experiment_create, run_wait
+from controlplane.core.management.commands._common import (
+    comparison_table,
+    console,
+    prepare_database,
+    serve_until_interrupted,
+)
+from controlplane.core.stack import LocalStack
+from controlplane.experiments import services as exp_services
+from controlplane.fleet.models import Device
+from controlplane.planning.strategies import BASELINES
+from workers.messages import ARCHITECTURES
+
+
+def _interrupt(*_args) -> None:
+    """SIGTERM stops the demo like Ctrl-C: every child process is stopped on the way out."""
+    raise KeyboardInterrupt
+
+
+def _positive_int(name: str, value: str, lo: int = 1, hi: int = 10_000) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise CommandError(f"--{name} must be an integer from {lo} to {hi}, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise CommandError(f"--{name}={v} is out of range: allowed {lo} to {hi}")
+    return v
+
+
+class Command(BaseCommand):
+    help = (
+        "Start the embedded stack (Redis, control worker, two local cpu device agents), run the "
+        "baselines on the digits demo experiment, print the comparison, then serve the dashboard."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-serve", action="store_true", help="exit after the comparison table")
+        parser.add_argument("--addr", default="127.0.0.1:8000", help="where to serve the dashboard")
+        parser.add_argument("--devices", default="2", help="number of local devices (default 2)")
+        parser.add_argument("--rounds", default="2", help="FL rounds per run (default 2)")
+        parser.add_argument("--local-epochs", default="1", help="local epochs per round (default 1)")
+        parser.add_argument("--alpha", default="0.5", help="Dirichlet alpha of the data volumes (default 0.5)")
+        parser.add_argument("--samples", default=None, help="training samples per task (default: all 1437)")
+        parser.add_argument(
+            "--architectures", default=",".join(DEMO_ARCHITECTURES), help="comma-separated models of the zoo"
+        )
+        parser.add_argument("--strategies", default=",".join(BASELINES), help="comma-separated strategies")
+        parser.add_argument("--timeout", default="1800", help="seconds allowed per run (default 1800)")
+
+    def handle(self, *args, **opts):
+        n_devices = _positive_int("devices", opts["devices"], 1, 16)
+        rounds = _positive_int("rounds", opts["rounds"], 1, 1000)
+        local_epochs = _positive_int("local-epochs", opts["local_epochs"], 1, 100)
+        timeout_s = _positive_int("timeout", opts["timeout"], 10, 7 * 24 * 3600)
+        samples = _positive_int("samples", opts["samples"], 1, 10_000_000) if opts["samples"] else None
+        try:
+            alpha = float(opts["alpha"])
+        except ValueError:
+            raise CommandError(f"--alpha must be a number in (0, 1000], got {opts['alpha']!r}") from None
+        if not 0 < alpha <= 1000:
+            raise CommandError(f"--alpha={alpha} is out of range: allowed (0, 1000]")
+        architectures = [a.strip() for a in opts["architectures"].split(",") if a.strip()]
+        for a in architectures:
+            if a not in ARCHITECTURES:
+                raise CommandError(f"--architectures: {a!r} is not in the zoo; allowed: {', '.join(ARCHITECTURES)}")
+        strategies = [s.strip() for s in opts["strategies"].split(",") if s.strip()]
+        for s in strategies:
+            if s not in BASELINES:
+                raise CommandError(f"--strategies: {s!r} is not allowed; allowed: {', '.join(BASELINES)}")
+
+        started = time.monotonic()
+        signal.signal(signal.SIGTERM, _interrupt)
+        creds = prepare_database()
+        agent_names = [f"local-{chr(ord('a') + i)}" for i in range(n_devices)]
+        try:
+            with LocalStack(agents=agent_names, log=lambda line: console.print(f"[dim]{line}[/dim]")) as stack:
+                console.print("waiting for the control worker and the device agents…")
+                stack.wait_ready()
+                devices = list(Device.objects.filter(name__in=agent_names))
+                experiment = demo_experiment_create(
+                    devices=devices, architectures=architectures, rounds=rounds, local_epochs=local_epochs,
+                    alpha=alpha, samples=samples,
+                )
+                console.print(f"experiment [bold]{experiment.name}[/bold] (id {experiment.id}): {experiment.description}")
+                self._run_all(experiment, strategies, timeout_s, stack)
+                rows = comparison_rows(experiment)
+                console.print(comparison_table(rows, [t.name for t in experiment.tasks.order_by("id")]))
+                for r in rows:
+                    if r["error"]:
+                        console.print(f"[red]run {r['run']} ({r['strategy']}): {r['error']}[/red]")
+                console.print(f"demo took {time.monotonic() - started:.0f} s; experiment page: /experiments/{experiment.id}/")
+                if not opts["no_serve"]:
+                    serve_until_interrupted(stack, opts["addr"], creds)
+        except KeyboardInterrupt:
+            console.print("interrupted: every child process was stopped")
+            raise SystemExit(130) from None
+        except (RuntimeError, TimeoutError) as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _run_all(self, experiment, strategies, timeout_s, stack) -> None:
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            for strategy in strategies:
+                run = exp_services.run_create(experiment=experiment, strategy=strategy)
+                bar = progress.add_task(f"{strategy:<10}", total=1.0, detail="queued")
+
+                def update(p, bar=bar):
+                    stack.children.check_alive()
+                    detail = f"{p['rounds_done']}/{p['rounds_total']} rounds"
+                    if p["current_round"]:
+                        c = p["current_round"]
+                        detail += f" · round {c['index']}: {c['assignments_finished']}/{c['assignments_total']} done"
+                        if c["assignments_running"]:
+                            detail += f", {c['assignments_running']} training"
+                    elif p["status"] == "running":
+                        detail += f" · {p['phase']}"
+                    elif p["status"] != "pending":
+                        detail += f" · {p['status']}"
+                    progress.update(bar, completed=p["fraction"], detail=detail)
+
+                run_wait(run, timeout_s=timeout_s, on_progress=update)

@@ -1,0 +1,33 @@
+"""``mtfl up``: serve the web app with a control worker and local device agents."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.core.management.commands._common import console, prepare_database, serve_until_interrupted
+from controlplane.core.stack import LocalStack
+from workers.queues import DEVICE_NAME_RE
+
+
+class Command(BaseCommand):
+    help = "Serve the web app with a control worker and local cpu device agents on the embedded defaults."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--addr", default="127.0.0.1:8000", help="where to serve (default 127.0.0.1:8000)")
+        parser.add_argument(
+            "--agents", default="local-a,local-b",
+            help="comma-separated local cpu device agents to start ('' for none; default local-a,local-b)",
+        )
+
+    def handle(self, *args, **opts):
+        agents = [a.strip() for a in opts["agents"].split(",") if a.strip()]
+        for name in agents:
+            if not DEVICE_NAME_RE.match(name):
+                raise CommandError(f"--agents: {name!r} is not a valid device name (lower-case letters, digits, '-', '_')")
+        creds = prepare_database()
+        try:
+            with LocalStack(agents=agents, log=lambda line: console.print(f"[dim]{line}[/dim]")) as stack:
+                stack.wait_ready()
+                serve_until_interrupted(stack, opts["addr"], creds)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc

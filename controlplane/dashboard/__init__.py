@@ -1,0 +1,1 @@
+"""The browser dashboard: Django views and pure Plotly figure builders."""

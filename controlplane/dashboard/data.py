@@ -1,0 +1,109 @@
+"""Reads that feed the dashboard: rows for the figure builders and the page tables."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import plotly.graph_objects as go
+
+from controlplane.dashboard import figures
+from controlplane.experiments import selectors
+from controlplane.experiments.models import Assignment, Experiment, Run
+from controlplane.planning.strategies import STRATEGIES
+
+
+def figure_json(fig: go.Figure) -> dict[str, Any]:
+    """A figure as plain JSON data (what ``Plotly.newPlot`` takes)."""
+    return json.loads(fig.to_json())
+
+
+def experiment_runs(experiment: Experiment) -> list[dict[str, Any]]:
+    """Every run of an experiment with its metrics, speedups and final accuracy per task."""
+    baseline = selectors.baseline_run(experiment)
+    rows = []
+    for run in experiment.runs.order_by("id"):
+        rows.append(
+            {
+                "run": run,
+                **selectors.run_speedups(run, baseline),
+                "accuracy": selectors.run_final_accuracy(run),
+            }
+        )
+    return rows
+
+
+def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> dict[str, dict]:
+    """Speedup bars (newest succeeded run per strategy) and accuracy-over-time curves."""
+    latest: dict[str, dict[str, Any]] = {}
+    for row in runs:
+        if row["run"].status == Run.Status.SUCCEEDED:
+            latest[row["run"].strategy] = row
+    order = [s for s in STRATEGIES if s in latest]
+    bars = figures.speedup_bars(
+        [{"strategy": s, "raw_speedup": latest[s]["raw_speedup"], "fair_speedup": latest[s]["fair_speedup"]} for s in order]
+    )
+    series = []
+    for row in runs:
+        run = row["run"]
+        by_task: dict[str, list] = {}
+        for ckpt in run.checkpoints.select_related("task").order_by("created_at", "id"):
+            by_task.setdefault(ckpt.task.name, []).append((ckpt.created_at, ckpt.test_accuracy))
+        for task, points in by_task.items():
+            series.append(
+                {"strategy": run.strategy, "run": run.id, "task": task,
+                 "points": figures.seconds_since(run.started_at, points)}
+            )
+    return {"speedup": figure_json(bars), "accuracy": figure_json(figures.accuracy_over_time(series))}
+
+
+def run_assignment_rows(run: Run) -> list[dict[str, Any]]:
+    """Every assignment of a run as a plain row (one query)."""
+    qs = (
+        Assignment.objects.filter(round__run=run)
+        .select_related("round", "device", "task")
+        .order_by("round__index", "device__name", "task_id")
+    )
+    return [
+        {
+            "round_index": a.round.index,
+            "device": a.device.name,
+            "task": a.task.name,
+            "batch_size": a.batch_size,
+            "active_thread_percentage": a.active_thread_percentage,
+            "samples": a.samples,
+            "throughput_sps": a.throughput_sps,
+            "standalone_throughput_sps": a.standalone_throughput_sps,
+            "train_loss": a.train_loss,
+            "started_at": a.started_at,
+            "finished_at": a.finished_at,
+            "status": a.status,
+            "error": a.error,
+        }
+        for a in qs
+    ]
+
+
+def run_figures(run: Run) -> dict[str, dict]:
+    """Allocation plan per round, throughput per task per round, and the timeline."""
+    rows = run_assignment_rows(run)
+    round_indices = sorted({r["round_index"] for r in rows})
+    return {
+        "plan": figure_json(figures.allocation_plan(rows, round_indices=round_indices)),
+        "throughput": figure_json(figures.throughput_per_round(rows)),
+        "timeline": figure_json(figures.timeline(rows)),
+    }
+
+
+def run_live(run: Run) -> dict[str, Any]:
+    """What the run page polls: progress, round table rows and (re)built figures."""
+    progress = selectors.run_progress(run)
+    rounds = [
+        {
+            "index": r.index, "status": r.status, "round_time_s": r.round_time_s, "wall_time_s": r.wall_time_s,
+            "fl_throughput_sps": r.fl_throughput_sps, "raw_throughput_sps": r.raw_throughput_sps,
+            "fair_throughput": r.fair_throughput, "error": r.error, "flags": r.flags,
+        }
+        for r in run.rounds.order_by("index")
+    ]
+    return {"progress": progress, "rounds": rounds, "figures": run_figures(run)}

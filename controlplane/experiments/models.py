@@ -1,0 +1,240 @@
+"""Experiment state: what is trained where (tasks, experiments, shards) and what happened
+(runs, rounds, assignments, standalone throughputs, checkpoints).
+
+Vocabulary (DESIGN.md §2): an *experiment* is the setup; a *run* executes one strategy on it;
+a *round* is one FL synchronisation cycle; an *assignment* is one task on one device in one round
+(the allocation plan of a round is its set of assignments); a *checkpoint* is the global model of
+a task after a round.
+"""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from controlplane.fleet.models import Device
+from controlplane.planning.strategies import STRATEGIES
+from workers.messages import ARCHITECTURES, DATASETS, OPTIMIZERS
+
+
+class Task(models.Model):
+    """A learning task: a model architecture from the zoo trained on a data set."""
+
+    name = models.CharField(max_length=100, unique=True)
+    architecture = models.CharField(max_length=64, choices=[(a, a) for a in ARCHITECTURES])
+    dataset = models.CharField(max_length=32, choices=[(d, d) for d in DATASETS], default="digits")
+    dataset_root = models.CharField(
+        max_length=1024, blank=True, default="", help_text="local folder of the data set (cifar10)"
+    )
+    num_classes = models.PositiveIntegerField(default=10)
+    optimizer = models.CharField(max_length=16, choices=[(o, o) for o in OPTIMIZERS], default="sgd")
+    learning_rate = models.FloatField(default=0.05)
+    momentum = models.FloatField(default=0.9)
+    weight_decay = models.FloatField(default=5e-4)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Experiment(models.Model):
+    """A multi-task FL setup: tasks, devices, rounds, local epochs and how data is split.
+
+    The per-device, per-task sample counts are derived from ``partition_rule`` when the
+    experiment is created and kept as :class:`Shard` rows.
+    """
+
+    class PartitionRule(models.TextChoices):
+        IID = "iid"
+        DIRICHLET = "dirichlet"
+        EXPLICIT = "explicit"
+
+    name = models.CharField(max_length=200, unique=True)
+    description = models.TextField(blank=True, default="")
+    tasks = models.ManyToManyField(Task, related_name="experiments")
+    devices = models.ManyToManyField(Device, related_name="experiments")
+    rounds = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(10_000)])
+    local_epochs = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
+    partition_rule = models.CharField(max_length=16, choices=PartitionRule.choices, default="iid")
+    dirichlet_alpha = models.FloatField(null=True, blank=True)
+    seed = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Shard(models.Model):
+    """``|D_ij|``: how many training samples of a task a device holds in an experiment.
+
+    The samples are ``permutation[offset : offset + num_samples]`` of the task's training split
+    (:func:`workers.partition.shard_indices`, seeded by the experiment's seed).
+    """
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="shards")
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="shards")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="shards")
+    num_samples = models.PositiveIntegerField()
+    offset = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["experiment", "device", "task"]
+        constraints = [
+            models.UniqueConstraint(fields=["experiment", "device", "task"], name="uniq_shard"),
+        ]
+
+
+class Run(models.Model):
+    """One strategy executed on an experiment, round after round."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    strategy = models.CharField(max_length=32, choices=[(s, s) for s in STRATEGIES])
+    manual_plan = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    raw_throughput_sps = models.FloatField(null=True, blank=True)
+    fair_throughput = models.FloatField(null=True, blank=True)
+    fl_throughput_sps = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["experiment", "strategy", "status"])]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.strategy}) of {self.experiment}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in {self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED}
+
+
+class StandaloneThroughput(models.Model):
+    """``P_alone``: a task's throughput alone on the whole device at a batch size, per run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="standalone_throughputs")
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="+")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+")
+    batch_size = models.PositiveIntegerField()
+    throughput_sps = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    measured_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "device", "task", "batch_size"], name="uniq_standalone"),
+        ]
+
+
+class Round(models.Model):
+    """One FL synchronisation cycle of a run.
+
+    ``round_time_s`` is the cycle's compute span, first trainer start to last trainer end
+    (:func:`controlplane.planning.metrics.round_time`); ``wall_time_s`` is dispatch to
+    aggregation done, process start-up and FedAvg included.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        AGGREGATING = "aggregating"
+        SUCCEEDED = "succeeded"
+        PARTIAL = "partial"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rounds")
+    index = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    round_time_s = models.FloatField(null=True, blank=True)
+    wall_time_s = models.FloatField(null=True, blank=True)
+    samples_trained = models.PositiveBigIntegerField(default=0)
+    fl_throughput_sps = models.FloatField(null=True, blank=True)
+    raw_throughput_sps = models.FloatField(null=True, blank=True)
+    fair_throughput = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    flags = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="uniq_round_index")]
+
+    def __str__(self) -> str:
+        return f"round {self.index} of run {self.run_id}"
+
+
+class Assignment(models.Model):
+    """One task on one device in one round: the plan (batch size, share, samples) and what the
+    trainer measured (throughput, loss, timestamps)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="assignments")
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="assignments")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="assignments")
+    batch_size = models.PositiveIntegerField()
+    active_thread_percentage = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
+    samples = models.PositiveIntegerField(help_text="|D_ij|: the shard size")
+    samples_trained = models.PositiveIntegerField(default=0)
+    throughput_sps = models.FloatField(null=True, blank=True)
+    standalone_throughput_sps = models.FloatField(null=True, blank=True)
+    seconds = models.FloatField(null=True, blank=True)
+    train_loss = models.FloatField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    error = models.TextField(blank=True, default="")
+    weights_path = models.CharField(max_length=512, blank=True, default="")
+    weights_sha256 = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        ordering = ["round", "device", "task"]
+        constraints = [
+            models.UniqueConstraint(fields=["round", "device", "task"], name="uniq_assignment"),
+        ]
+
+
+class Checkpoint(models.Model):
+    """The global model of a task after a round (``round`` null: the initial model)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="checkpoints")
+    round = models.ForeignKey(
+        Round, on_delete=models.CASCADE, related_name="checkpoints", null=True, blank=True
+    )
+    artifact_path = models.CharField(max_length=512)
+    sha256 = models.CharField(max_length=64)
+    test_accuracy = models.FloatField(null=True, blank=True)
+    test_loss = models.FloatField(null=True, blank=True)
+    kept_previous = models.BooleanField(
+        default=False, help_text="no device had samples of this task: the previous model was kept"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "task", "created_at"]

@@ -1,0 +1,311 @@
+"""Writes to the catalogue: tasks and experiments (with their shards)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.common.errors import ApplicationError
+from controlplane.experiments.models import Experiment, Shard, Task
+from controlplane.fleet.models import Device
+from workers.datasets import dataset_info
+from workers.messages import ARCHITECTURES, DATASETS, OPTIMIZERS
+from workers.partition import shard_counts, shard_offsets
+
+
+
+def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ApplicationError(f"{field} {value!r} is not supported; allowed: {', '.join(allowed)}", field=field)
+
+
+def _check_finite_range(field: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ApplicationError(f"{field} must be a number", field=field) from None
+    lo_ok = v > lo if lo_open else v >= lo
+    hi_ok = v < hi if hi_open else v <= hi
+    if not (math.isfinite(v) and lo_ok and hi_ok):
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise ApplicationError(f"{field}={value!r} is out of range: allowed {interval}", field=field)
+    return v
+
+
+def _check_task_fields(fields: Mapping[str, Any]) -> None:
+    if "architecture" in fields:
+        _check_choice("architecture", fields["architecture"], ARCHITECTURES)
+    if "dataset" in fields:
+        _check_choice("dataset", fields["dataset"], DATASETS)
+    if "optimizer" in fields:
+        _check_choice("optimizer", fields["optimizer"], OPTIMIZERS)
+    if "learning_rate" in fields:
+        _check_finite_range("learning_rate", fields["learning_rate"], 0.0, 10.0, lo_open=True)
+    if "momentum" in fields:
+        _check_finite_range("momentum", fields["momentum"], 0.0, 1.0, hi_open=True)
+    if "weight_decay" in fields:
+        _check_finite_range("weight_decay", fields["weight_decay"], 0.0, 1.0)
+
+
+def _check_dataset_consistency(task: Task) -> None:
+    info = dataset_info(task.dataset)
+    if not info.num_classes <= task.num_classes <= 100_000:
+        raise ApplicationError(
+            f"num_classes={task.num_classes} is out of range for {task.dataset}: allowed "
+            f"{info.num_classes} to 100000 (the data set has {info.num_classes} classes)",
+            field="num_classes",
+        )
+    if task.dataset == "cifar10" and not task.dataset_root:
+        raise ApplicationError(
+            "dataset_root is required for cifar10: the folder holding cifar-10-batches-py "
+            "(nothing is downloaded)",
+            field="dataset_root",
+        )
+
+
+@transaction.atomic
+def task_create(
+    *,
+    name: str,
+    architecture: str,
+    dataset: str = "digits",
+    dataset_root: str = "",
+    num_classes: int = 10,
+    optimizer: str = "sgd",
+    learning_rate: float = 0.05,
+    momentum: float = 0.9,
+    weight_decay: float = 5e-4,
+) -> Task:
+    """Define a learning task.
+
+    Raises:
+        ApplicationError: unknown architecture, data set or optimizer; a hyper-parameter out of
+            range; ``num_classes`` below the data set's class count; a duplicate name.
+    """
+    fields = dict(
+        name=name,
+        architecture=architecture,
+        dataset=dataset,
+        dataset_root=dataset_root or "",
+        num_classes=num_classes,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        momentum=momentum,
+        weight_decay=weight_decay,
+    )
+    _check_task_fields(fields)
+    if not name:
+        raise ApplicationError("name is required", field="name")
+    if Task.objects.filter(name=name).exists():
+        raise ApplicationError(f"a task named {name!r} already exists", field="name")
+    task = Task(**fields)
+    _check_dataset_consistency(task)
+    task.save()
+    return task
+
+
+@transaction.atomic
+def task_update(*, task: Task, **fields: Any) -> Task:
+    """Change a task's definition; its model and data set are fixed once an experiment ran it.
+
+    Raises:
+        ApplicationError: as :func:`task_create`, or changing ``architecture``/``dataset`` of a
+            task that already has runs.
+    """
+    allowed = {"name", "architecture", "dataset", "dataset_root", "num_classes", "optimizer",
+               "learning_rate", "momentum", "weight_decay"}
+    unknown = set(fields) - allowed
+    if unknown:
+        raise ApplicationError(f"cannot update {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
+    _check_task_fields(fields)
+    frozen = {"architecture", "dataset", "num_classes"} & {k for k, v in fields.items() if getattr(task, k) != v}
+    if frozen and task.experiments.filter(runs__isnull=False).exists():
+        field = sorted(frozen)[0]
+        raise ApplicationError(f"{field} cannot change: experiments have already run this task", field=field)
+    if "name" in fields and Task.objects.exclude(pk=task.pk).filter(name=fields["name"]).exists():
+        raise ApplicationError(f"a task named {fields['name']!r} already exists", field="name")
+    for key, value in fields.items():
+        setattr(task, key, value)
+    _check_dataset_consistency(task)
+    task.save()
+    return task
+
+
+def _shard_table(
+    *,
+    tasks: list[Task],
+    devices: list[Device],
+    partition_rule: str,
+    dirichlet_alpha: float | None,
+    seed: int,
+    sample_counts: Iterable[Mapping[str, Any]] | None,
+) -> list[tuple[Device, Task, int, int]]:
+    """Derive ``(device, task, num_samples, offset)`` for every pair (see :class:`Shard`).
+
+    ``iid`` splits each task's training set as evenly as possible; ``dirichlet`` draws each
+    task's device proportions from ``Dir(alpha)`` with seed ``seed * 10007 + k`` for the
+    ``k``-th task (so tasks get different skews); ``explicit`` takes the given counts.
+    """
+    rows: list[tuple[Device, Task, int, int]] = []
+    if partition_rule == Experiment.PartitionRule.EXPLICIT:
+        given: dict[tuple[int, int], int] = {}
+        device_by_id = {d.id: d for d in devices}
+        task_by_id = {t.id: t for t in tasks}
+        for k, entry in enumerate(sample_counts or []):
+            try:
+                device_id, task_id, n = int(entry["device"]), int(entry["task"]), int(entry["num_samples"])
+            except (KeyError, TypeError, ValueError):
+                raise ApplicationError(
+                    f"sample_counts[{k}] needs integer device, task and num_samples", field="sample_counts"
+                ) from None
+            if device_id not in device_by_id:
+                raise ApplicationError(f"sample_counts[{k}].device={device_id} is not a device of this experiment", field="sample_counts")
+            if task_id not in task_by_id:
+                raise ApplicationError(f"sample_counts[{k}].task={task_id} is not a task of this experiment", field="sample_counts")
+            if n < 0:
+                raise ApplicationError(f"sample_counts[{k}].num_samples={n} is negative: allowed 0 or more", field="num_samples")
+            if (device_id, task_id) in given:
+                raise ApplicationError(f"sample_counts[{k}] repeats device {device_id} and task {task_id}", field="sample_counts")
+            given[(device_id, task_id)] = n
+        for task in tasks:
+            train_size = dataset_info(task.dataset).train_size
+            counts = [given.get((d.id, task.id), 0) for d in devices]
+            if sum(counts) > train_size:
+                raise ApplicationError(
+                    f"sample_counts for task {task.name!r} add up to {sum(counts)}, more than its "
+                    f"training split holds ({train_size})",
+                    field="num_samples",
+                )
+            rows += [(d, task, n, off) for d, n, off in zip(devices, counts, shard_offsets(counts), strict=True)]
+        return rows
+    if sample_counts:
+        raise ApplicationError("sample_counts are only allowed with partition_rule 'explicit'", field="sample_counts")
+    for k, task in enumerate(tasks):
+        train_size = dataset_info(task.dataset).train_size
+        try:
+            counts = shard_counts(
+                train_size, len(devices), partition_rule, alpha=dirichlet_alpha, seed=seed * 10007 + k
+            )
+        except ValueError as exc:
+            raise ApplicationError(str(exc), field="dirichlet_alpha") from exc
+        rows += [(d, task, n, off) for d, n, off in zip(devices, counts, shard_offsets(counts), strict=True)]
+    return rows
+
+
+def _resolve(model, ids: Iterable[Any], field: str) -> list:
+    ids = list(ids or [])
+    if not ids:
+        raise ApplicationError(f"{field} must list at least one", field=field)
+    try:
+        ids = [int(i) for i in ids]
+    except (TypeError, ValueError):
+        raise ApplicationError(f"{field} must be a list of ids", field=field) from None
+    if len(set(ids)) != len(ids):
+        raise ApplicationError(f"{field} lists an id twice", field=field)
+    objects = list(model.objects.filter(id__in=ids).order_by("id"))
+    missing = sorted(set(ids) - {o.id for o in objects})
+    if missing:
+        raise ApplicationError(f"{field}: no {model.__name__.lower()} with id {', '.join(map(str, missing))}", field=field)
+    return objects
+
+
+@transaction.atomic
+def experiment_create(
+    *,
+    name: str,
+    task_ids: Iterable[int],
+    device_ids: Iterable[int],
+    rounds: int,
+    local_epochs: int = 1,
+    partition_rule: str = "iid",
+    dirichlet_alpha: float | None = None,
+    seed: int = 0,
+    sample_counts: Iterable[Mapping[str, Any]] | None = None,
+    description: str = "",
+) -> Experiment:
+    """Create an experiment and derive its shards (``|D_ij|`` for every device and task).
+
+    Args:
+        sample_counts: for ``partition_rule="explicit"``: ``[{"device": id, "task": id,
+            "num_samples": n}, ...]``; pairs left out hold 0 samples.
+
+    Raises:
+        ApplicationError: unknown tasks or devices, ``rounds``/``local_epochs`` out of range,
+            a partition rule or ``dirichlet_alpha`` that is not allowed, explicit counts that are
+            negative or exceed a training split, a duplicate name.
+    """
+    if not name:
+        raise ApplicationError("name is required", field="name")
+    if Experiment.objects.filter(name=name).exists():
+        raise ApplicationError(f"an experiment named {name!r} already exists", field="name")
+    tasks = _resolve(Task, task_ids, "tasks")
+    devices = _resolve(Device, device_ids, "devices")
+    _check_finite_range("rounds", rounds, 1, 10_000)
+    _check_finite_range("local_epochs", local_epochs, 1, 1000)
+    _check_finite_range("seed", seed, 0, 2**31 - 1)
+    _check_choice("partition_rule", partition_rule, Experiment.PartitionRule.values)
+    if partition_rule == Experiment.PartitionRule.DIRICHLET:
+        if dirichlet_alpha is None:
+            raise ApplicationError("dirichlet_alpha is required with partition_rule 'dirichlet': allowed (0, 1000]", field="dirichlet_alpha")
+        _check_finite_range("dirichlet_alpha", dirichlet_alpha, 0.0, 1000.0, lo_open=True)
+    elif dirichlet_alpha is not None:
+        raise ApplicationError("dirichlet_alpha is only allowed with partition_rule 'dirichlet'", field="dirichlet_alpha")
+    rows = _shard_table(
+        tasks=tasks,
+        devices=devices,
+        partition_rule=partition_rule,
+        dirichlet_alpha=dirichlet_alpha,
+        seed=int(seed),
+        sample_counts=sample_counts,
+    )
+    if not any(n > 0 for _, _, n, _ in rows):
+        raise ApplicationError("no device holds any sample: nothing would be trained", field="sample_counts")
+    experiment = Experiment.objects.create(
+        name=name,
+        description=description or "",
+        rounds=int(rounds),
+        local_epochs=int(local_epochs),
+        partition_rule=partition_rule,
+        dirichlet_alpha=dirichlet_alpha,
+        seed=int(seed),
+    )
+    experiment.tasks.set(tasks)
+    experiment.devices.set(devices)
+    Shard.objects.bulk_create(
+        Shard(experiment=experiment, device=d, task=t, num_samples=n, offset=off) for d, t, n, off in rows
+    )
+    return experiment
+
+
+@transaction.atomic
+def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
+    """Change an experiment's name, description, rounds or local epochs.
+
+    Tasks, devices and the partition are fixed at creation (runs would no longer be comparable):
+    create a new experiment to change them.
+
+    Raises:
+        ApplicationError: a field that cannot change, or a value out of range.
+    """
+    allowed = {"name", "description", "rounds", "local_epochs"}
+    unknown = set(fields) - allowed
+    if unknown:
+        field = sorted(unknown)[0]
+        raise ApplicationError(
+            f"{field} cannot change after creation (runs would no longer be comparable); create a new experiment",
+            field=field,
+        )
+    if "rounds" in fields:
+        _check_finite_range("rounds", fields["rounds"], 1, 10_000)
+    if "local_epochs" in fields:
+        _check_finite_range("local_epochs", fields["local_epochs"], 1, 1000)
+    if "name" in fields and Experiment.objects.exclude(pk=experiment.pk).filter(name=fields["name"]).exists():
+        raise ApplicationError(f"an experiment named {fields['name']!r} already exists", field="name")
+    for key, value in fields.items():
+        setattr(experiment, key, value)
+    experiment.save()
+    return experiment

@@ -1,0 +1,509 @@
+"""The round protocol: runs, standalone measurements, rounds, FedAvg and checkpoints.
+
+A run, step by step (DESIGN.md §2):
+
+1. :func:`run_create` (web) saves the run and, after commit, queues ``RUN_BEGIN``.
+2. :func:`run_begin` (control worker) claims it, writes each task's seeded initial model,
+   evaluates it, and asks every device for ``P_alone`` at the planned batch sizes.
+3. :func:`standalone_record` stores those and starts round 0.
+4. :func:`round_start` plans the round (assignments saved) and dispatches a chord: one
+   ``train_round`` per device → ``ROUND_FINISH``, plus a watchdog at the round's deadline.
+5. :func:`round_finish` records every device's measurements, runs FedAvg per task over the
+   devices that succeeded, evaluates the global models, writes checkpoints, computes the
+   round's metrics, then starts the next round or finishes the run.
+
+Every state change is claimed with one conditional update (``filter(status=...).update(...)``)
+so a duplicate delivery, or a watchdog racing a late callback, changes nothing twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from pydantic import ValidationError as PydanticValidationError
+
+from controlplane.common.errors import ApplicationError
+from controlplane.conf import mtfl_setting
+from controlplane.experiments import selectors
+from controlplane.experiments.models import (
+    Assignment,
+    Checkpoint,
+    Experiment,
+    Round,
+    Run,
+    StandaloneThroughput,
+)
+from controlplane.experiments.services import dispatch
+from controlplane.planning import metrics
+from controlplane.planning.strategies import STRATEGIES, make_plan
+from controlplane.planning.types import Plan, PlanningError
+from workers.artifacts import device_weights_key, get_store, global_weights_key
+from workers.fedavg import NoSamplesError, fedavg, load_state, save_state
+from workers.messages import (
+    AssignmentSpec,
+    DeviceRoundResult,
+    ShardRef,
+    StandaloneItem,
+    StandaloneRequest,
+    StandaloneResult,
+    TrainRoundRequest,
+)
+
+log = logging.getLogger(__name__)
+
+ROUND_DONE = {Round.Status.SUCCEEDED, Round.Status.PARTIAL, Round.Status.FAILED, Round.Status.CANCELLED}
+
+
+def _ts(value: float | None) -> dt.datetime | None:
+    return dt.datetime.fromtimestamp(value, tz=dt.UTC) if value is not None else None
+
+
+def _plan(run: Run) -> Plan:
+    """Plan a round of ``run`` (baselines plan the same every round)."""
+    return make_plan(run.strategy, selectors.planning_input(run.experiment), manual_entries=run.manual_plan)
+
+
+@transaction.atomic
+def run_create(*, experiment: Experiment, strategy: str, plan: list[Mapping[str, Any]] | None = None) -> Run:
+    """Launch a run of ``strategy`` on an experiment (it starts once the transaction commits).
+
+    Args:
+        plan: for ``strategy="manual"`` only: ``[{"device": id, "task": id, "batch_size": n,
+            "active_thread_percentage": r}, ...]``, one entry per device–task pair with data.
+
+    Raises:
+        ApplicationError: unknown strategy, a plan for a strategy that takes none, or an invalid
+            plan (the field at fault is named).
+    """
+    if strategy not in STRATEGIES:
+        raise ApplicationError(f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}", field="strategy")
+    manual = None
+    if plan is not None:
+        manual = [
+            {
+                "device_id": entry.get("device"),
+                "task_id": entry.get("task"),
+                "batch_size": entry.get("batch_size"),
+                "active_thread_percentage": entry.get("active_thread_percentage"),
+            }
+            for entry in plan
+        ]
+    try:
+        make_plan(strategy, selectors.planning_input(experiment), manual_entries=manual)
+    except PlanningError as exc:
+        raise ApplicationError(str(exc), field=exc.field) from exc
+    run = Run.objects.create(experiment=experiment, strategy=strategy, manual_plan=manual)
+    transaction.on_commit(lambda: dispatch.send_run_begin(run.id))
+    return run
+
+
+def run_fail(*, run_id: int, error: str) -> None:
+    """Mark a run failed with its cause (no-op if it already ended)."""
+    Run.objects.filter(id=run_id, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).update(
+        status=Run.Status.FAILED, error=error[:10_000], finished_at=timezone.now()
+    )
+    log.warning("run %s failed: %s", run_id, error)
+
+
+@transaction.atomic
+def run_cancel(*, run: Run) -> Run:
+    """Cancel a run: no further round starts; the round in flight is recorded when it returns.
+
+    Raises:
+        ApplicationError: the run has already ended (409).
+    """
+    updated = Run.objects.filter(id=run.id, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).update(
+        status=Run.Status.CANCELLED, finished_at=timezone.now(), error="cancelled by a user"
+    )
+    if not updated:
+        raise ApplicationError(f"run {run.id} has already ended ({run.status})", field="status", status_code=409)
+    run.refresh_from_db()
+    return run
+
+
+def run_begin(*, run_id: int) -> None:
+    """Claim a pending run, write and evaluate the initial models, ask for ``P_alone``.
+
+    Every strategy of an experiment starts from the same initial weights (seeded by the
+    experiment's seed), so runs differ only in how devices are shared.
+    """
+    claimed = Run.objects.filter(id=run_id, status=Run.Status.PENDING).update(
+        status=Run.Status.RUNNING, started_at=timezone.now()
+    )
+    if not claimed:
+        log.info("run %s is not pending; RUN_BEGIN ignored", run_id)
+        return
+    run = Run.objects.select_related("experiment").get(id=run_id)
+    experiment = run.experiment
+    store = get_store()
+    try:
+        from workers.evaluate import evaluate
+        from workers.zoo import write_initial_weights
+
+        for task in experiment.tasks.order_by("id"):
+            key = global_weights_key(run.id, task.id, None)
+            sha = write_initial_weights(task.architecture, task.num_classes, experiment.seed, store.path(key))
+            accuracy, loss = evaluate(selectors.task_ref(task), store.path(key))
+            Checkpoint.objects.create(
+                run=run, task=task, round=None, artifact_path=key, sha256=sha, test_accuracy=accuracy, test_loss=loss
+            )
+        plan = _plan(run)
+    except Exception as exc:  # noqa: BLE001 - any failure here ends the run, with its cause shown
+        run_fail(run_id=run.id, error=f"could not prepare the initial models: {type(exc).__name__}: {exc}")
+        return
+    shards = selectors.experiment_shards(experiment)
+    tasks = {t.id: t for t in experiment.tasks.all()}
+    devices = {d.id: d for d in experiment.devices.all()}
+    requests = []
+    for device_id in sorted({a.device_id for a in plan.assignments}):
+        items = [
+            StandaloneItem(
+                task=selectors.task_ref(tasks[a.task_id]),
+                batch_size=a.batch_size,
+                shard=_shard_ref(experiment, shards[(a.device_id, a.task_id)]),
+            )
+            for a in plan.on_device(device_id)
+        ]
+        requests.append(
+            StandaloneRequest(
+                run_id=run.id,
+                device=devices[device_id].name,
+                backend=devices[device_id].backend,
+                warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
+                timed_iterations=mtfl_setting("STANDALONE_TIMED_ITERATIONS"),
+                items=items,
+            )
+        )
+    dispatch.send_standalone(run.id, requests)
+
+
+def _shard_ref(experiment: Experiment, shard) -> ShardRef:
+    return ShardRef(permutation_seed=experiment.seed, offset=shard.offset, count=shard.num_samples)
+
+
+def standalone_record(*, run_id: int, results: Iterable[Any]) -> None:
+    """Store every device's ``P_alone`` measurements, then start round 0.
+
+    A device whose measurement failed gets rows with the error and no throughput; its fair
+    throughput is then unknown (shown as missing), but the run goes on.
+    """
+    run = Run.objects.select_related("experiment").get(id=run_id)
+    if run.status != Run.Status.RUNNING:
+        return
+    devices = {d.name: d for d in run.experiment.devices.all()}
+    with transaction.atomic():
+        for raw in results or []:
+            try:
+                result = StandaloneResult.model_validate(raw)
+            except PydanticValidationError as exc:
+                log.error("run %s: malformed standalone result ignored: %s", run_id, exc)
+                continue
+            device = devices.get(result.device)
+            if device is None:
+                continue
+            for m in result.measurements:
+                StandaloneThroughput.objects.update_or_create(
+                    run=run,
+                    device=device,
+                    task_id=m.task_id,
+                    batch_size=m.batch_size,
+                    defaults={"throughput_sps": m.throughput_sps, "error": m.error or result.error},
+                )
+    round_start(run_id=run_id, index=0)
+
+
+def round_start(*, run_id: int, index: int) -> Round | None:
+    """Plan round ``index`` of a running run, save its assignments and dispatch it.
+
+    Returns:
+        The round, or ``None`` when the run is no longer running or the round already exists
+        (a duplicate delivery).
+    """
+    run = Run.objects.select_related("experiment").get(id=run_id)
+    if run.status != Run.Status.RUNNING:
+        return None
+    experiment = run.experiment
+    try:
+        plan = _plan(run)
+    except PlanningError as exc:
+        run_fail(run_id=run.id, error=f"planning round {index} failed: {exc}")
+        return None
+    shards = selectors.experiment_shards(experiment)
+    tasks = {t.id: t for t in experiment.tasks.all()}
+    devices = {d.id: d for d in experiment.devices.all()}
+    alone = selectors.standalone_table(run)
+    latest = selectors.latest_checkpoints(run)
+    deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
+    with transaction.atomic():
+        rnd, created = Round.objects.get_or_create(
+            run=run, index=index, defaults={"status": Round.Status.RUNNING, "started_at": timezone.now()}
+        )
+        if not created:
+            return None
+        Assignment.objects.bulk_create(
+            Assignment(
+                round=rnd,
+                device_id=a.device_id,
+                task_id=a.task_id,
+                batch_size=a.batch_size,
+                active_thread_percentage=a.active_thread_percentage,
+                samples=a.samples,
+                standalone_throughput_sps=alone.get((a.device_id, a.task_id, a.batch_size)),
+            )
+            for a in plan.assignments
+        )
+        # Reloaded rather than taken from bulk_create: not every backend returns primary keys.
+        by_pair = {(a.device_id, a.task_id): a for a in rnd.assignments.all()}
+        requests = []
+        for device_id in sorted({a.device_id for a in plan.assignments}):
+            device = devices[device_id]
+            specs = []
+            for a in plan.on_device(device_id):
+                row = by_pair[(a.device_id, a.task_id)]
+                specs.append(
+                    AssignmentSpec(
+                        assignment_id=row.id,
+                        task=selectors.task_ref(tasks[a.task_id]),
+                        batch_size=a.batch_size,
+                        active_thread_percentage=a.active_thread_percentage,
+                        shard=_shard_ref(experiment, shards[(a.device_id, a.task_id)]),
+                        local_epochs=experiment.local_epochs,
+                        global_weights=latest[a.task_id].artifact_path,
+                        output_weights=device_weights_key(run.id, index, device.name, a.task_id),
+                        seed=experiment.seed * 1000 + index,
+                    )
+                )
+            requests.append(
+                TrainRoundRequest(
+                    run_id=run.id,
+                    round_id=rnd.id,
+                    round_index=index,
+                    device=device.name,
+                    backend=device.backend,
+                    partitioning=plan.partitioning,
+                    warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
+                    assignments=specs,
+                )
+            )
+        transaction.on_commit(lambda: dispatch.send_round(rnd.id, requests, deadline_s=deadline_s))
+    return rnd
+
+
+def round_progress(*, round_id: int, device: str, phase: str, at: float | None = None) -> int:
+    """Record that a device's trainers started (``phase="started"``) a round.
+
+    Returns:
+        The number of assignments updated.
+    """
+    if phase != "started":
+        return 0
+    return Assignment.objects.filter(
+        round_id=round_id, device__name=device, status=Assignment.Status.PENDING
+    ).update(status=Assignment.Status.RUNNING, started_at=_ts(at) or timezone.now())
+
+
+def _parse_device_results(raw_results: Iterable[Any] | None) -> tuple[dict[str, DeviceRoundResult], list[str]]:
+    parsed: dict[str, DeviceRoundResult] = {}
+    problems = []
+    for raw in raw_results or []:
+        try:
+            result = DeviceRoundResult.model_validate(raw)
+        except PydanticValidationError as exc:
+            problems.append(f"malformed device result ignored: {exc.errors()[0]['msg']}")
+            continue
+        parsed[result.device] = result
+    return parsed, problems
+
+
+def round_finish(*, round_id: int, results: Iterable[Any] | None, cause: str = "") -> Round | None:
+    """Record a round's device results, aggregate with FedAvg, evaluate, and move the run on.
+
+    Args:
+        results: :class:`workers.messages.DeviceRoundResult` JSON of the devices that reported.
+            Devices that did not report have their assignments failed with ``cause``.
+        cause: why results are missing (the watchdog passes the deadline it hit).
+
+    Returns:
+        The finished round, or ``None`` if it was not running (already finished: a duplicate
+        delivery or a late callback after the watchdog).
+    """
+    claimed = Round.objects.filter(id=round_id, status=Round.Status.RUNNING).update(status=Round.Status.AGGREGATING)
+    if not claimed:
+        log.info("round %s is not running; its results were already recorded", round_id)
+        return None
+    rnd = Round.objects.select_related("run__experiment").get(id=round_id)
+    try:
+        _record_and_aggregate(rnd, results, cause)
+    except Exception as exc:  # noqa: BLE001 - the round must end, with its cause, whatever broke
+        log.exception("round %s: aggregation failed", round_id)
+        Round.objects.filter(id=round_id).update(
+            status=Round.Status.FAILED, error=f"aggregation failed: {type(exc).__name__}: {exc}",
+            finished_at=timezone.now(),
+        )
+        run_fail(run_id=rnd.run_id, error=f"round {rnd.index} could not be aggregated: {type(exc).__name__}: {exc}")
+        return Round.objects.get(id=round_id)
+    rnd.refresh_from_db()
+    _advance(rnd)
+    return rnd
+
+
+def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: str) -> None:
+    run = rnd.run
+    parsed, problems = _parse_device_results(raw_results)
+    assignments = list(rnd.assignments.select_related("device", "task"))
+    by_device: dict[str, list[Assignment]] = defaultdict(list)
+    for a in assignments:
+        by_device[a.device.name].append(a)
+
+    failed_devices: dict[str, str] = {}
+    for device_name, rows in by_device.items():
+        result = parsed.get(device_name)
+        if result is None:
+            why = cause or "the device returned no result"
+            failed_devices[device_name] = why
+            for a in rows:
+                a.status, a.error = Assignment.Status.FAILED, why
+            continue
+        if result.status == "failed":
+            failed_devices[device_name] = result.error or "the device reported a failure"
+        measured = {r.assignment_id: r for r in result.assignments}
+        for a in rows:
+            r = measured.get(a.id)
+            if r is None:
+                a.status = Assignment.Status.FAILED
+                a.error = result.error or "no result for this assignment"
+                continue
+            a.status = Assignment.Status.SUCCEEDED if r.status == "succeeded" else Assignment.Status.FAILED
+            a.error = r.error
+            a.samples_trained = r.samples_trained
+            a.throughput_sps = r.throughput_sps
+            a.seconds = r.seconds
+            a.train_loss = r.train_loss
+            a.started_at = _ts(r.started_at)
+            a.finished_at = _ts(r.finished_at)
+            a.weights_path = r.weights or ""
+            a.weights_sha256 = r.weights_sha256 or ""
+
+    # FedAvg only over devices whose whole round succeeded: a failed device's weights never
+    # enter the global model, even the tasks that finished before the failure.
+    usable = [a for a in assignments if a.status == Assignment.Status.SUCCEEDED and a.device.name not in failed_devices]
+    store = get_store()
+    latest = selectors.latest_checkpoints(run)
+    flags: list[str] = list(problems)
+    new_checkpoints: list[Checkpoint] = []
+    from workers.evaluate import evaluate
+
+    for task in run.experiment.tasks.order_by("id"):
+        contributions = [a for a in usable if a.task_id == task.id]
+        states = [load_state(store.path(a.weights_path)) for a in contributions]
+        key = global_weights_key(run.id, task.id, rnd.index)
+        try:
+            if not contributions:
+                raise NoSamplesError("no device that succeeded trained this task")
+            averaged = fedavg(states, [a.samples for a in contributions])
+        except NoSamplesError:
+            previous = latest[task.id]
+            flags.append(
+                f"task {task.name}: no device that succeeded trained it this round; the previous global model was kept"
+            )
+            new_checkpoints.append(
+                Checkpoint(
+                    run=run, task=task, round=rnd, artifact_path=previous.artifact_path, sha256=previous.sha256,
+                    test_accuracy=previous.test_accuracy, test_loss=previous.test_loss, kept_previous=True,
+                )
+            )
+            continue
+        sha = save_state(averaged, store.path(key))
+        accuracy, loss = evaluate(selectors.task_ref(task), store.path(key))
+        new_checkpoints.append(
+            Checkpoint(run=run, task=task, round=rnd, artifact_path=key, sha256=sha, test_accuracy=accuracy, test_loss=loss)
+        )
+
+    device_raw, device_fair = [], []
+    for device_name, rows in by_device.items():
+        if device_name in failed_devices:
+            continue
+        p = [a.throughput_sps for a in rows if a.throughput_sps is not None]
+        if not p:
+            continue
+        device_raw.append(metrics.raw_throughput(p))
+        alone = [a.standalone_throughput_sps for a in rows]
+        if all(a.throughput_sps is not None for a in rows) and all(x is not None and x > 0 for x in alone):
+            device_fair.append(metrics.fair_throughput([a.throughput_sps for a in rows], alone))
+    spans = [(a.started_at.timestamp(), a.finished_at.timestamp()) for a in usable if a.started_at and a.finished_at]
+    round_time_s = metrics.round_time(spans)
+    samples_trained = sum(a.samples_trained for a in usable)
+
+    if not failed_devices:
+        status = Round.Status.SUCCEEDED
+    elif len(failed_devices) < len(by_device):
+        status = Round.Status.PARTIAL
+    else:
+        status = Round.Status.FAILED
+    error = "; ".join(f"{name}: {why}" for name, why in sorted(failed_devices.items()))
+    now = timezone.now()
+    with transaction.atomic():
+        Assignment.objects.bulk_update(
+            assignments,
+            ["status", "error", "samples_trained", "throughput_sps", "seconds", "train_loss", "started_at",
+             "finished_at", "weights_path", "weights_sha256"],
+        )
+        Checkpoint.objects.bulk_create(new_checkpoints)
+        Round.objects.filter(id=rnd.id).update(
+            status=status,
+            error=error[:10_000],
+            flags=flags,
+            finished_at=now,
+            wall_time_s=(now - rnd.started_at).total_seconds() if rnd.started_at else None,
+            round_time_s=round_time_s,
+            samples_trained=samples_trained,
+            fl_throughput_sps=metrics.fl_throughput(samples_trained, round_time_s),
+            raw_throughput_sps=metrics.mean_or_none(device_raw),
+            fair_throughput=metrics.mean_or_none(device_fair),
+        )
+
+
+def _advance(rnd: Round) -> None:
+    """After a round: start the next one, or end the run."""
+    run = Run.objects.select_related("experiment").get(id=rnd.run_id)
+    if run.status != Run.Status.RUNNING:
+        return
+    if rnd.status == Round.Status.FAILED:
+        run_fail(run_id=run.id, error=f"round {rnd.index} failed on every device: {rnd.error}")
+        return
+    if rnd.index + 1 < run.experiment.rounds:
+        transaction.on_commit(lambda: dispatch.send_round_start(run.id, rnd.index + 1))
+    else:
+        run_finish(run_id=run.id)
+
+
+def round_watchdog(*, round_id: int) -> Round | None:
+    """At the round's deadline: if it is still waiting, finish it with what is known, failing
+    the devices that did not report."""
+    deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
+    if not Round.objects.filter(id=round_id, status=Round.Status.RUNNING).exists():
+        return None
+    return round_finish(
+        round_id=round_id, results=[], cause=f"no result from the device within the round deadline ({deadline_s:g} s)"
+    )
+
+
+def run_finish(*, run_id: int) -> Run:
+    """Close a run that completed its rounds: its metrics are the means over its rounds."""
+    rounds = list(Round.objects.filter(run_id=run_id).exclude(status=Round.Status.FAILED))
+    updated = Run.objects.filter(id=run_id, status=Run.Status.RUNNING).update(
+        status=Run.Status.SUCCEEDED,
+        finished_at=timezone.now(),
+        raw_throughput_sps=metrics.mean_or_none(r.raw_throughput_sps for r in rounds),
+        fair_throughput=metrics.mean_or_none(r.fair_throughput for r in rounds),
+        fl_throughput_sps=metrics.mean_or_none(r.fl_throughput_sps for r in rounds),
+    )
+    if not updated:
+        log.info("run %s was not running when its last round finished", run_id)
+    return Run.objects.get(id=run_id)

@@ -1,0 +1,1 @@
+"""Devices (GPU or CPU hosts that run a device agent), their inventory and heartbeats."""

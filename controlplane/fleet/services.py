@@ -1,0 +1,84 @@
+"""Writes to fleet state: creating devices and recording what their agents report."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import transaction
+from django.utils import timezone
+from pydantic import ValidationError as PydanticValidationError
+
+from controlplane.common.errors import ApplicationError
+from controlplane.fleet.models import Device
+from workers.messages import BACKENDS, DeviceInventory
+from workers.queues import DEVICE_NAME_RE
+
+
+def _check_name(name: str) -> None:
+    if not DEVICE_NAME_RE.match(name or ""):
+        raise ApplicationError(
+            f"device name {name!r} is invalid: use 1-63 lower-case letters, digits, '-' or '_'",
+            field="name",
+        )
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ApplicationError(
+            f"backend {backend!r} is not available; allowed: {', '.join(BACKENDS)}", field="backend"
+        )
+
+
+@transaction.atomic
+def device_create(*, name: str, backend: str = "cpu") -> Device:
+    """Register a device that an agent will serve (``mtfl agent --device NAME``).
+
+    Raises:
+        ApplicationError: invalid or duplicate name, unknown backend.
+    """
+    _check_name(name)
+    _check_backend(backend)
+    if Device.objects.filter(name=name).exists():
+        raise ApplicationError(f"a device named {name!r} already exists", field="name")
+    return Device.objects.create(name=name, backend=backend)
+
+
+@transaction.atomic
+def device_update(*, device: Device, backend: str | None = None) -> Device:
+    """Change a device's backend (its name is its queue and cannot change).
+
+    Raises:
+        ApplicationError: unknown backend.
+    """
+    if backend is not None:
+        _check_backend(backend)
+        device.backend = backend
+        device.save(update_fields=["backend"])
+    return device
+
+
+@transaction.atomic
+def device_report(*, inventory: dict, at: dt.datetime | None = None) -> Device:
+    """Record an agent's start-up registration or heartbeat; creates the device if new.
+
+    Args:
+        inventory: a :class:`workers.messages.DeviceInventory` as JSON.
+        at: when it was received (default now).
+
+    Raises:
+        ApplicationError: the payload is not a valid inventory.
+    """
+    try:
+        inv = DeviceInventory.model_validate(inventory)
+    except PydanticValidationError as exc:
+        raise ApplicationError(f"invalid device inventory: {exc}", field="inventory") from exc
+    _check_name(inv.name)
+    device, _ = Device.objects.select_for_update().get_or_create(
+        name=inv.name, defaults={"backend": inv.backend}
+    )
+    device.backend = inv.backend
+    device.inventory = inv.model_dump(mode="json")
+    device.last_heartbeat_at = at or timezone.now()
+    device.status = Device.Status.ONLINE
+    device.save(update_fields=["backend", "inventory", "last_heartbeat_at", "status"])
+    return device

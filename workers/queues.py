@@ -1,0 +1,49 @@
+"""Celery queue and task names shared by the control plane and the device agents.
+
+The control plane and the agents are two Celery apps on the same broker; they address each
+other's tasks by name only, so every name lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import re
+
+CONTROL_QUEUE = "control"
+"""Queue served by the control-plane worker: round bookkeeping, FedAvg, evaluation."""
+
+DEVICE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+"""Allowed device names: lower-case letters, digits, ``-`` and ``_``; 1 to 63 characters."""
+
+
+def device_queue(device_name: str) -> str:
+    """Return the Celery queue a device agent serves, ``device.<name>``.
+
+    Raises:
+        ValueError: if ``device_name`` does not match :data:`DEVICE_NAME_RE`.
+    """
+    if not DEVICE_NAME_RE.match(device_name):
+        raise ValueError(
+            f"device name {device_name!r} is invalid: use 1-63 lower-case letters, digits, '-' or '_'"
+        )
+    return f"device.{device_name}"
+
+
+class TaskName:
+    """Registered Celery task names (the ``name=`` of every ``@app.task``).
+
+    Plain ``str`` constants, not an enum: Celery treats any object with a ``.name`` attribute
+    as a task instance, which an enum member would be mistaken for.
+    """
+
+    # served by device agents on device.<name>
+    TRAIN_ROUND = "mtfl.train_round"
+    MEASURE_STANDALONE = "mtfl.measure_standalone"
+    # served by the control worker on "control"
+    DEVICE_REGISTER = "mtfl.device_register"
+    DEVICE_HEARTBEAT = "mtfl.device_heartbeat"
+    RUN_BEGIN = "mtfl.run_begin"
+    STANDALONE_RECORDED = "mtfl.standalone_recorded"
+    ROUND_START = "mtfl.round_start"
+    ROUND_PROGRESS = "mtfl.round_progress"
+    ROUND_FINISH = "mtfl.round_finish"
+    ROUND_WATCHDOG = "mtfl.round_watchdog"

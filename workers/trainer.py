@@ -1,0 +1,566 @@
+"""The trainer process: trains one task's shard for one round, or measures tasks alone.
+
+Run by an execution backend, one OS process per task (never forked)::
+
+    python -m workers.trainer train SPEC.json RESULT.json
+    python -m workers.trainer standalone SPEC.json RESULT.json
+
+``train``: SPEC.json is a :class:`TrainerSpec` (an :class:`~workers.messages.AssignmentSpec`
+plus the resources the backend gave it). The trainer pins itself to its cores, loads its shard,
+builds the model and loads the global weights, then prints ``READY`` on stdout and blocks until
+``GO`` arrives on stdin: the start barrier that makes co-located trainers really overlap. It
+then trains ``local_epochs`` epochs, writes the weights to ``output_weights`` and RESULT.json
+(an :class:`~workers.messages.AssignmentResult`).
+
+``standalone``: SPEC.json is a :class:`StandaloneSpec`; each item runs alone with all the given
+threads and cores for ``warmup_iterations + timed_iterations`` training steps and RESULT.json is
+a :class:`~workers.messages.StandaloneResult` (``P_alone``, DESIGN.md §1). No barrier.
+
+Exit codes: 0 success, 1 training error (RESULT.json has ``status="failed"`` and
+``error="ExcType: message"``), 2 bad spec or usage (RESULT.json, when it can be written, holds
+``{"status": "failed", "error": ...}``).
+
+Only ``READY`` is written to the real stdout (everything else printed goes to stderr), so the
+parent can read the protocol line by line. torch is imported inside functions: importing this
+module (as the backends do, for the spec models) stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workers.artifacts import (
+    LocalArtifactStore,
+    atomic_write_path,
+    load_model_weights,
+    save_model_weights,
+)
+from workers.datasets import dataset_info, load_split
+from workers.messages import (
+    AssignmentResult,
+    AssignmentSpec,
+    OptimizerConfig,
+    ShardRef,
+    StandaloneItem,
+    StandaloneMeasurement,
+    StandaloneResult,
+    TaskRef,
+)
+from workers.partition import shard_indices
+from workers.zoo import build_model
+
+if TYPE_CHECKING:
+    import torch
+
+EXIT_OK = 0
+EXIT_TRAINING_ERROR = 1
+EXIT_BAD_SPEC = 2
+
+READY_LINE = "READY"
+GO_LINE = "GO"
+
+
+class TrainerSpec(AssignmentSpec):
+    """SPEC.json of ``train`` mode: the assignment plus the resources the backend chose.
+
+    Attributes:
+        artifact_root: folder of the :class:`~workers.artifacts.LocalArtifactStore` holding
+            ``global_weights`` and receiving ``output_weights``.
+        threads: intra-op threads (``torch.set_num_threads``), ``>= 1``.
+        cores: CPU ids to pin to (``os.sched_setaffinity``); ``None`` keeps the inherited set.
+        lock_path: for ``timeslice`` partitioning, a file whose exclusive ``flock`` is held for
+            each iteration (forward, backward, optimizer step), with ``<lock_path>.turnstile``
+            beside it to make turns fair (:class:`IterationLock`); ``None`` for no lock.
+        warmup_iterations: leading iterations left out of ``throughput_sps``.
+    """
+
+    artifact_root: str
+    threads: int = Field(ge=1, le=4096)
+    cores: list[int] | None = None
+    lock_path: str | None = None
+    warmup_iterations: int = Field(default=2, ge=0, le=1000)
+
+
+class StandaloneSpec(BaseModel):
+    """SPEC.json of ``standalone`` mode: tasks to measure one after the other, each alone.
+
+    Attributes:
+        run_id: copied into the result.
+        device: copied into the result.
+        items: the tasks, batch sizes and shards to measure.
+        threads: intra-op threads for every item, ``>= 1``.
+        cores: CPU ids to pin to; ``None`` keeps the inherited set.
+        warmup_iterations: untimed steps per item.
+        timed_iterations: timed steps per item, ``>= 1``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: int
+    device: str
+    items: list[StandaloneItem]
+    threads: int = Field(ge=1, le=4096)
+    cores: list[int] | None = None
+    warmup_iterations: int = Field(default=2, ge=0, le=1000)
+    timed_iterations: int = Field(default=5, ge=1, le=10_000)
+
+
+class BarrierAborted(RuntimeError):
+    """The parent closed stdin or sent something other than ``GO`` at the start barrier."""
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One training step: ``samples`` in the batch, wall ``seconds`` (lock wait included)."""
+
+    epoch: int
+    samples: int
+    seconds: float
+    loss: float
+
+
+def steady_state(
+    records: Sequence[IterationRecord], warmup_iterations: int
+) -> tuple[list[IterationRecord], float | None]:
+    """Pick the timed iterations and return them with their throughput in samples/s.
+
+    Normally the iterations after the first ``warmup_iterations``. When the run has no more
+    iterations than that, warm-up is cut short rather than reporting nothing: all iterations but
+    the first if there are at least 2 (the first carries one-off allocation costs), else the
+    single one. ``throughput_sps = Σ samples / Σ seconds`` over the timed iterations.
+
+    Returns:
+        ``(timed, throughput_sps)``; ``([], None)`` when ``records`` is empty.
+    """
+    if not records:
+        return [], None
+    if len(records) > warmup_iterations:
+        timed = list(records[warmup_iterations:])
+    elif len(records) >= 2:
+        timed = list(records[1:])
+    else:
+        timed = list(records)
+    seconds = sum(r.seconds for r in timed)
+    samples = sum(r.samples for r in timed)
+    return timed, (samples / seconds if seconds > 0 else None)
+
+
+def epoch_batches(
+    num_samples: int, batch_size: int, generator: torch.Generator
+) -> list[torch.Tensor]:
+    """Shuffle ``range(num_samples)`` and cut it into batches of ``batch_size``.
+
+    Nothing is dropped: the last batch may be smaller. A trailing batch of a single sample is
+    merged into the batch before it (which then holds ``batch_size + 1``), because BatchNorm
+    cannot train on one sample when the feature map is 1×1 (every zoo model but VGG16 at 32×32
+    input) and torch would raise mid-round.
+
+    Args:
+        num_samples: samples in the shard, ``>= 0``.
+        batch_size: ``>= 1``.
+        generator: seeded ``torch.Generator`` for the shuffle.
+
+    Returns:
+        int64 index tensors; together a permutation of ``range(num_samples)``.
+    """
+    import torch
+
+    order = torch.randperm(num_samples, generator=generator)
+    batches = list(torch.split(order, batch_size))
+    if len(batches) >= 2 and len(batches[-1]) == 1:
+        leftover = batches.pop()
+        batches[-1] = torch.cat([batches[-1], leftover])
+    return batches
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
+    """Return SGD (momentum, weight decay) or Adam (weight decay; ``momentum`` unused)."""
+    import torch
+
+    if config.name == "sgd":
+        return torch.optim.SGD(
+            model.parameters(),
+            lr=config.learning_rate,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+        )
+    if config.name == "adam":
+        return torch.optim.Adam(
+            model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+        )
+    raise ValueError(f"optimizer.name must be 'sgd' or 'adam', got {config.name!r}")
+
+
+class IterationLock:
+    """An exclusive ``flock`` on the device's lock file, held for each training iteration.
+
+    This is how the ``cpu`` backend time-slices (DESIGN.md §2): co-located trainers take turns,
+    each using all the device's cores while it holds the lock. A bare ``flock`` is not fair —
+    the process that just released it re-acquires it before a sleeping waiter wakes, so one
+    trainer would run all its iterations and the others would wait. A turnstile fixes that: to
+    take the device lock a trainer first takes ``<path>.turnstile`` and lets go of it once it
+    holds the device lock. A trainer coming back for its next iteration then queues behind the
+    waiter already holding the turnstile, so turns alternate like GPU time slices.
+
+    Re-enterable as a context manager any number of times (not nested). With ``path=None`` it
+    does nothing. The kernel drops ``flock`` locks of a dead process, so a killed trainer never
+    leaves the device locked.
+
+    Args:
+        path: the device's lock file (created if missing, as is ``<path>.turnstile``), or
+            ``None``.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self._fds: tuple[int, int] | None = None
+        if path is not None:
+            turnstile = os.open(f"{path}.turnstile", os.O_RDWR | os.O_CREAT, 0o644)
+            device = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fds = (turnstile, device)
+
+    def __enter__(self) -> IterationLock:
+        if self._fds is not None:
+            turnstile, device = self._fds
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(device, fcntl.LOCK_EX)
+            finally:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._fds is not None:
+            fcntl.flock(self._fds[1], fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the lock files."""
+        if self._fds is not None:
+            for fd in self._fds:
+                os.close(fd)
+            self._fds = None
+
+
+def apply_resources(threads: int, cores: list[int] | None) -> None:
+    """Pin this process to ``cores`` (if given) and size torch's thread pools.
+
+    Inter-op parallelism is set to 1: the share of the device is expressed by intra-op threads
+    only, so a trainer never uses more cores than it was given.
+
+    Raises:
+        OSError: if ``os.sched_setaffinity`` rejects the cores.
+    """
+    import torch
+
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):
+        # Raises only if inter-op work already ran in this process; then it is already fixed.
+        torch.set_num_interop_threads(1)
+
+
+def _load_shard(task: TaskRef, shard: ShardRef) -> tuple[torch.Tensor, torch.Tensor]:
+    info = dataset_info(task.dataset.name)
+    if task.num_classes < info.num_classes:
+        raise ValueError(
+            f"task.num_classes={task.num_classes} is smaller than the {info.name} data set's "
+            f"{info.num_classes} classes"
+        )
+    indices = shard_indices(info.train_size, shard.permutation_seed, shard.offset, shard.count)
+    return load_split(task.dataset, "train", indices)
+
+
+def _train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> float:
+    import torch.nn.functional as F
+
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise FloatingPointError(f"training loss is {value}; lower optimizer.learning_rate")
+    return value
+
+
+def recalibrate_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int) -> None:
+    """Re-estimate BatchNorm running statistics over the shard with the final weights.
+
+    With the few local iterations of an FL round, BatchNorm's exponential running averages
+    still mix in statistics of much earlier weights, and the global model's eval-mode accuracy
+    collapses to chance even when its training loss is low (measured here: ShuffleNetV2 on
+    digits after one epoch, 20 % → 74 % test accuracy). One no-grad pass over the device's own
+    shard with a cumulative average (``torch.optim.swa_utils.update_bn``, as SWA does) fixes
+    that without sharing any data; FedAvg then averages accurate per-device statistics.
+    Models without BatchNorm (VGG16) are left untouched.
+
+    Args:
+        model: the trained model, modified in place (left in train mode).
+        x: the shard's inputs, N×3×32×32.
+        batch_size: forward batch size; a trailing batch of one sample is merged into the
+            previous one (BatchNorm cannot normalise a single 1×1 activation). A shard of one
+            sample is skipped.
+    """
+    from torch.optim.swa_utils import update_bn
+
+    n = len(x)
+    if n < 2:
+        return
+    starts = list(range(0, n, batch_size))
+    if len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    bounds = [*starts[1:], n]
+    update_bn((x[a:b] for a, b in zip(starts, bounds, strict=True)), model)
+    model.train()
+
+
+def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> AssignmentResult:
+    """Run ``train`` mode: set up, pass the start barrier, train, write weights.
+
+    ``samples_trained`` counts every sample of every epoch (``shard.count · local_epochs``);
+    ``train_loss`` is the last epoch's mean cross-entropy weighted by batch sizes;
+    ``throughput_sps`` is chosen by :func:`steady_state`; ``started_at``/``finished_at`` are
+    Unix seconds taken after ``GO`` and after the weights are written, so the span includes
+    :func:`recalibrate_batchnorm`'s pass, which the throughput (training steps only) excludes. A shard of 0 samples
+    trains nothing: the output weights are a copy of the global weights, ``samples_trained=0``
+    and ``throughput_sps=None``.
+
+    Raises:
+        Exception: any error of setup or training (the caller turns it into a failed result).
+    """
+    import torch
+
+    apply_resources(spec.threads, spec.cores)
+    store = LocalArtifactStore(spec.artifact_root)
+    x, y = _load_shard(spec.task, spec.shard)
+    model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed)
+    global_path = store.path(spec.global_weights)
+    if not global_path.is_file():
+        raise FileNotFoundError(
+            f"global_weights {spec.global_weights!r} not found at {global_path}"
+        )
+    load_model_weights(model, global_path)
+    optimizer = build_optimizer(model, spec.task.optimizer)
+    torch.manual_seed(spec.seed)  # dropout masks
+
+    protocol_out.write(READY_LINE + "\n")
+    protocol_out.flush()
+    line = protocol_in.readline()
+    if line.strip() != GO_LINE:
+        raise BarrierAborted(f"start barrier aborted: expected {GO_LINE!r} on stdin, got {line!r}")
+
+    started_at = time.time()
+    records: list[IterationRecord] = []
+    num_samples = len(y)
+    if num_samples == 0:
+        sha = store.put_file(spec.output_weights, global_path)
+    else:
+        model.train()
+        hold = IterationLock(spec.lock_path)
+        try:
+            for epoch in range(spec.local_epochs):
+                generator = torch.Generator().manual_seed(spec.seed + epoch)
+                for idx in epoch_batches(num_samples, spec.batch_size, generator):
+                    tick = time.perf_counter()
+                    with hold:
+                        loss = _train_step(model, optimizer, x[idx], y[idx])
+                    records.append(
+                        IterationRecord(epoch, len(idx), time.perf_counter() - tick, loss)
+                    )
+            with hold:
+                recalibrate_batchnorm(model, x, spec.batch_size)
+        finally:
+            hold.close()
+        sha = save_model_weights(model, store.path(spec.output_weights))
+    finished_at = time.time()
+
+    timed, throughput = steady_state(records, spec.warmup_iterations)
+    last_epoch = [r for r in records if r.epoch == spec.local_epochs - 1]
+    train_loss = (
+        sum(r.loss * r.samples for r in last_epoch) / sum(r.samples for r in last_epoch)
+        if last_epoch
+        else None
+    )
+    return AssignmentResult(
+        assignment_id=spec.assignment_id,
+        task_id=spec.task.task_id,
+        status="succeeded",
+        samples_trained=sum(r.samples for r in records),
+        iterations=len(records),
+        timed_iterations=len(timed),
+        seconds=finished_at - started_at,
+        throughput_sps=throughput,
+        train_loss=train_loss,
+        started_at=started_at,
+        finished_at=finished_at,
+        weights=spec.output_weights,
+        weights_sha256=sha,
+        threads=spec.threads,
+        cores=spec.cores,
+    )
+
+
+def measure_item(
+    item: StandaloneItem, warmup_iterations: int, timed_iterations: int
+) -> StandaloneMeasurement:
+    """Measure one task's training throughput alone on the device (``P_alone``).
+
+    Runs ``warmup_iterations`` untimed then ``timed_iterations`` timed training steps at
+    ``item.batch_size`` on the task's shard, cycling over reshuffled passes of the shard when it
+    is smaller than needed. A shard smaller than the batch size is used whole as every batch.
+    The model starts from a seeded random initialisation (throughput does not depend on the
+    weights' values).
+
+    Returns:
+        The measurement, ``throughput_sps = Σ samples / Σ seconds`` over the timed steps.
+
+    Raises:
+        ValueError: if the shard is empty.
+        Exception: any error of setup or training.
+    """
+    import torch
+
+    x, y = _load_shard(item.task, item.shard)
+    num_samples = len(y)
+    if num_samples == 0:
+        raise ValueError("shard.count is 0: nothing to measure")
+    batch = min(item.batch_size, num_samples)
+    model = build_model(item.task.architecture, item.task.num_classes, 0)
+    model.train()
+    optimizer = build_optimizer(model, item.task.optimizer)
+    generator = torch.Generator().manual_seed(0)
+    steps = warmup_iterations + timed_iterations
+    needed = steps * batch
+    order = torch.cat(
+        [torch.randperm(num_samples, generator=generator) for _ in range(-(-needed // num_samples))]
+    )
+    samples = 0
+    seconds = 0.0
+    for step in range(steps):
+        idx = order[step * batch : (step + 1) * batch]
+        tick = time.perf_counter()
+        _train_step(model, optimizer, x[idx], y[idx])
+        elapsed = time.perf_counter() - tick
+        if step >= warmup_iterations:
+            samples += len(idx)
+            seconds += elapsed
+    return StandaloneMeasurement(
+        task_id=item.task.task_id,
+        batch_size=item.batch_size,
+        throughput_sps=samples / seconds if seconds > 0 else None,
+    )
+
+
+def standalone(spec: StandaloneSpec) -> StandaloneResult:
+    """Run ``standalone`` mode: measure every item in turn; a failing item is reported as data."""
+    apply_resources(spec.threads, spec.cores)
+    measurements = []
+    errors = []
+    for item in spec.items:
+        try:
+            measurements.append(
+                measure_item(item, spec.warmup_iterations, spec.timed_iterations)
+            )
+        except Exception as exc:  # noqa: BLE001 - one task's failure must not hide the others'
+            error = _describe(exc)
+            traceback.print_exc(file=sys.stderr)
+            errors.append(f"task {item.task.task_id} ({item.task.name}): {error}")
+            measurements.append(
+                StandaloneMeasurement(
+                    task_id=item.task.task_id, batch_size=item.batch_size, error=error
+                )
+            )
+    return StandaloneResult(
+        run_id=spec.run_id,
+        device=spec.device,
+        status="failed" if errors else "succeeded",
+        error="; ".join(errors),
+        measurements=measurements,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    with atomic_write_path(path) as tmp:
+        tmp.write_text(json.dumps(payload, indent=2))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m workers.trainer {train,standalone} SPEC.json RESULT.json``.
+
+    Returns:
+        The exit code: 0 success, 1 training error, 2 bad spec.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.trainer", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("mode", choices=("train", "standalone"))
+    parser.add_argument("spec", type=Path, help="spec JSON file")
+    parser.add_argument("result", type=Path, help="where the result JSON is written")
+    args = parser.parse_args(argv)
+
+    # The protocol owns the real stdout; stray prints (library warnings) go to stderr.
+    protocol_out = sys.stdout
+    sys.stdout = sys.stderr
+
+    model_cls = TrainerSpec if args.mode == "train" else StandaloneSpec
+    try:
+        spec = model_cls.model_validate_json(args.spec.read_text())
+    except (OSError, ValidationError, ValueError) as exc:
+        error = f"bad spec {args.spec}: {_describe(exc)}"
+        print(error, file=sys.stderr)
+        with contextlib.suppress(OSError):
+            _write_json(args.result, {"status": "failed", "error": error})
+        return EXIT_BAD_SPEC
+
+    if isinstance(spec, StandaloneSpec):
+        try:
+            result = standalone(spec)
+        except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
+            traceback.print_exc(file=sys.stderr)
+            result = StandaloneResult(
+                run_id=spec.run_id, device=spec.device, status="failed", error=_describe(exc)
+            )
+        _write_json(args.result, result.model_dump(mode="json"))
+        return EXIT_OK if result.status == "succeeded" else EXIT_TRAINING_ERROR
+
+    try:
+        result = train(spec, protocol_out, sys.stdin)
+    except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
+        traceback.print_exc(file=sys.stderr)
+        result = AssignmentResult(
+            assignment_id=spec.assignment_id,
+            task_id=spec.task.task_id,
+            status="failed",
+            error=_describe(exc),
+            threads=spec.threads,
+            cores=spec.cores,
+        )
+    _write_json(args.result, result.model_dump(mode="json"))
+    return EXIT_OK if result.status == "succeeded" else EXIT_TRAINING_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
