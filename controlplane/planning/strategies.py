@@ -23,6 +23,8 @@ from controlplane.planning.types import Plan, PlannedAssignment, PlanningError, 
 BASELINE_BATCH_SIZE = 128
 """The paper evaluates every baseline at batch size 128 (Yu et al. 2022, §5)."""
 
+MIN_BATCH_SIZE = 2
+"""Training-mode BatchNorm needs at least two samples per batch at the zoo's 1×1 activations."""
 MAX_BATCH_SIZE = 4096
 SHARE_RANGE = (1, 100)
 
@@ -68,7 +70,7 @@ def plan_manual(spec: PlanningInput, *, entries: Iterable[Mapping[str, int]]) ->
 
     Args:
         entries: one mapping per (device, task) with keys ``device_id``, ``task_id``,
-            ``batch_size`` (1 to the shard size) and ``active_thread_percentage`` (1-100).
+            ``batch_size`` (2 to the shard size) and ``active_thread_percentage`` (1-100).
             Every device–task pair with data must appear exactly once.
 
     Raises:
@@ -95,9 +97,9 @@ def plan_manual(spec: PlanningInput, *, entries: Iterable[Mapping[str, int]]) ->
                 f"{where}: device {key[0]} holds no data of task {key[1]} in this experiment",
                 field="plan",
             )
-        if not 1 <= batch_size <= min(n, MAX_BATCH_SIZE):
+        if not MIN_BATCH_SIZE <= batch_size <= min(n, MAX_BATCH_SIZE):
             raise PlanningError(
-                f"{where}.batch_size={batch_size} is out of range: allowed 1 to {min(n, MAX_BATCH_SIZE)} "
+                f"{where}.batch_size={batch_size} is out of range: allowed {MIN_BATCH_SIZE} to {min(n, MAX_BATCH_SIZE)} "
                 f"(the shard holds {n} samples)",
                 field="batch_size",
             )

@@ -92,7 +92,7 @@ def test_experiment_negative_sample_count_is_refused(api, make_task, make_device
     )
     assert response.status_code == 400
     assert "num_samples" in response.json()["errors"]
-    assert "allowed 0 or more" in response.json()["message"]
+    assert "allowed 0 or 2 and more" in response.json()["message"]
 
 
 def test_experiment_rounds_and_alpha_ranges(api, make_task, make_device):

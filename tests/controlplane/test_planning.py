@@ -73,7 +73,7 @@ def test_manual_plan_is_checked(spec):
     assert len(plan.assignments) == 5 and plan.partitioning == "mps"
 
     too_big = [dict(e, batch_size=41) if (e["device_id"], e["task_id"]) == (2, 11) else e for e in entries]
-    with pytest.raises(PlanningError, match="batch_size=41 is out of range: allowed 1 to 40") as info:
+    with pytest.raises(PlanningError, match="batch_size=41 is out of range: allowed 2 to 40") as info:
         make_plan("manual", spec, manual_entries=too_big)
     assert info.value.field == "batch_size"
 

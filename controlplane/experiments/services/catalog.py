@@ -166,8 +166,12 @@ def _shard_table(
                 raise ApplicationError(f"sample_counts[{k}].device={device_id} is not a device of this experiment", field="sample_counts")
             if task_id not in task_by_id:
                 raise ApplicationError(f"sample_counts[{k}].task={task_id} is not a task of this experiment", field="sample_counts")
-            if n < 0:
-                raise ApplicationError(f"sample_counts[{k}].num_samples={n} is negative: allowed 0 or more", field="num_samples")
+            if n < 0 or n == 1:
+                raise ApplicationError(
+                    f"sample_counts[{k}].num_samples={n} is not allowed: allowed 0 or 2 and more "
+                    "(BatchNorm cannot train on a single sample)",
+                    field="num_samples",
+                )
             if (device_id, task_id) in given:
                 raise ApplicationError(f"sample_counts[{k}] repeats device {device_id} and task {task_id}", field="sample_counts")
             given[(device_id, task_id)] = n

