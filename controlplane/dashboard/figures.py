@@ -35,7 +35,7 @@ def speedup_bars(rows: Sequence[Mapping]) -> go.Figure:
             name=label, x=strategies, y=values, marker_color=color,
             text=[f"{v:.2f}×" if v is not None else "n/a" for v in values], textposition="outside",
         )
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="temporal", annotation_position="top left")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="temporal = 1×", annotation_position="right")
     fig.update_layout(
         title="Speedup over temporal (mean over rounds and devices)", barmode="group",
         yaxis_title="speedup (×)", xaxis_title="strategy", **LAYOUT,

@@ -14,6 +14,18 @@ from controlplane.core.demo import Credentials, demo_user_ensure
 console = Console(highlight=False)
 
 
+def interrupt_on_signals() -> None:
+    """Make SIGINT (Ctrl-C) and SIGTERM raise ``KeyboardInterrupt`` in the command, so the
+    stack's ``with`` block stops every child. SIGINT is installed explicitly because a shell
+    starts background jobs with SIGINT ignored, and Python keeps it ignored then."""
+
+    def interrupt(*_args) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def prepare_database() -> Credentials:
     """Apply migrations and make sure the local researcher account exists."""
     call_command("migrate", interactive=False, verbosity=0)
@@ -46,12 +58,9 @@ def serve_until_interrupted(stack, addr: str, creds: Credentials) -> None:
     console.print(f"\nDashboard: [bold]http://{addr}/[/bold]   API docs: http://{addr}/api/docs/")
     console.print(f"Log in as [bold]{creds.username}[/bold] / [bold]{creds.password}[/bold]; API token: {creds.token}")
     console.print("Press Ctrl-C to stop.")
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
-        while not stopping:
+        while True:
             stack.children.check_alive()
             time.sleep(1.0)
     except KeyboardInterrupt:
-        pass
-    console.print("stopping…")
+        console.print("stopping…")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import time
 
 from django.core.management.base import BaseCommand, CommandError
@@ -12,6 +11,7 @@ from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_exp
 from controlplane.core.management.commands._common import (
     comparison_table,
     console,
+    interrupt_on_signals,
     prepare_database,
     serve_until_interrupted,
 )
@@ -20,11 +20,6 @@ from controlplane.experiments import services as exp_services
 from controlplane.fleet.models import Device
 from controlplane.planning.strategies import BASELINES
 from workers.messages import ARCHITECTURES
-
-
-def _interrupt(*_args) -> None:
-    """SIGTERM stops the demo like Ctrl-C: every child process is stopped on the way out."""
-    raise KeyboardInterrupt
 
 
 def _positive_int(name: str, value: str, lo: int = 1, hi: int = 10_000) -> int:
@@ -79,7 +74,7 @@ class Command(BaseCommand):
                 raise CommandError(f"--strategies: {s!r} is not allowed; allowed: {', '.join(BASELINES)}")
 
         started = time.monotonic()
-        signal.signal(signal.SIGTERM, _interrupt)
+        interrupt_on_signals()
         creds = prepare_database()
         agent_names = [f"local-{chr(ord('a') + i)}" for i in range(n_devices)]
         try:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.core.management.commands._common import console, prepare_database, serve_until_interrupted
+from controlplane.core.management.commands._common import (
+    console,
+    interrupt_on_signals,
+    prepare_database,
+    serve_until_interrupted,
+)
 from controlplane.core.stack import LocalStack
 from workers.queues import DEVICE_NAME_RE
 
@@ -24,10 +29,14 @@ class Command(BaseCommand):
         for name in agents:
             if not DEVICE_NAME_RE.match(name):
                 raise CommandError(f"--agents: {name!r} is not a valid device name (lower-case letters, digits, '-', '_')")
+        interrupt_on_signals()
         creds = prepare_database()
         try:
             with LocalStack(agents=agents, log=lambda line: console.print(f"[dim]{line}[/dim]")) as stack:
                 stack.wait_ready()
                 serve_until_interrupted(stack, opts["addr"], creds)
+        except KeyboardInterrupt:
+            console.print("interrupted: every child process was stopped")
+            raise SystemExit(130) from None
         except RuntimeError as exc:
             raise CommandError(str(exc)) from exc

@@ -1,0 +1,41 @@
+"""The ``mtfl`` console script: bad input gives one clear line, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _mtfl(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"}}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "controlplane.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["demo", "--rounds", "0"], "--rounds=0 is out of range: allowed 1 to 1000"),
+        (["demo", "--alpha", "abc"], "--alpha must be a number in (0, 1000]"),
+        (["demo", "--architectures", "alexnet"], "'alexnet' is not in the zoo; allowed: resnet18"),
+        (["demo", "--strategies", "fastest"], "'fastest' is not allowed; allowed: temporal, isolation, sharing"),
+        (["up", "--agents", "Bad Name"], "'Bad Name' is not a valid device name"),
+        (["agent", "--device", "x"], "CELERY_BROKER_URL is not set and no embedded broker is running"),
+    ],
+)
+def test_bad_input_is_one_line_without_traceback(args, message, tmp_path):
+    out = _mtfl(*args, env_extra={"MTFL_HOME": str(tmp_path)})
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_agent_with_an_invalid_device_name_says_so(tmp_path):
+    out = _mtfl("agent", "--device", "Bad Name", env_extra={"MTFL_HOME": str(tmp_path), "CELERY_BROKER_URL": "redis://127.0.0.1:1/0"})
+    assert out.returncode != 0
+    assert "Bad Name" in out.stderr and "Traceback" not in out.stderr
