@@ -38,13 +38,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from celery import Celery, signals
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import workers
 from workers import config
@@ -253,6 +253,34 @@ def _report_progress(round_id: int, device: str, phase: str) -> None:
         logger.warning("could not report round %s progress", round_id, exc_info=True)
 
 
+def _serve(
+    request: dict,
+    schema: type[BaseModel],
+    failed: Callable[[str, str], dict],
+    work: Callable[[Any, AgentSettings], BaseModel],
+) -> dict:
+    """Validate a device task's request, check it was routed to this agent, do the work.
+
+    Every problem — an invalid request, one meant for another device or backend, a
+    misconfigured agent, an unexpected error — comes back as ``failed(error, device)`` data;
+    this never raises, so a chord's callback always runs.
+    """
+    try:
+        settings = agent_settings()
+        device = settings.device
+        parsed = schema.model_validate(request)
+        if parsed.device != settings.device:
+            return failed(f"request for device {parsed.device!r} reached agent {settings.device!r}", device)
+        if parsed.backend != settings.backend:
+            return failed(f"request for backend {parsed.backend!r} reached a {settings.backend!r} agent", device)
+        return work(parsed, settings).model_dump(mode="json")
+    except ValidationError as exc:
+        return failed(f"invalid {schema.__name__}: {exc}", "")
+    except Exception as exc:  # noqa: BLE001 - failures are data; the chord callback must run
+        logger.exception("%s failed in the agent", schema.__name__)
+        return failed(_describe(exc), "")
+
+
 # --------------------------------------------------------------------------------- tasks
 
 
@@ -280,27 +308,11 @@ def train_round(request: dict) -> dict:
             host=socket.gethostname(),
         ).model_dump(mode="json")
 
-    try:
-        settings = agent_settings()
-        parsed = TrainRoundRequest.model_validate(request)
-        if parsed.device != settings.device:
-            return failed(
-                f"request for device {parsed.device!r} reached agent {settings.device!r}",
-                settings.device,
-            )
-        if parsed.backend != settings.backend:
-            return failed(
-                f"request for backend {parsed.backend!r} reached a {settings.backend!r} agent",
-                settings.device,
-            )
+    def work(parsed: TrainRoundRequest, settings: AgentSettings) -> DeviceRoundResult:
         _report_progress(parsed.round_id, settings.device, "started")
-        result = _backend(settings.backend).run_round(parsed, _context(settings))
-        return result.model_dump(mode="json")
-    except ValidationError as exc:
-        return failed(f"invalid TrainRoundRequest: {exc}")
-    except Exception as exc:  # noqa: BLE001 - failures are data; the chord callback must run
-        logger.exception("train_round failed in the agent")
-        return failed(_describe(exc))
+        return _backend(settings.backend).run_round(parsed, _context(settings))
+
+    return _serve(request, TrainRoundRequest, failed, work)
 
 
 @app.task(name=TaskName.MEASURE_STANDALONE)
@@ -324,26 +336,10 @@ def measure_standalone(request: dict) -> dict:
             error=error,
         ).model_dump(mode="json")
 
-    try:
-        settings = agent_settings()
-        parsed = StandaloneRequest.model_validate(request)
-        if parsed.device != settings.device:
-            return failed(
-                f"request for device {parsed.device!r} reached agent {settings.device!r}",
-                settings.device,
-            )
-        if parsed.backend != settings.backend:
-            return failed(
-                f"request for backend {parsed.backend!r} reached a {settings.backend!r} agent",
-                settings.device,
-            )
-        result = _backend(settings.backend).measure_standalone(parsed, _context(settings))
-        return result.model_dump(mode="json")
-    except ValidationError as exc:
-        return failed(f"invalid StandaloneRequest: {exc}")
-    except Exception as exc:  # noqa: BLE001 - failures are data
-        logger.exception("measure_standalone failed in the agent")
-        return failed(_describe(exc))
+    def work(parsed: StandaloneRequest, settings: AgentSettings) -> StandaloneResult:
+        return _backend(settings.backend).measure_standalone(parsed, _context(settings))
+
+    return _serve(request, StandaloneRequest, failed, work)
 
 
 # ------------------------------------------------------------------------ shutdown hooks

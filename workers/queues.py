@@ -43,6 +43,7 @@ class TaskName:
     DEVICE_HEARTBEAT = "mtfl.device_heartbeat"
     RUN_BEGIN = "mtfl.run_begin"
     STANDALONE_RECORDED = "mtfl.standalone_recorded"
+    STANDALONE_WATCHDOG = "mtfl.standalone_watchdog"
     ROUND_START = "mtfl.round_start"
     ROUND_PROGRESS = "mtfl.round_progress"
     ROUND_FINISH = "mtfl.round_finish"

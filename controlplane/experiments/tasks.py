@@ -17,6 +17,11 @@ def standalone_recorded(results: list, run_id: int) -> None:
     services.standalone_record(run_id=run_id, results=results)
 
 
+@app.task(name=TaskName.STANDALONE_WATCHDOG, ignore_result=True)
+def standalone_watchdog(run_id: int) -> None:
+    services.standalone_watchdog(run_id=run_id)
+
+
 @app.task(name=TaskName.ROUND_START, ignore_result=True)
 def round_start(run_id: int, index: int) -> None:
     services.round_start(run_id=run_id, index=index)

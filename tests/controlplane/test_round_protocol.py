@@ -200,3 +200,23 @@ def test_cancelled_run_starts_no_further_round(started_round):
     assert services.round_start(run_id=run.id, index=1) is None
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED
+
+
+def test_standalone_watchdog_starts_round_zero_and_flags_missing_p_alone(make_experiment,
+                                                                           django_capture_on_commit_callbacks):
+    experiment = make_experiment()
+    with django_capture_on_commit_callbacks(execute=True):
+        run = services.run_create(experiment=experiment, strategy="isolation")
+    services.run_begin(run_id=run.id)
+    device_a = experiment.devices.get(name="dev-a")
+    for shard in experiment.shards.filter(device=device_a):  # only dev-a answered before the deadline
+        StandaloneThroughput.objects.create(run=run, device=device_a, task=shard.task,
+                                            batch_size=shard.num_samples, throughput_sps=80.0)
+    services.standalone_watchdog(run_id=run.id)
+    rnd = Round.objects.get(run=run, index=0)
+    assert rnd.status == Round.Status.RUNNING
+    assert len(rnd.flags) == 2 and all("dev-b" in f and "unknown" in f for f in rnd.flags)
+    missing = StandaloneThroughput.objects.filter(run=run, device__name="dev-b")
+    assert missing.count() == 2 and all("no standalone measurement" in m.error for m in missing)
+    services.standalone_watchdog(run_id=run.id)  # a second firing changes nothing
+    assert Round.objects.filter(run=run).count() == 1

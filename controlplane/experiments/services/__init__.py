@@ -19,6 +19,7 @@ from controlplane.experiments.services.runs import (
     run_fail,
     run_finish,
     standalone_record,
+    standalone_watchdog,
 )
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "run_fail",
     "run_finish",
     "standalone_record",
+    "standalone_watchdog",
     "task_create",
     "task_update",
 ]

@@ -19,10 +19,12 @@ def send_run_begin(run_id: int) -> None:
     app.send_task(TaskName.RUN_BEGIN, args=[run_id], queue=CONTROL_QUEUE)
 
 
-def send_standalone(run_id: int, requests: list[StandaloneRequest]) -> None:
+def send_standalone(run_id: int, requests: list[StandaloneRequest], *, deadline_s: float) -> None:
     """Measure ``P_alone`` on every device, then call back ``STANDALONE_RECORDED``.
 
-    A chord: one ``measure_standalone`` per device on ``device.<name>``, callback on ``control``.
+    A chord: one ``measure_standalone`` per device on ``device.<name>``, callback on ``control``,
+    plus ``STANDALONE_WATCHDOG`` after ``deadline_s`` so a device that never answers cannot hold
+    the run before its first round.
     """
     header = [
         app.signature(TaskName.MEASURE_STANDALONE, args=[r.model_dump(mode="json")], queue=device_queue(r.device))
@@ -30,6 +32,7 @@ def send_standalone(run_id: int, requests: list[StandaloneRequest]) -> None:
     ]
     body = app.signature(TaskName.STANDALONE_RECORDED, args=[run_id], queue=CONTROL_QUEUE)
     chord(header)(body)
+    app.send_task(TaskName.STANDALONE_WATCHDOG, args=[run_id], queue=CONTROL_QUEUE, countdown=deadline_s)
 
 
 def send_round(round_id: int, requests: list[TrainRoundRequest], *, deadline_s: float) -> None:

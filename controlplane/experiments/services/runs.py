@@ -180,7 +180,7 @@ def run_begin(*, run_id: int) -> None:
                 items=items,
             )
         )
-    dispatch.send_standalone(run.id, requests)
+    dispatch.send_standalone(run.id, requests, deadline_s=float(mtfl_setting("ROUND_DEADLINE_S")))
 
 
 def _shard_ref(experiment: Experiment, shard) -> ShardRef:
@@ -207,15 +207,34 @@ def standalone_record(*, run_id: int, results: Iterable[Any]) -> None:
             device = devices.get(result.device)
             if device is None:
                 continue
-            for m in result.measurements:
+            measurements = [(m.task_id, m.batch_size, m.throughput_sps, m.error or result.error) for m in result.measurements]
+            if not measurements:  # the whole device failed: record why against each of its tasks
+                measurements = [(a.task_id, a.batch_size, None, result.error) for a in _plan(run).on_device(device.id)]
+            for task_id, batch_size, throughput, error in measurements:
                 StandaloneThroughput.objects.update_or_create(
-                    run=run,
-                    device=device,
-                    task_id=m.task_id,
-                    batch_size=m.batch_size,
-                    defaults={"throughput_sps": m.throughput_sps, "error": m.error or result.error},
+                    run=run, device=device, task_id=task_id, batch_size=batch_size,
+                    defaults={"throughput_sps": throughput, "error": error},
                 )
     round_start(run_id=run_id, index=0)
+
+
+def standalone_watchdog(*, run_id: int) -> None:
+    """At the deadline of the ``P_alone`` measurements: if the run is still waiting for them,
+    record the devices that did not answer and start round 0 anyway (its own deadline then
+    fails a device that is really gone; a late answer still fills in ``P_alone``)."""
+    run = Run.objects.filter(id=run_id, status=Run.Status.RUNNING).first()
+    if run is None or run.rounds.exists():
+        return
+    deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
+    measured = set(StandaloneThroughput.objects.filter(run=run).values_list("device__name", flat=True))
+    missing = [d.name for d in run.experiment.devices.order_by("name") if d.name not in measured]
+    results = [
+        {"run_id": run.id, "device": name, "status": "failed",
+         "error": f"no standalone measurement within the round deadline ({deadline_s:g} s)"}
+        for name in missing
+    ]
+    log.warning("run %s: no P_alone from %s within %g s; starting round 0", run_id, ", ".join(missing), deadline_s)
+    standalone_record(run_id=run_id, results=results)
 
 
 def round_start(*, run_id: int, index: int) -> Round | None:
@@ -240,9 +259,16 @@ def round_start(*, run_id: int, index: int) -> Round | None:
     alone = selectors.standalone_table(run)
     latest = selectors.latest_checkpoints(run)
     deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
+    names = {**{("d", d.id): d.name for d in devices.values()}, **{("t", t.id): t.name for t in tasks.values()}}
+    flags = [
+        f"P_alone of {names[('t', a.task_id)]} on {names[('d', a.device_id)]} is unknown: fair throughput leaves that device out"
+        for a in plan.assignments
+        if not alone.get((a.device_id, a.task_id, a.batch_size))
+    ]
     with transaction.atomic():
         rnd, created = Round.objects.get_or_create(
-            run=run, index=index, defaults={"status": Round.Status.RUNNING, "started_at": timezone.now()}
+            run=run, index=index,
+            defaults={"status": Round.Status.RUNNING, "started_at": timezone.now(), "flags": flags},
         )
         if not created:
             return None
@@ -395,7 +421,7 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
     usable = [a for a in assignments if a.status == Assignment.Status.SUCCEEDED and a.device.name not in failed_devices]
     store = get_store()
     latest = selectors.latest_checkpoints(run)
-    flags: list[str] = list(problems)
+    flags: list[str] = [*rnd.flags, *problems]
     new_checkpoints: list[Checkpoint] = []
     from workers.evaluate import evaluate
 
