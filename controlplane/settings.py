@@ -21,6 +21,7 @@ import secrets
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from workers.config import artifact_root, mtfl_home
 
@@ -43,8 +44,20 @@ def _secret_key() -> str:
     return path.read_text().strip()
 
 
+def _strict_bool(name: str, default: bool) -> bool:
+    """A boolean variable: true/false, 1/0, yes/no, on/off; anything else stops the start."""
+    raw = env.str(name, default="").strip().lower()
+    if not raw:
+        return default
+    if raw in {"true", "1", "yes", "on"}:
+        return True
+    if raw in {"false", "0", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: use true or false")
+
+
 SECRET_KEY = _secret_key()
-DEBUG = env.bool("DEBUG", default=False)
+DEBUG = _strict_bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
 INSTALLED_APPS = [
