@@ -8,13 +8,31 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
+
+from workers.lifecycle import exit_with_parent, parent_died
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("mtfl-control")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@signals.worker_init.connect
+def _stop_with_the_mtfl_command(**_kwargs) -> None:
+    # Started by `mtfl up`/`mtfl demo`: do not outlive it (see workers.lifecycle).
+    exit_with_parent()
+
+
+@signals.worker_shutdown.connect
+def _stop_an_orphaned_embedded_broker(**_kwargs) -> None:
+    # The command that started the embedded Redis died without stopping it (kill -9): the
+    # control worker, stopping for the same reason, turns the Redis off on its way out.
+    if parent_died():
+        from controlplane.core.embedded import shutdown_embedded_broker
+
+        shutdown_embedded_broker(app.conf.broker_url)
 
 
 def use_broker(broker_url: str, result_backend: str) -> None:

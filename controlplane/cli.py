@@ -15,6 +15,10 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     from django.core.management import execute_from_command_line
 
+    from workers.lifecycle import exit_with_parent
+
+    exit_with_parent()  # the web server child of `mtfl up` stops with it
+
     argv = list(sys.argv if argv is None else argv)
     argv[0] = "mtfl"
     execute_from_command_line(argv)

@@ -29,12 +29,21 @@ def browser_client(client, user):
     return client
 
 
+def inventory(name: str, backend: str = "cpu") -> dict:
+    """What an agent reports at start (:class:`workers.messages.DeviceInventory`)."""
+    return {"name": name, "backend": backend, "host": "test-host", "cores": [0, 1]}
+
+
 @pytest.fixture
 def make_device(db):
-    from controlplane.fleet.services import device_create
+    """A device whose agent has connected (``connected=False``: registered only)."""
+    from controlplane.fleet.services import device_create, device_report
 
-    def make(name: str = "dev-a", backend: str = "cpu"):
-        return device_create(name=name, backend=backend)
+    def make(name: str = "dev-a", backend: str = "cpu", *, connected: bool = True):
+        device = device_create(name=name, backend=backend)
+        if connected:
+            device = device_report(inventory=inventory(name, backend))
+        return device
 
     return make
 

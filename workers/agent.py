@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import fcntl
 import importlib.metadata
 import logging
+import math
 import os
 import platform
 import socket
@@ -48,6 +50,7 @@ from pydantic import BaseModel, ValidationError
 
 import workers
 from workers import config
+from workers.lifecycle import exit_with_parent
 from workers.backends import (
     AgentContext,
     BackendUnavailableError,
@@ -395,9 +398,33 @@ def _heartbeat_loop(payload: dict, interval_s: float, stop: threading.Event) -> 
             logger.exception("heartbeat for device %s could not be sent", payload.get("name"))
 
 
-def _parser() -> argparse.ArgumentParser:
+def _hold_device_lock(state_dir: Path):
+    """Take this device's agent lock (``state_dir/agent.lock``) for the life of the process.
+
+    Returns:
+        The open lock file (keep it referenced), or ``None`` if another agent holds it.
+    """
+    handle = open(state_dir / "agent.lock", "a+")  # noqa: SIM115 - held until the process exits
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def _agents_serving(device: str, timeout_s: float = 1.0) -> list[str]:
+    """Workers already answering as ``agent.<device>@host`` on the broker (any host)."""
+    try:
+        replies = app.control.ping(timeout=timeout_s) or []
+    except Exception:  # noqa: BLE001 - an unreachable broker is reported by the registration
+        return []
+    return sorted(name for reply in replies for name in reply if name.split("@")[0] == f"agent.{device}")
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.agent",
+        prog=prog,
         description="Device agent: serve device.<name> and train the device's share of rounds.",
     )
     parser.add_argument("--device", required=True, help="device name (lower-case, digits, - _)")
@@ -414,25 +441,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent") -> int:
     """Start the agent: validate, register, start heartbeats, then serve the device queue.
 
     Returns:
         The exit code: 0 after a normal stop, 2 for bad arguments/configuration (one line on
         stderr says what), 3 if the broker cannot be reached.
     """
-    args = _parser().parse_args(argv)
+    exit_with_parent()  # a local agent of `mtfl up`/`mtfl demo` stops with it
+    args = _parser(prog).parse_args(argv)
 
     def refuse(message: str, code: int = EXIT_CONFIG) -> int:
-        print(f"mtfl agent: {message}", file=sys.stderr)
+        print(f"{prog}: {message}", file=sys.stderr)
         return code
 
     try:
         queue = device_queue(args.device)
     except ValueError as exc:
         return refuse(str(exc))
-    if not args.heartbeat_s > 0:
-        return refuse(f"--heartbeat-s must be > 0 seconds, got {args.heartbeat_s}")
+    if not (math.isfinite(args.heartbeat_s) and 0 < args.heartbeat_s <= 3600):
+        return refuse(f"--heartbeat-s={args.heartbeat_s} is out of range: allowed (0, 3600] seconds")
     available = sorted(os.sched_getaffinity(0))
     if args.cores is None:
         cores = available
@@ -462,7 +490,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ[ENV_CORES] = format_cores(cores)
     os.environ[ENV_STATE_DIR] = str(state_dir)
     settings = agent_settings()
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        lock = _hold_device_lock(settings.state_dir)
+    except OSError as exc:
+        return refuse(f"--state-dir {str(settings.state_dir)!r} is not usable: {exc.strerror or exc}")
+    if lock is None:
+        return refuse(f"an agent for device {args.device!r} already runs with state dir {str(settings.state_dir)!r}")
+    others = _agents_serving(args.device)
+    if others:
+        return refuse(f"an agent for device {args.device!r} is already serving {queue}: {', '.join(others)}")
 
     payload = build_inventory(settings).model_dump(mode="json")
     try:

@@ -2,7 +2,7 @@
 aggregate without importing torch.
 
 FedAvg (McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
-Data", AISTATS 2017; DESIGN.md §1): a task's global model is the sample-weighted mean of the
+Data", AISTATS 2017; docs/DESIGN.md §1): a task's global model is the sample-weighted mean of the
 models the devices trained, ``W ← Σ_j n_j W_j / Σ_j n_j``, with ``n_j`` the samples device
 ``j`` holds for the task. It is applied to every tensor of the state dict, buffers included
 (BatchNorm running statistics are averaged like weights).

@@ -37,7 +37,7 @@ Partitioning = Literal["timeslice", "mps"]
 
 ``timeslice``: no partitioning; on a GPU the driver time-slices contexts, on the ``cpu`` backend
 trainers take turns holding a per-device lock for each iteration, each using all the device's
-cores while it holds it (the faithful CPU analogue of GPU time slicing, DESIGN.md §2).
+cores while it holds it (the faithful CPU analogue of GPU time slicing, docs/DESIGN.md §2).
 ``mps``: each trainer gets its ``active_thread_percentage`` of the device (MPS on a GPU, a
 thread count and core set on the ``cpu`` backend).
 """
@@ -167,7 +167,7 @@ class StandaloneItem(_Message):
 
 
 class StandaloneRequest(_Message):
-    """Payload of :data:`workers.queues.TaskName.MEASURE_STANDALONE` (``P_alone``, DESIGN.md §1)."""
+    """Payload of :data:`workers.queues.TaskName.MEASURE_STANDALONE` (``P_alone``, docs/DESIGN.md §1)."""
 
     run_id: int
     device: str

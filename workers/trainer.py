@@ -14,7 +14,7 @@ then trains ``local_epochs`` epochs, writes the weights to ``output_weights`` an
 
 ``standalone``: SPEC.json is a :class:`StandaloneSpec`; each item runs alone with all the given
 threads and cores for ``warmup_iterations + timed_iterations`` training steps and RESULT.json is
-a :class:`~workers.messages.StandaloneResult` (``P_alone``, DESIGN.md §1). No barrier.
+a :class:`~workers.messages.StandaloneResult` (``P_alone``, docs/DESIGN.md §1). No barrier.
 
 Exit codes: 0 success, 1 training error (RESULT.json has ``status="failed"`` and
 ``error="ExcType: message"``), 2 bad spec or usage (RESULT.json, when it can be written, holds
@@ -208,7 +208,7 @@ def build_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.op
 class IterationLock:
     """An exclusive ``flock`` on the device's lock file, held for each training iteration.
 
-    This is how the ``cpu`` backend time-slices (DESIGN.md §2): co-located trainers take turns,
+    This is how the ``cpu`` backend time-slices (docs/DESIGN.md §2): co-located trainers take turns,
     each using all the device's cores while it holds the lock. A bare ``flock`` is not fair —
     the process that just released it re-acquires it before a sleeping waiter wakes, so one
     trainer would run all its iterations and the others would wait. A turnstile fixes that: to

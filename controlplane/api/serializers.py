@@ -7,8 +7,12 @@ from rest_framework import serializers
 from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Shard, Task
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_effective_status
-from controlplane.planning.strategies import STRATEGIES
+from controlplane.planning.strategies import MAX_BATCH_SIZE, MIN_BATCH_SIZE, STRATEGIES
 from workers.messages import ARCHITECTURES, BACKENDS, DATASETS, OPTIMIZERS
+
+
+MAX_ID = 2**63 - 1
+MAX_LIST = 1000
 
 
 class ChoiceField(serializers.ChoiceField):
@@ -17,10 +21,64 @@ class ChoiceField(serializers.ChoiceField):
     def to_internal_value(self, data):
         if data == "" and self.allow_blank:
             return ""
-        if str(data) not in self.choice_strings_to_values:
+        if not isinstance(data, str) or data not in self.choice_strings_to_values:
             allowed = ", ".join(map(str, self.choices))
             raise serializers.ValidationError(f"{data!r} is not allowed; allowed: {allowed}")
-        return self.choice_strings_to_values[str(data)]
+        return self.choice_strings_to_values[data]
+
+
+class StrictCharField(serializers.CharField):
+    """A string field that refuses numbers and other types instead of converting them."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError(f"must be a string, got {type(data).__name__}")
+        return super().to_internal_value(data)
+
+
+def integer(lo: int, hi: int, **kwargs) -> serializers.IntegerField:
+    """An integer field in ``[lo, hi]`` whose errors give the allowed range (and the OpenAPI
+    schema its ``minimum``/``maximum``)."""
+    allowed = f"allowed {lo} to {hi}"
+    return serializers.IntegerField(
+        min_value=lo, max_value=hi,
+        error_messages={
+            "invalid": f"must be an integer: {allowed}",
+            "min_value": f"must be at least {{min_value}}: {allowed}",
+            "max_value": f"must be at most {{max_value}}: {allowed}",
+            "max_string_length": f"is too long for an integer: {allowed}",
+        },
+        **kwargs,
+    )
+
+
+def number(**kwargs) -> serializers.FloatField:
+    """A float field that refuses NaN and infinity (ranges are checked by the services)."""
+    return serializers.FloatField(error_messages={"invalid": "must be a finite number"}, **kwargs)
+
+
+def id_list(**kwargs) -> serializers.ListField:
+    return serializers.ListField(child=integer(1, MAX_ID), allow_empty=False, max_length=MAX_LIST, **kwargs)
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, naming them and the fields it accepts.
+
+    ``fixed_fields`` maps fields a client may know but not write here to the reason.
+    """
+
+    fixed_fields: dict[str, str] = {}
+
+    def to_internal_value(self, data):
+        if hasattr(data, "keys"):
+            errors = {
+                name: [self.fixed_fields[name]] if name in self.fixed_fields
+                else [f"unknown field; allowed: {', '.join(self.fields)}"]
+                for name in sorted(set(data.keys()) - set(self.fields))
+            }
+            if errors:
+                raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
 
 
 # --- devices -------------------------------------------------------------------------------
@@ -39,13 +97,14 @@ class DeviceSerializer(serializers.ModelSerializer):
         return device_effective_status(device)
 
 
-class DeviceCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=63)
+class DeviceCreateSerializer(StrictSerializer):
+    name = StrictCharField(max_length=63)
     backend = ChoiceField(choices=BACKENDS, default="cpu")
 
 
-class DeviceUpdateSerializer(serializers.Serializer):
+class DeviceUpdateSerializer(StrictSerializer):
     backend = ChoiceField(choices=BACKENDS, required=False)
+    fixed_fields = {"name": "cannot change: a device's name is its Celery queue; register a new device"}
 
 
 # --- tasks ---------------------------------------------------------------------------------
@@ -61,16 +120,16 @@ class TaskSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TaskWriteSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
+class TaskWriteSerializer(StrictSerializer):
+    name = StrictCharField(max_length=100)
     architecture = ChoiceField(choices=ARCHITECTURES)
     dataset = ChoiceField(choices=DATASETS, default="digits")
-    dataset_root = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="")
-    num_classes = serializers.IntegerField(default=10)
+    dataset_root = StrictCharField(max_length=1024, required=False, allow_blank=True, default="")
+    num_classes = integer(2, 100_000, default=10)
     optimizer = ChoiceField(choices=OPTIMIZERS, default="sgd")
-    learning_rate = serializers.FloatField(default=0.05)
-    momentum = serializers.FloatField(default=0.9)
-    weight_decay = serializers.FloatField(default=5e-4)
+    learning_rate = number(default=0.05)
+    momentum = number(default=0.9)
+    weight_decay = number(default=5e-4)
 
 
 # --- experiments ---------------------------------------------------------------------------
@@ -100,30 +159,36 @@ class ExperimentSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SampleCountSerializer(serializers.Serializer):
-    device = serializers.IntegerField()
-    task = serializers.IntegerField()
-    num_samples = serializers.IntegerField()
+class SampleCountSerializer(StrictSerializer):
+    device = integer(1, MAX_ID)
+    task = integer(1, MAX_ID)
+    num_samples = serializers.IntegerField(
+        max_value=10**9, error_messages={"invalid": "must be an integer: allowed 0 or 2 and more"}
+    )
 
 
-class ExperimentCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
-    tasks = serializers.ListField(child=serializers.IntegerField(), allow_empty=False)
-    devices = serializers.ListField(child=serializers.IntegerField(), allow_empty=False)
-    rounds = serializers.IntegerField()
-    local_epochs = serializers.IntegerField(default=1)
+class ExperimentCreateSerializer(StrictSerializer):
+    name = StrictCharField(max_length=200)
+    description = StrictCharField(required=False, allow_blank=True, default="", max_length=10_000)
+    tasks = id_list()
+    devices = id_list()
+    rounds = integer(1, 10_000)
+    local_epochs = integer(1, 1000, default=1)
     partition_rule = ChoiceField(choices=Experiment.PartitionRule.values, default="iid")
-    dirichlet_alpha = serializers.FloatField(required=False, allow_null=True, default=None)
-    seed = serializers.IntegerField(default=0)
+    dirichlet_alpha = number(required=False, allow_null=True, default=None)
+    seed = integer(0, 2**31 - 1, default=0)
     sample_counts = SampleCountSerializer(many=True, required=False, default=None, allow_null=True)
 
 
-class ExperimentUpdateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200, required=False)
-    description = serializers.CharField(required=False, allow_blank=True)
-    rounds = serializers.IntegerField(required=False)
-    local_epochs = serializers.IntegerField(required=False)
+class ExperimentUpdateSerializer(StrictSerializer):
+    name = StrictCharField(max_length=200, required=False)
+    description = StrictCharField(required=False, allow_blank=True, max_length=10_000)
+    rounds = integer(1, 10_000, required=False)
+    local_epochs = integer(1, 1000, required=False)
+    fixed_fields = {
+        name: "cannot change after creation (runs would no longer be comparable); create a new experiment"
+        for name in ("tasks", "devices", "partition_rule", "dirichlet_alpha", "seed", "sample_counts")
+    }
 
 
 # --- runs ----------------------------------------------------------------------------------
@@ -159,16 +224,16 @@ class RunSerializer(serializers.ModelSerializer):
         return self._speedups(run)["fair_speedup"]
 
 
-class ManualPlanEntrySerializer(serializers.Serializer):
-    device = serializers.IntegerField()
-    task = serializers.IntegerField()
-    batch_size = serializers.IntegerField()
-    active_thread_percentage = serializers.IntegerField()
+class ManualPlanEntrySerializer(StrictSerializer):
+    device = integer(1, MAX_ID)
+    task = integer(1, MAX_ID)
+    batch_size = integer(MIN_BATCH_SIZE, MAX_BATCH_SIZE)
+    active_thread_percentage = integer(1, 100)
 
 
-class RunCreateSerializer(serializers.Serializer):
+class RunCreateSerializer(StrictSerializer):
     strategy = ChoiceField(choices=STRATEGIES)
-    plan = ManualPlanEntrySerializer(many=True, required=False, default=None, allow_null=True)
+    plan = ManualPlanEntrySerializer(many=True, required=False, default=None, allow_null=True, max_length=MAX_LIST)
 
 
 class RoundSerializer(serializers.ModelSerializer):

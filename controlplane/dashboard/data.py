@@ -34,14 +34,20 @@ def experiment_runs(experiment: Experiment) -> list[dict[str, Any]]:
 
 
 def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> dict[str, dict]:
-    """Speedup bars (newest succeeded run per strategy) and accuracy-over-time curves."""
-    latest: dict[str, dict[str, Any]] = {}
+    """Speedup bars and accuracy-over-time curves.
+
+    One bar pair per strategy: its newest succeeded run, except ``manual``, whose runs are
+    different plans and each get a bar ("manual (run 7)").
+    """
+    shown: dict[str, dict[str, Any]] = {}
     for row in runs:
-        if row["run"].status == Run.Status.SUCCEEDED:
-            latest[row["run"].strategy] = row
-    order = [s for s in STRATEGIES if s in latest]
+        run = row["run"]
+        if run.status == Run.Status.SUCCEEDED:
+            shown[f"manual (run {run.id})" if run.strategy == "manual" else run.strategy] = row
+    order = sorted(shown, key=lambda label: (STRATEGIES.index(shown[label]["run"].strategy), shown[label]["run"].id))
     bars = figures.speedup_bars(
-        [{"strategy": s, "raw_speedup": latest[s]["raw_speedup"], "fair_speedup": latest[s]["fair_speedup"]} for s in order]
+        [{"label": label, "raw_speedup": shown[label]["raw_speedup"], "fair_speedup": shown[label]["fair_speedup"]}
+         for label in order]
     )
     series = []
     for row in runs:

@@ -13,7 +13,20 @@ from collections.abc import Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), height=380)
+LAYOUT = dict(
+    template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), height=380,
+    legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
+)
+
+
+def _empty(fig: go.Figure, message: str) -> go.Figure:
+    """Say there is nothing to show instead of drawing empty axes (Plotly defaults a date axis
+    without data to the year 2000)."""
+    fig.add_annotation(text=message, showarrow=False, font=dict(size=15, color="#6a737d"),
+                       xref="paper", yref="paper", x=0.5, y=0.5)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
 
 
 def _color(i: int) -> str:
@@ -24,18 +37,22 @@ def speedup_bars(rows: Sequence[Mapping]) -> go.Figure:
     """Raw and fair throughput speedup over ``temporal``, one bar pair per strategy.
 
     Args:
-        rows: ``{"strategy", "raw_speedup", "fair_speedup"}`` per strategy (speedups may be None
-            when no ``temporal`` run has succeeded yet; those bars are left out).
+        rows: ``{"label", "raw_speedup", "fair_speedup"}`` per bar pair, usually one per strategy
+            (speedups may be None when no ``temporal`` run has succeeded yet: shown as n/a).
     """
-    strategies = [r["strategy"] for r in rows]
+    strategies = [r["label"] for r in rows]
     fig = go.Figure()
+    if not rows:
+        fig.update_layout(title="Speedup over temporal", **LAYOUT)
+        return _empty(fig, "no succeeded run yet")
     for metric, label, color in (("raw_speedup", "raw throughput", PALETTE[0]), ("fair_speedup", "fair throughput", PALETTE[1])):
         values = [r.get(metric) for r in rows]
         fig.add_bar(
             name=label, x=strategies, y=values, marker_color=color,
             text=[f"{v:.2f}×" if v is not None else "n/a" for v in values], textposition="outside",
         )
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="temporal = 1×", annotation_position="right")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="temporal = 1×",
+                  annotation_position="top right")
     fig.update_layout(
         title="Speedup over temporal (mean over rounds and devices)", barmode="group",
         yaxis_title="speedup (×)", xaxis_title="strategy", **LAYOUT,
@@ -62,9 +79,9 @@ def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
         )
     fig.update_layout(
         title="Test accuracy against wall-clock time", xaxis_title="seconds since the run started",
-        yaxis_title="test accuracy", yaxis_range=[0, 1], **LAYOUT,
+        yaxis_title="test accuracy", yaxis_range=[0, 1], **{**LAYOUT, "height": 460},
     )
-    return fig
+    return fig if series else _empty(fig, "no run yet")
 
 
 def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[int]) -> go.Figure:
@@ -110,7 +127,7 @@ def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[i
         title="Allocation plan: each task's share of its device (B = batch size)", barmode="stack",
         xaxis_title="device", yaxis_title="share (active thread percentage, %)", **LAYOUT,
     )
-    return fig
+    return fig if assignments else _empty(fig, "no round planned yet")
 
 
 def throughput_per_round(rows: Sequence[Mapping]) -> go.Figure:
@@ -134,7 +151,7 @@ def throughput_per_round(rows: Sequence[Mapping]) -> go.Figure:
         title="Throughput per task per round (sum over devices)", xaxis_title="round",
         yaxis_title="throughput (samples/s)", xaxis=dict(dtick=1), **LAYOUT,
     )
-    return fig
+    return fig if totals else _empty(fig, "no throughput measured yet")
 
 
 def timeline(rows: Sequence[Mapping]) -> go.Figure:
@@ -162,9 +179,9 @@ def timeline(rows: Sequence[Mapping]) -> go.Figure:
     fig.update_layout(
         title="Timeline: each assignment's training span", xaxis=dict(type="date", title="wall-clock time (UTC)"),
         yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes)), title=""), barmode="overlay",
-        **{**LAYOUT, "height": max(260, 40 * len(lanes) + 120)},
+        **{**LAYOUT, "height": max(260, 40 * len(lanes) + 160)},
     )
-    return fig
+    return fig if rows else _empty(fig, "no assignment has trained yet")
 
 
 def seconds_since(start: dt.datetime | None, points: Iterable[tuple[dt.datetime, float | None]]) -> list[tuple[float, float]]:

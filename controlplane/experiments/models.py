@@ -1,7 +1,7 @@
 """Experiment state: what is trained where (tasks, experiments, shards) and what happened
 (runs, rounds, assignments, standalone throughputs, checkpoints).
 
-Vocabulary (DESIGN.md §2): an *experiment* is the setup; a *run* executes one strategy on it;
+Vocabulary (docs/DESIGN.md §2): an *experiment* is the setup; a *run* executes one strategy on it;
 a *round* is one FL synchronisation cycle; an *assignment* is one task on one device in one round
 (the allocation plan of a round is its set of assignments); a *checkpoint* is the global model of
 a task after a round.

@@ -106,9 +106,10 @@ def run_speedups(run: Run, baseline: Run | None) -> dict[str, float | None]:
 
 
 def run_final_accuracy(run: Run) -> dict[str, float | None]:
-    """``{task name: test accuracy of its newest checkpoint}``."""
+    """``{task name: test accuracy of its newest checkpoint after a round}`` (the initial
+    model's accuracy is not a result of the run, so a run without a finished round has none)."""
     out: dict[str, float | None] = {}
-    for ckpt in run.checkpoints.select_related("task").order_by("created_at", "id"):
+    for ckpt in run.checkpoints.filter(round__isnull=False).select_related("task").order_by("created_at", "id"):
         out[ckpt.task.name] = ckpt.test_accuracy
     return out
 
@@ -142,7 +143,7 @@ def run_progress(run: Run) -> dict:
     fraction = rounds_done / total_rounds if total_rounds else 0.0
     if current_info and current_info["assignments_total"]:
         fraction += current_info["assignments_finished"] / current_info["assignments_total"] / total_rounds
-    if run.is_finished:
+    if run.status == Run.Status.SUCCEEDED:
         fraction = 1.0
     return {
         "run": run.id,

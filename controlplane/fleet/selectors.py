@@ -23,3 +23,15 @@ def device_effective_status(device: Device, *, now: dt.datetime | None = None) -
         return Device.Status.UNKNOWN
     age_s = ((now or timezone.now()) - device.last_heartbeat_at).total_seconds()
     return Device.Status.ONLINE if age_s <= mtfl_setting("HEARTBEAT_OFFLINE_S") else Device.Status.OFFLINE
+
+
+def devices_with_status(queryset: QuerySet[Device], status: str, *, now: dt.datetime | None = None) -> QuerySet[Device]:
+    """Filter devices by the status :func:`device_effective_status` would give them."""
+    threshold = (now or timezone.now()) - dt.timedelta(seconds=mtfl_setting("HEARTBEAT_OFFLINE_S"))
+    if status == Device.Status.UNKNOWN:
+        return queryset.filter(last_heartbeat_at__isnull=True)
+    if status == Device.Status.ONLINE:
+        return queryset.filter(last_heartbeat_at__gte=threshold)
+    if status == Device.Status.OFFLINE:
+        return queryset.filter(last_heartbeat_at__lt=threshold)
+    raise ValueError(f"status must be one of {', '.join(Device.Status.values)}, got {status!r}")

@@ -1,4 +1,4 @@
-"""Throughput metrics of multi-task FL (DESIGN.md §1; Yu et al. 2022, §5 and footnote 1).
+"""Throughput metrics of multi-task FL (docs/DESIGN.md §1; Yu et al. 2022, §5 and footnote 1).
 
 All throughputs are in samples per second (``sps``), times in seconds.
 """

@@ -1,7 +1,7 @@
 """Allocation strategies: from an experiment description to a plan (one assignment per device
 and task that has data there).
 
-The baselines are the paper's (Yu et al. 2022, §5; DESIGN.md §1), all with batch size 128:
+The baselines are the paper's (Yu et al. 2022, §5; docs/DESIGN.md §1), all with batch size 128:
 
 * ``temporal``  — tasks run concurrently without partitioning; the device is time-sliced.
 * ``isolation`` — each of the ``I`` tasks on a device gets ``100 / I`` % of it.
@@ -157,6 +157,6 @@ def make_plan(strategy: str, spec: PlanningInput, *, manual_entries: Iterable[Ma
         if manual_entries is None:
             raise PlanningError("strategy 'manual' needs a plan", field="plan")
         return plan_manual(spec, entries=manual_entries)
-    if manual_entries:
+    if manual_entries is not None:
         raise PlanningError(f"strategy {strategy!r} takes no plan; use 'manual'", field="plan")
     return BASELINES[strategy](spec)

@@ -27,7 +27,7 @@ def test_token_authentication_lists_devices(api, make_device):
     body = response.json()
     assert body["count"] == 1
     assert body["results"][0]["queue"] == "device.dev-a"
-    assert body["results"][0]["status"] == "unknown"
+    assert body["results"][0]["status"] == "online"  # the fixture's agent reported just now
 
 
 def test_device_create_validates_name_and_backend(api):
@@ -174,11 +174,17 @@ def test_run_launch_validates_strategy_and_manual_plan(api, make_experiment):
     plan = [{"device": s.device_id, "task": s.task_id, "batch_size": 8, "active_thread_percentage": 50} for s in shards]
     plan[0]["batch_size"] = 100000
     too_big = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "manual", "plan": plan}, format="json")
-    assert too_big.status_code == 400 and "batch_size" in too_big.json()["errors"]
+    assert too_big.status_code == 400
+    assert too_big.json()["errors"] == {"plan[0].batch_size": ["must be at most 4096: allowed 2 to 4096"]}
     plan[0]["batch_size"] = 8
     plan[1]["active_thread_percentage"] = 0
     share = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "manual", "plan": plan}, format="json")
-    assert share.status_code == 400 and "active_thread_percentage" in share.json()["errors"]
+    assert share.status_code == 400 and "plan[1].active_thread_percentage" in share.json()["errors"]
+    plan[1]["active_thread_percentage"] = 70
+    plan[0]["batch_size"] = 1000  # within the API's range, beyond the shard: the planner says so
+    shard = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "manual", "plan": plan}, format="json")
+    assert shard.status_code == 400 and "the shard holds" in shard.json()["message"]
+    plan[0]["batch_size"] = 8
     plan[1]["active_thread_percentage"] = 70
     ok = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "manual", "plan": plan}, format="json")
     assert ok.status_code == 201, ok.json()
@@ -218,3 +224,95 @@ def test_openapi_schema_and_docs_are_served(api):
     assert b"/api/experiments/{id}/runs/" in schema.content
     docs = api.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+
+
+def test_huge_ids_and_deep_json_are_400_not_500(api, make_device, make_task):
+    device, task = make_device(), make_task()
+    huge = 99999999999999999999999
+    for body in ({"name": "e", "tasks": [huge], "devices": [device.id], "rounds": 1},
+                 {"name": "e", "tasks": [task.id], "devices": [huge], "rounds": 1}):
+        response = api.post("/api/experiments/", body, format="json")
+        assert response.status_code == 400 and "allowed 1 to" in response.json()["message"]
+    for url in (f"/api/rounds/?experiment={huge}", f"/api/assignments/?run={huge}",
+                f"/api/assignments/?experiment={huge}", f"/api/runs/?experiment={huge}"):
+        assert api.get(url).status_code == 400, url
+    deep = "[" * 5000 + "]" * 5000
+    response = api.post("/api/devices/", deep, content_type="application/json")
+    assert response.status_code == 400 and "JSON" in response.json()["message"]
+
+
+def test_unknown_and_fixed_fields_are_refused(api, make_device, make_task, make_experiment):
+    device = make_device("dev-z")
+    unknown = api.post("/api/devices/", {"name": "dev-x", "extra": 1}, format="json")
+    assert unknown.status_code == 400 and "unknown field; allowed: name, backend" in unknown.json()["errors"]["extra"][0]
+    rename = api.patch(f"/api/devices/{device.id}/", {"name": "renamed"}, format="json")
+    assert rename.status_code == 400 and "Celery queue" in rename.json()["errors"]["name"][0]
+    number_name = api.post("/api/devices/", {"name": 123}, format="json")
+    assert number_name.status_code == 400 and "must be a string" in number_name.json()["errors"]["name"][0]
+    task = api.post("/api/tasks/", {"name": "t", "architecture": "resnet18", "id": 999}, format="json")
+    assert task.status_code == 400 and "id" in task.json()["errors"]
+    experiment = make_experiment()
+    bogus = api.patch(f"/api/experiments/{experiment.id}/", {"bogus": 1}, format="json")
+    assert bogus.status_code == 400 and "unknown field" in bogus.json()["errors"]["bogus"][0]
+
+
+def test_ranges_are_named_for_bad_types(api, make_task, make_device):
+    task, device = make_task(), make_device()
+    response = api.post("/api/experiments/", {"name": "e", "tasks": [task.id], "devices": [device.id], "rounds": "many"},
+                        format="json")
+    assert response.status_code == 400
+    assert response.json()["errors"]["rounds"] == ["must be an integer: allowed 1 to 10000"]
+    seed = api.post("/api/experiments/", {"name": "e", "tasks": [task.id], "devices": [device.id], "rounds": 1,
+                                          "seed": -1}, format="json")
+    assert "allowed 0 to 2147483647" in seed.json()["errors"]["seed"][0]
+    nan = api.post("/api/tasks/", {"name": "t", "architecture": "resnet18", "learning_rate": "NaN"}, format="json")
+    assert nan.status_code == 400 and "learning_rate" in nan.json()["errors"]
+
+
+def test_runs_freeze_the_experiment_and_its_tasks(api, make_experiment):
+    experiment = make_experiment()
+    Run.objects.create(experiment=experiment, strategy="sharing")
+    rounds = api.patch(f"/api/experiments/{experiment.id}/", {"rounds": 3}, format="json")
+    assert rounds.status_code == 409 and "rounds cannot change" in rounds.json()["message"]
+    renamed = api.patch(f"/api/experiments/{experiment.id}/", {"name": "renamed"}, format="json")
+    assert renamed.status_code == 200
+    task = experiment.tasks.first()
+    type(task).objects.filter(id=task.id).update(learning_rate=0.1)
+    lr = api.patch(f"/api/tasks/{task.id}/", {"learning_rate": 0.5}, format="json")
+    assert lr.status_code == 409 and "learning_rate cannot change" in lr.json()["message"]
+    put = api.put(f"/api/tasks/{task.id}/", {"name": task.name, "architecture": task.architecture}, format="json")
+    assert put.status_code == 409  # would reset the optimizer to its defaults
+    assert api.patch(f"/api/tasks/{task.id}/", {"name": "new-name"}, format="json").status_code == 200
+
+
+def test_a_run_needs_every_device_to_have_connected(api, make_device, make_task):
+    from controlplane.experiments.services import experiment_create
+
+    ghost, real = make_device("ghost", connected=False), make_device("real")
+    task = make_task()
+    experiment = experiment_create(name="g", task_ids=[task.id], device_ids=[ghost.id, real.id], rounds=1)
+    response = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "sharing"}, format="json")
+    assert response.status_code == 409
+    assert "ghost has never connected" in response.json()["message"]
+
+
+def test_a_baseline_takes_no_plan_even_an_empty_one(api, make_experiment):
+    experiment = make_experiment()
+    response = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "temporal", "plan": []}, format="json")
+    assert response.status_code == 400 and "takes no plan" in response.json()["message"]
+
+
+def test_device_status_filter_uses_the_heartbeat(api, make_device):
+    import datetime as dt
+
+    from controlplane.fleet.models import Device
+
+    make_device("fresh")
+    make_device("never", connected=False)
+    stale = make_device("stale")
+    Device.objects.filter(id=stale.id).update(last_heartbeat_at=stale.last_heartbeat_at - dt.timedelta(hours=1))
+    names = {s: {d["name"] for d in api.get(f"/api/devices/?status={s}").json()["results"]}
+             for s in ("online", "offline", "unknown")}
+    assert names == {"online": {"fresh"}, "offline": {"stale"}, "unknown": {"never"}}
+    listed = {d["name"]: d["status"] for d in api.get("/api/devices/").json()["results"]}
+    assert listed == {"fresh": "online", "stale": "offline", "never": "unknown"}

@@ -118,3 +118,19 @@ def test_run_live_json_reports_progress_of_a_round_in_flight(browser_client, mak
     assert current["assignments_total"] == 4 and current["assignments_finished"] == 1
     assert current["assignments_running"] == 3
     assert live["progress"]["fraction"] == pytest.approx(1 / 4 / 2)
+
+
+def test_a_run_cancelled_before_any_round_shows_no_progress_and_no_result(browser_client, make_experiment):
+    experiment = make_experiment(name="cancelled", rounds=2)
+    run = Run.objects.create(experiment=experiment, strategy="sharing", status=Run.Status.CANCELLED, started_at=T0)
+    for task in experiment.tasks.all():  # the initial model is evaluated before round 0
+        Checkpoint.objects.create(run=run, task=task, round=None, artifact_path="x", sha256="0" * 64,
+                                  test_accuracy=0.1, test_loss=2.3)
+    live = browser_client.get(f"/runs/{run.id}/live/").json()
+    assert live["progress"]["fraction"] == 0.0 and live["progress"]["rounds_done"] == 0
+    for name in ("plan", "throughput", "timeline"):
+        figure = live["figures"][name]
+        assert figure["data"] == [] or all(not t.get("x") for t in figure["data"])
+        assert figure["layout"]["annotations"][-1]["text"].startswith("no ")
+    html = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
+    assert "0.100" not in html  # the untrained model's accuracy is not the run's result

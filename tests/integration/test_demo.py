@@ -8,16 +8,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
-import psutil
 import pytest
+
+from tests.integration.procs import embedded_env, free_port, mtfl, processes_of, start_up, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -25,40 +23,11 @@ SMALL = ["--rounds", "1", "--samples", "160", "--architectures", "mobilenet_v3_s
          "--strategies", "temporal,isolation"]
 
 
-def _embedded_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "ARTIFACT_ROOT"}}
-    env.update(MTFL_HOME=str(home), COLUMNS="200", PYTHONUNBUFFERED="1")
-    return env
-
-
-def _mtfl(*args: str) -> list[str]:
-    return [sys.executable, "-m", "controlplane.cli", *args]
-
-
-def _processes_of(home: Path) -> list[psutil.Process]:
-    """Processes (other than this one) whose environment has MTFL_HOME=home."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get("MTFL_HOME") == str(home):
-                found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def demo_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("demo-home")
     started = time.monotonic()
-    out = subprocess.run(_mtfl("demo", "--no-serve", *SMALL), env=_embedded_env(home), capture_output=True,
+    out = subprocess.run(mtfl("demo", "--no-serve", *SMALL), env=embedded_env(home), capture_output=True,
                          text=True, timeout=600)
     return home, out, time.monotonic() - started
 
@@ -67,7 +36,8 @@ def test_demo_prints_the_comparison_from_real_training(demo_home):
     home, out, _ = demo_home
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     table = out.stdout
-    assert "Comparison" in table
+    assert "Throughput" in table and "Final test accuracy" in table
+    assert "API token:" in table  # --no-serve still says how to log in
     rows = {m.group(1): m.group(0) for m in re.finditer(r"│\s+\d+\s+│\s+(temporal|isolation)\s+│[^\n]*", table)}
     assert set(rows) == {"temporal", "isolation"}
     assert "succeeded" in rows["temporal"] and "succeeded" in rows["isolation"]
@@ -79,8 +49,7 @@ def test_demo_prints_the_comparison_from_real_training(demo_home):
 
 def test_demo_leaves_no_child_process_and_no_broker(demo_home):
     home, _, _ = demo_home
-    time.sleep(1.0)
-    assert _processes_of(home) == []
+    assert wait_gone(home) == []
     assert not (home / "broker_url").exists()
 
 
@@ -99,19 +68,10 @@ def _login(base: str, username: str, password: str) -> urllib.request.OpenerDire
 def test_mtfl_up_serves_the_demo_runs_with_filled_charts(demo_home):
     home, out, _ = demo_home
     assert out.returncode == 0
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
-    up = subprocess.Popen(_mtfl("up", "--agents", "", "--addr", f"127.0.0.1:{port}"), env=_embedded_env(home),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    up = start_up(home, "", port)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{base}/accounts/login/", timeout=2)
-                break
-            except OSError:
-                assert up.poll() is None, up.stdout.read()
-                time.sleep(0.5)
         password = (home / "demo_password").read_text().strip()
         opener = _login(base, "demo", password)
         runs = json.loads(opener.open(f"{base}/api/runs/").read())["results"]
@@ -133,14 +93,13 @@ def test_mtfl_up_serves_the_demo_runs_with_filled_charts(demo_home):
     finally:
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=60)
-    time.sleep(1.0)
-    assert _processes_of(home) == []
+    assert wait_gone(home) == []
 
 
 def test_ctrl_c_stops_every_child_process(tmp_path):
     home = tmp_path / "home"
-    env = _embedded_env(home)
-    demo = subprocess.Popen(_mtfl("demo", "--no-serve", *SMALL), env=env, stdout=subprocess.PIPE,
+    env = embedded_env(home)
+    demo = subprocess.Popen(mtfl("demo", "--no-serve", *SMALL), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 180
@@ -150,10 +109,9 @@ def test_ctrl_c_stops_every_child_process(tmp_path):
         if line.startswith("experiment") or not line:
             break
     assert any(line.startswith("experiment") for line in lines), "".join(lines)
-    assert len(_processes_of(home)) >= 4  # redis, control worker, two agents (and their children)
+    assert len(processes_of(home)) >= 4  # redis, control worker, two agents (and their children)
     demo.send_signal(signal.SIGINT)
     rest, _ = demo.communicate(timeout=120)
     assert demo.returncode == 130, "".join(lines) + rest
     assert "interrupted" in rest
-    time.sleep(1.0)
-    assert _processes_of(home) == []
+    assert wait_gone(home) == []

@@ -1,4 +1,4 @@
-"""Execution backends: how a device runs the trainers of a round (DESIGN.md §2).
+"""Execution backends: how a device runs the trainers of a round (docs/DESIGN.md §2).
 
 :class:`~workers.backends.base.ExecutionBackend` is the interface, :func:`get_backend` the
 factory. Importing this package does not import torch.

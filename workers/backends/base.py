@@ -1,7 +1,7 @@
 """The execution-backend interface and the trainer-process machinery backends share.
 
 :class:`ExecutionBackend` is what the device agent calls. :class:`TrainerProcessBackend`
-implements a round the way DESIGN.md §2 describes it: one ``python -m workers.trainer``
+implements a round the way docs/DESIGN.md §2 describes it: one ``python -m workers.trainer``
 process per assignment (``subprocess.Popen``, never ``fork``/``multiprocessing``: Celery
 children are daemonic and CUDA must not be forked), all held at a start barrier (each prints
 ``READY``; when all have, each gets ``GO``) so they really overlap, then waited for with a

@@ -1,4 +1,4 @@
-"""The ``cpu`` backend: the whole pipeline on a machine without a GPU (DESIGN.md §2).
+"""The ``cpu`` backend: the whole pipeline on a machine without a GPU (docs/DESIGN.md §2).
 
 The share ``R`` (``active_thread_percentage``) becomes a core set and a thread count:
 

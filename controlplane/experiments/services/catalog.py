@@ -31,9 +31,13 @@ def _check_finite_range(field: str, value: Any, lo: float, hi: float, *, lo_open
     lo_ok = v > lo if lo_open else v >= lo
     hi_ok = v < hi if hi_open else v <= hi
     if not (math.isfinite(v) and lo_ok and hi_ok):
-        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        interval = f"{'(' if lo_open else '['}{_bound(lo)}, {_bound(hi)}{')' if hi_open else ']'}"
         raise ApplicationError(f"{field}={value!r} is out of range: allowed {interval}", field=field)
     return v
+
+
+def _bound(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _check_task_fields(fields: Mapping[str, Any]) -> None:
@@ -110,11 +114,11 @@ def task_create(
 
 @transaction.atomic
 def task_update(*, task: Task, **fields: Any) -> Task:
-    """Change a task's definition; its model and data set are fixed once an experiment ran it.
+    """Change a task's definition; only its name once a run has trained it.
 
     Raises:
-        ApplicationError: as :func:`task_create`, or changing ``architecture``/``dataset`` of a
-            task that already has runs.
+        ApplicationError: as :func:`task_create`, or (409) changing anything but the name of a
+            task that runs have trained.
     """
     allowed = {"name", "architecture", "dataset", "dataset_root", "num_classes", "optimizer",
                "learning_rate", "momentum", "weight_decay"}
@@ -122,10 +126,15 @@ def task_update(*, task: Task, **fields: Any) -> Task:
     if unknown:
         raise ApplicationError(f"cannot update {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
     _check_task_fields(fields)
-    frozen = {"architecture", "dataset", "num_classes"} & {k for k, v in fields.items() if getattr(task, k) != v}
+    changed = {k for k, v in fields.items() if getattr(task, k) != v}
+    frozen = sorted(changed - {"name"})
     if frozen and task.experiments.filter(runs__isnull=False).exists():
-        field = sorted(frozen)[0]
-        raise ApplicationError(f"{field} cannot change: experiments have already run this task", field=field)
+        raise ApplicationError(
+            f"{frozen[0]} cannot change: runs have already trained this task with it (they would no "
+            "longer say how they were trained); define a new task",
+            field=frozen[0],
+            status_code=409,
+        )
     if "name" in fields and Task.objects.exclude(pk=task.pk).filter(name=fields["name"]).exists():
         raise ApplicationError(f"a task named {fields['name']!r} already exists", field="name")
     for key, value in fields.items():
@@ -213,7 +222,8 @@ def _resolve(model, ids: Iterable[Any], field: str) -> list:
     objects = list(model.objects.filter(id__in=ids).order_by("id"))
     missing = sorted(set(ids) - {o.id for o in objects})
     if missing:
-        raise ApplicationError(f"{field}: no {model.__name__.lower()} with id {', '.join(map(str, missing))}", field=field)
+        shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise ApplicationError(f"{field}: no {model.__name__.lower()} with id {shown}", field=field)
     return objects
 
 
@@ -287,7 +297,8 @@ def experiment_create(
 
 @transaction.atomic
 def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
-    """Change an experiment's name, description, rounds or local epochs.
+    """Change an experiment's name or description, and its rounds or local epochs until it
+    has runs.
 
     Tasks, devices and the partition are fixed at creation (runs would no longer be comparable):
     create a new experiment to change them.
@@ -302,6 +313,14 @@ def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
         raise ApplicationError(
             f"{field} cannot change after creation (runs would no longer be comparable); create a new experiment",
             field=field,
+        )
+    changed = sorted(k for k in ("rounds", "local_epochs") if k in fields and fields[k] != getattr(experiment, k))
+    if changed and experiment.runs.exists():
+        raise ApplicationError(
+            f"{changed[0]} cannot change: the experiment has runs, which follow it round by round "
+            "(and would no longer be comparable); create a new experiment",
+            field=changed[0],
+            status_code=409,
         )
     if "rounds" in fields:
         _check_finite_range("rounds", fields["rounds"], 1, 10_000)

@@ -1,6 +1,6 @@
 """The round protocol: runs, standalone measurements, rounds, FedAvg and checkpoints.
 
-A run, step by step (DESIGN.md §2):
+A run, step by step (docs/DESIGN.md §2):
 
 1. :func:`run_create` (web) saves the run and, after commit, queues ``RUN_BEGIN``.
 2. :func:`run_begin` (control worker) claims it, writes each task's seeded initial model,
@@ -79,10 +79,18 @@ def run_create(*, experiment: Experiment, strategy: str, plan: list[Mapping[str,
 
     Raises:
         ApplicationError: unknown strategy, a plan for a strategy that takes none, or an invalid
-            plan (the field at fault is named).
+            plan (the field at fault is named); a device whose agent never connected (409).
     """
     if strategy not in STRATEGIES:
         raise ApplicationError(f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}", field="strategy")
+    never_seen = sorted(experiment.devices.filter(last_heartbeat_at__isnull=True).values_list("name", flat=True))
+    if never_seen:
+        raise ApplicationError(
+            f"device {never_seen[0]} has never connected an agent: start `mtfl agent --device {never_seen[0]}` "
+            "on its host first",
+            field="devices",
+            status_code=409,
+        )
     manual = None
     if plan is not None:
         manual = [

@@ -15,7 +15,7 @@ console = Console(highlight=False)
 
 
 def interrupt_on_signals() -> None:
-    """Make SIGINT (Ctrl-C) and SIGTERM raise ``KeyboardInterrupt`` in the command, so the
+    """Make SIGINT (Ctrl-C), SIGTERM and SIGHUP raise ``KeyboardInterrupt`` in the command, so the
     stack's ``with`` block stops every child. SIGINT is installed explicitly because a shell
     starts background jobs with SIGINT ignored, and Python keeps it ignored then."""
 
@@ -24,6 +24,7 @@ def interrupt_on_signals() -> None:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)  # the terminal closed or the SSH session dropped
 
 
 def prepare_database() -> Credentials:
@@ -32,31 +33,45 @@ def prepare_database() -> Credentials:
     return demo_user_ensure()
 
 
-def comparison_table(rows: list[dict], task_names: list[str]) -> Table:
-    table = Table(title="Comparison (throughputs are means over rounds and devices)")
-    for column in ("run", "strategy", "status", "raw (samples/s)", "fair", "raw speedup", "fair speedup"):
-        table.add_column(column, justify="right" if column not in {"strategy", "status"} else "left")
-    for name in task_names:
-        table.add_column(f"acc {name}", justify="right")
+def _num(value, fmt: str, suffix: str = "") -> str:
+    return format(value, fmt) + suffix if value is not None else "—"
 
-    def num(v, fmt):
-        return format(v, fmt) if v is not None else "—"
 
+def comparison_tables(rows: list[dict], task_names: list[str]) -> list[Table]:
+    """Two tables narrow enough for an 80-column terminal: throughput and speedups per run,
+    then the final test accuracy of each task (rows) per run (columns)."""
+    throughput = Table(title="Throughput (means over rounds and devices; speedups over temporal)")
+    for column, justify in (("run", "right"), ("strategy", "left"), ("status", "left"), ("raw samples/s", "right"),
+                            ("fair", "right"), ("raw ×", "right"), ("fair ×", "right")):
+        throughput.add_column(column, justify=justify, no_wrap=True)
     for r in rows:
-        table.add_row(
-            str(r["run"]), r["strategy"], r["status"], num(r["raw_throughput_sps"], ".1f"), num(r["fair_throughput"], ".3f"),
-            num(r["raw_speedup"], ".2f") + ("×" if r["raw_speedup"] is not None else ""),
-            num(r["fair_speedup"], ".2f") + ("×" if r["fair_speedup"] is not None else ""),
-            *[num(r["accuracy"].get(n), ".3f") for n in task_names],
+        throughput.add_row(
+            str(r["run"]), r["strategy"], r["status"], _num(r["raw_throughput_sps"], ".1f"),
+            _num(r["fair_throughput"], ".3f"), _num(r["raw_speedup"], ".2f", "×"), _num(r["fair_speedup"], ".2f", "×"),
         )
-    return table
+    accuracy = Table(title="Final test accuracy")
+    accuracy.add_column("task", no_wrap=True)
+    for r in rows:
+        accuracy.add_column(f"{r['strategy']} (run {r['run']})", justify="right")
+    for name in task_names:
+        accuracy.add_row(name, *[_num(r["accuracy"].get(name), ".3f") for r in rows])
+    return [throughput, accuracy]
+
+
+def print_credentials(creds: Credentials, how: str) -> None:
+    """Where to look next, and how to log in (printed unwrapped, so it can be copied)."""
+    console.print(f"See the runs in the dashboard: start [bold]{how}[/bold] and open the address it prints.")
+    console.print(f"Log in as {creds.username} / {creds.password}", soft_wrap=True)
+    console.print(f"API token: {creds.token}", soft_wrap=True)
 
 
 def serve_until_interrupted(stack, addr: str, creds: Credentials) -> None:
     """Serve the web app until Ctrl-C or SIGTERM, with the stack's workers running."""
     stack.start_web(addr)
-    console.print(f"\nDashboard: [bold]http://{addr}/[/bold]   API docs: http://{addr}/api/docs/")
-    console.print(f"Log in as [bold]{creds.username}[/bold] / [bold]{creds.password}[/bold]; API token: {creds.token}")
+    console.print(f"\nDashboard: http://{addr}/", soft_wrap=True)
+    console.print(f"API docs:  http://{addr}/api/docs/", soft_wrap=True)
+    console.print(f"Log in as {creds.username} / {creds.password}", soft_wrap=True)
+    console.print(f"API token: {creds.token}", soft_wrap=True)
     console.print("Press Ctrl-C to stop.")
     try:
         while True:

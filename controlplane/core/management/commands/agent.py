@@ -36,4 +36,4 @@ class Command(BaseCommand):
         for flag, key in (("--cores", "cores"), ("--state-dir", "state_dir"), ("--heartbeat-s", "heartbeat_s")):
             if options[key] is not None:
                 argv += [flag, str(options[key])]
-        sys.exit(main(argv))
+        sys.exit(main(argv, prog="mtfl agent"))

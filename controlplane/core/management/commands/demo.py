@@ -8,28 +8,22 @@ from django.core.management.base import BaseCommand, CommandError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_experiment_create, run_wait
+from controlplane.common.errors import ApplicationError
 from controlplane.core.management.commands._common import (
-    comparison_table,
+    comparison_tables,
     console,
     interrupt_on_signals,
     prepare_database,
+    print_credentials,
     serve_until_interrupted,
 )
+from controlplane.core.options import addr_option, float_option, int_option, list_option
 from controlplane.core.stack import LocalStack
 from controlplane.experiments import services as exp_services
 from controlplane.fleet.models import Device
 from controlplane.planning.strategies import BASELINES
+from workers.datasets import dataset_info
 from workers.messages import ARCHITECTURES
-
-
-def _positive_int(name: str, value: str, lo: int = 1, hi: int = 10_000) -> int:
-    try:
-        v = int(value)
-    except ValueError:
-        raise CommandError(f"--{name} must be an integer from {lo} to {hi}, got {value!r}") from None
-    if not lo <= v <= hi:
-        raise CommandError(f"--{name}={v} is out of range: allowed {lo} to {hi}")
-    return v
 
 
 class Command(BaseCommand):
@@ -45,7 +39,9 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", default="2", help="FL rounds per run (default 2)")
         parser.add_argument("--local-epochs", default="1", help="local epochs per round (default 1)")
         parser.add_argument("--alpha", default="0.5", help="Dirichlet alpha of the data volumes (default 0.5)")
-        parser.add_argument("--samples", default=None, help="training samples per task (default: all 1437)")
+        parser.add_argument(
+            "--samples", default=None, help="training samples per task, split over the devices (default: all 1437)"
+        )
         parser.add_argument(
             "--architectures", default=",".join(DEMO_ARCHITECTURES), help="comma-separated models of the zoo"
         )
@@ -53,25 +49,16 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", default="1800", help="seconds allowed per run (default 1800)")
 
     def handle(self, *args, **opts):
-        n_devices = _positive_int("devices", opts["devices"], 1, 16)
-        rounds = _positive_int("rounds", opts["rounds"], 1, 1000)
-        local_epochs = _positive_int("local-epochs", opts["local_epochs"], 1, 100)
-        timeout_s = _positive_int("timeout", opts["timeout"], 10, 7 * 24 * 3600)
-        samples = _positive_int("samples", opts["samples"], 1, 10_000_000) if opts["samples"] else None
-        try:
-            alpha = float(opts["alpha"])
-        except ValueError:
-            raise CommandError(f"--alpha must be a number in (0, 1000], got {opts['alpha']!r}") from None
-        if not 0 < alpha <= 1000:
-            raise CommandError(f"--alpha={alpha} is out of range: allowed (0, 1000]")
-        architectures = [a.strip() for a in opts["architectures"].split(",") if a.strip()]
-        for a in architectures:
-            if a not in ARCHITECTURES:
-                raise CommandError(f"--architectures: {a!r} is not in the zoo; allowed: {', '.join(ARCHITECTURES)}")
-        strategies = [s.strip() for s in opts["strategies"].split(",") if s.strip()]
-        for s in strategies:
-            if s not in BASELINES:
-                raise CommandError(f"--strategies: {s!r} is not allowed; allowed: {', '.join(BASELINES)}")
+        train_size = dataset_info("digits").train_size
+        n_devices = int_option("devices", opts["devices"], 1, 16)
+        rounds = int_option("rounds", opts["rounds"], 1, 1000)
+        local_epochs = int_option("local-epochs", opts["local_epochs"], 1, 100)
+        timeout_s = int_option("timeout", opts["timeout"], 10, 7 * 24 * 3600)
+        samples = int_option("samples", opts["samples"], 2, train_size) if opts["samples"] else None
+        alpha = float_option("alpha", opts["alpha"], 0, 1000)
+        architectures = list_option("architectures", opts["architectures"], ARCHITECTURES)
+        strategies = list_option("strategies", opts["strategies"], BASELINES)
+        addr = None if opts["no_serve"] else addr_option(opts["addr"])
 
         started = time.monotonic()
         interrupt_on_signals()
@@ -89,18 +76,23 @@ class Command(BaseCommand):
                 console.print(f"experiment [bold]{experiment.name}[/bold] (id {experiment.id}): {experiment.description}")
                 self._run_all(experiment, strategies, timeout_s, stack)
                 rows = comparison_rows(experiment)
-                console.print(comparison_table(rows, [t.name for t in experiment.tasks.order_by("id")]))
+                for table in comparison_tables(rows, [t.name for t in experiment.tasks.order_by("id")]):
+                    console.print(table)
                 for r in rows:
                     if r["error"]:
                         console.print(f"[red]run {r['run']} ({r['strategy']}): {r['error']}[/red]")
-                console.print(f"demo took {time.monotonic() - started:.0f} s; experiment page: /experiments/{experiment.id}/")
-                if not opts["no_serve"]:
-                    serve_until_interrupted(stack, opts["addr"], creds)
+                console.print(f"demo took {time.monotonic() - started:.0f} s")
+                if addr is None:
+                    print_credentials(creds, "mtfl up")
+                else:
+                    serve_until_interrupted(stack, addr, creds)
         except KeyboardInterrupt:
             console.print("interrupted: every child process was stopped")
             raise SystemExit(130) from None
         except (RuntimeError, TimeoutError) as exc:
             raise CommandError(str(exc)) from exc
+        except ApplicationError as exc:
+            raise CommandError(exc.message) from exc
 
     def _run_all(self, experiment, strategies, timeout_s, stack) -> None:
         with Progress(

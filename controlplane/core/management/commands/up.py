@@ -10,8 +10,8 @@ from controlplane.core.management.commands._common import (
     prepare_database,
     serve_until_interrupted,
 )
+from controlplane.core.options import addr_option, device_names_option
 from controlplane.core.stack import LocalStack
-from workers.queues import DEVICE_NAME_RE
 
 
 class Command(BaseCommand):
@@ -25,16 +25,14 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        agents = [a.strip() for a in opts["agents"].split(",") if a.strip()]
-        for name in agents:
-            if not DEVICE_NAME_RE.match(name):
-                raise CommandError(f"--agents: {name!r} is not a valid device name (lower-case letters, digits, '-', '_')")
+        agents = device_names_option("agents", opts["agents"])
+        addr = addr_option(opts["addr"])
         interrupt_on_signals()
         creds = prepare_database()
         try:
             with LocalStack(agents=agents, log=lambda line: console.print(f"[dim]{line}[/dim]")) as stack:
                 stack.wait_ready()
-                serve_until_interrupted(stack, opts["addr"], creds)
+                serve_until_interrupted(stack, addr, creds)
         except KeyboardInterrupt:
             console.print("interrupted: every child process was stopped")
             raise SystemExit(130) from None
