@@ -179,7 +179,8 @@ def timeline(rows: Sequence[Mapping]) -> go.Figure:
     fig.update_layout(
         title="Timeline: each assignment's training span", xaxis=dict(type="date", title="wall-clock time (UTC)"),
         yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes)), title=""), barmode="overlay",
-        **{**LAYOUT, "height": max(260, 40 * len(lanes) + 160)},
+        **{**LAYOUT, "height": max(260, 40 * len(lanes) + 160),
+           "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1)},
     )
     return fig if rows else _empty(fig, "no assignment has trained yet")
 

@@ -15,7 +15,9 @@
     status.textContent = p.status;
     status.className = "badge " + p.status;
     let text = `${p.rounds_done} of ${p.rounds_total} rounds done`;
-    if (p.current_round) {
+    if (p.current_round && p.current_round.status === "aggregating") {
+      text += ` · round ${p.current_round.index}: every device reported; FedAvg and evaluation`;
+    } else if (p.current_round) {
       const c = p.current_round;
       text += ` · round ${c.index} ${c.status}: ${c.assignments_finished}/${c.assignments_total} assignments finished` +
         (c.assignments_running ? `, ${c.assignments_running} training` : "");

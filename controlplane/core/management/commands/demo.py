@@ -106,7 +106,9 @@ class Command(BaseCommand):
                 def update(p, bar=bar):
                     stack.children.check_alive()
                     detail = f"{p['rounds_done']}/{p['rounds_total']} rounds"
-                    if p["current_round"]:
+                    if p["current_round"] and p["current_round"]["status"] == "aggregating":
+                        detail += f" · round {p['current_round']['index']}: FedAvg and evaluation"
+                    elif p["current_round"]:
                         c = p["current_round"]
                         detail += f" · round {c['index']}: {c['assignments_finished']}/{c['assignments_total']} done"
                         if c["assignments_running"]:
