@@ -19,32 +19,28 @@ def send_run_begin(run_id: int) -> None:
     app.send_task(TaskName.RUN_BEGIN, args=[run_id], queue=CONTROL_QUEUE)
 
 
-def send_standalone(run_id: int, requests: list[StandaloneRequest], *, deadline_s: float) -> None:
-    """Measure ``P_alone`` on every device, then call back ``STANDALONE_RECORDED``.
-
-    A chord: one ``measure_standalone`` per device on ``device.<name>``, callback on ``control``,
-    plus ``STANDALONE_WATCHDOG`` after ``deadline_s`` so a device that never answers cannot hold
-    the run before its first round.
-    """
+def _fan_out(device_task: str, requests, callback: str, watchdog: str, key: int, deadline_s: float) -> None:
+    """One ``device_task`` per device request on its ``device.<name>`` queue, joined by a
+    chord into ``callback(results, key)`` on ``control``, plus ``watchdog(key)`` after
+    ``deadline_s`` so a device that never answers cannot hold the run."""
     header = [
-        app.signature(TaskName.MEASURE_STANDALONE, args=[r.model_dump(mode="json")], queue=device_queue(r.device))
-        for r in requests
+        app.signature(device_task, args=[r.model_dump(mode="json")], queue=device_queue(r.device)) for r in requests
     ]
-    body = app.signature(TaskName.STANDALONE_RECORDED, args=[run_id], queue=CONTROL_QUEUE)
-    chord(header)(body)
-    app.send_task(TaskName.STANDALONE_WATCHDOG, args=[run_id], queue=CONTROL_QUEUE, countdown=deadline_s)
+    chord(header)(app.signature(callback, args=[key], queue=CONTROL_QUEUE))
+    app.send_task(watchdog, args=[key], queue=CONTROL_QUEUE, countdown=deadline_s)
+
+
+def send_standalone(run_id: int, requests: list[StandaloneRequest], *, deadline_s: float) -> None:
+    """Measure ``P_alone`` on every device (``MEASURE_STANDALONE``), then call back
+    ``STANDALONE_RECORDED``; ``STANDALONE_WATCHDOG`` at the deadline."""
+    _fan_out(TaskName.MEASURE_STANDALONE, requests, TaskName.STANDALONE_RECORDED, TaskName.STANDALONE_WATCHDOG,
+             run_id, deadline_s)
 
 
 def send_round(round_id: int, requests: list[TrainRoundRequest], *, deadline_s: float) -> None:
-    """Dispatch a round: a chord of ``train_round`` per device → ``ROUND_FINISH`` on ``control``,
-    plus ``ROUND_WATCHDOG`` after ``deadline_s`` so a round never waits for ever."""
-    header = [
-        app.signature(TaskName.TRAIN_ROUND, args=[r.model_dump(mode="json")], queue=device_queue(r.device))
-        for r in requests
-    ]
-    body = app.signature(TaskName.ROUND_FINISH, args=[round_id], queue=CONTROL_QUEUE)
-    chord(header)(body)
-    app.send_task(TaskName.ROUND_WATCHDOG, args=[round_id], queue=CONTROL_QUEUE, countdown=deadline_s)
+    """Dispatch a round: ``TRAIN_ROUND`` per device → ``ROUND_FINISH``; ``ROUND_WATCHDOG`` at the
+    deadline, so a round never waits for ever."""
+    _fan_out(TaskName.TRAIN_ROUND, requests, TaskName.ROUND_FINISH, TaskName.ROUND_WATCHDOG, round_id, deadline_s)
 
 
 def send_round_start(run_id: int, index: int) -> None:
