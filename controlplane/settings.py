@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "controlplane.core",
     "controlplane.fleet",
     "controlplane.experiments",
+    "controlplane.profiling",
     "controlplane.dashboard",
 ]
 
@@ -178,6 +179,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "ArchitectureEnum": "workers.messages.ARCHITECTURES",
+        "RunStatusEnum": "controlplane.experiments.models.Run.Status",
+        "RoundStatusEnum": "controlplane.experiments.models.Round.Status",
+        "AssignmentStatusEnum": "controlplane.experiments.models.Assignment.Status",
+        "DeviceStatusEnum": "controlplane.fleet.models.Device.Status",
+        "PredictorStatusEnum": "controlplane.profiling.models.Predictor.Status",
+    },
 }
 
 # Celery (the control app; agents configure their own app in workers.agent from the same env).

@@ -8,6 +8,7 @@ from controlplane.experiments.models import Assignment, Checkpoint, Experiment, 
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_effective_status
 from controlplane.planning.strategies import MAX_BATCH_SIZE, MIN_BATCH_SIZE, STRATEGIES
+from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 from workers.messages import ARCHITECTURES, BACKENDS, DATASETS, OPTIMIZERS
 
 
@@ -111,13 +112,22 @@ class DeviceUpdateSerializer(StrictSerializer):
 
 
 class TaskSerializer(serializers.ModelSerializer):
+    workload = serializers.SerializerMethodField()
+
     class Meta:
         model = Task
         fields = [
             "id", "name", "architecture", "dataset", "dataset_root", "num_classes", "optimizer",
-            "learning_rate", "momentum", "weight_decay", "created_at",
+            "learning_rate", "momentum", "weight_decay", "created_at", "workload",
         ]
         read_only_fields = fields
+
+    def get_workload(self, task: Task) -> dict | None:
+        """The model's workload features (null until the control worker has computed them)."""
+        from controlplane.profiling.services.workloads import workload_get
+
+        workload = workload_get(architecture=task.architecture, num_classes=task.num_classes)
+        return ModelWorkloadSerializer(workload).data if workload else None
 
 
 class TaskWriteSerializer(StrictSerializer):
@@ -274,3 +284,62 @@ class CheckpointSerializer(serializers.ModelSerializer):
             "test_accuracy", "test_loss", "kept_previous", "created_at",
         ]
         read_only_fields = fields
+
+
+# --- profiling -----------------------------------------------------------------------------
+
+
+class ModelWorkloadSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ModelWorkload
+        fields = ["architecture", "num_classes", "input_shape", "forward_flops_per_sample", "train_flops_per_sample",
+                  "params", "param_bytes", "activation_bytes_per_sample", "computed_at"]
+        read_only_fields = fields
+
+
+class ProfileSweepSerializer(serializers.ModelSerializer):
+    progress = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ProfileSweep
+        fields = ["id", "device", "backend", "budget_s", "request", "status", "configs", "samples", "repeat_spread",
+                  "error", "created_at", "started_at", "last_record_at", "finished_at", "progress"]
+        read_only_fields = fields
+
+    def get_progress(self, sweep: ProfileSweep) -> float:
+        """Fraction of the time budget spent (1.0 once the sweep ended)."""
+        from controlplane.profiling.selectors import sweep_progress
+
+        return sweep_progress(sweep)
+
+
+class ProfileSweepCreateSerializer(StrictSerializer):
+    budget_s = number()
+    architectures = serializers.ListField(child=ChoiceField(choices=ARCHITECTURES), required=False, allow_empty=False,
+                                          max_length=len(ARCHITECTURES))
+    batch_sizes = serializers.ListField(child=integer(2, 4096), required=False, allow_empty=False, max_length=64)
+    max_mix = integer(1, 8, required=False)
+    seed = integer(0, 2**31 - 1, default=0)
+
+
+class ProfileSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ProfileSample
+        fields = ["id", "source", "sweep", "assignment", "device", "backend", "device_class", "config_key",
+                  "configuration", "mix_size", "task_index", "architecture", "batch_size", "active_thread_percentage",
+                  "throughput_sps", "standalone_sps", "peak_memory_bytes", "repeat_of", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
+class PredictorSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Predictor
+        fields = ["id", "version", "backend", "device_class", "status", "feature_spec", "training_samples",
+                  "training_configurations", "kept_family", "heldout_rmsle", "heldout_mape", "metrics", "artifact_path",
+                  "sha256", "fit_seconds", "error", "created_at"]
+        read_only_fields = fields
+
+
+class PredictorCreateSerializer(StrictSerializer):
+    backend = ChoiceField(choices=BACKENDS, default="cpu")
+    device_class = StrictCharField(max_length=64, required=False)

@@ -12,6 +12,10 @@ router.register("runs", views.RunViewSet, basename="run")
 router.register("rounds", views.RoundViewSet, basename="round")
 router.register("assignments", views.AssignmentViewSet, basename="assignment")
 router.register("checkpoints", views.CheckpointViewSet, basename="checkpoint")
+router.register("workloads", views.ModelWorkloadViewSet, basename="workload")
+router.register("profile-sweeps", views.ProfileSweepViewSet, basename="profile-sweep")
+router.register("profile-samples", views.ProfileSampleViewSet, basename="profile-sample")
+router.register("predictors", views.PredictorViewSet, basename="predictor")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -16,6 +16,8 @@ from controlplane.experiments.models import Assignment, Checkpoint, Experiment, 
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet import services as fleet_services
 from controlplane.fleet.models import Device
+from controlplane.profiling import services as profiling_services
+from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 
 
 def _validated(serializer_class, request: Request, **kwargs) -> dict:
@@ -59,6 +61,14 @@ class DeviceViewSet(
     def update(self, request: Request, pk=None, partial=False) -> Response:
         device = fleet_services.device_update(device=self.get_object(), **_validated(s.DeviceUpdateSerializer, request))
         return Response(s.DeviceSerializer(device).data)
+
+    @extend_schema(request=s.ProfileSweepCreateSerializer, responses={202: s.ProfileSweepSerializer})
+    @action(detail=True, methods=["post"])
+    def profile(self, request: Request, pk=None) -> Response:
+        """Start a profiling sweep on the device for ``budget_s`` seconds; follow it at
+        ``/api/profile-sweeps/{id}/`` (``progress``, ``configs``, ``samples``)."""
+        sweep = profiling_services.sweep_start(device=self.get_object(), **_validated(s.ProfileSweepCreateSerializer, request))
+        return Response(s.ProfileSweepSerializer(sweep).data, status=status.HTTP_202_ACCEPTED)
 
 
 class TaskViewSet(
@@ -209,3 +219,42 @@ class CheckpointViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return exp_selectors.checkpoint_list()
+
+
+class ProfileSweepViewSet(viewsets.ReadOnlyModelViewSet):
+    """Profiling sweeps; start one with ``POST /api/devices/{id}/profile/``."""
+
+    serializer_class = s.ProfileSweepSerializer
+    queryset = ProfileSweep.objects.order_by("-id")
+    filterset_fields = ["device", "status", "backend"]
+
+
+class ProfileSampleViewSet(viewsets.ReadOnlyModelViewSet):
+    """Profile samples: one task of one measured co-located configuration (from sweeps and,
+    the closed loop, from every measured assignment of FL rounds)."""
+
+    serializer_class = s.ProfileSampleSerializer
+    queryset = ProfileSample.objects.order_by("id")
+    filterset_fields = ["device", "backend", "device_class", "source", "sweep", "architecture", "mix_size"]
+
+
+class PredictorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+    """Throughput predictors. ``POST`` fits a new version on every profile sample of a backend
+    and device class (in the control worker; ``status`` goes from ``fitting`` to ``ready``)."""
+
+    serializer_class = s.PredictorSerializer
+    queryset = Predictor.objects.order_by("-id")
+    filterset_fields = ["backend", "device_class", "status"]
+
+    @extend_schema(request=s.PredictorCreateSerializer, responses={202: s.PredictorSerializer})
+    def create(self, request: Request) -> Response:
+        predictor = profiling_services.predictor_request(**_validated(s.PredictorCreateSerializer, request))
+        return Response(s.PredictorSerializer(predictor).data, status=status.HTTP_202_ACCEPTED)
+
+
+class ModelWorkloadViewSet(viewsets.ReadOnlyModelViewSet):
+    """Workload features of the zoo's models (FLOPs, parameters, activation bytes per sample)."""
+
+    serializer_class = s.ModelWorkloadSerializer
+    queryset = ModelWorkload.objects.order_by("architecture", "num_classes")
+    filterset_fields = ["architecture", "num_classes"]

@@ -173,3 +173,21 @@ def shutdown_embedded_broker(url: str) -> bool:
     if broker_url_file().exists() and broker_url_file().read_text().strip() == url:
         broker_url_file().unlink()
     return True
+
+
+def use_running_broker() -> str:
+    """For commands that talk to a running stack (``mtfl agent``, ``mtfl profile``): the
+    configured ``CELERY_BROKER_URL``, else the embedded broker of an ``mtfl up`` running on
+    this machine.
+
+    Raises:
+        RuntimeError: neither is there (one line saying what to do).
+    """
+    url = os.environ.get("CELERY_BROKER_URL", "").strip() or embedded_broker_url()
+    if not url:
+        raise RuntimeError(
+            "CELERY_BROKER_URL is not set and no embedded broker is running on this machine: "
+            "set it to the lab's Redis (redis://host:6379/0) or start `mtfl up` first"
+        )
+    _apply_broker_url(url, os.environ.get("CELERY_RESULT_BACKEND", "").strip() or None)
+    return url

@@ -11,6 +11,8 @@ from controlplane.dashboard import figures
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Experiment, Run
 from controlplane.planning.strategies import STRATEGIES
+from controlplane.profiling.models import Predictor
+from controlplane.profiling.selectors import predictor_history
 
 
 def figure_json(fig: go.Figure) -> dict[str, Any]:
@@ -113,3 +115,23 @@ def run_live(run: Run) -> dict[str, Any]:
         for r in run.rounds.order_by("index")
     ]
     return {"progress": progress, "rounds": rounds, "figures": run_figures(run)}
+
+
+def predictor_families(predictor: Predictor) -> list[dict[str, Any]]:
+    """The metrics table: every family compared, best first."""
+    rows = [{"family": family, "kept": family == predictor.kept_family, **m} for family, m in predictor.metrics.items()]
+    return sorted(rows, key=lambda r: r["rmsle"])
+
+
+def predictor_figures(predictor: Predictor) -> dict[str, dict]:
+    """Predicted-vs-measured scatter, error by mix size, and the learning curve of its class."""
+    history = [
+        {"version": p.version, "training_samples": p.training_samples, "heldout_rmsle": p.heldout_rmsle,
+         "kept_family": p.kept_family}
+        for p in predictor_history(backend=predictor.backend, device_class=predictor.device_class)
+    ]
+    return {
+        "scatter": figure_json(figures.predicted_vs_measured(predictor.heldout)),
+        "by_mix": figure_json(figures.error_by_mix_size(predictor.metrics)),
+        "learning": figure_json(figures.learning_curve(history)),
+    }

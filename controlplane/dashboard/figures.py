@@ -190,3 +190,70 @@ def seconds_since(start: dt.datetime | None, points: Iterable[tuple[dt.datetime,
     if start is None:
         return []
     return [((t - start).total_seconds(), v) for t, v in points if v is not None]
+
+
+def predicted_vs_measured(heldout: Sequence[Mapping]) -> go.Figure:
+    """Held-out predicted against measured throughput, log axes, one colour per model, with the
+    ``y = x`` line (points on it are perfect predictions).
+
+    Args:
+        heldout: ``{"architecture", "mix_size", "measured_sps", "predicted_sps"}`` per task.
+    """
+    fig = go.Figure()
+    if not heldout:
+        fig.update_layout(title="Predicted against measured throughput (held-out mixes)", **LAYOUT)
+        return _empty(fig, "no held-out predictions")
+    models = sorted({h["architecture"] for h in heldout})
+    for i, model in enumerate(models):
+        mine = [h for h in heldout if h["architecture"] == model]
+        fig.add_scatter(
+            x=[h["measured_sps"] for h in mine], y=[h["predicted_sps"] for h in mine], mode="markers", name=model,
+            marker=dict(color=_color(i), size=7, opacity=0.75),
+            customdata=[h["mix_size"] for h in mine],
+            hovertemplate="measured %{x:.1f}<br>predicted %{y:.1f}<br>mix of %{customdata}<extra>" + model + "</extra>",
+        )
+    values = [v for h in heldout for v in (h["measured_sps"], h["predicted_sps"]) if v > 0]
+    lo, hi = min(values) / 1.3, max(values) * 1.3
+    fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(color="#555", dash="dash"))
+    fig.update_layout(
+        title="Predicted against measured throughput (held-out mixes)",
+        xaxis=dict(type="log", title="measured throughput (samples/s)"),
+        yaxis=dict(type="log", title="predicted throughput (samples/s)"), **{**LAYOUT, "height": 480},
+    )
+    return fig
+
+
+def error_by_mix_size(metrics: Mapping[str, Mapping]) -> go.Figure:
+    """Held-out RMSLE per mix size (number of co-located tasks), one bar group per family.
+
+    Args:
+        metrics: ``{family: {"by_mix_size": {"1": rmsle, ...}}}``.
+    """
+    fig = go.Figure()
+    for i, (family, m) in enumerate(metrics.items()):
+        sizes = sorted(m.get("by_mix_size", {}), key=int)
+        fig.add_bar(name=family, x=[f"{s} task{'s' if s != '1' else ''}" for s in sizes],
+                    y=[m["by_mix_size"][s] for s in sizes], marker_color=_color(i))
+    fig.update_layout(title="Held-out error by mix size", barmode="group", yaxis_title="RMSLE",
+                      xaxis_title="co-located tasks", **LAYOUT)
+    return fig if metrics else _empty(fig, "no metrics")
+
+
+def learning_curve(history: Sequence[Mapping]) -> go.Figure:
+    """Held-out RMSLE of successive predictor versions against their training samples: how
+    the predictor's error changes as profile samples (sweeps, then FL rounds) accumulate.
+
+    Args:
+        history: ``{"version", "training_samples", "heldout_rmsle", "kept_family"}`` per version.
+    """
+    fig = go.Figure()
+    if history:
+        fig.add_scatter(
+            x=[h["training_samples"] for h in history], y=[h["heldout_rmsle"] for h in history], mode="lines+markers+text",
+            text=[f"v{h['version']}" for h in history], textposition="top center", name="kept model",
+            customdata=[h["kept_family"] for h in history],
+            hovertemplate="%{text}: %{customdata}<br>%{x} samples<br>RMSLE %{y:.4f}<extra></extra>",
+        )
+    fig.update_layout(title="Predictor error as it learns", xaxis_title="training samples",
+                      yaxis_title="held-out RMSLE", **LAYOUT)
+    return fig if history else _empty(fig, "no fitted predictor yet")

@@ -8,4 +8,7 @@ urlpatterns = [
     path("experiments/<int:pk>/", views.experiment_detail, name="experiment"),
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/live/", views.run_live, name="run-live"),
+    path("tasks/<int:pk>/", views.task_detail, name="task"),
+    path("predictors/", views.predictor_list, name="predictors"),
+    path("predictors/<int:pk>/", views.predictor_detail, name="predictor"),
 ]

@@ -35,3 +35,15 @@ def devices_with_status(queryset: QuerySet[Device], status: str, *, now: dt.date
     if status == Device.Status.OFFLINE:
         return queryset.filter(last_heartbeat_at__lt=threshold)
     raise ValueError(f"status must be one of {', '.join(Device.Status.values)}, got {status!r}")
+
+
+def device_class(device: Device) -> str:
+    """The class of devices a predictor fitted on this one applies to: same backend and the
+    same resources (``cpu-2cores``: the cpu backend on 2 cores)."""
+    cores = device.inventory.get("cores") or []
+    return f"{device.backend}-{len(cores)}cores"
+
+
+def device_cores(device: Device) -> int:
+    """Cores the device's agent reported (its descriptor in the predictor's features)."""
+    return len(device.inventory.get("cores") or []) or 1

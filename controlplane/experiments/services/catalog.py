@@ -11,6 +11,7 @@ from django.db import transaction
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments.models import Experiment, Shard, Task
 from controlplane.fleet.models import Device
+from controlplane.profiling.services import workload_request
 from workers.datasets import dataset_info
 from workers.messages import ARCHITECTURES, DATASETS, OPTIMIZERS
 from workers.partition import shard_counts, shard_offsets
@@ -109,6 +110,7 @@ def task_create(
     task = Task(**fields)
     _check_dataset_consistency(task)
     task.save()
+    workload_request(architecture=task.architecture, num_classes=task.num_classes)
     return task
 
 

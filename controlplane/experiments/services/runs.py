@@ -43,6 +43,7 @@ from controlplane.experiments.services import dispatch
 from controlplane.planning import metrics
 from controlplane.planning.strategies import STRATEGIES, make_plan
 from controlplane.planning.types import Plan, PlanningError
+from controlplane.profiling.services import samples_from_round
 from workers.artifacts import device_weights_key, get_store, global_weights_key
 from workers.fedavg import NoSamplesError, fedavg, load_state, save_state
 from workers.messages import (
@@ -383,6 +384,10 @@ def round_finish(*, round_id: int, results: Iterable[Any] | None, cause: str = "
         run_fail(run_id=rnd.run_id, error=f"round {rnd.index} could not be aggregated: {type(exc).__name__}: {exc}")
         return Round.objects.get(id=round_id)
     rnd.refresh_from_db()
+    try:
+        samples_from_round(round_id=rnd.id)
+    except Exception:  # noqa: BLE001 - the closed loop must never hold up the run
+        log.exception("round %s: could not turn its assignments into profile samples", rnd.id)
     _advance(rnd)
     return rnd
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.core.embedded import embedded_broker_url
+from controlplane.core.embedded import use_running_broker
 
 
 class Command(BaseCommand):
@@ -22,14 +21,10 @@ class Command(BaseCommand):
         parser.add_argument("--loglevel", default="INFO")
 
     def handle(self, *args, **options):
-        if not os.environ.get("CELERY_BROKER_URL"):
-            url = embedded_broker_url()
-            if url is None:
-                raise CommandError(
-                    "CELERY_BROKER_URL is not set and no embedded broker is running on this machine: "
-                    "set it to the lab's Redis (redis://host:6379/0) or start `mtfl up` first"
-                )
-            os.environ["CELERY_BROKER_URL"] = url
+        try:
+            use_running_broker()
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc
         from workers.agent import main
 
         argv = ["--device", options["device"], "--backend", options["backend"], "--loglevel", options["loglevel"]]

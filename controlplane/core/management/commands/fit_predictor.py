@@ -1,0 +1,42 @@
+"""``mtfl fit-predictor``: fit a throughput predictor on the profile samples, here and now."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+from rich.table import Table
+
+from controlplane.common.errors import ApplicationError
+from controlplane.core.management.commands._common import console
+from controlplane.profiling import services
+from controlplane.profiling.models import Predictor
+from workers.messages import BACKENDS
+
+
+class Command(BaseCommand):
+    help = "Fit a new predictor version on every profile sample of a backend and device class, and report its accuracy."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--backend", default="cpu", choices=BACKENDS)
+        parser.add_argument("--device-class", default=None, help="e.g. cpu-2cores (needed when several have samples)")
+
+    def handle(self, *args, **opts):
+        with console.status("fitting") as status:
+            def step(line: str) -> None:
+                status.update(line)
+                console.print(f"[dim]{line}[/dim]")
+
+            try:
+                predictor = services.predictor_fit(backend=opts["backend"], device_class=opts["device_class"], progress=step)
+            except ApplicationError as exc:
+                raise CommandError(exc.message) from exc
+        if predictor.status != Predictor.Status.READY:
+            raise CommandError(f"predictor v{predictor.version} could not be fitted: {predictor.error}")
+        table = Table(title=f"Predictor v{predictor.version} ({predictor.backend}, {predictor.device_class}): "
+                            f"{predictor.training_samples} samples, whole mixes held out")
+        for column in ("family", "held-out RMSLE", "MAPE", "CV seconds", ""):
+            table.add_column(column, justify="left" if column in ("family", "") else "right")
+        for family, m in sorted(predictor.metrics.items(), key=lambda kv: kv[1]["rmsle"]):
+            table.add_row(family, f"{m['rmsle']:.4f}", f"{100 * m['mape']:.1f} %", f"{m['fit_seconds']:.1f}",
+                          "kept" if family == predictor.kept_family else "")
+        console.print(table)
+        console.print(f"predictor page: /predictors/{predictor.id}/")

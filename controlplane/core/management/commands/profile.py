@@ -1,0 +1,88 @@
+"""``mtfl profile``: profile co-located mixes on a device, with a progress bar."""
+
+from __future__ import annotations
+
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from controlplane.common.errors import ApplicationError
+from controlplane.core.embedded import use_running_broker
+from controlplane.core.management.commands._common import console, interrupt_on_signals
+from controlplane.core.options import float_option, int_option, list_option
+from controlplane.fleet.models import Device
+from controlplane.profiling import services
+from controlplane.profiling.models import ProfileSweep
+from controlplane.profiling.selectors import sweep_progress
+from controlplane.profiling.services.sweeps import BUDGET_RANGE_S, DEFAULT_ARCHITECTURES
+from workers.messages import ARCHITECTURES
+
+
+class Command(BaseCommand):
+    help = ("Profile co-located mixes on a device for a time budget (the device's agent and a control worker must be "
+            "running, e.g. under `mtfl up`).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--device", required=True, help="the device to profile")
+        parser.add_argument("--budget", required=True, help="seconds to spend measuring")
+        parser.add_argument("--architectures", default=",".join(DEFAULT_ARCHITECTURES), help="comma-separated models")
+        parser.add_argument("--batch-sizes", default="16,32,64,128,256", help="comma-separated batch sizes")
+        parser.add_argument("--max-mix", default="4", help="most co-located tasks per configuration (1-8)")
+        parser.add_argument("--seed", default="0", help="seed of the space-filling design")
+
+    def handle(self, *args, **opts):
+        budget = float_option("budget", opts["budget"], BUDGET_RANGE_S[0] - 1e-9, BUDGET_RANGE_S[1])
+        architectures = list_option("architectures", opts["architectures"], ARCHITECTURES)
+        batch_sizes = [int_option("batch-sizes", b, 2, 4096) for b in list_option("batch-sizes", opts["batch_sizes"])]
+        max_mix = int_option("max-mix", opts["max_mix"], 1, 8)
+        seed = int_option("seed", opts["seed"], 0, 2**31 - 1)
+        device = Device.objects.filter(name=opts["device"]).first()
+        if device is None:
+            known = ", ".join(Device.objects.order_by("name").values_list("name", flat=True)) or "none"
+            raise CommandError(f"--device {opts['device']!r} is not registered; known devices: {known}")
+        try:
+            use_running_broker()
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc
+        self._require_control_worker()
+        try:
+            sweep = services.sweep_start(device=device, budget_s=budget, architectures=architectures,
+                                         batch_sizes=batch_sizes, max_mix=max_mix, seed=seed)
+        except ApplicationError as exc:
+            raise CommandError(exc.message) from exc
+        console.print(f"sweep {sweep.id} on {device.name}: {budget:g} s of co-located mixes of "
+                      f"{', '.join(architectures)}")
+        interrupt_on_signals()
+        try:
+            sweep = self._follow(sweep)
+        except KeyboardInterrupt:
+            console.print(f"stopped following: sweep {sweep.id} goes on on the agent (GET /api/profile-sweeps/{sweep.id}/)")
+            raise SystemExit(130) from None
+        spread = sweep.max_repeat_spread
+        console.print(f"sweep {sweep.id} {sweep.status}: {sweep.configs} configurations, {sweep.samples} samples"
+                      + (f", largest repeat spread {100 * spread:.1f} %" if spread is not None else ""))
+        if sweep.error:
+            console.print(f"[red]{sweep.error}[/red]")
+        if sweep.status == ProfileSweep.Status.FAILED:
+            raise SystemExit(1)
+        console.print("next: `mtfl fit-predictor` fits a predictor on every sample of this device class")
+
+    def _require_control_worker(self) -> None:
+        from controlplane.celery import app
+
+        replies = app.control.ping(timeout=2.0) or []
+        if not any(name.startswith("control@") for reply in replies for name in reply):
+            raise CommandError("no control worker answers on the broker: it records the measurements; start `mtfl up`")
+
+    def _follow(self, sweep: ProfileSweep) -> ProfileSweep:
+        with Progress(TextColumn("profiling"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                      console=console) as progress:
+            bar = progress.add_task("sweep", total=1.0, detail="waiting for the agent")
+            while True:
+                sweep.refresh_from_db()
+                progress.update(bar, completed=sweep_progress(sweep),
+                                detail=f"{sweep.configs} configurations · {sweep.samples} samples · {sweep.status}")
+                if sweep.status in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
+                    return sweep
+                time.sleep(1.0)

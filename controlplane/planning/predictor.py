@@ -1,0 +1,559 @@
+"""The throughput predictor: every co-located task's throughput from the whole mix at once.
+
+Yu et al. 2022 (Eq. 2; docs/DESIGN.md §1) learn ``(P_1, …, P_I) = Pre((F_1·B_1, R_1), …,
+(F_I·B_I, R_I))`` from profiled runs: ``F_i`` the per-sample workload of task ``i``'s model,
+``B_i`` its batch size, ``R_i`` its share of the device (``active_thread_percentage``), ``P_i``
+its throughput in samples/s. This module is that regression, pure NumPy and scikit-learn:
+
+* **Encoding.** A configuration (a mix of 1 to :data:`MAX_MIX` tasks) becomes one row: the
+  tasks are put in a canonical order (descending ``F·B``, then share, then model name), so the
+  model cannot depend on the order tasks are listed in, and padded to ``MAX_MIX`` slots. Each
+  slot holds the paper's ``(log F·B, R)`` plus the bytes the task moves per iteration, its
+  parameter count and its standalone speed ``P_alone(model, B)`` on this device class; a few
+  mix-level totals and the device descriptor (its core count) follow. Targets are
+  ``log P − log P_baseline`` per slot (0 for empty slots): the learned models correct the
+  physical baseline below, and every task is predicted at once.
+* **Families**, compared under the same grouped cross-validation in which whole mixes (the
+  multiset of models) are held out: a physically-motivated baseline (standalone speed scaled
+  by the share, slowed down when the shares add up to more than 100 %), a random forest (as in
+  Horus, Yeung et al. 2021), gradient-boosted trees, and extremely randomised trees. The one
+  with the lowest held-out RMSLE is refitted on all samples and kept.
+* **Memory.** Peak memory per task from ``(model, B)``: a least-squares line per model over the
+  profiled peaks, or, for a model never profiled, a physical estimate from its parameter bytes
+  and activation bytes per sample.
+
+Prediction is vectorised: :meth:`ThroughputPredictor.predict_arrays` takes ``(n, MAX_MIX)``
+arrays and answers for all ``n`` configurations in one call.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_MIX = 4
+"""Largest number of co-located tasks the predictor encodes (MPS allows up to 48; beyond a few
+the paper's mixes, and our sweeps, do not go)."""
+
+FAMILIES = ("baseline", "random_forest", "gradient_boosting", "extra_trees")
+
+_SLOT_FEATURES = ("present", "log_flops_per_iter", "log_bytes_per_iter", "log_params", "share", "log_alone",
+                  "log_baseline")
+_MIX_FEATURES = ("mix_size", "share_sum", "log_flops_sum", "log_bytes_sum", "cores")
+
+
+@dataclass(frozen=True)
+class MixTask:
+    """One task of a configuration: its model, batch size ``B`` and share ``R`` (percent)."""
+
+    architecture: str
+    batch_size: int
+    share: int
+
+
+@dataclass(frozen=True)
+class ModelWorkload:
+    """Per-sample workload of a model (``F_i``): training FLOPs, activation bytes and
+    parameters (see :class:`workers.messages.WorkloadFeatures`)."""
+
+    train_flops_per_sample: float
+    activation_bytes_per_sample: float
+    params: int
+    param_bytes: int
+
+
+@dataclass(frozen=True)
+class ProfiledTask:
+    """A measured task of a measured configuration (one profile sample).
+
+    Attributes:
+        config_key: identifies the configuration this task ran in (all its tasks share it).
+        mix: every task of that configuration, in the order they were listed.
+        task_index: which of ``mix`` this sample measures.
+        throughput_sps: measured samples/s.
+        standalone_sps: ``P_alone`` of the same model and batch size, if measured.
+        peak_memory_bytes: the task's peak memory, if measured.
+    """
+
+    config_key: str
+    mix: tuple[MixTask, ...]
+    task_index: int
+    throughput_sps: float
+    standalone_sps: float | None = None
+    peak_memory_bytes: int | None = None
+
+
+class PredictorError(ValueError):
+    """The predictor cannot be fitted or cannot answer (too few samples, unknown model...)."""
+
+
+# ------------------------------------------------------------------------------ standalone table
+
+
+@dataclass
+class StandaloneTable:
+    """``P_alone(model, B)`` on one device class, from profiled standalone speeds.
+
+    Between and beyond measured batch sizes it interpolates linearly in ``(log B, log P)``
+    (throughput grows sub-linearly with the batch and saturates); a model never measured alone
+    is estimated from its training FLOPs and the device's median FLOP rate over measured
+    models (``P ≈ rate / F``).
+    """
+
+    points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    flop_rate: float | None = None
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[ProfiledTask], workloads: Mapping[str, ModelWorkload]) -> StandaloneTable:
+        by_key: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for s in samples:
+            task = s.mix[s.task_index]
+            if s.standalone_sps and s.standalone_sps > 0:
+                by_key[(task.architecture, task.batch_size)].append(s.standalone_sps)
+            if len(s.mix) == 1 and task.share == 100 and s.throughput_sps > 0:
+                by_key[(task.architecture, task.batch_size)].append(s.throughput_sps)
+        points: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for (arch, batch), values in sorted(by_key.items()):
+            points[arch].append((batch, float(np.median(values))))
+        rates = [p * workloads[a].train_flops_per_sample for a, pts in points.items() if a in workloads for _, p in pts]
+        return cls(points=dict(points), flop_rate=float(np.median(rates)) if rates else None)
+
+    def lookup(self, architecture: str, batch_size: np.ndarray, workloads: Mapping[str, ModelWorkload]) -> np.ndarray:
+        """``P_alone`` for one model at an array of batch sizes (samples/s, same shape)."""
+        batch_size = np.asarray(batch_size, dtype=float)
+        pts = self.points.get(architecture)
+        if pts:
+            xs = np.log([b for b, _ in pts])
+            ys = np.log([p for _, p in pts])
+            if len(pts) == 1:
+                return np.full(batch_size.shape, math.exp(ys[0]))
+            # np.interp clamps outside the range; extend the end slopes instead (clipped so an
+            # extrapolation never predicts a faster-than-linear gain in the batch).
+            x = np.log(batch_size)
+            y = np.interp(x, xs, ys)
+            lo_slope = np.clip((ys[1] - ys[0]) / (xs[1] - xs[0]), 0.0, 1.0)
+            hi_slope = np.clip((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0, 1.0)
+            y = np.where(x < xs[0], ys[0] + lo_slope * (x - xs[0]), y)
+            y = np.where(x > xs[-1], ys[-1] + hi_slope * (x - xs[-1]), y)
+            return np.exp(y)
+        if self.flop_rate is None or architecture not in workloads:
+            raise PredictorError(f"no standalone speed and no workload features for model {architecture!r}")
+        return np.full(batch_size.shape, self.flop_rate / workloads[architecture].train_flops_per_sample)
+
+
+# ------------------------------------------------------------------------------------- encoding
+
+
+@dataclass
+class EncodedMixes:
+    """Configurations as ``(n, MAX_MIX)`` arrays in the caller's task order.
+
+    ``arch`` holds indices into ``architectures`` (-1 for an empty slot); ``batch`` and
+    ``share`` are 0 in empty slots.
+    """
+
+    architectures: tuple[str, ...]
+    arch: np.ndarray
+    batch: np.ndarray
+    share: np.ndarray
+
+    @property
+    def present(self) -> np.ndarray:
+        return self.arch >= 0
+
+
+def encode_mixes(mixes: Sequence[Sequence[MixTask]], architectures: Sequence[str]) -> EncodedMixes:
+    """Turn configurations into arrays (see :class:`EncodedMixes`).
+
+    Raises:
+        PredictorError: a configuration is empty or has more than :data:`MAX_MIX` tasks, or a
+            model is not in ``architectures``.
+    """
+    index = {a: i for i, a in enumerate(architectures)}
+    n = len(mixes)
+    arch = np.full((n, MAX_MIX), -1, dtype=np.int64)
+    batch = np.zeros((n, MAX_MIX))
+    share = np.zeros((n, MAX_MIX))
+    for r, mix in enumerate(mixes):
+        if not 1 <= len(mix) <= MAX_MIX:
+            raise PredictorError(f"a configuration holds 1 to {MAX_MIX} tasks, got {len(mix)}")
+        for s, task in enumerate(mix):
+            if task.architecture not in index:
+                raise PredictorError(f"model {task.architecture!r} is unknown to the predictor; known: {', '.join(architectures)}")
+            arch[r, s], batch[r, s], share[r, s] = index[task.architecture], task.batch_size, task.share
+    return EncodedMixes(tuple(architectures), arch, batch, share)
+
+
+@dataclass
+class FeatureSpace:
+    """What the encoder knows about models and the device class: workloads, standalone speeds
+    and the device descriptor."""
+
+    architectures: tuple[str, ...]
+    workloads: dict[str, ModelWorkload]
+    standalone: StandaloneTable
+    cores: int
+
+    def spec(self) -> dict:
+        """A JSON description of the features (stored on the Predictor row)."""
+        return {
+            "max_mix": MAX_MIX,
+            "slot_features": list(_SLOT_FEATURES),
+            "mix_features": list(_MIX_FEATURES),
+            "slot_order": "descending log(F·B), then share, then model name",
+            "target": "log(throughput_sps) - log(baseline throughput) per slot",
+            "architectures": list(self.architectures),
+            "cores": self.cores,
+        }
+
+    def _per_arch(self, values: Callable[[str], float]) -> np.ndarray:
+        return np.array([values(a) for a in self.architectures] + [0.0])  # index -1 → 0
+
+    def slot_arrays(self, enc: EncodedMixes) -> dict[str, np.ndarray]:
+        """Per-slot physical quantities, ``(n, MAX_MIX)`` each, in the caller's order."""
+        present = enc.present
+        flops = self._per_arch(lambda a: self.workloads[a].train_flops_per_sample)[enc.arch] * enc.batch
+        bytes_ = self._per_arch(lambda a: self.workloads[a].activation_bytes_per_sample)[enc.arch] * enc.batch
+        params = self._per_arch(lambda a: float(self.workloads[a].params))[enc.arch]
+        alone = np.ones(enc.arch.shape)
+        for i, name in enumerate(self.architectures):
+            mask = enc.arch == i
+            if mask.any():
+                alone[mask] = self.standalone.lookup(name, enc.batch[mask], self.workloads)
+        share_sum = enc.share.sum(axis=1, keepdims=True)
+        baseline = alone * np.minimum(1.0, enc.share / 100.0) / np.maximum(1.0, share_sum / 100.0)
+        return {"present": present, "flops": flops, "bytes": bytes_, "params": params, "alone": alone,
+                "baseline": np.where(present, baseline, 0.0)}
+
+    def canonical_order(self, enc: EncodedMixes, flops: np.ndarray) -> np.ndarray:
+        """``(n, MAX_MIX)`` slot permutation putting each row in canonical order (present
+        slots first, by descending ``F·B``, then share, then model name)."""
+        key_name = np.where(enc.present, enc.arch, len(self.architectures))
+        order = np.lexsort((key_name, -enc.share, -flops, ~enc.present), axis=1)
+        return order
+
+    def features(self, enc: EncodedMixes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The design matrix, the canonical order and the baseline prediction.
+
+        Returns:
+            ``X`` of shape ``(n, MAX_MIX · len(slot features) + len(mix features))``, the
+            ``(n, MAX_MIX)`` order (``X``'s slot ``s`` is the caller's slot ``order[:, s]``),
+            and the baseline throughput ``(n, MAX_MIX)`` in the caller's order.
+        """
+        q = self.slot_arrays(enc)
+        order = self.canonical_order(enc, q["flops"])
+        take = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731 - local shorthand
+        present = take(q["present"]).astype(float)
+        slots = [
+            present,
+            np.log1p(take(q["flops"])),
+            np.log1p(take(q["bytes"])),
+            np.log1p(take(q["params"])),
+            take(enc.share) / 100.0,
+            np.log1p(take(q["alone"]) * present),
+            np.log1p(take(q["baseline"])),
+        ]
+        mix = [
+            present.sum(axis=1),
+            enc.share.sum(axis=1) / 100.0,
+            np.log1p(q["flops"].sum(axis=1)),
+            np.log1p(q["bytes"].sum(axis=1)),
+            np.full(len(present), float(self.cores)),
+        ]
+        X = np.concatenate([np.stack(slots, axis=2).reshape(len(present), -1), np.stack(mix, axis=1)], axis=1)
+        return X, order, q["baseline"]
+
+
+# ---------------------------------------------------------------------------------------- models
+
+
+def _make_model(family: str, seed: int):
+    from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor, RandomForestRegressor
+    from sklearn.multioutput import MultiOutputRegressor
+
+    if family == "random_forest":
+        return RandomForestRegressor(n_estimators=150, min_samples_leaf=2, max_features=0.5, n_jobs=-1, random_state=seed)
+    if family == "extra_trees":
+        return ExtraTreesRegressor(n_estimators=200, min_samples_leaf=2, max_features=0.7, n_jobs=-1, random_state=seed)
+    if family == "gradient_boosting":
+        return MultiOutputRegressor(
+            HistGradientBoostingRegressor(max_iter=300, learning_rate=0.06, min_samples_leaf=8, l2_regularization=1e-3,
+                                          random_state=seed)
+        )
+    raise PredictorError(f"unknown model family {family!r}; allowed: {', '.join(FAMILIES)}")
+
+
+def _residual(throughput: np.ndarray, baseline: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Learned targets: ``log(P) - log(P_baseline)`` per slot (0 where nothing is measured).
+
+    The trees correct the physical baseline rather than learn throughput from scratch: the
+    residual's range is small and similar across models and slots, so one multi-output tree
+    can serve all slots (a forest on raw log-throughput split mostly on which model sits in
+    which slot and generalised poorly to unseen mixes).
+    """
+    safe = np.where(mask, throughput, 1.0)
+    return np.where(mask, np.log(safe) - np.log(np.clip(baseline, 1e-9, None)), 0.0)
+
+
+def _unresidual(residual: np.ndarray, baseline: np.ndarray) -> np.ndarray:
+    return np.clip(baseline, 1e-9, None) * np.exp(residual)
+
+
+def rmsle(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Root mean squared log error, ``sqrt(mean((log1p(p) - log1p(m))²))`` (Horus' metric)."""
+    return float(np.sqrt(np.mean((np.log1p(predicted) - np.log1p(measured)) ** 2)))
+
+
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Mean absolute percentage error, ``mean(|p - m| / m)`` (a fraction, not percent)."""
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
+@dataclass
+class ThroughputPredictor:
+    """A fitted predictor for one backend / device class (see the module docstring)."""
+
+    family: str
+    space: FeatureSpace
+    model: object | None
+    memory: MemoryModel
+
+    def predict_arrays(self, enc: EncodedMixes) -> np.ndarray:
+        """Throughput (samples/s) of every task of every configuration, ``(n, MAX_MIX)`` in the
+        caller's slot order; ``nan`` in empty slots."""
+        X, order, baseline = self.space.features(enc)
+        if self.model is None:
+            out = baseline
+        else:
+            baseline_c = np.take_along_axis(baseline, order, axis=1)
+            canonical = _unresidual(np.asarray(self.model.predict(X)).reshape(len(X), MAX_MIX), baseline_c)
+            out = np.empty_like(canonical)
+            np.put_along_axis(out, order, canonical, axis=1)
+        out = np.clip(out, 1e-9, None)
+        return np.where(enc.present, out, np.nan)
+
+    def predict(self, mixes: Sequence[Sequence[MixTask]]) -> list[list[float]]:
+        """Throughput of every task of every configuration, in the order given.
+
+        Raises:
+            PredictorError: an unknown model or a configuration of the wrong size.
+        """
+        enc = encode_mixes(mixes, self.space.architectures)
+        predicted = self.predict_arrays(enc)
+        return [[float(predicted[r, s]) for s in range(len(mix))] for r, mix in enumerate(mixes)]
+
+
+# ---------------------------------------------------------------------------------------- memory
+
+
+@dataclass
+class MemoryModel:
+    """Peak memory (bytes) of a task from its model and batch size.
+
+    ``lines[model] = (a, b)``: least squares ``peak = a + b·B`` over that model's profiled
+    peaks (``b`` kept ≥ 0). Without a line (model never profiled, or one batch size only):
+    ``base + 4 · param_bytes + activation_bytes_per_sample · B``, ``base`` being the median
+    intercept of the fitted lines (the runtime's own footprint) and 4 × the weights covering
+    weights, gradients, optimizer state and a copy.
+    """
+
+    lines: dict[str, tuple[float, float]]
+    base: float
+    workloads: dict[str, ModelWorkload]
+
+    @classmethod
+    def fit(cls, samples: Iterable[ProfiledTask], workloads: Mapping[str, ModelWorkload]) -> MemoryModel:
+        points: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for s in samples:
+            if s.peak_memory_bytes:
+                task = s.mix[s.task_index]
+                points[task.architecture].append((task.batch_size, s.peak_memory_bytes))
+        lines = {}
+        for arch, pts in points.items():
+            b = np.array([p[0] for p in pts], dtype=float)
+            m = np.array([p[1] for p in pts], dtype=float)
+            if len(np.unique(b)) < 2:
+                continue
+            slope, intercept = np.polyfit(b, m, 1)
+            slope = max(0.0, float(slope))
+            lines[arch] = (float(np.mean(m - slope * b)), slope) if slope == 0.0 else (float(intercept), slope)
+        base = float(np.median([a for a, _ in lines.values()])) if lines else 300e6
+        return cls(lines=lines, base=base, workloads=dict(workloads))
+
+    def predict(self, architecture: str, batch_size: np.ndarray | int) -> np.ndarray:
+        """Peak bytes for ``architecture`` at each batch size.
+
+        Raises:
+            PredictorError: the model was never profiled and has no workload features.
+        """
+        batch_size = np.asarray(batch_size, dtype=float)
+        if architecture in self.lines:
+            a, b = self.lines[architecture]
+            return a + b * batch_size
+        if architecture not in self.workloads:
+            raise PredictorError(f"no memory profile and no workload features for model {architecture!r}")
+        w = self.workloads[architecture]
+        return self.base + 4.0 * w.param_bytes + w.activation_bytes_per_sample * batch_size
+
+
+# ------------------------------------------------------------------------------------------- fit
+
+
+@dataclass
+class FamilyReport:
+    """Held-out accuracy of one model family."""
+
+    family: str
+    rmsle: float
+    mape: float
+    fit_seconds: float
+    by_mix_size: dict[int, float]
+
+
+@dataclass
+class FitReport:
+    """What :func:`fit_predictor` measured: per-family held-out metrics, the kept family, and
+    the kept family's held-out predictions (for the predicted-vs-measured scatter)."""
+
+    samples: int
+    configurations: int
+    groups: int
+    folds: int
+    families: list[FamilyReport]
+    kept: str
+    heldout: list[dict]
+    fit_seconds: float
+
+
+def _training_matrix(samples: Sequence[ProfiledTask]) -> tuple[list[tuple[MixTask, ...]], np.ndarray, list[str]]:
+    """Group samples into configurations: ``(mixes, Y (n, MAX_MIX) with nan where not
+    measured, config keys)``. Repeated measurements of a task average in log space."""
+    mixes: dict[str, tuple[MixTask, ...]] = {}
+    values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in samples:
+        if not (s.throughput_sps and s.throughput_sps > 0) or len(s.mix) > MAX_MIX:
+            continue
+        mixes.setdefault(s.config_key, s.mix)
+        values[s.config_key][s.task_index].append(math.log(s.throughput_sps))
+    keys = sorted(mixes)
+    Y = np.full((len(keys), MAX_MIX), np.nan)
+    for r, key in enumerate(keys):
+        for idx, logs in values[key].items():
+            Y[r, idx] = math.exp(float(np.mean(logs)))
+    return [mixes[k] for k in keys], Y, keys
+
+
+def mix_group(mix: Sequence[MixTask]) -> str:
+    """The grouped-CV key: the multiset of models of a mix (batch sizes and shares ignored), so
+    a held-out fold never contains a combination of models seen in training."""
+    return "+".join(sorted(t.architecture for t in mix))
+
+
+def fit_predictor(
+    samples: Sequence[ProfiledTask],
+    workloads: Mapping[str, ModelWorkload],
+    *,
+    cores: int,
+    families: Sequence[str] = FAMILIES,
+    folds: int = 5,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[ThroughputPredictor, FitReport]:
+    """Compare model families under grouped cross-validation, keep the best, refit on all.
+
+    Args:
+        samples: profile samples of one backend / device class.
+        workloads: workload features of every model in ``samples``.
+        cores: the device descriptor (cores of the device class).
+        families: which of :data:`FAMILIES` to compare.
+        folds: grouped CV folds (fewer if there are fewer mixes).
+        progress: called with a line of text at each step.
+
+    Returns:
+        The fitted predictor and the report.
+
+    Raises:
+        PredictorError: fewer than 2 mixes or 10 configurations, or workloads missing.
+    """
+    from sklearn.model_selection import GroupKFold
+
+    say = progress or (lambda _line: None)
+    started = time.perf_counter()
+    mixes, Y, _keys = _training_matrix(samples)
+    missing = sorted({t.architecture for m in mixes for t in m} - set(workloads))
+    if missing:
+        raise PredictorError(f"workload features missing for {', '.join(missing)}")
+    groups = np.array([mix_group(m) for m in mixes])
+    n_groups = len(set(groups))
+    if len(mixes) < 10 or n_groups < 2:
+        raise PredictorError(
+            f"need at least 10 measured configurations of at least 2 different mixes, got "
+            f"{len(mixes)} configurations of {n_groups} mix(es): profile longer"
+        )
+    architectures = tuple(sorted({t.architecture for m in mixes for t in m} | set(workloads)))
+    workloads = {a: workloads[a] for a in architectures if a in workloads}
+    standalone = StandaloneTable.from_samples(samples, workloads)
+    space = FeatureSpace(architectures, dict(workloads), standalone, cores)
+    enc = encode_mixes(mixes, architectures)
+    X, order, baseline = space.features(enc)
+    Yc = np.take_along_axis(Y, order, axis=1)  # canonical slot order
+    measured_mask = ~np.isnan(Yc)
+    baseline_c = np.take_along_axis(baseline, order, axis=1)
+    target = _residual(np.nan_to_num(Yc), baseline_c, measured_mask)
+    mix_size = enc.present.sum(axis=1)
+
+    n_folds = min(folds, n_groups)
+    splitter = GroupKFold(n_splits=n_folds)
+    reports = []
+    heldout_by_family: dict[str, np.ndarray] = {}
+    for family in families:
+        say(f"cross-validating {family} ({n_folds} folds, whole mixes held out)")
+        t0 = time.perf_counter()
+        pred = np.full(Yc.shape, np.nan)
+        for train, test in splitter.split(X, groups=groups):
+            if family == "baseline":
+                pred[test] = baseline_c[test]
+                continue
+            model = _make_model(family, seed)
+            model.fit(X[train], target[train])
+            pred[test] = _unresidual(np.asarray(model.predict(X[test])).reshape(len(test), MAX_MIX), baseline_c[test])
+        pred = np.clip(pred, 1e-9, None)
+        fit_s = time.perf_counter() - t0
+        m = measured_mask
+        by_size = {
+            int(k): rmsle(pred[m & (mix_size[:, None] == k)], Yc[m & (mix_size[:, None] == k)])
+            for k in sorted(set(mix_size.tolist()))
+            if (m & (mix_size[:, None] == k)).any()
+        }
+        reports.append(FamilyReport(family, rmsle(pred[m], Yc[m]), mape(pred[m], Yc[m]), fit_s, by_size))
+        heldout_by_family[family] = pred
+        say(f"{family}: held-out RMSLE {reports[-1].rmsle:.4f}, MAPE {100 * reports[-1].mape:.1f} %")
+    kept = min(reports, key=lambda r: r.rmsle).family
+    say(f"refitting {kept} on all {len(mixes)} configurations")
+    model = None
+    if kept != "baseline":
+        model = _make_model(kept, seed)
+        model.fit(X, target)
+    predictor = ThroughputPredictor(kept, space, model, MemoryModel.fit(samples, workloads))
+    heldout = []
+    pred = heldout_by_family[kept]
+    canonical_arch = np.take_along_axis(enc.arch, order, axis=1)
+    for r in range(len(mixes)):
+        for s in range(MAX_MIX):
+            if measured_mask[r, s]:
+                heldout.append({
+                    "architecture": architectures[canonical_arch[r, s]],
+                    "mix_size": int(mix_size[r]),
+                    "measured_sps": float(Yc[r, s]),
+                    "predicted_sps": float(pred[r, s]),
+                })
+    report = FitReport(
+        samples=int(measured_mask.sum()), configurations=len(mixes), groups=n_groups, folds=n_folds,
+        families=reports, kept=kept, heldout=heldout, fit_seconds=time.perf_counter() - started,
+    )
+    return predictor, report

@@ -1,0 +1,1 @@
+"""Profiling: workload features of models, profile sweeps and samples, fitted predictors."""

@@ -1,0 +1,199 @@
+"""Profiling sweeps on devices, the samples they report, and samples from FL rounds."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from pydantic import ValidationError as PydanticValidationError
+
+from controlplane.celery import app
+from controlplane.common.errors import ApplicationError
+from controlplane.fleet.models import Device
+from controlplane.fleet.selectors import device_class
+from controlplane.profiling.models import ProfileSample, ProfileSweep
+from workers.messages import ARCHITECTURES, ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
+from workers.queues import CONTROL_QUEUE, TaskName, device_queue
+
+log = logging.getLogger(__name__)
+
+BUDGET_RANGE_S = (5.0, 7 * 24 * 3600.0)
+DEFAULT_ARCHITECTURES = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0", "mobilenet_v3_large")
+WATCHDOG_MARGIN_S = 600.0
+
+
+def _ts(value: float | None) -> dt.datetime | None:
+    return dt.datetime.fromtimestamp(value, tz=dt.UTC) if value is not None else None
+
+
+def config_key(sweep_id: int, config_index: int) -> str:
+    return f"sweep-{sweep_id}-{config_index}"
+
+
+@transaction.atomic
+def sweep_start(
+    *,
+    device: Device,
+    budget_s: float,
+    architectures: Sequence[str] | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    max_mix: int | None = None,
+    seed: int = 0,
+) -> ProfileSweep:
+    """Ask a device's agent to profile co-located mixes for ``budget_s`` seconds.
+
+    The agent streams each measured configuration back (``PROFILE_RECORD``) and ends with a
+    summary (``PROFILE_DONE``); a watchdog fails the sweep if that end never comes.
+
+    Raises:
+        ApplicationError: budget out of range, unknown models, bad batch sizes or mix size, or a
+            device whose agent never connected (409).
+    """
+    try:
+        budget_s = float(budget_s)
+    except (TypeError, ValueError):
+        raise ApplicationError("budget_s must be a number of seconds", field="budget_s") from None
+    if not BUDGET_RANGE_S[0] <= budget_s <= BUDGET_RANGE_S[1]:
+        raise ApplicationError(
+            f"budget_s={budget_s:g} is out of range: allowed {BUDGET_RANGE_S[0]:g} to {BUDGET_RANGE_S[1]:g} seconds",
+            field="budget_s",
+        )
+    architectures = list(architectures or DEFAULT_ARCHITECTURES)
+    for name in architectures:
+        if name not in ARCHITECTURES:
+            raise ApplicationError(f"architecture {name!r} is not in the zoo; allowed: {', '.join(ARCHITECTURES)}",
+                                   field="architectures")
+    if device.last_heartbeat_at is None:
+        raise ApplicationError(
+            f"device {device.name} has never connected an agent: start `mtfl agent --device {device.name}` first",
+            field="device", status_code=409,
+        )
+    sweep = ProfileSweep.objects.create(device=device, backend=device.backend, budget_s=budget_s, request={})
+    fields = {"sweep_id": sweep.id, "device": device.name, "backend": device.backend, "budget_s": budget_s,
+              "architectures": architectures, "seed": seed}
+    if batch_sizes is not None:
+        fields["batch_sizes"] = list(batch_sizes)
+    if max_mix is not None:
+        fields["max_mix"] = max_mix
+    try:
+        request = ProfileSweepRequest(**fields)
+    except PydanticValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "request"
+        raise ApplicationError(f"{field}: {error['msg']}", field=field) from None
+    sweep.request = request.model_dump(mode="json")
+    sweep.save(update_fields=["request"])
+    deadline_s = budget_s + request.config_timeout_s + WATCHDOG_MARGIN_S
+
+    def send() -> None:
+        app.send_task(TaskName.PROFILE_SWEEP, args=[sweep.request], queue=device_queue(device.name))
+        app.send_task(TaskName.PROFILE_SWEEP_WATCHDOG, args=[sweep.id], queue=CONTROL_QUEUE, countdown=deadline_s)
+
+    transaction.on_commit(send)
+    return sweep
+
+
+def profile_record(*, result: dict) -> int:
+    """Store one measured configuration of a sweep (one sample per measured task).
+
+    Duplicate deliveries are stored once. Returns the number of samples stored.
+    """
+    try:
+        r = ProfileConfigResult.model_validate(result)
+    except PydanticValidationError as exc:
+        log.error("malformed profile result ignored: %s", exc)
+        return 0
+    sweep = ProfileSweep.objects.select_related("device").filter(id=r.sweep_id).first()
+    if sweep is None:
+        log.warning("profile result for unknown sweep %s ignored", r.sweep_id)
+        return 0
+    key = config_key(sweep.id, r.config_index)
+    configuration = [t.model_dump(mode="json") for t in r.tasks]
+    rows = [
+        ProfileSample(
+            source=ProfileSample.Source.SWEEP, sweep=sweep, device=sweep.device, backend=r.backend,
+            device_class=device_class(sweep.device), config_key=key,
+            configuration=configuration, mix_size=len(r.tasks), task_index=m.task_index, architecture=m.architecture,
+            batch_size=m.batch_size, active_thread_percentage=m.active_thread_percentage,
+            throughput_sps=m.throughput_sps, standalone_sps=m.standalone_sps, peak_memory_bytes=m.peak_memory_bytes,
+            repeat_of=config_key(sweep.id, r.repeat_of) if r.repeat_of is not None else "",
+            started_at=_ts(r.started_at), finished_at=_ts(r.finished_at),
+        )
+        for m in r.measurements
+        if m.throughput_sps is not None and m.throughput_sps > 0 and not m.error
+    ]
+    with transaction.atomic():
+        if ProfileSample.objects.filter(config_key=key).exists():
+            return 0
+        ProfileSample.objects.bulk_create(rows)
+        ProfileSweep.objects.filter(id=sweep.id).update(
+            configs=F("configs") + 1, samples=F("samples") + len(rows), last_record_at=timezone.now(),
+            status=ProfileSweep.Status.RUNNING, started_at=sweep.started_at or _ts(r.started_at),
+        )
+    return len(rows)
+
+
+def profile_done(*, summary: dict) -> ProfileSweep | None:
+    """Close a sweep with the agent's summary (status, repeat spread)."""
+    try:
+        s = ProfileSweepSummary.model_validate(summary)
+    except PydanticValidationError as exc:
+        log.error("malformed profile summary ignored: %s", exc)
+        return None
+    updated = ProfileSweep.objects.filter(
+        id=s.sweep_id, status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]
+    ).update(
+        status=ProfileSweep.Status.SUCCEEDED if s.status == "succeeded" else ProfileSweep.Status.FAILED,
+        error=s.error[:10_000], repeat_spread=s.repeat_spread, finished_at=timezone.now(),
+    )
+    return ProfileSweep.objects.filter(id=s.sweep_id).first() if updated else None
+
+
+def sweep_watchdog(*, sweep_id: int) -> None:
+    """Fail a sweep whose agent never reported its end (what it did report is kept)."""
+    ProfileSweep.objects.filter(
+        id=sweep_id, status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]
+    ).update(
+        status=ProfileSweep.Status.FAILED, finished_at=timezone.now(),
+        error="the agent did not report the end of the sweep within its budget and timeouts; samples received are kept",
+    )
+
+
+def samples_from_round(*, round_id: int) -> int:
+    """The closed loop: every measured assignment of an FL round becomes a profile sample, its
+    device's assignments of that round being the co-located configuration.
+
+    Time-sliced rounds (``temporal``) are left out: their tasks do not run at their shares.
+    Returns the number of samples stored.
+    """
+    from controlplane.experiments.models import Assignment, Round
+
+    rnd = Round.objects.select_related("run").get(id=round_id)
+    if rnd.run.strategy == "temporal":
+        return 0
+    by_device: dict[int, list[Assignment]] = {}
+    for a in rnd.assignments.select_related("device", "task").order_by("device_id", "task_id"):
+        by_device.setdefault(a.device_id, []).append(a)
+    rows = []
+    for assignments in by_device.values():
+        if not all(a.status == Assignment.Status.SUCCEEDED and a.throughput_sps for a in assignments):
+            continue
+        configuration = [
+            {"architecture": a.task.architecture, "batch_size": a.batch_size, "active_thread_percentage": a.active_thread_percentage}
+            for a in assignments
+        ]
+        for index, a in enumerate(assignments):
+            rows.append(ProfileSample(
+                source=ProfileSample.Source.RUN, assignment=a, device=a.device, backend=a.device.backend,
+                device_class=device_class(a.device),
+                config_key=f"round-{rnd.id}-{a.device_id}", configuration=configuration, mix_size=len(assignments),
+                task_index=index, architecture=a.task.architecture, batch_size=a.batch_size,
+                active_thread_percentage=a.active_thread_percentage, throughput_sps=a.throughput_sps,
+                standalone_sps=a.standalone_throughput_sps, started_at=a.started_at, finished_at=a.finished_at,
+            ))
+    ProfileSample.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)

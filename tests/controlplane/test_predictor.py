@@ -1,0 +1,134 @@
+"""The throughput predictor on data from a known contention law (no Django, no torch)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from controlplane.planning.predictor import (
+    MAX_MIX,
+    MemoryModel,
+    MixTask,
+    ModelWorkload,
+    PredictorError,
+    ProfiledTask,
+    StandaloneTable,
+    encode_mixes,
+    fit_predictor,
+    mix_group,
+    rmsle,
+)
+
+WORKLOADS = {
+    "resnet18": ModelWorkload(1.1e8, 2.0e6, 11_200_000, 44_800_000),
+    "mobilenet_v3_small": ModelWorkload(1.2e7, 8.0e5, 1_530_000, 6_100_000),
+    "shufflenet_v2_x1_0": ModelWorkload(9.0e6, 6.0e5, 1_260_000, 5_000_000),
+    "mobilenet_v3_large": ModelWorkload(4.0e7, 1.5e6, 4_210_000, 16_800_000),
+}
+ARCHS = sorted(WORKLOADS)
+
+
+def alone(arch: str, batch: int) -> float:
+    return 2e10 / WORKLOADS[arch].train_flops_per_sample * batch / (batch + 16)
+
+
+def law(mix: tuple[MixTask, ...], j: int) -> float:
+    """A sub-linear share effect and a super-linear slow-down past 100 % (what a baseline
+    that scales linearly gets wrong)."""
+    total = sum(t.share for t in mix)
+    t = mix[j]
+    return alone(t.architecture, t.batch_size) * min(1.0, t.share / 100) ** 0.6 / max(1.0, total / 100) ** 1.3
+
+
+def synthetic(n: int, seed: int = 0, noise: float = 0.02) -> list[ProfiledTask]:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(n):
+        k = int(rng.integers(1, MAX_MIX + 1))
+        mix = tuple(
+            MixTask(ARCHS[rng.integers(len(ARCHS))], int(rng.choice([16, 32, 64, 128, 256])), int(rng.choice(range(10, 101, 5))))
+            for _ in range(k)
+        )
+        for j, t in enumerate(mix):
+            p = law(mix, j) * math.exp(rng.normal(0, noise))
+            memory = int(3e8 + 4 * WORKLOADS[t.architecture].param_bytes + 1.5e6 * t.batch_size)
+            samples.append(ProfiledTask(f"c{i}", mix, j, p, alone(t.architecture, t.batch_size), memory))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return fit_predictor(synthetic(220), WORKLOADS, cores=2, families=("baseline", "random_forest", "extra_trees"),
+                         folds=4)
+
+
+def test_learned_models_beat_the_baseline_on_held_out_mixes(fitted):
+    _predictor, report = fitted
+    by_family = {f.family: f for f in report.families}
+    assert set(by_family) == {"baseline", "random_forest", "extra_trees"}
+    assert report.kept != "baseline"
+    assert by_family[report.kept].rmsle < 0.5 * by_family["baseline"].rmsle
+    assert by_family[report.kept].rmsle < 0.15
+    assert report.groups == len({mix_group(s.mix) for s in synthetic(220)}) and report.folds == 4
+    assert {h["architecture"] for h in report.heldout} <= set(ARCHS) and len(report.heldout) == report.samples
+
+
+def test_prediction_does_not_depend_on_task_order(fitted):
+    predictor, _ = fitted
+    mix = (MixTask("resnet18", 64, 60), MixTask("mobilenet_v3_small", 32, 30), MixTask("shufflenet_v2_x1_0", 128, 50))
+    forward, backward = predictor.predict([mix, tuple(reversed(mix))])
+    assert forward == pytest.approx(list(reversed(backward)))
+
+
+def test_prediction_is_vectorised_over_many_configurations(fitted):
+    predictor, _ = fitted
+    rng = np.random.default_rng(3)
+    mixes = [tuple(MixTask(ARCHS[a], 64, 50) for a in rng.integers(0, 4, size=rng.integers(1, 5))) for _ in range(5000)]
+    enc = encode_mixes(mixes, predictor.space.architectures)
+    out = predictor.predict_arrays(enc)
+    assert out.shape == (5000, MAX_MIX)
+    assert np.isnan(out[~enc.present]).all() and (out[enc.present] > 0).all()
+
+
+def test_predictions_track_the_law_on_new_configurations(fitted):
+    predictor, _ = fitted
+    fresh = synthetic(60, seed=99, noise=0.0)
+    answers = predictor.predict([s.mix for s in fresh])
+    predicted = np.array([row[s.task_index] for row, s in zip(answers, fresh, strict=True)])
+    measured = np.array([s.throughput_sps for s in fresh])
+    assert rmsle(predicted, measured) < 0.2
+
+
+def test_unknown_model_and_oversized_mix_are_refused(fitted):
+    predictor, _ = fitted
+    with pytest.raises(PredictorError, match="'alexnet' is unknown"):
+        predictor.predict([(MixTask("alexnet", 32, 50),)])
+    with pytest.raises(PredictorError, match="1 to 4 tasks"):
+        predictor.predict([tuple(MixTask("resnet18", 32, 20) for _ in range(5))])
+
+
+def test_too_few_samples_are_refused():
+    with pytest.raises(PredictorError, match="at least 10 measured configurations"):
+        fit_predictor(synthetic(5), WORKLOADS, cores=2)
+
+
+def test_standalone_table_interpolates_and_extrapolates_in_log_space():
+    samples = [ProfiledTask(f"s{b}", (MixTask("resnet18", b, 100),), 0, alone("resnet18", b)) for b in (16, 64)]
+    table = StandaloneTable.from_samples(samples, WORKLOADS)
+    at = table.lookup("resnet18", np.array([16, 32, 64, 256]), WORKLOADS)
+    assert at[0] == pytest.approx(alone("resnet18", 16)) and at[2] == pytest.approx(alone("resnet18", 64))
+    assert at[0] < at[1] < at[2] < at[3]
+    # a model never measured alone: the device's FLOP rate over its training FLOPs
+    other = table.lookup("mobilenet_v3_small", np.array([32]), WORKLOADS)[0]
+    rate = np.median([alone("resnet18", b) * WORKLOADS["resnet18"].train_flops_per_sample for b in (16, 64)])
+    assert other == pytest.approx(rate / WORKLOADS["mobilenet_v3_small"].train_flops_per_sample)
+
+
+def test_memory_model_fits_a_line_per_model_and_falls_back_to_workloads():
+    samples = [ProfiledTask(f"m{b}", (MixTask("resnet18", b, 100),), 0, 1.0, None, int(4e8 + 2e6 * b)) for b in (16, 32, 128)]
+    memory = MemoryModel.fit(samples, WORKLOADS)
+    assert memory.predict("resnet18", 64) == pytest.approx(4e8 + 2e6 * 64, rel=1e-6)
+    w = WORKLOADS["shufflenet_v2_x1_0"]
+    assert memory.predict("shufflenet_v2_x1_0", 10) == pytest.approx(4e8 + 4 * w.param_bytes + w.activation_bytes_per_sample * 10)

@@ -1,0 +1,184 @@
+"""Profiling on the control plane: sweeps and their samples, the closed loop from FL rounds,
+fitting and loading predictors, workload features, and their API and pages."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from controlplane.common.errors import ApplicationError
+from controlplane.experiments.models import Assignment, Round, Run
+from controlplane.planning.predictor import MixTask
+from controlplane.profiling import services
+from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
+from tests.controlplane.test_api import _queued_control_messages
+from tests.controlplane.test_predictor import WORKLOADS, synthetic
+from workers.queues import TaskName
+
+pytestmark = pytest.mark.django_db
+
+
+def _config_result(sweep: ProfileSweep, index: int, mix: list[tuple[str, int, int]], throughputs: list[float]) -> dict:
+    return {
+        "sweep_id": sweep.id, "device": sweep.device.name, "config_index": index,
+        "tasks": [{"architecture": a, "batch_size": b, "active_thread_percentage": r} for a, b, r in mix],
+        "measurements": [
+            {"task_index": i, "architecture": a, "batch_size": b, "active_thread_percentage": r, "throughput_sps": p,
+             "standalone_sps": 2 * p, "peak_memory_bytes": 400_000_000, "timed_iterations": 4}
+            for i, ((a, b, r), p) in enumerate(zip(mix, throughputs, strict=True))
+        ],
+        "started_at": 1000.0 + index, "finished_at": 1001.0 + index, "status": "succeeded",
+    }
+
+
+@pytest.fixture
+def sweep(make_device, django_capture_on_commit_callbacks):
+    device = make_device("prof-a")
+    _queued_control_messages()
+    with django_capture_on_commit_callbacks(execute=True):
+        return services.sweep_start(device=device, budget_s=60, architectures=["resnet18", "mobilenet_v3_small"])
+
+
+def test_a_sweep_is_sent_to_the_device_with_a_watchdog(sweep):
+    assert sweep.request["device"] == "prof-a" and sweep.request["budget_s"] == 60.0
+    assert sweep.request["architectures"] == ["resnet18", "mobilenet_v3_small"]
+    assert [name for name, _ in _queued_control_messages()] == [TaskName.PROFILE_SWEEP_WATCHDOG]
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"budget_s": 1}, "budget_s"),
+    ({"budget_s": 60, "architectures": ["alexnet"]}, "architectures"),
+    ({"budget_s": 60, "max_mix": 9}, "max_mix"),
+    ({"budget_s": 60, "batch_sizes": [1]}, "batch_sizes"),
+])
+def test_sweep_input_is_checked(make_device, kwargs, field):
+    with pytest.raises(ApplicationError) as info:
+        services.sweep_start(device=make_device("prof-b"), **kwargs)
+    assert info.value.field == field
+
+
+def test_a_device_without_an_agent_cannot_be_profiled(make_device):
+    with pytest.raises(ApplicationError, match="never connected") as info:
+        services.sweep_start(device=make_device("ghost", connected=False), budget_s=60)
+    assert info.value.status_code == 409
+
+
+def test_measured_configurations_become_samples_once(sweep):
+    result = _config_result(sweep, 0, [("resnet18", 32, 50), ("mobilenet_v3_small", 64, 70)], [40.0, 150.0])
+    assert services.profile_record(result=result) == 2
+    assert services.profile_record(result=result) == 0  # a duplicate delivery
+    sweep.refresh_from_db()
+    assert (sweep.status, sweep.configs, sweep.samples) == ("running", 1, 2)
+    sample = ProfileSample.objects.get(task_index=1)
+    assert sample.configuration[0]["architecture"] == "resnet18" and sample.mix_size == 2
+    assert sample.device_class == "cpu-2cores" and sample.standalone_sps == 300.0
+    services.profile_done(summary={"sweep_id": sweep.id, "device": "prof-a", "status": "succeeded", "configs": 1,
+                                   "samples": 2, "repeat_spread": [0.02, 0.05]})
+    sweep.refresh_from_db()
+    assert sweep.status == "succeeded" and sweep.max_repeat_spread == 0.05
+
+
+def test_a_sweep_whose_agent_goes_silent_fails_but_keeps_its_samples(sweep):
+    services.profile_record(result=_config_result(sweep, 0, [("resnet18", 32, 100)], [90.0]))
+    services.sweep_watchdog(sweep_id=sweep.id)
+    sweep.refresh_from_db()
+    assert sweep.status == "failed" and "did not report the end" in sweep.error
+    assert ProfileSample.objects.filter(sweep=sweep).count() == 1
+
+
+def test_measured_assignments_of_shared_rounds_become_samples(make_experiment):
+    experiment = make_experiment()
+    for strategy in ("sharing", "temporal"):
+        run = Run.objects.create(experiment=experiment, strategy=strategy, status="running")
+        rnd = Round.objects.create(run=run, index=0, status="succeeded")
+        for shard in experiment.shards.all():
+            Assignment.objects.create(round=rnd, device=shard.device, task=shard.task, batch_size=16,
+                                      active_thread_percentage=100, samples=shard.num_samples,
+                                      throughput_sps=55.0, standalone_throughput_sps=80.0, status="succeeded")
+        stored = services.samples_from_round(round_id=rnd.id)
+        assert stored == (4 if strategy == "sharing" else 0)  # time-sliced tasks do not run at their shares
+    samples = ProfileSample.objects.filter(source="run")
+    assert samples.count() == 4 and {s.mix_size for s in samples} == {2}
+    assert all(s.assignment_id for s in samples)
+
+
+def _store_synthetic_samples(device, n: int = 120) -> None:
+    for arch, w in WORKLOADS.items():
+        ModelWorkload.objects.create(architecture=arch, num_classes=10, input_shape=[3, 32, 32], forward_flops_per_sample=w.train_flops_per_sample / 3,
+                                     train_flops_per_sample=w.train_flops_per_sample, params=w.params,
+                                     param_bytes=w.param_bytes, activation_bytes_per_sample=w.activation_bytes_per_sample)
+    ProfileSample.objects.bulk_create(
+        ProfileSample(source="sweep", device=device, backend="cpu", device_class="cpu-2cores", config_key=s.config_key,
+                      configuration=[{"architecture": t.architecture, "batch_size": t.batch_size,
+                                      "active_thread_percentage": t.share} for t in s.mix],
+                      mix_size=len(s.mix), task_index=s.task_index, architecture=s.mix[s.task_index].architecture,
+                      batch_size=s.mix[s.task_index].batch_size, active_thread_percentage=s.mix[s.task_index].share,
+                      throughput_sps=s.throughput_sps, standalone_sps=s.standalone_sps, peak_memory_bytes=s.peak_memory_bytes)
+        for s in synthetic(n)
+    )
+
+
+def test_a_fitted_predictor_is_stored_and_loads_back(make_device, settings):
+    _store_synthetic_samples(make_device("prof-c"))
+    predictor = services.predictor_fit(backend="cpu")
+    assert predictor.status == "ready", predictor.error
+    assert predictor.version == 1 and predictor.device_class == "cpu-2cores"
+    assert set(predictor.metrics) == {"baseline", "random_forest", "gradient_boosting", "extra_trees"}
+    assert predictor.heldout_rmsle == min(m["rmsle"] for m in predictor.metrics.values())
+    assert len(predictor.heldout) == predictor.training_samples
+    model = services.predictor_load(predictor)
+    [[p]] = model.predict([(MixTask("resnet18", 64, 100),)])
+    assert p > 0
+    assert services.predictor_fit(backend="cpu", families=("baseline",)).version == 2
+    path = settings.ARTIFACT_ROOT / predictor.artifact_path
+    path.write_bytes(path.read_bytes() + b"tampered")
+    with pytest.raises(ApplicationError, match="does not match its sha256"):
+        services.predictor_load(predictor)
+
+
+def test_fitting_without_samples_says_to_profile_first():
+    with pytest.raises(ApplicationError, match="profile a device first") as info:
+        services.predictor_fit(backend="cpu")
+    assert info.value.status_code == 409
+
+
+def test_workload_features_are_computed_once_and_shown_with_the_task(api, make_task):
+    task = make_task("wl", "mobilenet_v3_small")
+    assert api.get(f"/api/tasks/{task.id}/").json()["workload"] is None  # the control worker computes it
+    first = services.workload_ensure(architecture="mobilenet_v3_small", num_classes=10)
+    assert services.workload_ensure(architecture="mobilenet_v3_small", num_classes=10).id == first.id
+    workload = api.get(f"/api/tasks/{task.id}/").json()["workload"]
+    assert workload["train_flops_per_sample"] > workload["forward_flops_per_sample"] > 0
+    assert workload["params"] > 1e6 and workload["activation_bytes_per_sample"] > 0
+
+
+def test_profile_and_predictor_api(api, make_device):
+    device = make_device("prof-d")
+    started = api.post(f"/api/devices/{device.id}/profile/", {"budget_s": 30, "architectures": ["resnet18"]}, format="json")
+    assert started.status_code == 202 and started.json()["status"] == "pending" and started.json()["progress"] == 0.0
+    bad = api.post(f"/api/devices/{device.id}/profile/", {"budget_s": 1}, format="json")
+    assert bad.status_code == 400 and "budget_s" in bad.json()["errors"]
+    assert api.get("/api/profile-sweeps/").json()["count"] == 1
+    no_samples = api.post("/api/predictors/", {"backend": "cpu"}, format="json")
+    assert no_samples.status_code == 409
+    _store_synthetic_samples(device, n=40)
+    _queued_control_messages()
+    fitting = api.post("/api/predictors/", {"backend": "cpu"}, format="json")
+    assert fitting.status_code == 202 and fitting.json()["status"] == "fitting"
+    assert api.get("/api/profile-samples/?mix_size=1").json()["count"] == ProfileSample.objects.filter(mix_size=1).count()
+
+
+def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):
+    _store_synthetic_samples(make_device("prof-e"), n=60)
+    predictor = services.predictor_fit(backend="cpu", families=("baseline", "random_forest"))
+    html = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
+    figures = json.loads(re.search(r'<script id="predictor-figures" type="application/json">(.*?)</script>', html, re.S).group(1))
+    points = sum(len(t["x"]) for t in figures["scatter"]["data"] if t["name"] != "y = x")
+    assert points == len(predictor.heldout) == predictor.training_samples
+    assert figures["scatter"]["layout"]["xaxis"]["type"] == "log"
+    assert {t["name"] for t in figures["by_mix"]["data"]} == set(predictor.metrics)
+    assert figures["learning"]["data"][0]["y"] == [predictor.heldout_rmsle]
+    assert browser_client.get("/predictors/").status_code == 200
+    assert Predictor.objects.count() == 1
