@@ -7,9 +7,10 @@ Run on each device host::
 It registers the device with the control plane (:data:`TaskName.DEVICE_REGISTER` on the
 ``control`` queue), sends a heartbeat with the same inventory every ``--heartbeat-s`` seconds,
 and serves ``device.<name>`` with a solo pool (one round at a time; the trainers it launches
-are its parallelism). Its two tasks, :func:`train_round` and :func:`measure_standalone`, take
-and return plain JSON validated by :mod:`workers.messages`, and report every failure as data
-(``status="failed"``) instead of raising, so the control plane's chord callback always runs.
+are its parallelism). Its tasks, :func:`train_round`, :func:`measure_standalone` and
+:func:`profile_sweep`, take and return plain JSON validated by :mod:`workers.messages`, and
+report every failure as data (``status="failed"``) instead of raising, so the control plane's
+chord callback always runs.
 
 The agent's configuration reaches the tasks through environment variables that :func:`main`
 sets (so ``celery -A workers.agent worker`` works too when they are exported):
@@ -57,16 +58,21 @@ from workers.backends import (
     ExecutionBackend,
     get_backend,
     request_shutdown,
+    shutdown_requested,
     terminate_children,
 )
 from workers.messages import (
     BACKENDS,
     DeviceInventory,
     DeviceRoundResult,
+    ProfileConfigResult,
+    ProfileSweepRequest,
+    ProfileSweepSummary,
     StandaloneRequest,
     StandaloneResult,
     TrainRoundRequest,
 )
+from workers.profiling import run_sweep
 from workers.queues import CONTROL_QUEUE, TaskName, device_queue
 
 logger = logging.getLogger(__name__)
@@ -343,6 +349,59 @@ def measure_standalone(request: dict) -> dict:
         return _backend(settings.backend).measure_standalone(parsed, _context(settings))
 
     return _serve(request, StandaloneRequest, failed, work)
+
+
+def _send_to_control(name: str, payload: dict) -> None:
+    """Send ``payload`` to the control plane's task ``name``; best effort.
+
+    A profiling record lost to a broker hiccup costs one training sample of the predictor, not
+    the sweep, so a failure is logged and the sweep goes on.
+    """
+    try:
+        app.send_task(name, args=[payload], queue=CONTROL_QUEUE, ignore_result=True)
+    except Exception:  # noqa: BLE001 - see docstring
+        logger.warning("could not send %s to the control plane", name, exc_info=True)
+
+
+@app.task(name=TaskName.PROFILE_SWEEP)
+def profile_sweep(request: dict) -> dict:
+    """Run a profiling sweep on this device; return its ``ProfileSweepSummary`` as JSON.
+
+    Every measured configuration goes to :data:`TaskName.PROFILE_RECORD` on the ``control``
+    queue as soon as it is measured (a ``ProfileConfigResult`` as JSON), and the summary to
+    :data:`TaskName.PROFILE_DONE` at the end — also when the sweep was refused or failed, so
+    the control plane always learns it ended. Both sends are best effort (logged on failure).
+    The sweep stops starting configurations when the agent shuts down
+    (:func:`~workers.backends.base.shutdown_requested`); the running one is killed with the
+    other trainers. The agent serves one task at a time, so rounds wait for a running sweep.
+
+    Args:
+        request: a :class:`~workers.messages.ProfileSweepRequest` as JSON.
+
+    Returns:
+        ``ProfileSweepSummary.model_dump(mode="json")``; every failure is ``status="failed"``
+        data, this task never raises.
+    """
+    request = request if isinstance(request, dict) else {}
+
+    def failed(error: str, device: str = "") -> dict:
+        return ProfileSweepSummary(
+            sweep_id=_int_or(request.get("sweep_id")),
+            device=device or str(request.get("device", "")),
+            status="failed",
+            error=error,
+        ).model_dump(mode="json")
+
+    def emit(result: ProfileConfigResult) -> None:
+        _send_to_control(TaskName.PROFILE_RECORD, result.model_dump(mode="json"))
+
+    def work(parsed: ProfileSweepRequest, settings: AgentSettings) -> ProfileSweepSummary:
+        return run_sweep(parsed, _context(settings), _backend(settings.backend), emit,
+                         should_stop=shutdown_requested)
+
+    summary = _serve(request, ProfileSweepRequest, failed, work)
+    _send_to_control(TaskName.PROFILE_DONE, summary)
+    return summary
 
 
 # ------------------------------------------------------------------------ shutdown hooks

@@ -10,7 +10,7 @@ This module imports neither torch nor Django.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -208,3 +208,115 @@ class DeviceInventory(_Message):
     python: str = ""
     torch_version: str = ""
     agent_version: str = ""
+
+
+# --------------------------------------------------------------------------- workload features
+
+
+class WorkloadFeatures(_Message):
+    """Per-sample workload of a model at an input shape (docs/DESIGN.md §1: ``F_i``).
+
+    FLOPs count a multiply-add as 2 FLOPs (``torch.utils.flop_counter``'s convention; published
+    "GMACs" are half of ``forward_flops_per_sample``). Bytes are float32.
+    """
+
+    architecture: Architecture
+    num_classes: int
+    input_shape: tuple[int, int, int] = (3, 32, 32)
+    forward_flops_per_sample: float = Field(ge=0)
+    train_flops_per_sample: float = Field(ge=0, description="forward + backward")
+    params: int = Field(ge=0)
+    param_bytes: int = Field(ge=0)
+    activation_bytes_per_sample: float = Field(ge=0, description="tensors saved for backward")
+
+
+# --------------------------------------------------------------------------- profiling sweeps
+
+
+class ProfileTaskSpec(_Message):
+    """One task of a co-located configuration: a model at a batch size and a share."""
+
+    architecture: Architecture
+    batch_size: int = Field(ge=2, le=4096)
+    active_thread_percentage: int = Field(ge=1, le=100)
+
+
+class ProfileSweepRequest(_Message):
+    """Payload of :data:`workers.queues.TaskName.PROFILE_SWEEP`: measure co-located mixes on a
+    device for ``budget_s`` seconds (a space-filling design, not a grid).
+
+    Each configuration is 1 to ``max_mix`` tasks drawn from ``architectures`` with batch sizes
+    from ``batch_sizes`` and shares on a ``share_step`` grid in ``[share_min, 100]``. Every
+    ``repeat_every``-th configuration repeats an earlier one, to measure the spread.
+    """
+
+    sweep_id: int
+    device: str
+    backend: BackendName = "cpu"
+    budget_s: float = Field(ge=5, le=7 * 24 * 3600)
+    architectures: list[Architecture] = Field(min_length=1)
+    batch_sizes: list[Annotated[int, Field(ge=2, le=4096)]] = Field(default=[16, 32, 64, 128, 256, 512], min_length=1)
+    share_min: int = Field(default=10, ge=1, le=100)
+    share_step: int = Field(default=5, ge=1, le=100)
+    max_mix: int = Field(default=4, ge=1, le=8)
+    warmup_iterations: int = Field(default=2, ge=0, le=100)
+    min_timed_iterations: int = Field(default=3, ge=1, le=1000)
+    min_window_s: float = Field(default=2.0, ge=0, le=600)
+    config_timeout_s: float = Field(default=300.0, ge=1, le=24 * 3600)
+    repeat_every: int = Field(default=8, ge=0, le=1000, description="0: no repeats")
+    num_classes: int = Field(default=10, ge=2, le=100_000)
+    seed: int = Field(default=0, ge=0)
+
+
+class ProfileMeasurement(_Message):
+    """One task of one measured configuration.
+
+    ``throughput_sps`` is the task's steady-state samples/s while all the configuration's tasks
+    ran (warm-up excluded); ``standalone_sps`` is the same model and batch size alone on the
+    whole device (``P_alone``); ``peak_memory_bytes`` is the process's peak (RSS on CPU,
+    ``torch.cuda.max_memory_allocated`` on GPU).
+    """
+
+    task_index: int = Field(ge=0)
+    architecture: Architecture
+    batch_size: int
+    active_thread_percentage: int
+    throughput_sps: float | None = None
+    standalone_sps: float | None = None
+    peak_memory_bytes: int | None = None
+    timed_iterations: int = 0
+    error: str = ""
+
+
+class ProfileConfigResult(_Message):
+    """Everything measured for one configuration; sent to ``PROFILE_RECORD`` as soon as it is
+    measured, so a sweep that dies keeps what it measured."""
+
+    sweep_id: int
+    device: str
+    backend: BackendName = "cpu"
+    config_index: int = Field(ge=0)
+    repeat_of: int | None = Field(default=None, description="config_index this one repeats")
+    tasks: list[ProfileTaskSpec]
+    measurements: list[ProfileMeasurement]
+    started_at: float
+    finished_at: float
+    status: AssignmentStatus
+    error: str = ""
+
+
+class ProfileSweepSummary(_Message):
+    """Sent to ``PROFILE_DONE`` when a sweep ends (budget spent, failure or shutdown).
+
+    ``repeat_spread`` is, for each repeated configuration, the largest relative difference of a
+    task's throughput between the two measurements (``|a - b| / mean(a, b)``).
+    """
+
+    sweep_id: int
+    device: str
+    status: AssignmentStatus
+    error: str = ""
+    configs: int = 0
+    samples: int = 0
+    elapsed_s: float = 0.0
+    repeat_spread: list[float] = []

@@ -38,6 +38,7 @@ class TaskName:
     # served by device agents on device.<name>
     TRAIN_ROUND = "mtfl.train_round"
     MEASURE_STANDALONE = "mtfl.measure_standalone"
+    PROFILE_SWEEP = "mtfl.profile_sweep"
     # served by the control worker on "control"
     DEVICE_REGISTER = "mtfl.device_register"
     DEVICE_HEARTBEAT = "mtfl.device_heartbeat"
@@ -48,3 +49,8 @@ class TaskName:
     ROUND_PROGRESS = "mtfl.round_progress"
     ROUND_FINISH = "mtfl.round_finish"
     ROUND_WATCHDOG = "mtfl.round_watchdog"
+    PROFILE_RECORD = "mtfl.profile_record"
+    PROFILE_DONE = "mtfl.profile_done"
+    PROFILE_SWEEP_WATCHDOG = "mtfl.profile_sweep_watchdog"
+    PREDICTOR_FIT = "mtfl.predictor_fit"
+    TASK_FEATURES = "mtfl.task_features"

@@ -284,12 +284,29 @@ def _load_shard(task: TaskRef, shard: ShardRef) -> tuple[torch.Tensor, torch.Ten
     return load_split(task.dataset, "train", indices)
 
 
-def _train_step(
+def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     x: torch.Tensor,
     y: torch.Tensor,
 ) -> float:
+    """One training iteration: zero the gradients, cross-entropy forward, backward, step.
+
+    Shared by rounds, standalone measurements and profiling (:mod:`workers.profiler_child`),
+    so all three time the same work. Reading the loss back makes each step synchronous.
+
+    Args:
+        model: in training mode.
+        optimizer: over ``model``'s parameters.
+        x: inputs, ``N×3×H×W`` float32.
+        y: class labels, ``N`` int64.
+
+    Returns:
+        The batch's mean loss.
+
+    Raises:
+        FloatingPointError: if the loss is not finite.
+    """
     import torch.nn.functional as F
 
     optimizer.zero_grad(set_to_none=True)
@@ -382,7 +399,7 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
                 for idx in epoch_batches(num_samples, spec.batch_size, generator):
                     tick = time.perf_counter()
                     with hold:
-                        loss = _train_step(model, optimizer, x[idx], y[idx])
+                        loss = train_step(model, optimizer, x[idx], y[idx])
                     records.append(
                         IterationRecord(epoch, len(idx), time.perf_counter() - tick, loss)
                     )
@@ -458,7 +475,7 @@ def measure_item(
     for step in range(steps):
         idx = order[step * batch : (step + 1) * batch]
         tick = time.perf_counter()
-        _train_step(model, optimizer, x[idx], y[idx])
+        train_step(model, optimizer, x[idx], y[idx])
         elapsed = time.perf_counter() - tick
         if step >= warmup_iterations:
             samples += len(idx)

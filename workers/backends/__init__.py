@@ -13,6 +13,7 @@ from workers.backends.base import (
     TrainerProcessBackend,
     TrainerResources,
     request_shutdown,
+    shutdown_requested,
     terminate_children,
 )
 from workers.backends.cpu import CpuBackend, cpu_allocation
@@ -30,6 +31,7 @@ __all__ = [
     "cpu_allocation",
     "get_backend",
     "request_shutdown",
+    "shutdown_requested",
     "terminate_children",
 ]
 

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -34,6 +34,7 @@ from workers.messages import (
     AssignmentResult,
     AssignmentSpec,
     DeviceRoundResult,
+    Partitioning,
     StandaloneRequest,
     StandaloneResult,
     TrainRoundRequest,
@@ -155,12 +156,14 @@ def terminate_children() -> int:
     return count
 
 
-def _track(proc: subprocess.Popen) -> None:
+def track_child(proc: subprocess.Popen) -> None:
+    """Register a child process of the agent, so :func:`terminate_children` reaches it."""
     with _CHILDREN_LOCK:
         _CHILDREN[proc.pid] = proc
 
 
-def _untrack(proc: subprocess.Popen) -> None:
+def untrack_child(proc: subprocess.Popen) -> None:
+    """Forget a child registered with :func:`track_child` (call once it has been reaped)."""
     with _CHILDREN_LOCK:
         _CHILDREN.pop(proc.pid, None)
 
@@ -201,18 +204,43 @@ class _Trainer:
 class TrainerProcessBackend(ExecutionBackend):
     """Runs rounds and standalone measurements as ``workers.trainer`` subprocesses.
 
-    Subclasses implement :meth:`trainer_resources` and :meth:`standalone_resources`.
+    Subclasses implement :meth:`resources_for_shares` (the one place a share becomes real
+    partitioning: cores and threads on ``cpu``, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` under MPS)
+    and :meth:`standalone_resources`. Rounds (:meth:`trainer_resources`) and profiling sweeps
+    (:mod:`workers.profiling`) both go through :meth:`resources_for_shares`.
     """
 
     @abstractmethod
+    def resources_for_shares(
+        self, shares: Sequence[int], partitioning: Partitioning, ctx: AgentContext
+    ) -> list[TrainerResources]:
+        """Map co-located processes' shares of the device to each one's resources.
+
+        Args:
+            shares: ``active_thread_percentage`` of each process, integers in ``[1, 100]``.
+            partitioning: ``"mps"`` (each process gets its share) or ``"timeslice"`` (shares
+                are ignored; processes take turns on the whole device).
+            ctx: the device.
+
+        Returns:
+            One :class:`TrainerResources` per share, in order.
+
+        Raises:
+            ValueError: for a share outside ``[1, 100]`` (naming ``shares[k]``), an unknown
+                partitioning, or a device that cannot host the processes.
+        """
+
     def trainer_resources(
         self, request: TrainRoundRequest, ctx: AgentContext
     ) -> list[TrainerResources]:
         """Return the resources of each assignment's trainer, in assignment order.
 
         Raises:
-            ValueError: if the request cannot be mapped onto the device.
+            ValueError: if the request cannot be mapped onto the device
+                (:meth:`resources_for_shares`).
         """
+        shares = [a.active_thread_percentage for a in request.assignments]
+        return self.resources_for_shares(shares, request.partitioning, ctx)
 
     @abstractmethod
     def standalone_resources(self, ctx: AgentContext) -> TrainerResources:
@@ -245,7 +273,7 @@ class TrainerProcessBackend(ExecutionBackend):
                 close_fds=True,
             )
         trainer.proc = proc
-        _track(proc)
+        track_child(proc)
         if with_barrier:
             trainer.reader = threading.Thread(
                 target=_read_protocol, args=(proc, trainer.ready), daemon=True,
@@ -429,7 +457,7 @@ class TrainerProcessBackend(ExecutionBackend):
                 trainer.reader.join(timeout=5)
             if proc.stdout:
                 proc.stdout.close()
-            _untrack(proc)
+            untrack_child(proc)
 
     def _collect(self, trainer: _Trainer) -> AssignmentResult:
         """Build the assignment's result from its RESULT.json, exit code and fate."""

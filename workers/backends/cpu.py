@@ -23,7 +23,7 @@ from workers.backends.base import (
     TrainerProcessBackend,
     TrainerResources,
 )
-from workers.messages import TrainRoundRequest
+from workers.messages import Partitioning
 
 
 def cpu_allocation(shares: Sequence[int], cores: Sequence[int]) -> list[list[int]]:
@@ -70,12 +70,13 @@ def cpu_allocation(shares: Sequence[int], cores: Sequence[int]) -> list[list[int
     return windows
 
 
-# Idle OpenMP workers must sleep, not spin: with the default (spin before sleeping), a
-# trainer waiting for the time-slice lock, or one sharing cores, keeps its worker threads busy
-# and starves the running trainer's parallel regions (measured on 2 cores: timeslice throughput
-# fell from ~60 to ~2.5 samples/s). The same setting for every trainer, standalone included,
-# keeps P_alone and co-located measurements comparable.
-_TRAINER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Idle OpenMP workers of a trainer that shares its cores — waiting for its time slice, or
+# co-located on overlapping cores — must sleep, not spin: spinning starves whoever holds the
+# cores (measured on 2 cores: timeslice throughput fell from ~60 to ~2.5 samples/s). A trainer
+# alone on its cores (standalone, or a disjoint isolation window) keeps OpenMP's default, which
+# spins briefly and is much faster for small operators (mobilenet_v3_small, batch 32, 2 threads:
+# 428 samples/s by default, 231 with PASSIVE).
+_SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 class CpuBackend(TrainerProcessBackend):
@@ -100,33 +101,43 @@ class CpuBackend(TrainerProcessBackend):
         if importlib.util.find_spec("torch") is None:
             raise BackendUnavailableError("cpu backend needs torch: pip install torch torchvision")
 
-    def trainer_resources(
-        self, request: TrainRoundRequest, ctx: AgentContext
+    def resources_for_shares(
+        self, shares: Sequence[int], partitioning: Partitioning, ctx: AgentContext
     ) -> list[TrainerResources]:
-        """Return each trainer's cores and threads (and the lock for ``timeslice``).
+        """Return each process's cores and threads (and the lock for ``timeslice``).
+
+        ``mps``: :func:`cpu_allocation`'s core window per share, one thread per core.
+        ``timeslice``: every process gets all cores and ``state_dir/device.lock``.
+        Trainers whose cores another trainer also uses get ``OMP_WAIT_POLICY=PASSIVE``.
 
         Raises:
-            ValueError: if the partitioning is unknown or ``ctx.cores`` is empty.
+            ValueError: if the partitioning is unknown, ``ctx.cores`` is empty or a share is
+                outside ``[1, 100]`` (naming ``shares[k]``).
         """
         if not ctx.cores:
             raise ValueError(f"device {ctx.device!r} has no cores")
-        if request.partitioning == "timeslice":
+        if partitioning == "timeslice":
             lock = ctx.state_dir / "device.lock"
+            env = _SHARED_CORES_ENV if len(shares) > 1 else {}
             return [
-                TrainerResources(threads=len(ctx.cores), cores=list(ctx.cores), lock_path=lock,
-                                 env=_TRAINER_ENV)
-                for _ in request.assignments
+                TrainerResources(threads=len(ctx.cores), cores=list(ctx.cores), lock_path=lock, env=env)
+                for _ in shares
             ]
-        if request.partitioning == "mps":
-            shares = [a.active_thread_percentage for a in request.assignments]
+        if partitioning == "mps":
+            windows = cpu_allocation(list(shares), ctx.cores)
             return [
-                TrainerResources(threads=len(window), cores=window, env=_TRAINER_ENV)
-                for window in cpu_allocation(shares, ctx.cores)
+                TrainerResources(threads=len(window), cores=window,
+                                 env=_SHARED_CORES_ENV if _overlaps(k, windows) else {})
+                for k, window in enumerate(windows)
             ]
-        raise ValueError(
-            f"partitioning {request.partitioning!r} is unknown; allowed: 'timeslice', 'mps'"
-        )
+        raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
 
     def standalone_resources(self, ctx: AgentContext) -> TrainerResources:
         """Return the whole device: all its cores, one thread per core."""
-        return TrainerResources(threads=len(ctx.cores), cores=list(ctx.cores), env=_TRAINER_ENV)
+        return TrainerResources(threads=len(ctx.cores), cores=list(ctx.cores))
+
+
+def _overlaps(k: int, windows: Sequence[Sequence[int]]) -> bool:
+    """Whether window ``k`` shares a core with any other window."""
+    mine = set(windows[k])
+    return any(mine & set(w) for j, w in enumerate(windows) if j != k)

@@ -1,0 +1,191 @@
+"""Benchmark: profile co-located mixes on the cpu backend, fit the throughput predictor, and
+print its held-out accuracy per model family and its speed.
+
+    python benchmarks/predictor.py [--budget 480] [--cores 0,1] [--save sweep.json]
+    python benchmarks/predictor.py --load sweep.json      # refit on a saved sweep
+
+Steps: (1) a profiling sweep of ``--budget`` seconds on this machine's cores, exactly what a
+device agent runs for ``POST /api/devices/{id}/profile/`` (workers.profiling.run_sweep with the
+cpu backend); (2) workload features of the models (torch.utils.flop_counter); (3) the four
+model families compared under grouped cross-validation with whole mixes held out, the best
+kept (controlplane.planning.predictor.fit_predictor); (4) speed: fitting the kept family on
+5,000 samples (the sweep's configurations resampled with replacement, throughputs jittered by
+2 % so no two rows are identical: a timing workload, not new measurements) and predicting
+100,000 random configurations in one call.
+
+Targets (issue 3): held-out RMSLE ≤ 0.10, fit on 5,000 samples < 30 s, 100,000 predictions
+< 1 s. The last line is ``heldout_rmsle=<value>`` for the kept family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from controlplane.planning.predictor import (  # noqa: E402
+    MAX_MIX,
+    MixTask,
+    ModelWorkload,
+    ProfiledTask,
+    encode_mixes,
+    fit_family,
+    fit_predictor,
+)
+
+DEFAULT_ARCHITECTURES = "resnet18,mobilenet_v3_small,shufflenet_v2_x1_0,mobilenet_v3_large"
+
+
+def profile(args) -> list[dict]:
+    from workers.backends import get_backend
+    from workers.backends.base import AgentContext
+    from workers.messages import ProfileSweepRequest
+    from workers.profiling import run_sweep
+
+    cores = [int(c) for c in args.cores.split(",")] if args.cores else sorted(os.sched_getaffinity(0))
+    request = ProfileSweepRequest(
+        sweep_id=1, device="bench", backend="cpu", budget_s=args.budget, architectures=args.architectures.split(","),
+        batch_sizes=[int(b) for b in args.batch_sizes.split(",")], max_mix=args.max_mix, seed=args.seed,
+    )
+    results: list[dict] = []
+    started = time.monotonic()
+
+    def emit(result) -> None:
+        results.append(result.model_dump(mode="json"))
+        mix = " + ".join(f"{t.architecture}/B{t.batch_size}/{t.active_thread_percentage}%" for t in result.tasks)
+        rates = ", ".join(f"{m.throughput_sps:.0f}" if m.throughput_sps else "—" for m in result.measurements)
+        print(f"[{time.monotonic() - started:6.0f} s] config {result.config_index:3d} {result.status:9s} {mix} → {rates} samples/s",
+              flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="mtfl-bench-") as state:
+        ctx = AgentContext(device="bench", cores=cores, state_dir=Path(state), artifact_root=Path(state))
+        summary = run_sweep(request, ctx, get_backend("cpu"), emit, should_stop=lambda: False)
+    spread = sorted(summary.repeat_spread)
+    print(f"\nsweep: {summary.configs} configurations, {summary.samples} task samples in {summary.elapsed_s:.0f} s "
+          f"on {len(cores)} cores ({summary.elapsed_s / max(1, summary.configs):.1f} s per configuration)")
+    if spread:
+        print(f"repeat spread over {len(spread)} repeated configurations: median {100 * spread[len(spread) // 2]:.1f} %, "
+              f"largest {100 * spread[-1]:.1f} %")
+    return results
+
+
+def to_samples(results: list[dict]) -> list[ProfiledTask]:
+    samples = []
+    for r in results:
+        if r["status"] != "succeeded":
+            continue
+        mix = tuple(MixTask(t["architecture"], t["batch_size"], t["active_thread_percentage"]) for t in r["tasks"])
+        for m in r["measurements"]:
+            if m["throughput_sps"]:
+                samples.append(ProfiledTask(f"c{r['config_index']}", mix, m["task_index"], m["throughput_sps"],
+                                            m["standalone_sps"], m["peak_memory_bytes"]))
+    return samples
+
+
+def workloads_of(architectures) -> dict[str, ModelWorkload]:
+    from workers.features import workload_features
+
+    out = {}
+    for arch in sorted(set(architectures)):
+        f = workload_features(arch, 10)
+        out[arch] = ModelWorkload(f.train_flops_per_sample, f.activation_bytes_per_sample, f.params, f.param_bytes)
+    return out
+
+
+def resampled(samples: list[ProfiledTask], n: int, seed: int) -> list[ProfiledTask]:
+    """At least ``n`` samples: whole configurations drawn with replacement, throughputs
+    jittered by 2 % (log-normal), under new configuration keys."""
+    rng = np.random.default_rng(seed)
+    by_config: dict[str, list[ProfiledTask]] = {}
+    for s in samples:
+        by_config.setdefault(s.config_key, []).append(s)
+    keys = sorted(by_config)
+    out: list[ProfiledTask] = []
+    copy = 0
+    while len(out) < n:
+        key = keys[rng.integers(len(keys))]
+        for s in by_config[key]:
+            out.append(ProfiledTask(f"r{copy}", s.mix, s.task_index, s.throughput_sps * math.exp(rng.normal(0, 0.02)),
+                                    s.standalone_sps, s.peak_memory_bytes))
+        copy += 1
+    return out
+
+
+def random_configurations(n: int, architectures: list[str], batch_sizes: list[int], seed: int) -> list[tuple[MixTask, ...]]:
+    rng = np.random.default_rng(seed)
+    shares = np.arange(10, 101, 5)
+    sizes = rng.integers(1, MAX_MIX + 1, size=n)
+    return [
+        tuple(MixTask(architectures[rng.integers(len(architectures))], int(rng.choice(batch_sizes)), int(rng.choice(shares)))
+              for _ in range(k))
+        for k in sizes
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=480.0, help="profiling seconds (default 480)")
+    parser.add_argument("--architectures", default=DEFAULT_ARCHITECTURES)
+    parser.add_argument("--batch-sizes", default="16,32,64,128,256")
+    parser.add_argument("--max-mix", type=int, default=4)
+    parser.add_argument("--cores", default=None, help="cores of the profiled device, e.g. 0,1 (default: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", default=None, help="write the sweep's results to this JSON file")
+    parser.add_argument("--load", default=None, help="skip profiling: fit on a sweep saved with --save")
+    args = parser.parse_args()
+
+    if args.load:
+        saved = json.loads(Path(args.load).read_text())
+        results, cores = saved["results"], saved["cores"]
+        print(f"loaded {len(results)} configurations measured on {cores} cores from {args.load}")
+    else:
+        results = profile(args)
+        cores = len(args.cores.split(",")) if args.cores else len(os.sched_getaffinity(0))
+        if args.save:
+            Path(args.save).write_text(json.dumps({"cores": cores, "results": results}))
+    samples = to_samples(results)
+    architectures = sorted({t.architecture for s in samples for t in s.mix})
+    workloads = workloads_of(architectures)
+
+    predictor, report = fit_predictor(samples, workloads, cores=cores, seed=args.seed)
+    print(f"\nheld-out accuracy: {report.samples} task samples in {report.configurations} configurations, "
+          f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation (whole mixes held out)")
+    print(f"{'family':<20}{'RMSLE':>10}{'MAPE':>10}{'CV seconds':>12}   RMSLE by mix size")
+    for f in sorted(report.families, key=lambda f: f.rmsle):
+        sizes = "  ".join(f"{k}:{v:.3f}" for k, v in sorted(f.by_mix_size.items()))
+        mark = "  ← kept" if f.family == report.kept else ""
+        print(f"{f.family:<20}{f.rmsle:>10.4f}{100 * f.mape:>9.1f}%{f.fit_seconds:>12.1f}   {sizes}{mark}")
+
+    big = resampled(samples, 5000, args.seed)
+    t0 = time.perf_counter()
+    fit_family(big, workloads, cores=cores, family=report.kept, seed=args.seed)
+    fit_s = time.perf_counter() - t0
+    configs = random_configurations(100_000, architectures, [int(b) for b in args.batch_sizes.split(",")], args.seed)
+    enc = encode_mixes(configs, predictor.space.architectures)
+    t0 = time.perf_counter()
+    predicted = predictor.predict_arrays(enc)
+    predict_s = time.perf_counter() - t0
+    assert np.isfinite(predicted[enc.present]).all()
+    kept = next(f for f in report.families if f.family == report.kept)
+    print(f"\nfit of {report.kept} on {len(big)} samples: {fit_s:.2f} s (target < 30 s, ratio {fit_s / 30:.2f})")
+    print(f"prediction of {len(configs)} configurations ({int(enc.present.sum())} tasks) in one call: {predict_s:.3f} s "
+          f"(target < 1 s, ratio {predict_s:.2f})")
+    print(f"kept={report.kept}")
+    print(f"heldout_mape={kept.mape:.4f}")
+    print(f"fit_5000_samples_s={fit_s:.3f}")
+    print(f"predict_100000_configs_s={predict_s:.3f}")
+    print(f"heldout_rmsle={kept.rmsle:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""Profiling sweeps: the design, the timing window, one measured configuration with real
+profiler processes, and the sweep loop (with real processes and with a fake measurement)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import textwrap
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+
+from workers import profiling
+from workers.backends import CpuBackend, base
+from workers.backends.base import ExecutionBackend, TrainerResources
+from workers.messages import (
+    ProfileConfigResult,
+    ProfileMeasurement,
+    ProfileSweepRequest,
+    ProfileTaskSpec,
+)
+from workers.profiling import (
+    Iteration,
+    common_window,
+    measure_configuration,
+    relative_spread,
+    run_sweep,
+    share_grid,
+    sweep_design,
+    window_complete,
+    window_throughput,
+)
+
+LIGHT = ["mobilenet_v3_small", "shufflenet_v2_x1_0"]
+PAPER_MIX = ["resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0", "mobilenet_v3_large"]
+
+
+def _request(**overrides) -> ProfileSweepRequest:
+    """A quick sweep of light models on the test device."""
+    fields = dict(
+        sweep_id=5, device="dev-a", budget_s=5, architectures=LIGHT, batch_sizes=[8, 16],
+        max_mix=2, warmup_iterations=1, min_timed_iterations=2, min_window_s=0.3,
+        config_timeout_s=60, repeat_every=0,
+    )
+    fields.update(overrides)
+    return ProfileSweepRequest(**fields)
+
+
+def _task(architecture: str = "mobilenet_v3_small", batch_size: int = 8, share: int = 50):
+    return ProfileTaskSpec(architecture=architecture, batch_size=batch_size,
+                           active_thread_percentage=share)
+
+
+def _key(config: list[ProfileTaskSpec]) -> tuple:
+    return tuple((t.architecture, t.batch_size, t.active_thread_percentage) for t in config)
+
+
+# ------------------------------------------------------------------------------ design
+
+
+def test_sweep_design_is_deterministic_per_seed():
+    request = _request(architectures=PAPER_MIX, batch_sizes=[16, 32, 64, 128, 256], max_mix=4)
+
+    first = [_key(c) for c in itertools.islice(sweep_design(request), 50)]
+    again = [_key(c) for c in itertools.islice(sweep_design(request), 50)]
+    reseeded = request.model_copy(update={"seed": 1})
+    other = [_key(c) for c in itertools.islice(sweep_design(reseeded), 50)]
+
+    assert first == again
+    assert first != other
+
+
+def test_sweep_design_covers_every_mix_size_early_and_is_no_grid():
+    request = _request(architectures=PAPER_MIX, batch_sizes=[16, 32, 64, 128, 256], max_mix=4)
+
+    configs = list(itertools.islice(sweep_design(request), 64))
+
+    assert {len(c) for c in configs[:8]} == {1, 2, 3, 4}
+    assert len({_key(c) for c in configs}) == 64  # no configuration twice
+    assert {t.architecture for c in configs for t in c} == set(PAPER_MIX)
+    assert {t.batch_size for c in configs for t in c} == {16, 32, 64, 128, 256}
+
+
+def test_sweep_design_keeps_shares_on_the_grid_and_values_from_the_lists():
+    request = _request(share_min=12, share_step=5, batch_sizes=[8, 16, 16], max_mix=3)
+
+    configs = list(itertools.islice(sweep_design(request), 300))
+
+    shares = {t.active_thread_percentage for c in configs for t in c}
+    assert shares <= set(range(15, 101, 5)) and min(shares) == 15 and max(shares) == 100
+    assert {t.batch_size for c in configs for t in c} == {8, 16}
+    assert {t.architecture for c in configs for t in c} == set(LIGHT)
+    assert all(1 <= len(c) <= 3 for c in configs)
+
+
+def test_share_grid_adds_the_whole_device():
+    assert share_grid(10, 20) == [20, 40, 60, 80, 100]
+    assert share_grid(25, 30) == [30, 60, 90, 100]
+    assert share_grid(100, 5) == [100]
+
+
+def test_sweep_request_refuses_a_batch_size_out_of_range():
+    with pytest.raises(ValidationError, match=r"batch_sizes\.1"):
+        _request(batch_sizes=[8, 1])
+
+
+# ----------------------------------------------------------------------- timing window
+
+
+def _its(*spans: tuple[float, float], samples: int = 4) -> list[Iteration]:
+    return [Iteration(a, b, samples) for a, b in spans]
+
+
+def test_common_window_counts_only_iterations_run_while_every_task_was_timed():
+    fast = _its((0, 1), (1, 2), (2, 3), (3, 4), (4, 5))
+    slow = _its((2.5, 4.5), (4.5, 6.5))
+
+    t_all, counted = common_window([fast, slow], until=5.0)
+
+    assert t_all == 2.5
+    assert counted == [fast[3:5], slow[:1]]  # (2, 3) started before t_all, (4.5, 6.5) after STOP
+    assert window_throughput(counted[0]) == pytest.approx(8 / 2)
+
+
+def test_common_window_is_empty_until_every_task_has_a_timed_iteration():
+    t_all, counted = common_window([_its((0, 1)), []], until=10)
+
+    assert t_all is None and counted == [[], []]
+    assert window_throughput([]) is None
+
+
+def test_window_complete_needs_both_the_duration_and_the_iterations():
+    tasks = [_its((0, 1), (1, 2), (2, 3)), _its((0, 1.5), (1.5, 3))]
+
+    assert window_complete(tasks, now=3.0, min_iterations=2, min_window_s=3.0)
+    assert not window_complete(tasks, now=3.0, min_iterations=3, min_window_s=0.0)
+    assert not window_complete(tasks, now=2.9, min_iterations=1, min_window_s=3.0)
+
+
+def test_relative_spread_is_the_largest_relative_difference():
+    assert relative_spread([100.0, 50.0], [110.0, 50.0]) == pytest.approx(10 / 105)
+    assert relative_spread([100.0], [None]) is None
+    assert relative_spread([100.0], [100.0, 1.0]) is None
+
+
+# ------------------------------------------------------------- one real configuration
+
+
+def test_two_task_configuration_is_measured_while_both_train(agent_context, monkeypatch):
+    windows = []
+
+    def recording_window(iterations, until):
+        windows.append(([list(its) for its in iterations], until))
+        return common_window(iterations, until)
+
+    monkeypatch.setattr(profiling, "common_window", recording_window)
+    tasks = [_task("mobilenet_v3_small", 16, 50), _task("shufflenet_v2_x1_0", 8, 100)]
+    request = _request(min_timed_iterations=3)
+
+    result = measure_configuration(tasks, request, agent_context, CpuBackend(), config_index=3)
+
+    assert result.status == "succeeded", result.error
+    assert (result.config_index, result.repeat_of, result.tasks) == (3, None, tasks)
+    for measurement, task in zip(result.measurements, tasks):
+        assert measurement.architecture == task.architecture
+        assert measurement.throughput_sps > 0 and measurement.timed_iterations >= 3
+        assert measurement.peak_memory_bytes > 50 * 2**20  # torch alone is bigger than that
+        assert measurement.standalone_sps is None and not measurement.error
+    iterations, stop = windows[-1]
+    counted = [[it for it in its if it.end <= stop] for its in iterations]
+    first, second = counted
+    assert first[0].start < second[-1].end and second[0].start < first[-1].end  # overlap
+    assert base._CHILDREN == {}
+    assert not (agent_context.state_dir / "work" / "sweep-5" / "config-3").exists()
+
+
+class _BadCoreBackend(CpuBackend):
+    """Pins the second process to a CPU that does not exist, so it crashes at start."""
+
+    def resources_for_shares(self, shares, partitioning, ctx):
+        resources = super().resources_for_shares(shares, partitioning, ctx)
+        if len(resources) > 1:
+            resources[1] = TrainerResources(threads=1, cores=[99_999])
+        return resources
+
+
+def test_crashing_profiler_fails_the_configuration_and_kills_the_others(agent_context):
+    tasks = [_task(share=50), _task("shufflenet_v2_x1_0", share=50)]
+
+    result = measure_configuration(tasks, _request(), agent_context, _BadCoreBackend(),
+                                   config_index=0)
+
+    assert result.status == "failed"
+    assert "task 1 (shufflenet_v2_x1_0, batch 8, 50 %)" in result.error
+    first, second = result.measurements
+    assert "OSError" in second.error and second.throughput_sps is None
+    assert first.throughput_sps is None and first.error
+    assert base._CHILDREN == {}
+    kept = agent_context.state_dir / "work" / "sweep-5" / "config-0"
+    assert (kept / "task-1.stderr.log").exists()  # a failed configuration's files stay
+
+
+def test_configuration_past_its_timeout_fails_and_is_killed(agent_context):
+    result = measure_configuration([_task()], _request(config_timeout_s=1), agent_context,
+                                   CpuBackend(), config_index=0)
+
+    assert result.status == "failed" and "config_timeout_s" in result.error
+    assert base._CHILDREN == {}
+
+
+def test_configuration_with_a_share_out_of_range_fails_as_data(agent_context):
+    task = ProfileTaskSpec.model_construct(architecture="mobilenet_v3_small", batch_size=8,
+                                           active_thread_percentage=0)
+
+    result = measure_configuration([task], _request(), agent_context, CpuBackend(),
+                                   config_index=0)
+
+    assert result.status == "failed" and "shares[0]" in result.error
+
+
+# -------------------------------------------------------------------- real sweeps
+
+
+def test_sweep_emits_results_with_standalone_throughput_and_a_repeat(agent_context):
+    emitted: list[ProfileConfigResult] = []
+    request = _request(architectures=["mobilenet_v3_small"], batch_sizes=[8], budget_s=8,
+                       repeat_every=2)
+
+    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append)
+
+    assert summary.status == "succeeded", summary.error
+    assert summary.configs == len(emitted) >= 2
+    assert [r.config_index for r in emitted] == list(range(len(emitted)))
+    alone = emitted[0]
+    assert alone.tasks == [_task(share=100)] and alone.status == "succeeded"
+    sps = alone.measurements[0].throughput_sps
+    assert alone.measurements[0].standalone_sps == sps > 0
+    assert emitted[1].repeat_of == 0
+    assert len(summary.repeat_spread) >= 1 and summary.repeat_spread[0] >= 0
+    for result in emitted:
+        assert all(m.standalone_sps == sps for m in result.measurements)
+    assert summary.samples == sum(len(r.measurements) for r in emitted if r.status == "succeeded")
+    print(f"\nrepeat spread observed: {summary.repeat_spread}")
+
+
+def test_sweep_goes_on_after_a_crashing_profiler(agent_context, tmp_path, monkeypatch):
+    script = tmp_path / "crashing_profiler.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        from workers import profiler_child
+
+        real_profile = profiler_child.profile
+
+        def profile(spec, protocol_out, commands):
+            if spec.architecture == "shufflenet_v2_x1_0":
+                raise RuntimeError("injected crash")
+            return real_profile(spec, protocol_out, commands)
+
+        profiler_child.profile = profile
+        sys.exit(profiler_child.main())
+    """))
+    monkeypatch.setattr(profiling, "PROFILER_COMMAND", [sys.executable, str(script)])
+    emitted: list[ProfileConfigResult] = []
+    # seed 5 opens with [mobilenet 30 %, shufflenet 100 %]: mobilenet alone, then shufflenet
+    request = _request(batch_sizes=[8], budget_s=6, seed=5)
+
+    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append)
+
+    assert summary.status == "succeeded", summary.error
+    failed = [r for r in emitted if r.status == "failed"]
+    assert failed and all("injected crash" in r.error for r in failed)
+    assert any(r.status == "succeeded" for r in emitted)
+    assert all(any(t.architecture == "shufflenet_v2_x1_0" for t in r.tasks) for r in failed)
+    assert base._CHILDREN == {}
+
+
+def test_agent_shutdown_stops_a_running_sweep(agent_context):
+    outcome = {}
+    request = _request(architectures=["mobilenet_v3_small"], batch_sizes=[8], budget_s=600)
+    runner = threading.Thread(target=lambda: outcome.update(
+        summary=run_sweep(request, agent_context, CpuBackend(), lambda r: None)))
+    try:
+        runner.start()
+        deadline = time.monotonic() + 60
+        while not base._CHILDREN and time.monotonic() < deadline:
+            time.sleep(0.05)
+        base.request_shutdown()
+        runner.join(timeout=30)
+    finally:
+        base._SHUTDOWN.clear()
+
+    summary = outcome["summary"]
+    assert summary.status == "failed" and "agent shutting down" in summary.error
+    assert summary.configs == 1 and summary.samples == 0
+    assert base._CHILDREN == {}
+
+
+# ------------------------------------------------------------ sweep logic, faked device
+
+
+class _FakeDevice:
+    """Stands in for the profiler processes: each configuration takes ``seconds`` of a fake
+    clock; a task's throughput is ``100 · share / 100 / tasks`` (×1.1 on a repeat)."""
+
+    def __init__(self, seconds: float = 1.0, fail=lambda tasks: False):
+        self.now = 0.0
+        self.seconds = seconds
+        self.fail = fail
+        self.calls: list[tuple[list[ProfileTaskSpec], int, int | None]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def measure(self, tasks, request, ctx, backend, *, config_index, repeat_of=None,
+                should_stop=None):
+        self.calls.append((list(tasks), config_index, repeat_of))
+        start = self.now
+        self.now += self.seconds
+        failed = self.fail(tasks)
+        factor = 1.1 if repeat_of is not None else 1.0
+        return ProfileConfigResult(
+            sweep_id=request.sweep_id, device=ctx.device, config_index=config_index,
+            repeat_of=repeat_of, tasks=list(tasks), started_at=start, finished_at=self.now,
+            status="failed" if failed else "succeeded", error="boom" if failed else "",
+            measurements=[
+                ProfileMeasurement(
+                    task_index=k, architecture=t.architecture, batch_size=t.batch_size,
+                    active_thread_percentage=t.active_thread_percentage,
+                    throughput_sps=None if failed
+                    else factor * t.active_thread_percentage / len(tasks),
+                    error="boom" if failed else "",
+                )
+                for k, t in enumerate(tasks)
+            ],
+        )
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    device = _FakeDevice()
+    monkeypatch.setattr(profiling, "measure_configuration", device.measure)
+    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
+                                                           time=device.clock))
+    return device
+
+
+def test_sweep_measures_each_pair_alone_before_it_is_needed(fake_device, agent_context):
+    emitted: list[ProfileConfigResult] = []
+    request = _request(budget_s=40, max_mix=3, batch_sizes=[8, 16, 32])
+
+    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append)
+
+    assert summary.status == "succeeded" and summary.configs == len(emitted) == 40
+    assert summary.elapsed_s == 40
+    seen_alone = set()
+    for result in emitted:
+        pairs = {(t.architecture, t.batch_size) for t in result.tasks}
+        single_full = len(result.tasks) == 1 and result.tasks[0].active_thread_percentage == 100
+        if single_full:
+            seen_alone |= pairs
+        assert pairs <= seen_alone, f"config {result.config_index} ran before its P_alone"
+        for m in result.measurements:
+            assert m.standalone_sps == 100.0  # share 100, alone
+    # The design's configurations come in order, standalone ones slotted in between; the last
+    # design configuration may still have been waiting for its standalone measurements.
+    measured = [_key(r.tasks) for r in emitted if r.repeat_of is None]
+    design = [_key(c) for c in itertools.islice(sweep_design(request), 40)]
+    done = [key for key in design if key in measured]
+    assert done == design[:len(done)] and len(done) >= 10
+    assert _is_subsequence(done, measured)
+
+
+def _is_subsequence(short: list, long: list) -> bool:
+    rest = iter(long)
+    return all(item in rest for item in short)
+
+
+def test_sweep_repeats_every_nth_configuration_and_reports_the_spread(fake_device, agent_context):
+    emitted: list[ProfileConfigResult] = []
+
+    summary = run_sweep(_request(budget_s=12, repeat_every=4), agent_context, CpuBackend(),
+                        emitted.append)
+
+    repeats = [r for r in emitted if r.repeat_of is not None]
+    assert [r.config_index for r in repeats] == [3, 7, 11]
+    for repeat in repeats:
+        original = emitted[repeat.repeat_of]
+        assert original.repeat_of is None and original.tasks == repeat.tasks
+    assert len({r.repeat_of for r in repeats}) == 3  # the least repeated is chosen
+    assert summary.repeat_spread == pytest.approx([0.1 / 1.05] * 3)
+
+
+def test_sweep_continues_after_failed_configurations(monkeypatch, agent_context):
+    device = _FakeDevice(fail=lambda tasks: len(tasks) == 2)
+    monkeypatch.setattr(profiling, "measure_configuration", device.measure)
+    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
+                                                           time=device.clock))
+    emitted: list[ProfileConfigResult] = []
+
+    summary = run_sweep(_request(budget_s=20), agent_context, CpuBackend(), emitted.append)
+
+    assert summary.status == "succeeded" and summary.configs == 20
+    assert {r.status for r in emitted} == {"failed", "succeeded"}
+    assert summary.samples == sum(len(r.tasks) for r in emitted if r.status == "succeeded")
+
+
+def test_sweep_whose_configurations_all_fail_is_failed(monkeypatch, agent_context):
+    device = _FakeDevice(fail=lambda tasks: True)
+    monkeypatch.setattr(profiling, "measure_configuration", device.measure)
+    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
+                                                           time=device.clock))
+
+    summary = run_sweep(_request(budget_s=5), agent_context, CpuBackend(), lambda r: None)
+
+    assert summary.status == "failed" and "all 5 configurations failed" in summary.error
+    assert "boom" in summary.error
+
+
+def test_sweep_survives_an_emit_that_raises(fake_device, agent_context):
+    def emit(result):
+        raise ConnectionError("broker down")
+
+    summary = run_sweep(_request(budget_s=5), agent_context, CpuBackend(), emit)
+
+    assert summary.status == "succeeded" and summary.configs == 5
+
+
+def test_sweep_stops_when_asked(fake_device, agent_context):
+    emitted: list[ProfileConfigResult] = []
+
+    summary = run_sweep(_request(budget_s=100), agent_context, CpuBackend(), emitted.append,
+                        should_stop=lambda: len(emitted) >= 2)
+
+    assert summary.status == "failed" and "stopped after 2 configurations" in summary.error
+    assert summary.configs == 2
+
+
+def test_sweep_for_another_device_is_refused_as_data(fake_device, agent_context):
+    summary = run_sweep(_request(device="other"), agent_context, CpuBackend(), lambda r: None)
+
+    assert summary.status == "failed" and "'other'" in summary.error
+    assert summary.configs == 0 and fake_device.calls == []
+
+
+class _NoProcessBackend(ExecutionBackend):
+    """A backend without profiler processes (like a future simulated one)."""
+
+    name = "none"
+
+    def check_available(self):
+        pass
+
+    def run_round(self, request, ctx):
+        raise NotImplementedError
+
+    def measure_standalone(self, request, ctx):
+        raise NotImplementedError
+
+
+def test_sweep_on_a_backend_without_processes_is_refused_as_data(fake_device, agent_context):
+    summary = run_sweep(_request(), agent_context, _NoProcessBackend(), lambda r: None)
+
+    assert summary.status == "failed" and "'none' cannot run profiling sweeps" in summary.error
+    assert fake_device.calls == []

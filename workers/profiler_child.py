@@ -1,0 +1,263 @@
+"""The profiler process: trains one model on synthetic data until told to stop.
+
+Run by :func:`workers.profiling.measure_configuration`, one OS process per task of a
+co-located configuration (never forked)::
+
+    python -m workers.profiler_child SPEC.json RESULT.json
+
+SPEC.json is a :class:`ProfileChildSpec`. The process pins itself to its cores, builds the
+model (:func:`workers.zoo.build_model`, seed 0), an SGD optimizer with the default
+:class:`~workers.messages.OptimizerConfig` (what a task trains with unless told otherwise), and
+one synthetic batch: ``N×3×32×32`` float32 drawn from a normal distribution and ``N`` random
+labels. Synthetic data is enough because the values of the inputs do not change the work of a
+dense float32 training step (the same kernels run on the same shapes), and it spares the
+process the data loading a round needs; the batch is reused for every iteration, as a real
+loader's pinned batch would be.
+
+Protocol on stdin/stdout (line by line, nothing else is written to the real stdout):
+
+1. the process prints ``READY`` and blocks until the parent sends ``GO`` (the start barrier,
+   as in :mod:`workers.trainer`);
+2. it runs ``warmup_iterations`` untimed iterations, then timed ones, printing after each timed
+   iteration ``ITER <start> <end> <samples>`` (``time.monotonic()`` seconds — the same clock in
+   every process of the host — and the batch size);
+3. between iterations it checks stdin without blocking (``select``); on ``STOP`` (or end of
+   file: the parent is gone) it finishes, writes RESULT.json and exits.
+
+RESULT.json is a :class:`ProfileChildResult`: the peak resident memory
+(``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux, reported in bytes) and, on
+failure, the error. A GPU variant would synchronise the device before taking each ``end`` and
+report ``torch.cuda.max_memory_allocated`` instead.
+
+Exit codes: 0 success, 1 error while profiling (RESULT.json says which), 2 bad spec or usage.
+torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import select
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workers.artifacts import atomic_write_path
+from workers.messages import Architecture, AssignmentStatus, OptimizerConfig
+
+EXIT_OK = 0
+EXIT_PROFILE_ERROR = 1
+EXIT_BAD_SPEC = 2
+
+READY_LINE = "READY"
+GO_LINE = "GO"
+STOP_LINE = "STOP"
+ITER_PREFIX = "ITER"
+
+INPUT_SHAPE = (3, 32, 32)
+"""Shape of one synthetic sample (CIFAR-10 size, what the tasks train on)."""
+
+
+class ProfileChildSpec(BaseModel):
+    """SPEC.json of a profiler process.
+
+    Attributes:
+        architecture: the zoo model.
+        batch_size: samples per iteration, ``>= 2`` (BatchNorm needs two).
+        num_classes: classifier outputs.
+        threads: intra-op threads, ``>= 1``.
+        cores: CPU ids to pin to; ``None`` keeps the inherited set.
+        lock_path: per-iteration exclusive lock (time slicing), or ``None``.
+        warmup_iterations: untimed iterations after ``GO``.
+        seed: seeds the model's initialisation and the synthetic batch.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    architecture: Architecture
+    batch_size: int = Field(ge=2, le=4096)
+    num_classes: int = Field(default=10, ge=2, le=100_000)
+    threads: int = Field(ge=1, le=4096)
+    cores: list[int] | None = None
+    lock_path: str | None = None
+    warmup_iterations: int = Field(default=2, ge=0, le=1000)
+    seed: int = Field(default=0, ge=0)
+
+
+class ProfileChildResult(BaseModel):
+    """RESULT.json of a profiler process.
+
+    Attributes:
+        status: ``succeeded`` or ``failed``.
+        error: ``"ExcType: message"`` when failed.
+        iterations: iterations run after ``GO``, warm-up included.
+        peak_memory_bytes: peak resident set size of the process, bytes.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: AssignmentStatus
+    error: str = ""
+    iterations: int = 0
+    peak_memory_bytes: int | None = None
+
+
+class StdinCommands:
+    """Lines from a raw file descriptor, read without blocking once started.
+
+    Python's buffered ``sys.stdin`` may hold lines ``select`` no longer sees, so the fd is read
+    directly.
+
+    Args:
+        fd: the descriptor to read (0 for stdin).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = b""
+        self.closed = False
+
+    def _fill(self, timeout: float | None) -> None:
+        ready, _, _ = select.select([self._fd], [], [], timeout)
+        if ready:
+            chunk = os.read(self._fd, 4096)
+            if chunk:
+                self._buffer += chunk
+            else:
+                self.closed = True
+
+    def _pop_line(self) -> str | None:
+        if b"\n" not in self._buffer:
+            return None
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode("utf-8", errors="replace").strip()
+
+    def wait_line(self) -> str | None:
+        """Block until a whole line arrives; return it, or ``None`` at end of file."""
+        while True:
+            line = self._pop_line()
+            if line is not None:
+                return line
+            if self.closed:
+                return None
+            self._fill(None)
+
+    def poll_line(self) -> str | None:
+        """Return a line if one has arrived, ``""`` if none has, ``None`` at end of file."""
+        line = self._pop_line()
+        if line is not None:
+            return line
+        if not self.closed:
+            self._fill(0)
+        line = self._pop_line()
+        if line is not None:
+            return line
+        return None if self.closed else ""
+
+
+def peak_memory_bytes() -> int:
+    """This process's peak resident set size in bytes (``ru_maxrss`` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def profile(spec: ProfileChildSpec, protocol_out, commands: StdinCommands) -> int:
+    """Set up, pass the barrier, train until ``STOP``; return the iterations run after ``GO``.
+
+    Raises:
+        RuntimeError: if the barrier is aborted (anything but ``GO`` on stdin).
+        Exception: any error of setup or training.
+    """
+    import torch
+
+    from workers.trainer import IterationLock, apply_resources, build_optimizer, train_step
+    from workers.zoo import build_model
+
+    apply_resources(spec.threads, spec.cores)
+    model = build_model(spec.architecture, spec.num_classes, spec.seed)
+    model.train()
+    optimizer = build_optimizer(model, OptimizerConfig())
+    generator = torch.Generator().manual_seed(spec.seed)
+    x = torch.randn(spec.batch_size, *INPUT_SHAPE, generator=generator)
+    y = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=generator)
+    torch.manual_seed(spec.seed)  # dropout masks
+
+    protocol_out.write(READY_LINE + "\n")
+    protocol_out.flush()
+    line = commands.wait_line()
+    if line != GO_LINE:
+        raise RuntimeError(f"start barrier aborted: expected {GO_LINE!r} on stdin, got {line!r}")
+
+    hold = IterationLock(spec.lock_path)
+    iterations = 0
+    try:
+        while True:
+            command = commands.poll_line()
+            if command is None or command == STOP_LINE:
+                break
+            start = time.monotonic()
+            with hold:
+                train_step(model, optimizer, x, y)
+            end = time.monotonic()
+            iterations += 1
+            if iterations > spec.warmup_iterations:
+                protocol_out.write(f"{ITER_PREFIX} {start!r} {end!r} {spec.batch_size}\n")
+                protocol_out.flush()
+    finally:
+        hold.close()
+    return iterations
+
+
+def _write_result(path: Path, result: ProfileChildResult) -> None:
+    with atomic_write_path(path) as tmp:
+        tmp.write_text(result.model_dump_json(indent=2))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m workers.profiler_child SPEC.json RESULT.json``.
+
+    Returns:
+        The exit code: 0 success, 1 profiling error, 2 bad spec.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.profiler_child", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("spec", type=Path, help="spec JSON file")
+    parser.add_argument("result", type=Path, help="where the result JSON is written")
+    args = parser.parse_args(argv)
+
+    # The protocol owns the real stdout; stray prints (library warnings) go to stderr.
+    protocol_out = sys.stdout
+    sys.stdout = sys.stderr
+
+    try:
+        spec = ProfileChildSpec.model_validate_json(args.spec.read_text())
+    except (OSError, ValidationError, ValueError) as exc:
+        error = f"bad spec {args.spec}: {type(exc).__name__}: {exc}"
+        print(error, file=sys.stderr)
+        with contextlib.suppress(OSError):
+            _write_result(args.result, ProfileChildResult(status="failed", error=error))
+        return EXIT_BAD_SPEC
+
+    try:
+        iterations = profile(spec, protocol_out, StdinCommands(sys.stdin.fileno()))
+    except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
+        traceback.print_exc(file=sys.stderr)
+        _write_result(args.result, ProfileChildResult(
+            status="failed", error=f"{type(exc).__name__}: {exc}",
+            peak_memory_bytes=peak_memory_bytes(),
+        ))
+        return EXIT_PROFILE_ERROR
+    _write_result(args.result, ProfileChildResult(
+        status="succeeded", iterations=iterations, peak_memory_bytes=peak_memory_bytes(),
+    ))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,736 @@
+"""Profiling sweeps: measure co-located training mixes on a device for the throughput predictor.
+
+docs/DESIGN.md §1 fits one multi-output regressor ``(P_1, …, P_I) = Pre((F_1·B_1, R_1), …)`` on
+profiled runs. A sweep (:func:`run_sweep`, served by the agent's ``profile_sweep`` task) turns a
+:class:`~workers.messages.ProfileSweepRequest` into those runs:
+
+- :func:`sweep_design` proposes configurations — 1 to ``max_mix`` tasks, each an architecture,
+  a batch size and a share — as a seeded space-filling sequence, not a grid;
+- :func:`measure_configuration` measures one configuration: one ``workers.profiler_child``
+  process per task (``subprocess``, never ``fork``), each with the resources the backend's
+  :meth:`~workers.backends.base.TrainerProcessBackend.resources_for_shares` gives its share,
+  held at a READY/GO barrier, stopped together once every task has been timed long enough
+  while all the others ran (:func:`common_window`);
+- :func:`run_sweep` loops until the time budget is spent, measures each (architecture, batch
+  size) alone once (``P_alone``), re-measures an earlier configuration every ``repeat_every``
+  configurations to estimate the noise, and hands every result to ``emit`` as soon as it exists.
+
+Failures are data: a configuration whose process crashes or that runs past
+``config_timeout_s`` comes back ``status="failed"`` (all its processes killed) and the sweep
+goes on. This module imports neither torch nor scipy at import time (the agent imports it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from pydantic import ValidationError
+
+from workers.backends.base import (
+    AgentContext,
+    ExecutionBackend,
+    TrainerProcessBackend,
+    TrainerResources,
+    shutdown_requested,
+    track_child,
+    untrack_child,
+)
+from workers.messages import (
+    ProfileConfigResult,
+    ProfileMeasurement,
+    ProfileSweepRequest,
+    ProfileSweepSummary,
+    ProfileTaskSpec,
+)
+from workers.profiler_child import (
+    GO_LINE,
+    ITER_PREFIX,
+    READY_LINE,
+    STOP_LINE,
+    ProfileChildResult,
+    ProfileChildSpec,
+)
+
+logger = logging.getLogger(__name__)
+
+PROFILER_COMMAND: list[str] = [sys.executable, "-m", "workers.profiler_child"]
+"""The command that starts one profiler process; SPEC.json and RESULT.json paths are appended."""
+
+_POLL_S = 0.02
+_EXIT_GRACE_S = 30.0
+_STDERR_TAIL_CHARS = 1500
+_DESIGN_CHUNK = 64
+
+
+# --------------------------------------------------------------------------------- design
+
+
+def share_grid(share_min: int, share_step: int) -> list[int]:
+    """The shares a sweep draws from: multiples of ``share_step`` in ``[share_min, 100]``,
+    plus 100 (the whole device, MPS's default) whether or not it is a multiple.
+
+    Example:
+        >>> share_grid(10, 20)
+        [20, 40, 60, 80, 100]
+        >>> share_grid(25, 30)
+        [30, 60, 90, 100]
+    """
+    first = -(-share_min // share_step) * share_step
+    return sorted({*range(first, 101, share_step), 100})
+
+
+def _unique(values: Sequence) -> list:
+    return list(dict.fromkeys(values))
+
+
+def sweep_design(request: ProfileSweepRequest) -> Iterator[list[ProfileTaskSpec]]:
+    """Yield configurations to measure, for ever: a seeded, space-filling sequence.
+
+    The sequence is a scrambled Halton sequence (``scipy.stats.qmc.Halton``, seeded with
+    ``request.seed``) in ``d = 1 + 3 · max_mix`` dimensions. Point ``u ∈ [0, 1)^d`` becomes one
+    configuration, with ``pick(v, t) = v[min(⌊t · len(v)⌋, len(v) − 1)]``:
+
+    - mix size ``k = 1 + ⌊u_0 · max_mix⌋`` (uniform over ``1..max_mix``, single tasks included);
+    - task ``j < k``: architecture ``pick(architectures, u_{1+3j})``, batch size
+      ``pick(batch_sizes, u_{2+3j})``, share ``pick(share_grid(share_min, share_step), u_{3+3j})``
+      (:func:`share_grid`); coordinates of slots ``j ≥ k`` are unused.
+
+    Lists are deduplicated first (keeping order), so repeating a value does not weight it.
+    Low-discrepancy points cover every dimension evenly from the first few dozen on, which a
+    full grid (``(|A|·|B|·|R|)^k`` mixes) could never be measured to. The same request gives the
+    same sequence (with the same scipy). Repeats of earlier configurations are
+    :func:`run_sweep`'s business.
+
+    Args:
+        request: the sweep; see :class:`~workers.messages.ProfileSweepRequest`.
+
+    Yields:
+        Lists of 1 to ``max_mix`` :class:`~workers.messages.ProfileTaskSpec`.
+    """
+    from scipy.stats import qmc
+
+    architectures = _unique(request.architectures)
+    batch_sizes = _unique(request.batch_sizes)
+    shares = share_grid(request.share_min, request.share_step)
+
+    def pick(values: list, t: float):
+        return values[min(int(t * len(values)), len(values) - 1)]
+
+    sampler = qmc.Halton(d=1 + 3 * request.max_mix, scramble=True, seed=request.seed)
+    while True:
+        for point in sampler.random(_DESIGN_CHUNK):
+            size = 1 + min(int(point[0] * request.max_mix), request.max_mix - 1)
+            yield [
+                ProfileTaskSpec(
+                    architecture=pick(architectures, point[1 + 3 * j]),
+                    batch_size=pick(batch_sizes, point[2 + 3 * j]),
+                    active_thread_percentage=pick(shares, point[3 + 3 * j]),
+                )
+                for j in range(size)
+            ]
+
+
+# ------------------------------------------------------------------------ timing window
+
+
+class Iteration(NamedTuple):
+    """One timed training iteration of a profiler process (host monotonic seconds)."""
+
+    start: float
+    end: float
+    samples: int
+
+
+def common_window(
+    iterations: Sequence[Sequence[Iteration]], until: float
+) -> tuple[float | None, list[list[Iteration]]]:
+    """Pick, for each task, the timed iterations run while every task was in steady state.
+
+    The common window opens at ``t_all``, the latest of the tasks' first timed-iteration
+    starts (from then on no task is still warming up), and closes at ``until`` (when STOP was
+    sent). A task's iterations count if they started at or after ``t_all`` and ended at or
+    before ``until``: every counted iteration ran while all the other tasks were training.
+
+    Args:
+        iterations: per task, its timed iterations in order.
+        until: end of the window, monotonic seconds.
+
+    Returns:
+        ``(t_all, counted)``; ``t_all`` is ``None`` (and every list empty) while some task has
+        no timed iteration yet.
+    """
+    if not iterations or any(not its for its in iterations):
+        return None, [[] for _ in iterations]
+    t_all = max(its[0].start for its in iterations)
+    counted = [[it for it in its if it.start >= t_all and it.end <= until] for its in iterations]
+    return t_all, counted
+
+
+def window_throughput(counted: Sequence[Iteration]) -> float | None:
+    """Samples per second of consecutive iterations: ``Σ samples / (last end − first start)``.
+
+    Returns:
+        ``None`` for no iterations or a zero span.
+    """
+    if not counted:
+        return None
+    span = counted[-1].end - counted[0].start
+    return sum(it.samples for it in counted) / span if span > 0 else None
+
+
+def window_complete(
+    iterations: Sequence[Sequence[Iteration]], now: float, min_iterations: int, min_window_s: float
+) -> bool:
+    """Whether the processes may be stopped: the common window (:func:`common_window`, closing
+    ``now``) is at least ``min_window_s`` long and holds ``min_iterations`` of every task."""
+    t_all, counted = common_window(iterations, now)
+    if t_all is None or now - t_all < min_window_s:
+        return False
+    return all(len(its) >= min_iterations for its in counted)
+
+
+# -------------------------------------------------------------------- one configuration
+
+
+@dataclass
+class _Child:
+    """One launched profiler process and what the parent learned about it."""
+
+    index: int
+    task: ProfileTaskSpec
+    resources: TrainerResources
+    spec_path: Path
+    result_path: Path
+    stderr_path: Path
+    proc: subprocess.Popen | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    iterations: list[Iteration] = field(default_factory=list)
+    reader: threading.Thread | None = None
+    # Why the parent gave up on it ("failed", "timeout", "killed", "stopped"), or None.
+    fate: str | None = None
+    fate_detail: str = ""
+
+    @property
+    def label(self) -> str:
+        t = self.task
+        return (f"task {self.index} ({t.architecture}, batch {t.batch_size}, "
+                f"{t.active_thread_percentage} %)")
+
+
+def _read_protocol(child: _Child) -> None:
+    """Read a profiler's stdout until EOF: READY sets ``ready``, ITER lines are recorded."""
+    for raw in child.proc.stdout:
+        line = raw.decode("utf-8", errors="replace").split()
+        if line == [READY_LINE]:
+            child.ready.set()
+        elif len(line) == 4 and line[0] == ITER_PREFIX:
+            try:
+                child.iterations.append(Iteration(float(line[1]), float(line[2]), int(line[3])))
+            except ValueError:
+                logger.warning("profiler %s wrote a bad line: %r", child.proc.pid, raw)
+
+
+def _stderr_tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-_STDERR_TAIL_CHARS:].decode("utf-8", errors="replace").strip()
+
+
+def _send(child: _Child, line: str, *, close: bool = False) -> None:
+    """Write a protocol line to a profiler; a dead process is noticed by the exit checks."""
+    try:
+        child.proc.stdin.write(f"{line}\n".encode())
+        child.proc.stdin.flush()
+        if close:
+            child.proc.stdin.close()
+    except (OSError, ValueError):
+        pass  # the pipe's reader exited; its exit code and stderr tell why
+
+
+def measure_configuration(
+    tasks: Sequence[ProfileTaskSpec],
+    request: ProfileSweepRequest,
+    ctx: AgentContext,
+    backend: TrainerProcessBackend,
+    *,
+    config_index: int,
+    repeat_of: int | None = None,
+    should_stop: Callable[[], bool] = shutdown_requested,
+) -> ProfileConfigResult:
+    """Measure one co-located configuration on the device; never raises for its failures.
+
+    One ``python -m workers.profiler_child`` process per task, with the resources
+    ``backend.resources_for_shares(shares, "mps", ctx)`` gives (sweeps measure MPS-style
+    partitioning: the predictor's input is the share). All print READY, then all get GO; each
+    warms up (``request.warmup_iterations``) and then reports every timed iteration. When
+    :func:`window_complete` holds for ``request.min_timed_iterations`` and
+    ``request.min_window_s`` the parent sends STOP to all at once, so every counted iteration
+    ran while all the other tasks were training. Throughput is :func:`window_throughput` over
+    :func:`common_window`'s iterations; peak memory is each process's peak RSS.
+
+    Work files go to ``ctx.state_dir/work/sweep-<sweep_id>/config-<config_index>/`` and are
+    removed when the configuration succeeds (kept for a failed one).
+
+    Args:
+        tasks: the configuration, 1 or more tasks.
+        request: the sweep (warm-up, window, timeout, number of classes).
+        ctx: the device.
+        backend: maps shares to resources and builds the processes' environment.
+        config_index: copied into the result (also names the work folder).
+        repeat_of: copied into the result.
+        should_stop: polled while measuring; when true the configuration is abandoned
+            (``status="failed"``, processes killed).
+
+    Returns:
+        ``status="succeeded"`` with a measurement per task, or ``"failed"`` with ``error``
+        naming each task that failed and why (crash with its stderr tail, timeout, stop) and
+        per-task measurements saying so. ``standalone_sps`` is left unset (:func:`run_sweep`
+        fills it).
+    """
+    started_at = time.time()
+    deadline = time.monotonic() + request.config_timeout_s
+
+    def failed(
+        error: str, measurements: list[ProfileMeasurement] | None = None
+    ) -> ProfileConfigResult:
+        return ProfileConfigResult(
+            sweep_id=request.sweep_id, device=ctx.device, backend=request.backend,
+            config_index=config_index, repeat_of=repeat_of, tasks=list(tasks),
+            measurements=measurements or [
+                ProfileMeasurement(task_index=k, architecture=t.architecture,
+                                   batch_size=t.batch_size,
+                                   active_thread_percentage=t.active_thread_percentage,
+                                   error=error)
+                for k, t in enumerate(tasks)
+            ],
+            started_at=started_at, finished_at=time.time(), status="failed", error=error,
+        )
+
+    if not tasks:
+        return failed("a configuration needs at least one task")
+    try:
+        allocations = backend.resources_for_shares(
+            [t.active_thread_percentage for t in tasks], "mps", ctx
+        )
+    except ValueError as exc:
+        return failed(f"cannot allocate the device: {exc}")
+    work = ctx.state_dir / "work" / f"sweep-{request.sweep_id}" / f"config-{config_index}"
+    try:
+        children = _prepare(tasks, allocations, request, work)
+    except (OSError, ValueError, ValidationError) as exc:
+        return failed(f"cannot write the profilers' specs: {type(exc).__name__}: {exc}")
+
+    stop_at: float | None = None
+    phases = [time.monotonic()]  # launch, GO, STOP, exit: where a configuration's time goes
+    try:
+        for child in children:
+            _launch(child, backend)
+        if _wait_ready(children, deadline, should_stop):
+            phases.append(time.monotonic())
+            for child in children:
+                _send(child, GO_LINE)
+            stop_at = _wait_window(children, request, deadline, should_stop)
+            if stop_at is not None:
+                phases.append(stop_at)
+                for child in children:
+                    _send(child, STOP_LINE, close=True)
+                _wait_exit(children, min(deadline, time.monotonic() + _EXIT_GRACE_S),
+                           should_stop)
+                phases.append(time.monotonic())
+                logger.debug(
+                    "sweep %s config %s: start %.1f s, warm-up + window %.1f s, stop %.1f s",
+                    request.sweep_id, config_index, *(b - a for a, b in zip(phases, phases[1:])),
+                )
+    except Exception as exc:  # noqa: BLE001 - the configuration is reported, never raised
+        logger.exception("configuration %s of sweep %s crashed in the agent", config_index,
+                         request.sweep_id)
+        for child in children:
+            if child.fate is None:
+                child.fate, child.fate_detail = "agent", f"{type(exc).__name__}: {exc}"
+    finally:
+        _kill_all(children)
+
+    outcomes = [_child_result(child) for child in children]
+    causes = [c for c in children if c.fate in ("failed", "timeout", "stopped", "agent")]
+    causes += [c for c, r in zip(children, outcomes, strict=True)
+               if c.fate is None and (r is None or r.status != "succeeded")]
+    if causes or stop_at is None:
+        errors = {c.index: _failure(c, outcomes[c.index]) for c in children}
+        error = "; ".join(f"{c.label}: {errors[c.index]}" for c in causes) or "not measured"
+        return failed(error, [
+            ProfileMeasurement(
+                task_index=c.index, architecture=c.task.architecture,
+                batch_size=c.task.batch_size,
+                active_thread_percentage=c.task.active_thread_percentage,
+                peak_memory_bytes=outcome.peak_memory_bytes if outcome else None,
+                error=errors[c.index],
+            )
+            for c, outcome in zip(children, outcomes, strict=True)
+        ])
+
+    _, counted = common_window([c.iterations for c in children], stop_at)
+    measurements = [
+        ProfileMeasurement(
+            task_index=c.index, architecture=c.task.architecture, batch_size=c.task.batch_size,
+            active_thread_percentage=c.task.active_thread_percentage,
+            throughput_sps=window_throughput(its),
+            peak_memory_bytes=outcome.peak_memory_bytes,
+            timed_iterations=len(its),
+        )
+        for c, its, outcome in zip(children, counted, outcomes, strict=True)
+    ]
+    shutil.rmtree(work, ignore_errors=True)
+    return ProfileConfigResult(
+        sweep_id=request.sweep_id, device=ctx.device, backend=request.backend,
+        config_index=config_index, repeat_of=repeat_of, tasks=list(tasks),
+        measurements=measurements, started_at=started_at, finished_at=time.time(),
+        status="succeeded",
+    )
+
+
+def _prepare(
+    tasks: Sequence[ProfileTaskSpec],
+    allocations: Sequence[TrainerResources],
+    request: ProfileSweepRequest,
+    work: Path,
+) -> list[_Child]:
+    if len(allocations) != len(tasks):
+        raise ValueError(f"backend allocated {len(allocations)} processes for {len(tasks)} tasks")
+    work.mkdir(parents=True, exist_ok=True)
+    children = []
+    for k, (task, resources) in enumerate(zip(tasks, allocations, strict=True)):
+        stem = work / f"task-{k}"
+        spec = ProfileChildSpec(
+            architecture=task.architecture, batch_size=task.batch_size,
+            num_classes=request.num_classes, threads=resources.threads, cores=resources.cores,
+            lock_path=None if resources.lock_path is None else str(resources.lock_path),
+            warmup_iterations=request.warmup_iterations,
+        )
+        spec_path = stem.with_suffix(".spec.json")
+        spec_path.write_text(spec.model_dump_json(indent=2))
+        children.append(_Child(k, task, resources, spec_path, stem.with_suffix(".result.json"),
+                               stem.with_suffix(".stderr.log")))
+    return children
+
+
+def _launch(child: _Child, backend: TrainerProcessBackend) -> None:
+    child.result_path.unlink(missing_ok=True)
+    with open(child.stderr_path, "wb") as stderr:
+        proc = subprocess.Popen(
+            [*PROFILER_COMMAND, str(child.spec_path), str(child.result_path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+            env=backend.trainer_env(child.resources), close_fds=True,
+        )
+    child.proc = proc
+    track_child(proc)
+    child.reader = threading.Thread(target=_read_protocol, args=(child,), daemon=True,
+                                    name=f"profiler-{proc.pid}-stdout")
+    child.reader.start()
+
+
+def _abort(children: list[_Child], deadline: float, should_stop: Callable[[], bool],
+           phase: str, *, exit_ok: bool = False) -> bool:
+    """Decide whether to give up on the configuration; mark why. True = give up.
+
+    A process that exits before STOP broke the protocol (``exit_ok`` is for the phase after
+    STOP, where exiting with code 0 is the point).
+    """
+    if should_stop():
+        for child in children:
+            child.fate, child.fate_detail = "stopped", "sweep stopped (agent shutting down?)"
+        if shutdown_requested():
+            for child in children:
+                child.fate_detail = "agent shutting down"
+        return True
+    exited = [c for c in children if c.proc.poll() is not None
+              and (c.proc.returncode != 0 or not exit_ok)]
+    if exited:
+        for child in exited:
+            child.fate = "failed"
+            if child.proc.returncode == 0:
+                child.fate_detail = f"exited {phase} without being told to stop"
+        names = ", ".join(c.label for c in exited)
+        for child in children:
+            if child.fate is None and child.proc.poll() is None:
+                child.fate = "killed"
+                child.fate_detail = f"killed because {names} failed"
+        return True
+    if time.monotonic() > deadline:
+        for child in children:
+            if child.proc.poll() is None:
+                child.fate = "timeout"
+                child.fate_detail = f"timed out {phase} (config_timeout_s exceeded)"
+        return True
+    return False
+
+
+def _wait_ready(children: list[_Child], deadline: float, should_stop: Callable[[], bool]) -> bool:
+    """Wait for every READY; False if the configuration was given up."""
+    while not all(c.ready.is_set() for c in children):
+        if _abort(children, deadline, should_stop, "before READY"):
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
+def _wait_window(children: list[_Child], request: ProfileSweepRequest, deadline: float,
+                 should_stop: Callable[[], bool]) -> float | None:
+    """Wait until the common window is complete; return the STOP time, or None if given up."""
+    while True:
+        if _abort(children, deadline, should_stop, "while training"):
+            return None
+        now = time.monotonic()
+        # Snapshots: the reader threads append while we look.
+        snapshot = [list(c.iterations) for c in children]
+        if window_complete(snapshot, now, request.min_timed_iterations, request.min_window_s):
+            return now
+        time.sleep(_POLL_S)
+
+
+def _wait_exit(children: list[_Child], deadline: float, should_stop: Callable[[], bool]) -> None:
+    """After STOP: wait for every process to finish its iteration and exit."""
+    while any(c.proc.poll() is None for c in children):
+        if _abort(children, deadline, should_stop, "after STOP", exit_ok=True):
+            return
+        time.sleep(_POLL_S)
+    for child in children:
+        if child.proc.returncode != 0 and child.fate is None:
+            child.fate = "failed"
+
+
+def _kill_all(children: list[_Child]) -> None:
+    for child in children:
+        proc = child.proc
+        if proc is None:
+            continue
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdin and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass  # the pipe's reader is dead; nothing left to flush
+        if child.reader is not None:
+            child.reader.join(timeout=5)
+        if proc.stdout:
+            proc.stdout.close()
+        untrack_child(proc)
+
+
+def _child_result(child: _Child) -> ProfileChildResult | None:
+    try:
+        return ProfileChildResult.model_validate_json(child.result_path.read_text())
+    except (OSError, ValidationError, ValueError):
+        return None
+
+
+def _failure(child: _Child, outcome: ProfileChildResult | None) -> str:
+    """The error of one process of a failed configuration, stderr tail included if it failed."""
+    if child.fate in ("killed", "stopped", "timeout", "agent"):
+        return child.fate_detail
+    if outcome is not None and outcome.error:
+        error = outcome.error
+    elif child.fate is None and outcome is not None:
+        return "not measured: another task failed"
+    else:
+        code = child.proc.returncode if child.proc else None
+        error = child.fate_detail or f"profiler exited with code {code} without a result"
+    tail = _stderr_tail(child.stderr_path)
+    return f"{error}\n--- profiler stderr (tail) ---\n{tail}" if tail else error
+
+
+# ---------------------------------------------------------------------------- the sweep
+
+
+def _throughputs(result: ProfileConfigResult) -> list[float | None]:
+    return [m.throughput_sps for m in result.measurements]
+
+
+def relative_spread(first: Sequence[float | None], second: Sequence[float | None]) -> float | None:
+    """The largest relative difference between two measurements of the same configuration.
+
+    ``max_k |a_k − b_k| / ((a_k + b_k) / 2)`` over the tasks (the definition of
+    :attr:`~workers.messages.ProfileSweepSummary.repeat_spread`).
+
+    Returns:
+        The spread (0 = identical), or ``None`` if a throughput is missing or not positive, or
+        the lengths differ.
+    """
+    if len(first) != len(second) or not first:
+        return None
+    spreads = []
+    for a, b in zip(first, second, strict=True):
+        if a is None or b is None or a <= 0 or b <= 0:
+            return None
+        spreads.append(abs(a - b) / ((a + b) / 2))
+    return max(spreads)
+
+
+@dataclass
+class _Measured:
+    """A configuration measured earlier in the sweep (a repeat candidate)."""
+
+    index: int
+    tasks: list[ProfileTaskSpec]
+    throughputs: list[float | None]
+    standalone: bool
+    repeats: int = 0
+
+
+def run_sweep(
+    request: ProfileSweepRequest,
+    ctx: AgentContext,
+    backend: ExecutionBackend,
+    emit: Callable[[ProfileConfigResult], None],
+    should_stop: Callable[[], bool] = shutdown_requested,
+) -> ProfileSweepSummary:
+    """Measure configurations of :func:`sweep_design` until ``request.budget_s`` is spent.
+
+    Order of work: before a design configuration, every (architecture, batch size) of it not
+    yet measured alone is measured alone — a 1-task configuration at share 100, emitted like
+    any other — and its throughput cached as ``P_alone`` for the rest of the sweep (a failed
+    one is cached as unknown, not retried). A design configuration that is itself one task at
+    100 % serves as that measurement. ``standalone_sps`` of every measurement is filled from
+    the cache. Configurations are numbered in measuring order (``config_index``, from 0);
+    when ``repeat_every > 0``, every index ``i`` with ``(i + 1) % repeat_every == 0`` re-measures
+    an earlier succeeded configuration (``repeat_of`` set) and its :func:`relative_spread` goes
+    into ``repeat_spread``. The one repeated is a design configuration if any succeeded (else a
+    standalone one), among those the least repeated so far, ties broken by
+    ``random.Random(request.seed)``: repeats spread over many configurations.
+
+    No new configuration starts once ``budget_s`` seconds have passed (the last one may run
+    past it, up to ``config_timeout_s``) or ``should_stop()`` is true. ``emit`` is called with
+    each result as soon as it exists; an exception it raises is logged and the sweep goes on.
+
+    Args:
+        request: the sweep.
+        ctx: the device (``ctx.device`` must equal ``request.device``).
+        backend: must be a :class:`~workers.backends.base.TrainerProcessBackend`.
+        emit: receives every :class:`~workers.messages.ProfileConfigResult`.
+        should_stop: polled between and during configurations; the agent's shutdown flag by
+            default.
+
+    Returns:
+        The summary: ``configs`` emitted (failed ones included), ``samples`` = task
+        measurements with a throughput, ``elapsed_s``, ``repeat_spread``. ``status`` is
+        ``"failed"`` with ``error`` if the request was refused (another device, a backend
+        without profiler processes), the sweep was stopped before
+        its budget was spent, or every configuration failed (the first error quoted); never
+        raises.
+    """
+    started = time.monotonic()
+    configs = samples = 0
+    spreads: list[float] = []
+    first_error = ""
+    any_succeeded = False
+
+    def summary(status: str, error: str = "") -> ProfileSweepSummary:
+        return ProfileSweepSummary(
+            sweep_id=request.sweep_id, device=ctx.device, status=status, error=error,
+            configs=configs, samples=samples, elapsed_s=time.monotonic() - started,
+            repeat_spread=spreads,
+        )
+
+    if request.device != ctx.device:
+        return summary("failed", f"request for device {request.device!r} reached agent "
+                                 f"{ctx.device!r}")
+    if not isinstance(backend, TrainerProcessBackend):
+        return summary("failed", f"backend {backend.name!r} cannot run profiling sweeps")
+    if should_stop():
+        return summary("failed", "agent shutting down: sweep refused" if shutdown_requested()
+                       else "sweep stopped before it started")
+
+    standalone: dict[tuple[str, int], float | None] = {}
+    measured: list[_Measured] = []
+    chooser = random.Random(request.seed)
+    design = sweep_design(request)
+    queue: list[tuple[list[ProfileTaskSpec], bool]] = []  # (tasks, is a standalone measurement)
+    stopped = False
+
+    def measure(tasks: list[ProfileTaskSpec], repeat_of: int | None, is_standalone: bool) -> None:
+        nonlocal configs, samples, first_error, any_succeeded
+        index = configs
+        result = measure_configuration(tasks, request, ctx, backend, config_index=index,
+                                       repeat_of=repeat_of, should_stop=should_stop)
+        alone = is_standalone or (len(tasks) == 1 and tasks[0].active_thread_percentage == 100)
+        key = (tasks[0].architecture, tasks[0].batch_size)
+        if alone and repeat_of is None and key not in standalone:
+            standalone[key] = result.measurements[0].throughput_sps
+        result = result.model_copy(update={"measurements": [
+            m.model_copy(update={"standalone_sps": standalone.get((m.architecture, m.batch_size))})
+            for m in result.measurements
+        ]})
+        configs += 1
+        samples += sum(m.throughput_sps is not None for m in result.measurements)
+        if result.status == "succeeded":
+            any_succeeded = True
+            if repeat_of is None:
+                measured.append(_Measured(index, list(tasks), _throughputs(result), alone))
+        elif not first_error:
+            first_error = f"config {index}: {result.error}"
+        if repeat_of is not None:
+            original = next(m for m in measured if m.index == repeat_of)
+            spread = relative_spread(original.throughputs, _throughputs(result))
+            if spread is not None:
+                spreads.append(spread)
+        try:
+            emit(result)
+        except Exception:  # noqa: BLE001 - a lost record must not end the sweep
+            logger.exception("could not emit configuration %s of sweep %s", index,
+                             request.sweep_id)
+
+    try:
+        while True:
+            if should_stop():
+                stopped = True
+                break
+            if time.monotonic() - started >= request.budget_s:
+                break
+            if request.repeat_every and (configs + 1) % request.repeat_every == 0 and measured:
+                pool = [m for m in measured if not m.standalone] or measured
+                fewest = min(m.repeats for m in pool)
+                original = chooser.choice([m for m in pool if m.repeats == fewest])
+                original.repeats += 1
+                measure(original.tasks, original.index, False)
+                continue
+            if not queue:
+                tasks = next(design)
+                single_full = len(tasks) == 1 and tasks[0].active_thread_percentage == 100
+                missing = _unique([
+                    (t.architecture, t.batch_size) for t in tasks
+                    if (t.architecture, t.batch_size) not in standalone
+                ])
+                if single_full:
+                    missing = []  # the configuration is its own standalone measurement
+                queue = [
+                    ([ProfileTaskSpec(architecture=a, batch_size=b, active_thread_percentage=100)],
+                     True)
+                    for a, b in missing
+                ] + [(tasks, False)]
+            tasks, is_standalone = queue.pop(0)
+            measure(tasks, None, is_standalone)
+    except Exception as exc:  # noqa: BLE001 - failures are data
+        logger.exception("sweep %s crashed", request.sweep_id)
+        return summary("failed", f"sweep crashed: {type(exc).__name__}: {exc}")
+
+    if stopped:
+        reason = "agent shutting down" if shutdown_requested() else "stopped"
+        return summary("failed", f"sweep {reason} after {configs} configurations, before its "
+                                 f"budget of {request.budget_s:g} s was spent")
+    if configs and not any_succeeded:
+        return summary("failed", f"all {configs} configurations failed; first: {first_error}")
+    return summary("succeeded")
