@@ -156,7 +156,7 @@ def main() -> int:
     architectures = sorted({t.architecture for s in samples for t in s.mix})
     workloads = workloads_of(architectures)
 
-    predictor, report = fit_predictor(samples, workloads, cores=cores, seed=args.seed)
+    predictor, report = fit_predictor(samples, workloads, cores=cores, placement="packed", seed=args.seed)
     print(f"\nheld-out accuracy: {report.samples} task samples in {report.configurations} configurations, "
           f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation (whole mixes held out)")
     print(f"{'family':<20}{'RMSLE':>10}{'MAPE':>10}{'CV seconds':>12}   RMSLE by mix size")
@@ -167,7 +167,7 @@ def main() -> int:
 
     big = resampled(samples, 5000, args.seed)
     t0 = time.perf_counter()
-    fit_family(big, workloads, cores=cores, family=report.kept, seed=args.seed)
+    fit_family(big, workloads, cores=cores, family=report.kept, placement="packed", seed=args.seed)
     fit_s = time.perf_counter() - t0
     configs = random_configurations(100_000, architectures, [int(b) for b in args.batch_sizes.split(",")], args.seed)
     enc = encode_mixes(configs, predictor.space.architectures)

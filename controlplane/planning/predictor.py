@@ -15,7 +15,8 @@ its throughput in samples/s. This module is that regression, pure NumPy and scik
   physical baseline below, and every task is predicted at once.
 * **Families**, compared under the same grouped cross-validation in which whole mixes (the
   multiset of models) are held out: a physically-motivated baseline (standalone speed scaled
-  by the share, slowed down when the shares add up to more than 100 %), a random forest (as in
+  by the fraction of the device the share is granted, slowed down in proportion when the
+  granted fractions add up to more than the device), a random forest (as in
   Horus, Yeung et al. 2021), gradient-boosted trees, and extremely randomised trees. The one
   with the lowest held-out RMSLE is refitted on all samples and kept.
 * **Memory.** Peak memory per task from ``(model, B)``: a least-squares line per model over the
@@ -33,8 +34,11 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
+
+Placement = Literal["pooled", "packed"]
 
 MAX_MIX = 4
 """Largest number of co-located tasks the predictor encodes (MPS allows up to 48; beyond a few
@@ -42,9 +46,9 @@ the paper's mixes, and our sweeps, do not go)."""
 
 FAMILIES = ("baseline", "random_forest", "gradient_boosting", "extra_trees")
 
-_SLOT_FEATURES = ("present", "log_flops_per_iter", "log_bytes_per_iter", "log_params", "share", "log_alone",
-                  "log_baseline")
-_MIX_FEATURES = ("mix_size", "share_sum", "log_flops_sum", "log_bytes_sum", "cores")
+_SLOT_FEATURES = ("present", "log_flops_per_iter", "log_bytes_per_iter", "log_params", "share", "granted",
+                  "contention", "worst_contention", "log_solo", "log_baseline")
+_MIX_FEATURES = ("mix_size", "share_sum", "granted_sum", "log_flops_sum", "log_bytes_sum", "cores")
 
 
 @dataclass(frozen=True)
@@ -92,58 +96,96 @@ class PredictorError(ValueError):
     """The predictor cannot be fitted or cannot answer (too few samples, unknown model...)."""
 
 
-# ------------------------------------------------------------------------------ standalone table
+# ------------------------------------------------------------------------------------ solo table
+
+
+def granted_fraction(share: np.ndarray, units: int) -> np.ndarray:
+    """The fraction of a device a share is actually granted: whole allocation units (``units``
+    of them: CPU cores on the cpu backend, SMs on a GPU under MPS, where the rounding is
+    negligible), at least one, rounded half up: ``max(1, floor(R·C/100 + 1/2)) / C`` — the
+    cpu backend's own mapping (workers.backends.cpu.cpu_allocation)."""
+    return np.maximum(1.0, np.floor(np.asarray(share, dtype=float) * units / 100.0 + 0.5)) / units
 
 
 @dataclass
-class StandaloneTable:
-    """``P_alone(model, B)`` on one device class, from profiled standalone speeds.
+class SoloTable:
+    """``P_solo(model, B, g) = P_alone(model, B) · g^α_model``: a task's throughput alone on the
+    device with a granted fraction ``g`` of it.
 
-    Between and beyond measured batch sizes it interpolates linearly in ``(log B, log P)``
-    (throughput grows sub-linearly with the batch and saturates); a model never measured alone
-    is estimated from its training FLOPs and the device's median FLOP rate over measured
-    models (``P ≈ rate / F``).
+    ``P_alone`` (``g = 1``) comes from the measured standalone speeds (and 1-task mixes at a
+    share granted the whole device); along the batch size it interpolates linearly in
+    ``(log B, log P)`` (throughput grows sub-linearly with the batch) and extends the end slopes,
+    clipped to ``[0, 1]``. ``α_model`` is the least-squares slope of ``log(P / P_alone)`` against
+    ``log g`` over the model's 1-task mixes granted less than the device (how well it scales
+    with its slice: 1 for perfectly, below 1 when a smaller slice is used more efficiently),
+    clipped to ``[0, 1.5]``, and 1 without such mixes. A model never measured alone is estimated
+    from its training FLOPs and the device's median FLOP rate over measured models
+    (``P_alone ≈ rate / F``).
     """
 
-    points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    exponents: dict[str, float] = field(default_factory=dict)
     flop_rate: float | None = None
 
     @classmethod
-    def from_samples(cls, samples: Iterable[ProfiledTask], workloads: Mapping[str, ModelWorkload]) -> StandaloneTable:
-        by_key: dict[tuple[str, int], list[float]] = defaultdict(list)
+    def from_samples(cls, samples: Iterable[ProfiledTask], workloads: Mapping[str, ModelWorkload], units: int) -> SoloTable:
+        samples = list(samples)
+        full: dict[tuple[str, int], list[float]] = defaultdict(list)
+        partial: list[tuple[str, int, float, float]] = []
         for s in samples:
             task = s.mix[s.task_index]
             if s.standalone_sps and s.standalone_sps > 0:
-                by_key[(task.architecture, task.batch_size)].append(s.standalone_sps)
-            if len(s.mix) == 1 and task.share == 100 and s.throughput_sps > 0:
-                by_key[(task.architecture, task.batch_size)].append(s.throughput_sps)
-        points: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for (arch, batch), values in sorted(by_key.items()):
-            points[arch].append((batch, float(np.median(values))))
-        rates = [p * workloads[a].train_flops_per_sample for a, pts in points.items() if a in workloads for _, p in pts]
-        return cls(points=dict(points), flop_rate=float(np.median(rates)) if rates else None)
+                full[(task.architecture, task.batch_size)].append(s.standalone_sps)
+            if len(s.mix) == 1 and s.throughput_sps > 0:
+                g = float(granted_fraction(task.share, units))
+                if g >= 1.0:
+                    full[(task.architecture, task.batch_size)].append(s.throughput_sps)
+                else:
+                    partial.append((task.architecture, task.batch_size, g, s.throughput_sps))
+        curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for (arch, batch), values in sorted(full.items()):
+            curves[arch].append((batch, float(np.exp(np.mean(np.log(values))))))
+        rates = [p * workloads[a].train_flops_per_sample for a, pts in curves.items() if a in workloads for _, p in pts]
+        table = cls(curves=dict(curves), flop_rate=float(np.median(rates)) if rates else None)
+        by_arch: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for arch, batch, g, p in partial:
+            if arch in table.curves:
+                ratio = p / float(table.alone(arch, np.array([batch]), workloads)[0])
+                by_arch[arch].append((math.log(g), math.log(ratio)))
+        for arch, pts in by_arch.items():
+            x = np.array([a for a, _ in pts])
+            y = np.array([b for _, b in pts])
+            table.exponents[arch] = float(np.clip((x @ y) / (x @ x), 0.0, 1.5))  # through the origin: g=1 → ratio 1
+        return table
 
-    def lookup(self, architecture: str, batch_size: np.ndarray, workloads: Mapping[str, ModelWorkload]) -> np.ndarray:
-        """``P_alone`` for one model at an array of batch sizes (samples/s, same shape)."""
-        batch_size = np.asarray(batch_size, dtype=float)
-        pts = self.points.get(architecture)
-        if pts:
-            xs = np.log([b for b, _ in pts])
-            ys = np.log([p for _, p in pts])
-            if len(pts) == 1:
-                return np.full(batch_size.shape, math.exp(ys[0]))
-            # np.interp clamps outside the range; extend the end slopes instead (clipped so an
-            # extrapolation never predicts a faster-than-linear gain in the batch).
-            x = np.log(batch_size)
-            y = np.interp(x, xs, ys)
-            lo_slope = np.clip((ys[1] - ys[0]) / (xs[1] - xs[0]), 0.0, 1.0)
-            hi_slope = np.clip((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0, 1.0)
-            y = np.where(x < xs[0], ys[0] + lo_slope * (x - xs[0]), y)
-            y = np.where(x > xs[-1], ys[-1] + hi_slope * (x - xs[-1]), y)
-            return np.exp(y)
-        if self.flop_rate is None or architecture not in workloads:
-            raise PredictorError(f"no standalone speed and no workload features for model {architecture!r}")
-        return np.full(batch_size.shape, self.flop_rate / workloads[architecture].train_flops_per_sample)
+    def alone(self, architecture: str, batch: np.ndarray, workloads: Mapping[str, ModelWorkload]) -> np.ndarray:
+        """``P_alone`` (samples/s): the model alone on the whole device at each batch size.
+
+        Raises:
+            PredictorError: the model was never measured alone and has no workload features.
+        """
+        batch = np.asarray(batch, dtype=float)
+        pts = self.curves.get(architecture)
+        if not pts:
+            if self.flop_rate is None or architecture not in workloads:
+                raise PredictorError(f"no standalone speed and no workload features for model {architecture!r}")
+            return np.full(batch.shape, self.flop_rate / workloads[architecture].train_flops_per_sample)
+        xs = np.log([b for b, _ in pts])
+        ys = np.log([p for _, p in pts])
+        if len(pts) == 1:
+            return np.full(batch.shape, math.exp(ys[0]))
+        x = np.log(batch)
+        y = np.interp(x, xs, ys)
+        lo_slope = np.clip((ys[1] - ys[0]) / (xs[1] - xs[0]), 0.0, 1.0)
+        hi_slope = np.clip((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0, 1.0)
+        y = np.where(x < xs[0], ys[0] + lo_slope * (x - xs[0]), y)
+        y = np.where(x > xs[-1], ys[-1] + hi_slope * (x - xs[-1]), y)
+        return np.exp(y)
+
+    def lookup(self, architecture: str, batch: np.ndarray, granted: np.ndarray,
+               workloads: Mapping[str, ModelWorkload]) -> np.ndarray:
+        """``P_solo`` (samples/s) at arrays of batch sizes and granted fractions."""
+        return self.alone(architecture, batch, workloads) * np.asarray(granted, dtype=float) ** self.exponents.get(architecture, 1.0)
 
 
 # ------------------------------------------------------------------------------------- encoding
@@ -196,8 +238,9 @@ class FeatureSpace:
 
     architectures: tuple[str, ...]
     workloads: dict[str, ModelWorkload]
-    standalone: StandaloneTable
+    solo: SoloTable
     cores: int
+    placement: Placement = "pooled"
 
     def spec(self) -> dict:
         """A JSON description of the features (stored on the Predictor row)."""
@@ -209,6 +252,7 @@ class FeatureSpace:
             "target": "log(throughput_sps) - log(baseline throughput) per slot",
             "architectures": list(self.architectures),
             "cores": self.cores,
+            "placement": self.placement,
         }
 
     def _per_arch(self, values: Callable[[str], float]) -> np.ndarray:
@@ -220,15 +264,53 @@ class FeatureSpace:
         flops = self._per_arch(lambda a: self.workloads[a].train_flops_per_sample)[enc.arch] * enc.batch
         bytes_ = self._per_arch(lambda a: self.workloads[a].activation_bytes_per_sample)[enc.arch] * enc.batch
         params = self._per_arch(lambda a: float(self.workloads[a].params))[enc.arch]
-        alone = np.ones(enc.arch.shape)
+        granted = np.where(present, granted_fraction(enc.share, self.cores), 0.0)
+        solo = np.ones(enc.arch.shape)
         for i, name in enumerate(self.architectures):
             mask = enc.arch == i
             if mask.any():
-                alone[mask] = self.standalone.lookup(name, enc.batch[mask], self.workloads)
-        share_sum = enc.share.sum(axis=1, keepdims=True)
-        baseline = alone * np.minimum(1.0, enc.share / 100.0) / np.maximum(1.0, share_sum / 100.0)
-        return {"present": present, "flops": flops, "bytes": bytes_, "params": params, "alone": alone,
+                solo[mask] = self.solo.lookup(name, enc.batch[mask], granted[mask], self.workloads)
+        contention = self.contention(enc.share, present)
+        worst = self.worst_contention(enc.share, present)
+        baseline = solo / contention
+        return {"present": present, "flops": flops, "bytes": bytes_, "params": params, "solo": solo,
+                "granted": granted, "contention": contention, "worst": worst,
                 "baseline": np.where(present, baseline, 0.0)}
+
+    def contention(self, share: np.ndarray, present: np.ndarray) -> np.ndarray:
+        """How many tasks compete for each task's slice, ``(n, MAX_MIX)``, at least 1.
+
+        ``pooled`` (a GPU under MPS: a client's share caps how many SMs it may use, not which):
+        the device is oversubscribed by ``max(1, Σ_j g_j)`` for everyone. ``packed`` (the cpu
+        backend): each task's ``n_i`` units are a window starting where the previous task's
+        ended, modulo the device (workers.backends.cpu.cpu_allocation); a task's contention is
+        the mean, over its units, of how many tasks' windows cover that unit — the OS shares a
+        core between the threads pinned to it.
+        """
+        if self.placement == "pooled":
+            granted = np.where(present, granted_fraction(share, self.cores), 0.0)
+            return np.broadcast_to(np.maximum(1.0, granted.sum(axis=1, keepdims=True)), share.shape).copy()
+        load, _worst = self._packed_load(share, present)
+        return load
+
+    def _packed_load(self, share: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and largest number of tasks on each task's units under ``packed`` placement."""
+        units = np.where(present, np.maximum(1, np.floor(share * self.cores / 100.0 + 0.5)).astype(np.int64), 0)
+        starts = (np.cumsum(units, axis=1) - units) % self.cores
+        core = np.arange(self.cores)
+        covered = ((core[None, None, :] - starts[:, :, None]) % self.cores) < units[:, :, None]  # (n, slots, C)
+        per_core = covered.sum(axis=1)  # (n, C) tasks on each core
+        on_mine = covered * per_core[:, None, :]
+        mean = on_mine.sum(axis=2) / np.maximum(units, 1)
+        worst = on_mine.max(axis=2)
+        return np.where(present, np.maximum(1.0, mean), 1.0), np.where(present, np.maximum(1.0, worst), 1.0)
+
+    def worst_contention(self, share: np.ndarray, present: np.ndarray) -> np.ndarray:
+        """The most tasks on any one of a task's units (its slowest thread sets the pace of
+        each parallel operator); equal to :meth:`contention` under ``pooled`` placement."""
+        if self.placement == "pooled":
+            return self.contention(share, present)
+        return self._packed_load(share, present)[1]
 
     def canonical_order(self, enc: EncodedMixes, flops: np.ndarray) -> np.ndarray:
         """``(n, MAX_MIX)`` slot permutation putting each row in canonical order (present
@@ -255,12 +337,16 @@ class FeatureSpace:
             np.log1p(take(q["bytes"])),
             np.log1p(take(q["params"])),
             take(enc.share) / 100.0,
-            np.log1p(take(q["alone"]) * present),
+            take(q["granted"]),
+            take(q["contention"]) * present,
+            take(q["worst"]) * present,
+            np.log1p(take(q["solo"]) * present),
             np.log1p(take(q["baseline"])),
         ]
         mix = [
             present.sum(axis=1),
             enc.share.sum(axis=1) / 100.0,
+            q["granted"].sum(axis=1),
             np.log1p(q["flops"].sum(axis=1)),
             np.log1p(q["bytes"].sum(axis=1)),
             np.full(len(present), float(self.cores)),
@@ -454,11 +540,77 @@ def mix_group(mix: Sequence[MixTask]) -> str:
     return "+".join(sorted(t.architecture for t in mix))
 
 
+@dataclass
+class _TrainingSet:
+    mixes: list[tuple[MixTask, ...]]
+    space: FeatureSpace
+    enc: EncodedMixes
+    X: np.ndarray
+    order: np.ndarray
+    measured: np.ndarray  # (n, MAX_MIX) throughput in canonical order, nan where not measured
+    baseline: np.ndarray  # (n, MAX_MIX) baseline throughput in canonical order
+    groups: np.ndarray
+    memory: MemoryModel
+
+    @property
+    def mask(self) -> np.ndarray:
+        return ~np.isnan(self.measured)
+
+    @property
+    def target(self) -> np.ndarray:
+        return _residual(np.nan_to_num(self.measured), self.baseline, self.mask)
+
+
+def _training_set(samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload], cores: int,
+                  placement: Placement) -> _TrainingSet:
+    mixes, Y, _keys = _training_matrix(samples)
+    missing = sorted({t.architecture for m in mixes for t in m} - set(workloads))
+    if missing:
+        raise PredictorError(f"workload features missing for {', '.join(missing)}")
+    groups = np.array([mix_group(m) for m in mixes])
+    n_groups = len(set(groups.tolist()))
+    if len(mixes) < 10 or n_groups < 2:
+        raise PredictorError(
+            f"need at least 10 measured configurations of at least 2 different mixes, got "
+            f"{len(mixes)} configurations of {n_groups} mix(es): profile longer"
+        )
+    architectures = tuple(sorted(workloads))
+    workloads = {a: workloads[a] for a in architectures}
+    space = FeatureSpace(architectures, workloads, SoloTable.from_samples(samples, workloads, cores), cores, placement)
+    enc = encode_mixes(mixes, architectures)
+    X, order, baseline = space.features(enc)
+    return _TrainingSet(
+        mixes=mixes, space=space, enc=enc, X=X, order=order, measured=np.take_along_axis(Y, order, axis=1),
+        baseline=np.take_along_axis(baseline, order, axis=1), groups=groups,
+        memory=MemoryModel.fit(samples, workloads),
+    )
+
+
+def fit_family(
+    samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload], *, cores: int, family: str,
+    placement: Placement = "pooled", seed: int = 0,
+) -> ThroughputPredictor:
+    """Fit one model family on every sample, without cross-validation.
+
+    Raises:
+        PredictorError: as :func:`fit_predictor`, or an unknown family.
+    """
+    if family not in FAMILIES:
+        raise PredictorError(f"unknown model family {family!r}; allowed: {', '.join(FAMILIES)}")
+    ts = _training_set(samples, workloads, cores, placement)
+    model = None
+    if family != "baseline":
+        model = _make_model(family, seed)
+        model.fit(ts.X, ts.target)
+    return ThroughputPredictor(family, ts.space, model, ts.memory)
+
+
 def fit_predictor(
     samples: Sequence[ProfiledTask],
     workloads: Mapping[str, ModelWorkload],
     *,
     cores: int,
+    placement: Placement = "pooled",
     families: Sequence[str] = FAMILIES,
     folds: int = 5,
     seed: int = 0,
@@ -468,8 +620,11 @@ def fit_predictor(
 
     Args:
         samples: profile samples of one backend / device class.
-        workloads: workload features of every model in ``samples``.
-        cores: the device descriptor (cores of the device class).
+        workloads: workload features of every model in ``samples`` (and any other model the
+            predictor should know).
+        cores: the device descriptor: allocation units of the device class (cores, SMs).
+        placement: how shares land on the units (:meth:`FeatureSpace.contention`): ``packed``
+            for the cpu backend, ``pooled`` for MPS.
         families: which of :data:`FAMILIES` to compare.
         folds: grouped CV folds (fewer if there are fewer mixes).
         progress: called with a line of text at each step.
@@ -478,82 +633,60 @@ def fit_predictor(
         The fitted predictor and the report.
 
     Raises:
-        PredictorError: fewer than 2 mixes or 10 configurations, or workloads missing.
+        PredictorError: fewer than 2 mixes or 10 configurations, workloads missing, or an
+            unknown family.
     """
     from sklearn.model_selection import GroupKFold
 
     say = progress or (lambda _line: None)
     started = time.perf_counter()
-    mixes, Y, _keys = _training_matrix(samples)
-    missing = sorted({t.architecture for m in mixes for t in m} - set(workloads))
-    if missing:
-        raise PredictorError(f"workload features missing for {', '.join(missing)}")
-    groups = np.array([mix_group(m) for m in mixes])
-    n_groups = len(set(groups))
-    if len(mixes) < 10 or n_groups < 2:
-        raise PredictorError(
-            f"need at least 10 measured configurations of at least 2 different mixes, got "
-            f"{len(mixes)} configurations of {n_groups} mix(es): profile longer"
-        )
-    architectures = tuple(sorted({t.architecture for m in mixes for t in m} | set(workloads)))
-    workloads = {a: workloads[a] for a in architectures if a in workloads}
-    standalone = StandaloneTable.from_samples(samples, workloads)
-    space = FeatureSpace(architectures, dict(workloads), standalone, cores)
-    enc = encode_mixes(mixes, architectures)
-    X, order, baseline = space.features(enc)
-    Yc = np.take_along_axis(Y, order, axis=1)  # canonical slot order
-    measured_mask = ~np.isnan(Yc)
-    baseline_c = np.take_along_axis(baseline, order, axis=1)
-    target = _residual(np.nan_to_num(Yc), baseline_c, measured_mask)
-    mix_size = enc.present.sum(axis=1)
-
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise PredictorError(f"unknown model family {unknown[0] if unknown else None!r}; allowed: {', '.join(FAMILIES)}")
+    ts = _training_set(samples, workloads, cores, placement)
+    mask, target = ts.mask, ts.target
+    mix_size = ts.enc.present.sum(axis=1)
+    n_groups = len(set(ts.groups.tolist()))
     n_folds = min(folds, n_groups)
-    splitter = GroupKFold(n_splits=n_folds)
     reports = []
     heldout_by_family: dict[str, np.ndarray] = {}
     for family in families:
         say(f"cross-validating {family} ({n_folds} folds, whole mixes held out)")
         t0 = time.perf_counter()
-        pred = np.full(Yc.shape, np.nan)
-        for train, test in splitter.split(X, groups=groups):
+        pred = np.full(ts.measured.shape, np.nan)
+        for train, test in GroupKFold(n_splits=n_folds).split(ts.X, groups=ts.groups):
             if family == "baseline":
-                pred[test] = baseline_c[test]
+                pred[test] = ts.baseline[test]
                 continue
             model = _make_model(family, seed)
-            model.fit(X[train], target[train])
-            pred[test] = _unresidual(np.asarray(model.predict(X[test])).reshape(len(test), MAX_MIX), baseline_c[test])
+            model.fit(ts.X[train], target[train])
+            pred[test] = _unresidual(np.asarray(model.predict(ts.X[test])).reshape(len(test), MAX_MIX), ts.baseline[test])
         pred = np.clip(pred, 1e-9, None)
-        fit_s = time.perf_counter() - t0
-        m = measured_mask
-        by_size = {
-            int(k): rmsle(pred[m & (mix_size[:, None] == k)], Yc[m & (mix_size[:, None] == k)])
-            for k in sorted(set(mix_size.tolist()))
-            if (m & (mix_size[:, None] == k)).any()
-        }
-        reports.append(FamilyReport(family, rmsle(pred[m], Yc[m]), mape(pred[m], Yc[m]), fit_s, by_size))
+        by_size = {}
+        for k in sorted(set(mix_size.tolist())):
+            sel = mask & (mix_size[:, None] == k)
+            if sel.any():
+                by_size[int(k)] = rmsle(pred[sel], ts.measured[sel])
+        reports.append(FamilyReport(family, rmsle(pred[mask], ts.measured[mask]), mape(pred[mask], ts.measured[mask]),
+                                    time.perf_counter() - t0, by_size))
         heldout_by_family[family] = pred
         say(f"{family}: held-out RMSLE {reports[-1].rmsle:.4f}, MAPE {100 * reports[-1].mape:.1f} %")
     kept = min(reports, key=lambda r: r.rmsle).family
-    say(f"refitting {kept} on all {len(mixes)} configurations")
+    say(f"refitting {kept} on all {len(ts.mixes)} configurations")
     model = None
     if kept != "baseline":
         model = _make_model(kept, seed)
-        model.fit(X, target)
-    predictor = ThroughputPredictor(kept, space, model, MemoryModel.fit(samples, workloads))
-    heldout = []
+        model.fit(ts.X, target)
+    predictor = ThroughputPredictor(kept, ts.space, model, ts.memory)
     pred = heldout_by_family[kept]
-    canonical_arch = np.take_along_axis(enc.arch, order, axis=1)
-    for r in range(len(mixes)):
-        for s in range(MAX_MIX):
-            if measured_mask[r, s]:
-                heldout.append({
-                    "architecture": architectures[canonical_arch[r, s]],
-                    "mix_size": int(mix_size[r]),
-                    "measured_sps": float(Yc[r, s]),
-                    "predicted_sps": float(pred[r, s]),
-                })
+    canonical_arch = np.take_along_axis(ts.enc.arch, ts.order, axis=1)
+    heldout = [
+        {"architecture": ts.space.architectures[canonical_arch[r, s]], "mix_size": int(mix_size[r]),
+         "measured_sps": float(ts.measured[r, s]), "predicted_sps": float(pred[r, s])}
+        for r, s in zip(*np.nonzero(mask), strict=True)
+    ]
     report = FitReport(
-        samples=int(measured_mask.sum()), configurations=len(mixes), groups=n_groups, folds=n_folds,
+        samples=int(mask.sum()), configurations=len(ts.mixes), groups=n_groups, folds=n_folds,
         families=reports, kept=kept, heldout=heldout, fit_seconds=time.perf_counter() - started,
     )
     return predictor, report

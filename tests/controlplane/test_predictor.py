@@ -14,7 +14,7 @@ from controlplane.planning.predictor import (
     ModelWorkload,
     PredictorError,
     ProfiledTask,
-    StandaloneTable,
+    SoloTable,
     encode_mixes,
     fit_predictor,
     mix_group,
@@ -60,7 +60,8 @@ def synthetic(n: int, seed: int = 0, noise: float = 0.02) -> list[ProfiledTask]:
 
 @pytest.fixture(scope="module")
 def fitted():
-    return fit_predictor(synthetic(220), WORKLOADS, cores=2, families=("baseline", "random_forest", "extra_trees"),
+    # 100 allocation units: shares are granted almost continuously, as SMs under MPS
+    return fit_predictor(synthetic(220), WORKLOADS, cores=100, families=("baseline", "random_forest", "extra_trees"),
                          folds=4)
 
 
@@ -114,14 +115,19 @@ def test_too_few_samples_are_refused():
         fit_predictor(synthetic(5), WORKLOADS, cores=2)
 
 
-def test_standalone_table_interpolates_and_extrapolates_in_log_space():
+def test_solo_table_interpolates_in_log_space_and_learns_how_a_model_scales_with_its_slice():
     samples = [ProfiledTask(f"s{b}", (MixTask("resnet18", b, 100),), 0, alone("resnet18", b)) for b in (16, 64)]
-    table = StandaloneTable.from_samples(samples, WORKLOADS)
-    at = table.lookup("resnet18", np.array([16, 32, 64, 256]), WORKLOADS)
+    # on a 2-core device a 30 % share is granted one core; this model then runs at 70 % speed
+    samples += [ProfiledTask(f"h{b}", (MixTask("resnet18", b, 30),), 0, 0.7 * alone("resnet18", b)) for b in (16, 64)]
+    table = SoloTable.from_samples(samples, WORKLOADS, units=2)
+    at = table.alone("resnet18", np.array([16, 32, 64, 256]), WORKLOADS)
     assert at[0] == pytest.approx(alone("resnet18", 16)) and at[2] == pytest.approx(alone("resnet18", 64))
     assert at[0] < at[1] < at[2] < at[3]
+    half = table.lookup("resnet18", np.array([16, 64]), np.array([0.5, 0.5]), WORKLOADS)
+    assert half == pytest.approx([0.7 * alone("resnet18", 16), 0.7 * alone("resnet18", 64)])
+    assert table.exponents["resnet18"] == pytest.approx(math.log(0.7) / math.log(0.5))
     # a model never measured alone: the device's FLOP rate over its training FLOPs
-    other = table.lookup("mobilenet_v3_small", np.array([32]), WORKLOADS)[0]
+    other = table.alone("mobilenet_v3_small", np.array([32]), WORKLOADS)[0]
     rate = np.median([alone("resnet18", b) * WORKLOADS["resnet18"].train_flops_per_sample for b in (16, 64)])
     assert other == pytest.approx(rate / WORKLOADS["mobilenet_v3_small"].train_flops_per_sample)
 

@@ -30,6 +30,10 @@ from workers.queues import CONTROL_QUEUE, TaskName
 
 log = logging.getLogger(__name__)
 
+PLACEMENT = {"cpu": "packed"}
+"""How a backend lays shares onto its allocation units (controlplane.planning.predictor's
+``FeatureSpace.contention``); backends not listed pool them (MPS)."""
+
 REFERENCE_NUM_CLASSES = 10
 """Profiles run the zoo's models with 10 classes; their workloads are taken at that size (the
 classifier is a negligible part of the work)."""
@@ -116,7 +120,8 @@ def predictor_fit(*, predictor_id: int | None = None, backend: str = "cpu", devi
     cores = device_cores(devices[0]) if devices else 1
     try:
         workloads = _workloads({t.architecture for s in samples for t in s.mix})
-        model, report = fit_predictor(samples, workloads, cores=cores, families=families, progress=progress)
+        model, report = fit_predictor(samples, workloads, cores=cores, placement=PLACEMENT.get(predictor.backend, "pooled"),
+                                      families=families, progress=progress)
     except (PredictorError, ValueError) as exc:
         Predictor.objects.filter(id=predictor.id).update(status=Predictor.Status.FAILED, error=str(exc))
         predictor.refresh_from_db()
