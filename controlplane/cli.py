@@ -1,7 +1,9 @@
 """The ``mtfl`` console script: ``manage.py`` with the project's settings.
 
-``mtfl demo``, ``mtfl up``, ``mtfl agent`` and every Django command (``mtfl migrate``,
-``mtfl createsuperuser``, ...) are available.
+``mtfl demo``, ``mtfl up``, ``mtfl agent``, ``mtfl create-experiment``, ``mtfl profile``,
+``mtfl fit-predictor`` and every Django command (``mtfl migrate``, ``mtfl createsuperuser``, ...)
+are available. A command may be spelled with hyphens or underscores (``create-experiment`` runs
+the ``create_experiment`` command module).
 """
 
 from __future__ import annotations
@@ -21,7 +23,17 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv if argv is None else argv)
     argv[0] = "mtfl"
-    execute_from_command_line(argv)
+    execute_from_command_line(command_argv(argv))
+
+
+def command_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the command name (and the one after ``help``) spelled with underscores, as
+    Django's command modules are named: ``mtfl fit-predictor`` runs ``fit_predictor``."""
+    argv = list(argv)
+    position = 2 if len(argv) > 2 and argv[1] == "help" else 1
+    if len(argv) > position and not argv[position].startswith("-"):
+        argv[position] = argv[position].replace("-", "_")
+    return argv
 
 
 if __name__ == "__main__":

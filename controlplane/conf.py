@@ -12,6 +12,7 @@ DEFAULTS: dict[str, Any] = {
     "STANDALONE_TIMED_ITERATIONS": 5,
     "HEARTBEAT_OFFLINE_S": 60.0,
     "BASELINE_BATCH_SIZE": 128,
+    "CIFAR10_ROOT": "",
 }
 
 

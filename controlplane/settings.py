@@ -12,6 +12,9 @@ Variables (all optional; unset means the embedded defaults a laptop needs):
     ``MTFL_HOME``: where embedded state lives; default ``~/.mtfl``.
     ``ARTIFACT_ROOT``: the weight store; default ``$MTFL_HOME/artifacts``.
     ``MTFL_ROUND_DEADLINE_S``: seconds after which a round still waiting for a device is failed.
+    ``MTFL_CIFAR10_ROOT``: a local folder holding ``cifar-10-batches-py/`` (the extracted python
+        batches); when it holds the data, the built-in experiment templates train on CIFAR-10
+        instead of the digits. Default: unset. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -211,6 +214,7 @@ MTFL = {
     "STANDALONE_TIMED_ITERATIONS": env.int("MTFL_STANDALONE_TIMED_ITERATIONS", default=5),
     "HEARTBEAT_OFFLINE_S": env.float("MTFL_HEARTBEAT_OFFLINE_S", default=60.0),
     "BASELINE_BATCH_SIZE": 128,
+    "CIFAR10_ROOT": env.str("MTFL_CIFAR10_ROOT", default=""),
 }
 
 LOGGING = {

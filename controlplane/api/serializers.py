@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Shard, Task
+from controlplane.experiments.models import Assignment, Checkpoint, Comparison, Experiment, Round, Run, Shard, Task
+from controlplane.experiments.services.templates import (
+    DEFAULT_DIRICHLET_ALPHA,
+    DEFAULT_LOCAL_EPOCHS,
+    DEFAULT_ROUNDS,
+    MAX_NAME_LENGTH,
+    TEMPLATES,
+)
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_effective_status
+from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
 from controlplane.planning.strategies import MAX_BATCH_SIZE, MIN_BATCH_SIZE, STRATEGIES
 from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 from workers.messages import ARCHITECTURES, BACKENDS, DATASETS, OPTIMIZERS
@@ -201,6 +209,42 @@ class ExperimentUpdateSerializer(StrictSerializer):
     }
 
 
+class ExperimentTemplateSerializer(serializers.Serializer):
+    name = serializers.CharField(read_only=True, help_text="what to pass as `template`")
+    title = serializers.CharField(read_only=True)
+    description = serializers.CharField(read_only=True)
+    architectures = serializers.ListField(child=ChoiceField(choices=ARCHITECTURES), read_only=True)
+    dataset = ChoiceField(
+        choices=DATASETS, read_only=True,
+        help_text="the data set an experiment from the template trains on unless one is asked for: cifar10 "
+        "when MTFL_CIFAR10_ROOT holds it, digits otherwise",
+    )
+
+
+class ExperimentFromTemplateSerializer(StrictSerializer):
+    """Shapes and types only: the service checks every value and fills in the defaults, so the
+    API, the CLI and the dashboard word their errors alike."""
+
+    template = StrictCharField(help_text=f"one of {', '.join(TEMPLATES)} (GET /api/experiment-templates/)")
+    devices = serializers.ListField(child=integer(1, MAX_ID), max_length=MAX_LIST, help_text="device ids, at least one")
+    name = StrictCharField(
+        required=False, allow_blank=True, allow_null=True,
+        help_text=f"at most {MAX_NAME_LENGTH} characters; default (also when blank): '<template> mix', numbered if taken",
+    )
+    rounds = serializers.IntegerField(required=False, error_messages={"invalid": "must be an integer"},
+                                      help_text=f"1 to 10000; default {DEFAULT_ROUNDS}")
+    local_epochs = serializers.IntegerField(required=False, error_messages={"invalid": "must be an integer"},
+                                            help_text=f"1 to 1000; default {DEFAULT_LOCAL_EPOCHS}")
+    dirichlet_alpha = number(required=False, help_text="Dirichlet concentration of the data volumes per task and "
+                             f"device, in (0, 1000]; smaller skews more; default {DEFAULT_DIRICHLET_ALPHA}")
+    seed = serializers.IntegerField(required=False, error_messages={"invalid": "must be an integer"},
+                                    help_text="0 to 2147483647; default 0")
+    dataset = StrictCharField(
+        required=False, allow_null=True,
+        help_text=f"one of {', '.join(DATASETS)}; default: cifar10 when MTFL_CIFAR10_ROOT holds it, digits otherwise",
+    )
+
+
 # --- runs ----------------------------------------------------------------------------------
 
 
@@ -211,9 +255,9 @@ class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "experiment", "strategy", "status", "manual_plan", "created_at", "started_at",
-            "finished_at", "error", "raw_throughput_sps", "fair_throughput", "fl_throughput_sps",
-            "raw_speedup", "fair_speedup",
+            "id", "experiment", "strategy", "status", "manual_plan", "options", "planned", "comparison",
+            "created_at", "started_at", "finished_at", "error", "raw_throughput_sps", "fair_throughput",
+            "fl_throughput_sps", "raw_speedup", "fair_speedup",
         ]
         read_only_fields = fields
 
@@ -241,9 +285,36 @@ class ManualPlanEntrySerializer(StrictSerializer):
     active_thread_percentage = integer(1, 100)
 
 
+class PlannerOptionsSerializer(StrictSerializer):
+    """Settings of the ``vres_*`` planners (controlplane.planning.planner)."""
+
+    objective = ChoiceField(choices=OBJECTIVES, required=False,
+                            help_text="vres_greedy's share objective: raw (Σ P) or fair (Σ P / P_alone); default raw")
+    slack = ChoiceField(choices=SLACK_POLICIES, required=False,
+                        help_text="what vres_sync gives devices that finish early; default smaller_batches")
+
+
 class RunCreateSerializer(StrictSerializer):
     strategy = ChoiceField(choices=STRATEGIES)
     plan = ManualPlanEntrySerializer(many=True, required=False, default=None, allow_null=True, max_length=MAX_LIST)
+    options = PlannerOptionsSerializer(required=False, default=None, allow_null=True)
+
+
+class ComparisonCreateSerializer(StrictSerializer):
+    options = PlannerOptionsSerializer(required=False, default=None, allow_null=True)
+
+
+class ComparisonSerializer(serializers.ModelSerializer):
+    runs = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Comparison
+        fields = ["id", "experiment", "strategies", "status", "created_at", "finished_at", "runs"]
+        read_only_fields = fields
+
+    def get_runs(self, comparison: Comparison) -> list[dict]:
+        """The comparison's runs in start order: ``{id, strategy, status}``."""
+        return [{"id": r.id, "strategy": r.strategy, "status": r.status} for r in sorted(comparison.runs.all(), key=lambda r: r.id)]
 
 
 class RoundSerializer(serializers.ModelSerializer):
@@ -252,6 +323,7 @@ class RoundSerializer(serializers.ModelSerializer):
         fields = [
             "id", "run", "index", "status", "started_at", "finished_at", "round_time_s", "wall_time_s",
             "samples_trained", "fl_throughput_sps", "raw_throughput_sps", "fair_throughput", "error", "flags",
+            "predicted_round_time_s",
         ]
         read_only_fields = fields
 
@@ -267,7 +339,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
         fields = [
             "id", "run", "round", "round_index", "device", "device_name", "task", "task_name",
             "batch_size", "active_thread_percentage", "samples", "samples_trained", "throughput_sps",
-            "standalone_throughput_sps", "seconds", "train_loss", "started_at", "finished_at", "status",
+            "predicted_throughput_sps", "standalone_throughput_sps", "seconds", "train_loss", "started_at", "finished_at", "status",
             "error", "weights_path", "weights_sha256",
         ]
         read_only_fields = fields

@@ -13,6 +13,7 @@ from controlplane.api import serializers as s
 from controlplane.experiments import selectors as exp_selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Task
+from controlplane.experiments.services.templates import TEMPLATES, template_dataset_default
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet import services as fleet_services
 from controlplane.fleet.models import Device
@@ -123,6 +124,18 @@ class ExperimentViewSet(
         )
         return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=s.ExperimentFromTemplateSerializer, responses={201: s.ExperimentSerializer})
+    @action(detail=False, methods=["post"], url_path="from-template")
+    def from_template(self, request: Request) -> Response:
+        """Create an experiment from a built-in template (``GET /api/experiment-templates/``):
+        its three tasks on the given devices, Dirichlet-skewed data volumes per task and device,
+        on CIFAR-10 when ``MTFL_CIFAR10_ROOT`` holds it and on the digits otherwise."""
+        data = dict(_validated(s.ExperimentFromTemplateSerializer, request))
+        experiment = exp_services.experiment_create_from_template(
+            template=data.pop("template"), device_ids=data.pop("devices"), **data
+        )
+        return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED)
+
     @extend_schema(request=s.ExperimentUpdateSerializer, responses={200: s.ExperimentSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
         data = _validated(s.ExperimentUpdateSerializer, request, partial=True)
@@ -132,10 +145,53 @@ class ExperimentViewSet(
     @extend_schema(request=s.RunCreateSerializer, responses={201: s.RunSerializer})
     @action(detail=True, methods=["post"], url_path="runs")
     def runs(self, request: Request, pk=None) -> Response:
-        """Launch a run of a strategy (``temporal``, ``isolation``, ``sharing`` or ``manual``)."""
+        """Launch a run of a strategy: a baseline (``temporal``, ``isolation``, ``sharing``), a
+        planner (``vres_greedy``, ``vres_sync``; ``options`` set it up) or ``manual`` (``plan``)."""
         data = _validated(s.RunCreateSerializer, request)
-        run = exp_services.run_create(experiment=self.get_object(), strategy=data["strategy"], plan=data["plan"])
+        run = exp_services.run_create(experiment=self.get_object(), strategy=data["strategy"], plan=data["plan"],
+                                      options=data["options"])
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.ComparisonCreateSerializer, responses={201: s.ComparisonSerializer})
+    @action(detail=True, methods=["post"])
+    def compare(self, request: Request, pk=None) -> Response:
+        """Run all five strategies (``temporal``, ``isolation``, ``sharing``, ``vres_greedy``,
+        ``vres_sync``) one after another on this experiment; the experiment page compares them."""
+        data = _validated(s.ComparisonCreateSerializer, request)
+        comparison = exp_services.comparison_create(experiment=self.get_object(), options=data["options"])
+        return Response(s.ComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
+
+
+class ComparisonViewSet(viewsets.ReadOnlyModelViewSet):
+    """Comparisons: every strategy run one after another on an experiment. Launch one with
+    ``POST /api/experiments/{id}/compare/``."""
+
+    serializer_class = s.ComparisonSerializer
+
+    def get_queryset(self):
+        return exp_selectors.comparison_list()
+
+    @extend_schema(request=None, responses={200: s.ComparisonSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk=None) -> Response:
+        """Cancel a comparison: the run in flight is cancelled and the others never start."""
+        comparison = exp_services.comparison_cancel(comparison=self.get_object())
+        return Response(s.ComparisonSerializer(comparison).data)
+
+
+class ExperimentTemplateViewSet(viewsets.ViewSet):
+    """The built-in experiment templates: the three task mixes of Yu et al. 2022, §5. Create an
+    experiment from one with ``POST /api/experiments/from-template/``."""
+
+    @extend_schema(responses={200: s.ExperimentTemplateSerializer(many=True)})
+    def list(self, request: Request) -> Response:
+        dataset = template_dataset_default()
+        rows = [
+            {"name": t.name, "title": t.title, "description": t.description, "architectures": list(t.architectures),
+             "dataset": dataset}
+            for t in TEMPLATES.values()
+        ]
+        return Response(s.ExperimentTemplateSerializer(rows, many=True).data)
 
 
 class RunFilter(django_filters.FilterSet):

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from controlplane.dashboard import figures
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Experiment, Run
-from controlplane.planning.strategies import STRATEGIES
+from controlplane.planning.strategies import COMPARED, STRATEGIES
 from controlplane.profiling.models import Predictor
 from controlplane.profiling.selectors import predictor_history
 
@@ -63,6 +63,49 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
                  "points": figures.seconds_since(run.started_at, points)}
             )
     return {"speedup": figure_json(bars), "accuracy": figure_json(figures.accuracy_over_time(series))}
+
+
+def compared_runs(experiment: Experiment) -> list[Run]:
+    """The runs the comparison section shows: the newest comparison's runs, or else the newest
+    run of each compared strategy that has a finished round, in strategy order."""
+    comparison = experiment.comparisons.order_by("-id").first()
+    if comparison is not None:
+        runs = list(comparison.runs.all())
+    else:
+        newest: dict[str, Run] = {}
+        for run in experiment.runs.filter(strategy__in=COMPARED, rounds__finished_at__isnull=False).distinct().order_by("id"):
+            newest[run.strategy] = run
+        runs = list(newest.values())
+    return sorted(runs, key=lambda r: (COMPARED.index(r.strategy) if r.strategy in COMPARED else len(COMPARED), r.id))
+
+
+def comparison_figures(experiment: Experiment) -> dict[str, Any]:
+    """The comparison section: speedups inside each device and per round, round time split,
+    predicted against measured throughput of planned assignments, final accuracy per task."""
+    runs = compared_runs(experiment)
+    strategies = [r.strategy for r in runs]
+    rows = []
+    qs = (Assignment.objects.filter(round__run__in=runs).select_related("round__run", "device", "task")
+          .order_by("round__run_id", "round__index", "device__name", "task_id"))
+    for a in qs:
+        rows.append({
+            "strategy": a.round.run.strategy, "round_index": a.round.index, "device": a.device.name,
+            "task": a.task.name, "throughput_sps": a.throughput_sps,
+            "predicted_throughput_sps": a.predicted_throughput_sps,
+            "standalone_throughput_sps": a.standalone_throughput_sps,
+            "started_at": a.started_at, "finished_at": a.finished_at,
+        })
+    accuracy = [{"strategy": r.strategy, "accuracy": selectors.run_final_accuracy(r)} for r in runs]
+    return {
+        "runs": runs,
+        "figures": {
+            "per_device": figure_json(figures.speedup_per_device(rows, strategies)),
+            "per_round": figure_json(figures.speedup_per_round(rows, strategies)),
+            "round_time": figure_json(figures.round_time_split(rows, strategies)),
+            "predicted": figure_json(figures.plan_predicted_vs_measured(rows)),
+            "final_accuracy": figure_json(figures.final_accuracy(accuracy, strategies)),
+        },
+    }
 
 
 def run_assignment_rows(run: Run) -> list[dict[str, Any]]:

@@ -257,3 +257,211 @@ def learning_curve(history: Sequence[Mapping]) -> go.Figure:
     fig.update_layout(title="Predictor error as it learns", xaxis_title="training samples",
                       yaxis_title="held-out RMSLE", **LAYOUT)
     return fig if history else _empty(fig, "no fitted predictor yet")
+
+
+# ------------------------------------------------------------------------------ comparison
+
+
+def _device_round_metrics(rows: Sequence[Mapping]) -> dict[tuple[str, str, int], dict[str, float | None]]:
+    """Per (strategy, device, round): raw ``Σ_i P_ij`` and fair ``Σ_i P_ij / P_ij^alone``
+    (Yu et al. 2022, §5), over the device's succeeded assignments; fair is None when a
+    ``P_alone`` is missing."""
+    groups: dict[tuple[str, str, int], list[Mapping]] = defaultdict(list)
+    for r in rows:
+        if r.get("throughput_sps") is not None:
+            groups[(r["strategy"], r["device"], r["round_index"])].append(r)
+    out = {}
+    for key, mine in groups.items():
+        fair = None
+        if all(m.get("standalone_throughput_sps") for m in mine):
+            fair = sum(m["throughput_sps"] / m["standalone_throughput_sps"] for m in mine)
+        out[key] = {"raw": sum(m["throughput_sps"] for m in mine), "fair": fair}
+    return out
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def comparison_speedups(rows: Sequence[Mapping], strategies: Sequence[str]) -> dict[str, dict]:
+    """Raw and fair speedups over ``temporal``, inside each device and per round.
+
+    Args:
+        rows: ``{"strategy", "device", "round_index", "throughput_sps",
+            "standalone_throughput_sps"}`` per assignment of the compared runs.
+        strategies: the strategies, in display order.
+
+    Returns:
+        ``{"per_device": {metric: {strategy: {device: speedup}}}, "per_round": {metric:
+        {strategy: {round: speedup}}}}``, metric ``raw`` or ``fair``: per device, the mean over
+        rounds of the device's metric over ``temporal``'s mean on that device; per round, the
+        mean over devices of each device's metric in that round over ``temporal``'s on that
+        device in the same round. Missing baselines leave the entry out.
+    """
+    m = _device_round_metrics(rows)
+    devices = sorted({d for _, d, _ in m})
+    rounds = sorted({r for _, _, r in m})
+    out: dict[str, dict] = {"per_device": {}, "per_round": {}}
+    for metric in ("raw", "fair"):
+        per_device: dict[str, dict] = {}
+        per_round: dict[str, dict] = {}
+        for s in strategies:
+            per_device[s] = {}
+            for d in devices:
+                mine = _mean(m.get((s, d, r), {}).get(metric) for r in rounds)
+                base = _mean(m.get(("temporal", d, r), {}).get(metric) for r in rounds)
+                if mine is not None and base:
+                    per_device[s][d] = mine / base
+            per_round[s] = {}
+            for r in rounds:
+                ratios = []
+                for d in devices:
+                    mine = m.get((s, d, r), {}).get(metric)
+                    base = m.get(("temporal", d, r), {}).get(metric)
+                    if mine is not None and base:
+                        ratios.append(mine / base)
+                if ratios:
+                    per_round[s][r] = sum(ratios) / len(ratios)
+        out["per_device"][metric] = per_device
+        out["per_round"][metric] = per_round
+    return out
+
+
+def _metric_menu(fig: go.Figure, traces_of: Mapping[str, list[int]]) -> None:
+    """A raw/fair menu showing one metric's traces at a time (raw first)."""
+    n = len(fig.data)
+    buttons = []
+    for metric in ("raw", "fair"):
+        visible = [i in traces_of[metric] for i in range(n)]
+        buttons.append(dict(label=f"{metric} throughput", method="update", args=[{"visible": visible}]))
+    fig.update_layout(updatemenus=[dict(buttons=buttons, active=0, x=1.0, xanchor="right", y=1.18)])
+
+
+def speedup_per_device(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Figure:
+    """Speedup over ``temporal`` inside each device (the paper's Fig. 4), raw or fair by menu.
+
+    Args: as :func:`comparison_speedups`.
+    """
+    sp = comparison_speedups(rows, strategies)["per_device"]
+    fig = go.Figure()
+    traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
+    for metric in ("raw", "fair"):
+        for i, s in enumerate(strategies):
+            values = sp[metric][s]
+            devices = sorted(values)
+            fig.add_bar(name=s, x=devices, y=[values[d] for d in devices], marker_color=_color(i),
+                        text=[f"{values[d]:.2f}×" for d in devices], textposition="outside",
+                        visible=(metric == "raw"), legendgroup=s, showlegend=(metric == "raw"))
+            traces_of[metric].append(len(fig.data) - 1)
+    _metric_menu(fig, traces_of)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
+    fig.update_layout(title="Speedup over temporal inside each device (mean over rounds)", barmode="group",
+                      xaxis_title="device", yaxis_title="speedup (×)", **LAYOUT)
+    has_data = any(sp["raw"][s] for s in strategies)
+    return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
+
+
+def speedup_per_round(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Figure:
+    """Speedup over ``temporal`` averaged over devices, per round (the paper's Fig. 5).
+
+    Args: as :func:`comparison_speedups`.
+    """
+    sp = comparison_speedups(rows, strategies)["per_round"]
+    fig = go.Figure()
+    traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
+    for metric in ("raw", "fair"):
+        for i, s in enumerate(strategies):
+            points = sorted(sp[metric][s].items())
+            fig.add_scatter(name=s, x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
+                            line=dict(color=_color(i)), visible=(metric == "raw"), legendgroup=s,
+                            showlegend=(metric == "raw"))
+            traces_of[metric].append(len(fig.data) - 1)
+    _metric_menu(fig, traces_of)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
+    fig.update_layout(title="Speedup over temporal averaged over devices, per round", xaxis=dict(dtick=1, title="round"),
+                      yaxis_title="speedup (×)", **LAYOUT)
+    has_data = any(sp["raw"][s] for s in strategies)
+    return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
+
+
+def round_time_split(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Figure:
+    """Round time split, per strategy and device, into the device's own compute (its first
+    trainer's start to its last one's end) and the wait for the slowest device (the rest of the
+    round), both the mean over rounds, in seconds.
+
+    Args:
+        rows: ``{"strategy", "device", "round_index", "started_at", "finished_at"}`` per
+            assignment (datetimes; rows without both are left out).
+        strategies: display order.
+    """
+    spans: dict[tuple[str, int], dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("started_at") and r.get("finished_at"):
+            spans[(r["strategy"], r["round_index"])][r["device"]].append((r["started_at"], r["finished_at"]))
+    compute: dict[tuple[str, str], list[float]] = defaultdict(list)
+    waiting: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for (strategy, _round), by_device in spans.items():
+        start = min(s for v in by_device.values() for s, _ in v)
+        end = max(e for v in by_device.values() for _, e in v)
+        for device, v in by_device.items():
+            own = (max(e for _, e in v) - min(s for s, _ in v)).total_seconds()
+            compute[(strategy, device)].append(own)
+            waiting[(strategy, device)].append((end - start).total_seconds() - own)
+    keys = [(s, d) for s in strategies for d in sorted({d for (s2, d) in compute if s2 == s})]
+    fig = go.Figure()
+    x = [[s for s, _ in keys], [d for _, d in keys]]
+    fig.add_bar(name="compute (own tasks)", x=x, y=[_mean(compute[k]) for k in keys], marker_color=PALETTE[0])
+    fig.add_bar(name="waiting for the slowest device", x=x, y=[_mean(waiting[k]) for k in keys],
+                marker_color=PALETTE[7])
+    fig.update_layout(title="Round time per device: compute and waiting (mean over rounds)", barmode="stack",
+                      yaxis_title="seconds", **LAYOUT)
+    return fig if keys else _empty(fig, "no round of the compared runs has finished yet")
+
+
+def plan_predicted_vs_measured(rows: Sequence[Mapping]) -> go.Figure:
+    """Predicted against measured throughput of every planned assignment (``vres_*``), log
+    axes, one colour per strategy, with ``y = x``.
+
+    Args:
+        rows: ``{"strategy", "device", "task", "round_index", "throughput_sps",
+            "predicted_throughput_sps"}``; rows missing either value are left out.
+    """
+    rows = [r for r in rows if r.get("predicted_throughput_sps") and r.get("throughput_sps")]
+    fig = go.Figure()
+    strategies = sorted({r["strategy"] for r in rows})
+    for i, s in enumerate(strategies):
+        mine = [r for r in rows if r["strategy"] == s]
+        fig.add_scatter(
+            x=[r["throughput_sps"] for r in mine], y=[r["predicted_throughput_sps"] for r in mine], mode="markers",
+            name=s, marker=dict(color=_color(i + 3), size=8, opacity=0.8),
+            text=[f"{r['task']} on {r['device']}, round {r['round_index']}" for r in mine],
+            hovertemplate="%{text}<br>measured %{x:.1f}<br>predicted %{y:.1f}<extra></extra>",
+        )
+    if rows:
+        values = [v for r in rows for v in (r["throughput_sps"], r["predicted_throughput_sps"])]
+        lo, hi = min(values) / 1.3, max(values) * 1.3
+        fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(color="#555", dash="dash"))
+    fig.update_layout(title="Planned assignments: predicted against measured throughput",
+                      xaxis=dict(type="log", title="measured throughput (samples/s)"),
+                      yaxis=dict(type="log", title="predicted throughput (samples/s)"), **LAYOUT)
+    return fig if rows else _empty(fig, "no planned (vres_*) assignment has finished yet")
+
+
+def final_accuracy(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Figure:
+    """Final test accuracy of each task's global model, one bar per strategy.
+
+    Args:
+        rows: ``{"strategy", "accuracy": {task: accuracy}}`` per compared run.
+        strategies: display order.
+    """
+    by_strategy = {r["strategy"]: r["accuracy"] for r in rows}
+    tasks = sorted({t for r in rows for t in r["accuracy"]})
+    fig = go.Figure()
+    for i, s in enumerate(strategies):
+        acc = by_strategy.get(s, {})
+        fig.add_bar(name=s, x=tasks, y=[acc.get(t) for t in tasks], marker_color=_color(i),
+                    text=[f"{acc[t]:.3f}" if acc.get(t) is not None else "" for t in tasks], textposition="outside")
+    fig.update_layout(title="Final test accuracy per task", barmode="group", yaxis=dict(range=[0, 1.05], title="accuracy"),
+                      xaxis_title="task", **LAYOUT)
+    return fig if tasks else _empty(fig, "no run has finished yet")

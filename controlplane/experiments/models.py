@@ -92,8 +92,37 @@ class Shard(models.Model):
         ]
 
 
+class Comparison(models.Model):
+    """Every strategy run on the same experiment one after another, on the same devices, data
+    and seeds (the paper's Fig. 4 and 5): its runs start in ``strategies`` order, each once the
+    previous one has ended."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        CANCELLED = "cancelled"
+
+    experiment = models.ForeignKey("Experiment", on_delete=models.CASCADE, related_name="comparisons")
+    strategies = models.JSONField(help_text="strategy names in the order their runs start")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"comparison {self.pk} of {self.experiment}"
+
+
 class Run(models.Model):
-    """One strategy executed on an experiment, round after round."""
+    """One strategy executed on an experiment, round after round.
+
+    ``options`` holds the planner's settings for ``vres_*`` (``objective``, ``slack``);
+    ``planned`` the plan they made when the run was created (every round uses it, so ``P_alone``
+    is measured at the batch sizes actually trained), with each assignment's predicted
+    throughput and the predicted round time.
+    """
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -105,6 +134,9 @@ class Run(models.Model):
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
     strategy = models.CharField(max_length=32, choices=[(s, s) for s in STRATEGIES])
     manual_plan = models.JSONField(null=True, blank=True)
+    options = models.JSONField(default=dict, blank=True)
+    planned = models.JSONField(null=True, blank=True)
+    comparison = models.ForeignKey(Comparison, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -173,6 +205,7 @@ class Round(models.Model):
     fair_throughput = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     flags = models.JSONField(default=list, blank=True)
+    predicted_round_time_s = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "index"]
@@ -202,6 +235,7 @@ class Assignment(models.Model):
     samples = models.PositiveIntegerField(help_text="|D_ij|: the shard size")
     samples_trained = models.PositiveIntegerField(default=0)
     throughput_sps = models.FloatField(null=True, blank=True)
+    predicted_throughput_sps = models.FloatField(null=True, blank=True)
     standalone_throughput_sps = models.FloatField(null=True, blank=True)
     seconds = models.FloatField(null=True, blank=True)
     train_loss = models.FloatField(null=True, blank=True)

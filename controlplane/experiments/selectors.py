@@ -9,6 +9,7 @@ from django.db.models import Prefetch, QuerySet
 from controlplane.experiments.models import (
     Assignment,
     Checkpoint,
+    Comparison,
     Experiment,
     Round,
     Run,
@@ -72,6 +73,10 @@ def standalone_table(run: Run) -> dict[tuple[int, int, int], float | None]:
 
 def experiment_list() -> QuerySet[Experiment]:
     return Experiment.objects.prefetch_related("tasks", "devices").order_by("-id")
+
+
+def comparison_list() -> QuerySet[Comparison]:
+    return Comparison.objects.select_related("experiment").prefetch_related("runs").order_by("-id")
 
 
 def run_list() -> QuerySet[Run]:

@@ -48,6 +48,7 @@ FAMILIES = ("baseline", "random_forest", "gradient_boosting", "extra_trees")
 
 _SLOT_FEATURES = ("present", "log_flops_per_iter", "log_bytes_per_iter", "log_params", "share", "granted",
                   "contention", "worst_contention", "log_solo", "log_baseline")
+_PARALLEL_PREDICT_ROWS = 20_000
 _MIX_FEATURES = ("mix_size", "share_sum", "granted_sum", "log_flops_sum", "log_bytes_sum", "cores")
 
 
@@ -417,11 +418,24 @@ class ThroughputPredictor:
             out = baseline
         else:
             baseline_c = np.take_along_axis(baseline, order, axis=1)
-            canonical = _unresidual(np.asarray(self.model.predict(X)).reshape(len(X), MAX_MIX), baseline_c)
+            canonical = _unresidual(np.asarray(self._predict_model(X)).reshape(len(X), MAX_MIX), baseline_c)
             out = np.empty_like(canonical)
             np.put_along_axis(out, order, canonical, axis=1)
         out = np.clip(out, 1e-9, None)
         return np.where(enc.present, out, np.nan)
+
+    def _predict_model(self, X: np.ndarray) -> np.ndarray:
+        # Forests predict their trees on a joblib thread pool; for a few thousand rows
+        # starting and joining it costs more (~50 ms a call) than the trees themselves,
+        # and planners call this many times with small batches.
+        n_jobs = getattr(self.model, "n_jobs", None)
+        if n_jobs is None or len(X) >= _PARALLEL_PREDICT_ROWS:
+            return self.model.predict(X)
+        try:
+            self.model.n_jobs = 1
+            return self.model.predict(X)
+        finally:
+            self.model.n_jobs = n_jobs
 
     def predict(self, mixes: Sequence[Sequence[MixTask]]) -> list[list[float]]:
         """Throughput of every task of every configuration, in the order given.

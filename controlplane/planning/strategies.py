@@ -7,7 +7,8 @@ The baselines are the paper's (Yu et al. 2022, §5; docs/DESIGN.md §1), all wit
 * ``isolation`` — each of the ``I`` tasks on a device gets ``100 / I`` % of it.
 * ``sharing``   — each task gets 100 % (MPS's default): they compete for the whole device.
 
-``manual`` takes a researcher's own batch sizes and shares and checks them.
+``manual`` takes a researcher's own batch sizes and shares and checks them; ``vres_greedy`` and
+``vres_sync`` are the predictor-driven planners of :mod:`controlplane.planning.planner`.
 
 Batch sizes are clipped to the shard: a task with 40 samples on a device trains with batch 40,
 never with an empty or padded batch. Tasks with no samples on a device are not planned there,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from controlplane.planning.planner import PLANNERS, PlannerContext
 from controlplane.planning.types import Plan, PlannedAssignment, PlanningError, PlanningInput
 
 BASELINE_BATCH_SIZE = 128
@@ -136,16 +138,32 @@ BASELINES: dict[str, Callable[[PlanningInput], Plan]] = {
 }
 """The paper's baselines, by name, in the order the comparison runs them."""
 
-STRATEGIES: tuple[str, ...] = (*BASELINES, "manual")
+PLANNED: tuple[str, ...] = tuple(PLANNERS)
+"""The predictor-driven strategies (``vres_greedy``, ``vres_sync``)."""
+
+COMPARED: tuple[str, ...] = (*BASELINES, *PLANNED)
+"""The strategies a comparison runs, in order: the paper's baselines, then the planners."""
+
+STRATEGIES: tuple[str, ...] = (*COMPARED, "manual")
 """Every strategy a run may use."""
 
 
-def make_plan(strategy: str, spec: PlanningInput, *, manual_entries: Iterable[Mapping[str, int]] | None = None) -> Plan:
+def make_plan(
+    strategy: str,
+    spec: PlanningInput,
+    *,
+    manual_entries: Iterable[Mapping[str, int]] | None = None,
+    planner: PlannerContext | None = None,
+) -> Plan:
     """Plan one round with the named strategy.
+
+    Args:
+        planner: what ``vres_greedy`` and ``vres_sync`` need (predictors, models, memory).
 
     Raises:
         PlanningError: unknown strategy (``field="strategy"``), a device with no data at all,
-            or an invalid manual plan.
+            an invalid manual plan, a planned strategy without a planner context, or any error
+            of :mod:`controlplane.planning.planner`.
     """
     if strategy not in STRATEGIES:
         raise PlanningError(
@@ -159,4 +177,8 @@ def make_plan(strategy: str, spec: PlanningInput, *, manual_entries: Iterable[Ma
         return plan_manual(spec, entries=manual_entries)
     if manual_entries is not None:
         raise PlanningError(f"strategy {strategy!r} takes no plan; use 'manual'", field="plan")
+    if strategy in PLANNERS:
+        if planner is None:
+            raise PlanningError(f"strategy {strategy!r} needs a fitted throughput predictor", field="strategy")
+        return PLANNERS[strategy](spec, planner)
     return BASELINES[strategy](spec)

@@ -36,13 +36,15 @@ class PlanningInput:
 
 @dataclass(frozen=True)
 class PlannedAssignment:
-    """One task on one device for one round: its batch size ``B_ij`` and share ``R_ij`` (%)."""
+    """One task on one device for one round: its batch size ``B_ij`` and share ``R_ij`` (%),
+    and, for predictor-driven plans, the predicted throughput ``P_ij`` (samples/s)."""
 
     device_id: int
     task_id: int
     batch_size: int
     active_thread_percentage: int
     samples: int
+    predicted_throughput_sps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,13 @@ class Plan:
 
     ``partitioning`` is ``timeslice`` for ``temporal`` (no partitioning: the device is
     time-sliced) and ``mps`` for every strategy that gives each task its share.
+    ``predicted_round_time_s`` is ``max_j max_i E·|D_ij| / P_ij`` for predictor-driven plans.
     """
 
     strategy: str
     partitioning: Partitioning
     assignments: tuple[PlannedAssignment, ...] = field(default_factory=tuple)
+    predicted_round_time_s: float | None = None
 
     def on_device(self, device_id: int) -> tuple[PlannedAssignment, ...]:
         """The assignments of one device, in task order."""

@@ -134,3 +134,36 @@ def test_a_run_cancelled_before_any_round_shows_no_progress_and_no_result(browse
         assert figure["layout"]["annotations"][-1]["text"].startswith("no ")
     html = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
     assert "0.100" not in html  # the untrained model's accuracy is not the run's result
+
+
+def test_experiment_page_compares_strategies_inside_devices_per_round_and_in_time(browser_client, finished_runs):
+    experiment, runs = finished_runs
+    # Give the sharing run predictions and standalone speeds, as a planned run would carry.
+    Assignment.objects.filter(round__run=runs["sharing"]).update(predicted_throughput_sps=50.0)
+    Assignment.objects.update(standalone_throughput_sps=60.0)
+    html = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
+    assert 'id="compare-button"' in html
+    figures = _json_script(html, "experiment-figures")
+    per_device = {t["name"]: dict(zip(t["x"], t["y"], strict=True)) for t in figures["per_device"]["data"] if t["visible"]}
+    # dev-a holds tasks 0 and 1: sharing measured 45+46 against temporal's 20+21.
+    assert per_device["temporal"]["dev-a"] == pytest.approx(1.0)
+    assert per_device["sharing"]["dev-a"] == pytest.approx(91 / 41)
+    per_round = {t["name"]: t["y"] for t in figures["per_round"]["data"] if t["visible"]}
+    assert per_round["sharing"][0] == pytest.approx(((91 / 41) + (95 / 45)) / 2)
+    split = {t["name"]: t["y"] for t in figures["round_time"]["data"]}
+    # All start at 1 s; dev-a's end at 5 s and 6 s, dev-b's at 7 s and 8 s: dev-a computes 5 s
+    # and waits 2 s for dev-b, which computes 7 s.
+    assert split["compute (own tasks)"] == [5.0, 7.0, 5.0, 7.0]
+    assert split["waiting for the slowest device"] == [2.0, 0.0, 2.0, 0.0]
+    predicted = [t for t in figures["predicted"]["data"] if t["name"] == "sharing"][0]
+    assert set(predicted["y"]) == {50.0}
+    accuracy = {t["name"]: t["y"] for t in figures["final_accuracy"]["data"]}
+    assert set(accuracy["sharing"]) == {0.42} and set(accuracy["temporal"]) == {0.3}
+
+
+def test_compare_button_without_a_predictor_says_how_to_make_one(browser_client, finished_runs):
+    experiment, _runs = finished_runs
+    response = browser_client.post(f"/experiments/{experiment.id}/compare/")
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'id="compare-error"' in html and "no fitted throughput predictor" in html

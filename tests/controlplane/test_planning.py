@@ -59,7 +59,7 @@ def test_tasks_without_data_on_a_device_are_not_planned_there(spec):
 
 
 def test_unknown_strategy_names_the_allowed_ones(spec):
-    with pytest.raises(PlanningError, match="allowed: temporal, isolation, sharing, manual") as info:
+    with pytest.raises(PlanningError, match="allowed: temporal, isolation, sharing, vres_greedy, vres_sync, manual") as info:
         make_plan("fastest", spec)
     assert info.value.field == "strategy"
 

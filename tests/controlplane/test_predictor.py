@@ -20,42 +20,7 @@ from controlplane.planning.predictor import (
     mix_group,
     rmsle,
 )
-
-WORKLOADS = {
-    "resnet18": ModelWorkload(1.1e8, 2.0e6, 11_200_000, 44_800_000),
-    "mobilenet_v3_small": ModelWorkload(1.2e7, 8.0e5, 1_530_000, 6_100_000),
-    "shufflenet_v2_x1_0": ModelWorkload(9.0e6, 6.0e5, 1_260_000, 5_000_000),
-    "mobilenet_v3_large": ModelWorkload(4.0e7, 1.5e6, 4_210_000, 16_800_000),
-}
-ARCHS = sorted(WORKLOADS)
-
-
-def alone(arch: str, batch: int) -> float:
-    return 2e10 / WORKLOADS[arch].train_flops_per_sample * batch / (batch + 16)
-
-
-def law(mix: tuple[MixTask, ...], j: int) -> float:
-    """A sub-linear share effect and a super-linear slow-down past 100 % (what a baseline
-    that scales linearly gets wrong)."""
-    total = sum(t.share for t in mix)
-    t = mix[j]
-    return alone(t.architecture, t.batch_size) * min(1.0, t.share / 100) ** 0.6 / max(1.0, total / 100) ** 1.3
-
-
-def synthetic(n: int, seed: int = 0, noise: float = 0.02) -> list[ProfiledTask]:
-    rng = np.random.default_rng(seed)
-    samples = []
-    for i in range(n):
-        k = int(rng.integers(1, MAX_MIX + 1))
-        mix = tuple(
-            MixTask(ARCHS[rng.integers(len(ARCHS))], int(rng.choice([16, 32, 64, 128, 256])), int(rng.choice(range(10, 101, 5))))
-            for _ in range(k)
-        )
-        for j, t in enumerate(mix):
-            p = law(mix, j) * math.exp(rng.normal(0, noise))
-            memory = int(3e8 + 4 * WORKLOADS[t.architecture].param_bytes + 1.5e6 * t.batch_size)
-            samples.append(ProfiledTask(f"c{i}", mix, j, p, alone(t.architecture, t.batch_size), memory))
-    return samples
+from tests.controlplane.contention_law import ARCHS, WORKLOADS, alone, law, synthetic
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from controlplane.planning.predictor import MixTask
 from controlplane.profiling import services
 from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 from tests.controlplane.test_api import _queued_control_messages
-from tests.controlplane.test_predictor import WORKLOADS, synthetic
+from tests.controlplane.contention_law import store_synthetic_samples
 from workers.queues import TaskName
 
 pytestmark = pytest.mark.django_db
@@ -104,24 +104,8 @@ def test_measured_assignments_of_shared_rounds_become_samples(make_experiment):
     assert all(s.assignment_id for s in samples)
 
 
-def _store_synthetic_samples(device, n: int = 120) -> None:
-    for arch, w in WORKLOADS.items():
-        ModelWorkload.objects.create(architecture=arch, num_classes=10, input_shape=[3, 32, 32], forward_flops_per_sample=w.train_flops_per_sample / 3,
-                                     train_flops_per_sample=w.train_flops_per_sample, params=w.params,
-                                     param_bytes=w.param_bytes, activation_bytes_per_sample=w.activation_bytes_per_sample)
-    ProfileSample.objects.bulk_create(
-        ProfileSample(source="sweep", device=device, backend="cpu", device_class="cpu-2cores", config_key=s.config_key,
-                      configuration=[{"architecture": t.architecture, "batch_size": t.batch_size,
-                                      "active_thread_percentage": t.share} for t in s.mix],
-                      mix_size=len(s.mix), task_index=s.task_index, architecture=s.mix[s.task_index].architecture,
-                      batch_size=s.mix[s.task_index].batch_size, active_thread_percentage=s.mix[s.task_index].share,
-                      throughput_sps=s.throughput_sps, standalone_sps=s.standalone_sps, peak_memory_bytes=s.peak_memory_bytes)
-        for s in synthetic(n)
-    )
-
-
 def test_a_fitted_predictor_is_stored_and_loads_back(make_device, settings):
-    _store_synthetic_samples(make_device("prof-c"))
+    store_synthetic_samples(make_device("prof-c"))
     predictor = services.predictor_fit(backend="cpu")
     assert predictor.status == "ready", predictor.error
     assert predictor.version == 1 and predictor.device_class == "cpu-2cores"
@@ -163,7 +147,7 @@ def test_profile_and_predictor_api(api, make_device):
     assert api.get("/api/profile-sweeps/").json()["count"] == 1
     no_samples = api.post("/api/predictors/", {"backend": "cpu"}, format="json")
     assert no_samples.status_code == 409
-    _store_synthetic_samples(device, n=40)
+    store_synthetic_samples(device, n=40)
     _queued_control_messages()
     fitting = api.post("/api/predictors/", {"backend": "cpu"}, format="json")
     assert fitting.status_code == 202 and fitting.json()["status"] == "fitting"
@@ -171,7 +155,7 @@ def test_profile_and_predictor_api(api, make_device):
 
 
 def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):
-    _store_synthetic_samples(make_device("prof-e"), n=60)
+    store_synthetic_samples(make_device("prof-e"), n=60)
     predictor = services.predictor_fit(backend="cpu", families=("baseline", "random_forest"))
     html = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
     figures = json.loads(re.search(r'<script id="predictor-figures" type="application/json">(.*?)</script>', html, re.S).group(1))

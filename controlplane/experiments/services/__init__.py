@@ -1,6 +1,7 @@
 """Writes to experiment state (the only place that changes it), one module per concern:
 :mod:`.catalog` (tasks, experiments, shards), :mod:`.runs` (the round protocol),
-:mod:`.dispatch` (the Celery messages it sends)."""
+:mod:`.dispatch` (the Celery messages it sends), :mod:`.templates` (the built-in experiment
+templates)."""
 
 from controlplane.experiments.services.catalog import (
     experiment_create,
@@ -9,6 +10,8 @@ from controlplane.experiments.services.catalog import (
     task_update,
 )
 from controlplane.experiments.services.runs import (
+    comparison_cancel,
+    comparison_create,
     round_finish,
     round_progress,
     round_start,
@@ -21,9 +24,13 @@ from controlplane.experiments.services.runs import (
     standalone_record,
     standalone_watchdog,
 )
+from controlplane.experiments.services.templates import experiment_create_from_template
 
 __all__ = [
+    "comparison_cancel",
+    "comparison_create",
     "experiment_create",
+    "experiment_create_from_template",
     "experiment_update",
     "round_finish",
     "round_progress",

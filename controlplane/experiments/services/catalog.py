@@ -27,6 +27,8 @@ def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
 def _check_finite_range(field: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> float:
     try:
         v = float(value)
+    except OverflowError:  # an int too large for a float: out of any range
+        v = math.inf if value > 0 else -math.inf
     except (TypeError, ValueError):
         raise ApplicationError(f"{field} must be a number", field=field) from None
     lo_ok = v > lo if lo_open else v >= lo

@@ -34,14 +34,16 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import (
     Assignment,
     Checkpoint,
+    Comparison,
     Experiment,
     Round,
     Run,
     StandaloneThroughput,
 )
-from controlplane.experiments.services import dispatch
+from controlplane.experiments.services import dispatch, planning
+from controlplane.experiments.services.planning import plan_from_json
 from controlplane.planning import metrics
-from controlplane.planning.strategies import STRATEGIES, make_plan
+from controlplane.planning.strategies import COMPARED, PLANNED, STRATEGIES, make_plan
 from controlplane.planning.types import Plan, PlanningError
 from controlplane.profiling.services import samples_from_round
 from workers.artifacts import device_weights_key, get_store, global_weights_key
@@ -66,22 +68,49 @@ def _ts(value: float | None) -> dt.datetime | None:
 
 
 def _plan(run: Run) -> Plan:
-    """Plan a round of ``run`` (baselines plan the same every round)."""
+    """Plan a round of ``run``: the plan stored when a ``vres_*`` run was created, otherwise
+    the strategy's (baselines plan the same every round)."""
+    if run.planned:
+        return plan_from_json(run.planned)
     return make_plan(run.strategy, selectors.planning_input(run.experiment), manual_entries=run.manual_plan)
 
 
 @transaction.atomic
-def run_create(*, experiment: Experiment, strategy: str, plan: list[Mapping[str, Any]] | None = None) -> Run:
+def run_create(
+    *,
+    experiment: Experiment,
+    strategy: str,
+    plan: list[Mapping[str, Any]] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Run:
     """Launch a run of ``strategy`` on an experiment (it starts once the transaction commits).
 
     Args:
         plan: for ``strategy="manual"`` only: ``[{"device": id, "task": id, "batch_size": n,
             "active_thread_percentage": r}, ...]``, one entry per device–task pair with data.
+        options: for ``vres_*`` only: ``{"objective": "raw"|"fair", "slack":
+            "smaller_batches"|"none"}`` (defaults :data:`.planning.DEFAULT_OPTIONS`).
 
     Raises:
         ApplicationError: unknown strategy, a plan for a strategy that takes none, or an invalid
-            plan (the field at fault is named); a device whose agent never connected (409).
+            plan (the field at fault is named); a ``vres_*`` strategy without a fitted predictor
+            for every device, or a plan the planner cannot make (memory, empty shard, unknown
+            model); a device whose agent never connected (409).
     """
+    run = _run_new(experiment=experiment, strategy=strategy, plan=plan, options=options)
+    transaction.on_commit(lambda: dispatch.send_run_begin(run.id))
+    return run
+
+
+def _run_new(
+    *,
+    experiment: Experiment,
+    strategy: str,
+    plan: list[Mapping[str, Any]] | None = None,
+    options: Mapping[str, Any] | None = None,
+    comparison: Comparison | None = None,
+) -> Run:
+    """Check and save a pending run (planning it now for ``vres_*``) without starting it."""
     if strategy not in STRATEGIES:
         raise ApplicationError(f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}", field="strategy")
     never_seen = sorted(experiment.devices.filter(last_heartbeat_at__isnull=True).values_list("name", flat=True))
@@ -103,21 +132,100 @@ def run_create(*, experiment: Experiment, strategy: str, plan: list[Mapping[str,
             }
             for entry in plan
         ]
+    planner = None
+    if strategy in PLANNED:
+        options = planning.planner_options(options)
+        planner = planning.planner_context(experiment=experiment, options=options)
+    elif options:
+        raise ApplicationError(f"options apply to {', '.join(PLANNED)} only, not to {strategy!r}", field="options")
     try:
-        make_plan(strategy, selectors.planning_input(experiment), manual_entries=manual)
+        made = make_plan(strategy, selectors.planning_input(experiment), manual_entries=manual, planner=planner)
     except PlanningError as exc:
         raise ApplicationError(str(exc), field=exc.field) from exc
-    run = Run.objects.create(experiment=experiment, strategy=strategy, manual_plan=manual)
-    transaction.on_commit(lambda: dispatch.send_run_begin(run.id))
-    return run
+    return Run.objects.create(
+        experiment=experiment, strategy=strategy, manual_plan=manual, options=dict(options or {}),
+        planned=planning.plan_to_json(made) if strategy in PLANNED else None, comparison=comparison,
+    )
+
+
+@transaction.atomic
+def comparison_create(*, experiment: Experiment, options: Mapping[str, Any] | None = None) -> Comparison:
+    """Launch every strategy of :data:`~controlplane.planning.strategies.COMPARED` on the same
+    experiment, one run after another (same devices, data and seeds): ``temporal``,
+    ``isolation``, ``sharing``, ``vres_greedy``, ``vres_sync``.
+
+    All runs are checked and planned now, so a missing predictor or an impossible plan is
+    refused before anything is dispatched; the first starts once the transaction commits and
+    each next one when the previous ends (:func:`_comparison_advance`).
+
+    Args:
+        options: planner options for the ``vres_*`` runs (see :func:`run_create`).
+
+    Raises:
+        ApplicationError: as :func:`run_create`, for any of the strategies.
+    """
+    comparison = Comparison.objects.create(experiment=experiment, strategies=list(COMPARED))
+    runs = [
+        _run_new(experiment=experiment, strategy=strategy, options=options if strategy in PLANNED else None,
+                 comparison=comparison)
+        for strategy in COMPARED
+    ]
+    first = runs[0].id
+    transaction.on_commit(lambda: dispatch.send_run_begin(first))
+    return comparison
+
+
+def comparison_cancel(*, comparison: Comparison) -> Comparison:
+    """Cancel a comparison: its pending runs never start and the run in flight is cancelled.
+
+    Raises:
+        ApplicationError: the comparison has already ended (409).
+    """
+    updated = Comparison.objects.filter(id=comparison.id, status=Comparison.Status.RUNNING).update(
+        status=Comparison.Status.CANCELLED, finished_at=timezone.now()
+    )
+    if not updated:
+        raise ApplicationError(f"comparison {comparison.id} has already ended ({comparison.status})", field="status",
+                               status_code=409)
+    Run.objects.filter(comparison=comparison, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).update(
+        status=Run.Status.CANCELLED, finished_at=timezone.now(), error="comparison cancelled by a user"
+    )
+    comparison.refresh_from_db()
+    return comparison
+
+
+def _comparison_advance(run_id: int) -> None:
+    """After a run of a comparison ended (any way): start its next pending run, or close it.
+
+    A failed run does not stop the comparison: the others still give their figures, and the
+    failure is shown on its run.
+    """
+    run = Run.objects.filter(id=run_id).only("comparison_id").first()
+    if run is None or run.comparison_id is None:
+        return
+    comparison = Comparison.objects.filter(id=run.comparison_id, status=Comparison.Status.RUNNING).first()
+    if comparison is None:
+        return
+    if Run.objects.filter(comparison=comparison, status=Run.Status.RUNNING).exists():
+        return
+    following = Run.objects.filter(comparison=comparison, status=Run.Status.PENDING).order_by("id").first()
+    if following is None:
+        Comparison.objects.filter(id=comparison.id, status=Comparison.Status.RUNNING).update(
+            status=Comparison.Status.SUCCEEDED, finished_at=timezone.now()
+        )
+        return
+    next_id = following.id
+    transaction.on_commit(lambda: dispatch.send_run_begin(next_id))
 
 
 def run_fail(*, run_id: int, error: str) -> None:
     """Mark a run failed with its cause (no-op if it already ended)."""
-    Run.objects.filter(id=run_id, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).update(
+    updated = Run.objects.filter(id=run_id, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).update(
         status=Run.Status.FAILED, error=error[:10_000], finished_at=timezone.now()
     )
     log.warning("run %s failed: %s", run_id, error)
+    if updated:
+        _comparison_advance(run_id)
 
 
 @transaction.atomic
@@ -132,6 +240,7 @@ def run_cancel(*, run: Run) -> Run:
     )
     if not updated:
         raise ApplicationError(f"run {run.id} has already ended ({run.status})", field="status", status_code=409)
+    _comparison_advance(run.id)
     run.refresh_from_db()
     return run
 
@@ -277,7 +386,8 @@ def round_start(*, run_id: int, index: int) -> Round | None:
     with transaction.atomic():
         rnd, created = Round.objects.get_or_create(
             run=run, index=index,
-            defaults={"status": Round.Status.RUNNING, "started_at": timezone.now(), "flags": flags},
+            defaults={"status": Round.Status.RUNNING, "started_at": timezone.now(), "flags": flags,
+                      "predicted_round_time_s": plan.predicted_round_time_s},
         )
         if not created:
             return None
@@ -289,6 +399,7 @@ def round_start(*, run_id: int, index: int) -> Round | None:
                 batch_size=a.batch_size,
                 active_thread_percentage=a.active_thread_percentage,
                 samples=a.samples,
+                predicted_throughput_sps=a.predicted_throughput_sps,
                 standalone_throughput_sps=alone.get((a.device_id, a.task_id, a.batch_size)),
             )
             for a in plan.assignments
@@ -545,4 +656,6 @@ def run_finish(*, run_id: int) -> Run:
     )
     if not updated:
         log.info("run %s was not running when its last round finished", run_id)
+    else:
+        _comparison_advance(run_id)
     return Run.objects.get(id=run_id)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import signal
 import time
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from django.core.management import call_command
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controlplane.core.demo import Credentials, demo_user_ensure
+from controlplane.core.demo import Credentials, demo_user_ensure, run_wait
 
 console = Console(highlight=False)
 
@@ -79,3 +83,67 @@ def serve_until_interrupted(stack, addr: str, creds: Credentials) -> None:
             time.sleep(1.0)
     except KeyboardInterrupt:
         console.print("stopping…")
+
+
+def progress_detail(p: dict) -> str:
+    """One line saying where a run is (``selectors.run_progress``'s dictionary)."""
+    detail = f"{p['rounds_done']}/{p['rounds_total']} rounds"
+    if p["current_round"] and p["current_round"]["status"] == "aggregating":
+        detail += f" · round {p['current_round']['index']}: FedAvg and evaluation"
+    elif p["current_round"]:
+        c = p["current_round"]
+        detail += f" · round {c['index']}: {c['assignments_finished']}/{c['assignments_total']} done"
+        if c["assignments_running"]:
+            detail += f", {c['assignments_running']} training"
+    elif p["status"] == "running":
+        detail += f" · {p['phase']}"
+    elif p["status"] != "pending":
+        detail += f" · {p['status']}"
+    return detail
+
+
+def follow_runs(start: Callable[[Any], Any], items: Sequence[Any], *, timeout_s: float,
+                check: Callable[[], None] | None = None, label: Callable[[Any], str] = str) -> list:
+    """One progress bar per run, the runs followed one after another until each ends.
+
+    Args:
+        start: gives the run of an item (creating it, or returning one already queued).
+        items: what ``start`` takes, in order (strategy names, runs).
+        timeout_s: seconds allowed per run (``TimeoutError`` past it).
+        check: called at every poll (e.g. to stop when a child process died).
+        label: the bar's name for an item.
+
+    Returns:
+        The ended runs.
+    """
+    ended = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        for item in items:
+            run = start(item)
+            bar = progress.add_task(f"{label(item):<12}", total=1.0, detail="queued")
+
+            def update(p, bar=bar):
+                if check is not None:
+                    check()
+                progress.update(bar, completed=p["fraction"], detail=progress_detail(p))
+
+            ended.append(run_wait(run, timeout_s=timeout_s, on_progress=update))
+    return ended
+
+
+def require_control_worker(why: str) -> None:
+    """Stop the command unless a control worker answers on the broker.
+
+    Raises:
+        CommandError: naming what the worker is needed for and how to start one.
+    """
+    from django.core.management.base import CommandError
+
+    from controlplane.celery import app
+
+    replies = app.control.ping(timeout=2.0) or []
+    if not any(name.startswith("control@") for reply in replies for name in reply):
+        raise CommandError(f"no control worker answers on the broker ({why}); start `mtfl up`")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 
 from django.core.management.base import BaseCommand, CommandError
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_experiment_create, run_wait
+from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_experiment_create
 from controlplane.common.errors import ApplicationError
 from controlplane.core.management.commands._common import (
     comparison_tables,
     console,
+    follow_runs,
     interrupt_on_signals,
     prepare_database,
     print_credentials,
@@ -95,28 +95,7 @@ class Command(BaseCommand):
             raise CommandError(exc.message) from exc
 
     def _run_all(self, experiment, strategies, timeout_s, stack) -> None:
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            for strategy in strategies:
-                run = exp_services.run_create(experiment=experiment, strategy=strategy)
-                bar = progress.add_task(f"{strategy:<10}", total=1.0, detail="queued")
-
-                def update(p, bar=bar):
-                    stack.children.check_alive()
-                    detail = f"{p['rounds_done']}/{p['rounds_total']} rounds"
-                    if p["current_round"] and p["current_round"]["status"] == "aggregating":
-                        detail += f" · round {p['current_round']['index']}: FedAvg and evaluation"
-                    elif p["current_round"]:
-                        c = p["current_round"]
-                        detail += f" · round {c['index']}: {c['assignments_finished']}/{c['assignments_total']} done"
-                        if c["assignments_running"]:
-                            detail += f", {c['assignments_running']} training"
-                    elif p["status"] == "running":
-                        detail += f" · {p['phase']}"
-                    elif p["status"] != "pending":
-                        detail += f" · {p['status']}"
-                    progress.update(bar, completed=p["fraction"], detail=detail)
-
-                run_wait(run, timeout_s=timeout_s, on_progress=update)
+        follow_runs(
+            lambda strategy: exp_services.run_create(experiment=experiment, strategy=strategy),
+            strategies, timeout_s=timeout_s, check=stack.children.check_alive,
+        )

@@ -9,7 +9,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controlplane.common.errors import ApplicationError
 from controlplane.core.embedded import use_running_broker
-from controlplane.core.management.commands._common import console, interrupt_on_signals
+from controlplane.core.management.commands._common import console, interrupt_on_signals, require_control_worker
 from controlplane.core.options import float_option, int_option, list_option
 from controlplane.fleet.models import Device
 from controlplane.profiling import services
@@ -69,11 +69,7 @@ class Command(BaseCommand):
         console.print("next: `mtfl fit-predictor` fits a predictor on every sample of this device class")
 
     def _require_control_worker(self) -> None:
-        from controlplane.celery import app
-
-        replies = app.control.ping(timeout=2.0) or []
-        if not any(name.startswith("control@") for reply in replies for name in reply):
-            raise CommandError("no control worker answers on the broker: it records the measurements; start `mtfl up`")
+        require_control_worker("it records the measurements")
 
     def _follow(self, sweep: ProfileSweep) -> ProfileSweep:
         with Progress(TextColumn("profiling"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),

@@ -1,0 +1,76 @@
+"""``mtfl compare EXPERIMENT``: run every strategy on an experiment one after another (a
+comparison), with a progress bar per run, then print the comparison tables."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.common.errors import ApplicationError
+from controlplane.core.demo import comparison_rows
+from controlplane.core.embedded import use_running_broker
+from controlplane.core.management.commands._common import (
+    comparison_tables,
+    console,
+    follow_runs,
+    interrupt_on_signals,
+    require_control_worker,
+)
+from controlplane.core.options import int_option
+from controlplane.experiments import services
+from controlplane.experiments.models import Experiment, Run
+from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
+
+
+class Command(BaseCommand):
+    help = ("Compare temporal, isolation, sharing, vres_greedy and vres_sync on an experiment: one run after "
+            "another on the same devices (a control worker and the devices' agents must be running, e.g. `mtfl up`).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("experiment", help="the experiment's id or name")
+        parser.add_argument("--objective", default="raw", choices=OBJECTIVES, help="vres_greedy's objective (default raw)")
+        parser.add_argument("--slack", default="smaller_batches", choices=SLACK_POLICIES,
+                            help="what vres_sync gives devices that finish early (default smaller_batches)")
+        parser.add_argument("--timeout", default="21600", help="seconds allowed per run (default 21600)")
+        parser.add_argument("--no-wait", action="store_true", help="launch and exit; follow it on the dashboard")
+
+    def handle(self, *args, **opts):
+        timeout_s = int_option("timeout", opts["timeout"], 10, 7 * 24 * 3600)
+        key = opts["experiment"]
+        experiment = Experiment.objects.filter(id=int(key)).first() if key.isdigit() else None
+        experiment = experiment or Experiment.objects.filter(name=key).first()
+        if experiment is None:
+            raise CommandError(f"experiment {key!r} does not exist (give its id or name; `GET /api/experiments/` lists them)")
+        try:
+            use_running_broker()
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc
+        require_control_worker("it runs the rounds")
+        try:
+            comparison = services.comparison_create(
+                experiment=experiment, options={"objective": opts["objective"], "slack": opts["slack"]})
+        except ApplicationError as exc:
+            raise CommandError(exc.message) from exc
+        runs = list(comparison.runs.order_by("id"))
+        console.print(f"comparison {comparison.id} on [bold]{experiment.name}[/bold]: "
+                      + " → ".join(f"{r.strategy} (run {r.id})" for r in runs))
+        if opts["no_wait"]:
+            console.print(f"follow it on the experiment page: /experiments/{experiment.id}/")
+            return
+        interrupt_on_signals()
+        try:
+            ended = follow_runs(lambda run: run, runs, timeout_s=timeout_s, label=lambda run: run.strategy)
+        except KeyboardInterrupt:
+            console.print(f"stopped following: comparison {comparison.id} goes on (POST /api/comparisons/"
+                          f"{comparison.id}/cancel/ stops it)")
+            raise SystemExit(130) from None
+        except TimeoutError as exc:
+            raise CommandError(str(exc)) from exc
+        shown = {r.id for r in ended}
+        rows = [r for r in comparison_rows(experiment) if r["run"] in shown]
+        for table in comparison_tables(rows, [t.name for t in experiment.tasks.order_by("id")]):
+            console.print(table)
+        for r in rows:
+            if r["error"]:
+                console.print(f"[red]run {r['run']} ({r['strategy']}): {r['error']}[/red]")
+        if any(r.status != Run.Status.SUCCEEDED for r in ended):
+            raise SystemExit(1)

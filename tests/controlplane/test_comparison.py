@@ -1,0 +1,131 @@
+"""Planned runs and comparisons through the services and the API (the Celery messages are read
+off the in-memory broker, not executed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.experiments import services
+from controlplane.experiments.models import Checkpoint, Comparison, Round, Run
+from controlplane.profiling.services import predictor_fit
+from tests.controlplane.contention_law import store_synthetic_samples
+from tests.controlplane.test_api import _queued_control_messages
+from workers.queues import TaskName
+
+
+@pytest.fixture
+def predictor(make_device):
+    store_synthetic_samples(make_device("profiled"), n=100)
+    fitted = predictor_fit(backend="cpu", families=("baseline", "extra_trees"))
+    assert fitted.status == "ready", fitted.error
+    return fitted
+
+
+def test_a_planned_run_without_a_predictor_is_refused_with_the_way_out(api, make_experiment):
+    experiment = make_experiment()
+    response = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "vres_sync"}, format="json")
+    assert response.status_code == 400
+    message = response.json()["errors"]["strategy"][0]
+    assert "no fitted throughput predictor for device dev-a" in message and "mtfl profile" in message
+    assert not Run.objects.exists()
+
+
+def test_a_planned_run_stores_its_plan_and_rounds_carry_the_predictions(api, make_experiment, predictor,
+                                                                        django_capture_on_commit_callbacks):
+    experiment = make_experiment()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api.post(f"/api/experiments/{experiment.id}/runs/",
+                            {"strategy": "vres_greedy", "options": {"objective": "fair"}}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["options"] == {"objective": "fair", "slack": "smaller_batches"}
+    planned = body["planned"]
+    assert planned["strategy"] == "vres_greedy" and len(planned["assignments"]) == 4
+    assert planned["predicted_round_time_s"] > 0
+    assert all(a["batch_size"] <= a["samples"] and a["predicted_throughput_sps"] > 0 for a in planned["assignments"])
+    run = Run.objects.get(id=body["id"])
+    Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
+    for task in experiment.tasks.all():  # what run_begin writes: the initial global models
+        Checkpoint.objects.create(run=run, task=task, round=None, artifact_path=f"init-{task.id}", sha256="0" * 64)
+    with django_capture_on_commit_callbacks(execute=True):
+        rnd = services.round_start(run_id=run.id, index=0)
+    assert rnd.predicted_round_time_s == pytest.approx(planned["predicted_round_time_s"])
+    by_pair = {(a["device_id"], a["task_id"]): a for a in planned["assignments"]}
+    for a in rnd.assignments.all():
+        expected = by_pair[(a.device_id, a.task_id)]
+        assert (a.batch_size, a.active_thread_percentage) == (expected["batch_size"], expected["active_thread_percentage"])
+        assert a.predicted_throughput_sps == pytest.approx(expected["predicted_throughput_sps"])
+    listed = api.get(f"/api/assignments/?run={run.id}").json()
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    assert all(row["predicted_throughput_sps"] > 0 for row in rows)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"strategy": "vres_sync", "options": {"objective": "fastest"}}, "options.objective"),
+        ({"strategy": "vres_sync", "options": {"slack": "more"}}, "options.slack"),
+        ({"strategy": "vres_sync", "options": {"speed": "max"}}, "options.speed"),
+        ({"strategy": "isolation", "options": {"objective": "raw"}}, "options"),
+    ],
+)
+def test_planner_options_are_checked(api, make_experiment, predictor, body, field):
+    experiment = make_experiment()
+    response = api.post(f"/api/experiments/{experiment.id}/runs/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert field in response.json()["errors"]
+
+
+def test_compare_runs_the_five_strategies_one_after_another(api, make_experiment, predictor,
+                                                           django_capture_on_commit_callbacks):
+    experiment = make_experiment()
+    _queued_control_messages()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api.post(f"/api/experiments/{experiment.id}/compare/", {}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["strategies"] == ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync"]
+    assert [r["strategy"] for r in body["runs"]] == body["strategies"]
+    runs = list(Run.objects.filter(comparison_id=body["id"]).order_by("id"))
+    assert _queued_control_messages() == [(TaskName.RUN_BEGIN, [runs[0].id])]
+    assert all(r.planned for r in runs[3:]) and not any(r.planned for r in runs[:3])
+
+    # The first run ends: the second starts; a failed run does not stop the comparison.
+    Run.objects.filter(id=runs[0].id).update(status=Run.Status.RUNNING)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_finish(run_id=runs[0].id)
+    assert _queued_control_messages() == [(TaskName.RUN_BEGIN, [runs[1].id])]
+    Run.objects.filter(id=runs[1].id).update(status=Run.Status.RUNNING)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_fail(run_id=runs[1].id, error="device lost")
+    assert _queued_control_messages() == [(TaskName.RUN_BEGIN, [runs[2].id])]
+
+    # Cancelling the comparison cancels the run in flight and the ones not started.
+    Run.objects.filter(id=runs[2].id).update(status=Run.Status.RUNNING)
+    cancelled = api.post(f"/api/comparisons/{body['id']}/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert [r.status for r in Run.objects.filter(comparison_id=body["id"]).order_by("id")] == [
+        "succeeded", "failed", "cancelled", "cancelled", "cancelled"]
+    assert _queued_control_messages() == []
+    again = api.post(f"/api/comparisons/{body['id']}/cancel/")
+    assert again.status_code == 409
+
+
+def test_a_comparison_closes_after_its_last_run(make_experiment, predictor, django_capture_on_commit_callbacks):
+    experiment = make_experiment()
+    with django_capture_on_commit_callbacks(execute=True):
+        comparison = services.comparison_create(experiment=experiment)
+    for run in Run.objects.filter(comparison=comparison).order_by("id"):
+        Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
+        with django_capture_on_commit_callbacks(execute=True):
+            services.run_finish(run_id=run.id)
+    comparison.refresh_from_db()
+    assert comparison.status == Comparison.Status.SUCCEEDED and comparison.finished_at is not None
+
+
+def test_compare_without_a_predictor_creates_nothing(api, make_experiment):
+    experiment = make_experiment()
+    response = api.post(f"/api/experiments/{experiment.id}/compare/", {}, format="json")
+    assert response.status_code == 400 and "strategy" in response.json()["errors"]
+    assert not Comparison.objects.exists() and not Run.objects.exists()
+    assert not Round.objects.exists()
