@@ -25,7 +25,9 @@ over batch sizes and shares, under each device's memory. Devices are independent
 plans, so minimising each ``T_j`` minimises ``T``. Per device class and model mix, one seeded
 pool of candidate configurations is predicted once and scored against every device's data
 (vectorised), the device-specific data-matched and baseline plans are added, then every device
-is refined by local moves (one task's batch ±8/±32 samples or share ±5/±15 %) in lockstep.
+is refined by local moves (one task's batch ±8/±32 samples or share ±5/±15 %) in lockstep —
+with slack in use, only the devices that can set the round time (within the slack margin of
+the slowest), since the others take a relaxed plan anyway.
 **Slack**: a device predicted to finish well before the round ends (``T_j < 0.9·T``) takes,
 among the candidates it scored, the plan with the most optimizer steps (smaller batches: more
 SGD updates for the same epochs) whose predicted time stays within ``0.9·T``; the 10 % margin
@@ -153,7 +155,19 @@ class _Group:
         return len(self.archs)
 
     def predict(self, batch: np.ndarray, share: np.ndarray) -> np.ndarray:
-        """Throughput ``(m, I)`` of configurations given as ``(m, I)`` batches and shares."""
+        """Throughput ``(m, I)`` of configurations given as ``(m, I)`` batches and shares.
+
+        Devices of a group often ask for the same configurations (the same pool entries and
+        their neighbours): each distinct one is predicted once.
+        """
+        keys = np.concatenate([batch, share], axis=1)
+        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+        k = batch.shape[1]
+        if len(unique) < 0.9 * len(keys):
+            return self._predict_rows(unique[:, :k], unique[:, k:])[inverse.reshape(-1)]
+        return self._predict_rows(batch, share)
+
+    def _predict_rows(self, batch: np.ndarray, share: np.ndarray) -> np.ndarray:
         m, k = batch.shape
         arch = np.full((m, MAX_MIX), -1, dtype=np.int64)
         b = np.zeros((m, MAX_MIX))
@@ -382,13 +396,17 @@ def _pool(g: _Group, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return batch, share
 
 
-def _feasible(g: _Group, rows: np.ndarray, batch: np.ndarray, mem: np.ndarray) -> np.ndarray:
-    """``(len(rows), m)``: which of ``m`` configurations fit each device (batch within the
-    shard's options, memory within the device's)."""
-    fits_batch = np.all((batch[None, :, :] <= g.hi[rows][:, None, :]) & (batch[None, :, :] >= g.lo[rows][:, None, :]),
-                        axis=2)
-    fits_mem = mem.sum(axis=1)[None, :] <= g.mem_cap[rows][:, None]
-    return fits_batch & fits_mem
+def _pool_round_times(g: _Group, rows: np.ndarray, epochs: int, batch: np.ndarray, P: np.ndarray,
+                      mem_total: np.ndarray) -> np.ndarray:
+    """``(len(rows), m)`` round times of ``m`` shared configurations on each device, ``inf``
+    where one does not fit (a batch outside the shard's options, or over the memory). Task by
+    task, so no ``(rows, m, I)`` array is ever built."""
+    T = np.where(mem_total[None, :] <= g.mem_cap[rows][:, None], 0.0, np.inf)
+    for i in range(g.size):
+        fits = (batch[None, :, i] <= g.hi[rows, i][:, None]) & (batch[None, :, i] >= g.lo[rows, i][:, None])
+        t = (epochs * g.D[rows, i])[:, None] / P[None, :, i]
+        T = np.maximum(T, np.where(fits, t, np.inf))
+    return T
 
 
 def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
@@ -396,7 +414,7 @@ def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
     n, k = g.D.shape
     pool_b, pool_r = _pool(g, rng)
     pool_p = g.predict(pool_b, pool_r)
-    pool_mem = g.memory_of(pool_b)
+    pool_mem = g.memory_of(pool_b).sum(axis=1)
     best_t = np.full(n, np.inf)
     best_b = np.zeros((n, k), dtype=int)
     best_r = np.zeros((n, k), dtype=int)
@@ -405,8 +423,7 @@ def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
     chunk = max(1, 2_000_000 // (POOL_SIZE * k))
     for start in range(0, n, chunk):
         rows = np.arange(start, min(n, start + chunk))
-        T = np.max(epochs * g.D[rows][:, None, :] / pool_p[None, :, :], axis=2)  # (rows, POOL)
-        T = np.where(_feasible(g, rows, pool_b, pool_mem), T, np.inf)
+        T = _pool_round_times(g, rows, epochs, pool_b, pool_p, pool_mem)  # (rows, POOL)
         pick = np.argmin(T, axis=1)
         best_t[rows] = T[np.arange(len(rows)), pick]
         best_b[rows], best_r[rows], best_p[rows] = pool_b[pick], pool_r[pick], pool_p[pick]
@@ -432,11 +449,11 @@ def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
     return _SyncState(best_b, best_r, best_p, best_t, cand_b, cand_r, cand_p)
 
 
-def _sync_refine(g: _Group, state: _SyncState, epochs: int, max_iterations: int) -> None:
-    """Local moves in lockstep over the group's devices until none improves ``T_j``."""
-    n, k = state.batch.shape
+def _sync_refine(g: _Group, state: _SyncState, epochs: int, max_iterations: int, rows: np.ndarray) -> None:
+    """Local moves in lockstep over the group's devices ``rows`` until none improves ``T_j``."""
+    k = state.batch.shape[1]
     moves = [(i, db, 0) for i in range(k) for db in _BATCH_MOVES] + [(i, 0, dr) for i in range(k) for dr in _SHARE_MOVES]
-    active = np.arange(n)
+    active = np.asarray(rows)
     for _ in range(max_iterations):
         if active.size == 0:
             break
@@ -489,11 +506,21 @@ def plan_vres_sync(spec: PlanningInput, ctx: PlannerContext) -> Plan:
         raise PlanningError(f"slack {ctx.slack!r} is unknown; allowed: {', '.join(SLACK_POLICIES)}", field="slack")
     rng = np.random.default_rng(ctx.seed)
     groups = _groups(spec, ctx)
-    states = []
-    for g in groups:
-        state = _sync_start(g, spec.local_epochs, rng)
-        _sync_refine(g, state, spec.local_epochs, ctx.max_iterations)
-        states.append(state)
+    states = [_sync_start(g, spec.local_epochs, rng) for g in groups]
+    # Only devices that can set the round time need their fastest plan: the others end with
+    # a relaxed plan anyway (slack). Refine those within the slack margin of the slowest, and
+    # again whenever refining lowers the round time below a device not refined yet.
+    refined = [np.zeros(len(g.device_ids), dtype=bool) for g in groups]
+    while True:
+        round_time = max((float(s.T.max()) for s in states), default=0.0)
+        threshold = SLACK_MARGIN * round_time if ctx.slack == "smaller_batches" else -np.inf
+        todo = [np.flatnonzero(~done & (s.T >= threshold)) for done, s in zip(refined, states)]
+        if not any(len(t) for t in todo):
+            break
+        for g, state, done, rows in zip(groups, states, refined, todo):
+            if len(rows):
+                _sync_refine(g, state, spec.local_epochs, ctx.max_iterations, rows)
+                done[rows] = True
     round_time = max((float(s.T.max()) for s in states), default=0.0)
     assignments: list[PlannedAssignment] = []
     for g, state in zip(groups, states):
