@@ -4,6 +4,12 @@ Run on each device host::
 
     python -m workers.agent --device gpu-a --backend cpu --cores 0-3
 
+or, for a device that exists only as a model (tests, planning at scale; every number it reports
+is labelled simulated; ``MTFL_SIM_DEVICE`` picks the GPU, see
+:mod:`workers.backends.simulated`)::
+
+    MTFL_SIM_DEVICE=titan-v python -m workers.agent --device sim-0 --backend simulated
+
 It registers the device with the control plane (:data:`TaskName.DEVICE_REGISTER` on the
 ``control`` queue), sends a heartbeat with the same inventory every ``--heartbeat-s`` seconds,
 and serves ``device.<name>`` with a solo pool (one round at a time; the trainers it launches
@@ -433,17 +439,19 @@ def build_inventory(settings: AgentSettings) -> DeviceInventory:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = ""
-    return DeviceInventory(
-        name=settings.device,
-        backend=settings.backend,
-        host=socket.gethostname(),
-        cores=list(settings.cores),
-        memory_bytes=memory,
-        platform=platform.platform(),
-        python=platform.python_version(),
-        torch_version=torch_version,
-        agent_version=workers.__version__,
-    )
+    fields = {
+        "name": settings.device,
+        "backend": settings.backend,
+        "host": socket.gethostname(),
+        "cores": list(settings.cores),
+        "memory_bytes": memory,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch_version": torch_version,
+        "agent_version": workers.__version__,
+    }
+    # The accelerator's own description (its memory, not the host's) wins.
+    return DeviceInventory(**{**fields, **_backend(settings.backend).describe()})
 
 
 def _heartbeat_loop(payload: dict, interval_s: float, stop: threading.Event) -> None:
@@ -538,6 +546,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
         get_backend(args.backend).check_available()
     except BackendUnavailableError as exc:
         return refuse(f"backend {args.backend!r} unavailable: {exc}")
+    except ValueError as exc:  # the backend's own settings, e.g. MTFL_SIM_DEVICE
+        return refuse(f"backend {args.backend!r} misconfigured: {exc}")
     try:
         configure_broker()
     except RuntimeError as exc:

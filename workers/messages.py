@@ -3,7 +3,9 @@
 Every message is plain JSON on the wire (Celery's JSON serializer); these pydantic models
 validate it at both ends. Units: throughputs in samples per second (``*_sps``), durations in
 seconds (``*_s``), timestamps in Unix seconds (float, the host's wall clock), shares in percent
-of the device (``active_thread_percentage``, integer 1-100).
+of the device (``active_thread_percentage``, integer 1-100). Results carry ``simulated=True``
+when the ``simulated`` backend produced them: their throughputs come from a model, and their
+durations and timestamps are virtual (a simulated round of an hour takes no time).
 
 This module imports neither torch nor Django.
 """
@@ -42,8 +44,20 @@ cores while it holds it (the faithful CPU analogue of GPU time slicing, docs/DES
 thread count and core set on the ``cpu`` backend).
 """
 
-BackendName = Literal["cpu"]
+BackendName = Literal["cpu", "simulated"]
+"""Execution backends (docs/DESIGN.md §2): ``cpu`` trains on CPU cores; ``simulated`` trains
+nothing and answers from an analytic contention model (:mod:`workers.backends.simulated`);
+everything it reports carries ``simulated=True``."""
 BACKENDS: tuple[str, ...] = BackendName.__args__  # type: ignore[attr-defined]
+
+
+
+def _simulated_field():
+    return Field(
+        default=False,
+        description="True when the numbers come from the simulated backend's model, not from a "
+                    "measurement (timestamps and durations are then virtual)",
+    )
 
 
 class _Message(BaseModel):
@@ -144,6 +158,7 @@ class AssignmentResult(_Message):
     weights_sha256: str | None = None
     threads: int | None = None
     cores: list[int] | None = None
+    simulated: bool = _simulated_field()
 
 
 class DeviceRoundResult(_Message):
@@ -156,6 +171,7 @@ class DeviceRoundResult(_Message):
     error: str = ""
     host: str = ""
     assignments: list[AssignmentResult] = []
+    simulated: bool = _simulated_field()
 
 
 class StandaloneItem(_Message):
@@ -184,6 +200,7 @@ class StandaloneMeasurement(_Message):
     batch_size: int
     throughput_sps: float | None = None
     error: str = ""
+    simulated: bool = _simulated_field()
 
 
 class StandaloneResult(_Message):
@@ -194,6 +211,7 @@ class StandaloneResult(_Message):
     status: AssignmentStatus
     error: str = ""
     measurements: list[StandaloneMeasurement] = []
+    simulated: bool = _simulated_field()
 
 
 class DeviceInventory(_Message):
@@ -204,6 +222,8 @@ class DeviceInventory(_Message):
     host: str
     cores: list[int] = Field(description="CPU cores the device may use (os.sched_getaffinity ids)")
     memory_bytes: int | None = None
+    accelerator: str = Field(default="", description="the accelerator's model (a simulated preset, a GPU name)")
+    allocation_units: int | None = Field(default=None, ge=1, description="what shares are granted in: SMs of a GPU")
     platform: str = ""
     python: str = ""
     torch_version: str = ""
@@ -286,6 +306,7 @@ class ProfileMeasurement(_Message):
     peak_memory_bytes: int | None = None
     timed_iterations: int = 0
     error: str = ""
+    simulated: bool = _simulated_field()
 
 
 class ProfileConfigResult(_Message):
@@ -303,13 +324,15 @@ class ProfileConfigResult(_Message):
     finished_at: float
     status: AssignmentStatus
     error: str = ""
+    simulated: bool = _simulated_field()
 
 
 class ProfileSweepSummary(_Message):
     """Sent to ``PROFILE_DONE`` when a sweep ends (budget spent, failure or shutdown).
 
     ``repeat_spread`` is, for each repeated configuration, the largest relative difference of a
-    task's throughput between the two measurements (``|a - b| / mean(a, b)``).
+    task's throughput between the two measurements (``|a - b| / mean(a, b)``). On the
+    ``simulated`` backend ``elapsed_s`` is simulated seconds (what measuring would have taken).
     """
 
     sweep_id: int
@@ -320,3 +343,4 @@ class ProfileSweepSummary(_Message):
     samples: int = 0
     elapsed_s: float = 0.0
     repeat_spread: list[float] = []
+    simulated: bool = _simulated_field()

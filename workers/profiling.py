@@ -14,6 +14,8 @@ profiled runs. A sweep (:func:`run_sweep`, served by the agent's ``profile_sweep
 - :func:`run_sweep` loops until the time budget is spent, measures each (architecture, batch
   size) alone once (``P_alone``), re-measures an earlier configuration every ``repeat_every``
   configurations to estimate the noise, and hands every result to ``emit`` as soon as it exists.
+  On an :class:`~workers.backends.base.AnalyticBackend` (``simulated``) the same loop asks the
+  backend's model instead of measuring, and the budget is spent in virtual seconds.
 
 Failures are data: a configuration whose process crashes or that runs past
 ``config_timeout_s`` comes back ``status="failed"`` (all its processes killed) and the sweep
@@ -39,6 +41,7 @@ from pydantic import ValidationError
 
 from workers.backends.base import (
     AgentContext,
+    AnalyticBackend,
     ExecutionBackend,
     TrainerProcessBackend,
     TrainerResources,
@@ -616,10 +619,18 @@ def run_sweep(
     past it, up to ``config_timeout_s``) or ``should_stop()`` is true. ``emit`` is called with
     each result as soon as it exists; an exception it raises is logged and the sweep goes on.
 
+    On an :class:`~workers.backends.base.AnalyticBackend` nothing runs: each configuration is
+    answered at once by ``backend.profile_configuration``, and the clock is virtual — it
+    starts at the sweep's wall-clock start and advances by what each configuration would have
+    taken to measure (``finished_at - started_at`` of its result), so ``budget_s`` and
+    ``elapsed_s`` are simulated seconds. The order of work, standalone measurements and
+    repeats are the same as on a real device.
+
     Args:
         request: the sweep.
         ctx: the device (``ctx.device`` must equal ``request.device``).
-        backend: must be a :class:`~workers.backends.base.TrainerProcessBackend`.
+        backend: a :class:`~workers.backends.base.TrainerProcessBackend` or an
+            :class:`~workers.backends.base.AnalyticBackend`.
         emit: receives every :class:`~workers.messages.ProfileConfigResult`.
         should_stop: polled between and during configurations; the agent's shutdown flag by
             default.
@@ -630,25 +641,31 @@ def run_sweep(
         ``"failed"`` with ``error`` if the request was refused (another device, a backend
         without profiler processes), the sweep was stopped before
         its budget was spent, or every configuration failed (the first error quoted); never
-        raises.
+        raises. ``simulated`` is set on an analytic backend.
     """
     started = time.monotonic()
+    analytic = isinstance(backend, AnalyticBackend)
+    virtual_start = time.time()
+    virtual_elapsed = 0.0
     configs = samples = 0
     spreads: list[float] = []
     first_error = ""
     any_succeeded = False
 
+    def elapsed() -> float:
+        return virtual_elapsed if analytic else time.monotonic() - started
+
     def summary(status: str, error: str = "") -> ProfileSweepSummary:
         return ProfileSweepSummary(
             sweep_id=request.sweep_id, device=ctx.device, status=status, error=error,
-            configs=configs, samples=samples, elapsed_s=time.monotonic() - started,
-            repeat_spread=spreads,
+            configs=configs, samples=samples, elapsed_s=elapsed(),
+            repeat_spread=spreads, simulated=analytic,
         )
 
     if request.device != ctx.device:
         return summary("failed", f"request for device {request.device!r} reached agent "
                                  f"{ctx.device!r}")
-    if not isinstance(backend, TrainerProcessBackend):
+    if not (analytic or isinstance(backend, TrainerProcessBackend)):
         return summary("failed", f"backend {backend.name!r} cannot run profiling sweeps")
     if should_stop():
         return summary("failed", "agent shutting down: sweep refused" if shutdown_requested()
@@ -662,10 +679,17 @@ def run_sweep(
     stopped = False
 
     def measure(tasks: list[ProfileTaskSpec], repeat_of: int | None, is_standalone: bool) -> None:
-        nonlocal configs, samples, first_error, any_succeeded
+        nonlocal configs, samples, first_error, any_succeeded, virtual_elapsed
         index = configs
-        result = measure_configuration(tasks, request, ctx, backend, config_index=index,
-                                       repeat_of=repeat_of, should_stop=should_stop)
+        if analytic:
+            result = backend.profile_configuration(
+                tasks, request, ctx, config_index=index, repeat_of=repeat_of,
+                started_at=virtual_start + virtual_elapsed,
+            )
+            virtual_elapsed += result.finished_at - result.started_at
+        else:
+            result = measure_configuration(tasks, request, ctx, backend, config_index=index,
+                                           repeat_of=repeat_of, should_stop=should_stop)
         alone = is_standalone or (len(tasks) == 1 and tasks[0].active_thread_percentage == 100)
         key = (tasks[0].architecture, tasks[0].batch_size)
         if alone and repeat_of is None and key not in standalone:
@@ -698,7 +722,7 @@ def run_sweep(
             if should_stop():
                 stopped = True
                 break
-            if time.monotonic() - started >= request.budget_s:
+            if elapsed() >= request.budget_s:
                 break
             if request.repeat_every and (configs + 1) % request.repeat_every == 0 and measured:
                 pool = [m for m in measured if not m.standalone] or measured

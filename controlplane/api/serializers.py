@@ -255,7 +255,7 @@ class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "experiment", "strategy", "status", "manual_plan", "options", "planned", "comparison",
+            "id", "experiment", "strategy", "status", "simulated", "manual_plan", "options", "planned", "comparison",
             "created_at", "started_at", "finished_at", "error", "raw_throughput_sps", "fair_throughput",
             "fl_throughput_sps", "raw_speedup", "fair_speedup",
         ]
@@ -339,7 +339,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
         fields = [
             "id", "run", "round", "round_index", "device", "device_name", "task", "task_name",
             "batch_size", "active_thread_percentage", "samples", "samples_trained", "throughput_sps",
-            "predicted_throughput_sps", "standalone_throughput_sps", "seconds", "train_loss", "started_at", "finished_at", "status",
+            "predicted_throughput_sps", "standalone_throughput_sps", "simulated", "seconds", "train_loss", "started_at", "finished_at", "status",
             "error", "weights_path", "weights_sha256",
         ]
         read_only_fields = fields
@@ -399,7 +399,8 @@ class ProfileSampleSerializer(serializers.ModelSerializer):
         model = ProfileSample
         fields = ["id", "source", "sweep", "assignment", "device", "backend", "device_class", "config_key",
                   "configuration", "mix_size", "task_index", "architecture", "batch_size", "active_thread_percentage",
-                  "throughput_sps", "standalone_sps", "peak_memory_bytes", "repeat_of", "started_at", "finished_at"]
+                  "throughput_sps", "standalone_sps", "peak_memory_bytes", "simulated", "repeat_of", "started_at",
+                  "finished_at"]
         read_only_fields = fields
 
 

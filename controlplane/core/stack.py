@@ -44,18 +44,22 @@ class LocalStack:
     """Start and stop the embedded processes; use as a context manager.
 
     Args:
-        agents: names of local ``cpu`` device agents to start.
+        agents: names of local device agents to start.
         cores: the host cores to split among them (default: this process's affinity).
         log: a callable taking one line of progress text.
+        backend: the agents' execution backend (``cpu``; ``simulated`` for planning at scale
+            and tests, its numbers labelled simulated).
     """
 
-    def __init__(self, *, agents: Sequence[str] = (), cores: Sequence[int] | None = None, log=print) -> None:
+    def __init__(self, *, agents: Sequence[str] = (), cores: Sequence[int] | None = None, log=print,
+                 backend: str = "cpu") -> None:
         self.agent_names = list(agents)
         self.cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
         self.log = log
         self.broker = EmbeddedBroker()
         self.children = Children(Path(settings.MTFL_HOME) / "logs")
         self.agent_cores: dict[str, list[int]] = {}
+        self.backend = backend
 
     def __enter__(self) -> "LocalStack":
         try:
@@ -90,12 +94,12 @@ class LocalStack:
                 self.children.start(
                     f"agent-{name}",
                     python_argv(
-                        "-m", "workers.agent", "--device", name, "--backend", "cpu",
+                        "-m", "workers.agent", "--device", name, "--backend", self.backend,
                         "--cores", ",".join(map(str, cores)),
                     ),
                     env=env,
                 )
-                self.log(f"agent {name}: cpu backend on cores {','.join(map(str, cores))}")
+                self.log(f"agent {name}: {self.backend} backend on cores {','.join(map(str, cores))}")
         self.log(f"logs: {self.children.log_dir}")
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:

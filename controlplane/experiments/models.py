@@ -137,6 +137,7 @@ class Run(models.Model):
     options = models.JSONField(default=dict, blank=True)
     planned = models.JSONField(null=True, blank=True)
     comparison = models.ForeignKey(Comparison, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    simulated = models.BooleanField(default=False, help_text="its devices' numbers come from the simulated backend")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -167,6 +168,7 @@ class StandaloneThroughput(models.Model):
     batch_size = models.PositiveIntegerField()
     throughput_sps = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    simulated = models.BooleanField(default=False)
     measured_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -237,6 +239,7 @@ class Assignment(models.Model):
     throughput_sps = models.FloatField(null=True, blank=True)
     predicted_throughput_sps = models.FloatField(null=True, blank=True)
     standalone_throughput_sps = models.FloatField(null=True, blank=True)
+    simulated = models.BooleanField(default=False, help_text="measured by the simulated backend's model, not a device")
     seconds = models.FloatField(null=True, blank=True)
     train_loss = models.FloatField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)

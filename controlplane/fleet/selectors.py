@@ -39,11 +39,16 @@ def devices_with_status(queryset: QuerySet[Device], status: str, *, now: dt.date
 
 def device_class(device: Device) -> str:
     """The class of devices a predictor fitted on this one applies to: same backend and the
-    same resources (``cpu-2cores``: the cpu backend on 2 cores)."""
+    same resources — ``cpu-2cores`` (the cpu backend on 2 cores), or the backend and the
+    accelerator's model when the agent reports one (``simulated-titan-v``)."""
+    accelerator = device.inventory.get("accelerator")
+    if accelerator:
+        return f"{device.backend}-{accelerator}"
     cores = device.inventory.get("cores") or []
     return f"{device.backend}-{len(cores)}cores"
 
 
 def device_cores(device: Device) -> int:
-    """Cores the device's agent reported (its descriptor in the predictor's features)."""
-    return len(device.inventory.get("cores") or []) or 1
+    """The units a share is granted in (the predictor's device descriptor): the accelerator's
+    allocation units when the agent reports them (SMs), else its cores."""
+    return int(device.inventory.get("allocation_units") or 0) or len(device.inventory.get("cores") or []) or 1

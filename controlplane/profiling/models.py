@@ -94,6 +94,7 @@ class ProfileSample(models.Model):
     active_thread_percentage = models.PositiveSmallIntegerField()
     throughput_sps = models.FloatField()
     standalone_sps = models.FloatField(null=True, blank=True)
+    simulated = models.BooleanField(default=False, help_text="from the simulated backend's model, not a measurement")
     peak_memory_bytes = models.BigIntegerField(null=True, blank=True)
     repeat_of = models.CharField(max_length=64, blank=True, default="", help_text="config_key this one repeats")
     started_at = models.DateTimeField(null=True, blank=True)

@@ -1,5 +1,6 @@
-"""Execution backends: a contract every backend passes (real trainer processes, the start
-barrier, weights, failures as data, shutdown), plus the cpu backend's resource mapping."""
+"""Execution backends: a contract every backend passes (concurrent tasks, weights, failures as
+data, standalone measurements), a contract of the trainer-process backends (real processes,
+the start barrier, the shutdown hook), plus the cpu backend's resource mapping."""
 
 from __future__ import annotations
 
@@ -9,13 +10,23 @@ import time
 import pytest
 
 from workers.artifacts import load_model_weights
-from workers.backends import CpuBackend, base, get_backend
+from workers.backends import CpuBackend, TrainerProcessBackend, base, get_backend
 from workers.messages import BACKENDS, ShardRef, StandaloneItem, StandaloneRequest
 from workers.zoo import build_model
+
+PROCESS_BACKENDS = [name for name in BACKENDS
+                    if isinstance(get_backend(name), TrainerProcessBackend)]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
+    chosen = get_backend(request.param)
+    chosen.check_available()
+    return chosen
+
+
+@pytest.fixture(params=PROCESS_BACKENDS)
+def process_backend(request):
     chosen = get_backend(request.param)
     chosen.check_available()
     return chosen
@@ -52,7 +63,8 @@ class TestExecutionBackendContract:
             assert outcome.samples_trained == 64 and outcome.iterations == 4
             assert outcome.throughput_sps > 0 and outcome.timed_iterations == 3
             assert outcome.started_at < outcome.finished_at
-            assert outcome.train_loss is not None
+            # a model trains nothing, so it has no loss; a real trainer always has one
+            assert (outcome.train_loss is None) == outcome.simulated
             assert outcome.weights_sha256 == store.sha256(spec.output_weights)
             load_model_weights(build_model(spec.task.architecture, 10, 0),
                                store.path(spec.output_weights))
@@ -70,7 +82,9 @@ class TestExecutionBackendContract:
         assert "missing.safetensors" in result.error
         first, second = result.assignments
         assert second.status == "failed" and "FileNotFoundError" in second.error
-        assert first.status == "failed" and "killed because task 2" in first.error
+        # trainer processes are killed; a model just stops the device's round
+        stopped = "killed" if isinstance(backend, TrainerProcessBackend) else "stopped"
+        assert first.status == "failed" and f"{stopped} because task 2" in first.error
         assert base._CHILDREN == {}
 
     def test_request_for_another_device_is_refused(self, backend, two_task_round, agent_context):
@@ -98,8 +112,14 @@ class TestExecutionBackendContract:
         assert [m.task_id for m in result.measurements] == [1, 2]
         assert all(m.throughput_sps > 0 and not m.error for m in result.measurements)
 
-    def test_shutdown_hook_kills_a_running_round(self, backend, make_task_ref, make_assignment,
-                                                 make_round, initial_weights, agent_context):
+
+class TestTrainerProcessBackendContract:
+    """What every backend that runs trainer processes must also do."""
+
+    def test_shutdown_hook_kills_a_running_round(self, process_backend, make_task_ref,
+                                                 make_assignment, make_round, initial_weights,
+                                                 agent_context):
+        backend = process_backend
         task = make_task_ref(2, "shufflenet_v2_x1_0")
         request = make_round(
             [make_assignment(task, initial_weights(task), assignment_id=1, offset=0, count=1000)],

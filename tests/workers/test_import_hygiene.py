@@ -19,6 +19,7 @@ LIGHT_MODULES = [
     "workers.artifacts",
     "workers.agent",
     "workers.backends",
+    "workers.backends.simulated",
     "workers.trainer",
     "workers.zoo",
     "workers.datasets",

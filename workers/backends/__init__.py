@@ -1,13 +1,16 @@
 """Execution backends: how a device runs the trainers of a round (docs/DESIGN.md §2).
 
 :class:`~workers.backends.base.ExecutionBackend` is the interface, :func:`get_backend` the
-factory. Importing this package does not import torch.
+factory. Backends: ``cpu`` (:mod:`workers.backends.cpu`, trainer processes on CPU cores) and
+``simulated`` (:mod:`workers.backends.simulated`, an analytic contention model). Importing this
+package does not import torch.
 """
 
 from __future__ import annotations
 
 from workers.backends.base import (
     AgentContext,
+    AnalyticBackend,
     BackendUnavailableError,
     ExecutionBackend,
     TrainerProcessBackend,
@@ -17,15 +20,21 @@ from workers.backends.base import (
     terminate_children,
 )
 from workers.backends.cpu import CpuBackend, cpu_allocation
+from workers.backends.simulated import SimulatedBackend
 from workers.messages import BACKENDS
 
-_BACKENDS: dict[str, type[ExecutionBackend]] = {CpuBackend.name: CpuBackend}
+_BACKENDS: dict[str, type[ExecutionBackend]] = {
+    CpuBackend.name: CpuBackend,
+    SimulatedBackend.name: SimulatedBackend,
+}
 
 __all__ = [
     "AgentContext",
+    "AnalyticBackend",
     "BackendUnavailableError",
     "CpuBackend",
     "ExecutionBackend",
+    "SimulatedBackend",
     "TrainerProcessBackend",
     "TrainerResources",
     "cpu_allocation",
@@ -40,10 +49,12 @@ def get_backend(name: str) -> ExecutionBackend:
     """Return a new backend by name.
 
     Args:
-        name: one of :data:`workers.messages.BACKENDS` (``"cpu"``).
+        name: one of :data:`workers.messages.BACKENDS` (``"cpu"``, ``"simulated"``).
 
     Raises:
-        ValueError: for an unknown name, listing the allowed ones.
+        ValueError: for an unknown name, listing the allowed ones, or a backend whose
+            configuration is invalid (``simulated``: ``MTFL_SIM_DEVICE`` or
+            ``MTFL_SIM_TIME_SCALE``, naming the variable).
     """
     if name not in _BACKENDS:
         allowed = ", ".join(sorted(set(BACKENDS) & set(_BACKENDS)))

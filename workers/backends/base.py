@@ -1,11 +1,13 @@
 """The execution-backend interface and the trainer-process machinery backends share.
 
-:class:`ExecutionBackend` is what the device agent calls. :class:`TrainerProcessBackend`
-implements a round the way docs/DESIGN.md §2 describes it: one ``python -m workers.trainer``
-process per assignment (``subprocess.Popen``, never ``fork``/``multiprocessing``: Celery
-children are daemonic and CUDA must not be forked), all held at a start barrier (each prints
-``READY``; when all have, each gets ``GO``) so they really overlap, then waited for with a
-timeout. A subclass only decides each trainer's resources (threads, cores, lock, environment).
+:class:`ExecutionBackend` is what the device agent calls. :class:`AnalyticBackend` is the kind
+that answers from a model instead of running anything (``simulated``).
+:class:`TrainerProcessBackend` implements a round the way docs/DESIGN.md §2 describes it: one
+``python -m workers.trainer`` process per assignment (``subprocess.Popen``, never
+``fork``/``multiprocessing``: Celery children are daemonic and CUDA must not be forked), all
+held at a start barrier (each prints ``READY``; when all have, each gets ``GO``) so they really
+overlap, then waited for with a timeout. A subclass only decides each trainer's resources
+(threads, cores, lock, environment).
 
 Failures are data: if any trainer fails, times out, or the agent shuts down, every trainer of
 the device is killed (on a GPU under MPS one client's fatal fault reaches them all anyway) and
@@ -35,6 +37,9 @@ from workers.messages import (
     AssignmentSpec,
     DeviceRoundResult,
     Partitioning,
+    ProfileConfigResult,
+    ProfileSweepRequest,
+    ProfileTaskSpec,
     StandaloneRequest,
     StandaloneResult,
     TrainRoundRequest,
@@ -123,6 +128,52 @@ class ExecutionBackend(ABC):
 
         Never raises for trainer problems: they come back as ``status="failed"`` / per-item
         ``error``.
+        """
+
+    def describe(self) -> dict:
+        """What the agent adds to its :class:`~workers.messages.DeviceInventory` about the
+        accelerator: ``accelerator`` (a model name), ``memory_bytes`` and ``allocation_units``
+        (what a share is granted in: SMs on a GPU). Nothing by default: the host describes a
+        cpu device (its cores and memory)."""
+        return {}
+
+
+class AnalyticBackend(ExecutionBackend):
+    """A backend whose numbers come from a model instead of running trainers.
+
+    Nothing is trained or timed: a round, a standalone measurement or a profiling
+    configuration is answered at once, with virtual durations, and every result says
+    ``simulated=True``. :func:`workers.profiling.run_sweep` spends a sweep's budget in those
+    virtual seconds.
+    """
+
+    @abstractmethod
+    def profile_configuration(
+        self,
+        tasks: Sequence[ProfileTaskSpec],
+        request: ProfileSweepRequest,
+        ctx: AgentContext,
+        *,
+        config_index: int,
+        repeat_of: int | None,
+        started_at: float,
+    ) -> ProfileConfigResult:
+        """Answer one profiling configuration as :func:`workers.profiling.measure_configuration`
+        would have measured it (MPS-style shares), without running it.
+
+        Args:
+            tasks: the configuration, 1 or more tasks.
+            request: the sweep (warm-up, timing window, timeout, number of classes, seed).
+            ctx: the device.
+            config_index: copied into the result; also seeds the noise.
+            repeat_of: copied into the result.
+            started_at: virtual Unix time the measurement starts.
+
+        Returns:
+            The result with ``simulated=True``; ``finished_at - started_at`` is the virtual
+            seconds measuring it would have taken (what the sweep's budget is charged).
+            Failures (out of memory, past ``config_timeout_s``, a bad share) are
+            ``status="failed"`` data; ``standalone_sps`` is left unset.
         """
 
 

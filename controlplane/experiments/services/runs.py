@@ -144,6 +144,7 @@ def _run_new(
         raise ApplicationError(str(exc), field=exc.field) from exc
     return Run.objects.create(
         experiment=experiment, strategy=strategy, manual_plan=manual, options=dict(options or {}),
+        simulated=experiment.devices.filter(backend="simulated").exists(),
         planned=planning.plan_to_json(made) if strategy in PLANNED else None, comparison=comparison,
     )
 
@@ -325,13 +326,14 @@ def standalone_record(*, run_id: int, results: Iterable[Any]) -> None:
             device = devices.get(result.device)
             if device is None:
                 continue
-            measurements = [(m.task_id, m.batch_size, m.throughput_sps, m.error or result.error) for m in result.measurements]
+            measurements = [(m.task_id, m.batch_size, m.throughput_sps, m.error or result.error, m.simulated)
+                            for m in result.measurements]
             if not measurements:  # the whole device failed: record why against each of its tasks
-                measurements = [(a.task_id, a.batch_size, None, result.error) for a in _plan(run).on_device(device.id)]
-            for task_id, batch_size, throughput, error in measurements:
+                measurements = [(a.task_id, a.batch_size, None, result.error, False) for a in _plan(run).on_device(device.id)]
+            for task_id, batch_size, throughput, error, simulated in measurements:
                 StandaloneThroughput.objects.update_or_create(
                     run=run, device=device, task_id=task_id, batch_size=batch_size,
-                    defaults={"throughput_sps": throughput, "error": error},
+                    defaults={"throughput_sps": throughput, "error": error, "simulated": simulated or result.simulated},
                 )
     round_start(run_id=run_id, index=0)
 
@@ -533,6 +535,7 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
             a.error = r.error
             a.samples_trained = r.samples_trained
             a.throughput_sps = r.throughput_sps
+            a.simulated = r.simulated or result.simulated
             a.seconds = r.seconds
             a.train_loss = r.train_loss
             a.started_at = _ts(r.started_at)
@@ -601,7 +604,7 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
     with transaction.atomic():
         Assignment.objects.bulk_update(
             assignments,
-            ["status", "error", "samples_trained", "throughput_sps", "seconds", "train_loss", "started_at",
+            ["status", "error", "samples_trained", "throughput_sps", "simulated", "seconds", "train_loss", "started_at",
              "finished_at", "weights_path", "weights_sha256"],
         )
         Checkpoint.objects.bulk_create(new_checkpoints)

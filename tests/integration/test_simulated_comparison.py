@@ -1,0 +1,66 @@
+"""A whole comparison through real processes on simulated devices: a profile sweep on the
+simulated backend, a predictor fitted on it, the light template, then all five strategies one
+after another over the embedded Redis, every number labelled simulated."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from controlplane.core.demo import run_wait
+from controlplane.core.stack import LocalStack
+from controlplane.experiments import services
+from controlplane.experiments.models import Assignment, Comparison, Run
+from controlplane.fleet.models import Device
+from controlplane.fleet.selectors import device_class
+from controlplane.profiling import services as profiling
+from controlplane.profiling.models import ProfileSample, ProfileSweep
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_comparison_on_simulated_devices(child_env, monkeypatch):
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)
+    names = ["sim-a", "sim-b"]
+    with LocalStack(agents=names, backend="simulated", log=lambda line: None) as stack:
+        stack.wait_ready(timeout_s=120)
+        devices = list(Device.objects.filter(name__in=names).order_by("name"))
+        assert {device_class(d) for d in devices} == {"simulated-titan-v"}
+
+        sweep = profiling.sweep_start(device=devices[0], budget_s=1800, architectures=[
+            "resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"], batch_sizes=[16, 32, 64, 128, 256], max_mix=3)
+        deadline = time.monotonic() + 120
+        while sweep.status not in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
+            assert time.monotonic() < deadline, "the simulated sweep did not end"
+            time.sleep(1)
+            stack.children.check_alive()
+            sweep.refresh_from_db()
+        assert sweep.status == ProfileSweep.Status.SUCCEEDED, sweep.error
+        assert sweep.samples > 100 and ProfileSample.objects.filter(sweep=sweep, simulated=False).count() == 0
+        predictor = profiling.predictor_fit(backend="simulated", families=("baseline", "extra_trees"))
+        assert predictor.status == "ready" and predictor.device_class == "simulated-titan-v"
+
+        experiment = services.experiment_create_from_template(
+            template="light", device_ids=[d.id for d in devices], rounds=1, dataset="digits")
+        comparison = services.comparison_create(experiment=experiment)
+        runs = [run_wait(run, timeout_s=600) for run in comparison.runs.order_by("id")]
+        stack.children.check_alive()
+
+    comparison.refresh_from_db()
+    assert comparison.status == Comparison.Status.SUCCEEDED
+    by_strategy = {r.strategy: r for r in runs}
+    assert list(by_strategy) == ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync"]
+    for run in runs:
+        assert run.status == Run.Status.SUCCEEDED, (run.strategy, run.error)
+        assert run.simulated and run.fl_throughput_sps > 0
+    assert not Assignment.objects.filter(round__run__in=runs, simulated=False).exists()
+    planned = Assignment.objects.filter(round__run=by_strategy["vres_sync"])
+    assert all(a.predicted_throughput_sps > 0 and a.throughput_sps > 0 for a in planned)
+    # The simulated Titan V shares well: every MPS strategy beats time slicing, and planning
+    # for the round time beats the best baseline on the round time itself.
+    for strategy in ("isolation", "sharing", "vres_greedy", "vres_sync"):
+        assert by_strategy[strategy].raw_throughput_sps > by_strategy["temporal"].raw_throughput_sps, strategy
+    best_baseline = max(by_strategy[s].fl_throughput_sps for s in ("temporal", "isolation", "sharing"))
+    assert by_strategy["vres_sync"].fl_throughput_sps > best_baseline

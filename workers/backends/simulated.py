@@ -1,0 +1,1060 @@
+"""The ``simulated`` backend: an analytic contention model in place of trainers (docs/DESIGN.md §2).
+
+Nothing is trained. A round, a standalone measurement or a profiling configuration is answered
+at once from :func:`simulate_throughput`, a closed-form model of co-located DNN training on one
+GPU: per-task speed from its FLOPs, bytes and share against the device's compute and memory
+bandwidth, a slowdown when the tasks ask for more of the device than there is, an out-of-memory
+refusal, and seeded noise. Every result carries ``simulated=True``; durations and timestamps
+are virtual. It serves tests (a whole FL run in seconds, no GPU) and planning at thousands of
+devices (the model is NumPy, vectorised over configurations; no torch at import).
+
+The device is a :class:`DeviceSpec`, chosen by name with ``MTFL_SIM_DEVICE`` (default
+``titan-v``, the paper's GPU) when the backend is created; ``MTFL_SIM_TIME_SCALE`` (default 0)
+makes a round sleep ``scale ×`` its simulated seconds, for watching a run unfold live.
+
+The model's shape was checked against real A100 measurements, ``reference-data/parvagpu-a100``
+(inference of torchvision models under MIG slices with 1-5 identical MPS processes): with the
+constants below, RMSLE 0.11 of the per-process throughput over 622 configurations, 0.07 of the
+co-location shape ``P_k / P_1``, and the same trends (throughput grows with the batch and
+saturates; per-process throughput falls as processes are added; ``k`` processes together get
+between 1× and ``k``× one). On the paper's Titan V mixes it gives 1.8-2.5× over time slicing
+for the best shares (the paper: 2.16-2.38×). ``python benchmarks/sim_calibration.py`` prints
+the comparison (``--fit`` redoes the search). Where a constant is an assumption rather than a
+fit, its comment says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from workers.artifacts import LocalArtifactStore
+from workers.backends.base import AgentContext, AnalyticBackend, shutdown_requested
+from workers.messages import (
+    AssignmentResult,
+    AssignmentSpec,
+    DeviceRoundResult,
+    ProfileConfigResult,
+    ProfileMeasurement,
+    ProfileSweepRequest,
+    ProfileTaskSpec,
+    StandaloneMeasurement,
+    StandaloneRequest,
+    StandaloneResult,
+    TrainRoundRequest,
+)
+from workers.profiler_child import INPUT_SHAPE as PROFILE_INPUT_SHAPE
+
+ENV_DEVICE = "MTFL_SIM_DEVICE"
+ENV_TIME_SCALE = "MTFL_SIM_TIME_SCALE"
+DEFAULT_DEVICE = "titan-v"
+
+GIB = 1024**3
+
+# ----------------------------------------------------------------------- model constants
+
+TRAIN_KERNELS_PER_LAYER = 3.0
+"""Kernels a training iteration launches per layer: forward, input gradient, weight gradient."""
+ACTIVATION_TRAFFIC = 2.0
+"""DRAM bytes moved per byte of saved activation: written in the forward, read in the backward."""
+PARAM_TRAFFIC = 8.0
+"""DRAM bytes moved per parameter byte in a training iteration with SGD + momentum: weights
+read in the forward and the backward (2), gradients written (1), the optimizer reads weights,
+gradients and momentum (3) and writes weights and momentum (2)."""
+PARAM_MEMORY = 4.0
+"""Resident bytes per parameter byte while training: weights, gradients, optimizer state, and
+one more copy for allocator slack and cuDNN workspaces (an assumption, not a fit)."""
+INTENSITY_HALF = 500.0
+"""FLOPs per output element and pass at which kernels reach half of ``flops_efficiency``:
+short reductions (1×1 and depthwise convolutions) keep the arithmetic units less busy than
+long ones (VGG's 3×3 convolutions over hundreds of channels) (fitted)."""
+SMOOTH_MAX_P = 3.0
+"""Exponent of the smooth maximum that overlaps host launch time with device time (fitted)."""
+WIDTH_HALF = 2.0
+"""A layer fills half of a slice when its output elements per iteration equal this multiple of
+the slice's resident-thread slots (fitted)."""
+BANDWIDTH_SATURATING_SHARE = 0.5
+"""Share of the SMs that can draw the whole DRAM bandwidth (an assumption: on current GPUs
+about half the SMs keep enough loads in flight)."""
+RECLAIM = 0.6
+"""Fraction of the device left idle by a mix that co-located work can fill when shares overlap
+(fitted)."""
+CONTENTION = 0.3
+"""How fast that fraction falls as the shares on a device exceed 100 %: it is divided by
+``1 + CONTENTION · (Σ shares − 1)`` (fitted)."""
+NOISE_SIGMA = 0.03
+"""Standard deviation of the log of the multiplicative noise: about 3 % run-to-run spread (an
+assumption; the cpu backend's repeated profiling measurements spread a few percent too)."""
+PROFILE_STARTUP_S = 5.0
+"""Virtual seconds a profiling configuration spends before its first iteration: processes
+start, torch import, CUDA context, model build (an assumption)."""
+
+
+# ------------------------------------------------------------------------------ devices
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A GPU as the model sees it.
+
+    Numeric fields may also be NumPy arrays of shape ``(...)`` broadcastable to the leading
+    (configuration) axes of :func:`simulate_throughput`'s inputs, to simulate many different
+    devices in one call (:func:`stack_devices`).
+
+    Attributes:
+        name: preset name (see :data:`DEVICE_PRESETS`).
+        peak_flops: dense fp32 peak, FLOP/s.
+        memory_bandwidth: DRAM bandwidth, bytes/s.
+        memory_bytes: device memory training may use, bytes.
+        sms: streaming multiprocessors.
+        threads_per_sm: resident threads per SM (2048 on Volta/Ampere, 1024 on Turing).
+        kernel_s: host seconds per kernel launch in eager PyTorch (Python, dispatcher and
+            driver); the iteration time of a model too small to fill the device. 20 µs: the
+            reference host's fitted 30 µs per inference kernel launched from Python, less for
+            the backward's kernels, launched from C++ (an assumption).
+        flops_efficiency: fraction of ``peak_flops`` that kernels with long reductions attain
+            at full occupancy (``η_max``; shorter reductions get less, see
+            :data:`INTENSITY_HALF`). 0.8 for fp32 is an assumption; the A100 reference fit
+            gives 0.5 of the TF32 peak.
+        context_bytes: device memory each process holds before its model (CUDA context,
+            cuDNN/cuBLAS handles).
+        timeslice_overhead: fraction of each time slice lost to context switches when
+            processes share the device without MPS (an assumption).
+    """
+
+    name: str
+    peak_flops: float
+    memory_bandwidth: float
+    memory_bytes: float
+    sms: float
+    threads_per_sm: float
+    kernel_s: float = 20e-6
+    flops_efficiency: float = 0.8
+    context_bytes: float = 0.3 * GIB
+    timeslice_overhead: float = 0.05
+
+
+DEVICE_PRESETS: dict[str, DeviceSpec] = {
+    # NVIDIA's data sheets; the Titan V is the paper's GPU (Yu et al. 2022, §5).
+    "titan-v": DeviceSpec("titan-v", 14.9e12, 652.8e9, 12 * GIB, 80, 2048),
+    "a100-40gb": DeviceSpec("a100-40gb", 19.5e12, 1555e9, 40 * GIB, 108, 2048),
+    "a100-80gb": DeviceSpec("a100-80gb", 19.5e12, 2039e9, 80 * GIB, 108, 2048),
+    "t4": DeviceSpec("t4", 8.1e12, 320e9, 15 * GIB, 40, 1024),  # 16 GB, 15 GiB usable
+}
+"""Named devices ``MTFL_SIM_DEVICE`` may choose."""
+
+_NUMERIC_FIELDS = tuple(f.name for f in dataclasses.fields(DeviceSpec) if f.name != "name")
+
+
+def device_spec(name: str) -> DeviceSpec:
+    """Return the preset called ``name``.
+
+    Raises:
+        ValueError: for an unknown name, listing the presets.
+    """
+    if name not in DEVICE_PRESETS:
+        raise ValueError(
+            f"simulated device {name!r} is unknown; allowed: {', '.join(sorted(DEVICE_PRESETS))}"
+        )
+    return DEVICE_PRESETS[name]
+
+
+def device_from_env() -> DeviceSpec:
+    """Return the preset named by ``MTFL_SIM_DEVICE`` (default ``titan-v``).
+
+    Raises:
+        ValueError: naming the variable and the allowed values, for an unknown name.
+    """
+    name = os.environ.get(ENV_DEVICE, "").strip() or DEFAULT_DEVICE
+    if name not in DEVICE_PRESETS:
+        raise ValueError(
+            f"{ENV_DEVICE}={name!r} is not a simulated device; allowed: "
+            f"{', '.join(sorted(DEVICE_PRESETS))}"
+        )
+    return DEVICE_PRESETS[name]
+
+
+def time_scale_from_env() -> float:
+    """Return ``MTFL_SIM_TIME_SCALE`` (default 0: simulated rounds return at once).
+
+    Raises:
+        ValueError: naming the variable, for a value that is not a finite number ``>= 0``.
+    """
+    text = os.environ.get(ENV_TIME_SCALE, "").strip()
+    if not text:
+        return 0.0
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = math.nan
+    if not (math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"{ENV_TIME_SCALE}={text!r} must be a number >= 0 (0: never sleep)")
+    return scale
+
+
+def stack_devices(devices: Sequence[DeviceSpec]) -> DeviceSpec:
+    """Combine ``N`` devices into one :class:`DeviceSpec` whose numeric fields are arrays of
+    shape ``(N,)``: pass it with inputs of shape ``(N, I)`` to simulate ``N`` devices at once.
+
+    Raises:
+        ValueError: if ``devices`` is empty.
+    """
+    if not devices:
+        raise ValueError("stack_devices needs at least one device")
+    return DeviceSpec(
+        name="+".join(d.name for d in devices),
+        **{f: np.array([getattr(d, f) for d in devices], dtype=float) for f in _NUMERIC_FIELDS},
+    )
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class SimWorkload:
+    """What the model needs to know about a DNN at one input shape.
+
+    Attributes:
+        flops_per_sample: training FLOPs per sample, forward + backward (2 per multiply-add).
+        activation_bytes_per_sample: bytes autograd saves for the backward per sample.
+        param_bytes: bytes of the parameters (float32).
+        layers: leaf modules of the model (convolutions, norms, activations, ...): each
+            launches about one kernel per pass.
+    """
+
+    flops_per_sample: float
+    activation_bytes_per_sample: float
+    param_bytes: float
+    layers: int
+
+
+def simulation_workload(
+    architecture: str, num_classes: int = 10, input_shape: Sequence[int] = (3, 32, 32)
+) -> SimWorkload:
+    """Return a zoo model's workload, from :func:`workers.features.workload_features` plus its
+    leaf-module count; cached per ``(architecture, num_classes, input_shape)`` in this process.
+
+    torch is imported (the model is built on the meta device: shapes only, a fraction of a
+    second).
+
+    Raises:
+        ValueError: for an unknown architecture, ``num_classes < 2`` or an input shape out of
+            range (as :func:`~workers.features.workload_features`).
+    """
+    return _workload(architecture, num_classes, tuple(input_shape))
+
+
+@functools.lru_cache(maxsize=128)
+def _workload(architecture: str, num_classes: int, input_shape: tuple[int, ...]) -> SimWorkload:
+    from workers.features import workload_features
+
+    features = workload_features(architecture, num_classes, input_shape)
+    return SimWorkload(
+        flops_per_sample=features.train_flops_per_sample,
+        activation_bytes_per_sample=features.activation_bytes_per_sample,
+        param_bytes=float(features.param_bytes),
+        layers=_leaf_modules(architecture, num_classes),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _leaf_modules(architecture: str, num_classes: int) -> int:
+    import torch
+
+    from workers.zoo import build_model
+
+    with torch.device("meta"):
+        model = build_model(architecture, num_classes, 0)
+    return sum(1 for module in model.modules() if next(module.children(), None) is None)
+
+
+# -------------------------------------------------------------------------------- noise
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (Steele, Lea & Flood 2014), element-wise on uint64."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def noise_factors(
+    seed: int, round_index: int, device: str, task_ids: Sequence[int] | np.ndarray,
+    sigma: float = NOISE_SIGMA,
+) -> np.ndarray:
+    """Multiplicative lognormal noise ``exp(σ·z)``, ``z ~ N(0, 1)``, one factor per task.
+
+    Deterministic: the same ``(seed, round_index, device, task_id)`` always gives the same
+    factor, on any machine and in any process (a BLAKE2b digest of the first three, mixed with
+    the task id by SplitMix64, two uniforms, Box-Muller), and different tasks, rounds, devices
+    or seeds give independent ones.
+
+    Args:
+        seed: any integer (an assignment's seed, a sweep's seed, a run id).
+        round_index: any integer (a round, a configuration index; -1 for standalone).
+        device: the device name.
+        task_ids: integers of any shape.
+        sigma: standard deviation of ``log(factor)``; 0 gives ones.
+
+    Returns:
+        float64 factors with the shape of ``task_ids``, median 1.
+    """
+    digest = hashlib.blake2b(f"mtfl-sim|{seed}|{round_index}|{device}".encode(), digest_size=8)
+    base = np.uint64(int.from_bytes(digest.digest(), "little"))
+    ids = np.asarray(task_ids, dtype=np.int64).astype(np.uint64)
+    mixed = _splitmix64(ids ^ base)
+    u1 = (_splitmix64(mixed) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    u2 = (_splitmix64(~mixed) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+    return np.exp(sigma * z)
+
+
+# -------------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class MixPrediction:
+    """What :func:`simulate_throughput` predicts for configurations of shape ``(..., I)``.
+
+    Attributes:
+        throughput_sps: samples/s per task, ``(..., I)``; NaN for absent and out-of-memory
+            tasks.
+        iteration_s: seconds per training iteration, ``(..., I)``; NaN where throughput is.
+        peak_memory_bytes: device memory each task holds at its peak, ``(..., I)``; 0 for
+            absent tasks.
+        oom: ``(..., I)`` bool, True for tasks refused for lack of device memory.
+        device_utilisation: ``(...)``, the fraction of the device's attainable compute and
+            bandwidth the configuration keeps busy (``Σ v_i / t_i``; see the formula).
+    """
+
+    throughput_sps: np.ndarray
+    iteration_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    oom: np.ndarray
+    device_utilisation: np.ndarray
+
+
+def _smooth_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a**SMOOTH_MAX_P + b**SMOOTH_MAX_P) ** (1.0 / SMOOTH_MAX_P)
+
+
+def _device_field(device: DeviceSpec, field: str, lead_shape: tuple[int, ...]) -> np.ndarray:
+    value = np.asarray(getattr(device, field), dtype=float)
+    if value.ndim:
+        try:
+            np.broadcast_shapes(value.shape, lead_shape)
+        except ValueError:
+            raise ValueError(
+                f"device field {field!r} has shape {value.shape}, which does not broadcast "
+                f"with the configurations' leading shape {lead_shape}"
+            ) from None
+        value = value[..., None]  # against the task axis
+    return value
+
+
+def _check_inputs(present: np.ndarray, **arrays: np.ndarray) -> None:
+    rules = {
+        "flops_per_sample": (lambda x: x >= 0, ">= 0"),
+        "activation_bytes_per_sample": (lambda x: x >= 0, ">= 0"),
+        "param_bytes": (lambda x: x >= 0, ">= 0"),
+        "layers": (lambda x: x >= 1, ">= 1"),
+        "batch_size": (lambda x: x >= 1, ">= 1"),
+        "share": (lambda x: (x > 0) & (x <= 100), "in (0, 100] percent"),
+    }
+    for name, (ok, text) in rules.items():
+        values = arrays[name]
+        bad = present & ~(np.isfinite(values) & ok(values))
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"{name} must be finite and {text} for every present task; got "
+                f"{values[where]!r} at index {where}"
+            )
+
+
+def simulate_throughput(
+    flops_per_sample: np.ndarray | float,
+    activation_bytes_per_sample: np.ndarray | float,
+    param_bytes: np.ndarray | float,
+    layers: np.ndarray | float,
+    batch_size: np.ndarray | float,
+    share: np.ndarray | float,
+    device: DeviceSpec,
+    *,
+    partitioning: str = "mps",
+    present: np.ndarray | None = None,
+    noise: np.ndarray | None = None,
+    inference: bool = False,
+) -> MixPrediction:
+    """Predict every co-located task's training throughput on a device, for many mixes at once.
+
+    Inputs are broadcast together to shape ``(..., I)``: leading axes are independent
+    configurations (mixes, devices), the last axis the ``I`` tasks co-located in one
+    configuration (pad with ``present=False``). Per task ``i`` (units in brackets):
+
+    - iteration work ``W = F·B`` [FLOP] (``F`` = ``flops_per_sample``, ``B`` = batch size);
+      DRAM traffic ``Q = 2·A·B + 8·P`` [byte] (``A`` = saved activation bytes per sample,
+      written forward and read backward; ``P`` = parameter bytes, see :data:`PARAM_TRAFFIC`);
+    - share ``r = R/100`` of the SMs (MPS active-thread percentage ``R``);
+    - parallel efficiency on that slice ``e = x / (x + h·r·T)``, where ``x = A·B/(4·N)`` are
+      the float32 output elements of an average layer (``N`` = ``layers``), ``T`` = SMs ×
+      resident threads per SM, ``h`` = :data:`WIDTH_HALF`: small batches cannot fill the
+      device, and a smaller slice fills with less (the paper's "small operators leave SMs
+      idle", Yu et al. 2022 §3.1);
+    - kernel efficiency ``η = η_max · I / (I + I_½)`` with ``I = F / (3·A/4)`` the FLOPs per
+      output element and pass (``F / (A/4)`` with ``inference``), i.e. the reduction length:
+      long for VGG's 3×3 convolutions, short for 1×1 and depthwise ones; ``η_max`` =
+      ``flops_efficiency``, ``I_½`` = :data:`INTENSITY_HALF`;
+    - device time alone on the slice ``D = W/(η·F_peak·r·e) + Q/(BW·min(1, r/0.5))`` [s]
+      (roofline terms added; a half-device slice draws the full bandwidth,
+      :data:`BANDWIDTH_SATURATING_SHARE`), and its work in whole-device seconds
+      ``v = W/(η·F_peak) + Q/BW``, so the task keeps ``a = v/D ≤ 1`` of the device busy;
+    - host launch time ``L = 3·N·k_s`` [s] (three kernels per layer, ``k_s`` = ``kernel_s``);
+      the host enqueues while the device runs, so an iteration takes the smooth maximum
+      ``t = (L^p + (σ·D)^p)^(1/p)``, ``p`` = :data:`SMOOTH_MAX_P`, stretch ``σ ≥ 1``.
+
+    Contention (``partitioning="mps"``): the tasks' demand ``Σ v_i / t_i`` [device-seconds per
+    second] may not exceed the capacity ``c = U + φ·(1 − U)``, where ``S = Σ r_i``,
+    ``U = min(1, Σ a_i / max(1, S))`` is what the slices use without overlapping, and
+    ``φ = ρ / (1 + γ·max(0, S − 1))`` (``ρ`` = :data:`RECLAIM`, ``γ`` = :data:`CONTENTION`) is
+    how much of the idle rest co-located work can fill: some overlap fills idle SMs, more
+    overlap fills less (the paper's competitive sharing, §3.1). ``σ`` is the smallest stretch
+    ``≥ 1`` with ``Σ v_i / t_i(σ) ≤ c`` (bisection), common to all tasks of the configuration
+    (each keeps its proportion of the device). A task alone is never stretched (``c ≥ a``);
+    ``k`` identical tasks at 100 % together get between 1× and ``k``× one task's throughput;
+    when all are device-bound ``σ → Σ a_i / c``: each share scaled down by about
+    ``max(1, S)``, a little more as the overlap grows.
+
+    Time slicing (``partitioning="timeslice"``, no MPS): shares are ignored; each task runs at
+    its speed alone on the whole device (``r = 1``) for ``1/k`` of the time, ``k`` tasks
+    present, less :attr:`DeviceSpec.timeslice_overhead` lost to context switches when
+    ``k > 1``: ``t = t_alone · k / (1 − overhead)``.
+
+    Memory: task ``i`` holds ``context_bytes + 4·P + A·B`` at its peak (:data:`PARAM_MEMORY`).
+    Tasks are admitted in order; one that does not fit beside those admitted before it is
+    out of memory (``oom``), gets NaN throughput and takes no part in the contention.
+
+    Throughput ``B / t`` is multiplied by ``noise`` (e.g. :func:`noise_factors`) when given.
+
+    Args:
+        flops_per_sample: training FLOPs per sample (forward + backward), ``(..., I)``.
+        activation_bytes_per_sample: bytes saved for the backward per sample.
+        param_bytes: parameter bytes.
+        layers: leaf modules per model, ``>= 1``.
+        batch_size: samples per iteration, ``>= 1``.
+        share: percent of the device's SMs, in ``(0, 100]``.
+        device: the GPU; its numeric fields may be arrays over the leading axes.
+        partitioning: ``"mps"`` or ``"timeslice"``.
+        present: bool mask of the tasks that exist (default all).
+        noise: multiplicative factors broadcastable to ``(..., I)`` (default none).
+        inference: model a forward pass instead of a training step (one kernel per layer,
+            parameters read once and held once, only two layers' activations live; the
+            caller passes forward FLOPs): for checking the shape against inference
+            measurements such as ``reference-data/parvagpu-a100``.
+
+    Returns:
+        A :class:`MixPrediction`.
+
+    Raises:
+        ValueError: for inputs that do not broadcast, a configuration without a task axis,
+            an unknown partitioning, or a present task with a value out of range (naming the
+            argument and the index).
+    """
+    if partitioning not in ("mps", "timeslice"):
+        raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
+    try:
+        F, A, P, N, B, R = np.broadcast_arrays(*(
+            np.asarray(x, dtype=float)
+            for x in (flops_per_sample, activation_bytes_per_sample, param_bytes, layers,
+                      batch_size, share)
+        ))
+    except ValueError as exc:
+        raise ValueError(f"simulate_throughput inputs do not broadcast: {exc}") from None
+    if F.ndim == 0:
+        raise ValueError("simulate_throughput needs a task axis: pass arrays of shape (..., I)")
+    shape = F.shape
+    present = (np.ones(shape, dtype=bool) if present is None
+               else np.broadcast_to(np.asarray(present, dtype=bool), shape))
+    _check_inputs(present, flops_per_sample=F, activation_bytes_per_sample=A, param_bytes=P,
+                  layers=N, batch_size=B, share=R)
+    lead = shape[:-1]
+    dev = {f: _device_field(device, f, lead) for f in _NUMERIC_FIELDS}
+
+    # Memory, and who is refused for lack of it (in task order, as processes would start).
+    if inference:
+        need = P + 2.0 * A * B / N
+    else:
+        need = PARAM_MEMORY * P + A * B
+    peak = np.where(present, dev["context_bytes"] + need, 0.0)
+    capacity = np.broadcast_to(dev["memory_bytes"], (*lead, 1))[..., 0]
+    oom = np.zeros(shape, dtype=bool)
+    held = np.zeros(np.broadcast_shapes(lead, capacity.shape))
+    for i in range(shape[-1]):
+        fits = held + peak[..., i] <= capacity
+        oom[..., i] = present[..., i] & ~fits
+        held = held + np.where(present[..., i] & fits, peak[..., i], 0.0)
+    run = present & ~oom
+
+    work = F * B
+    traffic = ACTIVATION_TRAFFIC * A * B + (1.0 if inference else PARAM_TRAFFIC) * P
+    kernels = 1.0 if inference else TRAIN_KERNELS_PER_LAYER
+    with np.errstate(divide="ignore", invalid="ignore"):
+        intensity = np.where(A > 0, F / (kernels * A / 4.0), np.inf)
+        kernel_efficiency = np.where(np.isinf(intensity), 1.0,
+                                     intensity / (intensity + INTENSITY_HALF))
+    rate = dev["flops_efficiency"] * kernel_efficiency * dev["peak_flops"]
+    launch = kernels * N * dev["kernel_s"]
+    elements = A * B / (4.0 * N)
+    slots = dev["sms"] * dev["threads_per_sm"]
+    v = work / rate + traffic / dev["memory_bandwidth"]
+
+    def device_time(r: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # No activations says nothing about parallelism: treat the slice as filled.
+            efficiency = np.where(elements > 0, elements / (elements + WIDTH_HALF * r * slots),
+                                  1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            compute = np.where(work > 0, work / (rate * r * efficiency), 0.0)
+        bandwidth = dev["memory_bandwidth"] * np.minimum(1.0, r / BANDWIDTH_SATURATING_SHARE)
+        return compute + traffic / bandwidth
+
+    if partitioning == "timeslice":
+        alone = _smooth_max(launch, device_time(np.ones(shape)))
+        k = run.sum(axis=-1, keepdims=True)
+        slowdown = np.where(k > 1, k / (1.0 - dev["timeslice_overhead"]), 1.0)
+        t = alone * slowdown
+    else:
+        r = np.where(run, R / 100.0, 1.0)
+        D = device_time(r)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            busy = np.where(run & (D > 0), v / D, 0.0)
+        S = np.where(run, r, 0.0).sum(axis=-1)
+        used = np.minimum(1.0, busy.sum(axis=-1) / np.maximum(1.0, S))
+        reclaim = RECLAIM / (1.0 + CONTENTION * np.maximum(0.0, S - 1.0))
+        cap = used + reclaim * (1.0 - used)
+        stretch = _stretch(v, launch, D, run, cap, busy)
+        t = _smooth_max(launch, stretch[..., None] * D)
+
+    t = np.where(run, t, np.nan)
+    throughput = B / t
+    if noise is not None:
+        throughput = throughput * np.broadcast_to(np.asarray(noise, dtype=float), shape)
+    with np.errstate(invalid="ignore"):
+        utilisation = np.where(run, v / t, 0.0).sum(axis=-1)
+    return MixPrediction(
+        throughput_sps=np.where(run, throughput, np.nan),
+        iteration_s=t,
+        peak_memory_bytes=peak,
+        oom=oom,
+        device_utilisation=utilisation,
+    )
+
+
+def _stretch(v: np.ndarray, launch: np.ndarray, D: np.ndarray, run: np.ndarray,
+             cap: np.ndarray, busy: np.ndarray) -> np.ndarray:
+    """Smallest ``σ >= 1`` with ``Σ_run v / smooth_max(L, σ·D) <= cap``, shape ``(...)``.
+
+    The demand falls monotonically in ``σ`` and is at most ``Σ a / σ``, so the root lies in
+    ``[1, max(1, Σ a / cap)]``; 50 halvings of its logarithm reach float precision. Only the
+    configurations whose demand exceeds the capacity at ``σ = 1`` are searched.
+    """
+    tasks = v.shape[-1]
+    lead = v.shape[:-1]
+    v = np.where(run, v, 0.0).reshape(-1, tasks)
+    D = np.where(run, D, 0.0).reshape(-1, tasks)
+    launch = np.broadcast_to(launch, run.shape).reshape(-1, tasks)
+    run = run.reshape(-1, tasks)
+    cap = np.broadcast_to(cap, lead).reshape(-1)
+    busy = np.broadcast_to(busy, run.shape).reshape(-1, tasks)
+
+    def demand(sigma: np.ndarray, rows) -> np.ndarray:
+        t = _smooth_max(launch[rows], sigma[:, None] * D[rows])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(run[rows] & (t > 0), v[rows] / t, 0.0).sum(axis=-1)
+
+    sigma = np.ones(cap.shape)
+    rows = np.flatnonzero(demand(sigma, slice(None)) > cap * (1.0 + 1e-12))
+    if rows.size:
+        limit = cap[rows]
+        low = np.zeros(rows.size)
+        high = np.log(np.maximum(1.0, busy[rows].sum(axis=-1) / limit))
+        for _ in range(50):
+            middle = 0.5 * (low + high)
+            too_much = demand(np.exp(middle), rows) > limit
+            low = np.where(too_much, middle, low)
+            high = np.where(too_much, high, middle)
+        sigma[rows] = np.exp(high)
+    return sigma.reshape(lead)
+
+
+def alone_throughput(workload: SimWorkload, batch_size: int, device: DeviceSpec,
+                     noise: float = 1.0) -> float | None:
+    """Samples/s of one task alone on the whole device (``P_alone``, share 100).
+
+    Returns:
+        The throughput, or ``None`` if the task does not fit in the device's memory.
+    """
+    prediction = simulate_throughput(
+        [workload.flops_per_sample], [workload.activation_bytes_per_sample],
+        [workload.param_bytes], [workload.layers], [batch_size], [100], device,
+        noise=[noise],
+    )
+    return None if prediction.oom[0] else float(prediction.throughput_sps[0])
+
+
+# ------------------------------------------------------------------------------ backend
+
+
+def _effective_batch(batch_size: int, count: int) -> int:
+    """The trainer's batch: a shard smaller than the batch is one batch of the whole shard."""
+    return max(1, min(batch_size, count))
+
+
+def epoch_iterations(count: int, batch_size: int) -> int:
+    """Iterations of one epoch over ``count`` samples, as :func:`workers.trainer.epoch_batches`
+    cuts them: ``ceil(count / batch_size)``, less one when a trailing batch of a single sample
+    is merged into the one before it."""
+    batches = -(-count // batch_size)
+    if batches >= 2 and count % batch_size == 1:
+        batches -= 1
+    return batches
+
+
+def _timed_iterations(iterations: int, warmup_iterations: int) -> int:
+    """How many iterations :func:`workers.trainer.steady_state` would time."""
+    if iterations > warmup_iterations:
+        return iterations - warmup_iterations
+    return iterations - 1 if iterations >= 2 else iterations
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+class SimulatedBackend(AnalyticBackend):
+    """Answers rounds, standalone measurements and profiling configurations from
+    :func:`simulate_throughput` on one :class:`DeviceSpec`; see the module docstring.
+
+    Args:
+        device: the simulated GPU (default: ``MTFL_SIM_DEVICE``, see :func:`device_from_env`).
+        time_scale: seconds slept per simulated second of a round (default:
+            ``MTFL_SIM_TIME_SCALE``, see :func:`time_scale_from_env`).
+
+    Raises:
+        ValueError: naming the variable, for a bad ``MTFL_SIM_DEVICE`` or
+            ``MTFL_SIM_TIME_SCALE``.
+    """
+
+    name = "simulated"
+
+    def __init__(self, device: DeviceSpec | None = None, time_scale: float | None = None) -> None:
+        self.device = device_from_env() if device is None else device
+        self.time_scale = time_scale_from_env() if time_scale is None else time_scale
+
+    def describe(self) -> dict:
+        """The simulated GPU: its preset name, memory and SMs (its allocation units)."""
+        return {"accelerator": self.device.name, "memory_bytes": int(self.device.memory_bytes),
+                "allocation_units": int(self.device.sms)}
+
+    def check_available(self) -> None:
+        """Nothing to check: the model needs only NumPy, which importing this module already
+        required; no GPU, CUDA, MPS daemon or CPU affinity. (Workload features build the
+        models on torch's meta device, which needs no accelerator either.)"""
+
+    # ------------------------------------------------------------------------------ rounds
+
+    def run_round(self, request: TrainRoundRequest, ctx: AgentContext) -> DeviceRoundResult:
+        """Simulate a device's round: no training, the global weights passed through.
+
+        Each assignment trains ``E·n`` samples (``E`` = ``local_epochs``, ``n`` = shard
+        count). The co-located mix is simulated in phases: all tasks run at the mix's
+        throughput until the first finishes its samples, then the rest run as a smaller mix,
+        and so on (as real trainers speed up when a neighbour ends). ``seconds`` is when a
+        task finished, ``throughput_sps = E·n / seconds``; ``started_at`` is now for all,
+        ``finished_at = started_at + seconds`` (virtual: nothing sleeps unless
+        ``time_scale > 0``). ``iterations`` and ``timed_iterations`` are what the trainer
+        would count; ``train_loss`` is ``None``. ``output_weights`` receives a copy of
+        ``global_weights`` (FedAvg of copies is the global model again), with its SHA-256.
+
+        Failures are data, as on a real device, where one trainer's failure ends the device's
+        round: a missing global model or a task that does not fit in memory fails that task
+        and stops the others (``status="failed"``, ``error`` naming the task).
+
+        Returns:
+            The :class:`DeviceRoundResult`, ``simulated=True`` on it and every assignment.
+        """
+        def failed(error: str, results: list[AssignmentResult] | None = None) -> DeviceRoundResult:
+            return DeviceRoundResult(
+                run_id=request.run_id, round_id=request.round_id, device=ctx.device,
+                status="failed", error=error, host=socket.gethostname(),
+                assignments=results or [], simulated=True,
+            )
+
+        if shutdown_requested():
+            return failed("agent shutting down: round refused")
+        if request.device != ctx.device:
+            return failed(f"request for device {request.device!r} reached agent {ctx.device!r}")
+        ids = [a.assignment_id for a in request.assignments]
+        if len(ids) != len(set(ids)):
+            return failed(f"duplicate assignment_id in request: {ids}")
+        if not request.assignments:
+            return DeviceRoundResult(
+                run_id=request.run_id, round_id=request.round_id, device=ctx.device,
+                status="succeeded", host=socket.gethostname(), simulated=True,
+            )
+
+        assignments = request.assignments
+        store = LocalArtifactStore(ctx.artifact_root)
+        errors: dict[int, str] = {}
+        workloads: list[SimWorkload | None] = []
+        for k, assignment in enumerate(assignments):
+            workload = None
+            try:
+                path = store.path(assignment.global_weights)
+                if not path.is_file():
+                    raise FileNotFoundError(
+                        f"global_weights {assignment.global_weights!r} not found at {path}")
+                workload = _assignment_workload(assignment)
+            except (OSError, ValueError) as exc:
+                errors[k] = f"{type(exc).__name__}: {exc}"
+            workloads.append(workload)
+        if errors:
+            return _failed_round(failed, assignments, errors)
+
+        counts = np.array([a.shard.count for a in assignments])
+        batches = np.array([_effective_batch(a.batch_size, a.shard.count) for a in assignments])
+        noise = np.array([
+            noise_factors(a.seed, request.round_index, ctx.device, [a.task.task_id])[0]
+            for a in assignments
+        ])
+        arrays = dict(
+            flops_per_sample=np.array([w.flops_per_sample for w in workloads]),
+            activation_bytes_per_sample=np.array(
+                [w.activation_bytes_per_sample for w in workloads]),
+            param_bytes=np.array([w.param_bytes for w in workloads]),
+            layers=np.array([w.layers for w in workloads]),
+            batch_size=batches,
+            share=np.array([a.active_thread_percentage for a in assignments]),
+        )
+        first = simulate_throughput(**arrays, device=self.device,
+                                    partitioning=request.partitioning, noise=noise)
+        if first.oom.any():
+            return _failed_round(failed, assignments, _oom_errors(first, self.device))
+
+        samples = counts * np.array([a.local_epochs for a in assignments])
+        seconds = _phased_seconds(samples.astype(float), arrays, self.device,
+                                  request.partitioning, noise)
+        started_at = time.time()
+        if self.time_scale > 0 and not self._sleep(float(seconds.max()) * self.time_scale):
+            return failed("agent shutting down", [
+                AssignmentResult(assignment_id=a.assignment_id, task_id=a.task.task_id,
+                                 status="failed", error="agent shutting down", simulated=True)
+                for a in assignments
+            ])
+
+        results = []
+        for k, assignment in enumerate(assignments):
+            try:
+                sha = store.put_file(assignment.output_weights,
+                                     store.path(assignment.global_weights))
+            except (OSError, ValueError) as exc:
+                errors[k] = f"cannot write output_weights: {type(exc).__name__}: {exc}"
+                continue
+            iterations = epoch_iterations(int(counts[k]), int(batches[k])) * assignment.local_epochs
+            trained = samples[k] > 0
+            results.append(AssignmentResult(
+                assignment_id=assignment.assignment_id,
+                task_id=assignment.task.task_id,
+                status="succeeded",
+                samples_trained=int(samples[k]),
+                iterations=iterations if trained else 0,
+                timed_iterations=_timed_iterations(iterations, request.warmup_iterations)
+                if trained else 0,
+                seconds=float(seconds[k]),
+                throughput_sps=float(samples[k] / seconds[k]) if trained else None,
+                train_loss=None,
+                started_at=started_at,
+                finished_at=started_at + float(seconds[k]),
+                weights=assignment.output_weights,
+                weights_sha256=sha,
+                simulated=True,
+            ))
+        if errors:
+            return _failed_round(failed, assignments, errors)
+        return DeviceRoundResult(
+            run_id=request.run_id, round_id=request.round_id, device=ctx.device,
+            status="succeeded", host=socket.gethostname(), assignments=results, simulated=True,
+        )
+
+    @staticmethod
+    def _sleep(seconds: float) -> bool:
+        """Sleep, waking for shutdown; False if the agent is shutting down."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if shutdown_requested():
+                return False
+            time.sleep(min(0.1, left))
+        return not shutdown_requested()
+
+    # -------------------------------------------------------------------------- standalone
+
+    def measure_standalone(self, request: StandaloneRequest, ctx: AgentContext) -> StandaloneResult:
+        """Each item's simulated throughput alone on the whole device (share 100).
+
+        The batch is ``min(batch_size, shard.count)`` as the trainer uses it; the noise is
+        seeded by ``(run_id, -1, device, task_id)``. An empty shard or a task too large for the
+        device's memory is that item's ``error`` (and ``status="failed"``).
+
+        Returns:
+            The :class:`StandaloneResult`, ``simulated=True`` on it and every measurement.
+        """
+        def failed(error: str) -> StandaloneResult:
+            return StandaloneResult(run_id=request.run_id, device=ctx.device, status="failed",
+                                    error=error, simulated=True)
+
+        if shutdown_requested():
+            return failed("agent shutting down: measurement refused")
+        if request.device != ctx.device:
+            return failed(f"request for device {request.device!r} reached agent {ctx.device!r}")
+        measurements = []
+        errors = []
+        for item in request.items:
+            task = item.task
+            error = ""
+            throughput = None
+            if item.shard.count == 0:
+                error = "ValueError: shard.count is 0: nothing to measure"
+            else:
+                try:
+                    workload = _task_workload(task.architecture, task.num_classes,
+                                              task.dataset.name)
+                except ValueError as exc:
+                    error = f"ValueError: {exc}"
+                else:
+                    noise = noise_factors(request.run_id, -1, ctx.device, [task.task_id])[0]
+                    throughput = alone_throughput(
+                        workload, _effective_batch(item.batch_size, item.shard.count),
+                        self.device, float(noise))
+                    if throughput is None:
+                        error = (f"CUDA out of memory (simulated): batch {item.batch_size} "
+                                 f"does not fit in {self.device.name}'s "
+                                 f"{_gib(self.device.memory_bytes)}")
+            if error:
+                errors.append(f"task {task.task_id} ({task.name}): {error}")
+            measurements.append(StandaloneMeasurement(
+                task_id=task.task_id, batch_size=item.batch_size, throughput_sps=throughput,
+                error=error, simulated=True,
+            ))
+        return StandaloneResult(
+            run_id=request.run_id, device=ctx.device,
+            status="failed" if errors else "succeeded", error="; ".join(errors),
+            measurements=measurements, simulated=True,
+        )
+
+    # --------------------------------------------------------------------------- profiling
+
+    def profile_configuration(
+        self,
+        tasks: Sequence[ProfileTaskSpec],
+        request: ProfileSweepRequest,
+        ctx: AgentContext,
+        *,
+        config_index: int,
+        repeat_of: int | None,
+        started_at: float,
+    ) -> ProfileConfigResult:
+        """Simulate one profiling configuration (MPS shares) and what measuring it would cost.
+
+        Throughputs are :func:`simulate_throughput`'s for the mix, with noise seeded by
+        ``(request.seed, config_index, device, task index)`` (a repeat draws new noise, as a
+        re-measurement would). The virtual cost mirrors
+        :func:`workers.profiling.measure_configuration`: :data:`PROFILE_STARTUP_S`, then
+        ``warmup_iterations`` of the slowest task, then a window of
+        ``max(min_window_s, (min_timed_iterations + 1) · t_max)`` and one more ``t_max`` to
+        finish after STOP (``t_max`` = the slowest iteration). Each task's
+        ``timed_iterations`` is the window over its iteration time. A configuration costing
+        more than ``config_timeout_s`` fails as timed out (charged ``config_timeout_s``); one
+        that does not fit in memory, or cannot be simulated, fails at start (charged the
+        start-up): every answer costs at least :data:`PROFILE_STARTUP_S`.
+
+        Returns:
+            See :meth:`AnalyticBackend.profile_configuration`; ``peak_memory_bytes`` is the
+            modelled device memory.
+        """
+        def result(status: str, measurements: list[ProfileMeasurement], cost: float,
+                   error: str = "") -> ProfileConfigResult:
+            return ProfileConfigResult(
+                sweep_id=request.sweep_id, device=ctx.device, backend=request.backend,
+                config_index=config_index, repeat_of=repeat_of, tasks=list(tasks),
+                measurements=measurements, started_at=started_at,
+                finished_at=started_at + cost, status=status, error=error, simulated=True,
+            )
+
+        def measurement(k: int, **values) -> ProfileMeasurement:
+            task = tasks[k]
+            return ProfileMeasurement(
+                task_index=k, architecture=task.architecture, batch_size=task.batch_size,
+                active_thread_percentage=task.active_thread_percentage, simulated=True, **values,
+            )
+
+        # Every answer costs virtual time, failures too: a sweep's clock must always advance.
+        if not tasks:
+            return result("failed", [], PROFILE_STARTUP_S,
+                          "a configuration needs at least one task")
+        try:
+            workloads = [simulation_workload(t.architecture, request.num_classes,
+                                             PROFILE_INPUT_SHAPE) for t in tasks]
+            prediction = simulate_throughput(
+                [w.flops_per_sample for w in workloads],
+                [w.activation_bytes_per_sample for w in workloads],
+                [w.param_bytes for w in workloads],
+                [w.layers for w in workloads],
+                [t.batch_size for t in tasks],
+                [t.active_thread_percentage for t in tasks],
+                self.device,
+                noise=noise_factors(request.seed, config_index, ctx.device, range(len(tasks))),
+            )
+        except ValueError as exc:
+            error = f"cannot simulate the configuration: {exc}"
+            return result("failed", [measurement(k, error=error) for k in range(len(tasks))],
+                          PROFILE_STARTUP_S, error)
+
+        peaks = [int(p) for p in prediction.peak_memory_bytes]
+        if prediction.oom.any():
+            oom = _oom_errors(prediction, self.device)
+            errors = {k: oom.get(k, "not measured: another task failed") for k in range(len(tasks))}
+            return result(
+                "failed",
+                [measurement(k, peak_memory_bytes=peaks[k], error=errors[k])
+                 for k in range(len(tasks))],
+                PROFILE_STARTUP_S,
+                "; ".join(f"task {k} ({tasks[k].architecture}, batch {tasks[k].batch_size}, "
+                          f"{tasks[k].active_thread_percentage} %): {oom[k]}" for k in sorted(oom)),
+            )
+
+        iteration = prediction.iteration_s
+        slowest = float(iteration.max())
+        window = max(request.min_window_s, (request.min_timed_iterations + 1) * slowest)
+        cost = PROFILE_STARTUP_S + request.warmup_iterations * slowest + window + slowest
+        if cost > request.config_timeout_s:
+            error = "timed out while training (config_timeout_s exceeded)"
+            return result(
+                "failed",
+                [measurement(k, peak_memory_bytes=peaks[k], error=error)
+                 for k in range(len(tasks))],
+                request.config_timeout_s,
+                "; ".join(f"task {k} ({t.architecture}, batch {t.batch_size}, "
+                          f"{t.active_thread_percentage} %): {error}" for k, t in enumerate(tasks)),
+            )
+        return result("succeeded", [
+            measurement(
+                k, throughput_sps=float(prediction.throughput_sps[k]),
+                peak_memory_bytes=peaks[k],
+                timed_iterations=max(request.min_timed_iterations, int(window // iteration[k])),
+            )
+            for k in range(len(tasks))
+        ], cost)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _task_workload(architecture: str, num_classes: int, dataset: str) -> SimWorkload:
+    from workers.datasets import dataset_info
+
+    return simulation_workload(architecture, num_classes, dataset_info(dataset).image_shape)
+
+
+def _assignment_workload(assignment: AssignmentSpec) -> SimWorkload:
+    task = assignment.task
+    return _task_workload(task.architecture, task.num_classes, task.dataset.name)
+
+
+def _oom_errors(prediction: MixPrediction, device: DeviceSpec) -> dict[int, str]:
+    """Per out-of-memory task (index), the error a CUDA allocator would have raised."""
+    peaks = prediction.peak_memory_bytes
+    errors = {}
+    held = 0.0
+    for k, (peak, refused) in enumerate(zip(peaks, prediction.oom, strict=True)):
+        if refused:
+            errors[k] = (f"CUDA out of memory (simulated): needs {_gib(peak)} with {_gib(held)} "
+                         f"held by the tasks before it; {device.name} has "
+                         f"{_gib(device.memory_bytes)}")
+        else:
+            held += float(peak)
+    return errors
+
+
+def _failed_round(failed, assignments: Sequence[AssignmentSpec],
+                  errors: dict[int, str]) -> DeviceRoundResult:
+    """The device's round failed because of ``errors`` (by assignment index): those tasks
+    fail with their error, the others are stopped, as a real device kills them."""
+    def label(assignment: AssignmentSpec) -> str:
+        return f"task {assignment.task.task_id} ({assignment.task.name})"
+
+    culprits = ", ".join(label(assignments[k]) for k in sorted(errors))
+    results = [
+        AssignmentResult(
+            assignment_id=a.assignment_id, task_id=a.task.task_id, status="failed",
+            error=errors.get(k, f"stopped because {culprits} failed on this device"),
+            simulated=True,
+        )
+        for k, a in enumerate(assignments)
+    ]
+    return failed("; ".join(f"{label(assignments[k])}: {errors[k]}" for k in sorted(errors)),
+                  results)
+
+
+def _phased_seconds(samples: np.ndarray, arrays: dict[str, np.ndarray], device: DeviceSpec,
+                    partitioning: str, noise: np.ndarray) -> np.ndarray:
+    """Seconds until each task has trained its ``samples``, the mix shrinking as tasks finish.
+
+    Tasks with nothing to train take 0 s and never join the mix.
+    """
+    finish = np.zeros(len(samples))
+    left = samples.copy()
+    active = left > 0
+    now = 0.0
+    while active.any():
+        rate = simulate_throughput(**arrays, device=device, partitioning=partitioning,
+                                   present=active, noise=noise).throughput_sps
+        step = np.min(np.where(active, left / np.where(active, rate, 1.0), np.inf))
+        now += step
+        left = np.where(active, left - rate * step, left)
+        # Relative tolerance: tasks finishing together leave the mix together.
+        done = active & (left <= samples * 1e-9)
+        finish[done] = now
+        active &= ~done
+    return finish
+
+
+__all__ = [
+    "DEFAULT_DEVICE",
+    "DEVICE_PRESETS",
+    "ENV_DEVICE",
+    "ENV_TIME_SCALE",
+    "DeviceSpec",
+    "MixPrediction",
+    "SimWorkload",
+    "SimulatedBackend",
+    "alone_throughput",
+    "device_from_env",
+    "device_spec",
+    "epoch_iterations",
+    "noise_factors",
+    "simulate_throughput",
+    "simulation_workload",
+    "stack_devices",
+    "time_scale_from_env",
+]
