@@ -1,6 +1,7 @@
 """Benchmark: the five strategies side by side on the light mix, measured on local agents.
 
     python benchmarks/compare.py --backend cpu [--budget 240] [--rounds 2] [--devices 2]
+    python benchmarks/compare.py --backend simulated      # the same on simulated Titan Vs
 
 Steps, all in one process tree on the embedded stack (an embedded Redis, a control worker and
 ``--devices`` local device agents as child processes, a fresh database in a temporary
@@ -34,8 +35,10 @@ LIGHT = ["resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="cpu", choices=["cpu"], help="execution backend of the local agents")
-    parser.add_argument("--budget", type=float, default=240.0, help="profiling seconds (default 240)")
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "simulated"],
+                        help="execution backend of the local agents (simulated: the Titan V model, labelled so)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="profiling seconds (default 240 on cpu, 1800 simulated seconds on simulated)")
     parser.add_argument("--rounds", type=int, default=2, help="FL rounds per run (default 2)")
     parser.add_argument("--devices", type=int, default=2, help="local devices (default 2)")
     parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha of the data volumes (default 0.5)")
@@ -59,17 +62,18 @@ def main() -> int:
     from controlplane.profiling.models import ProfileSweep
     from controlplane.profiling.selectors import sweep_progress
 
+    budget = args.budget if args.budget is not None else (240.0 if args.backend == "cpu" else 1800.0)
     started = time.monotonic()
     prepare_database()
     names = [f"bench-{chr(ord('a') + i)}" for i in range(args.devices)]
     print(f"MTFL_HOME={home}")
-    with LocalStack(agents=names, log=lambda line: print(f"  {line}", flush=True)) as stack:
+    with LocalStack(agents=names, backend=args.backend, log=lambda line: print(f"  {line}", flush=True)) as stack:
         stack.wait_ready()
         devices = list(Device.objects.filter(name__in=names).order_by("name"))
 
-        sweep = profiling.sweep_start(device=devices[0], budget_s=args.budget, architectures=LIGHT,
+        sweep = profiling.sweep_start(device=devices[0], budget_s=budget, architectures=LIGHT,
                                       batch_sizes=[16, 32, 64, 128, 256], max_mix=3, seed=0)
-        print(f"profiling {devices[0].name} for {args.budget:g} s (sweep {sweep.id})", flush=True)
+        print(f"profiling {devices[0].name} for {budget:g} s (sweep {sweep.id})", flush=True)
         while sweep.status not in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
             time.sleep(5)
             stack.children.check_alive()

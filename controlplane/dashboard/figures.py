@@ -356,7 +356,7 @@ def speedup_per_device(rows: Sequence[Mapping], strategies: Sequence[str]) -> go
             traces_of[metric].append(len(fig.data) - 1)
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    fig.update_layout(title="Speedup over temporal inside each device (mean over rounds)", barmode="group",
+    fig.update_layout(title="Speedup inside each device<br><sup>over temporal, mean over rounds</sup>", barmode="group",
                       xaxis_title="device", yaxis_title="speedup (×)", **LAYOUT)
     has_data = any(sp["raw"][s] for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
@@ -379,7 +379,7 @@ def speedup_per_round(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.
             traces_of[metric].append(len(fig.data) - 1)
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    fig.update_layout(title="Speedup over temporal averaged over devices, per round", xaxis=dict(dtick=1, title="round"),
+    fig.update_layout(title="Speedup per round<br><sup>over temporal, mean over devices</sup>", xaxis=dict(dtick=1, title="round"),
                       yaxis_title="speedup (×)", **LAYOUT)
     has_data = any(sp["raw"][s] for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
@@ -415,7 +415,9 @@ def round_time_split(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.F
     fig.add_bar(name="waiting for the slowest device", x=x, y=[_mean(waiting[k]) for k in keys],
                 marker_color=PALETTE[7])
     fig.update_layout(title="Round time per device: compute and waiting (mean over rounds)", barmode="stack",
-                      yaxis_title="seconds", **LAYOUT)
+                      yaxis_title="seconds",
+                      **{**LAYOUT, "height": 440, "margin": dict(l=60, r=20, t=80, b=90),
+                         "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1)})
     return fig if keys else _empty(fig, "no round of the compared runs has finished yet")
 
 

@@ -8,6 +8,9 @@ task's throughput ``P_ij`` (samples/s) from all of them at once (Eq. 2 of Yu et 
 
 ``vres_greedy`` (Yu et al. 2022, §4):
 
+Batch sizes never exceed the largest batch the model was profiled at (predictions past it are
+extrapolations) nor the shard.
+
 1. Batch sizes from the data–workload match, Eq. 3: ``min Σ_i | |D_ij|/Σ_k |D_kj| −
    O_ij/Σ_k O_kj |`` with ``O_ij = F_i·B_ij`` is zero when ``B_ij ∝ |D_ij| / F_i``: the task with
    the most data per FLOP gets the largest batch. The closed form fixes ratios, not scale; the
@@ -144,7 +147,11 @@ class _Group:
     def finish(self) -> None:
         self.D = np.array(self.samples, dtype=float)  # (n, I)
         self.lo = _smallest_option(self.D.astype(int))
-        self.hi = _largest_option(self.D.astype(int))
+        # Plans stay where the predictor has data: no batch above the largest one profiled for
+        # the model (rounded down to the batch step), since past it predictions extrapolate.
+        profiled = np.array([self.predictor.largest_profiled_batch(a) or BATCH_MAX for a in self.archs])
+        trusted = np.maximum(BATCH_MIN, profiled // BATCH_STEP * BATCH_STEP)
+        self.hi = np.maximum(self.lo, np.minimum(_largest_option(self.D.astype(int)), trusted[None, :]))
         self.mem_cap = np.array(self.memory, dtype=float)  # (n,)
         space = self.predictor.space
         self.arch_index = np.array([space.architectures.index(a) for a in self.archs])
@@ -355,7 +362,7 @@ def plan_vres_greedy(spec: PlanningInput, ctx: PlannerContext) -> Plan:
         best = np.full(len(g.device_ids), -np.inf)
         best_b = best_r = best_p = None
         for largest in SCALE_BATCHES:
-            batch = _fit_memory(g, data_matched_batches(g.D, g.flops, largest))
+            batch = _fit_memory(g, np.minimum(data_matched_batches(g.D, g.flops, largest), g.hi))
             share = _greedy_shares(g, batch, ctx.objective, ctx.max_iterations)
             score, P = _score(g, batch, share, ctx.objective)
             if best_b is None:
@@ -437,7 +444,7 @@ def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
     # Device-specific starts: data-matched batches at each scale with equal shares, and the
     # paper's baselines (batch 128 clipped, equal shares and 100 % each).
     equal = max(SHARE_STEP, (100 // k) // SHARE_STEP * SHARE_STEP)
-    starts = [(_fit_memory(g, data_matched_batches(g.D, g.flops, s)), np.full((n, k), equal)) for s in SCALE_BATCHES]
+    starts = [(_fit_memory(g, np.minimum(data_matched_batches(g.D, g.flops, s), g.hi)), np.full((n, k), equal)) for s in SCALE_BATCHES]
     base_b = _fit_memory(g, np.clip(np.full((n, k), 128), g.lo, g.hi))
     starts += [(base_b, np.full((n, k), equal)), (base_b, np.full((n, k), 100))]
     P_all = g.predict(np.vstack([b for b, _ in starts]), np.vstack([r for _, r in starts]))

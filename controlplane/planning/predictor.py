@@ -424,6 +424,12 @@ class ThroughputPredictor:
         out = np.clip(out, 1e-9, None)
         return np.where(enc.present, out, np.nan)
 
+    def largest_profiled_batch(self, architecture: str) -> int | None:
+        """The largest batch size the model was profiled at alone (``None`` if never): beyond
+        it every prediction is an extrapolation."""
+        pts = self.space.solo.curves.get(architecture)
+        return max(b for b, _ in pts) if pts else None
+
     def _predict_model(self, X: np.ndarray) -> np.ndarray:
         # Forests predict their trees on a joblib thread pool; for a few thousand rows
         # starting and joining it costs more (~50 ms a call) than the trees themselves,

@@ -200,3 +200,11 @@ def test_alone_law_is_what_the_predictor_learned(predictor):
     # Guard for the tests above: the fixture's predictor tracks the law it is checked against.
     [[p]] = predictor.predict([(MixTask("resnet18", 64, 100),)])
     assert p == pytest.approx(alone("resnet18", 64), rel=0.25)
+
+
+def test_plans_stay_within_the_profiled_batch_sizes(predictor):
+    # The synthetic sweep profiles batches up to 256: 512 would be an extrapolation.
+    spec = _spec({(50, 1): 20_000, (50, 2): 20_000, (50, 3): 20_000})
+    for planner in (plan_vres_greedy, plan_vres_sync):
+        plan = planner(spec, _ctx(predictor, (50,)))
+        assert max(a.batch_size for a in plan.assignments) <= 256, planner.__name__
