@@ -34,6 +34,9 @@ def _mtfl(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProc
         (["up", "--agents", "Bad Name"], "'Bad Name' is not a valid device name"),
         (["up", "--agents", "a,a"], "--agents lists 'a' more than once"),
         (["agent", "--device", "x"], "CELERY_BROKER_URL is not set and no embedded broker is running"),
+        (["compare", "light mix", "--timeout", "0"], "--timeout=0 is out of range: allowed 10 to 604800"),
+        (["compare", "light mix"], "cannot read experiments from the database (no such table"),
+        (["compare", "light mix", "--objective", "fastest"], "--objective='fastest' is not allowed; allowed: raw, fair"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(args, message, tmp_path):

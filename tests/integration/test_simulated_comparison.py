@@ -4,6 +4,9 @@ after another over the embedded Redis, every number labelled simulated."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -44,8 +47,14 @@ def test_a_comparison_on_simulated_devices(child_env, monkeypatch):
 
         experiment = services.experiment_create_from_template(
             template="light", device_ids=[d.id for d in devices], rounds=1, dataset="digits")
-        comparison = services.comparison_create(experiment=experiment)
-        runs = [run_wait(run, timeout_s=600) for run in comparison.runs.order_by("id")]
+        # What a researcher types: `mtfl compare EXPERIMENT`, in its own process against the
+        # running stack, follows every run to its end and prints the tables.
+        done = subprocess.run([sys.executable, "-m", "controlplane.cli", "compare", experiment.name, "--timeout", "600"],
+                              env={**os.environ, **stack._child_env()}, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "vres_sync" in done.stdout and "Final test accuracy" in done.stdout
+        comparison = Comparison.objects.get(experiment=experiment)
+        runs = [run_wait(run, timeout_s=10) for run in comparison.runs.order_by("id")]
         stack.children.check_alive()
 
     comparison.refresh_from_db()

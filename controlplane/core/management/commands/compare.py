@@ -4,6 +4,7 @@ comparison), with a progress bar per run, then print the comparison tables."""
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from controlplane.common.errors import ApplicationError
 from controlplane.core.demo import comparison_rows
@@ -18,6 +19,7 @@ from controlplane.core.management.commands._common import (
 from controlplane.core.options import int_option
 from controlplane.experiments import services
 from controlplane.experiments.models import Experiment, Run
+from controlplane.experiments.services.planning import planner_options
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
 
 
@@ -27,17 +29,27 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("experiment", help="the experiment's id or name")
-        parser.add_argument("--objective", default="raw", choices=OBJECTIVES, help="vres_greedy's objective (default raw)")
-        parser.add_argument("--slack", default="smaller_batches", choices=SLACK_POLICIES,
-                            help="what vres_sync gives devices that finish early (default smaller_batches)")
+        parser.add_argument("--objective", default="raw", help=f"vres_greedy's objective: {' or '.join(OBJECTIVES)} (default raw)")
+        parser.add_argument("--slack", default="smaller_batches",
+                            help=f"what vres_sync gives devices that finish early: {' or '.join(SLACK_POLICIES)} "
+                                 "(default smaller_batches)")
         parser.add_argument("--timeout", default="21600", help="seconds allowed per run (default 21600)")
         parser.add_argument("--no-wait", action="store_true", help="launch and exit; follow it on the dashboard")
 
     def handle(self, *args, **opts):
         timeout_s = int_option("timeout", opts["timeout"], 10, 7 * 24 * 3600)
+        try:
+            options = planner_options({"objective": opts["objective"], "slack": opts["slack"]})
+        except ApplicationError as exc:
+            raise CommandError(exc.message.replace("options.", "--")) from exc
         key = opts["experiment"]
-        experiment = Experiment.objects.filter(id=int(key)).first() if key.isdigit() else None
-        experiment = experiment or Experiment.objects.filter(name=key).first()
+        try:
+            experiment = Experiment.objects.filter(id=int(key)).first() if key.isdigit() else None
+            experiment = experiment or Experiment.objects.filter(name=key).first()
+        except DatabaseError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CommandError(f"cannot read experiments from the database ({first}): if it is new, start `mtfl up` "
+                               "or run `mtfl migrate`, then create one") from exc
         if experiment is None:
             raise CommandError(f"experiment {key!r} does not exist (give its id or name; `GET /api/experiments/` lists them)")
         try:
@@ -47,7 +59,7 @@ class Command(BaseCommand):
         require_control_worker("it runs the rounds")
         try:
             comparison = services.comparison_create(
-                experiment=experiment, options={"objective": opts["objective"], "slack": opts["slack"]})
+                experiment=experiment, options=options)
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
         runs = list(comparison.runs.order_by("id"))
