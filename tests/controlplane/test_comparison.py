@@ -129,3 +129,18 @@ def test_compare_without_a_predictor_creates_nothing(api, make_experiment):
     assert response.status_code == 400 and "strategy" in response.json()["errors"]
     assert not Comparison.objects.exists() and not Run.objects.exists()
     assert not Round.objects.exists()
+
+
+def test_the_experiment_page_button_launches_a_comparison(browser_client, make_experiment, predictor,
+                                                          django_capture_on_commit_callbacks):
+    experiment = make_experiment()
+    _queued_control_messages()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = browser_client.post(f"/experiments/{experiment.id}/compare/")
+    assert response.status_code == 302 and response["Location"] == f"/experiments/{experiment.id}/"
+    comparison = Comparison.objects.get(experiment=experiment)
+    first = comparison.runs.order_by("id").first()
+    assert first.strategy == "temporal"
+    assert _queued_control_messages() == [(TaskName.RUN_BEGIN, [first.id])]
+    page = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
+    assert f"Comparison {comparison.id}" in page and "vres_sync" in page
