@@ -255,7 +255,7 @@ def learning_curve(history: Sequence[Mapping]) -> go.Figure:
             hovertemplate="%{text}: %{customdata}<br>%{x} samples<br>RMSLE %{y:.4f}<extra></extra>",
         )
     fig.update_layout(title="Predictor error as it learns", xaxis_title="training samples",
-                      yaxis_title="held-out RMSLE", **LAYOUT)
+                      yaxis=dict(title="held-out RMSLE", rangemode="tozero"), **LAYOUT)
     return fig if history else _empty(fig, "no fitted predictor yet")
 
 
