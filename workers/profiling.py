@@ -45,9 +45,9 @@ from workers.backends.base import (
     ExecutionBackend,
     TrainerProcessBackend,
     TrainerResources,
+    kill_children,
     shutdown_requested,
     track_child,
-    untrack_child,
 )
 from workers.messages import (
     ProfileConfigResult,
@@ -364,7 +364,7 @@ def measure_configuration(
             if child.fate is None:
                 child.fate, child.fate_detail = "agent", f"{type(exc).__name__}: {exc}"
     finally:
-        _kill_all(children)
+        kill_children(children)
 
     outcomes = [_child_result(child) for child in children]
     causes = [c for c in children if c.fate in ("failed", "timeout", "stopped", "agent")]
@@ -512,26 +512,6 @@ def _wait_exit(children: list[_Child], deadline: float, should_stop: Callable[[]
     for child in children:
         if child.proc.returncode != 0 and child.fate is None:
             child.fate = "failed"
-
-
-def _kill_all(children: list[_Child]) -> None:
-    for child in children:
-        proc = child.proc
-        if proc is None:
-            continue
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stdin and not proc.stdin.closed:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass  # the pipe's reader is dead; nothing left to flush
-        if child.reader is not None:
-            child.reader.join(timeout=5)
-        if proc.stdout:
-            proc.stdout.close()
-        untrack_child(proc)
 
 
 def _child_result(child: _Child) -> ProfileChildResult | None:

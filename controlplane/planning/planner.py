@@ -254,9 +254,9 @@ def _groups(spec: PlanningInput, ctx: PlannerContext) -> list[_Group]:
     return out
 
 
-def _round_time(g: _Group, P: np.ndarray, epochs: int, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
-    """``T_j = max_i E·|D_ij| / P_ij`` (seconds) per row."""
-    return np.max(epochs * g.D[rows] / P, axis=1)
+def _round_time(g: _Group, P: np.ndarray, epochs: int) -> np.ndarray:
+    """``T_j = max_i E·|D_ij| / P_ij`` (seconds) per device of the group."""
+    return np.max(epochs * g.D / P, axis=1)
 
 
 def _fit_memory(g: _Group, batch: np.ndarray) -> np.ndarray:

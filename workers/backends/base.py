@@ -219,6 +219,42 @@ def untrack_child(proc: subprocess.Popen) -> None:
         _CHILDREN.pop(proc.pid, None)
 
 
+def kill_children(children: Sequence) -> None:
+    """Kill and reap child processes, close their pipes, join their stdout readers and stop
+    tracking them. Each child has ``proc`` (a ``subprocess.Popen`` or ``None`` if it never
+    started) and ``reader`` (a ``threading.Thread`` or ``None``)."""
+    for child in children:
+        proc = child.proc
+        if proc is None:
+            continue
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdin and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass  # the pipe's reader is dead; nothing left to flush
+        if child.reader is not None:
+            child.reader.join(timeout=5)
+        if proc.stdout:
+            proc.stdout.close()
+        untrack_child(proc)
+
+
+def round_request_problem(request: TrainRoundRequest, ctx: AgentContext) -> str | None:
+    """Why a device must refuse a round before doing anything (the agent is shutting down,
+    the request is for another device, or it repeats an ``assignment_id``), or ``None``."""
+    if shutdown_requested():
+        return "agent shutting down: round refused"
+    if request.device != ctx.device:
+        return f"request for device {request.device!r} reached agent {ctx.device!r}"
+    ids = [a.assignment_id for a in request.assignments]
+    if len(ids) != len(set(ids)):
+        return f"duplicate assignment_id in request: {ids}"
+    return None
+
+
 def _stderr_tail(path: Path) -> str:
     try:
         with open(path, "rb") as handle:
@@ -352,13 +388,9 @@ class TrainerProcessBackend(ExecutionBackend):
                 assignments=results or [],
             )
 
-        if shutdown_requested():
-            return failed("agent shutting down: round refused")
-        if request.device != ctx.device:
-            return failed(f"request for device {request.device!r} reached agent {ctx.device!r}")
-        ids = [a.assignment_id for a in request.assignments]
-        if len(ids) != len(set(ids)):
-            return failed(f"duplicate assignment_id in request: {ids}")
+        problem = round_request_problem(request, ctx)
+        if problem:
+            return failed(problem)
         try:
             allocations = self.trainer_resources(request, ctx)
         except ValueError as exc:
@@ -492,23 +524,7 @@ class TrainerProcessBackend(ExecutionBackend):
 
     @staticmethod
     def _kill_all(trainers: list[_Trainer]) -> None:
-        for trainer in trainers:
-            proc = trainer.proc
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            if proc.stdin and not proc.stdin.closed:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass  # the pipe's reader is dead; nothing left to flush
-            if trainer.reader is not None:
-                trainer.reader.join(timeout=5)
-            if proc.stdout:
-                proc.stdout.close()
-            untrack_child(proc)
+        kill_children(trainers)
 
     def _collect(self, trainer: _Trainer) -> AssignmentResult:
         """Build the assignment's result from its RESULT.json, exit code and fate."""

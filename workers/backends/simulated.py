@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workers.artifacts import LocalArtifactStore
-from workers.backends.base import AgentContext, AnalyticBackend, shutdown_requested
+from workers.backends.base import AgentContext, AnalyticBackend, round_request_problem, shutdown_requested
 from workers.messages import (
     AssignmentResult,
     AssignmentSpec,
@@ -701,13 +701,9 @@ class SimulatedBackend(AnalyticBackend):
                 assignments=results or [], simulated=True,
             )
 
-        if shutdown_requested():
-            return failed("agent shutting down: round refused")
-        if request.device != ctx.device:
-            return failed(f"request for device {request.device!r} reached agent {ctx.device!r}")
-        ids = [a.assignment_id for a in request.assignments]
-        if len(ids) != len(set(ids)):
-            return failed(f"duplicate assignment_id in request: {ids}")
+        problem = round_request_problem(request, ctx)
+        if problem:
+            return failed(problem)
         if not request.assignments:
             return DeviceRoundResult(
                 run_id=request.run_id, round_id=request.round_id, device=ctx.device,

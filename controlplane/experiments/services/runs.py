@@ -43,6 +43,7 @@ from controlplane.experiments.models import (
 from controlplane.experiments.services import dispatch, planning
 from controlplane.experiments.services.planning import plan_from_json
 from controlplane.planning import metrics
+from controlplane.planning.planner import PlannerContext
 from controlplane.planning.strategies import COMPARED, PLANNED, STRATEGIES, make_plan
 from controlplane.planning.types import Plan, PlanningError
 from controlplane.profiling.services import samples_from_round
@@ -109,8 +110,13 @@ def _run_new(
     plan: list[Mapping[str, Any]] | None = None,
     options: Mapping[str, Any] | None = None,
     comparison: Comparison | None = None,
+    planner: PlannerContext | None = None,
 ) -> Run:
-    """Check and save a pending run (planning it now for ``vres_*``) without starting it."""
+    """Check and save a pending run (planning it now for ``vres_*``) without starting it.
+
+    ``planner``: a context already built for these options (a comparison plans two runs with
+    the same predictors; loading them once is enough).
+    """
     if strategy not in STRATEGIES:
         raise ApplicationError(f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}", field="strategy")
     never_seen = sorted(experiment.devices.filter(last_heartbeat_at__isnull=True).values_list("name", flat=True))
@@ -132,10 +138,9 @@ def _run_new(
             }
             for entry in plan
         ]
-    planner = None
     if strategy in PLANNED:
         options = planning.planner_options(options)
-        planner = planning.planner_context(experiment=experiment, options=options)
+        planner = planner or planning.planner_context(experiment=experiment, options=options)
     elif options:
         raise ApplicationError(f"options apply to {', '.join(PLANNED)} only, not to {strategy!r}", field="options")
     try:
@@ -165,10 +170,12 @@ def comparison_create(*, experiment: Experiment, options: Mapping[str, Any] | No
     Raises:
         ApplicationError: as :func:`run_create`, for any of the strategies.
     """
+    options = planning.planner_options(options)
+    planner = planning.planner_context(experiment=experiment, options=options)
     comparison = Comparison.objects.create(experiment=experiment, strategies=list(COMPARED))
     runs = [
         _run_new(experiment=experiment, strategy=strategy, options=options if strategy in PLANNED else None,
-                 comparison=comparison)
+                 comparison=comparison, planner=planner if strategy in PLANNED else None)
         for strategy in COMPARED
     ]
     first = runs[0].id
