@@ -79,9 +79,12 @@ def compared_runs(experiment: Experiment) -> list[Run]:
     return sorted(runs, key=lambda r: (COMPARED.index(r.strategy) if r.strategy in COMPARED else len(COMPARED), r.id))
 
 
-def comparison_figures(experiment: Experiment) -> dict[str, Any]:
+def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The comparison section: speedups inside each device and per round, round time split,
-    predicted against measured throughput of planned assignments, final accuracy per task."""
+    predicted against measured throughput of planned assignments, final accuracy per task.
+
+    ``run_rows`` is :func:`experiment_runs`' result (its final accuracies are reused).
+    """
     runs = compared_runs(experiment)
     strategies = [r.strategy for r in runs]
     rows = []
@@ -95,12 +98,14 @@ def comparison_figures(experiment: Experiment) -> dict[str, Any]:
             "standalone_throughput_sps": a.standalone_throughput_sps,
             "started_at": a.started_at, "finished_at": a.finished_at,
         })
-    accuracy = [{"strategy": r.strategy, "accuracy": selectors.run_final_accuracy(r)} for r in runs]
+    final = {row["run"].id: row["accuracy"] for row in run_rows}
+    accuracy = [{"strategy": r.strategy, "accuracy": final[r.id]} for r in runs]
+    speedups = figures.comparison_speedups(rows, strategies)
     return {
         "runs": runs,
         "figures": {
-            "per_device": figure_json(figures.speedup_per_device(rows, strategies)),
-            "per_round": figure_json(figures.speedup_per_round(rows, strategies)),
+            "per_device": figure_json(figures.speedup_per_device(speedups, strategies)),
+            "per_round": figure_json(figures.speedup_per_round(speedups, strategies)),
             "round_time": figure_json(figures.round_time_split(rows, strategies)),
             "predicted": figure_json(figures.plan_predicted_vs_measured(rows)),
             "final_accuracy": figure_json(figures.final_accuracy(accuracy, strategies)),

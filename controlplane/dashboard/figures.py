@@ -338,12 +338,14 @@ def _metric_menu(fig: go.Figure, traces_of: Mapping[str, list[int]]) -> None:
     fig.update_layout(updatemenus=[dict(buttons=buttons, active=0, x=1.0, xanchor="right", y=1.18)])
 
 
-def speedup_per_device(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Figure:
+def speedup_per_device(speedups: Mapping[str, dict], strategies: Sequence[str]) -> go.Figure:
     """Speedup over ``temporal`` inside each device (the paper's Fig. 4), raw or fair by menu.
 
-    Args: as :func:`comparison_speedups`.
+    Args:
+        speedups: :func:`comparison_speedups`' result.
+        strategies: display order.
     """
-    sp = comparison_speedups(rows, strategies)["per_device"]
+    sp = speedups["per_device"]
     fig = go.Figure()
     traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
     for metric in ("raw", "fair"):
@@ -362,12 +364,14 @@ def speedup_per_device(rows: Sequence[Mapping], strategies: Sequence[str]) -> go
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
 
 
-def speedup_per_round(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Figure:
+def speedup_per_round(speedups: Mapping[str, dict], strategies: Sequence[str]) -> go.Figure:
     """Speedup over ``temporal`` averaged over devices, per round (the paper's Fig. 5).
 
-    Args: as :func:`comparison_speedups`.
+    Args:
+        speedups: :func:`comparison_speedups`' result.
+        strategies: display order.
     """
-    sp = comparison_speedups(rows, strategies)["per_round"]
+    sp = speedups["per_round"]
     fig = go.Figure()
     traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
     for metric in ("raw", "fair"):

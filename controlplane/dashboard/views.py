@@ -63,7 +63,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _experiment_context(experiment: Experiment, compare_error: str = "") -> dict:
     runs = data.experiment_runs(experiment)
-    comparison = data.comparison_figures(experiment)
+    comparison = data.comparison_figures(experiment, runs)
     return {
         "experiment": experiment,
         "tasks": list(experiment.tasks.order_by("id")),
