@@ -172,7 +172,20 @@ def test_cpu_trainers_on_shared_cores_do_not_spin(agent_context):
     partly = CpuBackend().resources_for_shares([50, 50, 50], "mps", agent_context)  # the third wraps onto core 0
     assert [r.cores for r in partly] == [[0], [1], [0]]
     assert ["OMP_WAIT_POLICY" in r.env for r in partly] == [True, False, True]
-    assert CpuBackend().standalone_resources(agent_context).env == {}
+    assert "OMP_WAIT_POLICY" not in CpuBackend().standalone_resources(agent_context).env
+
+
+def test_cpu_trainers_keep_freed_memory_so_iterations_do_not_page_fault(agent_context):
+    """Every cpu trainer, profiled or training a round, gets the same glibc allocator settings."""
+    backend = CpuBackend()
+    everyone = [
+        *backend.resources_for_shares([50, 50], "mps", agent_context),
+        *backend.resources_for_shares([100, 100], "mps", agent_context),
+        *backend.resources_for_shares([30, 30], "timeslice", agent_context),
+        backend.standalone_resources(agent_context),
+    ]
+    assert all(r.env["MALLOC_MMAP_MAX_"] == "0" for r in everyone)
+    assert all(int(r.env["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 30 for r in everyone)
 
 
 def test_get_backend_rejects_unknown_name():
