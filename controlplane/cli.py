@@ -15,11 +15,19 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     """Run a management command, like ``manage.py``."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
     from workers.lifecycle import exit_with_parent
 
     exit_with_parent()  # the web server child of `mtfl up` stops with it
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018 - loads the settings: a refused start is one line, not a traceback
+    except ImproperlyConfigured as exc:
+        print(f"mtfl: {exc}", file=sys.stderr)
+        sys.exit(2)
 
     argv = list(sys.argv if argv is None else argv)
     argv[0] = "mtfl"

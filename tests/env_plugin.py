@@ -12,3 +12,7 @@ os.environ.pop("CELERY_BROKER_URL", None)
 os.environ.pop("CELERY_RESULT_BACKEND", None)
 os.environ["CELERY_BROKER_URL"] = "memory://"
 os.environ["CELERY_RESULT_BACKEND"] = "cache+memory://"
+# The suite runs the embedded settings; the production refusals are tested in subprocesses
+# (tests/controlplane/test_settings.py), so a deployment's MTFL_ENV exported in the shell that
+# runs pytest must not turn them on here.
+os.environ.pop("MTFL_ENV", None)
