@@ -2,10 +2,43 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+
+def database_url(settings_dict: dict, vendor: str) -> str:
+    """A ``DATABASE_URL`` naming the database of ``settings_dict`` (Django's connection settings)."""
+    if vendor == "sqlite":
+        return f"sqlite:///{settings_dict['NAME']}"
+    if vendor == "postgresql":
+        user = settings_dict.get("USER") or ""
+        password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+        auth = f"{user}{password}@" if user else ""
+        host = settings_dict.get("HOST") or "127.0.0.1"
+        return f"postgres://{auth}{host}:{settings_dict.get('PORT') or 5432}/{settings_dict['NAME']}"
+    raise RuntimeError(f"unsupported database vendor {vendor}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _child_processes_use_the_test_database(request):
+    """With ``DATABASE_URL`` set (CI's PostgreSQL pass), every process a test starts would inherit
+    it and open the database it names, not the ``test_`` one pytest-django created: point it at
+    the test database for the whole session. Unset (the SQLite default), children already use
+    the session's own ``MTFL_HOME`` (tests/env_plugin.py)."""
+    original = os.environ.get("DATABASE_URL")
+    if not original:
+        yield
+        return
+    request.getfixturevalue("django_db_setup")
+    from django.db import connection
+
+    os.environ["DATABASE_URL"] = database_url(connection.settings_dict, connection.vendor)
+    yield
+    os.environ["DATABASE_URL"] = original
 
 
 @pytest.fixture
@@ -49,18 +82,21 @@ def make_device(db):
 
 
 @pytest.fixture
-def make_task(db):
+def make_task(db, user):
+    """A task owned by the ``user`` fixture unless ``owner=`` says otherwise."""
     from controlplane.experiments.services import task_create
 
     def make(name: str = "digits-mobilenet", architecture: str = "mobilenet_v3_small", **kw):
+        kw.setdefault("owner", user)
         return task_create(name=name, architecture=architecture, **kw)
 
     return make
 
 
 @pytest.fixture
-def make_experiment(db, make_device, make_task):
-    """An experiment over given (or two new) devices and tasks, explicit small shards by default."""
+def make_experiment(db, user, make_device, make_task):
+    """An experiment over given (or two new) devices and tasks, explicit small shards by default,
+    owned by the ``user`` fixture unless ``owner=`` says otherwise."""
     from controlplane.experiments.services import experiment_create
 
     def make(*, devices=None, tasks=None, name="exp", rounds=1, counts=None, **kw):
@@ -70,6 +106,7 @@ def make_experiment(db, make_device, make_task):
             kw["partition_rule"] = "explicit"
             counts = [{"device": d.id, "task": t.id, "num_samples": 40 + 8 * i} for i, (d, t) in
                       enumerate((d, t) for d in devices for t in tasks)]
+        kw.setdefault("owner", user)
         return experiment_create(
             name=name, task_ids=[t.id for t in tasks], device_ids=[d.id for d in devices], rounds=rounds,
             sample_counts=counts, **kw,

@@ -10,7 +10,8 @@ import pytest
 
 
 def _mtfl(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"}}
+    # The embedded defaults of a fresh MTFL_HOME: its own SQLite file, not the suite's database.
+    env = {k: v for k, v in os.environ.items() if k not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL"}}
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "controlplane.cli", *args], capture_output=True, text=True,
                           env=env, timeout=120)
