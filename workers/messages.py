@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MIB = 1 << 20
+
 Architecture = Literal[
     "resnet18",
     "resnet50",
@@ -115,6 +117,16 @@ class AssignmentSpec(_Message):
     global_weights: str = Field(description="artifact key of the global model to start from")
     output_weights: str = Field(description="artifact key the trained weights are written to")
     seed: int = Field(default=0, ge=0, description="seeds data shuffling and dropout")
+    memory_limit_bytes: int | None = Field(
+        default=None, ge=MIB, le=1 << 50,
+        description="device memory the trainer may pin, bytes (MPS: "
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, rounded up to MiB); None: no limit",
+    )
+    predicted_memory_bytes: int | None = Field(
+        default=None, ge=0, le=1 << 50,
+        description="the planner's estimate of the trainer's peak device memory, bytes; a GPU "
+                    "device refuses a round whose trainers cannot fit together",
+    )
 
 
 class TrainRoundRequest(_Message):
@@ -158,11 +170,62 @@ class AssignmentResult(_Message):
     weights_sha256: str | None = None
     threads: int | None = None
     cores: list[int] | None = None
+    torch_device: str | None = Field(
+        default=None, description="where the trainer computed: 'cpu' or 'cuda'")
+    peak_memory_bytes: int | None = Field(
+        default=None, ge=0,
+        description="the trainer's peak memory, bytes: torch.cuda.max_memory_allocated on a "
+                    "GPU, peak resident set size on CPU")
+    visible_sm_count: int | None = Field(
+        default=None, ge=0,
+        description="streaming multiprocessors the trainer's CUDA context reported "
+                    "(torch.cuda.get_device_properties().multi_processor_count); None on CPU")
+    mps_active_thread_percentage: float | None = Field(
+        default=None, ge=0, le=100,
+        description="the share MPS applied to this trainer according to the MPS server log "
+                    "(the client's own value when the log records one, else the smaller of "
+                    "the requested share and the server's active thread percentage); None "
+                    "when the trainer did not run under MPS or the log does not show it")
+    mps_verified: bool | None = Field(
+        default=None,
+        description="under MPS partitioning: True when the MPS server log shows this trainer "
+                    "connected as a client of the agent's own MPS server with "
+                    "mps_active_thread_percentage equal to active_thread_percentage; None "
+                    "when not under MPS")
+    mps_detail: str = Field(default="", description="why mps_verified is False (or what was seen)")
     simulated: bool = _simulated_field()
 
 
+class GpuSample(_Message):
+    """One whole-GPU telemetry sample taken by the agent through NVML during a round.
+
+    Under MPS, NVML sees every trainer as the MPS server process, so these are device totals;
+    per-task throughput always comes from the trainers (:class:`AssignmentResult`).
+
+    Attributes:
+        t: Unix seconds (the agent host's wall clock) the sample was taken.
+        gpu_util_percent: percent of the sample period during which one or more kernels ran
+            on the GPU (``nvmlDeviceGetUtilizationRates().gpu``), 0-100.
+        memory_used_bytes: device memory in use by all processes, bytes
+            (``nvmlDeviceGetMemoryInfo().used``).
+        memory_total_bytes: device memory, bytes.
+    """
+
+    t: float
+    gpu_util_percent: int = Field(ge=0, le=100)
+    memory_used_bytes: int = Field(ge=0)
+    memory_total_bytes: int | None = Field(default=None, ge=0)
+
+
 class DeviceRoundResult(_Message):
-    """Return value of ``train_round``: failures are data (``status="failed"`` and ``error``)."""
+    """Return value of ``train_round``: failures are data (``status="failed"`` and ``error``).
+
+    ``telemetry`` is the whole-GPU series a GPU backend sampled about once a second from just
+    before its trainers started until they all ended (empty on ``cpu`` and ``simulated``, or
+    when NVML could not be read; the agent logs why). ``mps_restarted`` says the agent
+    restarted its MPS control daemon before this round because the device's previous
+    dispatch failed (a fatal fault under MPS poisons every client of the server).
+    """
 
     run_id: int
     round_id: int
@@ -171,6 +234,8 @@ class DeviceRoundResult(_Message):
     error: str = ""
     host: str = ""
     assignments: list[AssignmentResult] = []
+    telemetry: list[GpuSample] = []
+    mps_restarted: bool = False
     simulated: bool = _simulated_field()
 
 
@@ -228,6 +293,14 @@ class DeviceInventory(_Message):
     python: str = ""
     torch_version: str = ""
     agent_version: str = ""
+    gpu_uuid: str = Field(default="", description="the GPU's UUID (GPU-…), how trainers name it in CUDA_VISIBLE_DEVICES")
+    gpu_index: int | None = Field(default=None, ge=0, description="the GPU's NVML index on its host")
+    driver_version: str = Field(default="", description="NVIDIA driver version, e.g. '550.54.15'")
+    cuda_version: str = Field(default="", description="highest CUDA version the driver supports, e.g. '12.4'")
+    sm_count: int | None = Field(default=None, ge=1, description="streaming multiprocessors of the GPU")
+    compute_capability: str = Field(default="", description="e.g. '9.0'; empty when it could not be probed")
+    compute_mode: str = Field(default="", description="NVML compute mode: Default, Exclusive_Process, Prohibited")
+    mps_available: bool | None = Field(default=None, description="nvidia-cuda-mps-control is installed (None: not a GPU backend)")
 
 
 # --------------------------------------------------------------------------- workload features

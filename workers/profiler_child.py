@@ -24,10 +24,15 @@ Protocol on stdin/stdout (line by line, nothing else is written to the real stdo
 3. between iterations it checks stdin without blocking (``select``); on ``STOP`` (or end of
    file: the parent is gone) it finishes, writes RESULT.json and exits.
 
-RESULT.json is a :class:`ProfileChildResult`: the peak resident memory
-(``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux, reported in bytes) and, on
-failure, the error. A GPU variant would synchronise the device before taking each ``end`` and
-report ``torch.cuda.max_memory_allocated`` instead.
+RESULT.json is a :class:`ProfileChildResult`: the peak memory and, on failure, the error.
+
+Device: ``MTFL_TRAINER_DEVICE`` in the environment (:func:`workers.trainer.trainer_device`,
+set by the GPU backends) chooses ``cpu`` (default) or ``cuda``. On ``cuda`` the model and the
+synthetic batch are created on the GPU before ``READY``, cuDNN autotuning runs during the
+warm-up iterations, each timed iteration's ``end`` is taken after ``torch.cuda.synchronize()``,
+and the peak memory is ``torch.cuda.max_memory_allocated``. On ``cpu`` the peak memory is the
+peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux, reported
+in bytes).
 
 Exit codes: 0 success, 1 error while profiling (RESULT.json says which), 2 bad spec or usage.
 torch is imported inside functions.
@@ -97,7 +102,8 @@ class ProfileChildResult(BaseModel):
         status: ``succeeded`` or ``failed``.
         error: ``"ExcType: message"`` when failed.
         iterations: iterations run after ``GO``, warm-up included.
-        peak_memory_bytes: peak resident set size of the process, bytes.
+        peak_memory_bytes: the process's peak memory, bytes: ``torch.cuda.max_memory_allocated``
+            on a GPU, the peak resident set size on CPU.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -161,8 +167,17 @@ class StdinCommands:
         return None if self.closed else ""
 
 
+_DEVICE = None  # the torch device profile() trains on, once chosen
+
+
 def peak_memory_bytes() -> int:
-    """This process's peak resident set size in bytes (``ru_maxrss`` is KiB on Linux)."""
+    """This process's peak memory in bytes: ``torch.cuda.max_memory_allocated`` once
+    :func:`profile` has chosen a GPU, else the peak resident set size (``ru_maxrss`` is KiB on
+    Linux)."""
+    if _DEVICE is not None and _DEVICE.type == "cuda":
+        from workers.trainer import peak_memory
+
+        return peak_memory(_DEVICE)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -175,16 +190,28 @@ def profile(spec: ProfileChildSpec, protocol_out, commands: StdinCommands) -> in
     """
     import torch
 
-    from workers.trainer import IterationLock, apply_resources, build_optimizer, train_step
+    from workers.trainer import (
+        IterationLock,
+        apply_resources,
+        build_optimizer,
+        open_device,
+        synchronize,
+        train_step,
+        trainer_device,
+    )
     from workers.zoo import build_model
 
+    global _DEVICE
     apply_resources(spec.threads, spec.cores)
+    device = _DEVICE = open_device(trainer_device())
     model = build_model(spec.architecture, spec.num_classes, spec.seed)
+    model.to(device)
     model.train()
     optimizer = build_optimizer(model, OptimizerConfig())
     generator = torch.Generator().manual_seed(spec.seed)
-    x = torch.randn(spec.batch_size, *INPUT_SHAPE, generator=generator)
-    y = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=generator)
+    # Drawn on the CPU generator, so the batch is the same on every device, then moved once.
+    x = torch.randn(spec.batch_size, *INPUT_SHAPE, generator=generator).to(device)
+    y = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=generator).to(device)
     torch.manual_seed(spec.seed)  # dropout masks
 
     protocol_out.write(READY_LINE + "\n")
@@ -203,6 +230,7 @@ def profile(spec: ProfileChildSpec, protocol_out, commands: StdinCommands) -> in
             start = time.monotonic()
             with hold:
                 train_step(model, optimizer, x, y)
+                synchronize(device)
             end = time.monotonic()
             iterations += 1
             if iterations > spec.warmup_iterations:

@@ -20,6 +20,16 @@ Exit codes: 0 success, 1 training error (RESULT.json has ``status="failed"`` and
 ``error="ExcType: message"``), 2 bad spec or usage (RESULT.json, when it can be written, holds
 ``{"status": "failed", "error": ...}``).
 
+Device: ``MTFL_TRAINER_DEVICE`` in the environment (set by the GPU backends) chooses ``cpu``
+(default) or ``cuda`` (the one GPU ``CUDA_VISIBLE_DEVICES`` shows; under MPS the backend has
+already put the trainer's share in its environment, read by CUDA when it initialises). On
+``cuda`` the shard is moved to the GPU once, before ``READY``; cuDNN autotuning
+(``cudnn.benchmark``) is on and happens in the warm-up iterations; every timed step ends with
+``torch.cuda.synchronize()`` so its wall time covers the kernels it queued; peak memory is
+``torch.cuda.max_memory_allocated``. On ``cpu`` nothing changes: steps are timed as they return
+and peak memory is the peak resident set size. There is no data loader: batches are slices of
+tensors already in memory (on the device), so there is no loader wait to separate from compute.
+
 Only ``READY`` is written to the real stdout (everything else printed goes to stderr), so the
 parent can read the protocol line by line. torch is imported inside functions: importing this
 module (as the backends do, for the spec models) stays light.
@@ -33,6 +43,7 @@ import fcntl
 import json
 import math
 import os
+import resource
 import sys
 import time
 import traceback
@@ -72,6 +83,77 @@ EXIT_BAD_SPEC = 2
 
 READY_LINE = "READY"
 GO_LINE = "GO"
+
+ENV_DEVICE = "MTFL_TRAINER_DEVICE"
+"""``cpu`` (default) or ``cuda``: where a trainer or profiler process computes."""
+DEVICES = ("cpu", "cuda")
+
+
+def trainer_device() -> str:
+    """The device this process trains on, from ``MTFL_TRAINER_DEVICE``: ``"cpu"`` or ``"cuda"``.
+
+    Raises:
+        ValueError: for another value, naming the variable and the allowed ones.
+    """
+    value = os.environ.get(ENV_DEVICE, "").strip() or "cpu"
+    if value not in DEVICES:
+        raise ValueError(f"{ENV_DEVICE}={value!r}; allowed: {', '.join(DEVICES)}")
+    return value
+
+
+def open_device(name: str) -> torch.device:
+    """Return the torch device to train on, preparing CUDA when ``name == "cuda"``.
+
+    On CUDA: checks torch sees a GPU and turns cuDNN autotuning on (it then runs during the
+    warm-up iterations, which throughput excludes). This is the first CUDA call of the
+    process, so the MPS variables of its environment apply from here on.
+
+    Raises:
+        RuntimeError: ``cuda`` was asked for but torch sees no GPU (the message says which GPU
+            was visible).
+    """
+    import torch
+
+    if name != "cuda":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{ENV_DEVICE}=cuda but torch sees no GPU (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}, torch built for CUDA "
+            f"{torch.version.cuda})"
+        )
+    torch.backends.cudnn.benchmark = True
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for every kernel queued on ``device`` (a no-op on CPU, where work is synchronous)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak memory of this process, bytes: ``torch.cuda.max_memory_allocated`` on a GPU, the
+    peak resident set size (``ru_maxrss``, KiB on Linux) on CPU."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def visible_sm_count(device: torch.device) -> int | None:
+    """Streaming multiprocessors the process's CUDA context reports (``None`` on CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 class TrainerSpec(AssignmentSpec):
@@ -367,6 +449,7 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
     import torch
 
     apply_resources(spec.threads, spec.cores)
+    device = open_device(trainer_device())
     store = LocalArtifactStore(spec.artifact_root)
     x, y = _load_shard(spec.task, spec.shard)
     model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed)
@@ -376,6 +459,9 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
             f"global_weights {spec.global_weights!r} not found at {global_path}"
         )
     load_model_weights(model, global_path)
+    # Model and data go to the device once, before the barrier: no copies inside the timing.
+    model.to(device)
+    x, y = x.to(device), y.to(device)
     optimizer = build_optimizer(model, spec.task.optimizer)
     torch.manual_seed(spec.seed)  # dropout masks
 
@@ -397,9 +483,11 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
             for epoch in range(spec.local_epochs):
                 generator = torch.Generator().manual_seed(spec.seed + epoch)
                 for idx in epoch_batches(num_samples, spec.batch_size, generator):
+                    idx = idx.to(device)
                     tick = time.perf_counter()
                     with hold:
                         loss = train_step(model, optimizer, x[idx], y[idx])
+                        synchronize(device)
                     records.append(
                         IterationRecord(epoch, len(idx), time.perf_counter() - tick, loss)
                     )
@@ -433,11 +521,14 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
         weights_sha256=sha,
         threads=spec.threads,
         cores=spec.cores,
+        torch_device=device.type,
+        peak_memory_bytes=peak_memory(device),
+        visible_sm_count=visible_sm_count(device),
     )
 
 
 def measure_item(
-    item: StandaloneItem, warmup_iterations: int, timed_iterations: int
+    item: StandaloneItem, warmup_iterations: int, timed_iterations: int, device: torch.device | None = None
 ) -> StandaloneMeasurement:
     """Measure one task's training throughput alone on the device (``P_alone``).
 
@@ -445,7 +536,14 @@ def measure_item(
     ``item.batch_size`` on the task's shard, cycling over reshuffled passes of the shard when it
     is smaller than needed. A shard smaller than the batch size is used whole as every batch.
     The model starts from a seeded random initialisation (throughput does not depend on the
-    weights' values).
+    weights' values). On a GPU the shard is moved there first and each timed step ends with
+    ``torch.cuda.synchronize()``.
+
+    Args:
+        item: the task, batch size and shard.
+        warmup_iterations: untimed steps.
+        timed_iterations: timed steps, ``>= 1``.
+        device: where to train (default CPU).
 
     Returns:
         The measurement, ``throughput_sps = Σ samples / Σ seconds`` over the timed steps.
@@ -456,12 +554,15 @@ def measure_item(
     """
     import torch
 
+    device = torch.device("cpu") if device is None else device
     x, y = _load_shard(item.task, item.shard)
     num_samples = len(y)
     if num_samples == 0:
         raise ValueError("shard.count is 0: nothing to measure")
     batch = min(item.batch_size, num_samples)
+    x, y = x.to(device), y.to(device)
     model = build_model(item.task.architecture, item.task.num_classes, 0)
+    model.to(device)
     model.train()
     optimizer = build_optimizer(model, item.task.optimizer)
     generator = torch.Generator().manual_seed(0)
@@ -469,13 +570,14 @@ def measure_item(
     needed = steps * batch
     order = torch.cat(
         [torch.randperm(num_samples, generator=generator) for _ in range(-(-needed // num_samples))]
-    )
+    ).to(device)
     samples = 0
     seconds = 0.0
     for step in range(steps):
         idx = order[step * batch : (step + 1) * batch]
         tick = time.perf_counter()
         train_step(model, optimizer, x[idx], y[idx])
+        synchronize(device)
         elapsed = time.perf_counter() - tick
         if step >= warmup_iterations:
             samples += len(idx)
@@ -488,14 +590,20 @@ def measure_item(
 
 
 def standalone(spec: StandaloneSpec) -> StandaloneResult:
-    """Run ``standalone`` mode: measure every item in turn; a failing item is reported as data."""
+    """Run ``standalone`` mode: measure every item in turn; a failing item is reported as data.
+
+    Raises:
+        RuntimeError: ``MTFL_TRAINER_DEVICE=cuda`` but torch sees no GPU.
+        ValueError: a bad ``MTFL_TRAINER_DEVICE``.
+    """
     apply_resources(spec.threads, spec.cores)
+    device = open_device(trainer_device())
     measurements = []
     errors = []
     for item in spec.items:
         try:
             measurements.append(
-                measure_item(item, spec.warmup_iterations, spec.timed_iterations)
+                measure_item(item, spec.warmup_iterations, spec.timed_iterations, device)
             )
         except Exception as exc:  # noqa: BLE001 - one task's failure must not hide the others'
             error = _describe(exc)
