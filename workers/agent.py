@@ -10,6 +10,10 @@ is labelled simulated; ``MTFL_SIM_DEVICE`` picks the GPU, see
 
     MTFL_SIM_DEVICE=titan-v python -m workers.agent --device sim-0 --backend simulated
 
+or, on a GPU host (one agent per GPU; see :mod:`workers.backends.cuda`)::
+
+    python -m workers.agent --device gpu-a --backend cuda-mps --gpu 0
+
 It registers the device with the control plane (:data:`TaskName.DEVICE_REGISTER` on the
 ``control`` queue), sends a heartbeat with the same inventory every ``--heartbeat-s`` seconds,
 and serves ``device.<name>`` with a solo pool (one round at a time; the trainers it launches
@@ -26,11 +30,15 @@ sets (so ``celery -A workers.agent worker`` works too when they are exported):
 comes from ``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.config`).
 
 On SIGTERM Celery starts a warm shutdown; the ``worker_shutting_down`` hook below terminates the
-running round's trainers, so the round returns failed at once instead of running for hours.
+running round's trainers, so the round returns failed at once instead of running for hours, and
+stops the backend (``cuda-mps``: quits the agent's MPS control daemon, which :func:`main`
+started). The backend is also stopped when the worker returns and at exit.
 
 Exit codes of :func:`main`: 0 normal stop, 2 bad arguments or configuration (including an
-unavailable backend or unset broker), 3 the broker could not be reached to register.
-Importing this module does not import torch.
+unavailable backend — no GPU or driver for ``cuda-*`` — or unset broker), 3 the broker could
+not be reached to register, 4 the device could not be prepared (the MPS control daemon did not
+start or answer). Importing this module imports neither torch nor pynvml, and the agent process
+never initialises CUDA (GPU inventory and telemetry use NVML).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import logging
 import math
 import os
 import platform
+import signal
 import socket
 import sys
 import threading
@@ -88,10 +97,12 @@ ENV_BACKEND = "MTFL_AGENT_BACKEND"
 ENV_CORES = "MTFL_AGENT_CORES"
 ENV_STATE_DIR = "MTFL_AGENT_STATE_DIR"
 ENV_TRAINER_TIMEOUT_S = "MTFL_AGENT_TRAINER_TIMEOUT_S"
+ENV_GPU = "MTFL_AGENT_GPU"
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_BROKER = 3
+EXIT_DEVICE = 4
 
 DEFAULT_TRAINER_TIMEOUT_S = 3 * 3600.0
 
@@ -415,13 +426,27 @@ def profile_sweep(request: dict) -> dict:
 _STOP_HEARTBEAT = threading.Event()
 
 
+def stop_backends() -> None:
+    """Stop every backend this process created (``cuda-mps``: quit its MPS control daemon).
+    Idempotent; never raises (a backend that cannot stop logs why)."""
+    for backend in list(_BACKEND_CACHE.values()):
+        try:
+            backend.stop()
+        except Exception:  # noqa: BLE001 - shutting down: log and stop the others
+            logger.exception("could not stop backend %s", backend.name)
+
+
 @signals.worker_shutting_down.connect
 def _on_worker_shutting_down(**_: Any) -> None:
-    """Celery's SIGTERM/SIGINT handler: stop heartbeats and terminate running trainers."""
+    """Celery's SIGTERM/SIGINT handler: stop heartbeats, terminate running trainers, stop the
+    backend (the MPS daemon waits for its terminated clients to exit before it quits)."""
     _STOP_HEARTBEAT.set()
     request_shutdown()
+    stop_backends()
 
 
+# atexit runs handlers last-registered first: trainers are terminated before the daemon quits.
+atexit.register(stop_backends)
 atexit.register(terminate_children)
 
 
@@ -430,7 +455,11 @@ atexit.register(terminate_children)
 
 def build_inventory(settings: AgentSettings) -> DeviceInventory:
     """Describe this device for registration and heartbeats (torch version read from package
-    metadata, without importing torch)."""
+    metadata, without importing torch; a GPU backend adds its GPU through NVML).
+
+    Raises:
+        BackendUnavailableError: the backend cannot describe its accelerator.
+    """
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -489,6 +518,10 @@ def _agents_serving(device: str, timeout_s: float = 1.0) -> list[str]:
     return sorted(name for reply in replies for name in reply if name.split("@")[0] == f"agent.{device}")
 
 
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -505,6 +538,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
     parser.add_argument("--heartbeat-s", type=float, default=15.0,
                         help="seconds between heartbeats (> 0)")
+    parser.add_argument("--gpu", default=None,
+                        help=f"GPU backends: the GPU, an NVML index or a UUID (default: "
+                             f"${ENV_GPU} or 0)")
     return parser
 
 
@@ -513,7 +549,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
 
     Returns:
         The exit code: 0 after a normal stop, 2 for bad arguments/configuration (one line on
-        stderr says what), 3 if the broker cannot be reached.
+        stderr says what, e.g. no NVIDIA driver for a GPU backend), 3 if the broker cannot be
+        reached, 4 if the device cannot be prepared (the MPS control daemon).
     """
     exit_with_parent()  # a local agent of `mtfl up`/`mtfl demo` stops with it
     args = _parser(prog).parse_args(argv)
@@ -542,11 +579,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
                 f"--cores {args.cores!r} includes CPUs {format_cores(outside)} this process may "
                 f"not use; available: {format_cores(available)}"
             )
+    if args.gpu is not None:
+        os.environ[ENV_GPU] = args.gpu
     try:
-        get_backend(args.backend).check_available()
+        _backend(args.backend).check_available()
     except BackendUnavailableError as exc:
         return refuse(f"backend {args.backend!r} unavailable: {exc}")
-    except ValueError as exc:  # the backend's own settings, e.g. MTFL_SIM_DEVICE
+    except ValueError as exc:  # the backend's own settings, e.g. MTFL_SIM_DEVICE, MTFL_AGENT_GPU
         return refuse(f"backend {args.backend!r} misconfigured: {exc}")
     try:
         configure_broker()
@@ -570,10 +609,23 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
     if others:
         return refuse(f"an agent for device {args.device!r} is already serving {queue}: {', '.join(others)}")
 
-    payload = build_inventory(settings).model_dump(mode="json")
+    try:
+        payload = build_inventory(settings).model_dump(mode="json")
+    except BackendUnavailableError as exc:
+        return refuse(f"backend {args.backend!r} unavailable: {exc}")
+    # Until Celery installs its own handlers, SIGTERM exits through atexit, which stops the
+    # backend: an MPS daemon started below never outlives an agent stopped while starting.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _backend(args.backend).start(_context(settings))
+    except BackendUnavailableError as exc:
+        stop_backends()
+        return refuse(f"backend {args.backend!r} could not prepare device {args.device!r}: {exc}",
+                      EXIT_DEVICE)
     try:
         app.send_task(TaskName.DEVICE_REGISTER, args=[payload], queue=CONTROL_QUEUE)
     except Exception as exc:  # noqa: BLE001 - one clear line instead of a kombu traceback
+        stop_backends()
         return refuse(f"cannot register with the broker at {app.conf.broker_url}: {_describe(exc)}",
                       EXIT_BROKER)
     _STOP_HEARTBEAT.clear()
@@ -588,6 +640,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
         "--loglevel", args.loglevel,
     ])
     _STOP_HEARTBEAT.set()
+    stop_backends()
     return EXIT_OK
 
 

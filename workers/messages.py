@@ -46,10 +46,26 @@ cores while it holds it (the faithful CPU analogue of GPU time slicing, docs/DES
 thread count and core set on the ``cpu`` backend).
 """
 
-BackendName = Literal["cpu", "simulated"]
+BackendName = Literal["cpu", "simulated", "cuda-mps", "cuda-timeslice"]
 """Execution backends (docs/DESIGN.md §2): ``cpu`` trains on CPU cores; ``simulated`` trains
 nothing and answers from an analytic contention model (:mod:`workers.backends.simulated`);
-everything it reports carries ``simulated=True``."""
+everything it reports carries ``simulated=True``; ``cuda-mps`` and ``cuda-timeslice`` train on
+one NVIDIA GPU (:mod:`workers.backends.cuda`).
+
+Strategy → partitioning → backend. The planner maps a strategy to a :data:`Partitioning`
+(``temporal`` → ``timeslice``; ``isolation``, ``sharing``, ``vres_greedy``, ``vres_sync`` →
+``mps``); the device's backend decides how that partitioning is realised:
+
+============== ============================================ =====================================
+backend        ``timeslice`` (``temporal``)                 ``mps`` (every other strategy)
+============== ============================================ =====================================
+cuda-mps       plain CUDA contexts, no MPS (driver time     one MPS client per trainer,
+               slicing)                                     ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
+cuda-timeslice plain CUDA contexts, no MPS                  refused: no way to grant a share
+cpu            per-iteration device lock, all cores each    a core window per share
+simulated      the model's time-slicing mode                the model's contention mode
+============== ============================================ =====================================
+"""
 BACKENDS: tuple[str, ...] = BackendName.__args__  # type: ignore[attr-defined]
 
 

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from workers.backends.base import (
     AgentContext,
     AnalyticBackend,
+    BackendUnavailableError,
     ExecutionBackend,
     TrainerProcessBackend,
     TrainerResources,
@@ -330,6 +331,10 @@ def measure_configuration(
         )
     except ValueError as exc:
         return failed(f"cannot allocate the device: {exc}")
+    try:
+        backend.prepare_dispatch("mps", ctx)
+    except BackendUnavailableError as exc:
+        return failed(f"device not ready: {exc}")
     work = ctx.state_dir / "work" / f"sweep-{request.sweep_id}" / f"config-{config_index}"
     try:
         children = _prepare(tasks, allocations, request, work)
@@ -370,6 +375,7 @@ def measure_configuration(
     causes = [c for c in children if c.fate in ("failed", "timeout", "stopped", "agent")]
     causes += [c for c, r in zip(children, outcomes, strict=True)
                if c.fate is None and (r is None or r.status != "succeeded")]
+    backend.finish_dispatch(ctx, failed=bool(causes) or stop_at is None)
     if causes or stop_at is None:
         errors = {c.index: _failure(c, outcomes[c.index]) for c in children}
         error = "; ".join(f"{c.label}: {errors[c.index]}" for c in causes) or "not measured"

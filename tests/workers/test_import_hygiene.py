@@ -20,6 +20,9 @@ LIGHT_MODULES = [
     "workers.agent",
     "workers.backends",
     "workers.backends.simulated",
+    "workers.backends.cuda",
+    "workers.gpu",
+    "workers.gpu_mps",
     "workers.trainer",
     "workers.zoo",
     "workers.datasets",
@@ -34,6 +37,7 @@ def test_importing_worker_modules_does_not_import_torch():
     code = (
         f"import sys; import {', '.join(LIGHT_MODULES)}; "
         "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'pynvml' not in sys.modules, 'pynvml imported'; "
         # the sweep design's scipy.stats costs the agent a second at start; it is imported
         # when a sweep runs
         "assert 'scipy' not in sys.modules, 'scipy imported'; "

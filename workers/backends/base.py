@@ -52,6 +52,10 @@ _POLL_S = 0.05
 _STDERR_TAIL_CHARS = 1500
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
+TRAINER_COMMAND: list[str] = [sys.executable, "-m", "workers.trainer"]
+"""The command that starts one trainer process; the mode (``train``/``standalone``), SPEC.json
+and RESULT.json are appended."""
+
 # Live trainer processes of this agent, by pid, for the shutdown hook. An RLock because the
 # hook runs in a signal handler on the main thread, which may already hold it.
 _CHILDREN: dict[int, subprocess.Popen] = {}
@@ -133,9 +137,27 @@ class ExecutionBackend(ABC):
     def describe(self) -> dict:
         """What the agent adds to its :class:`~workers.messages.DeviceInventory` about the
         accelerator: ``accelerator`` (a model name), ``memory_bytes`` and ``allocation_units``
-        (what a share is granted in: SMs on a GPU). Nothing by default: the host describes a
-        cpu device (its cores and memory)."""
+        (what a share is granted in: SMs on a GPU), and on a GPU its UUID, driver and CUDA
+        versions, SM count and whether MPS is available. Nothing by default: the host
+        describes a cpu device (its cores and memory).
+
+        Raises:
+            BackendUnavailableError: the accelerator cannot be described (one line).
+        """
         return {}
+
+    def start(self, ctx: AgentContext) -> None:
+        """Prepare the device when the agent starts (``cuda-mps``: start the MPS control
+        daemon). Nothing by default.
+
+        Raises:
+            BackendUnavailableError: the device cannot be prepared (one line saying why).
+        """
+
+    def stop(self) -> None:
+        """Release what :meth:`start` (or a dispatch) set up, on exit and on SIGTERM
+        (``cuda-mps``: quit the MPS control daemon). Idempotent; never raises. Nothing by
+        default."""
 
 
 class AnalyticBackend(ExecutionBackend):
@@ -242,9 +264,29 @@ def kill_children(children: Sequence) -> None:
         untrack_child(proc)
 
 
-def round_request_problem(request: TrainRoundRequest, ctx: AgentContext) -> str | None:
-    """Why a device must refuse a round before doing anything (the agent is shutting down,
-    the request is for another device, or it repeats an ``assignment_id``), or ``None``."""
+def round_request_problem(
+    request: TrainRoundRequest,
+    ctx: AgentContext,
+    *,
+    max_processes: int | None = None,
+    memory_bytes: int | None = None,
+) -> str | None:
+    """Why a device must refuse a round before launching anything, or ``None``.
+
+    Refused: the agent is shutting down, the request is for another device, it repeats an
+    ``assignment_id``, it co-locates more trainers than ``max_processes`` (e.g. the MPS client
+    limit), or the trainers' memory cannot fit in ``memory_bytes``: each trainer counts its
+    ``memory_limit_bytes`` when set, else its ``predicted_memory_bytes`` (unknown counts 0).
+
+    Args:
+        request: the round.
+        ctx: the device.
+        max_processes: most trainers the device can run at once, or ``None`` for no limit.
+        memory_bytes: the device's memory, bytes, or ``None`` to skip the memory check.
+
+    Returns:
+        One line saying why, or ``None``.
+    """
     if shutdown_requested():
         return "agent shutting down: round refused"
     if request.device != ctx.device:
@@ -252,6 +294,17 @@ def round_request_problem(request: TrainRoundRequest, ctx: AgentContext) -> str 
     ids = [a.assignment_id for a in request.assignments]
     if len(ids) != len(set(ids)):
         return f"duplicate assignment_id in request: {ids}"
+    if max_processes is not None and len(request.assignments) > max_processes:
+        return (f"round refused before launch: {len(request.assignments)} co-located trainers, "
+                f"but device {ctx.device!r} runs at most {max_processes} at once")
+    if memory_bytes is not None:
+        needs = [a.memory_limit_bytes or a.predicted_memory_bytes or 0 for a in request.assignments]
+        if sum(needs) > memory_bytes:
+            parts = ", ".join(f"task {a.task.task_id}: {n / 2**30:.2f} GiB"
+                              for a, n in zip(request.assignments, needs, strict=True) if n)
+            return (f"round refused before launch: the trainers need {sum(needs) / 2**30:.2f} GiB "
+                    f"of device memory ({parts}) but device {ctx.device!r} has "
+                    f"{memory_bytes / 2**30:.2f} GiB")
     return None
 
 
@@ -333,6 +386,48 @@ class TrainerProcessBackend(ExecutionBackend):
     def standalone_resources(self, ctx: AgentContext) -> TrainerResources:
         """Return the resources of a standalone measurement (the whole device)."""
 
+    # ------------------------------------------------------------------------ dispatch hooks
+
+    def request_problem(self, request: TrainRoundRequest, ctx: AgentContext) -> str | None:
+        """Why this device refuses ``request`` before launching anything, or ``None``
+        (:func:`round_request_problem`; GPU backends add their client and memory limits)."""
+        return round_request_problem(request, ctx)
+
+    def prepare_dispatch(self, partitioning: Partitioning, ctx: AgentContext) -> None:
+        """Make the device ready for trainers about to start: called before every round,
+        standalone measurement and profiling configuration (``cuda-mps``: the MPS daemon is
+        started, or restarted after a failed dispatch). Nothing by default.
+
+        Raises:
+            BackendUnavailableError: the device cannot take trainers now (one line).
+        """
+
+    def finish_dispatch(self, ctx: AgentContext, *, failed: bool) -> None:
+        """Called after every round, standalone measurement and profiling configuration, once
+        its processes have all been reaped; ``failed`` if any of them failed. Nothing by
+        default."""
+
+    def review_round(
+        self,
+        request: TrainRoundRequest,
+        ctx: AgentContext,
+        pids: Sequence[int | None],
+        results: list[AssignmentResult],
+    ) -> list[AssignmentResult]:
+        """Add what the backend can tell about each trainer after the round (``cuda-mps``:
+        whether MPS applied its share, from the MPS server log).
+
+        Args:
+            request: the round.
+            ctx: the device.
+            pids: each assignment's trainer process id (``None`` if it never started).
+            results: each assignment's result, in assignment order.
+
+        Returns:
+            The results, in the same order (unchanged by default).
+        """
+        return results
+
     # ----------------------------------------------------------------- environment & launch
 
     def trainer_env(self, resources: TrainerResources) -> dict[str, str]:
@@ -351,8 +446,7 @@ class TrainerProcessBackend(ExecutionBackend):
         trainer.result_path.unlink(missing_ok=True)
         with open(trainer.stderr_path, "wb") as stderr:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "workers.trainer", mode, str(trainer.spec_path),
-                 str(trainer.result_path)],
+                [*TRAINER_COMMAND, mode, str(trainer.spec_path), str(trainer.result_path)],
                 stdin=subprocess.PIPE if with_barrier else subprocess.DEVNULL,
                 stdout=subprocess.PIPE if with_barrier else subprocess.DEVNULL,
                 stderr=stderr,
@@ -388,13 +482,17 @@ class TrainerProcessBackend(ExecutionBackend):
                 assignments=results or [],
             )
 
-        problem = round_request_problem(request, ctx)
+        problem = self.request_problem(request, ctx)
         if problem:
             return failed(problem)
         try:
             allocations = self.trainer_resources(request, ctx)
         except ValueError as exc:
             return failed(f"cannot allocate the device: {exc}")
+        try:
+            self.prepare_dispatch(request.partitioning, ctx)
+        except BackendUnavailableError as exc:
+            return failed(f"device not ready: {exc}")
         try:
             trainers = self._prepare(request, ctx, allocations)
         except (OSError, ValueError) as exc:
@@ -418,6 +516,9 @@ class TrainerProcessBackend(ExecutionBackend):
         causes = [t for t in trainers if t.fate in ("failed", "timeout", "agent", "shutdown")]
         causes += [t for t, r in zip(trainers, results, strict=True)
                    if r.status == "failed" and t.fate is None]
+        self.finish_dispatch(ctx, failed=bool(causes))
+        results = self.review_round(request, ctx, [t.proc.pid if t.proc else None for t in trainers],
+                                    results)
         if not causes:
             return DeviceRoundResult(
                 run_id=request.run_id, round_id=request.round_id, device=ctx.device,
@@ -576,6 +677,11 @@ class TrainerProcessBackend(ExecutionBackend):
         if request.device != ctx.device:
             return failed(f"request for device {request.device!r} reached agent {ctx.device!r}")
         resources = self.standalone_resources(ctx)
+        try:
+            # The whole device, alone: no share to grant, so never an MPS client.
+            self.prepare_dispatch("timeslice", ctx)
+        except BackendUnavailableError as exc:
+            return failed(f"device not ready: {exc}")
         work = ctx.state_dir / "work" / f"run-{request.run_id}" / "standalone"
         work.mkdir(parents=True, exist_ok=True)
         spec = StandaloneSpec(
@@ -591,6 +697,16 @@ class TrainerProcessBackend(ExecutionBackend):
             stderr_path=stem.with_suffix(".stderr.log"),
         )
         trainer.spec_path.write_text(spec.model_dump_json(indent=2))
+        measured: StandaloneResult | None = None
+        try:
+            measured = self._run_standalone(request, ctx, trainer, failed)
+        finally:
+            self.finish_dispatch(ctx, failed=measured is None or measured.status != "succeeded")
+        return measured
+
+    def _run_standalone(self, request: StandaloneRequest, ctx: AgentContext, trainer: _Trainer,
+                        failed) -> StandaloneResult:
+        """Launch the standalone trainer, wait for it, read its result (never raises)."""
         try:
             self._launch("standalone", trainer, with_barrier=False)
             deadline = time.monotonic() + ctx.trainer_timeout_s

@@ -1,0 +1,452 @@
+"""The GPU backends: ``cuda-mps`` and ``cuda-timeslice`` (docs/DESIGN.md §2).
+
+Both run the same trainer processes as the ``cpu`` backend (``python -m workers.trainer``, one
+per assignment, started together at the READY/GO barrier, never forked), on one NVIDIA GPU
+named by UUID in ``CUDA_VISIBLE_DEVICES``, with ``MTFL_TRAINER_DEVICE=cuda`` so the trainer
+computes there. They differ in how a round's partitioning is realised:
+
+================  ==========================================  ==================================
+backend           ``timeslice`` (strategy ``temporal``)        ``mps`` (``isolation``,
+                                                               ``sharing``, ``vres_*``)
+================  ==========================================  ==================================
+``cuda-mps``      plain CUDA contexts: each trainer's MPS      each trainer an MPS client of the
+                  pipe directory is an empty folder, so it     agent's own daemon with its own
+                  never reaches a daemon; the driver           ``CUDA_MPS_ACTIVE_THREAD_
+                  time-slices the contexts                     PERCENTAGE`` (and
+                                                               ``CUDA_MPS_PINNED_DEVICE_MEM_
+                                                               LIMIT`` when the plan sets one)
+``cuda-timeslice`` plain CUDA contexts, as above; no MPS        refused: without MPS a share
+                  daemon at all                                cannot be granted
+================  ==========================================  ==================================
+
+``cuda-mps`` starts its private MPS control daemon (:class:`workers.gpu_mps.MpsDaemon`) when
+the agent starts (:meth:`CudaMpsBackend.start`) and quits it on exit and on SIGTERM
+(:meth:`CudaMpsBackend.stop`, called by the agent's shutdown path). After a dispatch that
+failed (a CUDA error, out of memory, a killed trainer: under MPS one client's fatal fault
+reaches every client) it restarts the daemon before the next dispatch, and after each MPS round
+it reads the MPS server log to record whether each trainer's share took effect
+(``mps_verified``, ``mps_active_thread_percentage`` on the assignment's result).
+
+Rounds are refused before launch when they co-locate more trainers than MPS serves
+(:data:`~workers.gpu_mps.MPS_MAX_CLIENTS`) or need more memory than the GPU has. During a round
+a thread of the agent samples whole-GPU utilisation and memory through NVML every second
+(``telemetry`` on the device's result). The agent process never initialises CUDA: inventory and
+telemetry use NVML only (:mod:`workers.gpu`). Importing this module imports neither torch nor
+pynvml.
+
+Configuration (environment, read when the backend is created): ``MTFL_AGENT_GPU`` (an NVML
+index or a UUID; default 0), ``MTFL_MPS_CONTROL`` (the control binary; default
+``nvidia-cuda-mps-control`` on ``PATH``), ``MTFL_MPS_TIMEOUT_S`` (seconds any call to the MPS
+daemon may take; default 10).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from workers import gpu
+from workers.backends.base import (
+    AgentContext,
+    BackendUnavailableError,
+    TrainerProcessBackend,
+    TrainerResources,
+    round_request_problem,
+)
+from workers.gpu_mps import (
+    CONTROL_BINARY,
+    MPS_MAX_CLIENTS,
+    MpsDaemon,
+    MpsError,
+    control_binary,
+    read_server_log,
+    timeout_from_env,
+    verify_client_share,
+)
+from workers.messages import (
+    AssignmentResult,
+    DeviceRoundResult,
+    Partitioning,
+    TrainRoundRequest,
+)
+
+logger = logging.getLogger(__name__)
+
+ENV_TRAINER_DEVICE = "MTFL_TRAINER_DEVICE"
+"""Set in a trainer's environment: ``cuda`` makes it train on the (one) visible GPU."""
+
+TELEMETRY_INTERVAL_S = 1.0
+
+# Variables a trainer must not inherit from the agent: they would pick another GPU, or make a
+# time-sliced trainer an MPS client, or cap an MPS client's share, behind the plan's back.
+_INHERITED_GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES",)
+_MPS_PREFIX = "CUDA_MPS_"
+
+
+class CudaBackend(TrainerProcessBackend):
+    """What both GPU backends share: the GPU, trainer environments, limits, telemetry.
+
+    Args:
+        gpu_selector: the GPU (NVML index or UUID); default ``MTFL_AGENT_GPU`` or ``"0"``.
+
+    Raises:
+        ValueError: for a malformed selector, naming ``MTFL_AGENT_GPU``.
+    """
+
+    uses_mps: ClassVar[bool] = False
+
+    def __init__(self, gpu_selector: str | None = None) -> None:
+        self.gpu_selector = gpu.parse_gpu_selector(
+            gpu_selector if gpu_selector is not None else os.environ.get(gpu.ENV_GPU)
+        )
+        self._info: gpu.GpuInfo | None = None
+        self._last_telemetry_error = ""
+
+    # ------------------------------------------------------------------ availability & facts
+
+    def check_available(self) -> None:
+        """Check the NVIDIA driver, the chosen GPU and torch (without importing torch or
+        initialising CUDA): NVML must initialise and find the GPU.
+
+        Raises:
+            BackendUnavailableError: one line naming what is missing (the NVML bindings, the
+                driver, a GPU, the chosen GPU, torch).
+        """
+        try:
+            gpu.find_gpu(self.gpu_selector)
+        except gpu.GpuUnavailableError as exc:
+            raise BackendUnavailableError(f"{self.name}: {exc}") from None
+        if importlib.util.find_spec("torch") is None:
+            raise BackendUnavailableError(f"{self.name} needs torch built for CUDA: pip install torch")
+
+    def gpu_info(self, *, probe: bool = False) -> gpu.GpuInfo:
+        """The GPU's :class:`~workers.gpu.GpuInfo`, read once through NVML; with ``probe``,
+        also asks a torch subprocess for the SM count and compute capability NVML may lack
+        when NVML has none (:func:`workers.gpu.probe_cuda_device`).
+
+        Raises:
+            BackendUnavailableError: NVML cannot reach the GPU.
+        """
+        if self._info is None or (probe and self._info.sm_count is None):
+            try:
+                self._info = gpu.gpu_inventory(self.gpu_selector, probe=probe)
+            except gpu.GpuUnavailableError as exc:
+                raise BackendUnavailableError(f"{self.name}: {exc}") from None
+        return self._info
+
+    def describe(self) -> dict:
+        """The GPU for the device inventory: name, memory, SMs (the allocation units), UUID,
+        index, driver and CUDA versions, compute capability and mode, and whether
+        ``nvidia-cuda-mps-control`` is installed. When NVML has no SM count, the first call
+        runs the SM probe subprocess (a few seconds); later calls reuse its answer.
+
+        Raises:
+            BackendUnavailableError: NVML cannot reach the GPU.
+        """
+        info = self.gpu_info(probe=True)
+        return {
+            "accelerator": info.name,
+            "memory_bytes": info.memory_bytes,
+            "allocation_units": info.sm_count,
+            "gpu_uuid": info.uuid,
+            "gpu_index": info.index,
+            "driver_version": info.driver_version,
+            "cuda_version": info.cuda_version,
+            "sm_count": info.sm_count,
+            "compute_capability": info.compute_capability,
+            "compute_mode": info.compute_mode,
+            "mps_available": control_binary() is not None,
+        }
+
+    # ------------------------------------------------------------------------- resources
+
+    def request_problem(self, request: TrainRoundRequest, ctx: AgentContext) -> str | None:
+        """:func:`~workers.backends.base.round_request_problem` with the GPU's memory and, under
+        MPS, the MPS client limit; also refuses several time-sliced trainers on a GPU whose
+        compute mode allows one context only."""
+        try:
+            info = self.gpu_info()
+        except BackendUnavailableError as exc:
+            return str(exc)
+        problem = round_request_problem(
+            request, ctx,
+            max_processes=MPS_MAX_CLIENTS if request.partitioning == "mps" and self.uses_mps else None,
+            memory_bytes=info.memory_bytes,
+        )
+        if problem:
+            return problem
+        if info.compute_mode == "Prohibited":
+            return f"GPU {info.uuid} is in compute mode Prohibited: no process may use it"
+        exclusive = info.compute_mode in ("Exclusive_Process", "Exclusive_Thread")
+        if exclusive and request.partitioning == "timeslice" and len(request.assignments) > 1:
+            return (f"round refused before launch: GPU {info.uuid} is in compute mode "
+                    f"{info.compute_mode}, which allows one CUDA context, but time slicing runs "
+                    f"{len(request.assignments)}; set it to Default (nvidia-smi -c DEFAULT)")
+        return None
+
+    def _plain_env(self, ctx: AgentContext) -> dict[str, str]:
+        """GPU variables of a trainer outside MPS: its GPU, and an empty MPS pipe directory so
+        its CUDA driver finds no control daemon (not ours, not a system one in /tmp)."""
+        empty = ctx.state_dir / "no-mps"
+        empty.mkdir(parents=True, exist_ok=True)
+        return {
+            "CUDA_VISIBLE_DEVICES": self.gpu_info().uuid,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_MPS_PIPE_DIRECTORY": str(empty),
+            ENV_TRAINER_DEVICE: "cuda",
+        }
+
+    @staticmethod
+    def _threads(ctx: AgentContext, processes: int) -> int:
+        # The GPU does the arithmetic; the CPU threads only feed it. Splitting the cores keeps
+        # co-located trainers from oversubscribing them.
+        return max(1, len(ctx.cores) // max(1, processes))
+
+    def _timeslice_resources(self, count: int, ctx: AgentContext) -> list[TrainerResources]:
+        env = self._plain_env(ctx)
+        threads = self._threads(ctx, count)
+        return [TrainerResources(threads=threads, cores=list(ctx.cores) or None, env=env)
+                for _ in range(count)]
+
+    def standalone_resources(self, ctx: AgentContext) -> TrainerResources:
+        """The whole GPU, outside MPS, with all the device's cores."""
+        return self._timeslice_resources(1, ctx)[0]
+
+    def trainer_env(self, resources: TrainerResources) -> dict[str, str]:
+        """The base environment less inherited GPU and MPS variables, then the trainer's own."""
+        env = super().trainer_env(TrainerResources(threads=resources.threads, cores=resources.cores))
+        for key in list(env):
+            if key in _INHERITED_GPU_VARIABLES or key.startswith(_MPS_PREFIX):
+                del env[key]
+        env.update(resources.env)
+        return env
+
+    @staticmethod
+    def _check_shares(shares: Sequence[int]) -> None:
+        for k, share in enumerate(shares):
+            if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= 100:
+                raise ValueError(f"shares[{k}] must be an integer in [1, 100] (percent), got {share!r}")
+
+    # ----------------------------------------------------------------------------- rounds
+
+    def run_round(self, request: TrainRoundRequest, ctx: AgentContext) -> DeviceRoundResult:
+        """The base round (:meth:`TrainerProcessBackend.run_round`) with whole-GPU telemetry
+        sampled every second while it runs (``telemetry`` on the result)."""
+        try:
+            uuid = self.gpu_info().uuid
+        except BackendUnavailableError:
+            uuid = None  # the round itself reports the unreachable GPU
+        telemetry = gpu.GpuTelemetry(uuid, TELEMETRY_INTERVAL_S) if uuid and request.assignments else None
+        if telemetry is not None:
+            telemetry.start()
+        try:
+            result = super().run_round(request, ctx)
+        finally:
+            samples = telemetry.stop() if telemetry is not None else []
+        return result.model_copy(update={"telemetry": samples})
+
+
+class CudaTimesliceBackend(CudaBackend):
+    """The ``temporal`` baseline on a GPU: co-located trainers as plain CUDA contexts, no MPS."""
+
+    name = "cuda-timeslice"
+
+    def resources_for_shares(
+        self, shares: Sequence[int], partitioning: Partitioning, ctx: AgentContext
+    ) -> list[TrainerResources]:
+        """``timeslice``: every trainer gets the GPU outside MPS (shares are ignored).
+
+        Raises:
+            ValueError: for ``mps`` partitioning (this backend cannot grant a share; run the
+                ``temporal`` strategy, or use a ``cuda-mps`` agent), an unknown partitioning,
+                or a share outside ``[1, 100]``.
+        """
+        self._check_shares(shares)
+        if partitioning == "timeslice":
+            return self._timeslice_resources(len(shares), ctx)
+        if partitioning == "mps":
+            raise ValueError(
+                "partitioning 'mps' needs MPS, which the cuda-timeslice backend never starts: "
+                "plan this device with the 'temporal' strategy or run its agent with "
+                "--backend cuda-mps"
+            )
+        raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
+
+
+class CudaMpsBackend(CudaBackend):
+    """Co-located trainers as MPS clients of the agent's own daemon, each with its share."""
+
+    name = "cuda-mps"
+    uses_mps = True
+
+    def __init__(self, gpu_selector: str | None = None) -> None:
+        super().__init__(gpu_selector)
+        self._timeout_s = timeout_from_env()
+        self._daemon: MpsDaemon | None = None
+        self._restart_pending = False
+        self._restarted = False
+        self._log_marks: dict[Path, int] = {}
+
+    def check_available(self) -> None:
+        """Also check for ``nvidia-cuda-mps-control`` (``MTFL_MPS_CONTROL`` or ``PATH``).
+
+        Raises:
+            BackendUnavailableError: naming what is missing.
+        """
+        super().check_available()
+        if control_binary() is None:
+            raise BackendUnavailableError(
+                f"cuda-mps: {CONTROL_BINARY} not found (set MTFL_MPS_CONTROL or put the NVIDIA "
+                "driver's utilities on PATH)"
+            )
+
+    def daemon(self, ctx: AgentContext) -> MpsDaemon:
+        """This agent's :class:`~workers.gpu_mps.MpsDaemon` (not started by this call).
+
+        Its pipe and log directories are ``state_dir/mps/pipe`` and ``state_dir/mps/log``,
+        unless the agent's environment names them (``CUDA_MPS_PIPE_DIRECTORY``,
+        ``CUDA_MPS_LOG_DIRECTORY``: docker-compose.yml puts them on volumes).
+
+        Raises:
+            BackendUnavailableError: the control binary or the GPU cannot be found, or
+                ``MTFL_MPS_TIMEOUT_S`` is invalid.
+        """
+        if self._daemon is None:
+            binary = control_binary()
+            if binary is None:
+                raise BackendUnavailableError(f"cuda-mps: {CONTROL_BINARY} not found")
+            pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "").strip()
+            log = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "").strip()
+            self._daemon = MpsDaemon(
+                binary=binary,
+                pipe_dir=Path(pipe) if pipe else ctx.state_dir / "mps" / "pipe",
+                log_dir=Path(log) if log else ctx.state_dir / "mps" / "log",
+                gpu_uuid=self.gpu_info().uuid,
+                timeout_s=self._timeout_s,
+            )
+        return self._daemon
+
+    def start(self, ctx: AgentContext) -> None:
+        """Start the MPS control daemon and check it answers.
+
+        Raises:
+            BackendUnavailableError: the daemon cannot be started or does not answer (one line,
+                within the daemon's timeout).
+        """
+        try:
+            self.daemon(ctx).start()
+        except MpsError as exc:
+            raise BackendUnavailableError(f"cuda-mps: {exc}") from None
+
+    def stop(self) -> None:
+        """Quit the MPS control daemon if this backend started it; logs, never raises."""
+        if self._daemon is None:
+            return
+        try:
+            self._daemon.stop()
+        except MpsError as exc:
+            logger.error("cuda-mps: could not stop the MPS control daemon: %s", exc)
+
+    def prepare_dispatch(self, partitioning: Partitioning, ctx: AgentContext) -> None:
+        """Restart the daemon if the previous dispatch failed; start it if an MPS dispatch
+        finds it stopped; remember where the server logs end.
+
+        Raises:
+            BackendUnavailableError: the daemon cannot be (re)started (one line).
+        """
+        self._restarted = False
+        try:
+            daemon = self.daemon(ctx)
+            if self._restart_pending and daemon.started:
+                logger.warning("cuda-mps: restarting the MPS daemon after a failed dispatch")
+                daemon.restart()
+                self._restarted = True
+            elif partitioning == "mps" and not daemon.answering:
+                # Half-way up (an earlier start timed out): quit what may be there first.
+                daemon.restart() if daemon.started else daemon.start()
+        except MpsError as exc:
+            raise BackendUnavailableError(f"cuda-mps: {exc}") from None
+        self._restart_pending = False
+        self._log_marks = daemon.log_marks()
+
+    def finish_dispatch(self, ctx: AgentContext, *, failed: bool) -> None:
+        """After a failed dispatch, mark the daemon for a restart before the next one."""
+        if failed:
+            self._restart_pending = True
+
+    def resources_for_shares(
+        self, shares: Sequence[int], partitioning: Partitioning, ctx: AgentContext
+    ) -> list[TrainerResources]:
+        """``mps``: each trainer an MPS client with its share; ``timeslice``: plain contexts.
+
+        Pinned memory limits come from the round's assignments (:meth:`trainer_resources`);
+        profiling configurations have none.
+
+        Raises:
+            ValueError: for a share outside ``[1, 100]`` (naming ``shares[k]``), more than
+                :data:`~workers.gpu_mps.MPS_MAX_CLIENTS` MPS clients, or an unknown
+                partitioning.
+        """
+        return self._resources(shares, [None] * len(shares), partitioning, ctx)
+
+    def trainer_resources(self, request: TrainRoundRequest, ctx: AgentContext) -> list[TrainerResources]:
+        """Each assignment's trainer, with its ``memory_limit_bytes`` as its MPS pinned device
+        memory limit.
+
+        Raises:
+            ValueError: as :meth:`resources_for_shares`.
+        """
+        return self._resources([a.active_thread_percentage for a in request.assignments],
+                               [a.memory_limit_bytes for a in request.assignments],
+                               request.partitioning, ctx)
+
+    def _resources(self, shares: Sequence[int], limits: Sequence[int | None],
+                   partitioning: Partitioning, ctx: AgentContext) -> list[TrainerResources]:
+        self._check_shares(shares)
+        if partitioning == "timeslice":
+            return self._timeslice_resources(len(shares), ctx)
+        if partitioning != "mps":
+            raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
+        if len(shares) > MPS_MAX_CLIENTS:
+            raise ValueError(f"{len(shares)} MPS clients requested; a GPU serves at most "
+                             f"{MPS_MAX_CLIENTS}")
+        try:
+            daemon = self.daemon(ctx)
+        except BackendUnavailableError as exc:
+            raise ValueError(str(exc)) from None
+        threads = self._threads(ctx, len(shares))
+        base = {"CUDA_VISIBLE_DEVICES": self.gpu_info().uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                ENV_TRAINER_DEVICE: "cuda"}
+        return [
+            TrainerResources(threads=threads, cores=list(ctx.cores) or None,
+                             env={**base, **daemon.client_env(share, limit)})
+            for share, limit in zip(shares, limits, strict=True)
+        ]
+
+    def review_round(self, request: TrainRoundRequest, ctx: AgentContext,
+                     pids: Sequence[int | None], results: list[AssignmentResult]) -> list[AssignmentResult]:
+        """Under ``mps``: record, from the MPS server log, whether each trainer connected to
+        this agent's server and which share it got (``mps_verified``,
+        ``mps_active_thread_percentage``, ``mps_detail``)."""
+        if request.partitioning != "mps" or self._daemon is None:
+            return results
+        log = read_server_log(self._daemon.server_logs(), self._log_marks)
+        reviewed = []
+        for assignment, pid, result in zip(request.assignments, pids, results, strict=True):
+            applied, verified, detail = verify_client_share(log, pid, assignment.active_thread_percentage)
+            reviewed.append(result.model_copy(update={
+                "mps_active_thread_percentage": applied, "mps_verified": verified,
+                "mps_detail": detail,
+            }))
+        return reviewed
+
+    def run_round(self, request: TrainRoundRequest, ctx: AgentContext) -> DeviceRoundResult:
+        """The GPU round (with telemetry); ``mps_restarted`` says the daemon was restarted
+        before it because the previous dispatch failed."""
+        self._restarted = False
+        result = super().run_round(request, ctx)
+        return result.model_copy(update={"mps_restarted": self._restarted})
