@@ -121,12 +121,14 @@ class DeviceUpdateSerializer(StrictSerializer):
 
 class TaskSerializer(serializers.ModelSerializer):
     workload = serializers.SerializerMethodField()
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                         help_text="who defined it (only they may change it); null from the CLI")
 
     class Meta:
         model = Task
         fields = [
             "id", "name", "architecture", "dataset", "dataset_root", "num_classes", "optimizer",
-            "learning_rate", "momentum", "weight_decay", "created_at", "workload",
+            "learning_rate", "momentum", "weight_decay", "owner", "created_at", "workload",
         ]
         read_only_fields = fields
 
@@ -167,12 +169,14 @@ class ExperimentSerializer(serializers.ModelSerializer):
     tasks = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     devices = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     shards = ShardSerializer(many=True, read_only=True)
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    collaborators = serializers.SlugRelatedField(slug_field="username", many=True, read_only=True)
 
     class Meta:
         model = Experiment
         fields = [
             "id", "name", "description", "tasks", "devices", "rounds", "local_epochs",
-            "partition_rule", "dirichlet_alpha", "seed", "shards", "created_at",
+            "partition_rule", "dirichlet_alpha", "seed", "shards", "owner", "collaborators", "created_at",
         ]
         read_only_fields = fields
 
@@ -203,6 +207,11 @@ class ExperimentUpdateSerializer(StrictSerializer):
     description = StrictCharField(required=False, allow_blank=True, max_length=10_000)
     rounds = integer(1, 10_000, required=False)
     local_epochs = integer(1, 1000, required=False)
+    collaborators = serializers.ListField(
+        child=StrictCharField(max_length=150), max_length=1000, required=False,
+        help_text="user names that replace the collaborators (owner only); they see the experiment and "
+                  "launch or cancel its runs",
+    )
     fixed_fields = {
         name: "cannot change after creation (runs would no longer be comparable); create a new experiment"
         for name in ("tasks", "devices", "partition_rule", "dirichlet_alpha", "seed", "sample_counts")

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from controlplane.api import serializers as s
 from controlplane.experiments import selectors as exp_selectors
 from controlplane.experiments import services as exp_services
-from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Task
+from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, Task
 from controlplane.experiments.services.templates import TEMPLATES, template_dataset_default
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet import services as fleet_services
@@ -84,7 +84,7 @@ class TaskViewSet(
 
     @extend_schema(request=s.TaskWriteSerializer, responses={201: s.TaskSerializer})
     def create(self, request: Request) -> Response:
-        task = exp_services.task_create(**_validated(s.TaskWriteSerializer, request))
+        task = exp_services.task_create(owner=request.user, **_validated(s.TaskWriteSerializer, request))
         return Response(s.TaskSerializer(task).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.TaskWriteSerializer, responses={200: s.TaskSerializer})
@@ -92,7 +92,7 @@ class TaskViewSet(
         data = _validated(s.TaskWriteSerializer, request, partial=partial)
         if partial:
             data = {k: v for k, v in data.items() if k in request.data}
-        task = exp_services.task_update(task=self.get_object(), **data)
+        task = exp_services.task_update(task=self.get_object(), actor=request.user, **data)
         return Response(s.TaskSerializer(task).data)
 
 
@@ -105,7 +105,8 @@ class ExperimentViewSet(
     serializer_class = s.ExperimentSerializer
 
     def get_queryset(self):
-        return Experiment.objects.prefetch_related("tasks", "devices", "shards__device", "shards__task").order_by("-id")
+        """Only the experiments the user owns or collaborates on: others' are 404, not 403."""
+        return exp_selectors.experiment_list(user=self.request.user).prefetch_related("shards__device", "shards__task")
 
     @extend_schema(request=s.ExperimentCreateSerializer, responses={201: s.ExperimentSerializer})
     def create(self, request: Request) -> Response:
@@ -121,6 +122,7 @@ class ExperimentViewSet(
             dirichlet_alpha=data["dirichlet_alpha"],
             seed=data["seed"],
             sample_counts=data["sample_counts"],
+            owner=request.user,
         )
         return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED)
 
@@ -132,14 +134,14 @@ class ExperimentViewSet(
         on CIFAR-10 when ``MTFL_CIFAR10_ROOT`` holds it and on the digits otherwise."""
         data = dict(_validated(s.ExperimentFromTemplateSerializer, request))
         experiment = exp_services.experiment_create_from_template(
-            template=data.pop("template"), device_ids=data.pop("devices"), **data
+            template=data.pop("template"), device_ids=data.pop("devices"), owner=request.user, **data
         )
         return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.ExperimentUpdateSerializer, responses={200: s.ExperimentSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
         data = _validated(s.ExperimentUpdateSerializer, request, partial=True)
-        experiment = exp_services.experiment_update(experiment=self.get_object(), **data)
+        experiment = exp_services.experiment_update(experiment=self.get_object(), actor=request.user, **data)
         return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data)
 
     @extend_schema(request=s.RunCreateSerializer, responses={201: s.RunSerializer})
@@ -169,7 +171,7 @@ class ComparisonViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = s.ComparisonSerializer
 
     def get_queryset(self):
-        return exp_selectors.comparison_list()
+        return exp_selectors.comparison_list(user=self.request.user)
 
     @extend_schema(request=None, responses={200: s.ComparisonSerializer})
     @action(detail=True, methods=["post"])
@@ -194,7 +196,17 @@ class ExperimentTemplateViewSet(viewsets.ViewSet):
         return Response(s.ExperimentTemplateSerializer(rows, many=True).data)
 
 
+def _visible_experiments(request):
+    return exp_selectors.experiment_list(user=request.user if request else None)
+
+
+def _visible_runs(request):
+    return exp_selectors.run_list(user=request.user if request else None)
+
+
 class RunFilter(django_filters.FilterSet):
+    experiment = django_filters.ModelChoiceFilter(queryset=_visible_experiments)
+
     class Meta:
         model = Run
         fields = ["experiment", "strategy", "status"]
@@ -208,7 +220,7 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = RunFilter
 
     def get_queryset(self):
-        return exp_selectors.run_list()
+        return exp_selectors.run_list(user=self.request.user)
 
     @extend_schema(request=None, responses={200: s.RunSerializer})
     @action(detail=True, methods=["post"])
@@ -225,7 +237,8 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class RoundFilter(django_filters.FilterSet):
-    experiment = django_filters.ModelChoiceFilter(field_name="run__experiment", queryset=Experiment.objects.all())
+    experiment = django_filters.ModelChoiceFilter(field_name="run__experiment", queryset=_visible_experiments)
+    run = django_filters.ModelChoiceFilter(queryset=_visible_runs)
 
     class Meta:
         model = Round
@@ -239,12 +252,12 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = RoundFilter
 
     def get_queryset(self):
-        return exp_selectors.round_list()
+        return exp_selectors.round_list(user=self.request.user)
 
 
 class AssignmentFilter(django_filters.FilterSet):
-    run = django_filters.ModelChoiceFilter(field_name="round__run", queryset=Run.objects.all())
-    experiment = django_filters.ModelChoiceFilter(field_name="round__run__experiment", queryset=Experiment.objects.all())
+    run = django_filters.ModelChoiceFilter(field_name="round__run", queryset=_visible_runs)
+    experiment = django_filters.ModelChoiceFilter(field_name="round__run__experiment", queryset=_visible_experiments)
 
     class Meta:
         model = Assignment
@@ -258,10 +271,12 @@ class AssignmentViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = AssignmentFilter
 
     def get_queryset(self):
-        return exp_selectors.assignment_list()
+        return exp_selectors.assignment_list(user=self.request.user)
 
 
 class CheckpointFilter(django_filters.FilterSet):
+    run = django_filters.ModelChoiceFilter(queryset=_visible_runs)
+
     class Meta:
         model = Checkpoint
         fields = ["run", "task", "round"]
@@ -274,7 +289,7 @@ class CheckpointViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = CheckpointFilter
 
     def get_queryset(self):
-        return exp_selectors.checkpoint_list()
+        return exp_selectors.checkpoint_list(user=self.request.user)
 
 
 class ProfileSweepViewSet(viewsets.ReadOnlyModelViewSet):

@@ -56,6 +56,7 @@ def demo_experiment_create(
     alpha: float = 0.5,
     samples: int | None = None,
     seed: int = 0,
+    owner=None,
 ) -> Experiment:
     """Create the demo experiment: one digits task per architecture (Adam, learning rate 1e-3:
     it learns within the demo's few local iterations where SGD barely moves), Dirichlet(alpha)
@@ -64,6 +65,7 @@ def demo_experiment_create(
     Args:
         samples: use only this many training samples per task (split the same way), for quick
             runs; default: the whole training split.
+        owner: the experiment's owner (the demo user).
     """
     tasks = []
     for arch in architectures:
@@ -83,6 +85,7 @@ def demo_experiment_create(
         rounds=rounds,
         local_epochs=local_epochs,
         seed=seed,
+        owner=owner,
     )
     if samples is None:
         return exp_services.experiment_create(partition_rule="dirichlet", dirichlet_alpha=alpha, **common)

@@ -11,7 +11,7 @@ from controlplane.common.errors import ApplicationError
 from controlplane.dashboard import data
 from controlplane.dashboard.forms import ExperimentFromTemplateForm
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Experiment, Run, Task
+from controlplane.experiments.models import Experiment, Task
 from controlplane.experiments.services import comparison_create, experiment_create_from_template
 from controlplane.experiments.services.templates import DEFAULT_DIRICHLET_ALPHA, TEMPLATES, template_dataset_default
 from controlplane.fleet import selectors as fleet_selectors
@@ -19,12 +19,12 @@ from controlplane.profiling.models import Predictor, ProfileSweep
 from controlplane.profiling.services.workloads import workload_get
 
 
-def _index_context(template_form: ExperimentFromTemplateForm) -> dict:
+def _index_context(request: HttpRequest, template_form: ExperimentFromTemplateForm) -> dict:
     devices = [(d, fleet_selectors.device_effective_status(d)) for d in fleet_selectors.device_list()]
     return {
-        "experiments": selectors.experiment_list().prefetch_related("runs"),
+        "experiments": selectors.experiment_list(user=request.user).prefetch_related("runs"),
         "devices": devices,
-        "runs": selectors.run_list()[:20],
+        "runs": selectors.run_list(user=request.user)[:20],
         "template_form": template_form,
         "templates": list(TEMPLATES.values()),
         "template_dataset": template_dataset_default(),
@@ -34,7 +34,7 @@ def _index_context(template_form: ExperimentFromTemplateForm) -> dict:
 
 @login_required
 def index(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/index.html", _index_context(ExperimentFromTemplateForm()))
+    return render(request, "dashboard/index.html", _index_context(request, ExperimentFromTemplateForm()))
 
 
 @login_required
@@ -45,18 +45,18 @@ def experiment_from_template(request: HttpRequest) -> HttpResponse:
     form = ExperimentFromTemplateForm(request.POST)
     if form.is_valid():
         try:
-            experiment = experiment_create_from_template(**form.service_arguments())
+            experiment = experiment_create_from_template(owner=request.user, **form.service_arguments())
         except ApplicationError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         else:
             return redirect("dashboard:experiment", pk=experiment.pk)
-    return render(request, "dashboard/index.html", _index_context(form), status=400)
+    return render(request, "dashboard/index.html", _index_context(request, form), status=400)
 
 
 @login_required
 def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = get_object_or_404(
-        Experiment.objects.prefetch_related("tasks", "devices", "shards__device", "shards__task"), pk=pk
+        selectors.experiment_list(user=request.user).prefetch_related("shards__device", "shards__task"), pk=pk
     )
     return render(request, "dashboard/experiment.html", _experiment_context(experiment))
 
@@ -80,7 +80,7 @@ def _experiment_context(experiment: Experiment, compare_error: str = "") -> dict
 def experiment_compare(request: HttpRequest, pk: int) -> HttpResponse:
     """The experiment page's "Compare all strategies" button: launch a comparison and come
     back to the page, or show the service's message (e.g. no predictor fitted yet)."""
-    experiment = get_object_or_404(Experiment, pk=pk)
+    experiment = get_object_or_404(selectors.experiment_list(user=request.user), pk=pk)
     try:
         comparison_create(experiment=experiment)
     except ApplicationError as exc:
@@ -90,7 +90,7 @@ def experiment_compare(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    run = get_object_or_404(Run.objects.select_related("experiment"), pk=pk)
+    run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
     live = data.run_live(run)
     return render(request, "dashboard/run.html", {"run": run, "live": live})
 
@@ -98,7 +98,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def run_live(request: HttpRequest, pk: int) -> JsonResponse:
     """JSON the run page polls while the run is in progress."""
-    run = get_object_or_404(Run.objects.select_related("experiment"), pk=pk)
+    run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
     return JsonResponse(data.run_live(run))
 
 
@@ -126,5 +126,5 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "dashboard/task.html", {
         "task": task,
         "workload": workload_get(architecture=task.architecture, num_classes=task.num_classes),
-        "experiments": task.experiments.order_by("-id"),
+        "experiments": selectors.experiment_list(user=request.user).filter(tasks=task),
     })

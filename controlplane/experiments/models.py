@@ -9,6 +9,7 @@ a task after a round.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -31,6 +32,11 @@ class Task(models.Model):
     learning_rate = models.FloatField(default=0.05)
     momentum = models.FloatField(default=0.9)
     weight_decay = models.FloatField(default=5e-4)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks",
+        help_text="who defined it; only they (or a superuser) may change it. Tasks are the lab's "
+                  "shared catalogue: every researcher sees them and may use them",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -63,6 +69,16 @@ class Experiment(models.Model):
     partition_rule = models.CharField(max_length=16, choices=PartitionRule.choices, default="iid")
     dirichlet_alpha = models.FloatField(null=True, blank=True)
     seed = models.PositiveIntegerField(default=0)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="owned_experiments",
+        help_text="sees and changes it and chooses its collaborators; without one (created from "
+                  "the command line without --owner) only superusers see it",
+    )
+    collaborators = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, blank=True, related_name="shared_experiments",
+        help_text="see it and launch or cancel its runs and comparisons, like the owner",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 
 from controlplane.experiments.models import (
     Assignment,
@@ -71,28 +71,64 @@ def standalone_table(run: Run) -> dict[tuple[int, int, int], float | None]:
     }
 
 
-def experiment_list() -> QuerySet[Experiment]:
-    return Experiment.objects.prefetch_related("tasks", "devices").order_by("-id")
+def visible_experiment_ids(user) -> QuerySet | None:
+    """Ids of the experiments ``user`` may see: those they own or collaborate on.
+
+    Returns ``None`` for a superuser (every experiment, including those created from the
+    command line without an owner). An anonymous user sees nothing. The result is a subquery,
+    so filtering with it stays one SQL statement however many experiments there are.
+    """
+    if getattr(user, "is_superuser", False):
+        return None
+    if user is None or not user.is_authenticated:
+        return Experiment.objects.none().values("id")
+    shared = Experiment.collaborators.through.objects.filter(user_id=user.pk).values("experiment_id")
+    return Experiment.objects.filter(Q(owner_id=user.pk) | Q(id__in=shared)).values("id")
 
 
-def comparison_list() -> QuerySet[Comparison]:
-    return Comparison.objects.select_related("experiment").prefetch_related("runs").order_by("-id")
+def _visible(queryset: QuerySet, user, experiment_path: str, everyone: bool) -> QuerySet:
+    if everyone:
+        return queryset
+    ids = visible_experiment_ids(user)
+    return queryset if ids is None else queryset.filter(**{f"{experiment_path}__in": ids})
 
 
-def run_list() -> QuerySet[Run]:
-    return Run.objects.select_related("experiment").order_by("-id")
+def can_manage_experiment(user, experiment: Experiment) -> bool:
+    """Whether ``user`` may change who else sees the experiment: its owner or a superuser."""
+    return bool(getattr(user, "is_superuser", False) or (experiment.owner_id and experiment.owner_id == user.pk))
 
 
-def round_list() -> QuerySet[Round]:
-    return Round.objects.select_related("run").order_by("run_id", "index")
+def experiment_list(*, user=None, everyone: bool = False) -> QuerySet[Experiment]:
+    """Experiments ``user`` may see (``everyone=True``: all, for the command line and workers).
+
+    Everything below an experiment (its runs, rounds, assignments, checkpoints, comparisons) is
+    visible exactly when the experiment is: the other ``*_list`` selectors filter the same way.
+    """
+    queryset = Experiment.objects.select_related("owner").prefetch_related("tasks", "devices", "collaborators")
+    return _visible(queryset, user, "id", everyone).order_by("-id")
 
 
-def assignment_list() -> QuerySet[Assignment]:
-    return Assignment.objects.select_related("round", "device", "task").order_by("round_id", "device_id", "task_id")
+def comparison_list(*, user=None, everyone: bool = False) -> QuerySet[Comparison]:
+    queryset = Comparison.objects.select_related("experiment").prefetch_related("runs")
+    return _visible(queryset, user, "experiment_id", everyone).order_by("-id")
 
 
-def checkpoint_list() -> QuerySet[Checkpoint]:
-    return Checkpoint.objects.select_related("round", "task").order_by("run_id", "task_id", "created_at")
+def run_list(*, user=None, everyone: bool = False) -> QuerySet[Run]:
+    return _visible(Run.objects.select_related("experiment"), user, "experiment_id", everyone).order_by("-id")
+
+
+def round_list(*, user=None, everyone: bool = False) -> QuerySet[Round]:
+    return _visible(Round.objects.select_related("run"), user, "run__experiment_id", everyone).order_by("run_id", "index")
+
+
+def assignment_list(*, user=None, everyone: bool = False) -> QuerySet[Assignment]:
+    queryset = Assignment.objects.select_related("round", "device", "task")
+    return _visible(queryset, user, "round__run__experiment_id", everyone).order_by("round_id", "device_id", "task_id")
+
+
+def checkpoint_list(*, user=None, everyone: bool = False) -> QuerySet[Checkpoint]:
+    queryset = Checkpoint.objects.select_related("round", "task")
+    return _visible(queryset, user, "run__experiment_id", everyone).order_by("run_id", "task_id", "created_at")
 
 
 def baseline_run(experiment: Experiment) -> Run | None:

@@ -285,12 +285,12 @@ def test_runs_freeze_the_experiment_and_its_tasks(api, make_experiment):
     assert api.patch(f"/api/tasks/{task.id}/", {"name": "new-name"}, format="json").status_code == 200
 
 
-def test_a_run_needs_every_device_to_have_connected(api, make_device, make_task):
+def test_a_run_needs_every_device_to_have_connected(api, user, make_device, make_task):
     from controlplane.experiments.services import experiment_create
 
     ghost, real = make_device("ghost", connected=False), make_device("real")
     task = make_task()
-    experiment = experiment_create(name="g", task_ids=[task.id], device_ids=[ghost.id, real.id], rounds=1)
+    experiment = experiment_create(name="g", task_ids=[task.id], device_ids=[ghost.id, real.id], rounds=1, owner=user)
     response = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "sharing"}, format="json")
     assert response.status_code == 409
     assert "ghost has never connected" in response.json()["message"]

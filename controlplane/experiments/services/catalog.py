@@ -6,10 +6,12 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments.models import Experiment, Shard, Task
+from controlplane.experiments.selectors import can_manage_experiment
 from controlplane.fleet.models import Device
 from controlplane.profiling.services import workload_request
 from workers.datasets import dataset_info
@@ -86,8 +88,9 @@ def task_create(
     learning_rate: float = 0.05,
     momentum: float = 0.9,
     weight_decay: float = 5e-4,
+    owner=None,
 ) -> Task:
-    """Define a learning task.
+    """Define a learning task, owned by ``owner`` (a user, or ``None`` from the command line).
 
     Raises:
         ApplicationError: unknown architecture, data set or optimizer; a hyper-parameter out of
@@ -109,7 +112,7 @@ def task_create(
         raise ApplicationError("name is required", field="name")
     if Task.objects.filter(name=name).exists():
         raise ApplicationError(f"a task named {name!r} already exists", field="name")
-    task = Task(**fields)
+    task = Task(owner=owner, **fields)
     _check_dataset_consistency(task)
     task.save()
     workload_request(architecture=task.architecture, num_classes=task.num_classes)
@@ -117,13 +120,22 @@ def task_create(
 
 
 @transaction.atomic
-def task_update(*, task: Task, **fields: Any) -> Task:
+def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
     """Change a task's definition; only its name once a run has trained it.
 
+    Args:
+        actor: the user asking; ``None`` (the command line) may change any task.
+
     Raises:
-        ApplicationError: as :func:`task_create`, or (409) changing anything but the name of a
-            task that runs have trained.
+        ApplicationError: (403) ``actor`` is neither the task's owner nor a superuser; as
+            :func:`task_create`; or (409) changing anything but the name of a task that runs
+            have trained.
     """
+    if actor is not None and not (actor.is_superuser or (task.owner_id and task.owner_id == actor.pk)):
+        raise ApplicationError(
+            "only the task's owner or a superuser can change it; define a new task instead",
+            status_code=403,
+        )
     allowed = {"name", "architecture", "dataset", "dataset_root", "num_classes", "optimizer",
                "learning_rate", "momentum", "weight_decay"}
     unknown = set(fields) - allowed
@@ -244,10 +256,13 @@ def experiment_create(
     seed: int = 0,
     sample_counts: Iterable[Mapping[str, Any]] | None = None,
     description: str = "",
+    owner=None,
 ) -> Experiment:
     """Create an experiment and derive its shards (``|D_ij|`` for every device and task).
 
     Args:
+        owner: the user who owns it (sees it, changes it, chooses collaborators); ``None``
+            leaves it to superusers only.
         sample_counts: for ``partition_rule="explicit"``: ``[{"device": id, "task": id,
             "num_samples": n}, ...]``; pairs left out hold 0 samples.
 
@@ -290,6 +305,7 @@ def experiment_create(
         partition_rule=partition_rule,
         dirichlet_alpha=dirichlet_alpha,
         seed=int(seed),
+        owner=owner,
     )
     experiment.tasks.set(tasks)
     experiment.devices.set(devices)
@@ -300,16 +316,28 @@ def experiment_create(
 
 
 @transaction.atomic
-def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
-    """Change an experiment's name or description, and its rounds or local epochs until it
-    has runs.
+def experiment_update(*, experiment: Experiment, actor=None, collaborators: Iterable[str] | None = None,
+                      **fields: Any) -> Experiment:
+    """Change an experiment's name or description, its rounds or local epochs until it has
+    runs, and (its owner only) its collaborators.
 
     Tasks, devices and the partition are fixed at creation (runs would no longer be comparable):
     create a new experiment to change them.
 
+    Args:
+        actor: the user asking (``None``: the command line, allowed everything).
+        collaborators: user names that replace the collaborator list; the owner cannot be one.
+
     Raises:
-        ApplicationError: a field that cannot change, or a value out of range.
+        ApplicationError: a field that cannot change, a value out of range, an unknown user
+            name (naming it), or (403) a collaborator changing the collaborators.
     """
+    new_collaborators = None
+    if collaborators is not None:
+        if actor is not None and not can_manage_experiment(actor, experiment):
+            raise ApplicationError("only the experiment's owner can change its collaborators",
+                                   field="collaborators", status_code=403)
+        new_collaborators = _resolve_users(collaborators, experiment)
     allowed = {"name", "description", "rounds", "local_epochs"}
     unknown = set(fields) - allowed
     if unknown:
@@ -335,4 +363,17 @@ def experiment_update(*, experiment: Experiment, **fields: Any) -> Experiment:
     for key, value in fields.items():
         setattr(experiment, key, value)
     experiment.save()
+    if new_collaborators is not None:
+        experiment.collaborators.set(new_collaborators)
     return experiment
+
+
+def _resolve_users(usernames: Iterable[str], experiment: Experiment) -> list:
+    names = list(dict.fromkeys(usernames))
+    users = {u.username: u for u in get_user_model().objects.filter(username__in=names, is_active=True)}
+    missing = [n for n in names if n not in users]
+    if missing:
+        raise ApplicationError(f"no active user named {missing[0]!r}", field="collaborators")
+    if experiment.owner_id and any(u.pk == experiment.owner_id for u in users.values()):
+        raise ApplicationError("the owner is not also a collaborator", field="collaborators")
+    return [users[n] for n in names]

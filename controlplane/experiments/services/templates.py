@@ -206,7 +206,7 @@ def _experiment_name(template: ExperimentTemplate, name: str | None) -> str:
     return candidate
 
 
-def _template_task(*, architecture: str, dataset: str, dataset_root: str) -> Task:
+def _template_task(*, architecture: str, dataset: str, dataset_root: str, owner=None) -> Task:
     """The task training ``architecture`` on the data set with :data:`TASK_RECIPE`: an existing
     identical one (the oldest), or a new one named ``<dataset>-<architecture>`` (with ``-2``,
     ``-3``, … if that name holds a different task)."""
@@ -219,7 +219,7 @@ def _template_task(*, architecture: str, dataset: str, dataset_root: str) -> Tas
     while Task.objects.filter(name=name).exists():
         k += 1
         name = f"{base}-{k}"
-    return task_create(name=name, **fields)
+    return task_create(name=name, owner=owner, **fields)
 
 
 @transaction.atomic
@@ -233,6 +233,7 @@ def experiment_create_from_template(
     dirichlet_alpha: float = DEFAULT_DIRICHLET_ALPHA,
     seed: int = 0,
     dataset: str | None = None,
+    owner=None,
 ) -> Experiment:
     """Create an experiment from a built-in template (:data:`TEMPLATES`) on the given devices.
 
@@ -258,6 +259,7 @@ def experiment_create_from_template(
         seed: seed of the partition and the shards' sample order, 0 to 2**31 - 1.
         dataset: ``digits`` or ``cifar10``; default: ``cifar10`` if :func:`cifar10_root` finds
             it, else ``digits``.
+        owner: the experiment's owner (``None``: superusers only); new tasks are theirs too.
 
     Returns:
         The experiment, with its shards.
@@ -278,7 +280,8 @@ def experiment_create_from_template(
     dataset, dataset_root = _resolve_dataset(dataset)
     name = _experiment_name(spec, name)
     device_ids = list(device_ids or [])
-    tasks = [_template_task(architecture=a, dataset=dataset, dataset_root=dataset_root) for a in spec.architectures]
+    tasks = [_template_task(architecture=a, dataset=dataset, dataset_root=dataset_root, owner=owner)
+             for a in spec.architectures]
     return experiment_create(
         name=name,
         description=(
@@ -293,4 +296,5 @@ def experiment_create_from_template(
         partition_rule=Experiment.PartitionRule.DIRICHLET,
         dirichlet_alpha=dirichlet_alpha,
         seed=seed,
+        owner=owner,
     )

@@ -8,6 +8,7 @@ running, the command computes them itself.
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from rich.table import Table
 
@@ -67,6 +68,8 @@ class Command(BaseCommand):
                             f"(default {DEFAULT_DIRICHLET_ALPHA})")
         parser.add_argument("--seed", help="seed of the partition, 0 to 2147483647 (default 0)")
         parser.add_argument("--dataset", help="digits or cifar10 (default: cifar10 when MTFL_CIFAR10_ROOT holds it)")
+        parser.add_argument("--owner", help="user name of the researcher who owns it (sees and shares it on the "
+                            "dashboard and the API); default: none, so only superusers see it")
 
     def handle(self, *args, **opts):
         if not opts["template"]:
@@ -91,6 +94,11 @@ class Command(BaseCommand):
         if unknown:
             known = ", ".join(Device.objects.order_by("name").values_list("name", flat=True)) or "none"
             raise _error(f"--devices: {unknown[0]!r} is not a registered device; known devices: {known}")
+        owner = None
+        if opts["owner"]:
+            owner = get_user_model().objects.filter(username=opts["owner"], is_active=True).first()
+            if owner is None:
+                raise _error(f"--owner: no active user named {opts['owner']!r}; create one with mtfl createsuperuser")
         broker = self._connect_broker()
         try:
             experiment = experiment_create_from_template(
@@ -98,6 +106,7 @@ class Command(BaseCommand):
                 device_ids=[devices[n] for n in names],
                 name=opts["name"],
                 dataset=opts["dataset"],
+                owner=owner,
                 **{k: v for k, v in numbers.items() if v is not None},
             )
         except ApplicationError as exc:

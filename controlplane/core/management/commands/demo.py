@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_experiment_create
@@ -72,6 +73,7 @@ class Command(BaseCommand):
                 experiment = demo_experiment_create(
                     devices=devices, architectures=architectures, rounds=rounds, local_epochs=local_epochs,
                     alpha=alpha, samples=samples,
+                    owner=get_user_model().objects.filter(username=creds.username).first(),
                 )
                 console.print(f"experiment [bold]{experiment.name}[/bold] (id {experiment.id}): {experiment.description}")
                 self._run_all(experiment, strategies, timeout_s, stack)
