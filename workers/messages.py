@@ -68,6 +68,15 @@ simulated      the model's time-slicing mode                the model's contenti
 """
 BACKENDS: tuple[str, ...] = BackendName.__args__  # type: ignore[attr-defined]
 
+BACKEND_PARTITIONINGS: dict[str, tuple[str, ...]] = {
+    "cpu": ("timeslice", "mps"),
+    "simulated": ("timeslice", "mps"),
+    "cuda-mps": ("timeslice", "mps"),
+    "cuda-timeslice": ("timeslice",),
+}
+"""The partitionings each backend can realise (the table above); the control plane refuses a
+run whose plan needs one a device's backend lacks, before anything is dispatched."""
+
 
 
 def _simulated_field():

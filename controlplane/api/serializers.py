@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.experiments.models import Assignment, Checkpoint, Comparison, Experiment, Round, Run, Shard, Task
+from controlplane.experiments.models import Assignment, Checkpoint, Comparison, DeviceTelemetry, Experiment, Round, Run, Shard, Task
 from controlplane.experiments.services.templates import (
     DEFAULT_DIRICHLET_ALPHA,
     DEFAULT_LOCAL_EPOCHS,
@@ -349,8 +349,21 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "id", "run", "round", "round_index", "device", "device_name", "task", "task_name",
             "batch_size", "active_thread_percentage", "samples", "samples_trained", "throughput_sps",
             "predicted_throughput_sps", "standalone_throughput_sps", "simulated", "seconds", "train_loss", "started_at", "finished_at", "status",
-            "error", "weights_path", "weights_sha256",
+            "error", "weights_path", "weights_sha256", "peak_memory_bytes", "torch_device",
+            "mps_active_thread_percentage", "mps_verified", "mps_detail",
         ]
+        read_only_fields = fields
+
+
+class DeviceTelemetrySerializer(serializers.ModelSerializer):
+    """One device's whole-GPU series of a round (parallel lists, one entry per NVML sample)."""
+
+    device_name = serializers.CharField(source="device.name", read_only=True)
+
+    class Meta:
+        model = DeviceTelemetry
+        fields = ["device", "device_name", "t", "gpu_util_percent", "memory_used_bytes", "memory_total_bytes",
+                  "mps_restarted"]
         read_only_fields = fields
 
 

@@ -263,6 +263,14 @@ class AssignmentFilter(django_filters.FilterSet):
         model = Assignment
         fields = ["round", "run", "experiment", "device", "task", "status"]
 
+    @extend_schema(responses={200: s.DeviceTelemetrySerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def telemetry(self, request: Request, pk=None) -> Response:
+        """Whole-GPU utilisation and memory each GPU device's agent sampled (NVML, about once a
+        second) during the round; empty for cpu and simulated devices."""
+        rows = exp_selectors.round_telemetry(self.get_object())
+        return Response(s.DeviceTelemetrySerializer(rows, many=True).data)
+
 
 class AssignmentViewSet(viewsets.ReadOnlyModelViewSet):
     """Assignments: one task on one device in one round (plan and measurements)."""

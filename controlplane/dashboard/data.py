@@ -135,20 +135,41 @@ def run_assignment_rows(run: Run) -> list[dict[str, Any]]:
             "finished_at": a.finished_at,
             "status": a.status,
             "error": a.error,
+            "peak_memory_bytes": a.peak_memory_bytes,
+            "mps_verified": a.mps_verified,
         }
         for a in qs
     ]
 
 
+def run_has_gpu_devices(run: Run) -> bool:
+    """Whether any device of the run is served by a GPU backend (its page shows GPU telemetry)."""
+    return run.experiment.devices.filter(backend__startswith="cuda").exists()
+
+
+def run_telemetry_series(run: Run) -> list[dict[str, Any]]:
+    """The run's GPU telemetry as :func:`figures.gpu_telemetry` rows (one query)."""
+    return [
+        {"device": row.device.name, "round_index": row.round.index, "t": row.t,
+         "gpu_util_percent": row.gpu_util_percent, "memory_used_bytes": row.memory_used_bytes,
+         "memory_total_bytes": row.memory_total_bytes}
+        for row in selectors.run_telemetry(run)
+    ]
+
+
 def run_figures(run: Run) -> dict[str, dict]:
-    """Allocation plan per round, throughput per task per round, and the timeline."""
+    """Allocation plan per round, throughput per task per round, the timeline and, when a
+    device of the run is a GPU, its NVML telemetry under the timeline."""
     rows = run_assignment_rows(run)
     round_indices = sorted({r["round_index"] for r in rows})
-    return {
+    built = {
         "plan": figure_json(figures.allocation_plan(rows, round_indices=round_indices)),
         "throughput": figure_json(figures.throughput_per_round(rows)),
         "timeline": figure_json(figures.timeline(rows)),
     }
+    if run_has_gpu_devices(run):
+        built["gpu"] = figure_json(figures.gpu_telemetry(run_telemetry_series(run)))
+    return built
 
 
 def run_live(run: Run) -> dict[str, Any]:

@@ -471,3 +471,56 @@ def final_accuracy(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Fig
     fig.update_layout(title="Final test accuracy per task", barmode="group", yaxis=dict(range=[0, 1.05], title="accuracy"),
                       xaxis_title="task", **LAYOUT)
     return fig if tasks else _empty(fig, "no run has finished yet")
+
+
+def _stride(n: int, limit: int) -> int:
+    return max(1, -(-n // limit))
+
+
+def gpu_telemetry(series: Sequence[Mapping], *, max_points_per_device: int = 1500) -> go.Figure:
+    """Whole-GPU utilisation (top) and memory in use (bottom) of each device over wall-clock
+    time, one colour per device, with a gap between rounds; the x axis matches the timeline's.
+
+    Under MPS, NVML cannot attribute work to a client, so these are device totals (per-task
+    throughput comes from the trainers).
+
+    Args:
+        series: ``{"device", "round_index", "t" (Unix s), "gpu_util_percent" (0-100),
+            "memory_used_bytes", "memory_total_bytes" (or None)}`` per device and round.
+        max_points_per_device: a long run is thinned to about this many samples per device
+            (every k-th sample) so the page stays light; a dropped sample is never interpolated.
+    """
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("GPU utilisation (%)", "GPU memory in use (GiB)"))
+    devices = sorted({s["device"] for s in series})
+    for i, device in enumerate(devices):
+        mine = sorted((s for s in series if s["device"] == device), key=lambda s: s["round_index"])
+        step = _stride(sum(len(s["t"]) for s in mine), max_points_per_device)
+        x: list[str | None] = []
+        util: list[float | None] = []
+        mem: list[float | None] = []
+        for s in mine:
+            for k in range(0, len(s["t"]), step):
+                x.append(dt.datetime.fromtimestamp(s["t"][k], tz=dt.UTC).isoformat())
+                util.append(s["gpu_util_percent"][k])
+                mem.append(s["memory_used_bytes"][k] / 2**30)
+            x.append(None)
+            util.append(None)
+            mem.append(None)
+        color = _color(i)
+        fig.add_scatter(x=x, y=util, name=device, legendgroup=device, mode="lines", line=dict(color=color),
+                        row=1, col=1, hovertemplate="%{y:.0f} %<extra>" + device + "</extra>")
+        fig.add_scatter(x=x, y=mem, name=device, legendgroup=device, showlegend=False, mode="lines",
+                        line=dict(color=color), row=2, col=1, hovertemplate="%{y:.2f} GiB<extra>" + device + "</extra>")
+        totals = [s["memory_total_bytes"] for s in mine if s.get("memory_total_bytes")]
+        if totals:
+            fig.add_hline(y=max(totals) / 2**30, line=dict(color=color, dash="dot", width=1), row=2, col=1)
+    fig.update_yaxes(range=[0, 100], row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(type="date", title_text="wall-clock time (UTC)", row=2, col=1)
+    fig.update_layout(title="GPU telemetry (NVML, whole device)", **{**LAYOUT, "height": 460})
+    if not any(s["t"] for s in series):
+        return _empty(fig, "no GPU telemetry yet: it arrives with each round's results")
+    return fig

@@ -264,12 +264,48 @@ class Assignment(models.Model):
     error = models.TextField(blank=True, default="")
     weights_path = models.CharField(max_length=512, blank=True, default="")
     weights_sha256 = models.CharField(max_length=64, blank=True, default="")
+    peak_memory_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, RSS on cpu"
+    )
+    torch_device = models.CharField(max_length=16, blank=True, default="", help_text="cpu or cuda")
+    mps_active_thread_percentage = models.FloatField(
+        null=True, blank=True, help_text="the share the MPS server granted this client, as the agent read it"
+    )
+    mps_verified = models.BooleanField(
+        null=True, blank=True,
+        help_text="the agent's MPS server served this trainer with its share (null: not under MPS)",
+    )
+    mps_detail = models.TextField(blank=True, default="", help_text="what the agent found in the MPS server log")
 
     class Meta:
         ordering = ["round", "device", "task"]
         constraints = [
             models.UniqueConstraint(fields=["round", "device", "task"], name="uniq_assignment"),
         ]
+
+
+class DeviceTelemetry(models.Model):
+    """Whole-GPU utilisation and memory of one device during one round, sampled by its agent
+    through NVML about once a second (:class:`workers.messages.GpuSample`).
+
+    Under MPS, NVML cannot attribute work to a client: these are device totals, and per-task
+    throughput always comes from the trainers. The series are stored as parallel lists (one row
+    per device and round, not per sample) so a long round costs one row.
+    """
+
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="telemetry")
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="telemetry")
+    t = models.JSONField(default=list, help_text="sample times, Unix seconds")
+    gpu_util_percent = models.JSONField(default=list, help_text="0-100 per sample")
+    memory_used_bytes = models.JSONField(default=list, help_text="bytes per sample")
+    memory_total_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    mps_restarted = models.BooleanField(
+        default=False, help_text="the agent restarted its MPS server after a trainer of this round failed"
+    )
+
+    class Meta:
+        ordering = ["round", "device"]
+        constraints = [models.UniqueConstraint(fields=["round", "device"], name="uniq_device_telemetry")]
 
 
 class Checkpoint(models.Model):

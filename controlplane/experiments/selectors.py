@@ -10,6 +10,7 @@ from controlplane.experiments.models import (
     Assignment,
     Checkpoint,
     Comparison,
+    DeviceTelemetry,
     Experiment,
     Round,
     Run,
@@ -129,6 +130,17 @@ def assignment_list(*, user=None, everyone: bool = False) -> QuerySet[Assignment
 def checkpoint_list(*, user=None, everyone: bool = False) -> QuerySet[Checkpoint]:
     queryset = Checkpoint.objects.select_related("round", "task")
     return _visible(queryset, user, "run__experiment_id", everyone).order_by("run_id", "task_id", "created_at")
+
+
+def round_telemetry(rnd: Round) -> QuerySet[DeviceTelemetry]:
+    """The GPU telemetry series of a round, one row per device that sent one."""
+    return DeviceTelemetry.objects.filter(round=rnd).select_related("device").order_by("device__name")
+
+
+def run_telemetry(run: Run) -> QuerySet[DeviceTelemetry]:
+    """Every GPU telemetry series of a run, by round then device (one query)."""
+    return (DeviceTelemetry.objects.filter(round__run=run).select_related("device", "round")
+            .order_by("round__index", "device__name"))
 
 
 def baseline_run(experiment: Experiment) -> Run | None:

@@ -35,6 +35,7 @@ from controlplane.experiments.models import (
     Assignment,
     Checkpoint,
     Comparison,
+    DeviceTelemetry,
     Experiment,
     Round,
     Run,
@@ -50,6 +51,7 @@ from controlplane.profiling.services import samples_from_round
 from workers.artifacts import device_weights_key, get_store, global_weights_key
 from workers.fedavg import NoSamplesError, fedavg, load_state, save_state
 from workers.messages import (
+    BACKEND_PARTITIONINGS,
     AssignmentSpec,
     DeviceRoundResult,
     ShardRef,
@@ -147,6 +149,13 @@ def _run_new(
         made = make_plan(strategy, selectors.planning_input(experiment), manual_entries=manual, planner=planner)
     except PlanningError as exc:
         raise ApplicationError(str(exc), field=exc.field) from exc
+    for name, backend in experiment.devices.order_by("name").values_list("name", "backend"):
+        if made.partitioning not in BACKEND_PARTITIONINGS.get(backend, ()):
+            raise ApplicationError(
+                f"{strategy} needs {made.partitioning} partitioning, which device {name}'s {backend} backend cannot "
+                f"give (it has no MPS); run temporal there, or serve the device with --backend cuda-mps",
+                field="strategy",
+            )
     return Run.objects.create(
         experiment=experiment, strategy=strategy, manual_plan=manual, options=dict(options or {}),
         simulated=experiment.devices.filter(backend="simulated").exists(),
@@ -521,8 +530,11 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
         by_device[a.device.name].append(a)
 
     failed_devices: dict[str, str] = {}
+    telemetry: list[DeviceTelemetry] = []
     for device_name, rows in by_device.items():
         result = parsed.get(device_name)
+        if result is not None and (result.telemetry or result.mps_restarted):
+            telemetry.append(_telemetry_row(rnd, rows[0].device, result))
         if result is None:
             why = cause or "the device returned no result"
             failed_devices[device_name] = why
@@ -549,6 +561,11 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
             a.finished_at = _ts(r.finished_at)
             a.weights_path = r.weights or ""
             a.weights_sha256 = r.weights_sha256 or ""
+            a.peak_memory_bytes = r.peak_memory_bytes
+            a.torch_device = r.torch_device or ""
+            a.mps_active_thread_percentage = r.mps_active_thread_percentage
+            a.mps_verified = r.mps_verified
+            a.mps_detail = r.mps_detail[:10_000]
 
     # FedAvg only over devices whose whole round succeeded: a failed device's weights never
     # enter the global model, even the tasks that finished before the failure.
@@ -612,8 +629,12 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
         Assignment.objects.bulk_update(
             assignments,
             ["status", "error", "samples_trained", "throughput_sps", "simulated", "seconds", "train_loss", "started_at",
-             "finished_at", "weights_path", "weights_sha256"],
+             "finished_at", "weights_path", "weights_sha256", "peak_memory_bytes", "torch_device",
+             "mps_active_thread_percentage", "mps_verified", "mps_detail"],
         )
+        # a redelivered result replaces the series instead of failing on the unique constraint
+        DeviceTelemetry.objects.filter(round=rnd, device__in=[t.device for t in telemetry]).delete()
+        DeviceTelemetry.objects.bulk_create(telemetry)
         Checkpoint.objects.bulk_create(new_checkpoints)
         Round.objects.filter(id=rnd.id).update(
             status=status,
@@ -627,6 +648,17 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
             raw_throughput_sps=metrics.mean_or_none(device_raw),
             fair_throughput=metrics.mean_or_none(device_fair),
         )
+
+
+def _telemetry_row(rnd: Round, device, result: DeviceRoundResult) -> DeviceTelemetry:
+    """One device's NVML series of a round as parallel lists, in time order."""
+    samples = sorted(result.telemetry, key=lambda g: g.t)
+    totals = [g.memory_total_bytes for g in samples if g.memory_total_bytes]
+    return DeviceTelemetry(
+        round=rnd, device=device, t=[g.t for g in samples], gpu_util_percent=[g.gpu_util_percent for g in samples],
+        memory_used_bytes=[g.memory_used_bytes for g in samples], memory_total_bytes=max(totals) if totals else None,
+        mps_restarted=result.mps_restarted,
+    )
 
 
 def _advance(rnd: Round) -> None:

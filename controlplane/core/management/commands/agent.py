@@ -14,7 +14,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--device", required=True, help="device name (its queue is device.<name>)")
-        parser.add_argument("--backend", default="cpu", help="execution backend (default: cpu)")
+        parser.add_argument("--backend", default="cpu",
+                            help="execution backend: cpu, simulated, cuda-mps or cuda-timeslice (default: cpu)")
+        parser.add_argument("--gpu", default=None,
+                            help="cuda-* backends: the GPU, an NVML index or a UUID (default: MTFL_AGENT_GPU, else 0)")
         parser.add_argument("--cores", default=None, help="CPU cores the device may use, e.g. 0-3,6 (default: all)")
         parser.add_argument("--state-dir", default=None, help="agent state folder (default: $MTFL_HOME/agents/<device>)")
         parser.add_argument("--heartbeat-s", default=None, help="seconds between heartbeats (default: 15)")
@@ -28,7 +31,8 @@ class Command(BaseCommand):
         from workers.agent import main
 
         argv = ["--device", options["device"], "--backend", options["backend"], "--loglevel", options["loglevel"]]
-        for flag, key in (("--cores", "cores"), ("--state-dir", "state_dir"), ("--heartbeat-s", "heartbeat_s")):
+        for flag, key in (("--cores", "cores"), ("--state-dir", "state_dir"), ("--heartbeat-s", "heartbeat_s"),
+                          ("--gpu", "gpu")):
             if options[key] is not None:
                 argv += [flag, str(options[key])]
         sys.exit(main(argv, prog="mtfl agent"))
