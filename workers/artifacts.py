@@ -6,6 +6,10 @@ swappable interface, :class:`LocalArtifactStore` the implementation over a local
 e.g. NFS) folder, :func:`get_store` the factory. Writes are atomic (temporary file in the same
 folder, then ``os.replace``), so a reader never sees a half-written file.
 
+Weights that cross a trust boundary (an agent's upload to the control plane, a download on the
+agent) are checked by :func:`read_safetensors_header` before anything reads them as tensors: the
+header is parsed and checked against the file size without loading data and without pickle.
+
 The torch helpers (:func:`save_model_weights`, :func:`load_model_weights`) import torch inside
 the function; importing this module does not import torch.
 """
@@ -14,11 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import math
 import os
+import re
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -212,6 +220,32 @@ def device_weights_key(run_id: int, round_index: int, device: str, task_id: int)
     return f"runs/{run_id}/rounds/{round_index:05d}/{device}/task-{task_id}.safetensors"
 
 
+_GLOBAL_KEY_RE = re.compile(r"runs/(\d+)/tasks/(\d+)/global/(?:initial|round-(\d+))\.safetensors")
+_DEVICE_KEY_RE = re.compile(r"runs/(\d+)/rounds/(\d+)/([^/]+)/task-(\d+)\.safetensors")
+
+
+def parse_global_weights_key(key: str) -> tuple[int, int, int | None] | None:
+    """Return ``(run_id, task_id, round_index)`` of a key :func:`global_weights_key` made, else
+    ``None`` (``round_index`` is ``None`` for the initial model). Only the exact spelling
+    :func:`global_weights_key` produces is accepted (no leading zeros, no extra components)."""
+    match = _GLOBAL_KEY_RE.fullmatch(key) if isinstance(key, str) else None
+    if match is None:
+        return None
+    run_id, task_id = int(match[1]), int(match[2])
+    round_index = None if match[3] is None else int(match[3])
+    return (run_id, task_id, round_index) if global_weights_key(run_id, task_id, round_index) == key else None
+
+
+def parse_device_weights_key(key: str) -> tuple[int, int, str, int] | None:
+    """Return ``(run_id, round_index, device, task_id)`` of a key :func:`device_weights_key`
+    made, else ``None``. Only its exact spelling is accepted."""
+    match = _DEVICE_KEY_RE.fullmatch(key) if isinstance(key, str) else None
+    if match is None or not DEVICE_NAME_RE.match(match[3]):
+        return None
+    parsed = (int(match[1]), int(match[2]), match[3], int(match[4]))
+    return parsed if device_weights_key(*parsed) == key else None
+
+
 def _require_non_negative(**values: int) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -256,3 +290,160 @@ def load_model_weights(model: torch.nn.Module, path: Path | str) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"weights file not found: {path}")
     model.load_state_dict(load_file(str(path), device="cpu"), strict=True)
+
+
+# ----------------------------------------------------------------------- safetensors checks
+
+SAFETENSORS_DTYPE_BYTES: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}
+"""Bytes per element of each safetensors dtype accepted (the whole-byte ones)."""
+
+MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
+"""The largest JSON header accepted (the limit the safetensors library itself applies)."""
+
+
+class InvalidSafetensorsError(ValueError):
+    """A file is not a well-formed safetensors file; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as a safetensors header declares it: dtype name and shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def read_safetensors_header(path: Path | str) -> dict[str, TensorInfo]:
+    """Check that ``path`` is a well-formed safetensors file and return its tensors.
+
+    Reads only the header (never tensor data, never pickle). The format (huggingface
+    safetensors): an 8-byte little-endian unsigned header length ``N``; ``N`` bytes of UTF-8
+    JSON, an object mapping tensor names to ``{"dtype", "shape", "data_offsets": [begin,
+    end]}`` plus an optional ``"__metadata__"`` object of strings; then the data section.
+    Checked: ``N`` in ``[2, 100 MiB]`` and within the file, the header parses as a JSON object,
+    every dtype is known, shapes are lists of non-negative integers, each tensor's byte span is
+    ``prod(shape) * itemsize``, and the spans tile the data section exactly (no gap, overlap or
+    trailing bytes). Finally the safetensors library opens the file (header only) as well.
+
+    Args:
+        path: the file.
+
+    Returns:
+        ``{name: TensorInfo}`` for every tensor (``__metadata__`` left out).
+
+    Raises:
+        InvalidSafetensorsError: naming the first problem found.
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise InvalidSafetensorsError(
+                f"file is {size} bytes, shorter than the 8-byte header length (truncated?)")
+        header_len = int.from_bytes(prefix, "little")
+        if not 2 <= header_len <= MAX_SAFETENSORS_HEADER_BYTES:
+            raise InvalidSafetensorsError(
+                f"header length {header_len} is out of range (2 to {MAX_SAFETENSORS_HEADER_BYTES} "
+                "bytes): not a safetensors file (a pickle or zip file renamed?)")
+        if 8 + header_len > size:
+            raise InvalidSafetensorsError(
+                f"header length {header_len} runs past the end of the {size}-byte file (truncated?)")
+        raw = handle.read(header_len)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InvalidSafetensorsError("header is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidSafetensorsError(f"header is not JSON: {exc.msg} at byte {exc.pos}") from None
+    if not isinstance(header, dict):
+        raise InvalidSafetensorsError(f"header is JSON {type(header).__name__}, not an object")
+
+    data_size = size - 8 - header_len
+    tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise InvalidSafetensorsError("__metadata__ must be an object of strings")
+            continue
+        tensors[name] = info = _tensor_info(name, entry)
+        begin, end = entry["data_offsets"]
+        count = math.prod(info.shape)
+        if end - begin != count * SAFETENSORS_DTYPE_BYTES[info.dtype]:
+            raise InvalidSafetensorsError(
+                f"tensor {name!r}: data_offsets span {end - begin} bytes but {info.dtype} "
+                f"{list(info.shape)} needs {count * SAFETENSORS_DTYPE_BYTES[info.dtype]}")
+        spans.append((begin, end, name))
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            what = "overlaps the previous tensor" if begin < position else f"leaves a gap at byte {position}"
+            raise InvalidSafetensorsError(f"tensor {name!r}: data_offsets [{begin}, {end}] {what}")
+        position = end
+    if position != data_size:
+        raise InvalidSafetensorsError(
+            f"the tensors' data ends at byte {position} of the data section but the file holds "
+            f"{data_size} bytes there (truncated or trailing bytes)")
+    _open_with_safetensors(path)
+    return tensors
+
+
+def _tensor_info(name: str, entry: object) -> TensorInfo:
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise InvalidSafetensorsError(
+            f"tensor {name!r}: entry must be an object with exactly dtype, shape and data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in SAFETENSORS_DTYPE_BYTES:
+        raise InvalidSafetensorsError(
+            f"tensor {name!r}: dtype {dtype!r} is not supported; allowed: "
+            f"{', '.join(SAFETENSORS_DTYPE_BYTES)}")
+
+    def is_count(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(shape, list) or not all(is_count(d) for d in shape):
+        raise InvalidSafetensorsError(f"tensor {name!r}: shape {shape!r} is not a list of integers >= 0")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(is_count(o) for o in offsets)
+            or offsets[0] > offsets[1]):
+        raise InvalidSafetensorsError(
+            f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
+    return TensorInfo(dtype, tuple(shape))
+
+
+def _open_with_safetensors(path: Path) -> None:
+    """Let the safetensors library parse the header too (it maps the file, reads no tensor)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            handle.keys()
+    except Exception as exc:  # noqa: BLE001 - the library's own error types vary by version
+        raise InvalidSafetensorsError(f"the safetensors library refused it: {exc}") from None
+
+
+def tensors_mismatch(expected: dict[str, TensorInfo], actual: dict[str, TensorInfo]) -> str | None:
+    """Say how ``actual`` differs from ``expected`` (names, dtypes, shapes), or ``None``.
+
+    Returns:
+        One line naming the first missing or unexpected tensor, or one whose dtype or shape
+        differs; ``None`` when they match.
+    """
+    missing = sorted(set(expected) - set(actual))
+    if missing:
+        return f"tensor {missing[0]!r} is missing ({len(missing)} missing in all)"
+    extra = sorted(set(actual) - set(expected))
+    if extra:
+        return f"tensor {extra[0]!r} is not in the model ({len(extra)} unexpected in all)"
+    for name in sorted(expected):
+        if expected[name] != actual[name]:
+            want, got = expected[name], actual[name]
+            return (f"tensor {name!r} is {got.dtype} {list(got.shape)}, the model has "
+                    f"{want.dtype} {list(want.shape)}")
+    return None
