@@ -13,6 +13,8 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_OFFLINE_S": 60.0,
     "BASELINE_BATCH_SIZE": 128,
     "CIFAR10_ROOT": "",
+    # Largest weights file an agent may upload (bytes); bigger uploads are refused with 413.
+    "MAX_ARTIFACT_BYTES": 4 * 1024**3,
 }
 
 

@@ -25,6 +25,8 @@ Variables (all optional; unset means the embedded defaults a laptop needs):
     ``MTFL_CIFAR10_ROOT``: a local folder holding ``cifar-10-batches-py/`` (the extracted python
         batches); when it holds the data, the built-in experiment templates train on CIFAR-10
         instead of the digits. Default: unset. Nothing is ever downloaded.
+    ``MTFL_MAX_ARTIFACT_BYTES``: the largest weights file an agent may upload through
+        ``/api/agent/artifacts/``; default 4 GiB.
 """
 
 from __future__ import annotations
@@ -289,6 +291,7 @@ MTFL = {
     "HEARTBEAT_OFFLINE_S": env.float("MTFL_HEARTBEAT_OFFLINE_S", default=60.0),
     "BASELINE_BATCH_SIZE": 128,
     "CIFAR10_ROOT": env.str("MTFL_CIFAR10_ROOT", default=""),
+    "MAX_ARTIFACT_BYTES": env.int("MTFL_MAX_ARTIFACT_BYTES", default=4 * 1024**3),
 }
 
 LOGGING = {

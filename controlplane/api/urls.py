@@ -2,7 +2,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import views
+from controlplane.api import agent_views, views
 
 router = DefaultRouter()
 router.register("devices", views.DeviceViewSet, basename="device")
@@ -22,5 +22,8 @@ router.register("predictors", views.PredictorViewSet, basename="predictor")
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    # Device agents only (Authorization: Agent <key>), see controlplane/api/agent_views.py.
+    path("agent/device/", agent_views.AgentDeviceApi.as_view(), name="agent-device"),
+    path("agent/artifacts/<path:key>", agent_views.AgentArtifactApi.as_view(), name="agent-artifact"),
     path("", include(router.urls)),
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import django_filters
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -10,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.api import serializers as s
+from controlplane.api.authentication import CanIssueAgentTokens
 from controlplane.experiments import selectors as exp_selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, Task
@@ -70,6 +72,17 @@ class DeviceViewSet(
         ``/api/profile-sweeps/{id}/`` (``progress``, ``configs``, ``samples``)."""
         sweep = profiling_services.sweep_start(device=self.get_object(), **_validated(s.ProfileSweepCreateSerializer, request))
         return Response(s.ProfileSweepSerializer(sweep).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={201: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"], permission_classes=[CanIssueAgentTokens])
+    def token(self, request: Request, pk=None) -> Response:
+        """Issue the device's agent token (``Authorization: Agent <key>`` on ``/api/agent/``),
+        replacing the previous one, which stops working at once. The key is in this response
+        only: the control plane keeps its SHA-256. Needs ``fleet.add_devicetoken`` (superusers
+        have it)."""
+        token, key = fleet_services.device_token_issue(device=self.get_object(), issued_by=request.user)
+        return Response({"device": token.device_id, "device_name": token.device.name, "token": key,
+                         "created_at": token.created_at}, status=status.HTTP_201_CREATED)
 
 
 class TaskViewSet(

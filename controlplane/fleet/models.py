@@ -1,9 +1,11 @@
-"""Fleet state: the devices of a federation."""
+"""Fleet state: the devices of a federation and their agents' tokens."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.utils import timezone
 
 from workers.messages import BACKENDS
 from workers.queues import DEVICE_NAME_RE, device_queue
@@ -45,3 +47,29 @@ class Device(models.Model):
     def queue(self) -> str:
         """The Celery queue this device's agent serves."""
         return device_queue(self.name)
+
+
+class DeviceToken(models.Model):
+    """The secret a device's agent presents to the control plane (``Authorization: Agent <key>``).
+
+    Only the SHA-256 of the key is stored; the key itself is shown once, when it is issued
+    (:func:`controlplane.fleet.services.device_token_issue`). A device has at most one: issuing
+    a new one replaces it, and the old key stops working at once. The key authenticates the
+    device, never a user: it reaches only the agent endpoints (``/api/agent/``), and there only
+    the artifacts of the device's own assignments.
+    """
+
+    device = models.OneToOneField(Device, on_delete=models.CASCADE, related_name="agent_token")
+    key_hash = models.CharField(max_length=64, unique=True, help_text="hex SHA-256 of the key")
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="who issued it (empty when issued from the command line)",
+    )
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["device__name"]
+
+    def __str__(self) -> str:
+        return f"agent token of {self.device.name}"

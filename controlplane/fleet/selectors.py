@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.conf import mtfl_setting
-from controlplane.fleet.models import Device
+from controlplane.fleet.models import Device, DeviceToken
 
 
 def device_list() -> QuerySet[Device]:
@@ -52,3 +52,13 @@ def device_cores(device: Device) -> int:
     """The units a share is granted in (the predictor's device descriptor): the accelerator's
     allocation units when the agent reports them (SMs), else its cores."""
     return int(device.inventory.get("allocation_units") or 0) or len(device.inventory.get("cores") or []) or 1
+
+
+def device_token_for_key(key: str) -> DeviceToken | None:
+    """The agent token whose key is ``key`` (looked up by its SHA-256), with its device; else
+    ``None``."""
+    from controlplane.fleet.services import agent_token_hash
+
+    if not key:
+        return None
+    return DeviceToken.objects.select_related("device").filter(key_hash=agent_token_hash(key)).first()

@@ -1,15 +1,18 @@
-"""Writes to fleet state: creating devices and recording what their agents report."""
+"""Writes to fleet state: creating devices, recording what their agents report, issuing their
+agents' tokens."""
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import secrets
 
 from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.common.errors import ApplicationError
-from controlplane.fleet.models import Device
+from controlplane.fleet.models import Device, DeviceToken
 from workers.messages import BACKENDS, DeviceInventory
 from workers.queues import DEVICE_NAME_RE
 
@@ -82,3 +85,45 @@ def device_report(*, inventory: dict, at: dt.datetime | None = None) -> Device:
     device.status = Device.Status.ONLINE
     device.save(update_fields=["backend", "inventory", "last_heartbeat_at", "status"])
     return device
+
+
+AGENT_TOKEN_BYTES = 32
+"""Random bytes in an agent token (``secrets.token_urlsafe``: 43 characters)."""
+
+TOKEN_TOUCH_INTERVAL = dt.timedelta(seconds=60)
+"""``last_used_at`` is written at most this often per token (not on every request)."""
+
+
+def agent_token_hash(key: str) -> str:
+    """Return the hex SHA-256 of an agent token's key, as :class:`DeviceToken` stores it."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@transaction.atomic
+def device_token_issue(*, device: Device, issued_by=None) -> tuple[DeviceToken, str]:
+    """Issue a new agent token for ``device``, replacing (revoking) the one it had.
+
+    Args:
+        device: the device whose agent will present the key.
+        issued_by: the user issuing it, or ``None`` (the command line).
+
+    Returns:
+        ``(token, key)``: the stored token (its key's hash only) and the key itself, which is
+        not stored anywhere and cannot be shown again.
+    """
+    key = secrets.token_urlsafe(AGENT_TOKEN_BYTES)
+    token, _ = DeviceToken.objects.update_or_create(
+        device=device,
+        defaults={"key_hash": agent_token_hash(key), "created_at": timezone.now(), "created_by": issued_by,
+                  "last_used_at": None},
+    )
+    return token, key
+
+
+def device_token_touch(*, token: DeviceToken, at: dt.datetime | None = None) -> None:
+    """Record that an agent used its token (at most once per :data:`TOKEN_TOUCH_INTERVAL`)."""
+    now = at or timezone.now()
+    if token.last_used_at is not None and now - token.last_used_at < TOKEN_TOUCH_INTERVAL:
+        return
+    DeviceToken.objects.filter(id=token.id).update(last_used_at=now)
+    token.last_used_at = now
