@@ -29,15 +29,23 @@ sets (so ``celery -A workers.agent worker`` works too when they are exported):
 ``$MTFL_HOME/agents/<device>``), ``MTFL_AGENT_TRAINER_TIMEOUT_S`` (default 10800). The broker
 comes from ``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.config`).
 
+Weights: by default the agent shares ``ARTIFACT_ROOT`` with the control plane (one host, or a
+shared folder). On a host that shares no disk with it, set ``MTFL_CONTROL_URL`` and
+``MTFL_AGENT_TOKEN`` (or ``MTFL_AGENT_TOKEN_FILE``; options ``--control-url`` /
+``--agent-token``): the agent then fetches global weights from and sends trained weights to the
+control plane over HTTP, keeping its copies under ``<state-dir>/artifacts``
+(:mod:`workers.transfer`). At start it checks the token names this device.
+
 On SIGTERM Celery starts a warm shutdown; the ``worker_shutting_down`` hook below terminates the
 running round's trainers, so the round returns failed at once instead of running for hours, and
 stops the backend (``cuda-mps``: quits the agent's MPS control daemon, which :func:`main`
 started). The backend is also stopped when the worker returns and at exit.
 
 Exit codes of :func:`main`: 0 normal stop, 2 bad arguments or configuration (including an
-unavailable backend — no GPU or driver for ``cuda-*`` — or unset broker), 3 the broker could
-not be reached to register, 4 the device could not be prepared (the MPS control daemon did not
-start or answer). Importing this module imports neither torch nor pynvml, and the agent process
+unavailable backend — no GPU or driver for ``cuda-*`` — unset broker, or an agent token the
+control plane refuses or that belongs to another device), 3 the broker could not be reached to
+register, 4 the device could not be prepared (the MPS control daemon did not start or answer),
+5 the control plane (``MTFL_CONTROL_URL``) could not be reached. Importing this module imports neither torch nor pynvml, and the agent process
 never initialises CUDA (GPU inventory and telemetry use NVML).
 """
 
@@ -89,6 +97,15 @@ from workers.messages import (
 )
 from workers.profiling import run_sweep
 from workers.queues import CONTROL_QUEUE, TaskName, device_queue
+from workers.transfer import (
+    ENV_AGENT_TOKEN,
+    ENV_CONTROL_URL,
+    ArtifactClient,
+    TransferError,
+    TransferSettings,
+    run_round_remote,
+    transfer_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +120,7 @@ EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_BROKER = 3
 EXIT_DEVICE = 4
+EXIT_CONTROL_PLANE = 5
 
 DEFAULT_TRAINER_TIMEOUT_S = 3 * 3600.0
 
@@ -195,6 +213,8 @@ class AgentSettings:
         cores: CPU ids the device may use.
         state_dir: the agent's work folder.
         trainer_timeout_s: seconds a round's trainers may run after the start barrier.
+        transfer: the control plane's URL and this agent's token when it shares no disk with
+            it (``MTFL_CONTROL_URL``), else ``None``.
     """
 
     device: str
@@ -202,6 +222,7 @@ class AgentSettings:
     cores: list[int]
     state_dir: Path
     trainer_timeout_s: float
+    transfer: TransferSettings | None = None
 
 
 def agent_settings() -> AgentSettings:
@@ -225,14 +246,15 @@ def agent_settings() -> AgentSettings:
         timeout = float(timeout_text) if timeout_text else DEFAULT_TRAINER_TIMEOUT_S
         if not timeout > 0:
             raise ValueError(f"{ENV_TRAINER_TIMEOUT_S} must be > 0 seconds, got {timeout_text!r}")
-    except ValueError as exc:
+        transfer = transfer_settings()
+    except (ValueError, RuntimeError) as exc:
         raise RuntimeError(f"agent misconfigured: {exc}") from exc
     state_text = os.environ.get(ENV_STATE_DIR, "").strip()
     if state_text:
         state_dir = Path(state_text).expanduser()
     else:
         state_dir = config.mtfl_home() / "agents" / device
-    return AgentSettings(device, backend, cores, state_dir, timeout)
+    return AgentSettings(device, backend, cores, state_dir, timeout, transfer)
 
 
 _BACKEND_CACHE: dict[str, ExecutionBackend] = {}
@@ -246,11 +268,16 @@ def _backend(name: str) -> ExecutionBackend:
 
 def _context(settings: AgentSettings) -> AgentContext:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    if settings.transfer is None:
+        artifact_root = config.artifact_root()
+    else:  # no shared disk: the agent's own copies, fetched and sent by workers.transfer
+        artifact_root = settings.state_dir / "artifacts"
+        artifact_root.mkdir(parents=True, exist_ok=True)
     return AgentContext(
         device=settings.device,
         cores=list(settings.cores),
         state_dir=settings.state_dir,
-        artifact_root=config.artifact_root(),
+        artifact_root=artifact_root,
         trainer_timeout_s=settings.trainer_timeout_s,
     )
 
@@ -336,7 +363,11 @@ def train_round(request: dict) -> dict:
 
     def work(parsed: TrainRoundRequest, settings: AgentSettings) -> DeviceRoundResult:
         _report_progress(parsed.round_id, settings.device, "started")
-        return _backend(settings.backend).run_round(parsed, _context(settings))
+        backend, ctx = _backend(settings.backend), _context(settings)
+        if settings.transfer is None:
+            return backend.run_round(parsed, ctx)
+        return run_round_remote(lambda r: backend.run_round(r, ctx), parsed, ctx.artifact_root,
+                                ArtifactClient(settings.transfer))
 
     return _serve(request, TrainRoundRequest, failed, work)
 
@@ -541,7 +572,37 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--gpu", default=None,
                         help=f"GPU backends: the GPU, an NVML index or a UUID (default: "
                              f"${ENV_GPU} or 0)")
+    parser.add_argument("--control-url", default=None,
+                        help=f"no shared disk: the control plane's URL to fetch and send weights "
+                             f"through (default: ${ENV_CONTROL_URL}; unset: shared ARTIFACT_ROOT)")
+    parser.add_argument("--agent-token", default=None,
+                        help=f"the device's agent token from `mtfl device-token DEVICE` (default: "
+                             f"${ENV_AGENT_TOKEN}; prefer the variable or MTFL_AGENT_TOKEN_FILE, "
+                             f"options show in the process list)")
     return parser
+
+
+def _check_control_plane(device: str, refuse: Callable[..., int]) -> int | None:
+    """With ``MTFL_CONTROL_URL`` set, check the control plane answers and the token is this
+    device's. Returns an exit code to stop with, or ``None`` to go on."""
+    try:
+        transfer = transfer_settings()
+    except RuntimeError as exc:
+        return refuse(str(exc))
+    if transfer is None:
+        return None
+    try:
+        owner = ArtifactClient(transfer, attempts=3).whoami()
+    except TransferError as exc:
+        if exc.status in (401, 403):
+            return refuse(f"the control plane at {transfer.control_url} refused the agent token: issue one with "
+                          f"`mtfl device-token {device}`")
+        if exc.status is None:
+            return refuse(str(exc), EXIT_CONTROL_PLANE)
+        return refuse(str(exc))
+    if owner != device:
+        return refuse(f"the agent token belongs to device {owner!r}, not {device!r}")
+    return None
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent") -> int:
@@ -550,7 +611,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
     Returns:
         The exit code: 0 after a normal stop, 2 for bad arguments/configuration (one line on
         stderr says what, e.g. no NVIDIA driver for a GPU backend), 3 if the broker cannot be
-        reached, 4 if the device cannot be prepared (the MPS control daemon).
+        reached, 4 if the device cannot be prepared (the MPS control daemon), 5 if the control
+        plane (``MTFL_CONTROL_URL``) cannot be reached.
     """
     exit_with_parent()  # a local agent of `mtfl up`/`mtfl demo` stops with it
     args = _parser(prog).parse_args(argv)
@@ -591,6 +653,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
         configure_broker()
     except RuntimeError as exc:
         return refuse(str(exc))
+    if args.control_url is not None:
+        os.environ[ENV_CONTROL_URL] = args.control_url
+    if args.agent_token is not None:
+        os.environ[ENV_AGENT_TOKEN] = args.agent_token
+    stop = _check_control_plane(args.device, refuse)
+    if stop is not None:
+        return stop
 
     state_dir = args.state_dir or config.mtfl_home() / "agents" / args.device
     os.environ[ENV_DEVICE] = args.device

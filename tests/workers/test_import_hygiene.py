@@ -17,6 +17,7 @@ LIGHT_MODULES = [
     "workers.partition",
     "workers.fedavg",
     "workers.artifacts",
+    "workers.transfer",
     "workers.agent",
     "workers.backends",
     "workers.backends.simulated",
