@@ -308,3 +308,18 @@ def test_nothing_from_an_upload_is_unpickled(world, monkeypatch):
     _put(_agent(world["keys"]["dev-a"]), world["output"]["dev-a"], pickle.dumps(_state()))
 
     assert calls == []
+
+
+def test_mtfl_agent_passes_the_transfer_options_to_the_agent(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "MTFL_CONTROL_URL", "MTFL_AGENT_TOKEN"}}
+    env.update(MTFL_HOME=str(tmp_path), CELERY_BROKER_URL="redis://127.0.0.1:1/0")
+
+    out = subprocess.run([sys.executable, "-m", "controlplane.cli", "agent", "--device", "dev-a", "--agent-token", "k"],
+                         capture_output=True, text=True, env=env, timeout=120)
+
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("mtfl agent:") and "MTFL_CONTROL_URL is not" in out.stderr

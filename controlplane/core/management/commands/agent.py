@@ -22,6 +22,12 @@ class Command(BaseCommand):
         parser.add_argument("--state-dir", default=None, help="agent state folder (default: $MTFL_HOME/agents/<device>)")
         parser.add_argument("--heartbeat-s", default=None, help="seconds between heartbeats (default: 15)")
         parser.add_argument("--loglevel", default="INFO")
+        parser.add_argument("--control-url", default=None,
+                            help="a host with no shared disk: the control plane's URL weights go through "
+                                 "(default: MTFL_CONTROL_URL; unset: shared ARTIFACT_ROOT)")
+        parser.add_argument("--agent-token", default=None,
+                            help="the key `mtfl device-token DEVICE` printed (default: MTFL_AGENT_TOKEN or "
+                                 "MTFL_AGENT_TOKEN_FILE, better: options show in the process list)")
 
     def handle(self, *args, **options):
         try:
@@ -32,7 +38,7 @@ class Command(BaseCommand):
 
         argv = ["--device", options["device"], "--backend", options["backend"], "--loglevel", options["loglevel"]]
         for flag, key in (("--cores", "cores"), ("--state-dir", "state_dir"), ("--heartbeat-s", "heartbeat_s"),
-                          ("--gpu", "gpu")):
+                          ("--gpu", "gpu"), ("--control-url", "control_url"), ("--agent-token", "agent_token")):
             if options[key] is not None:
                 argv += [flag, str(options[key])]
         sys.exit(main(argv, prog="mtfl agent"))
