@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -42,6 +42,7 @@ class AgentDeviceApi(_AgentApi):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request: Request) -> Response:
+        """The device this agent token belongs to, and the largest upload taken (bytes)."""
         device = request.auth.device
         return Response({"id": device.id, "name": device.name,
                          "max_artifact_bytes": int(mtfl_setting("MAX_ARTIFACT_BYTES"))})
@@ -52,6 +53,9 @@ class AgentArtifactApi(_AgentApi):
 
     @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
     def get(self, request: Request, key: str) -> FileResponse:
+        """Download a global model (``runs/<run>/tasks/<task>/global/….safetensors``) that an
+        assignment of this device's running round starts from; ``X-Content-SHA256`` carries its
+        hex SHA-256. Anything else is 404."""
         path, sha256 = agent_artifacts.agent_artifact_for_download(device=request.auth.device, key=key)
         response = FileResponse(open(path, "rb"), content_type="application/octet-stream")  # noqa: SIM115 - closed by Django
         response[SHA256_HEADER] = sha256
@@ -61,9 +65,16 @@ class AgentArtifactApi(_AgentApi):
         request={"application/octet-stream": OpenApiTypes.BINARY},
         parameters=[OpenApiParameter(SHA256_HEADER, str, OpenApiParameter.HEADER, required=True,
                                      description="hex SHA-256 of the body")],
-        responses={201: OpenApiTypes.OBJECT},
+        responses={201: OpenApiTypes.OBJECT,
+                   411: OpenApiResponse(description="No Content-Length: the body must declare its size.")},
     )
     def put(self, request: Request, key: str) -> Response:
+        """Upload the weights this device trained for one of its assignments
+        (``runs/<run>/rounds/<round>/<device>/task-<task>.safetensors``) while its round runs:
+        the raw safetensors file as the body, with ``Content-Length`` and ``X-Content-SHA256``.
+        Refused: 413 above ``MTFL_MAX_ARTIFACT_BYTES``; 400 on a SHA-256 mismatch, a malformed
+        safetensors file or tensors unlike the task's model; 409 once the round has closed;
+        404 for any other key."""
         raw_length = request.META.get("CONTENT_LENGTH") or ""
         length = int(raw_length) if raw_length.isdigit() else None
         body = request.stream if length else _EmptyBody()

@@ -11,6 +11,7 @@ researcher's token or session is refused there, and an agent key is refused ever
 from __future__ import annotations
 
 from django.contrib.auth.models import AnonymousUser
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
@@ -47,6 +48,19 @@ class AgentTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return KEYWORD
+
+
+class AgentTokenScheme(OpenApiAuthenticationExtension):
+    """How the OpenAPI schema documents :class:`AgentTokenAuthentication`."""
+
+    target_class = "controlplane.api.authentication.AgentTokenAuthentication"
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey", "in": "header", "name": "Authorization",
+            "description": f"A device agent's token: `{KEYWORD} <key>` (`mtfl device-token DEVICE`).",
+        }
 
 
 class IsDeviceAgent(BasePermission):
