@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api.authentication import AgentTokenAuthentication, IsDeviceAgent
+from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.services import agent_artifacts
 
@@ -78,13 +79,27 @@ class AgentArtifactApi(_AgentApi):
         raw_length = request.META.get("CONTENT_LENGTH") or ""
         length = int(raw_length) if raw_length.isdigit() else None
         body = request.stream if length else _EmptyBody()
-        sha256, size = agent_artifacts.agent_artifact_upload(
-            device=request.auth.device, key=key, body=body, content_length=length,
-            sha256=request.headers.get(SHA256_HEADER, ""),
-        )
+        try:
+            sha256, size = agent_artifacts.agent_artifact_upload(
+                device=request.auth.device, key=key, body=body, content_length=length,
+                sha256=request.headers.get(SHA256_HEADER, ""),
+            )
+        except ApplicationError:
+            if length and length <= int(mtfl_setting("MAX_ARTIFACT_BYTES")):
+                _drain(body)
+            raise
         return Response({"key": key, "sha256": sha256, "size": size}, status=status.HTTP_201_CREATED)
 
     post = put
+
+
+def _drain(body) -> None:
+    """Read what is left of a refused upload (the server side of a body the client is still
+    sending): a server that closes the connection with unread bytes makes the client see a
+    reset instead of the refusal's reason. Bodies over the size limit are not drained (the agent
+    checks the limit before sending)."""
+    while body.read(agent_artifacts.CHUNK_BYTES):
+        pass
 
 
 class _EmptyBody:
