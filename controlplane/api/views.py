@@ -267,6 +267,14 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         return exp_selectors.round_list(user=self.request.user)
 
+    @extend_schema(responses={200: s.DeviceTelemetrySerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def telemetry(self, request: Request, pk=None) -> Response:
+        """Whole-GPU utilisation and memory each GPU device's agent sampled (NVML, about once a
+        second) during the round; empty for cpu and simulated devices."""
+        rows = exp_selectors.round_telemetry(self.get_object())
+        return Response(s.DeviceTelemetrySerializer(rows, many=True).data)
+
 
 class AssignmentFilter(django_filters.FilterSet):
     run = django_filters.ModelChoiceFilter(field_name="round__run", queryset=_visible_runs)
@@ -275,14 +283,6 @@ class AssignmentFilter(django_filters.FilterSet):
     class Meta:
         model = Assignment
         fields = ["round", "run", "experiment", "device", "task", "status"]
-
-    @extend_schema(responses={200: s.DeviceTelemetrySerializer(many=True)})
-    @action(detail=True, methods=["get"])
-    def telemetry(self, request: Request, pk=None) -> Response:
-        """Whole-GPU utilisation and memory each GPU device's agent sampled (NVML, about once a
-        second) during the round; empty for cpu and simulated devices."""
-        rows = exp_selectors.round_telemetry(self.get_object())
-        return Response(s.DeviceTelemetrySerializer(rows, many=True).data)
 
 
 class AssignmentViewSet(viewsets.ReadOnlyModelViewSet):
