@@ -51,6 +51,7 @@ from workers.backends.base import (
     track_child,
 )
 from workers.messages import (
+    Partitioning,
     ProfileConfigResult,
     ProfileMeasurement,
     ProfileSweepRequest,
@@ -273,12 +274,17 @@ def measure_configuration(
     config_index: int,
     repeat_of: int | None = None,
     should_stop: Callable[[], bool] = shutdown_requested,
+    partitioning: Partitioning = "mps",
 ) -> ProfileConfigResult:
     """Measure one co-located configuration on the device; never raises for its failures.
 
     One ``python -m workers.profiler_child`` process per task, with the resources
-    ``backend.resources_for_shares(shares, "mps", ctx)`` gives (sweeps measure MPS-style
-    partitioning: the predictor's input is the share). All print READY, then all get GO; each
+    ``backend.resources_for_shares(shares, partitioning, ctx)`` gives. Sweeps keep the default,
+    ``"mps"`` (the predictor's input is the share); ``"timeslice"`` measures the same tasks
+    time-sliced, shares ignored, as the ``temporal`` strategy runs them (on ``cuda-mps``: plain
+    CUDA contexts outside MPS; on ``cpu``: the per-iteration device lock), which is how
+    ``benchmarks/gpu_check.py`` measures ``temporal`` next to the MPS strategies. All print
+    READY, then all get GO; each
     warms up (``request.warmup_iterations``) and then reports every timed iteration. When
     :func:`window_complete` holds for ``request.min_timed_iterations`` and
     ``request.min_window_s`` the parent sends STOP to all at once, so every counted iteration
@@ -297,6 +303,9 @@ def measure_configuration(
         repeat_of: copied into the result.
         should_stop: polled while measuring; when true the configuration is abandoned
             (``status="failed"``, processes killed).
+        partitioning: how the processes share the device (:data:`~workers.messages.Partitioning`),
+            passed to ``backend.resources_for_shares`` and ``backend.prepare_dispatch``; an
+            unknown one fails the configuration ("cannot allocate the device").
 
     Returns:
         ``status="succeeded"`` with a measurement per task, or ``"failed"`` with ``error``
@@ -327,12 +336,12 @@ def measure_configuration(
         return failed("a configuration needs at least one task")
     try:
         allocations = backend.resources_for_shares(
-            [t.active_thread_percentage for t in tasks], "mps", ctx
+            [t.active_thread_percentage for t in tasks], partitioning, ctx
         )
     except ValueError as exc:
         return failed(f"cannot allocate the device: {exc}")
     try:
-        backend.prepare_dispatch("mps", ctx)
+        backend.prepare_dispatch(partitioning, ctx)
     except BackendUnavailableError as exc:
         return failed(f"device not ready: {exc}")
     work = ctx.state_dir / "work" / f"sweep-{request.sweep_id}" / f"config-{config_index}"

@@ -221,6 +221,59 @@ def test_configuration_with_a_share_out_of_range_fails_as_data(agent_context):
     assert result.status == "failed" and "shares[0]" in result.error
 
 
+class _RecordingBackend(CpuBackend):
+    """Records the partitioning it is asked for; with ``refuse``, allocates nothing."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.allocated: list[str] = []
+        self.dispatched: list[str] = []
+        self.locks: list[object] = []
+
+    def resources_for_shares(self, shares, partitioning, ctx):
+        self.allocated.append(partitioning)
+        if self.refuse:
+            raise ValueError("refused by the test backend")
+        resources = super().resources_for_shares(shares, partitioning, ctx)
+        self.locks += [r.lock_path for r in resources]
+        return resources
+
+    def prepare_dispatch(self, partitioning, ctx):
+        self.dispatched.append(partitioning)
+
+
+def test_configuration_is_measured_under_mps_partitioning_by_default(agent_context):
+    backend = _RecordingBackend(refuse=True)
+
+    result = measure_configuration([_task()], _request(), agent_context, backend, config_index=0)
+
+    assert backend.allocated == ["mps"]
+    assert result.status == "failed" and "refused by the test backend" in result.error
+
+
+def test_configuration_with_an_unknown_partitioning_fails_as_data(agent_context):
+    result = measure_configuration([_task()], _request(), agent_context, CpuBackend(),
+                                   config_index=0, partitioning="mig")
+
+    assert result.status == "failed" and "partitioning 'mig' is unknown" in result.error
+
+
+def test_time_sliced_configuration_takes_turns_on_the_whole_device(agent_context):
+    backend = _RecordingBackend()
+    tasks = [_task("mobilenet_v3_small", 8, 30), _task("shufflenet_v2_x1_0", 8, 30)]
+
+    result = measure_configuration(tasks, _request(), agent_context, backend, config_index=0,
+                                   partitioning="timeslice")
+
+    assert result.status == "succeeded", result.error
+    assert backend.allocated == backend.dispatched == ["timeslice"]
+    lock = agent_context.state_dir / "device.lock"
+    assert backend.locks == [lock, lock]  # both took turns holding the device's lock
+    assert all(m.throughput_sps > 0 for m in result.measurements)
+    assert [m.active_thread_percentage for m in result.measurements] == [30, 30]
+    assert base._CHILDREN == {}
+
+
 # -------------------------------------------------------------------- real sweeps
 
 
