@@ -12,7 +12,7 @@ import pytest
 
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, StandaloneThroughput
-from workers.artifacts import get_store
+from workers.artifacts import device_weights_key, get_store
 from workers.fedavg import load_state, save_state
 
 pytestmark = pytest.mark.django_db
@@ -60,7 +60,7 @@ def _device_results(rnd: Round, *, failed: set[str] = frozenset(), scale: dict[s
         state = load_state(store.path(initial.artifact_path))
         factor = (scale or {}).get(a.device.name, 1.0)
         state = {k: (v * factor).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in state.items()}
-        key = f"test/{rnd.id}/{a.device.name}/{a.task_id}.safetensors"
+        key = device_weights_key(rnd.run_id, rnd.index, a.device.name, a.task_id)
         sha = save_state(state, store.path(key))
         ok = a.device.name not in failed
         entry = results.setdefault(
@@ -220,3 +220,20 @@ def test_standalone_watchdog_starts_round_zero_and_flags_missing_p_alone(make_ex
     assert missing.count() == 2 and all("no standalone measurement" in m.error for m in missing)
     services.standalone_watchdog(run_id=run.id)  # a second firing changes nothing
     assert Round.objects.filter(run=run).count() == 1
+
+
+def test_weights_reported_anywhere_but_the_devices_own_key_fail_the_device(started_round):
+    """Agents on other hosts can only upload to their own device's keys (agent tokens), so a
+    result pointing elsewhere, e.g. at another device's upload, is refused, not averaged."""
+    run, rnd = started_round()
+    results = _device_results(rnd)
+    forged = next(r for r in results if r["device"] == "dev-b")
+    other = next(r for r in results if r["device"] == "dev-a")
+    forged["assignments"][0]["weights"] = other["assignments"][0]["weights"]
+    forged["assignments"][0]["weights_sha256"] = other["assignments"][0]["weights_sha256"]
+    services.round_finish(round_id=rnd.id, results=results)
+    rnd.refresh_from_db()
+    assert rnd.status == Round.Status.PARTIAL and "not at this device's key" in rnd.error
+    assert rnd.samples_trained == 30  # dev-a's shard only
+    forged_row = Assignment.objects.get(round=rnd, device__name="dev-b")
+    assert forged_row.status == Assignment.Status.FAILED and "dev-b" in forged_row.error

@@ -561,6 +561,13 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
             a.finished_at = _ts(r.finished_at)
             a.weights_path = r.weights or ""
             a.weights_sha256 = r.weights_sha256 or ""
+            expected = device_weights_key(run.id, rnd.index, device_name, a.task_id)
+            if a.status == Assignment.Status.SUCCEEDED and a.weights_path != expected:
+                # The agent was told where to write (output_weights); weights anywhere else were
+                # not written under this device's agent token, so they never enter FedAvg.
+                a.status = Assignment.Status.FAILED
+                a.error = f"weights reported at {a.weights_path!r}, not at this device's key {expected!r}"
+                failed_devices[device_name] = f"task {a.task.name}: {a.error}"
             a.peak_memory_bytes = r.peak_memory_bytes
             a.torch_device = r.torch_device or ""
             a.mps_active_thread_percentage = r.mps_active_thread_percentage
