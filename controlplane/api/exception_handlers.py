@@ -41,6 +41,12 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     return {prefix or "non_field_errors": [str(detail)]}
 
 
+def flatten_errors(detail: Any) -> dict[str, list[str]]:
+    """A serializer's errors as the API reports them under ``errors``: ``{"field": [...],
+    "options.slack": [...], "tasks[0]": [...]}`` (the dashboard's forms show the same)."""
+    return _flatten(detail)
+
+
 def _body(errors: dict[str, list[str]], default: str) -> dict[str, Any]:
     if not errors:
         return {"message": default, "errors": {}}

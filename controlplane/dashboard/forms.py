@@ -1,57 +1,274 @@
-"""Dashboard forms: they parse what the browser sends into types; every rule about values is the
-services' (so a page shows the same message as the API)."""
+"""Dashboard forms. They render inputs and read what the browser sends; every check on the values
+is the API's own: the API's serializer for types and ranges (:class:`ApiCheckedForm`), then the
+service, whose :class:`~controlplane.common.errors.ApplicationError` the view shows at the field it
+names (:meth:`ApiCheckedForm.add_service_error`). So a page and the API answer the same input with
+the same message, and no message is written twice."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from django import forms
-from django.core.exceptions import ValidationError
+from rest_framework import serializers as drf
 
-from controlplane.experiments.services.templates import DEFAULT_ROUNDS, MAX_NAME_LENGTH, TEMPLATES
+from controlplane.api import serializers as api
+from controlplane.api.exception_handlers import flatten_errors
+from controlplane.common.errors import ApplicationError
+from controlplane.experiments.models import Experiment, Task
+from controlplane.experiments.services.templates import (
+    DEFAULT_DIRICHLET_ALPHA,
+    DEFAULT_ROUNDS,
+    MAX_NAME_LENGTH,
+    TEMPLATES,
+)
 from controlplane.fleet import selectors as fleet_selectors
+from controlplane.planning.strategies import COMPARED
+from workers.messages import ARCHITECTURES, BACKENDS, DATASETS, OPTIMIZERS
+
+BACKEND_LABELS = {
+    "cpu": "cpu — trains on the host's cores",
+    "simulated": "simulated — an analytic GPU model; trains nothing",
+    "cuda-mps": "cuda-mps — one NVIDIA GPU shared with MPS",
+    "cuda-timeslice": "cuda-timeslice — one NVIDIA GPU without MPS (temporal only)",
+}
+STRATEGY_LABELS = {
+    "temporal": "temporal — time slicing, the speedups' baseline",
+    "isolation": "isolation — each of I tasks gets 100/I %",
+    "sharing": "sharing — every task gets 100 % and competes",
+    "vres_greedy": "vres_greedy — the paper's planner (needs a predictor)",
+    "vres_sync": "vres_sync — plans the round time (needs a predictor)",
+}
 
 
-class IdListField(forms.Field):
-    """A multi-select of ids, parsed to ``list[int]`` (which ids exist is the service's check)."""
-
-    widget = forms.SelectMultiple
-
-    def to_python(self, value) -> list[int]:
-        try:
-            return [int(v) for v in value or []]
-        except (TypeError, ValueError):
-            raise ValidationError("must be a list of ids") from None
+def _input(widget: forms.Widget, label: str, *, help_text: str = "", initial: Any = None) -> forms.Field:
+    """A form field that only renders and reads its input: no conversion and no check of its own
+    (those are the API serializer's, in :meth:`ApiCheckedForm.clean`)."""
+    return forms.Field(required=False, widget=widget, label=label, help_text=help_text, initial=initial)
 
 
-class ExperimentFromTemplateForm(forms.Form):
-    """The index page's "New experiment from a template": template, devices, optionally a name and rounds."""
+def _select(choices, **attrs) -> forms.Select:
+    return forms.Select(choices=[(c, c) if isinstance(c, str) else c for c in choices], attrs=attrs)
 
-    template = forms.CharField(
-        label="Template",
-        widget=forms.Select(choices=[(t.name, f"{t.name}: {t.title}") for t in TEMPLATES.values()]),
+
+def _number(**attrs) -> forms.NumberInput:
+    return forms.NumberInput(attrs={"step": "any", **attrs})
+
+
+class ApiCheckedForm(forms.Form):
+    """A form checked by the API serializer of the same request.
+
+    The payload is what a JSON client would send: every field the browser filled in (a blank
+    input counts as left out, so the service's default applies; a multi-select is a list, empty
+    when nothing is picked). Serializer errors land at the form field they name
+    (``error_fields`` maps nested names such as ``options.slack``), the others above the form.
+    After :meth:`is_valid`, ``validated`` holds the serializer's validated data.
+    """
+
+    serializer_class: type[drf.Serializer]
+    serializer_kwargs: dict[str, Any] = {}
+    error_fields: dict[str, str] = {}
+
+    validated: dict[str, Any]
+
+    def payload(self) -> dict[str, Any]:
+        """The request body a JSON client would send for this input."""
+        return {name: value for name, value in self.cleaned_data.items() if value is not None and value != ""}
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        serializer = self.serializer_class(data=self.payload(), **self.serializer_kwargs)
+        if serializer.is_valid():
+            self.validated = dict(serializer.validated_data)
+        else:
+            for key, messages in flatten_errors(serializer.errors).items():
+                field = self._form_field(key)
+                for message in messages:
+                    # Shown at its own field: the message alone, as under the API's ``errors``;
+                    # elsewhere it keeps the name it is about (as the API's ``message`` does).
+                    shown = message if field == key or key in self.error_fields or key == "non_field_errors" \
+                        else f"{key}: {message}"
+                    self.add_error(field, shown)
+        return cleaned
+
+    def _form_field(self, key: str) -> str | None:
+        if key in self.error_fields:
+            return self.error_fields[key]
+        root = re.split(r"[.\[]", key, maxsplit=1)[0]
+        return root if root in self.fields else None
+
+    def add_service_error(self, exc: ApplicationError) -> None:
+        """Show a service's message at the field it names (above the form if that is not one of
+        this form's fields)."""
+        field = self.error_fields.get(exc.field or "", exc.field)
+        self.add_error(field if field in self.fields else None, exc.message)
+
+
+def _device_choices() -> list[tuple[int, str]]:
+    return [(d.id, f"{d.name} ({d.backend})") for d in fleet_selectors.device_list()]
+
+
+def _multi(choices: list, *, max_rows: int = 8) -> forms.SelectMultiple:
+    return forms.SelectMultiple(choices=choices, attrs={"size": min(max_rows, max(3, len(choices)))})
+
+
+# --- devices and tasks (the lab's shared catalogue) -------------------------------------------
+
+
+class DeviceForm(ApiCheckedForm):
+    """Register a device (``POST /api/devices/``); its agent then serves it."""
+
+    serializer_class = api.DeviceCreateSerializer
+
+    name = _input(
+        forms.TextInput(attrs={"placeholder": "e.g. gpu-a", "maxlength": 63, "autocomplete": "off"}), "Name",
+        help_text="lower-case letters, digits, '-' or '_' (1 to 63); it names the device's queue, device.<name>",
     )
-    devices = IdListField(required=False, label="Devices", help_text="Ctrl or ⌘ to pick several")
-    name = forms.CharField(
-        required=False, strip=True, label="Name (optional)",
-        widget=forms.TextInput(attrs={"placeholder": "default: <template> mix", "maxlength": MAX_NAME_LENGTH}),
+    backend = _input(_select([(b, BACKEND_LABELS.get(b, b)) for b in BACKENDS]), "Backend", initial="cpu",
+                     help_text="how the agent trains; numbers from simulated devices are labelled simulated")
+
+
+class TaskForm(ApiCheckedForm):
+    """Define a learning task (``POST /api/tasks/``): a zoo model trained on a data set."""
+
+    serializer_class = api.TaskWriteSerializer
+
+    name = _input(forms.TextInput(attrs={"placeholder": "e.g. digits-resnet18", "maxlength": 100,
+                                         "autocomplete": "off"}), "Name", help_text="unique in the lab")
+    architecture = _input(_select(ARCHITECTURES), "Model", initial="resnet18")
+    dataset = _input(_select(DATASETS), "Data set", initial="digits",
+                     help_text="digits ships with scikit-learn; cifar10 needs its folder below")
+    dataset_root = _input(forms.TextInput(attrs={"placeholder": "/data/cifar10"}), "Data folder (cifar10)",
+                          help_text="the folder holding cifar-10-batches-py; nothing is downloaded")
+    num_classes = _input(_number(min=2, max=100_000, step=1), "Classes", initial=10)
+    optimizer = _input(_select(OPTIMIZERS), "Optimizer", initial="sgd")
+    learning_rate = _input(_number(min=0, max=10), "Learning rate", initial=0.05)
+    momentum = _input(_number(min=0, max=1), "Momentum", initial=0.9, help_text="sgd only")
+    weight_decay = _input(_number(min=0, max=1), "Weight decay", initial=5e-4)
+
+
+# --- experiments ------------------------------------------------------------------------------
+
+
+class ExperimentForm(ApiCheckedForm):
+    """Create an experiment from tasks and devices of the catalogue (``POST /api/experiments/``):
+    every device holds a shard of every task's data, split ``iid`` or with Dirichlet-skewed
+    volumes (explicit sample counts per device and task are API-only)."""
+
+    serializer_class = api.ExperimentCreateSerializer
+
+    name = _input(forms.TextInput(attrs={"maxlength": 200, "autocomplete": "off"}), "Name")
+    tasks = _input(forms.SelectMultiple(), "Tasks", help_text="Ctrl or ⌘ to pick several")
+    devices = _input(forms.SelectMultiple(), "Devices", help_text="Ctrl or ⌘ to pick several")
+    rounds = _input(_number(min=1, max=10_000, step=1), "Rounds", initial=DEFAULT_ROUNDS)
+    local_epochs = _input(_number(min=1, max=1000, step=1), "Local epochs", initial=1,
+                          help_text="per device and round")
+    seed = _input(_number(min=0, step=1), "Seed", initial=0, help_text="of the split and the sample order")
+    partition_rule = _input(
+        _select([("iid", "iid — even shares"), ("dirichlet", "dirichlet — skewed volumes")]), "Data split",
+        initial="iid",
     )
-    rounds = forms.IntegerField(
-        required=False, label="Rounds (optional)", error_messages={"invalid": "must be an integer"},
-        widget=forms.NumberInput(attrs={"min": 1, "max": 10_000, "placeholder": f"default {DEFAULT_ROUNDS}"}),
-    )
+    dirichlet_alpha = _input(_number(min=0, max=1000, placeholder=f"e.g. {DEFAULT_DIRICHLET_ALPHA}"),
+                             "Dirichlet α (dirichlet only)", help_text="in (0, 1000]; smaller skews more")
+    description = _input(forms.Textarea(attrs={"rows": 2}), "Description (optional)")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["devices"].widget.choices = [(d.id, d.name) for d in fleet_selectors.device_list()]
-        self.fields["devices"].widget.attrs["size"] = min(8, max(2, len(self.fields["devices"].widget.choices)))
+        tasks = [(t.id, f"{t.name} ({t.architecture}, {t.dataset})") for t in Task.objects.order_by("name")]
+        self.fields["tasks"].widget = _multi(tasks)
+        self.fields["devices"].widget = _multi(_device_choices())
 
-    def service_arguments(self) -> dict:
-        """The cleaned data as keyword arguments of
+    def payload(self) -> dict[str, Any]:
+        data = super().payload()
+        for name in ("tasks", "devices"):
+            data[name] = self.cleaned_data.get(name) or []
+        return data
+
+    def service_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~controlplane.experiments.services.experiment_create`."""
+        v = self.validated
+        return {
+            "name": v["name"], "description": v["description"], "task_ids": v["tasks"], "device_ids": v["devices"],
+            "rounds": v["rounds"], "local_epochs": v["local_epochs"], "partition_rule": v["partition_rule"],
+            "dirichlet_alpha": v["dirichlet_alpha"], "seed": v["seed"],
+        }
+
+
+class ExperimentFromTemplateForm(ApiCheckedForm):
+    """The index page's "New experiment from a template" (``POST /api/experiments/from-template/``):
+    template, devices, optionally a name and rounds."""
+
+    serializer_class = api.ExperimentFromTemplateSerializer
+
+    template = _input(_select([(t.name, f"{t.name}: {t.title}") for t in TEMPLATES.values()]), "Template")
+    devices = _input(forms.SelectMultiple(), "Devices", help_text="Ctrl or ⌘ to pick several")
+    name = _input(forms.TextInput(attrs={"placeholder": "default: <template> mix", "maxlength": MAX_NAME_LENGTH}),
+                  "Name (optional)")
+    rounds = _input(_number(min=1, max=10_000, step=1, placeholder=f"default {DEFAULT_ROUNDS}"), "Rounds (optional)")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["devices"].widget = _multi([(d.id, d.name) for d in fleet_selectors.device_list()])
+
+    def payload(self) -> dict[str, Any]:
+        data = super().payload()
+        data["devices"] = self.cleaned_data.get("devices") or []
+        return data
+
+    def service_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of
         :func:`~controlplane.experiments.services.templates.experiment_create_from_template`
         (fields left empty are left out, so the service's defaults apply)."""
-        data = self.cleaned_data
-        arguments = {"template": data["template"], "device_ids": data["devices"]}
-        if data.get("name"):
-            arguments["name"] = data["name"]
-        if data.get("rounds") is not None:
-            arguments["rounds"] = data["rounds"]
-        return arguments
+        data = dict(self.validated)
+        return {"template": data.pop("template"), "device_ids": data.pop("devices"), **data}
+
+
+# --- runs, comparisons, members -----------------------------------------------------------------
+
+
+class RunForm(ApiCheckedForm):
+    """Launch a run of a strategy (``POST /api/experiments/{id}/runs/``). ``manual`` plans are
+    API-only: a plan is a table of batch sizes and shares per device and task."""
+
+    serializer_class = api.RunCreateSerializer
+    error_fields = {"options.objective": "objective", "options.slack": "slack", "options": "objective"}
+
+    strategy = _input(_select([(s, STRATEGY_LABELS.get(s, s)) for s in COMPARED]), "Strategy", initial="sharing")
+    objective = _input(_select([("", "raw (default)"), ("raw", "raw: Σ P"), ("fair", "fair: Σ P / P_alone")]),
+                       "Objective (vres_greedy)")
+    slack = _input(_select([("", "smaller_batches (default)"), ("smaller_batches", "smaller_batches"),
+                            ("none", "none")]), "Slack (vres_sync)")
+
+    def payload(self) -> dict[str, Any]:
+        data = super().payload()
+        options = {k: data.pop(k) for k in ("objective", "slack") if k in data}
+        if options:
+            data["options"] = options
+        return data
+
+    def service_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~controlplane.experiments.services.run_create` (less the experiment)."""
+        return {"strategy": self.validated["strategy"], "plan": None, "options": self.validated["options"]}
+
+
+class CollaboratorsForm(ApiCheckedForm):
+    """The owner's list of collaborators (``PATCH /api/experiments/{id}/`` with ``collaborators``):
+    user names that replace the current ones."""
+
+    serializer_class = api.ExperimentUpdateSerializer
+    serializer_kwargs = {"partial": True}
+
+    collaborators = _input(
+        forms.TextInput(attrs={"placeholder": "user names, e.g. carol, dave", "autocomplete": "off"}),
+        "Collaborators", help_text="user names, separated by commas or spaces; empty: shared with no one",
+    )
+
+    @classmethod
+    def for_experiment(cls, experiment: Experiment) -> CollaboratorsForm:
+        """The form filled in with the experiment's current collaborators."""
+        names = sorted(u.username for u in experiment.collaborators.all())
+        return cls(initial={"collaborators": ", ".join(names)})
+
+    def payload(self) -> dict[str, Any]:
+        text = self.cleaned_data.get("collaborators") or ""
+        return {"collaborators": [name for name in re.split(r"[\s,]+", text) if name]}

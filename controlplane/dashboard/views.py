@@ -1,22 +1,51 @@
-"""Dashboard pages (login required). Figures are built server-side and drawn by plotly.js."""
+"""Dashboard pages (login required). Figures are built server-side and drawn by plotly.js.
+
+Forms post to the same services as the API, checked by the API's serializers
+(:mod:`controlplane.dashboard.forms`): a page shows the API's message at the field it names.
+An experiment and everything below it is its members' only (owner and collaborators): anyone
+else gets 404, as from the API.
+"""
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from controlplane.common.errors import ApplicationError
 from controlplane.dashboard import data
-from controlplane.dashboard.forms import ExperimentFromTemplateForm
-from controlplane.experiments import selectors
-from controlplane.experiments.models import Experiment, Task
-from controlplane.experiments.services import comparison_create, experiment_create_from_template
+from controlplane.dashboard.forms import (
+    CollaboratorsForm,
+    DeviceForm,
+    ExperimentForm,
+    ExperimentFromTemplateForm,
+    RunForm,
+    TaskForm,
+)
+from controlplane.experiments import exports, selectors
+from controlplane.experiments.models import Comparison, Experiment, Run, Task
+from controlplane.experiments.services import (
+    comparison_cancel,
+    comparison_create,
+    experiment_create,
+    experiment_create_from_template,
+    experiment_update,
+    run_cancel,
+    run_create,
+    task_create,
+)
 from controlplane.experiments.services.templates import DEFAULT_DIRICHLET_ALPHA, TEMPLATES, template_dataset_default
 from controlplane.fleet import selectors as fleet_selectors
+from controlplane.fleet.services import device_create
+from controlplane.planning.strategies import PLANNED
 from controlplane.profiling.models import Predictor, ProfileSweep
 from controlplane.profiling.services.workloads import workload_get
+
+# --- the index: experiments, devices, recent runs ------------------------------------------------
 
 
 def _index_context(request: HttpRequest, template_form: ExperimentFromTemplateForm) -> dict:
@@ -41,16 +70,100 @@ def index(request: HttpRequest) -> HttpResponse:
 @require_POST
 def experiment_from_template(request: HttpRequest) -> HttpResponse:
     """The index page's "New experiment from a template" form: create it and go to its page,
-    or show the index again with the service's message at the field it names."""
+    or show the index again with the API's message at the field it names."""
     form = ExperimentFromTemplateForm(request.POST)
     if form.is_valid():
         try:
             experiment = experiment_create_from_template(owner=request.user, **form.service_arguments())
         except ApplicationError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            form.add_service_error(exc)
         else:
             return redirect("dashboard:experiment", pk=experiment.pk)
     return render(request, "dashboard/index.html", _index_context(request, form), status=400)
+
+
+def _form_page(request: HttpRequest, form, template: str, context: dict | None = None, status: int = 200) -> HttpResponse:
+    return render(request, template, {"form": form, **(context or {})}, status=status)
+
+
+@login_required
+def device_new(request: HttpRequest) -> HttpResponse:
+    """Register a device of the lab's shared fleet; its agent serves it once started."""
+    form = DeviceForm(request.POST or None)
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                device = device_create(**form.validated)
+            except ApplicationError as exc:
+                form.add_service_error(exc)
+            else:
+                messages.success(
+                    request,
+                    f"Device {device.name} registered ({device.backend}). It shows as unknown until its agent "
+                    f"connects: on its host run  mtfl agent --device {device.name} --backend {device.backend}",
+                )
+                return redirect(reverse("dashboard:index") + "#devices")
+        return _form_page(request, form, "dashboard/device_new.html", status=400)
+    return _form_page(request, form, "dashboard/device_new.html")
+
+
+# --- tasks (the lab's shared catalogue) --------------------------------------------------------
+
+
+@login_required
+def task_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/tasks.html", {"tasks": Task.objects.select_related("owner").order_by("name")})
+
+
+@login_required
+def task_new(request: HttpRequest) -> HttpResponse:
+    """Define a learning task, owned by the researcher (only they may change it)."""
+    form = TaskForm(request.POST or None)
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                task = task_create(owner=request.user, **form.validated)
+            except ApplicationError as exc:
+                form.add_service_error(exc)
+            else:
+                messages.success(request, f"Task {task.name} defined; the control worker computes its workload features.")
+                return redirect("dashboard:task", pk=task.pk)
+        return _form_page(request, form, "dashboard/task_new.html", status=400)
+    return _form_page(request, form, "dashboard/task_new.html")
+
+
+@login_required
+def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    task = get_object_or_404(Task, pk=pk)
+    return render(request, "dashboard/task.html", {
+        "task": task,
+        "workload": workload_get(architecture=task.architecture, num_classes=task.num_classes),
+        "experiments": selectors.experiment_list(user=request.user).filter(tasks=task),
+    })
+
+
+# --- experiments ------------------------------------------------------------------------------------
+
+
+@login_required
+def experiment_new(request: HttpRequest) -> HttpResponse:
+    """Create an experiment from tasks and devices of the catalogue; it belongs to its creator."""
+    form = ExperimentForm(request.POST or None)
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                experiment = experiment_create(owner=request.user, **form.service_arguments())
+            except ApplicationError as exc:
+                form.add_service_error(exc)
+            else:
+                return redirect("dashboard:experiment", pk=experiment.pk)
+        return _form_page(request, form, "dashboard/experiment_new.html", status=400)
+    return _form_page(request, form, "dashboard/experiment_new.html")
+
+
+def _member_experiment(request: HttpRequest, pk: int) -> Experiment:
+    """The experiment if the user is one of its members (or a superuser); 404 otherwise."""
+    return get_object_or_404(selectors.experiment_list(user=request.user), pk=pk)
 
 
 @login_required
@@ -58,12 +171,13 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = get_object_or_404(
         selectors.experiment_list(user=request.user).prefetch_related("shards__device", "shards__task"), pk=pk
     )
-    return render(request, "dashboard/experiment.html", _experiment_context(experiment))
+    return render(request, "dashboard/experiment.html", _experiment_context(request, experiment))
 
 
-def _experiment_context(experiment: Experiment, compare_error: str = "") -> dict:
+def _experiment_context(request: HttpRequest, experiment: Experiment, **overrides) -> dict:
     runs = data.experiment_runs(experiment)
     comparison = data.comparison_figures(experiment, runs)
+    can_manage = selectors.can_manage_experiment(request.user, experiment)
     return {
         "experiment": experiment,
         "tasks": list(experiment.tasks.order_by("id")),
@@ -71,8 +185,21 @@ def _experiment_context(experiment: Experiment, compare_error: str = "") -> dict
         "figures": {**data.experiment_figures(experiment, runs), **comparison["figures"]},
         "comparison": experiment.comparisons.order_by("-id").first(),
         "compared_runs": comparison["runs"],
-        "compare_error": compare_error,
+        "compare_error": "",
+        "run_form": RunForm(),
+        "planned_strategies": " ".join(PLANNED),
+        "can_manage": can_manage,
+        "collaborators": sorted(u.username for u in experiment.collaborators.all()),
+        "collaborators_form": CollaboratorsForm.for_experiment(experiment) if can_manage else None,
+        "collaborators_error": "",
+        "action_error": "",
+        **overrides,
     }
+
+
+def _experiment_page(request: HttpRequest, experiment: Experiment, status: int, **overrides) -> HttpResponse:
+    return render(request, "dashboard/experiment.html", _experiment_context(request, experiment, **overrides),
+                  status=status)
 
 
 @login_required
@@ -80,19 +207,91 @@ def _experiment_context(experiment: Experiment, compare_error: str = "") -> dict
 def experiment_compare(request: HttpRequest, pk: int) -> HttpResponse:
     """The experiment page's "Compare all strategies" button: launch a comparison and come
     back to the page, or show the service's message (e.g. no predictor fitted yet)."""
-    experiment = get_object_or_404(selectors.experiment_list(user=request.user), pk=pk)
+    experiment = _member_experiment(request, pk)
     try:
         comparison_create(experiment=experiment)
     except ApplicationError as exc:
-        return render(request, "dashboard/experiment.html", _experiment_context(experiment, exc.message), status=400)
+        return _experiment_page(request, experiment, exc.status_code, compare_error=exc.message)
     return redirect("dashboard:experiment", pk=experiment.pk)
 
 
 @login_required
+@require_POST
+def run_new(request: HttpRequest, pk: int) -> HttpResponse:
+    """The experiment page's "Launch a run" form: start it and go to its page."""
+    experiment = _member_experiment(request, pk)
+    form = RunForm(request.POST)
+    if form.is_valid():
+        try:
+            run = run_create(experiment=experiment, **form.service_arguments())
+        except ApplicationError as exc:
+            form.add_service_error(exc)
+            return _experiment_page(request, experiment, exc.status_code, run_form=form)
+        return redirect("dashboard:run", pk=run.pk)
+    return _experiment_page(request, experiment, 400, run_form=form)
+
+
+@login_required
+@require_POST
+def experiment_collaborators(request: HttpRequest, pk: int) -> HttpResponse:
+    """The owner's collaborators form. A collaborator who posts it gets the service's refusal."""
+    experiment = _member_experiment(request, pk)
+    form = CollaboratorsForm(request.POST)
+    status = 400
+    if form.is_valid():
+        try:
+            experiment_update(experiment=experiment, actor=request.user, collaborators=form.validated["collaborators"])
+        except ApplicationError as exc:
+            form.add_service_error(exc)
+            status = exc.status_code
+        else:
+            messages.success(request, "Collaborators saved.")
+            return redirect(reverse("dashboard:experiment", args=[experiment.pk]) + "#members")
+    if not selectors.can_manage_experiment(request.user, experiment):
+        error = " ".join(form.errors.get("collaborators", []) + form.non_field_errors())
+        return _experiment_page(request, experiment, status, collaborators_error=error)
+    return _experiment_page(request, experiment, status, collaborators_form=form)
+
+
+@login_required
+@require_POST
+def comparison_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """Cancel a running comparison: the run in flight is cancelled, the others never start."""
+    comparison = get_object_or_404(selectors.comparison_list(user=request.user), pk=pk)
+    try:
+        comparison_cancel(comparison=comparison)
+    except ApplicationError as exc:
+        return _experiment_page(request, comparison.experiment, exc.status_code, compare_error=exc.message)
+    return redirect("dashboard:experiment", pk=comparison.experiment_id)
+
+
+# --- runs ---------------------------------------------------------------------------------------------
+
+
+@login_required
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
+    run = get_object_or_404(selectors.run_list(user=request.user).select_related("comparison"), pk=pk)
+    return _run_page(request, run)
+
+
+def _run_page(request: HttpRequest, run: Run, *, cancel_error: str = "", status: int = 200) -> HttpResponse:
     live = data.run_live(run)
-    return render(request, "dashboard/run.html", {"run": run, "live": live})
+    comparison = run.comparison if run.comparison_id and run.comparison.status == Comparison.Status.RUNNING else None
+    return render(request, "dashboard/run.html", {
+        "run": run, "live": live, "cancel_error": cancel_error, "running_comparison": comparison,
+    }, status=status)
+
+
+@login_required
+@require_POST
+def run_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """The run page's "Cancel the run" button: no further round starts."""
+    run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
+    try:
+        run_cancel(run=run)
+    except ApplicationError as exc:
+        return _run_page(request, run, cancel_error=exc.message, status=exc.status_code)
+    return redirect("dashboard:run", pk=run.pk)
 
 
 @login_required
@@ -100,6 +299,58 @@ def run_live(request: HttpRequest, pk: int) -> JsonResponse:
     """JSON the run page polls while the run is in progress."""
     run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
     return JsonResponse(data.run_live(run))
+
+
+# --- downloads -------------------------------------------------------------------------------------
+
+
+def _download(chunks, content_type: str, filename: str) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(chunks, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+def _check_table(table: str) -> None:
+    if table not in exports.TABLES:
+        raise Http404(f"no table {table!r}; allowed: {', '.join(exports.TABLES)}")
+
+
+@login_required
+def run_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
+    """A run's ``rounds`` or ``assignments`` as CSV, streamed."""
+    _check_table(table)
+    run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
+    runs = Run.objects.filter(pk=run.pk)
+    return _download(exports.csv_chunks(table, runs), "text/csv; charset=utf-8",
+                     f"run-{run.pk}-{run.strategy}-{table}.csv")
+
+
+@login_required
+def run_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
+    """A run with its rounds and assignments as JSON, streamed."""
+    run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
+    return _download(exports.json_chunks(run.experiment, Run.objects.filter(pk=run.pk)), "application/json",
+                     f"run-{run.pk}-{run.strategy}.json")
+
+
+@login_required
+def experiment_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
+    """The ``rounds`` or ``assignments`` of every run of an experiment as CSV, streamed."""
+    _check_table(table)
+    experiment = _member_experiment(request, pk)
+    return _download(exports.csv_chunks(table, experiment.runs.all()), "text/csv; charset=utf-8",
+                     f"experiment-{experiment.pk}-{slugify(experiment.name)}-{table}.csv")
+
+
+@login_required
+def experiment_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
+    """An experiment, its runs, and all their rounds and assignments as JSON, streamed."""
+    experiment = _member_experiment(request, pk)
+    return _download(exports.json_chunks(experiment, experiment.runs.all()), "application/json",
+                     f"experiment-{experiment.pk}-{slugify(experiment.name)}.json")
+
+
+# --- predictors -------------------------------------------------------------------------------------
 
 
 @login_required
@@ -117,14 +368,4 @@ def predictor_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "predictor": predictor,
         "families": data.predictor_families(predictor),
         "figures": data.predictor_figures(predictor),
-    })
-
-
-@login_required
-def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    task = get_object_or_404(Task, pk=pk)
-    return render(request, "dashboard/task.html", {
-        "task": task,
-        "workload": workload_get(architecture=task.architecture, num_classes=task.num_classes),
-        "experiments": selectors.experiment_list(user=request.user).filter(tasks=task),
     })

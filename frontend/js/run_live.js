@@ -14,6 +14,8 @@
     const status = document.getElementById("run-status");
     status.textContent = p.status;
     status.className = "badge " + p.status;
+    const cancel = document.getElementById("cancel-run-form");
+    if (cancel && FINISHED.has(p.status)) cancel.remove();  // nothing left to cancel
     let text = `${p.rounds_done} of ${p.rounds_total} rounds done`;
     if (p.current_round && p.current_round.status === "aggregating") {
       text += ` · round ${p.current_round.index}: every device reported; FedAvg and evaluation`;
