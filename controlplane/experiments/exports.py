@@ -5,8 +5,9 @@ Rows are read with server-side iterators and written a chunk at a time, so a lon
 the browser instead of being built in memory. Columns use the models' and the API's names, in the
 project's vocabulary (docs/DESIGN.md §2): one row per *round* (``round_index``, ``round_time_s``,
 ``raw_throughput_sps``, ``fair_throughput``, …) and one per *assignment* (``device``, ``task``,
-``batch_size``, ``active_thread_percentage``, ``throughput_sps``, …); ``device`` and ``task`` are
-names, ``run`` is the run's id, times are ISO 8601 in UTC, throughputs samples per second.
+``batch_size``, ``active_thread_percentage``, ``throughput_sps``, …, and on a GPU the trainer's
+``peak_memory_bytes`` and what MPS granted); ``device`` and ``task`` are names, ``run`` is the
+run's id, times are ISO 8601 in UTC, throughputs samples per second.
 
 The JSON holds the same two tables under ``rounds`` and ``assignments`` (same keys as the CSV
 columns), with the experiment's setup under ``experiment`` and one summary per run under ``runs``.
@@ -68,6 +69,10 @@ ASSIGNMENT_COLUMNS: dict[str, str] = {
     "started_at": "started_at",
     "finished_at": "finished_at",
     "simulated": "simulated",
+    "torch_device": "torch_device",
+    "peak_memory_bytes": "peak_memory_bytes",
+    "mps_active_thread_percentage": "mps_active_thread_percentage",
+    "mps_verified": "mps_verified",
     "error": "error",
 }
 """Columns of the assignments table → the :class:`Assignment` field each comes from."""

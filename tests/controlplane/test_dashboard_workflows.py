@@ -446,6 +446,8 @@ def test_run_rounds_csv_has_the_rounds_of_the_database(browser_client, experimen
 
 def test_run_assignments_csv_has_one_row_per_assignment_of_the_database(browser_client, experiment):
     run = _finished_run(experiment, "sharing")
+    Assignment.objects.filter(round__run=run, round__index=1).update(  # as a GPU agent under MPS reports
+        torch_device="cuda", peak_memory_bytes=123_456_789, mps_active_thread_percentage=50.0, mps_verified=True)
 
     header, rows = _csv(browser_client.get(f"/runs/{run.id}/assignments.csv"))
 
@@ -459,6 +461,9 @@ def test_run_assignments_csv_has_one_row_per_assignment_of_the_database(browser_
         assert int(row["batch_size"]) == a.batch_size and int(row["active_thread_percentage"]) == a.active_thread_percentage
         assert _num(row["throughput_sps"]) == a.throughput_sps and _num(row["train_loss"]) == a.train_loss
         assert row["status"] == a.status and row["simulated"] == "false" and row["predicted_throughput_sps"] == ""
+        gpu = a.round.index == 1
+        assert row["torch_device"] == a.torch_device and row["mps_verified"] == ("true" if gpu else "")
+        assert row["peak_memory_bytes"] == ("123456789" if gpu else "")
     assert [(r["round_index"], r["device"], r["task"]) for r in rows] == sorted(
         (r["round_index"], r["device"], r["task"]) for r in rows)
 
@@ -482,7 +487,8 @@ def test_run_json_parses_and_carries_the_same_rows(browser_client, experiment):
         "samples": first.samples, "samples_trained": first.samples_trained, "throughput_sps": first.throughput_sps,
         "predicted_throughput_sps": None, "standalone_throughput_sps": None, "seconds": first.seconds,
         "train_loss": first.train_loss, "started_at": first.started_at.isoformat(),
-        "finished_at": first.finished_at.isoformat(), "simulated": False, "error": "",
+        "finished_at": first.finished_at.isoformat(), "simulated": False, "torch_device": "",
+        "peak_memory_bytes": None, "mps_active_thread_percentage": None, "mps_verified": None, "error": "",
     }
 
 
