@@ -1,0 +1,990 @@
+"""GPU check: the paper's light and mixed mixes under the five strategies, measured on one device.
+
+    benchmarks/gpu_check.sh [options]                 # on a GPU host: nvidia-smi, imports, this
+    python benchmarks/gpu_check.py [--backend cuda-mps] [--budget 150] [--mixes light,mixed]
+    python benchmarks/gpu_check.py --backend cpu --quick --budget 20   # the same pipeline on CPU
+
+It needs only ``workers/`` and ``controlplane/planning/`` (pydantic, numpy, scipy,
+scikit-learn, torch, torchvision; nvidia-ml-py for ``cuda-mps``): no Django, Celery or Redis, no
+network. Phases, each time-boxed and reporting progress as ``[  12.3 s] phase: ...`` lines:
+
+1. ``preflight`` — the Python packages, the backend (``check_available``; ``cuda-mps`` starts its
+   private MPS control daemon), the device (GPU name, SMs, memory).
+2. ``features`` — workload features ``F_i`` of every model (:func:`workers.features.workload_features`).
+3. ``profile`` — :func:`workers.profiling.run_sweep` over the mixes' models on synthetic
+   CIFAR-shaped batches (``3×32×32``): co-located mixes of 1 to 3 tasks under MPS-style shares,
+   each (model, batch size) measured alone first (``P_alone``). It stops once ``--budget``
+   seconds are spent *and* ``--min-configs`` configurations succeeded (the predictor needs 10),
+   or, once they have, when the time left is only what the later phases need at the pace
+   measured so far.
+4. ``fit`` — :func:`controlplane.planning.predictor.fit_predictor` (``placement`` ``pooled`` on
+   a GPU, ``packed`` on ``cpu``; allocation units: the GPU's SMs or the cores).
+5. ``plan`` — per mix, one device holding ``--samples-per-task`` samples of every task
+   (``--data equal``, the default: CIFAR-10's 50,000 training images over 10 devices), or
+   Dirichlet(``--alpha``) proportions of the same total (``--data dirichlet``): ``temporal``,
+   ``isolation``, ``sharing`` at ``--baseline-batch`` (the paper's 128) from
+   :mod:`controlplane.planning.strategies`, ``vres_greedy`` and ``vres_sync`` through
+   :func:`~controlplane.planning.strategies.make_plan` with the fitted predictor.
+6. ``measure`` — every plan as one co-located configuration
+   (:func:`workers.profiling.measure_configuration`): ``temporal`` with ``timeslice``
+   partitioning (plain CUDA contexts, no MPS: the driver time-slices them; on ``cpu`` the
+   per-iteration device lock), the others under MPS with their shares. Throughput is each
+   task's steady-state samples/s while all of the mix trained. On a GPU, whole-GPU utilisation
+   is sampled through NVML meanwhile.
+7. ``alone`` — ``P_alone`` of every (model, batch size) the plans use: from the profile when it
+   measured that pair alone, else measured now (one task, ``timeslice``: the whole device) while
+   time is left, else interpolated from the profiled batch sizes (marked ``~`` in the table).
+8. ``report`` — the table and the JSON.
+
+Metrics (:mod:`controlplane.planning.metrics`, docs/DESIGN.md §1): raw throughput
+``T = Σ_i P_i``, fair throughput ``T_f = Σ_i P_i / P_i^alone``; speedups are each over the same
+mix's ``temporal`` (so ``temporal`` is 1.00 by definition). The paper reports 2.16–2.38× raw
+speedup inside one device (Titan V).
+
+Exit codes: 0 everything measured; 1 a phase or a measurement failed; 2 a missing package, a bad
+option or an unavailable backend (nothing measured); 3 stopped (time limit or signal). A failure
+ends with one line ``gpu_check: FAILED: <why>``; success with ``gpu_check: OK ...``.
+
+JSON (``$OUT/gpu_check.json`` when ``OUT`` is set, and/or ``--json PATH``), written at the end
+whether the check succeeded or not, and by the watchdog if the time limit is overrun::
+
+    {"schema": "mtfl-gpu-check/1", "status": "succeeded" | "failed", "exit_code": int,
+     "error": str, "started_at": unix s, "elapsed_s": float, "args": {option: value},
+     "host": {"hostname", "python", "torch", "backend", "cores": [int], "device": {GPU
+              description from the backend: accelerator, memory_bytes, sm_count, gpu_uuid, ...},
+              "django_imported": false, "celery_imported": false},
+     "phases": [{"name", "started_s", "elapsed_s", "status": "succeeded" | "failed"}],
+     "profile": {"request": ProfileSweepRequest, "summary": ProfileSweepSummary,
+                 "configs": [ProfileConfigResult], "succeeded": int, "seconds_per_config": float},
+     "predictor": {"family", "samples", "configurations", "groups", "folds", "fit_seconds",
+                   "units", "placement", "families": [{"family", "rmsle", "mape"}]},
+     "alone": [{"architecture", "batch_size", "throughput_sps",
+                "source": "profiled" | "measured" | "interpolated"}],
+     "mixes": [{"name", "architectures": [str], "data": {"policy", "samples": [int], "alpha"},
+                "strategies": [{"strategy", "partitioning", "status": "succeeded" | "failed" |
+                                "skipped", "error",
+                                "predicted_round_time_s",
+                                "tasks": [{"architecture", "batch_size", "share", "samples",
+                                           "predicted_sps", "measured_sps", "alone_sps",
+                                           "alone_source", "timed_iterations",
+                                           "peak_memory_bytes"}],
+                                "raw_sps", "fair", "raw_speedup", "fair_speedup",
+                                "gpu_util_mean_percent", "gpu_memory_max_bytes",
+                                "measured_s", "measurement": ProfileConfigResult}]}],
+     "paper": {"raw_speedup_one_device": [2.16, 2.38]}}
+
+Missing numbers are ``null``; ``raw_speedup``/``fair_speedup`` of ``temporal`` are 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MIXES: dict[str, tuple[str, ...]] = {
+    "light": ("resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"),
+    "mixed": ("resnet50", "vgg16", "mobilenet_v3_large"),
+    "heavy": ("densenet121", "vgg16", "resnet101"),
+    # Not a paper mix: the two smallest models, so --quick runs in minutes on two CPU cores.
+    "tiny": ("mobilenet_v3_small", "shufflenet_v2_x1_0"),
+}
+"""The paper's mixes (Yu et al. 2022, §5) by name, and ``tiny`` for ``--quick``."""
+
+STRATEGIES = ("temporal", "isolation", "sharing", "vres_greedy", "vres_sync")
+PAPER_RAW_SPEEDUP = (2.16, 2.38)
+REQUIRED_PACKAGES = (
+    ("pydantic", "pydantic", "workers/ validates its messages with it"),
+    ("numpy", "numpy", "planning and the simulated backend"),
+    ("scipy", "scipy", "the profiling design (scipy.stats.qmc)"),
+    ("sklearn", "scikit-learn", "the throughput predictor"),
+    ("torch", "torch", "the profiler processes"),
+    ("torchvision", "torchvision", "the model zoo"),
+)
+PREDICTOR_MIN_CONFIGS = 10
+""":func:`controlplane.planning.predictor.fit_predictor` needs at least 10 measured configurations."""
+
+EXIT_OK, EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_STOPPED = 0, 1, 2, 3
+WATCHDOG_GRACE_S = 45.0
+FIT_AND_PLAN_RESERVE_S = 30.0
+
+# Defaults: (GPU, --quick). Options given on the command line win.
+DEFAULTS = {
+    "mixes": ("light,mixed", "tiny"),
+    "budget": (150.0, 20.0),
+    "profile_batch_sizes": ("32,128,256", "8,16"),
+    "baseline_batch": (128, 16),
+    "samples_per_task": (5000, 512),
+    "min_configs": (PREDICTOR_MIN_CONFIGS, PREDICTOR_MIN_CONFIGS),
+    "time_limit": (420.0, 900.0),
+    "config_timeout": (90.0, 240.0),
+    "profile_warmup": (3, 1),
+    "profile_iterations": (5, 2),
+    "profile_window": (1.5, 0.3),
+    "measure_warmup": (5, 1),
+    "measure_iterations": (10, 3),
+    "measure_window": (2.0, 0.5),
+    # Gradient boosting's cross-validation thrashes a loaded 2-core machine (minutes of OpenMP
+    # spinning on a dozen rows); the CPU smoke run compares the other three.
+    "families": ("baseline,random_forest,gradient_boosting,extra_trees",
+                 "baseline,random_forest,extra_trees"),
+}
+
+
+class CheckFailed(Exception):
+    """Ends the check: ``str(exc)`` is the one line printed; ``code`` the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """The first non-empty line of ``text``, cut to ``limit`` characters."""
+    for line in str(text).splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= limit else line[: limit - 1] + "…"
+    return ""
+
+
+def finite(value):
+    """``value`` with every NaN or infinite float (at any depth) replaced by ``None`` (JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in list(value.items())}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in list(value)]
+    return value
+
+
+def missing_packages() -> list[str]:
+    """One description per required package that cannot be imported (``[]`` when all can)."""
+    out = []
+    for module, package, why in REQUIRED_PACKAGES:
+        if importlib.util.find_spec(module) is None:
+            out.append(f"{package} ({why})")
+    return out
+
+
+# ------------------------------------------------------------------------------- the check
+
+
+class Check:
+    """State of one run: the clock, the report, the backend, the stop flag, the watchdog."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + args.time_limit
+        self.phase = "start"
+        self.stop_reason = ""
+        self.backend = None
+        self.state_dir: Path | None = None
+        self.finished = threading.Event()
+        self.report: dict = {
+            "schema": "mtfl-gpu-check/1", "status": "failed", "exit_code": None, "error": "",
+            "started_at": time.time(), "elapsed_s": None,
+            "args": {k: v for k, v in vars(args).items()},
+            "host": {"hostname": socket.gethostname(), "python": platform.python_version(),
+                     "torch": None, "backend": args.backend, "cores": None, "device": None,
+                     "django_imported": None, "celery_imported": None},
+            "phases": [], "profile": None, "predictor": None, "alone": [], "mixes": [],
+            "paper": {"raw_speedup_one_device": list(PAPER_RAW_SPEEDUP)},
+        }
+
+    # -- clock and output
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def say(self, message: str) -> None:
+        print(f"[{self.elapsed():6.1f} s] {self.phase}: {message}", flush=True)
+
+    def detail(self, text: str) -> None:
+        """Print a multi-line text (an error with a stderr tail) indented under a progress line."""
+        for line in str(text).splitlines():
+            print(f"      | {line}", flush=True)
+
+    @contextmanager
+    def stage(self, name: str, *, strict: bool = True):
+        """Time one phase into ``report["phases"]``. A stop request (signal, time limit) ends the
+        check after a ``strict`` phase; the measuring phases are not strict, so what was
+        measured before the time ran out is still scored and printed."""
+        self.phase = name
+        entry = {"name": name, "started_s": round(self.elapsed(), 2), "elapsed_s": None,
+                 "status": "failed"}
+        self.report["phases"].append(entry)
+        started = time.monotonic()
+        try:
+            yield
+            if strict or self.stop_reason:
+                self.raise_if_stopping()
+            entry["status"] = "succeeded"
+        finally:
+            entry["elapsed_s"] = round(time.monotonic() - started, 2)
+
+    # -- stopping
+
+    def stopping(self) -> bool:
+        """Whether everything should stop now: a signal, or past the time limit."""
+        return bool(self.stop_reason) or time.monotonic() > self.deadline
+
+    def raise_if_stopping(self) -> None:
+        if self.stop_reason:
+            raise CheckFailed(f"{self.stop_reason} during phase {self.phase}", EXIT_STOPPED)
+        if time.monotonic() > self.deadline:
+            raise CheckFailed(f"time limit of {self.args.time_limit:g} s reached during phase "
+                              f"{self.phase} (raise --time-limit or lower --budget)", EXIT_STOPPED)
+
+    def on_signal(self, signum, _frame) -> None:
+        self.stop_reason = f"stopped by {signal.Signals(signum).name}"
+        # Terminate the profiler processes (their configuration then fails at once). Before
+        # workers/ is imported (perhaps half-way, in this very thread) there are none.
+        request_shutdown = getattr(sys.modules.get("workers.backends.base"), "request_shutdown", None)
+        if request_shutdown is not None:
+            request_shutdown()
+
+    def start_watchdog(self) -> None:
+        """If the check is still running ``WATCHDOG_GRACE_S`` after the time limit (a phase that
+        cannot be interrupted hung), say so, kill everything, write the JSON and exit 3."""
+
+        def watch() -> None:
+            if self.finished.wait(self.args.time_limit + WATCHDOG_GRACE_S):
+                return
+            message = (f"still in phase {self.phase} {WATCHDOG_GRACE_S:g} s after the time limit "
+                       f"of {self.args.time_limit:g} s: killed")
+            try:
+                from workers.backends import request_shutdown
+
+                request_shutdown()
+                self.close_backend()
+                self.write_json(EXIT_STOPPED, message)
+            finally:
+                print(f"gpu_check: FAILED: {message}", flush=True)
+                os._exit(EXIT_STOPPED)
+
+        threading.Thread(target=watch, daemon=True, name="gpu-check-watchdog").start()
+
+    def close_backend(self) -> None:
+        if self.backend is not None:
+            self.backend.stop()  # cuda-mps: quit the MPS control daemon; never raises
+
+    # -- output files
+
+    def json_paths(self) -> list[Path]:
+        paths = []
+        if os.environ.get("OUT"):
+            paths.append(Path(os.environ["OUT"]) / "gpu_check.json")
+        if self.args.json:
+            paths.append(Path(self.args.json))
+        return paths
+
+    def write_json(self, code: int, error: str) -> None:
+        self.report.update(status="succeeded" if code == EXIT_OK else "failed", exit_code=code,
+                           error=error, elapsed_s=round(self.elapsed(), 2))
+        try:
+            text = json.dumps(finite(self.report), indent=1, default=str, allow_nan=False)
+        except (TypeError, ValueError, RuntimeError) as exc:  # changed while dumped (watchdog)
+            text = json.dumps({**{k: self.report[k] for k in ("schema", "status", "exit_code",
+                                                               "error", "elapsed_s")},
+                               "dump_error": f"{type(exc).__name__}: {exc}"})
+        for path in self.json_paths():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                print(f"[{self.elapsed():6.1f} s] report: JSON written to {path}", flush=True)
+            except OSError as exc:
+                print(f"[{self.elapsed():6.1f} s] report: could not write {path}: {exc}", flush=True)
+
+
+# ----------------------------------------------------------------------------------- phases
+
+
+def preflight(check: Check):
+    """Packages, backend, device; returns ``(backend, ctx, units, memory_bytes, placement)``."""
+    missing = missing_packages()
+    if missing:
+        raise CheckFailed(
+            f"missing Python package{'s' if len(missing) > 1 else ''}: {'; '.join(missing)} — "
+            "install it, or carry its wheels (README, 'GPU hosts')", EXIT_UNAVAILABLE)
+    try:
+        from workers.backends import AgentContext, BackendUnavailableError, get_backend
+
+        importlib.import_module("controlplane.planning.strategies")  # fail now, not after profiling
+    except ImportError as exc:
+        raise CheckFailed(f"cannot import workers/ or controlplane/planning/: {exc}",
+                          EXIT_UNAVAILABLE) from None
+
+    args = check.args
+    try:
+        backend = get_backend(args.backend)
+        backend.check_available()
+    except (ValueError, BackendUnavailableError) as exc:
+        raise CheckFailed(first_line(str(exc)), EXIT_UNAVAILABLE) from None
+    cores = parse_ints(args.cores, "--cores") if args.cores else sorted(os.sched_getaffinity(0))
+    check.state_dir = Path(tempfile.mkdtemp(prefix="mtfl-gpu-check-"))
+    ctx = AgentContext(device="gpu-check", cores=cores, state_dir=check.state_dir,
+                       artifact_root=check.state_dir / "artifacts",
+                       trainer_timeout_s=args.config_timeout, ready_timeout_s=args.config_timeout)
+    check.backend = backend
+    try:
+        backend.start(ctx)
+        device = backend.describe()
+    except BackendUnavailableError as exc:
+        raise CheckFailed(first_line(str(exc)), EXIT_UNAVAILABLE) from None
+    check.report["host"].update(cores=cores, device=device or None)
+    if args.backend == "cpu":
+        units = len(cores)
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        check.say(f"cpu backend on cores {cores}, {memory / 2**30:.1f} GiB of memory")
+        return backend, ctx, units, float(memory), "packed"
+    units = int(device.get("allocation_units") or 0) or len(cores)
+    memory = device.get("memory_bytes")
+    check.say(f"{device.get('accelerator')} {device.get('gpu_uuid')}: {device.get('sm_count')} SMs, "
+              f"{(memory or 0) / 2**30:.1f} GiB, driver {device.get('driver_version')}, CUDA "
+              f"{device.get('cuda_version')}, compute mode {device.get('compute_mode') or '?'}, "
+              f"MPS control daemon started, {len(cores)} CPU cores")
+    if device.get("compute_mode") and device["compute_mode"] != "Default":
+        raise CheckFailed(f"GPU compute mode is {device['compute_mode']}: temporal needs several "
+                          "CUDA contexts at once (nvidia-smi -c DEFAULT)", EXIT_UNAVAILABLE)
+    return backend, ctx, units, float(memory) if memory else None, "pooled"
+
+
+def features(check: Check, architectures: Sequence[str]):
+    """Workload features of every model, as the predictor's ModelWorkload."""
+    import torch
+
+    from controlplane.planning.predictor import ModelWorkload
+    from workers.features import workload_features
+
+    check.report["host"]["torch"] = torch.__version__
+    out = {}
+    for arch in architectures:
+        f = workload_features(arch, 10)
+        out[arch] = ModelWorkload(f.train_flops_per_sample, f.activation_bytes_per_sample,
+                                  f.params, f.param_bytes)
+        check.say(f"{arch}: {f.train_flops_per_sample / 1e9:.3f} GFLOP per training sample, "
+                  f"{f.params / 1e6:.1f} M parameters")
+        check.raise_if_stopping()
+    return out
+
+
+def profile_request(check: Check, ctx, architectures: Sequence[str], max_mix: int):
+    """The sweep's request (its budget is set when it starts); checks the profiling options."""
+    args = check.args
+    return sweep_request(
+        sweep_id=1, device=ctx.device, backend=args.backend, budget_s=5.0,
+        architectures=list(architectures), batch_sizes=parse_ints(args.profile_batch_sizes,
+                                                                  "--profile-batch-sizes"),
+        share_min=args.share_step, share_step=args.share_step, max_mix=max_mix,
+        warmup_iterations=args.profile_warmup, min_timed_iterations=args.profile_iterations,
+        min_window_s=args.profile_window, config_timeout_s=args.config_timeout,
+        repeat_every=args.repeat_every, seed=args.seed,
+    )
+
+
+def profile(check: Check, backend, ctx, request, reserve: Callable[[float], float]):
+    """The profiling sweep; returns (succeeded results, profiled P_alone by (arch, batch)).
+
+    ``request.budget_s`` becomes the time left: the sweep stops through ``should_stop`` (the
+    budget, ``--min-configs``, the reserve), never through its own budget."""
+    from workers.profiling import run_sweep
+
+    args = check.args
+    sweep_started = time.monotonic()
+    hard_stop = sweep_started + max(5.0, check.remaining())
+    request = request.model_copy(update={
+        "budget_s": max(5.0, min(7 * 24 * 3600.0, hard_stop - sweep_started))})
+    architectures, max_mix = request.architectures, request.max_mix
+    results: list = []
+    state = {"succeeded": 0, "abort": "", "last": sweep_started, "reserve_said": False}
+
+    def seconds_per_config() -> float | None:
+        """Mean seconds of the configurations finished so far (``None`` before the first)."""
+        return (state["last"] - sweep_started) / len(results) if results else None
+
+    def budget_done() -> bool:
+        return (time.monotonic() - sweep_started >= args.budget
+                and state["succeeded"] >= args.min_configs)
+
+    def emit(result) -> None:
+        results.append(result)
+        state["last"] = time.monotonic()
+        if result.status == "succeeded":
+            state["succeeded"] += 1
+        mix = " + ".join(f"{t.architecture}/B{t.batch_size}/{t.active_thread_percentage}%"
+                         for t in result.tasks)
+        rates = ", ".join(f"{m.throughput_sps:.1f}" if m.throughput_sps else "—"
+                          for m in result.measurements)
+        status = result.status
+        if status != "succeeded" and (budget_done() or state["reserve_said"]):
+            status = "abandoned at the end of the profiling time"
+        check.say(f"config {result.config_index:3d} {status:9s} {mix} → {rates} samples/s")
+        if result.status != "succeeded" and status == result.status and not check.stopping():
+            check.detail(first_line(result.error, 1000))
+        if len(results) >= 2 and state["succeeded"] == 0 and not state["abort"]:
+            state["abort"] = f"the first {len(results)} configurations failed; first: {results[0].error}"
+
+    def should_stop() -> bool:
+        now = time.monotonic()
+        if check.stopping() or state["abort"] or now > hard_stop:
+            return True
+        # Once the predictor has what it needs, leave the later phases their time at the pace
+        # measured so far (before that, stopping would only make the fit fail).
+        pace = seconds_per_config()
+        if (pace is not None and state["succeeded"] >= args.min_configs
+                and check.deadline - now < reserve(pace)):
+            if not state["reserve_said"]:
+                state["reserve_said"] = True
+                check.say(f"stopping to leave time for fitting, planning and measuring "
+                          f"({pace:.1f} s per configuration so far)")
+            return True
+        return budget_done()
+
+    check.say(f"sweep over {', '.join(architectures)} at batch sizes {request.batch_sizes}, "
+              f"mixes of 1 to {max_mix}, budget {args.budget:g} s (and at least {args.min_configs} "
+              "configurations)")
+    summary = run_sweep(request, ctx, backend, emit, should_stop=should_stop)
+    check.report["profile"] = {
+        "request": request.model_dump(mode="json"), "summary": summary.model_dump(mode="json"),
+        "configs": [r.model_dump(mode="json") for r in results],
+        "succeeded": state["succeeded"], "seconds_per_config": seconds_per_config(),
+    }
+    check.raise_if_stopping()
+    if state["abort"]:
+        raise CheckFailed(f"profile: {first_line(state['abort'], 500)}")
+    succeeded = [r for r in results if r.status == "succeeded"]
+    check.say(f"{len(succeeded)} of {len(results)} configurations measured in "
+              f"{time.monotonic() - sweep_started:.0f} s ({seconds_per_config() or 0:.1f} s each)")
+    if not succeeded:
+        first = results[0].error if results else summary.error
+        raise CheckFailed(f"profile: no configuration was measured; {first_line(first, 500)}")
+    alone: dict[tuple[str, int], list[float]] = {}
+    for r in succeeded:
+        if len(r.tasks) == 1 and r.tasks[0].active_thread_percentage == 100:
+            m = r.measurements[0]
+            if m.throughput_sps:
+                alone.setdefault((m.architecture, m.batch_size), []).append(m.throughput_sps)
+    profiled = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in alone.items()}
+    return succeeded, profiled
+
+
+def sweep_request(**fields):
+    """A :class:`~workers.messages.ProfileSweepRequest` (profiling and measuring settings).
+
+    Raises:
+        CheckFailed: an option out of the range the request allows (one line naming it).
+    """
+    from pydantic import ValidationError
+
+    from workers.messages import ProfileSweepRequest
+
+    try:
+        return ProfileSweepRequest(**fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise CheckFailed(f"bad option for {where}: {error['msg']} (got {error.get('input')!r})",
+                          EXIT_UNAVAILABLE) from None
+
+
+def to_samples(results) -> list:
+    """Profile results as the predictor's ProfiledTask samples (as benchmarks/predictor.py)."""
+    from controlplane.planning.predictor import MixTask, ProfiledTask
+
+    samples = []
+    for r in results:
+        mix = tuple(MixTask(t.architecture, t.batch_size, t.active_thread_percentage) for t in r.tasks)
+        for m in r.measurements:
+            if m.throughput_sps:
+                samples.append(ProfiledTask(f"c{r.config_index}", mix, m.task_index, m.throughput_sps,
+                                            m.standalone_sps, m.peak_memory_bytes))
+    return samples
+
+
+def fit(check: Check, samples, workloads, units: int, placement: str):
+    from controlplane.planning.predictor import PredictorError, fit_predictor
+
+    try:
+        families = [f.strip() for f in check.args.families.split(",") if f.strip()]
+        predictor, report = fit_predictor(samples, workloads, cores=units, placement=placement,
+                                          families=families, seed=check.args.seed,
+                                          progress=check.say)
+    except PredictorError as exc:
+        profiled = check.report["profile"] or {}
+        raise CheckFailed(
+            f"fit: {exc} (profiled {profiled.get('succeeded')} configurations at "
+            f"{profiled.get('seconds_per_config') or 0:.1f} s each: raise --budget or --time-limit, "
+            "or profile fewer batch sizes)") from None
+    kept = next(f for f in report.families if f.family == report.kept)
+    check.report["predictor"] = {
+        "family": report.kept, "samples": report.samples, "configurations": report.configurations,
+        "groups": report.groups, "folds": report.folds, "fit_seconds": round(report.fit_seconds, 2),
+        "units": units, "placement": placement,
+        "families": [{"family": f.family, "rmsle": f.rmsle, "mape": f.mape} for f in report.families],
+    }
+    check.say(f"kept {report.kept}: held-out RMSLE {kept.rmsle:.3f}, MAPE {100 * kept.mape:.1f} % on "
+              f"{report.samples} task samples in {report.configurations} configurations")
+    return predictor
+
+
+def data_volumes(args, count: int, mix_index: int) -> list[int]:
+    """Samples of each task on the one device: equal, or Dirichlet proportions of the total."""
+    if args.data == "equal":
+        return [args.samples_per_task] * count
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed + mix_index)
+    shares = rng.dirichlet([args.alpha] * count)
+    return [max(64, int(round(p * count * args.samples_per_task))) for p in shares]
+
+
+def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Sequence[int],
+             predictor, memory_bytes: float | None) -> dict:
+    """Every strategy's plan for one device holding the mix; returns the mix's report entry."""
+    from controlplane.planning.planner import DeviceCapacity, PlannerContext
+    from controlplane.planning.predictor import MixTask, PredictorError
+    from controlplane.planning.strategies import (
+        make_plan,
+        plan_isolation,
+        plan_sharing,
+        plan_temporal,
+    )
+    from controlplane.planning.types import PlanningError, PlanningInput
+
+    args = check.args
+    task_ids = tuple(range(1, len(architectures) + 1))
+    spec = PlanningInput(device_ids=(1,), task_ids=task_ids,
+                         samples={(1, t): n for t, n in zip(task_ids, samples)}, local_epochs=1)
+    context = PlannerContext(architectures=dict(zip(task_ids, architectures)),
+                             devices={1: DeviceCapacity(predictor, memory_bytes)},
+                             objective=args.objective, seed=args.seed)
+    baselines = {"temporal": plan_temporal, "isolation": plan_isolation, "sharing": plan_sharing}
+    entry = {"name": name, "architectures": list(architectures),
+             "data": {"policy": args.data, "samples": list(samples),
+                      "alpha": args.alpha if args.data == "dirichlet" else None},
+             "strategies": []}
+    for strategy in STRATEGIES:
+        row = {"strategy": strategy, "partitioning": None, "status": "skipped", "error": "",
+               "predicted_round_time_s": None, "tasks": [], "raw_sps": None, "fair": None,
+               "raw_speedup": None, "fair_speedup": None, "gpu_util_mean_percent": None,
+               "gpu_memory_max_bytes": None, "measured_s": None, "measurement": None}
+        entry["strategies"].append(row)
+        started = time.monotonic()
+        try:
+            if strategy in baselines:
+                plan = baselines[strategy](spec, batch_size=args.baseline_batch)
+            else:
+                plan = make_plan(strategy, spec, planner=context)
+        except PlanningError as exc:
+            row.update(status="failed", error=f"plan: {exc}")
+            check.say(f"{name}/{strategy}: cannot plan: {exc}")
+            continue
+        row["partitioning"] = plan.partitioning
+        row["predicted_round_time_s"] = plan.predicted_round_time_s
+        assignments = plan.on_device(1)
+        predicted = [a.predicted_throughput_sps for a in assignments]
+        if plan.partitioning == "mps" and any(p is None for p in predicted):
+            mix = [MixTask(architectures[a.task_id - 1], a.batch_size, a.active_thread_percentage)
+                   for a in assignments]
+            try:
+                predicted = predictor.predict([mix])[0]
+            except PredictorError:
+                predicted = [None] * len(assignments)
+        for a, p in zip(assignments, predicted):
+            row["tasks"].append({
+                "architecture": architectures[a.task_id - 1], "batch_size": a.batch_size,
+                "share": a.active_thread_percentage, "samples": a.samples,
+                "predicted_sps": p, "measured_sps": None, "alone_sps": None, "alone_source": None,
+                "timed_iterations": None, "peak_memory_bytes": None,
+            })
+        check.say(f"{name}/{strategy} ({plan.partitioning}, {time.monotonic() - started:.1f} s): "
+                  + ", ".join(f"{t['architecture']} B{t['batch_size']} R{t['share']}%"
+                              + (f" → {t['predicted_sps']:.0f} sps predicted" if t["predicted_sps"] else "")
+                              for t in row["tasks"]))
+    return entry
+
+
+class Measurer:
+    """Measures configurations one after another, each time-boxed by what is left."""
+
+    def __init__(self, check: Check, backend, ctx) -> None:
+        self.check, self.backend, self.ctx = check, backend, ctx
+        self.index = 0
+        self.durations: list[float] = []
+        args = check.args
+        self.request = sweep_request(
+            sweep_id=2, device=ctx.device, backend=args.backend, budget_s=5,
+            architectures=["resnet18"], warmup_iterations=args.measure_warmup,
+            min_timed_iterations=args.measure_iterations, min_window_s=args.measure_window,
+            config_timeout_s=args.config_timeout, repeat_every=0, seed=args.seed,
+        )
+
+    def expected_s(self, fallback: float) -> float:
+        return max(self.durations) if self.durations else fallback
+
+    def measure(self, tasks, partitioning: str):
+        """One configuration; returns ``(result, seconds, telemetry samples)``.
+
+        Raises:
+            CheckFailed: less than 10 s left.
+        """
+        left = self.check.remaining()
+        if left < 10:
+            raise CheckFailed("no time left to measure", EXIT_STOPPED)
+        request = self.request.model_copy(update={"config_timeout_s": max(1.0, min(
+            self.check.args.config_timeout, left - 5))})
+        telemetry = self._telemetry()
+        started = time.monotonic()
+        try:
+            from workers.profiling import measure_configuration
+
+            result = measure_configuration(tasks, request, self.ctx, self.backend,
+                                           config_index=self.index, partitioning=partitioning,
+                                           should_stop=self.check.stopping)
+        finally:
+            samples = telemetry.stop() if telemetry is not None else []
+        self.index += 1
+        seconds = time.monotonic() - started
+        self.durations.append(seconds)
+        return result, seconds, samples
+
+    def _telemetry(self):
+        device = self.check.report["host"].get("device") or {}
+        if not device.get("gpu_uuid"):
+            return None
+        from workers import gpu
+
+        telemetry = gpu.GpuTelemetry(device["gpu_uuid"], 0.5)
+        telemetry.start()
+        return telemetry
+
+
+def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
+    """Measure every planned strategy of every mix (a failure is recorded, the rest go on)."""
+    from workers.messages import ProfileTaskSpec
+
+    for entry in mixes:
+        for row in entry["strategies"]:
+            if row["partitioning"] is None:
+                continue
+            label = f"{entry['name']}/{row['strategy']}"
+            if check.stopping():
+                row.update(status="skipped", error="not measured: the check was stopping")
+                continue
+            tasks = [ProfileTaskSpec(architecture=t["architecture"], batch_size=t["batch_size"],
+                                     active_thread_percentage=t["share"]) for t in row["tasks"]]
+            try:
+                result, seconds, telemetry = measurer.measure(tasks, row["partitioning"])
+            except CheckFailed as exc:
+                row.update(status="skipped", error=f"not measured: {exc}")
+                check.say(f"{label}: skipped, {exc}")
+                continue
+            row["measurement"] = result.model_dump(mode="json")
+            row["measured_s"] = round(seconds, 2)
+            if telemetry:
+                row["gpu_util_mean_percent"] = sum(s.gpu_util_percent for s in telemetry) / len(telemetry)
+                row["gpu_memory_max_bytes"] = max(s.memory_used_bytes for s in telemetry)
+            for task, m in zip(row["tasks"], result.measurements):
+                task.update(measured_sps=m.throughput_sps, timed_iterations=m.timed_iterations,
+                            peak_memory_bytes=m.peak_memory_bytes)
+            if result.status != "succeeded" and (check.stopping() or check.remaining() < 10):
+                # Cut short by the time limit (its timeout is what was left): not a failure of
+                # the strategy, and not measured.
+                row.update(status="skipped", error=f"not measured: the time limit was reached "
+                                                   f"({first_line(result.error, 200)})")
+                check.say(f"{label}: cut short by the time limit after {seconds:.0f} s")
+                continue
+            if result.status != "succeeded":
+                row.update(status="failed", error=result.error)
+                check.say(f"{label} FAILED after {seconds:.0f} s: {first_line(result.error)}")
+                check.detail(result.error)
+                continue
+            row["status"] = "succeeded"
+            util = (f", GPU busy {row['gpu_util_mean_percent']:.0f} %"
+                    if row["gpu_util_mean_percent"] is not None else "")
+            check.say(f"{label} ({row['partitioning']}, {seconds:.0f} s{util}): "
+                      + ", ".join(f"{t['architecture']} {t['measured_sps']:.1f}" for t in row["tasks"])
+                      + " samples/s")
+
+
+def fill_alone(check: Check, measurer: Measurer, mixes: list[dict], profiled: dict, predictor,
+               workloads) -> None:
+    """``P_alone`` of every measured task: profiled, else measured now, else interpolated."""
+    import numpy as np
+
+    from workers.messages import ProfileTaskSpec
+
+    table: dict[tuple[str, int], tuple[float, str]] = {k: (v, "profiled") for k, v in profiled.items()}
+    needed = sorted({(t["architecture"], t["batch_size"]) for e in mixes for r in e["strategies"]
+                     if r["status"] == "succeeded" for t in r["tasks"]})
+    for arch, batch in needed:
+        if (arch, batch) in table:
+            continue
+        if check.stopping() or check.remaining() < measurer.expected_s(30.0) + 10:
+            check.say(f"{arch} B{batch}: no time left to measure it alone; interpolating")
+        else:
+            task = ProfileTaskSpec(architecture=arch, batch_size=batch, active_thread_percentage=100)
+            try:
+                result, seconds, _ = measurer.measure([task], "timeslice")
+            except CheckFailed:
+                result = None
+            if result is not None and result.status == "succeeded" and result.measurements[0].throughput_sps:
+                sps = result.measurements[0].throughput_sps
+                table[(arch, batch)] = (sps, "measured")
+                check.say(f"{arch} B{batch} alone: {sps:.1f} samples/s ({seconds:.0f} s)")
+                continue
+            if result is not None:
+                check.say(f"{arch} B{batch} alone FAILED: {first_line(result.error)}; interpolating")
+        value = float(predictor.space.solo.alone(arch, np.array([batch]), workloads)[0])
+        table[(arch, batch)] = (value, "interpolated")
+    check.report["alone"] = [{"architecture": a, "batch_size": b, "throughput_sps": v, "source": s}
+                             for (a, b), (v, s) in sorted(table.items())]
+    for entry in mixes:
+        for row in entry["strategies"]:
+            for task in row["tasks"]:
+                key = (task["architecture"], task["batch_size"])
+                if key in table:
+                    task["alone_sps"], task["alone_source"] = table[key]
+
+
+def score(mixes: list[dict]) -> None:
+    """Raw and fair throughput of every measured strategy, and speedups over ``temporal``."""
+    from controlplane.planning.metrics import fair_throughput, raw_throughput, speedup
+
+    for entry in mixes:
+        for row in entry["strategies"]:
+            if row["status"] != "succeeded":
+                continue
+            measured = [t["measured_sps"] for t in row["tasks"]]
+            row["raw_sps"] = raw_throughput(measured)
+            alone = [t["alone_sps"] for t in row["tasks"]]
+            if all(a is not None and a > 0 and math.isfinite(a) for a in alone):
+                row["fair"] = fair_throughput(measured, alone)
+        temporal = next(r for r in entry["strategies"] if r["strategy"] == "temporal")
+        for row in entry["strategies"]:
+            row["raw_speedup"] = speedup(row["raw_sps"], temporal["raw_sps"])
+            row["fair_speedup"] = speedup(row["fair"], temporal["fair"])
+
+
+def fmt(value, spec: str, suffix: str = "") -> str:
+    return "—" if value is None else format(value, spec) + suffix
+
+
+def print_table(check: Check, mixes: list[dict]) -> None:
+    """The speedup table, then measured throughput per task."""
+    device = check.report["host"].get("device") or {}
+    cores = len(check.report["host"]["cores"] or [])
+    where = device.get("accelerator") or f"{cores} CPU core{'s' if cores != 1 else ''}"
+    print(f"\nspeedups over temporal (backend {check.args.backend}, {where}; data {check.args.data}; "
+          "~ = some P_alone interpolated)", flush=True)
+    print(f"{'mix':<7}{'strategy':<13}{'partition':<11}{'raw sps':>10}{'fair':>7}{'raw ×':>8}"
+          f"{'fair ×':>8}{'GPU %':>7}  status")
+    for entry in mixes:
+        for row in entry["strategies"]:
+            interpolated = any(t["alone_source"] == "interpolated" for t in row["tasks"])
+            mark = "~" if interpolated and row["fair"] is not None else ""
+            status = row["status"] if row["status"] == "succeeded" else f"{row['status']}: {first_line(row['error'], 60)}"
+            print(f"{entry['name']:<7}{row['strategy']:<13}{row['partitioning'] or '—':<11}"
+                  f"{fmt(row['raw_sps'], '.1f'):>10}{fmt(row['fair'], '.2f') + mark:>7}"
+                  f"{fmt(row['raw_speedup'], '.2f', '×'):>8}{fmt(row['fair_speedup'], '.2f', '×') + mark:>8}"
+                  f"{fmt(row['gpu_util_mean_percent'], '.0f'):>7}  {status}")
+    print("\nmeasured throughput per task (B = batch size, R = share %, alone = P_alone at B, "
+          "pred = predictor)")
+    for entry in mixes:
+        for row in entry["strategies"]:
+            for task in row["tasks"]:
+                src = {"profiled": "", "measured": "", "interpolated": "~"}.get(task["alone_source"], "")
+                print(f"  {entry['name']:<7}{row['strategy']:<13}{task['architecture']:<20}"
+                      f"B{task['batch_size']:<5}R{task['share']:<5}"
+                      f"{fmt(task['measured_sps'], '.1f'):>9} sps  alone {fmt(task['alone_sps'], '.1f')}{src}"
+                      f"  pred {fmt(task['predicted_sps'], '.1f')}")
+    print(f"\npaper (Titan V, CIFAR-10): raw speedup {PAPER_RAW_SPEEDUP[0]:.2f}–{PAPER_RAW_SPEEDUP[1]:.2f}× "
+          "over temporal inside one device", flush=True)
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+def parse_ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise CheckFailed(f"{option} must be comma-separated integers, got {text!r}", EXIT_UNAVAILABLE) from None
+    if not values:
+        raise CheckFailed(f"{option} must list at least one integer", EXIT_UNAVAILABLE)
+    return values
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="gpu_check.py", description=__doc__.splitlines()[0],
+        epilog="Defaults in brackets are for a GPU run, then for --quick.")
+
+    def default(key: str) -> str:
+        gpu, quick = DEFAULTS[key]
+        return f"[{gpu} / {quick}]"
+
+    add = parser.add_argument
+    add("--backend", choices=("cuda-mps", "cpu"), default="cuda-mps",
+        help="cuda-mps (an NVIDIA GPU under MPS; temporal without MPS) or cpu [cuda-mps]")
+    add("--quick", action="store_true",
+        help="tiny settings for a CPU: the tiny mix (mobilenet_v3_small + shufflenet_v2_x1_0), "
+             "batches 8 and 16, short timing windows")
+    add("--mixes", default=None, help=f"comma-separated: {', '.join(MIXES)} {default('mixes')}")
+    add("--budget", type=float, default=None, help=f"profiling seconds {default('budget')}")
+    add("--min-configs", type=int, default=None,
+        help=f"profile at least this many configurations, past the budget if needed {default('min_configs')}")
+    add("--profile-batch-sizes", default=None, help=f"batch sizes profiled {default('profile_batch_sizes')}")
+    add("--baseline-batch", type=int, default=None,
+        help=f"batch size of temporal, isolation and sharing {default('baseline_batch')}")
+    add("--data", choices=("equal", "dirichlet"), default="equal",
+        help="data volumes of the tasks on the device: equal, or Dirichlet proportions [equal]")
+    add("--alpha", type=float, default=0.5, help="Dirichlet alpha for --data dirichlet [0.5]")
+    add("--samples-per-task", type=int, default=None,
+        help=f"samples of each task on the device (the mean, with dirichlet) {default('samples_per_task')}")
+    add("--objective", choices=("raw", "fair"), default="raw", help="vres_greedy's objective [raw]")
+    add("--families", default=None,
+        help=f"predictor families compared (controlplane.planning.predictor.FAMILIES) {default('families')}")
+    add("--share-step", type=int, default=10, help="share grid of the profile, percent [10]")
+    add("--repeat-every", type=int, default=0, help="profile: repeat every n-th configuration [0: never]")
+    add("--time-limit", type=float, default=None, help=f"seconds for the whole check {default('time_limit')}")
+    add("--config-timeout", type=float, default=None,
+        help=f"seconds one configuration may take {default('config_timeout')}")
+    add("--profile-warmup", type=int, default=None, help=f"{default('profile_warmup')}")
+    add("--profile-iterations", type=int, default=None, help=f"min timed iterations {default('profile_iterations')}")
+    add("--profile-window", type=float, default=None, help=f"min window seconds {default('profile_window')}")
+    add("--measure-warmup", type=int, default=None, help=f"{default('measure_warmup')}")
+    add("--measure-iterations", type=int, default=None, help=f"min timed iterations {default('measure_iterations')}")
+    add("--measure-window", type=float, default=None, help=f"min window seconds {default('measure_window')}")
+    add("--cores", default=None, help="CPU ids of the device, e.g. 0,1 [all]")
+    add("--seed", type=int, default=0)
+    add("--json", default=None, help="also write the JSON here (it goes to $OUT/gpu_check.json when OUT is set)")
+    args = parser.parse_args(argv)
+    for key, (gpu, quick) in DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else gpu)
+    return args
+
+
+def run(check: Check) -> str:
+    """All the phases; returns the closing line's text.
+
+    Raises:
+        CheckFailed: the first thing that failed (the closing line and the exit code).
+    """
+    args = check.args
+    names = [n.strip() for n in args.mixes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MIXES]
+    if unknown or not names:
+        raise CheckFailed(f"--mixes: unknown mix {unknown[0] if unknown else '(none)'}; allowed: "
+                          f"{', '.join(MIXES)}", EXIT_UNAVAILABLE)
+    if args.budget < 5 or args.time_limit <= 0 or args.min_configs < 1:
+        raise CheckFailed("--budget must be ≥ 5 s, --time-limit > 0, --min-configs ≥ 1", EXIT_UNAVAILABLE)
+    mixes_arch = {n: MIXES[n] for n in names}
+    architectures = list(dict.fromkeys(a for mix in mixes_arch.values() for a in mix))
+    max_mix = max(len(m) for m in mixes_arch.values())
+    strategy_configs = len(STRATEGIES) * len(names)
+
+    check.say(f"backend {args.backend}, mixes {', '.join(names)}, profile budget {args.budget:g} s, "
+              f"time limit {args.time_limit:g} s")
+    with check.stage("preflight"):
+        backend, ctx, units, memory, placement = preflight(check)
+    # Both requests now: a bad option stops the check before it profiles.
+    sweep = profile_request(check, ctx, architectures, max_mix)
+    measurer = Measurer(check, backend, ctx)
+    with check.stage("features"):
+        workloads = features(check, architectures)
+    with check.stage("profile"):
+        # A strategy's configuration has more tasks and a longer window than the average
+        # profiled one: 1.5 of them each, and two more for P_alone.
+        results, profiled = profile(
+            check, backend, ctx, sweep,
+            reserve=lambda pace: FIT_AND_PLAN_RESERVE_S + (1.5 * strategy_configs + 2) * pace)
+    with check.stage("fit"):
+        predictor = fit(check, to_samples(results), workloads, units, placement)
+    mixes: list[dict] = []
+    check.report["mixes"] = mixes
+    with check.stage("plan"):
+        for k, name in enumerate(names):
+            samples = data_volumes(args, len(mixes_arch[name]), k)
+            mixes.append(plan_mix(check, name, mixes_arch[name], samples, predictor, memory))
+    with check.stage("measure", strict=False):
+        measure_mixes(check, measurer, mixes)
+    with check.stage("alone", strict=False):
+        fill_alone(check, measurer, mixes, profiled, predictor, workloads)
+    with check.stage("report", strict=False):
+        score(mixes)
+        print_table(check, mixes)
+    # The check must run where neither exists: prove it never needed them.
+    check.report["host"]["django_imported"] = "django" in sys.modules
+    check.report["host"]["celery_imported"] = "celery" in sys.modules
+
+    problems = [(e["name"], r) for e in mixes for r in e["strategies"] if r["status"] != "succeeded"]
+    if problems:
+        name, row = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        code = EXIT_STOPPED if row["status"] == "skipped" else EXIT_FAILED
+        raise CheckFailed(f"{name}/{row['strategy']} {row['status']}: {first_line(row['error'], 200)}{more}", code)
+    best = []
+    for entry in mixes:
+        top = max(entry["strategies"], key=lambda r: r["raw_speedup"] or 0)
+        best.append(f"{entry['name']} {top['raw_speedup']:.2f}× ({top['strategy']})")
+    return (f"OK in {check.elapsed():.0f} s: best raw speedup over temporal " + ", ".join(best)
+            + f"; paper {PAPER_RAW_SPEEDUP[0]}–{PAPER_RAW_SPEEDUP[1]}×")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except CheckFailed as exc:
+        print(f"gpu_check: FAILED: {exc}", flush=True)
+        return exc.code
+    check = Check(args)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, check.on_signal)
+    check.start_watchdog()
+    code, error, closing = EXIT_FAILED, "", ""
+    try:
+        closing = run(check)
+        code = EXIT_OK
+    except CheckFailed as exc:
+        code, error = exc.code, str(exc)
+    except Exception as exc:  # noqa: BLE001 - one clear line, the traceback above it
+        import traceback
+
+        traceback.print_exc(file=sys.stdout)
+        code, error = EXIT_FAILED, f"{check.phase}: {type(exc).__name__}: {first_line(str(exc))}"
+    finally:
+        check.close_backend()
+        check.write_json(code, error)
+        check.finished.set()
+        if check.state_dir is not None:
+            shutil.rmtree(check.state_dir, ignore_errors=True)
+    print(f"gpu_check: {closing}" if code == EXIT_OK else f"gpu_check: FAILED: {error}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
