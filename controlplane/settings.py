@@ -226,13 +226,18 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["controlplane.api.filters.FilterBackend"],
     "DEFAULT_PARSER_CLASSES": [
         "controlplane.api.parsers.SafeJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "controlplane.api.parsers.SizeLimitedFormParser",
+        "controlplane.api.parsers.SizeLimitedMultiPartParser",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # A NaN or infinity stored in a FloatField goes out as null, never as invalid JSON.
+    "DEFAULT_RENDERER_CLASSES": [
+        "controlplane.api.renderers.FiniteJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.CheckedLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.exception_handlers.api_exception_handler",

@@ -12,3 +12,6 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("controlplane.dashboard.urls")),
 ]
+
+# A URL under /api/ that no route matches answers with the API's JSON error body.
+handler404 = "controlplane.api.exception_handlers.not_found"

@@ -61,9 +61,18 @@ def integer(lo: int, hi: int, **kwargs) -> serializers.IntegerField:
     )
 
 
+class StrictFloatField(serializers.FloatField):
+    """A float field that refuses booleans (``float(True)`` is 1.0) as well as NaN and infinity."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 def number(**kwargs) -> serializers.FloatField:
-    """A float field that refuses NaN and infinity (ranges are checked by the services)."""
-    return serializers.FloatField(error_messages={"invalid": "must be a finite number"}, **kwargs)
+    """A float field that refuses NaN, infinity and booleans (ranges are checked by the services)."""
+    return StrictFloatField(error_messages={"invalid": "must be a finite number"}, **kwargs)
 
 
 def id_list(**kwargs) -> serializers.ListField:

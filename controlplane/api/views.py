@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.api import serializers as s
+from controlplane.api.filters import FilterSet
 from controlplane.api.authentication import CanIssueAgentTokens
 from controlplane.experiments import selectors as exp_selectors
 from controlplane.experiments import services as exp_services
@@ -29,7 +30,7 @@ def _validated(serializer_class, request: Request, **kwargs) -> dict:
     return serializer.validated_data
 
 
-class DeviceFilter(django_filters.FilterSet):
+class DeviceFilter(FilterSet):
     status = django_filters.ChoiceFilter(
         choices=Device.Status.choices, method="filter_status",
         help_text="online: heartbeat within MTFL_HEARTBEAT_OFFLINE_S; offline: older; unknown: never",
@@ -217,7 +218,7 @@ def _visible_runs(request):
     return exp_selectors.run_list(user=request.user if request else None)
 
 
-class RunFilter(django_filters.FilterSet):
+class RunFilter(FilterSet):
     experiment = django_filters.ModelChoiceFilter(queryset=_visible_experiments)
 
     class Meta:
@@ -249,7 +250,7 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(exp_selectors.run_progress(self.get_object()))
 
 
-class RoundFilter(django_filters.FilterSet):
+class RoundFilter(FilterSet):
     experiment = django_filters.ModelChoiceFilter(field_name="run__experiment", queryset=_visible_experiments)
     run = django_filters.ModelChoiceFilter(queryset=_visible_runs)
 
@@ -276,7 +277,7 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(s.DeviceTelemetrySerializer(rows, many=True).data)
 
 
-class AssignmentFilter(django_filters.FilterSet):
+class AssignmentFilter(FilterSet):
     run = django_filters.ModelChoiceFilter(field_name="round__run", queryset=_visible_runs)
     experiment = django_filters.ModelChoiceFilter(field_name="round__run__experiment", queryset=_visible_experiments)
 
@@ -295,7 +296,7 @@ class AssignmentViewSet(viewsets.ReadOnlyModelViewSet):
         return exp_selectors.assignment_list(user=self.request.user)
 
 
-class CheckpointFilter(django_filters.FilterSet):
+class CheckpointFilter(FilterSet):
     run = django_filters.ModelChoiceFilter(queryset=_visible_runs)
 
     class Meta:

@@ -7,6 +7,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from controlplane.common.jsonsafe import finite_or_none
 from controlplane.dashboard import figures
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Experiment, Run
@@ -16,7 +17,8 @@ from controlplane.profiling.selectors import predictor_history
 
 
 def figure_json(fig: go.Figure) -> dict[str, Any]:
-    """A figure as plain JSON data (what ``Plotly.newPlot`` takes)."""
+    """A figure as plain JSON data (what ``Plotly.newPlot`` takes; plotly writes NaN and
+    infinities as ``null``)."""
     return json.loads(fig.to_json())
 
 
@@ -183,7 +185,10 @@ def run_live(run: Run) -> dict[str, Any]:
         }
         for r in run.rounds.order_by("index")
     ]
-    return {"progress": progress, "rounds": rounds, "figures": run_figures(run)}
+    # JSON has no NaN/infinity: a stored non-finite throughput goes out as null (the page
+    # parses this with JSON.parse, both polled and embedded with json_script; the figures
+    # are already clean, see figure_json).
+    return {"progress": finite_or_none(progress), "rounds": finite_or_none(rounds), "figures": run_figures(run)}
 
 
 def predictor_families(predictor: Predictor) -> list[dict[str, Any]]:
