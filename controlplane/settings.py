@@ -239,7 +239,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.CheckedLimitOffsetPagination",
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.ApiAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.exception_handlers.api_exception_handler",
 }
 SPECTACULAR_SETTINGS = {
@@ -253,6 +253,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Request bodies are JSON: form encodings cannot carry the nested bodies (plan entries,
+    # sample counts) the schema describes, so they are left out of it (the browsable API's
+    # HTML forms still post them).
+    "PARSER_WHITELIST": ["controlplane.api.parsers.SafeJSONParser"],
     "ENUM_NAME_OVERRIDES": {
         "ArchitectureEnum": "workers.messages.ARCHITECTURES",
         "RunStatusEnum": "controlplane.experiments.models.Run.Status",

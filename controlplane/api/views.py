@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -44,6 +44,8 @@ class DeviceFilter(FilterSet):
         return fleet_selectors.devices_with_status(queryset, value)
 
 
+# PATCH takes the same fields as PUT (all optional); without this the schema shows no body.
+@extend_schema_view(partial_update=extend_schema(request=s.DeviceUpdateSerializer, responses={200: s.DeviceSerializer}))
 class DeviceViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
@@ -86,6 +88,7 @@ class DeviceViewSet(
                          "created_at": token.created_at}, status=status.HTTP_201_CREATED)
 
 
+@extend_schema_view(partial_update=extend_schema(request=s.TaskWriteSerializer, responses={200: s.TaskSerializer}))
 class TaskViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
@@ -110,6 +113,8 @@ class TaskViewSet(
         return Response(s.TaskSerializer(task).data)
 
 
+@extend_schema_view(partial_update=extend_schema(request=s.ExperimentUpdateSerializer,
+                                                 responses={200: s.ExperimentSerializer}))
 class ExperimentViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
@@ -269,7 +274,7 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
         return exp_selectors.round_list(user=self.request.user)
 
     @extend_schema(responses={200: s.DeviceTelemetrySerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])  # one round's rows, a plain list
     def telemetry(self, request: Request, pk=None) -> Response:
         """Whole-GPU utilisation and memory each GPU device's agent sampled (NVML, about once a
         second) during the round; empty for cpu and simulated devices."""
