@@ -133,17 +133,31 @@ def _check_compatible(states: Sequence[Mapping[str, np.ndarray]]) -> None:
 
 
 def load_state(path: Path | str) -> dict[str, np.ndarray]:
-    """Read a safetensors file into a NumPy state dict (no torch).
+    """Read a safetensors file into a NumPy state dict (no torch, no pickle).
+
+    The header is checked first (:func:`workers.artifacts.read_safetensors_header`), so a
+    truncated file or one that is not safetensors is refused with the reason instead of the
+    library's bare error.
 
     Raises:
         FileNotFoundError: naming ``path`` if it does not exist.
+        workers.artifacts.InvalidSafetensorsError: naming ``path`` and what is wrong with it.
     """
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
+
+    from workers.artifacts import InvalidSafetensorsError, read_safetensors_header
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file not found: {path}")
-    return load_file(str(path))
+    try:
+        read_safetensors_header(path)
+        return load_file(str(path))
+    except InvalidSafetensorsError as exc:
+        raise InvalidSafetensorsError(f"weights file {path} is not a valid safetensors file: {exc}") from None
+    except SafetensorError as exc:
+        raise InvalidSafetensorsError(f"weights file {path} cannot be read as safetensors: {exc}") from None
 
 
 def save_state(state: Mapping[str, np.ndarray], path: Path | str) -> str:

@@ -43,6 +43,7 @@ from controlplane.experiments.models import (
 )
 from controlplane.experiments.services import dispatch, planning
 from controlplane.experiments.services.planning import plan_from_json
+from controlplane.experiments.services.weights import weights_problems
 from controlplane.planning import metrics
 from controlplane.planning.planner import PlannerContext
 from controlplane.planning.strategies import COMPARED, PLANNED, STRATEGIES, make_plan
@@ -579,6 +580,17 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
     usable = [a for a in assignments if a.status == Assignment.Status.SUCCEEDED and a.device.name not in failed_devices]
     store = get_store()
     latest = selectors.latest_checkpoints(run)
+    # A weights file FedAvg cannot use (truncated, not safetensors, another model's) fails its
+    # device with the reason, like a trainer crash: the round goes on without that device.
+    unusable = weights_problems(store=store, assignments=usable, previous=latest)
+    if unusable:
+        refused_devices = set()
+        for a in usable:
+            if a.id in unusable:
+                a.status, a.error = Assignment.Status.FAILED, unusable[a.id]
+                failed_devices.setdefault(a.device.name, f"task {a.task.name}: {unusable[a.id]}")
+                refused_devices.add(a.device_id)
+        usable = [a for a in usable if a.device_id not in refused_devices]
     flags: list[str] = [*rnd.flags, *problems]
     new_checkpoints: list[Checkpoint] = []
     from workers.evaluate import evaluate
