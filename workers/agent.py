@@ -26,8 +26,16 @@ The agent's configuration reaches the tasks through environment variables that :
 sets (so ``celery -A workers.agent worker`` works too when they are exported):
 ``MTFL_AGENT_DEVICE``, ``MTFL_AGENT_BACKEND`` (default ``cpu``), ``MTFL_AGENT_CORES``
 (e.g. ``"0-3,6"``; default this process's affinity), ``MTFL_AGENT_STATE_DIR`` (default
-``$MTFL_HOME/agents/<device>``), ``MTFL_AGENT_TRAINER_TIMEOUT_S`` (default 10800). The broker
-comes from ``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.config`).
+``$MTFL_HOME/agents/<device>``), ``MTFL_AGENT_TRAINER_TIMEOUT_S`` (default 10800),
+``MTFL_AGENT_HEARTBEAT_S`` (the default of ``--heartbeat-s``, 15), ``MTFL_AGENT_CANCEL_POLL_S``
+(how often a running device task looks for its cancellation, default 2). The broker comes from
+``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.config`).
+
+Reliability: device tasks are acknowledged on receipt (none is safe to run twice) and record
+which agent process runs them (``STARTED`` with its pid); the control plane cancels one by
+storing a marker in the result backend (:func:`workers.queues.cancel_marker_id`), which the task
+checks before it starts and every ``MTFL_AGENT_CANCEL_POLL_S`` while it runs, killing its
+trainers when it appears. Results echo the request's ``attempt`` and ``idempotency_key``.
 
 Weights: by default the agent shares ``ARTIFACT_ROOT`` with the control plane (one host, or a
 shared folder). On a host that shares no disk with it, set ``MTFL_CONTROL_URL`` and
@@ -74,12 +82,15 @@ from pydantic import BaseModel, ValidationError
 
 import workers
 from workers import config
+from workers.broker_compat import patch_kombu_redis_restore
 from workers.lifecycle import exit_with_parent
 from workers.backends import (
     AgentContext,
     BackendUnavailableError,
     ExecutionBackend,
+    clear_cancel,
     get_backend,
+    request_cancel,
     request_shutdown,
     shutdown_requested,
     terminate_children,
@@ -96,7 +107,7 @@ from workers.messages import (
     TrainRoundRequest,
 )
 from workers.profiling import run_sweep
-from workers.queues import CONTROL_QUEUE, TaskName, device_queue
+from workers.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
 from workers.transfer import (
     ENV_AGENT_TOKEN,
     ENV_CONTROL_URL,
@@ -115,6 +126,8 @@ ENV_CORES = "MTFL_AGENT_CORES"
 ENV_STATE_DIR = "MTFL_AGENT_STATE_DIR"
 ENV_TRAINER_TIMEOUT_S = "MTFL_AGENT_TRAINER_TIMEOUT_S"
 ENV_GPU = "MTFL_AGENT_GPU"
+ENV_HEARTBEAT_S = "MTFL_AGENT_HEARTBEAT_S"
+ENV_CANCEL_POLL_S = "MTFL_AGENT_CANCEL_POLL_S"
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -123,6 +136,11 @@ EXIT_DEVICE = 4
 EXIT_CONTROL_PLANE = 5
 
 DEFAULT_TRAINER_TIMEOUT_S = 3 * 3600.0
+DEFAULT_HEARTBEAT_S = 15.0
+DEFAULT_CANCEL_POLL_S = 2.0
+
+# A broker restart must not stop the agent (see workers.broker_compat).
+patch_kombu_redis_restore()
 
 # No fix-ups: Celery would otherwise run django.setup() whenever DJANGO_SETTINGS_MODULE is
 # inherited (agents started by the embedded control plane), and the agent never uses Django.
@@ -133,12 +151,21 @@ app.conf.update(
     accept_content=["json"],
     # Rounds are long: never reserve a second one behind the running one.
     worker_prefetch_multiplier=1,
-    # A round is not safe to run twice (it overwrites weights the control plane may be
-    # reading), so messages are acked on receipt; a lost agent shows up as a missing result.
+    # No device task is safe to run twice: a round overwrites weights the control plane may be
+    # reading, and a redelivery would arrive long after its round's deadline. Messages are
+    # acked on receipt; a lost agent shows up as a missing result, which the control plane's
+    # round watchdog fails (or retries) within the deadline.
     task_acks_late=False,
-    broker_transport_options={"visibility_timeout": 6 * 3600},
+    broker_transport_options={"visibility_timeout": config.broker_visibility_timeout_s()},
+    result_backend_transport_options={"visibility_timeout": config.broker_visibility_timeout_s()},
+    # A round's result is written once, at its end: if the broker restarts just then, retry
+    # the write (with backoff, for up to about 10 minutes) instead of losing the round.
+    result_backend_always_retry=True,
+    result_backend_max_retries=60,
+    result_backend_max_sleep_between_retries_ms=10_000,
     result_expires=24 * 3600,
     broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
 )
 
 
@@ -334,22 +361,130 @@ def _serve(
         return failed(_describe(exc), "")
 
 
+# ------------------------------------------------------------------- cancellation watch
+
+
+def _positive_env(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        logger.warning("%s=%r is not a number > 0; using %g", name, text, default)
+        return default
+    return value
+
+
+def _cancel_reason(task_id: str | None) -> str | None:
+    """The reason the control plane cancelled device task ``task_id``, or ``None``.
+
+    Reads the task's cancel marker (:func:`workers.queues.cancel_marker_id`) from the result
+    backend. A backend that cannot be read is logged and counts as not cancelled: the round
+    goes on, and the control plane's deadline still bounds it.
+    """
+    if not task_id:
+        return None
+    try:
+        meta = app.backend.get_task_meta(cancel_marker_id(task_id))
+    except Exception:  # noqa: BLE001 - see docstring
+        logger.warning("could not read the cancel marker of task %s", task_id, exc_info=True)
+        return None
+    if meta.get("status") != CANCELLED_STATE:
+        return None
+    result = meta.get("result")
+    reason = result.get("reason") if isinstance(result, dict) else None
+    return str(reason or "cancelled by the control plane")
+
+
+class _CancelWatch:
+    """While a device task runs, poll its cancel marker every ``MTFL_AGENT_CANCEL_POLL_S``
+    seconds (default 2) in a thread; when it appears, :func:`~workers.backends.request_cancel`
+    kills the task's trainers and the task returns failed with the reason.
+
+    A poll of the result backend rather than a Celery broadcast: the agent's solo pool runs the
+    task on the thread that would read broadcasts, so a ``revoke`` reaches it only after the
+    task has ended.
+    """
+
+    def __init__(self, task_id: str | None) -> None:
+        self.task_id = task_id
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "_CancelWatch":
+        clear_cancel()
+        if self.task_id:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="mtfl-cancel-watch")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        clear_cancel()
+
+    def _run(self) -> None:
+        interval = _positive_env(ENV_CANCEL_POLL_S, DEFAULT_CANCEL_POLL_S)
+        while not self._stop.wait(interval):
+            reason = _cancel_reason(self.task_id)
+            if reason is not None:
+                killed = request_cancel(reason)
+                logger.warning("task %s cancelled by the control plane (%s): %d trainer(s) terminated",
+                               self.task_id, reason, killed)
+                return
+
+
+def _already_done(task_id: str | None) -> dict | None:
+    """The stored result of ``task_id`` if it already succeeded (a redelivered message of a
+    task this device finished), else ``None``: the round is not trained twice."""
+    if not task_id:
+        return None
+    try:
+        meta = app.backend.get_task_meta(task_id)
+    except Exception:  # noqa: BLE001 - unreadable: run the task (the control plane dedupes by key)
+        return None
+    return meta.get("result") if meta.get("status") == "SUCCESS" and isinstance(meta.get("result"), dict) else None
+
+
+def _mark_started(task) -> None:
+    """Record in the result backend which agent process runs the task (state ``STARTED``
+    with ``pid`` and ``hostname``): a restarted agent has another pid, so the control plane
+    can tell that the task was lost with the old process."""
+    if not task.request.id:  # called directly, not as a Celery task
+        return
+    try:
+        task.update_state(state="STARTED", meta={"pid": os.getpid(), "hostname": socket.gethostname(),
+                                                   "started_at": time.time()})
+    except Exception:  # noqa: BLE001 - bookkeeping only; the round goes on
+        logger.warning("could not record that task %s started", task.request.id, exc_info=True)
+
+
 # --------------------------------------------------------------------------------- tasks
 
 
-@app.task(name=TaskName.TRAIN_ROUND)
-def train_round(request: dict) -> dict:
+@app.task(name=TaskName.TRAIN_ROUND, bind=True)
+def train_round(self, request: dict) -> dict:
     """Train this device's assignments of one round; return a ``DeviceRoundResult`` as JSON.
+
+    The result echoes the request's ``attempt`` and ``idempotency_key``. A task the control
+    plane cancelled (:func:`workers.queues.cancel_marker_id`) before it started is not run; one
+    cancelled while running has its trainers killed; a redelivered message of a task this
+    device already finished returns the stored result without training again.
 
     Args:
         request: a :class:`~workers.messages.TrainRoundRequest` as JSON.
 
     Returns:
         ``DeviceRoundResult.model_dump(mode="json")``. An invalid request, a request for another
-        device or backend, a misconfigured agent, trainer failures and unexpected errors all
-        come back as ``status="failed"`` with ``error`` saying why; this task never raises.
+        device or backend, a misconfigured agent, trainer failures, a cancellation and
+        unexpected errors all come back as ``status="failed"`` with ``error`` saying why; this
+        task never raises.
     """
     request = request if isinstance(request, dict) else {}
+    attempt = request.get("attempt") if isinstance(request.get("attempt"), int) else 0
+    key = request.get("idempotency_key") if isinstance(request.get("idempotency_key"), str) else ""
 
     def failed(error: str, device: str = "") -> dict:
         return DeviceRoundResult(
@@ -359,22 +494,39 @@ def train_round(request: dict) -> dict:
             status="failed",
             error=error,
             host=socket.gethostname(),
+            attempt=max(0, min(attempt, 100)),
+            idempotency_key=key[:200],
         ).model_dump(mode="json")
 
     def work(parsed: TrainRoundRequest, settings: AgentSettings) -> DeviceRoundResult:
         _report_progress(parsed.round_id, settings.device, "started")
         backend, ctx = _backend(settings.backend), _context(settings)
         if settings.transfer is None:
-            return backend.run_round(parsed, ctx)
-        return run_round_remote(lambda r: backend.run_round(r, ctx), parsed, ctx.artifact_root,
-                                ArtifactClient(settings.transfer))
+            result = backend.run_round(parsed, ctx)
+        else:
+            result = run_round_remote(lambda r: backend.run_round(r, ctx), parsed, ctx.artifact_root,
+                                      ArtifactClient(settings.transfer))
+        return result.model_copy(update={"attempt": parsed.attempt, "idempotency_key": parsed.idempotency_key})
 
-    return _serve(request, TrainRoundRequest, failed, work)
+    task_id = self.request.id
+    done = _already_done(task_id)
+    if done is not None:
+        logger.warning("task %s (%s) was redelivered after it finished; its stored result is returned",
+                       task_id, key or "no key")
+        return done
+    reason = _cancel_reason(task_id)
+    if reason is not None:
+        return failed(f"{reason} (before it started)")
+    _mark_started(self)
+    with _CancelWatch(task_id):
+        return _serve(request, TrainRoundRequest, failed, work)
 
 
-@app.task(name=TaskName.MEASURE_STANDALONE)
-def measure_standalone(request: dict) -> dict:
+@app.task(name=TaskName.MEASURE_STANDALONE, bind=True)
+def measure_standalone(self, request: dict) -> dict:
     """Measure each task alone on this device; return a ``StandaloneResult`` as JSON.
+
+    Cancelled (run cancelled) before it starts: not run; while it runs: its trainer killed.
 
     Args:
         request: a :class:`~workers.messages.StandaloneRequest` as JSON.
@@ -396,7 +548,12 @@ def measure_standalone(request: dict) -> dict:
     def work(parsed: StandaloneRequest, settings: AgentSettings) -> StandaloneResult:
         return _backend(settings.backend).measure_standalone(parsed, _context(settings))
 
-    return _serve(request, StandaloneRequest, failed, work)
+    reason = _cancel_reason(self.request.id)
+    if reason is not None:
+        return failed(f"{reason} (before it started)")
+    _mark_started(self)
+    with _CancelWatch(self.request.id):
+        return _serve(request, StandaloneRequest, failed, work)
 
 
 def _send_to_control(name: str, payload: dict) -> None:
@@ -509,6 +666,7 @@ def build_inventory(settings: AgentSettings) -> DeviceInventory:
         "python": platform.python_version(),
         "torch_version": torch_version,
         "agent_version": workers.__version__,
+        "agent_pid": os.getpid(),
     }
     # The accelerator's own description (its memory, not the host's) wins.
     return DeviceInventory(**{**fields, **_backend(settings.backend).describe()})
@@ -567,8 +725,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         help="work folder (default: $MTFL_HOME/agents/<device>)")
     parser.add_argument("--loglevel", default="INFO",
                         choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
-    parser.add_argument("--heartbeat-s", type=float, default=15.0,
-                        help="seconds between heartbeats (> 0)")
+    parser.add_argument("--heartbeat-s", type=float, default=None,
+                        help=f"seconds between heartbeats (> 0; default ${ENV_HEARTBEAT_S} or "
+                             f"{DEFAULT_HEARTBEAT_S:g})")
     parser.add_argument("--gpu", default=None,
                         help=f"GPU backends: the GPU, an NVML index or a UUID (default: "
                              f"${ENV_GPU} or 0)")
@@ -625,6 +784,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
         queue = device_queue(args.device)
     except ValueError as exc:
         return refuse(str(exc))
+    if args.heartbeat_s is None:
+        try:
+            args.heartbeat_s = float(os.environ.get(ENV_HEARTBEAT_S, "").strip() or DEFAULT_HEARTBEAT_S)
+        except ValueError:
+            return refuse(f"{ENV_HEARTBEAT_S}={os.environ.get(ENV_HEARTBEAT_S)!r} is not a number of seconds")
     if not (math.isfinite(args.heartbeat_s) and 0 < args.heartbeat_s <= 3600):
         return refuse(f"--heartbeat-s={args.heartbeat_s} is out of range: allowed (0, 3600] seconds")
     available = sorted(os.sched_getaffinity(0))

@@ -6,6 +6,10 @@ Variables:
     ``ARTIFACT_ROOT``: the artifact store (weights as safetensors); default ``$MTFL_HOME/artifacts``.
     ``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND``: the broker and result backend; the
         result backend defaults to the broker URL.
+    ``MTFL_BROKER_VISIBILITY_TIMEOUT_S``: seconds Redis keeps a delivered, unacknowledged
+        message before giving it to another worker; default 21600 (6 h). It must exceed the
+        longest round deadline (``MTFL_ROUND_DEADLINE_S``; the control plane refuses to start
+        otherwise).
 """
 
 from __future__ import annotations
@@ -46,3 +50,29 @@ def broker_url() -> str:
 def result_backend_url() -> str:
     """Return ``$CELERY_RESULT_BACKEND``, defaulting to the broker URL."""
     return os.environ.get("CELERY_RESULT_BACKEND", "").strip() or broker_url()
+
+
+DEFAULT_VISIBILITY_TIMEOUT_S = 6 * 3600.0
+
+
+def broker_visibility_timeout_s() -> float:
+    """Return ``$MTFL_BROKER_VISIBILITY_TIMEOUT_S`` (default 21600 s), the Redis transport's
+    ``visibility_timeout`` for the control app and the agents alike.
+
+    Redis redelivers a message that a worker took but did not acknowledge after this long, so
+    it must exceed anything held unacknowledged: a countdown (ETA) message such as a round's
+    watchdog, and a task with ``acks_late`` while it runs.
+
+    Raises:
+        RuntimeError: naming the variable, if it is not a number > 0.
+    """
+    text = os.environ.get("MTFL_BROKER_VISIBILITY_TIMEOUT_S", "").strip()
+    if not text:
+        return DEFAULT_VISIBILITY_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise RuntimeError(f"MTFL_BROKER_VISIBILITY_TIMEOUT_S={text!r} must be a number of seconds > 0")
+    return value

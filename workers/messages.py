@@ -154,8 +154,23 @@ class AssignmentSpec(_Message):
     )
 
 
+def round_idempotency_key(round_id: int, device: str, attempt: int) -> str:
+    """The idempotency key of one dispatch of a device's part of a round:
+    ``round-<round_id>/<device>/attempt-<attempt>``.
+
+    The control plane records at most one result per key and only the key of the device's
+    current attempt, so a redelivered or retried device task is never counted twice in FedAvg.
+    """
+    return f"round-{round_id}/{device}/attempt-{attempt}"
+
+
 class TrainRoundRequest(_Message):
-    """Payload of :data:`workers.queues.TaskName.TRAIN_ROUND`: a device's part of one round."""
+    """Payload of :data:`workers.queues.TaskName.TRAIN_ROUND`: a device's part of one round.
+
+    ``attempt`` counts the control plane's dispatches of this device's part (0 first, then one
+    more per retry); ``idempotency_key`` is :func:`round_idempotency_key` of ``(round_id,
+    device, attempt)``, echoed in the :class:`DeviceRoundResult`.
+    """
 
     run_id: int
     round_id: int
@@ -165,6 +180,8 @@ class TrainRoundRequest(_Message):
     partitioning: Partitioning
     warmup_iterations: int = Field(default=2, ge=0, le=1000)
     assignments: list[AssignmentSpec]
+    attempt: int = Field(default=0, ge=0, le=100)
+    idempotency_key: str = Field(default="", max_length=200)
 
 
 AssignmentStatus = Literal["succeeded", "failed"]
@@ -262,6 +279,8 @@ class DeviceRoundResult(_Message):
     telemetry: list[GpuSample] = []
     mps_restarted: bool = False
     simulated: bool = _simulated_field()
+    attempt: int = Field(default=0, ge=0, le=100, description="the request's attempt, echoed")
+    idempotency_key: str = Field(default="", max_length=200, description="the request's key, echoed")
 
 
 class StandaloneItem(_Message):
@@ -326,6 +345,11 @@ class DeviceInventory(_Message):
     compute_capability: str = Field(default="", description="e.g. '9.0'; empty when it could not be probed")
     compute_mode: str = Field(default="", description="NVML compute mode: Default, Exclusive_Process, Prohibited")
     mps_available: bool | None = Field(default=None, description="nvidia-cuda-mps-control is installed (None: not a GPU backend)")
+    agent_pid: int | None = Field(
+        default=None, ge=1,
+        description="the agent process's id on its host: a new one means the agent restarted (and lost the "
+                    "device task it was running)",
+    )
 
 
 # --------------------------------------------------------------------------- workload features

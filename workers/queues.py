@@ -28,6 +28,21 @@ def device_queue(device_name: str) -> str:
     return f"device.{device_name}"
 
 
+def cancel_marker_id(task_id: str) -> str:
+    """The result-backend id under which the control plane marks a device task cancelled.
+
+    The control plane stores ``{"reason": ...}`` there in state :data:`CANCELLED_STATE` (run
+    cancelled, a straggler past the round deadline, an attempt superseded by a retry); the
+    agent checks it before starting the task and while it runs, and kills the task's trainers
+    when it appears. A key of its own, because the task's own state is overwritten as it runs.
+    """
+    return f"{task_id}.cancel"
+
+
+CANCELLED_STATE = "CANCELLED"
+"""Result-backend state of a :func:`cancel_marker_id` record."""
+
+
 class TaskName:
     """Registered Celery task names (the ``name=`` of every ``@app.task``).
 
@@ -49,6 +64,7 @@ class TaskName:
     ROUND_PROGRESS = "mtfl.round_progress"
     ROUND_FINISH = "mtfl.round_finish"
     ROUND_WATCHDOG = "mtfl.round_watchdog"
+    RUNS_RESUME = "mtfl.runs_resume"
     PROFILE_RECORD = "mtfl.profile_record"
     PROFILE_DONE = "mtfl.profile_done"
     PROFILE_SWEEP_WATCHDOG = "mtfl.profile_sweep_watchdog"

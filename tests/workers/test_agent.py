@@ -5,12 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 import time
 
 import pytest
 
 from workers import agent
-from workers.queues import CONTROL_QUEUE, TaskName
+from workers.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id
 
 
 
@@ -57,6 +58,53 @@ def test_train_round_with_no_assignments_succeeds(agent_env):
     result = agent.train_round(_round_request("dev-a"))
 
     assert result["status"] == "succeeded" and result["assignments"] == []
+
+
+def test_a_round_cancelled_before_it_starts_is_not_run(agent_env):
+    agent.app.backend.store_result(cancel_marker_id("t-cancelled"), {"reason": "cancelled: run 4 was cancelled"},
+                                   CANCELLED_STATE)
+    request = {**_round_request("dev-a"), "attempt": 1, "idempotency_key": "round-9/dev-a/attempt-1"}
+
+    result = agent.train_round.apply(args=[request], task_id="t-cancelled").get()
+
+    assert result["status"] == "failed"
+    assert result["error"] == "cancelled: run 4 was cancelled (before it started)"
+    assert (result["attempt"], result["idempotency_key"]) == (1, "round-9/dev-a/attempt-1")
+
+
+def test_a_redelivered_round_that_already_finished_returns_its_stored_result(agent_env):
+    stored = {"run_id": 4, "round_id": 9, "device": "dev-a", "status": "succeeded", "assignments": []}
+    agent.app.backend.store_result("t-done", stored, "SUCCESS")
+
+    assert agent.train_round.apply(args=[_round_request("dev-a")], task_id="t-done").get() == stored
+
+
+def test_a_round_cancelled_while_it_runs_stops_and_says_why(agent_env, monkeypatch, tmp_path, make_task_ref):
+    monkeypatch.setenv(agent.ENV_BACKEND, "simulated")
+    monkeypatch.setenv("MTFL_SIM_TIME_SCALE", "2000")  # about two minutes of simulated training
+    monkeypatch.setenv(agent.ENV_CANCEL_POLL_S, "0.2")
+    monkeypatch.setattr(agent, "_BACKEND_CACHE", {})
+    monkeypatch.setattr(agent.app, "send_task", lambda *args, **kwargs: None)  # progress reports
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "global.safetensors").write_bytes(b"weights")
+    task = make_task_ref(1, "mobilenet_v3_small").model_dump(mode="json")
+    request = {**_round_request("dev-a"), "backend": "simulated", "idempotency_key": "round-9/dev-a/attempt-0",
+               "assignments": [{"assignment_id": 5, "task": task, "batch_size": 32, "active_thread_percentage": 100,
+                                "shard": {"permutation_seed": 0, "offset": 0, "count": 200}, "local_epochs": 1,
+                                "global_weights": "global.safetensors", "output_weights": "out.safetensors"}]}
+    reason = "cancelled: the run was cancelled by a user"
+    timer = threading.Timer(1.0, lambda: agent.app.backend.store_result(
+        cancel_marker_id("t-running"), {"reason": reason}, CANCELLED_STATE))
+    timer.start()
+    started = time.monotonic()
+
+    result = agent.train_round.apply(args=[request], task_id="t-running").get()
+
+    assert time.monotonic() - started < 30
+    assert result["status"] == "failed" and result["error"] == reason
+    assert [a["error"] for a in result["assignments"]] == [reason]
+    assert result["idempotency_key"] == "round-9/dev-a/attempt-0"
+    assert not (tmp_path / "artifacts" / "out.safetensors").exists()
 
 
 def test_unconfigured_agent_fails_as_data(monkeypatch):

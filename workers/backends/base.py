@@ -9,8 +9,8 @@ held at a start barrier (each prints ``READY``; when all have, each gets ``GO``)
 overlap, then waited for with a timeout. A subclass only decides each trainer's resources
 (threads, cores, lock, environment).
 
-Failures are data: if any trainer fails, times out, or the agent shuts down, every trainer of
-the device is killed (on a GPU under MPS one client's fatal fault reaches them all anyway) and
+Failures are data: if any trainer fails, times out, the agent shuts down or the control plane
+cancels the task (:func:`request_cancel`), every trainer of the device is killed (on a GPU under MPS one client's fatal fault reaches them all anyway) and
 the round comes back as ``DeviceRoundResult(status="failed")`` naming the task and its error.
 """
 
@@ -61,6 +61,11 @@ and RESULT.json are appended."""
 _CHILDREN: dict[int, subprocess.Popen] = {}
 _CHILDREN_LOCK = threading.RLock()
 _SHUTDOWN = threading.Event()
+# The control plane cancelled the device task in progress (run cancelled, straggler past the
+# round's deadline, superseded attempt): set by the agent's watcher thread, cleared before
+# each task. The reason is what the killed trainers' results say.
+_CANCEL = threading.Event()
+_CANCEL_REASON: list[str] = [""]
 
 
 class BackendUnavailableError(RuntimeError):
@@ -214,6 +219,29 @@ def shutdown_requested() -> bool:
     return _SHUTDOWN.is_set()
 
 
+def request_cancel(reason: str) -> int:
+    """Cancel the device task in progress: mark it cancelled with ``reason`` and terminate
+    every live trainer; return how many were signalled.
+
+    The round (or standalone measurement) then returns failed with ``reason`` instead of
+    running on; unlike :func:`request_shutdown` the agent keeps serving. Safe from any thread.
+    """
+    _CANCEL_REASON[0] = reason or "cancelled by the control plane"
+    _CANCEL.set()
+    return terminate_children()
+
+
+def cancel_requested() -> str | None:
+    """The reason given to :func:`request_cancel` for the task in progress, or ``None``."""
+    return _CANCEL_REASON[0] if _CANCEL.is_set() else None
+
+
+def clear_cancel() -> None:
+    """Forget a cancellation (the agent calls this before each device task)."""
+    _CANCEL.clear()
+    _CANCEL_REASON[0] = ""
+
+
 def terminate_children() -> int:
     """Send SIGTERM to every live trainer process of this agent; return how many."""
     with _CHILDREN_LOCK:
@@ -289,6 +317,8 @@ def round_request_problem(
     """
     if shutdown_requested():
         return "agent shutting down: round refused"
+    if cancel_requested():
+        return f"{cancel_requested()}: round refused"
     if request.device != ctx.device:
         return f"request for device {request.device!r} reached agent {ctx.device!r}"
     ids = [a.assignment_id for a in request.assignments]
@@ -513,7 +543,7 @@ class TrainerProcessBackend(ExecutionBackend):
             self._kill_all(trainers)
 
         results = [self._collect(trainer) for trainer in trainers]
-        causes = [t for t in trainers if t.fate in ("failed", "timeout", "agent", "shutdown")]
+        causes = [t for t in trainers if t.fate in ("failed", "timeout", "agent", "shutdown", "cancelled")]
         causes += [t for t, r in zip(trainers, results, strict=True)
                    if r.status == "failed" and t.fate is None]
         self.finish_dispatch(ctx, failed=bool(causes))
@@ -597,6 +627,13 @@ class TrainerProcessBackend(ExecutionBackend):
                 if trainer.proc.poll() is None or trainer.proc.returncode != 0:
                     trainer.fate, trainer.fate_detail = "shutdown", "agent shutting down"
             return True
+        reason = cancel_requested()
+        if reason is not None:
+            for trainer in trainers:
+                # Terminated by request_cancel (or still running): cancelled, not failed.
+                if trainer.proc.poll() is None or trainer.proc.returncode != 0:
+                    trainer.fate, trainer.fate_detail = "cancelled", reason
+            return True
         exited = [t for t in trainers if t.proc.poll() is not None and t.proc.returncode != 0]
         if not exited and phase == "before READY":
             # A trainer that exits 0 before READY broke the protocol; treat it as failed.
@@ -637,14 +674,14 @@ class TrainerProcessBackend(ExecutionBackend):
             reported = None
         if trainer.fate is None and reported is not None and reported.status == "succeeded":
             return reported
-        if trainer.fate in ("killed", "shutdown", "timeout", "agent"):
+        if trainer.fate in ("killed", "shutdown", "timeout", "agent", "cancelled"):
             error = trainer.fate_detail
         elif reported is not None and reported.error:
             error = reported.error
         else:
             code = trainer.proc.returncode if trainer.proc else None
             error = trainer.fate_detail or f"trainer exited with code {code} without a result"
-        if trainer.fate not in ("killed", "shutdown"):
+        if trainer.fate not in ("killed", "shutdown", "cancelled"):
             tail = _stderr_tail(trainer.stderr_path)
             if tail:
                 error = f"{error}\n--- trainer stderr (tail) ---\n{tail}"
@@ -713,6 +750,8 @@ class TrainerProcessBackend(ExecutionBackend):
             while trainer.proc.poll() is None:
                 if shutdown_requested():
                     return failed("agent shutting down")
+                if cancel_requested() is not None:
+                    return failed(cancel_requested())
                 if time.monotonic() > deadline:
                     return failed("standalone measurement timed out (trainer_timeout_s exceeded)")
                 time.sleep(_POLL_S)

@@ -38,7 +38,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from workers.artifacts import LocalArtifactStore
-from workers.backends.base import AgentContext, AnalyticBackend, round_request_problem, shutdown_requested
+from workers.backends.base import (
+    AgentContext,
+    AnalyticBackend,
+    cancel_requested,
+    round_request_problem,
+    shutdown_requested,
+)
 from workers.messages import (
     AssignmentResult,
     AssignmentSpec,
@@ -753,9 +759,10 @@ class SimulatedBackend(AnalyticBackend):
                                   request.partitioning, noise)
         started_at = time.time()
         if self.time_scale > 0 and not self._sleep(float(seconds.max()) * self.time_scale):
-            return failed("agent shutting down", [
+            why = "agent shutting down" if shutdown_requested() else cancel_requested() or "cancelled"
+            return failed(why, [
                 AssignmentResult(assignment_id=a.assignment_id, task_id=a.task.task_id,
-                                 status="failed", error="agent shutting down", simulated=True)
+                                 status="failed", error=why, simulated=True)
                 for a in assignments
             ])
 
@@ -795,13 +802,13 @@ class SimulatedBackend(AnalyticBackend):
 
     @staticmethod
     def _sleep(seconds: float) -> bool:
-        """Sleep, waking for shutdown; False if the agent is shutting down."""
+        """Sleep, waking for shutdown or a cancellation; False if either came."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
-            if shutdown_requested():
+            if shutdown_requested() or cancel_requested() is not None:
                 return False
             time.sleep(min(0.1, left))
-        return not shutdown_requested()
+        return not shutdown_requested() and cancel_requested() is None
 
     # -------------------------------------------------------------------------- standalone
 
