@@ -6,17 +6,60 @@ address each other's tasks by the names in :mod:`workers.queues`.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 
-from celery import Celery, signals
+from celery import Celery, bootsteps, signals
 
+from workers.broker_compat import patch_kombu_redis_restore
 from workers.lifecycle import exit_with_parent, parent_died
+from workers.queues import CONTROL_QUEUE, TaskName
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+# A control worker holds countdown messages (round watchdogs): without this, a broker restart
+# stops it instead of reconnecting (see workers.broker_compat).
+patch_kombu_redis_restore()
+
+log = logging.getLogger(__name__)
 
 app = Celery("mtfl-control")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+class ResumeRunsOnConnect(bootsteps.StartStopStep):
+    """Each time a control worker's consumer (re)connects to the broker — at start, and after
+    the broker restarted or the connection dropped — queue ``RUNS_RESUME``
+    (:func:`controlplane.experiments.services.runs_resume`).
+
+    Countdown messages (round watchdogs) a worker holds are dropped from its memory when its
+    connection is lost, and Redis gives them back only after the visibility timeout (hours), so
+    the runs in flight get their checks again from here. On the first connection the worker
+    also passes its start time: aggregations it had claimed before it started were abandoned
+    by its previous life and are redone.
+    """
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent, **kwargs) -> None:
+        super().__init__(parent, **kwargs)
+        self.booted_at: float | None = time.time()
+
+    def start(self, parent) -> None:
+        queues = {q.name for q in getattr(parent.task_consumer, "queues", [])}
+        if CONTROL_QUEUE not in queues:
+            return  # not a control worker
+        try:
+            parent.app.send_task(TaskName.RUNS_RESUME, kwargs={"nodename": parent.hostname,
+                                                               "booted_at": self.booted_at}, queue=CONTROL_QUEUE)
+        except Exception:  # noqa: BLE001 - the next (re)connection tries again
+            log.warning("could not queue %s", TaskName.RUNS_RESUME, exc_info=True)
+            return
+        self.booted_at = None
+
+
+app.steps["consumer"].add(ResumeRunsOnConnect)
 
 
 @signals.worker_init.connect

@@ -7,7 +7,13 @@ from typing import Any
 from django.conf import settings
 
 DEFAULTS: dict[str, Any] = {
+    # A round's deadline: DEADLINE_FACTOR × its predicted round time, or ROUND_DEADLINE_S when
+    # there is no prediction; never below ROUND_DEADLINE_FLOOR_S (process start-up, data loading).
     "ROUND_DEADLINE_S": 1800.0,
+    "DEADLINE_FACTOR": 3.0,
+    "ROUND_DEADLINE_FLOOR_S": 120.0,
+    # How often the round watchdog looks at a running round (results, lost agents, retries).
+    "ROUND_CHECK_S": 30.0,
     "WARMUP_ITERATIONS": 2,
     "STANDALONE_TIMED_ITERATIONS": 5,
     "HEARTBEAT_OFFLINE_S": 60.0,

@@ -21,7 +21,14 @@ Variables (all optional; unset means the embedded defaults a laptop needs):
     ``LOG_LEVEL``: default ``INFO``.
     ``MTFL_HOME``: where embedded state lives; default ``~/.mtfl``.
     ``ARTIFACT_ROOT``: the weight store; default ``$MTFL_HOME/artifacts``.
-    ``MTFL_ROUND_DEADLINE_S``: seconds after which a round still waiting for a device is failed.
+    ``MTFL_ROUND_DEADLINE_S``: seconds after which a round without a predicted round time, still
+        waiting for a device, fails it (also the ``P_alone`` measurement's deadline).
+    ``MTFL_DEADLINE_FACTOR`` (3), ``MTFL_ROUND_DEADLINE_FLOOR_S`` (120): a round with a predicted
+        round time waits factor × prediction, never less than the floor.
+    ``MTFL_ROUND_CHECK_S`` (30): how often the round watchdog collects results, looks for lost
+        agents (no heartbeat for ``MTFL_HEARTBEAT_OFFLINE_S``) and retries devices.
+    ``MTFL_BROKER_VISIBILITY_TIMEOUT_S`` (21600): Redis's ``visibility_timeout``; must exceed
+        ``MTFL_ROUND_DEADLINE_S``.
     ``MTFL_CIFAR10_ROOT``: a local folder holding ``cifar-10-batches-py/`` (the extracted python
         batches); when it holds the data, the built-in experiment templates train on CIFAR-10
         instead of the digits. Default: unset. Nothing is ever downloaded.
@@ -38,7 +45,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from workers.config import artifact_root, mtfl_home
+from workers.config import artifact_root, broker_visibility_timeout_s, mtfl_home
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -289,12 +296,26 @@ CELERY_RESULT_EXPIRES = 24 * 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SOFT_TIME_LIMIT = 600
 CELERY_TASK_TIME_LIMIT = 900
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
-CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
+# Late acks are per task (controlplane/experiments/tasks.py: only those that claim their work
+# with a conditional update, so a redelivery changes nothing twice); the default acks on receipt.
+CELERY_TASK_ACKS_LATE = False
+# Redis hands a delivered but unacknowledged message to another worker after this long: it
+# must exceed every countdown held by a worker (the P_alone watchdog waits a whole round
+# deadline) and every late-acked task's run time. Checked against the deadline below.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": broker_visibility_timeout_s()}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": broker_visibility_timeout_s()}
+# Writes to the result backend (chord bookkeeping, results) retry through a broker restart.
+CELERY_RESULT_BACKEND_ALWAYS_RETRY = True
+CELERY_RESULT_BACKEND_MAX_RETRIES = 60
+CELERY_RESULT_BACKEND_MAX_SLEEP_BETWEEN_RETRIES_MS = 10_000
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 
 # App settings, one namespaced dict (DRF's APISettings pattern); read via controlplane.conf.
 MTFL = {
     "ROUND_DEADLINE_S": env.float("MTFL_ROUND_DEADLINE_S", default=1800.0),
+    "DEADLINE_FACTOR": env.float("MTFL_DEADLINE_FACTOR", default=3.0),
+    "ROUND_DEADLINE_FLOOR_S": env.float("MTFL_ROUND_DEADLINE_FLOOR_S", default=120.0),
+    "ROUND_CHECK_S": env.float("MTFL_ROUND_CHECK_S", default=30.0),
     "WARMUP_ITERATIONS": env.int("MTFL_WARMUP_ITERATIONS", default=2),
     "STANDALONE_TIMED_ITERATIONS": env.int("MTFL_STANDALONE_TIMED_ITERATIONS", default=5),
     "HEARTBEAT_OFFLINE_S": env.float("MTFL_HEARTBEAT_OFFLINE_S", default=60.0),
@@ -302,6 +323,14 @@ MTFL = {
     "CIFAR10_ROOT": env.str("MTFL_CIFAR10_ROOT", default=""),
     "MAX_ARTIFACT_BYTES": env.int("MTFL_MAX_ARTIFACT_BYTES", default=4 * 1024**3),
 }
+for _name in ("ROUND_DEADLINE_S", "DEADLINE_FACTOR", "ROUND_DEADLINE_FLOOR_S", "ROUND_CHECK_S"):
+    if not 0 < MTFL[_name] < float("inf"):
+        raise ImproperlyConfigured(f"MTFL_{_name}={MTFL[_name]!r} must be a number > 0")
+if broker_visibility_timeout_s() <= MTFL["ROUND_DEADLINE_S"]:
+    raise ImproperlyConfigured(
+        f"MTFL_BROKER_VISIBILITY_TIMEOUT_S ({broker_visibility_timeout_s():g} s) must exceed MTFL_ROUND_DEADLINE_S "
+        f"({MTFL['ROUND_DEADLINE_S']:g} s): Redis would hand a waiting watchdog to a second worker"
+    )
 
 LOGGING = {
     "version": 1,

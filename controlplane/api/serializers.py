@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.experiments.models import Assignment, Checkpoint, Comparison, DeviceTelemetry, Experiment, Round, Run, Shard, Task
+from controlplane.experiments.models import (
+    MAX_DEVICE_RETRIES,
+    Assignment,
+    Checkpoint,
+    Comparison,
+    DeviceTelemetry,
+    Experiment,
+    Round,
+    Run,
+    Shard,
+    Task,
+)
 from controlplane.experiments.services.templates import (
     DEFAULT_DIRICHLET_ALPHA,
     DEFAULT_LOCAL_EPOCHS,
@@ -185,7 +196,8 @@ class ExperimentSerializer(serializers.ModelSerializer):
         model = Experiment
         fields = [
             "id", "name", "description", "tasks", "devices", "rounds", "local_epochs",
-            "partition_rule", "dirichlet_alpha", "seed", "shards", "owner", "collaborators", "created_at",
+            "partition_rule", "dirichlet_alpha", "seed", "shards", "owner", "collaborators", "device_retries",
+            "deadline_factor", "created_at",
         ]
         read_only_fields = fields
 
@@ -196,6 +208,12 @@ class SampleCountSerializer(StrictSerializer):
     num_samples = serializers.IntegerField(
         max_value=10**9, error_messages={"invalid": "must be an integer: allowed 0 or 2 and more"}
     )
+
+
+DEVICE_RETRIES_HELP = ("how many times a round re-sends a device's part when its agent is lost or its trainers "
+                       "fail (0: the round goes on without that device, as partial)")
+DEADLINE_FACTOR_HELP = ("a round's deadline as a multiple of its predicted round time, 1 to 100; null: "
+                        "MTFL_DEADLINE_FACTOR. Rounds without a prediction wait MTFL_ROUND_DEADLINE_S")
 
 
 class ExperimentCreateSerializer(StrictSerializer):
@@ -209,6 +227,8 @@ class ExperimentCreateSerializer(StrictSerializer):
     dirichlet_alpha = number(required=False, allow_null=True, default=None)
     seed = integer(0, 2**31 - 1, default=0)
     sample_counts = SampleCountSerializer(many=True, required=False, default=None, allow_null=True)
+    device_retries = integer(0, MAX_DEVICE_RETRIES, default=0, help_text=DEVICE_RETRIES_HELP)
+    deadline_factor = number(required=False, allow_null=True, default=None, help_text=DEADLINE_FACTOR_HELP)
 
 
 class ExperimentUpdateSerializer(StrictSerializer):
@@ -216,6 +236,8 @@ class ExperimentUpdateSerializer(StrictSerializer):
     description = StrictCharField(required=False, allow_blank=True, max_length=10_000)
     rounds = integer(1, 10_000, required=False)
     local_epochs = integer(1, 1000, required=False)
+    device_retries = integer(0, MAX_DEVICE_RETRIES, required=False, help_text=DEVICE_RETRIES_HELP)
+    deadline_factor = number(required=False, allow_null=True, help_text=DEADLINE_FACTOR_HELP)
     collaborators = serializers.ListField(
         child=StrictCharField(max_length=150), max_length=1000, required=False,
         help_text="user names that replace the collaborators (owner only); they see the experiment and "
@@ -341,7 +363,7 @@ class RoundSerializer(serializers.ModelSerializer):
         fields = [
             "id", "run", "index", "status", "started_at", "finished_at", "round_time_s", "wall_time_s",
             "samples_trained", "fl_throughput_sps", "raw_throughput_sps", "fair_throughput", "error", "flags",
-            "predicted_round_time_s",
+            "predicted_round_time_s", "deadline_s", "deadline_at",
         ]
         read_only_fields = fields
 
@@ -359,7 +381,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "batch_size", "active_thread_percentage", "samples", "samples_trained", "throughput_sps",
             "predicted_throughput_sps", "standalone_throughput_sps", "simulated", "seconds", "train_loss", "started_at", "finished_at", "status",
             "error", "weights_path", "weights_sha256", "peak_memory_bytes", "torch_device",
-            "mps_active_thread_percentage", "mps_verified", "mps_detail",
+            "mps_active_thread_percentage", "mps_verified", "mps_detail", "attempt",
         ]
         read_only_fields = fields
 

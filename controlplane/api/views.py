@@ -142,6 +142,8 @@ class ExperimentViewSet(
             seed=data["seed"],
             sample_counts=data["sample_counts"],
             owner=request.user,
+            device_retries=data["device_retries"],
+            deadline_factor=data["deadline_factor"],
         )
         return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED)
 

@@ -18,6 +18,9 @@ from controlplane.planning.strategies import STRATEGIES
 from workers.messages import ARCHITECTURES, DATASETS, OPTIMIZERS
 
 
+MAX_DEVICE_RETRIES = 10
+
+
 class Task(models.Model):
     """A learning task: a model architecture from the zoo trained on a data set."""
 
@@ -78,6 +81,16 @@ class Experiment(models.Model):
     collaborators = models.ManyToManyField(
         settings.AUTH_USER_MODEL, blank=True, related_name="shared_experiments",
         help_text="see it and launch or cancel its runs and comparisons, like the owner",
+    )
+    device_retries = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(MAX_DEVICE_RETRIES)],
+        help_text="how many times a round re-sends a device's part when its agent is lost or its trainers fail "
+                  "(0: the round goes on without that device, as partial)",
+    )
+    deadline_factor = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(1.0), MaxValueValidator(100.0)],
+        help_text="a round's deadline is this × its predicted round time (null: MTFL_DEADLINE_FACTOR); rounds "
+                  "without a prediction use MTFL_ROUND_DEADLINE_S",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -154,6 +167,12 @@ class Run(models.Model):
     planned = models.JSONField(null=True, blank=True)
     comparison = models.ForeignKey(Comparison, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
     simulated = models.BooleanField(default=False, help_text="its devices' numbers come from the simulated backend")
+    standalone_task_ids = models.JSONField(
+        default=dict, blank=True, help_text="Celery task id of each device's P_alone measurement, by device name"
+    )
+    claimed_by = models.CharField(
+        max_length=200, blank=True, default="", help_text="the control worker that began the run (resume after a restart)"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -224,6 +243,18 @@ class Round(models.Model):
     error = models.TextField(blank=True, default="")
     flags = models.JSONField(default=list, blank=True)
     predicted_round_time_s = models.FloatField(null=True, blank=True)
+    deadline_s = models.FloatField(
+        null=True, blank=True, help_text="how long the round waits for its devices (factor × predicted round time, "
+                                         "or MTFL_ROUND_DEADLINE_S; never below MTFL_ROUND_DEADLINE_FLOOR_S)"
+    )
+    deadline_at = models.DateTimeField(
+        null=True, blank=True, help_text="when devices still without a result are failed (stragglers excluded); a "
+                                         "retry moves it to at least deadline_s after the retry"
+    )
+    aggregating_at = models.DateTimeField(null=True, blank=True, help_text="when its aggregation was claimed")
+    claimed_by = models.CharField(
+        max_length=200, blank=True, default="", help_text="the control worker aggregating it (resume after a restart)"
+    )
 
     class Meta:
         ordering = ["run", "index"]
@@ -276,6 +307,13 @@ class Assignment(models.Model):
         help_text="the agent's MPS server served this trainer with its share (null: not under MPS)",
     )
     mps_detail = models.TextField(blank=True, default="", help_text="what the agent found in the MPS server log")
+    attempt = models.PositiveSmallIntegerField(
+        default=0, help_text="the dispatch of the device's part this row waits for or was recorded from (0: first, "
+                             "1 and up: retries); results of other attempts are ignored"
+    )
+    device_task_id = models.CharField(
+        max_length=64, blank=True, default="", help_text="Celery id of that dispatch's train_round task"
+    )
 
     class Meta:
         ordering = ["round", "device", "task"]

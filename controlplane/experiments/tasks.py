@@ -1,4 +1,12 @@
-"""Control-queue Celery tasks of the round protocol: each loads ids and calls a service."""
+"""Control-queue Celery tasks of the round protocol: each loads ids and calls a service.
+
+Late acknowledgement (``acks_late=True``) only for tasks that are safe to run twice: each claims
+its work with one conditional update (``RUN_BEGIN``: pending → running; ``ROUND_START``: one
+round row per index; ``ROUND_FINISH``/``ROUND_WATCHDOG``: running → aggregating, retries by
+attempt; ``STANDALONE_*``: under the run's row lock, only while no round exists;
+``RUNS_RESUME``: every action conditional), so a message redelivered after a worker died
+changes nothing twice. ``ROUND_PROGRESS`` is display only and acked on receipt.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +15,22 @@ from controlplane.experiments import services
 from workers.queues import TaskName
 
 
-@app.task(name=TaskName.RUN_BEGIN, ignore_result=True)
-def run_begin(run_id: int) -> None:
-    services.run_begin(run_id=run_id)
+@app.task(name=TaskName.RUN_BEGIN, ignore_result=True, acks_late=True, bind=True)
+def run_begin(self, run_id: int) -> None:
+    services.run_begin(run_id=run_id, claimant=self.request.hostname or "")
 
 
-@app.task(name=TaskName.STANDALONE_RECORDED, ignore_result=True)
+@app.task(name=TaskName.STANDALONE_RECORDED, ignore_result=True, acks_late=True)
 def standalone_recorded(results: list, run_id: int) -> None:
     services.standalone_record(run_id=run_id, results=results)
 
 
-@app.task(name=TaskName.STANDALONE_WATCHDOG, ignore_result=True)
+@app.task(name=TaskName.STANDALONE_WATCHDOG, ignore_result=True, acks_late=True)
 def standalone_watchdog(run_id: int) -> None:
     services.standalone_watchdog(run_id=run_id)
 
 
-@app.task(name=TaskName.ROUND_START, ignore_result=True)
+@app.task(name=TaskName.ROUND_START, ignore_result=True, acks_late=True)
 def round_start(run_id: int, index: int) -> None:
     services.round_start(run_id=run_id, index=index)
 
@@ -32,11 +40,18 @@ def round_progress(round_id: int, device: str, phase: str, at: float | None = No
     services.round_progress(round_id=round_id, device=device, phase=phase, at=at)
 
 
-@app.task(name=TaskName.ROUND_FINISH, ignore_result=True)
-def round_finish(results: list, round_id: int) -> None:
-    services.round_finish(round_id=round_id, results=results)
+@app.task(name=TaskName.ROUND_FINISH, ignore_result=True, acks_late=True, bind=True)
+def round_finish(self, results: list, round_id: int) -> None:
+    # The chord's callback: every device's first attempt answered. A failed device may still be
+    # retried (services.round_check), so this does not record the round unconditionally.
+    services.round_check(round_id=round_id, results=results, claimant=self.request.hostname or "")
 
 
-@app.task(name=TaskName.ROUND_WATCHDOG, ignore_result=True)
-def round_watchdog(round_id: int) -> None:
-    services.round_watchdog(round_id=round_id)
+@app.task(name=TaskName.ROUND_WATCHDOG, ignore_result=True, acks_late=True, bind=True)
+def round_watchdog(self, round_id: int) -> None:
+    services.round_watchdog(round_id=round_id, claimant=self.request.hostname or "")
+
+
+@app.task(name=TaskName.RUNS_RESUME, ignore_result=True, acks_late=True)
+def runs_resume(nodename: str = "", booted_at: float | None = None) -> None:
+    services.runs_resume(nodename=nodename, booted_at=booted_at)

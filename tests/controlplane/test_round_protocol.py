@@ -7,6 +7,8 @@ process boundary); weights are real safetensors files derived from the real init
 
 from __future__ import annotations
 
+import datetime as dt
+
 import numpy as np
 import pytest
 
@@ -164,7 +166,8 @@ def test_task_without_a_successful_device_keeps_its_model_and_is_flagged(started
 def test_watchdog_fails_devices_that_did_not_report_and_late_results_are_ignored(started_round):
     run, rnd = started_round()
     results = _device_results(rnd)
-    services.round_watchdog(round_id=rnd.id)
+    assert services.round_watchdog(round_id=rnd.id) is None  # before the deadline: it waits
+    services.round_watchdog(round_id=rnd.id, now=rnd.deadline_at + dt.timedelta(seconds=1))
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.FAILED
     assert "round deadline" in rnd.error
@@ -196,7 +199,8 @@ def test_cancelled_run_starts_no_further_round(started_round):
     services.run_cancel(run=run)
     services.round_finish(round_id=rnd.id, results=_device_results(rnd))
     rnd.refresh_from_db()
-    assert rnd.status == Round.Status.SUCCEEDED  # the round in flight is still recorded
+    assert rnd.status == Round.Status.CANCELLED  # its trainers were stopped: a late result is ignored
+    assert set(rnd.assignments.values_list("error", flat=True)) == {"cancelled: the run was cancelled by a user"}
     assert services.round_start(run_id=run.id, index=1) is None
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED

@@ -1,7 +1,7 @@
 """Writes to experiment state (the only place that changes it), one module per concern:
 :mod:`.catalog` (tasks, experiments, shards), :mod:`.runs` (the round protocol),
-:mod:`.dispatch` (the Celery messages it sends), :mod:`.templates` (the built-in experiment
-templates)."""
+:mod:`.dispatch` (the Celery messages it sends), :mod:`.reliability` (deadlines, lost agents,
+stragglers, retries, cancel and resume), :mod:`.templates` (the built-in experiment templates)."""
 
 from controlplane.experiments.services.catalog import (
     experiment_create,
@@ -15,7 +15,6 @@ from controlplane.experiments.services.runs import (
     round_finish,
     round_progress,
     round_start,
-    round_watchdog,
     run_begin,
     run_cancel,
     run_create,
@@ -23,6 +22,13 @@ from controlplane.experiments.services.runs import (
     run_finish,
     standalone_record,
     standalone_watchdog,
+)
+from controlplane.experiments.services.reliability import (
+    round_check,
+    round_deadline_s,
+    round_watchdog,
+    run_work_stop,
+    runs_resume,
 )
 from controlplane.experiments.services.templates import experiment_create_from_template
 
@@ -32,6 +38,8 @@ __all__ = [
     "experiment_create",
     "experiment_create_from_template",
     "experiment_update",
+    "round_check",
+    "round_deadline_s",
     "round_finish",
     "round_progress",
     "round_start",
@@ -41,6 +49,8 @@ __all__ = [
     "run_create",
     "run_fail",
     "run_finish",
+    "run_work_stop",
+    "runs_resume",
     "standalone_record",
     "standalone_watchdog",
     "task_create",

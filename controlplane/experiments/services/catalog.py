@@ -41,6 +41,25 @@ def _check_finite_range(field: str, value: Any, lo: float, hi: float, *, lo_open
     return v
 
 
+def _check_reliability(**values: Any) -> None:
+    """Check ``device_retries`` (an integer 0 to 10) and ``deadline_factor`` (``None`` or 1 to
+    100) when given.
+
+    Raises:
+        ApplicationError: naming the field and the allowed values.
+    """
+    from controlplane.experiments.models import MAX_DEVICE_RETRIES
+
+    if "device_retries" in values:
+        retries = values["device_retries"]
+        if isinstance(retries, bool) or not isinstance(retries, int):
+            raise ApplicationError(f"device_retries must be an integer: allowed 0 to {MAX_DEVICE_RETRIES}",
+                                   field="device_retries")
+        _check_finite_range("device_retries", retries, 0, MAX_DEVICE_RETRIES)
+    if values.get("deadline_factor") is not None:
+        _check_finite_range("deadline_factor", values["deadline_factor"], 1.0, 100.0)
+
+
 def _bound(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
@@ -257,12 +276,18 @@ def experiment_create(
     sample_counts: Iterable[Mapping[str, Any]] | None = None,
     description: str = "",
     owner=None,
+    device_retries: int = 0,
+    deadline_factor: float | None = None,
 ) -> Experiment:
     """Create an experiment and derive its shards (``|D_ij|`` for every device and task).
 
     Args:
         owner: the user who owns it (sees it, changes it, chooses collaborators); ``None``
             leaves it to superusers only.
+        device_retries: how many times a round re-sends a device's part when its agent is lost
+            or its trainers fail, 0 to 10 (0: the round goes on without the device).
+        deadline_factor: a round's deadline as a multiple of its predicted round time, 1 to 100
+            (``None``: ``MTFL_DEADLINE_FACTOR``).
         sample_counts: for ``partition_rule="explicit"``: ``[{"device": id, "task": id,
             "num_samples": n}, ...]``; pairs left out hold 0 samples.
 
@@ -280,6 +305,7 @@ def experiment_create(
     _check_finite_range("rounds", rounds, 1, 10_000)
     _check_finite_range("local_epochs", local_epochs, 1, 1000)
     _check_finite_range("seed", seed, 0, 2**31 - 1)
+    _check_reliability(device_retries=device_retries, deadline_factor=deadline_factor)
     _check_choice("partition_rule", partition_rule, Experiment.PartitionRule.values)
     if partition_rule == Experiment.PartitionRule.DIRICHLET:
         if dirichlet_alpha is None:
@@ -306,6 +332,8 @@ def experiment_create(
         dirichlet_alpha=dirichlet_alpha,
         seed=int(seed),
         owner=owner,
+        device_retries=int(device_retries),
+        deadline_factor=None if deadline_factor is None else float(deadline_factor),
     )
     experiment.tasks.set(tasks)
     experiment.devices.set(devices)
@@ -338,7 +366,8 @@ def experiment_update(*, experiment: Experiment, actor=None, collaborators: Iter
             raise ApplicationError("only the experiment's owner can change its collaborators",
                                    field="collaborators", status_code=403)
         new_collaborators = _resolve_users(collaborators, experiment)
-    allowed = {"name", "description", "rounds", "local_epochs"}
+    # The reliability policy may change at any time: it decides how rounds wait, not what they train.
+    allowed = {"name", "description", "rounds", "local_epochs", "device_retries", "deadline_factor"}
     unknown = set(fields) - allowed
     if unknown:
         field = sorted(unknown)[0]
@@ -358,6 +387,7 @@ def experiment_update(*, experiment: Experiment, actor=None, collaborators: Iter
         _check_finite_range("rounds", fields["rounds"], 1, 10_000)
     if "local_epochs" in fields:
         _check_finite_range("local_epochs", fields["local_epochs"], 1, 1000)
+    _check_reliability(**{k: fields[k] for k in ("device_retries", "deadline_factor") if k in fields})
     if "name" in fields and Experiment.objects.exclude(pk=experiment.pk).filter(name=fields["name"]).exists():
         raise ApplicationError(f"an experiment named {fields['name']!r} already exists", field="name")
     for key, value in fields.items():

@@ -6,8 +6,9 @@ A run, step by step (docs/DESIGN.md §2):
 2. :func:`run_begin` (control worker) claims it, writes each task's seeded initial model,
    evaluates it, and asks every device for ``P_alone`` at the planned batch sizes.
 3. :func:`standalone_record` stores those and starts round 0.
-4. :func:`round_start` plans the round (assignments saved) and dispatches a chord: one
-   ``train_round`` per device → ``ROUND_FINISH``, plus a watchdog at the round's deadline.
+4. :func:`round_start` plans the round (assignments saved, with each device's task id and its
+   deadline) and dispatches a chord: one ``train_round`` per device → ``ROUND_FINISH``, plus
+   the round watchdog (:mod:`.reliability`: lost agents, retries, stragglers, the deadline).
 5. :func:`round_finish` records every device's measurements, runs FedAvg per task over the
    devices that succeeded, evaluates the global models, writes checkpoints, computes the
    round's metrics, then starts the next round or finishes the run.
@@ -41,7 +42,7 @@ from controlplane.experiments.models import (
     Run,
     StandaloneThroughput,
 )
-from controlplane.experiments.services import dispatch, planning
+from controlplane.experiments.services import dispatch, planning, reliability
 from controlplane.experiments.services.planning import plan_from_json
 from controlplane.experiments.services.weights import weights_problems
 from controlplane.planning import metrics
@@ -60,6 +61,7 @@ from workers.messages import (
     StandaloneRequest,
     StandaloneResult,
     TrainRoundRequest,
+    round_idempotency_key,
 )
 
 log = logging.getLogger(__name__)
@@ -205,9 +207,11 @@ def comparison_cancel(*, comparison: Comparison) -> Comparison:
     if not updated:
         raise ApplicationError(f"comparison {comparison.id} has already ended ({comparison.status})", field="status",
                                status_code=409)
+    stopping = list(Run.objects.filter(comparison=comparison, status=Run.Status.RUNNING).values_list("id", flat=True))
     Run.objects.filter(comparison=comparison, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).update(
         status=Run.Status.CANCELLED, finished_at=timezone.now(), error="comparison cancelled by a user"
     )
+    reliability.run_work_stop(run_ids=stopping, reason="cancelled: the comparison was cancelled by a user")
     comparison.refresh_from_db()
     return comparison
 
@@ -248,7 +252,9 @@ def run_fail(*, run_id: int, error: str) -> None:
 
 @transaction.atomic
 def run_cancel(*, run: Run) -> Run:
-    """Cancel a run: no further round starts; the round in flight is recorded when it returns.
+    """Cancel a run: no further round starts, and the work in flight stops
+    (:func:`.reliability.run_work_stop`): the running round is cancelled (a late result is
+    ignored), queued device tasks never run and running trainers are killed.
 
     Raises:
         ApplicationError: the run has already ended (409).
@@ -258,19 +264,24 @@ def run_cancel(*, run: Run) -> Run:
     )
     if not updated:
         raise ApplicationError(f"run {run.id} has already ended ({run.status})", field="status", status_code=409)
+    reliability.run_work_stop(run_ids=[run.id], reason="cancelled: the run was cancelled by a user")
     _comparison_advance(run.id)
     run.refresh_from_db()
     return run
 
 
-def run_begin(*, run_id: int) -> None:
+def run_begin(*, run_id: int, claimant: str = "") -> None:
     """Claim a pending run, write and evaluate the initial models, ask for ``P_alone``.
 
     Every strategy of an experiment starts from the same initial weights (seeded by the
     experiment's seed), so runs differ only in how devices are shared.
+
+    Args:
+        claimant: the control worker's name, kept so a restart of it can begin again a run it
+            was preparing (:func:`.reliability.runs_resume`).
     """
     claimed = Run.objects.filter(id=run_id, status=Run.Status.PENDING).update(
-        status=Run.Status.RUNNING, started_at=timezone.now()
+        status=Run.Status.RUNNING, started_at=timezone.now(), claimed_by=claimant[:200]
     )
     if not claimed:
         log.info("run %s is not pending; RUN_BEGIN ignored", run_id)
@@ -316,7 +327,9 @@ def run_begin(*, run_id: int) -> None:
                 items=items,
             )
         )
-    dispatch.send_standalone(run.id, requests, deadline_s=float(mtfl_setting("ROUND_DEADLINE_S")))
+    task_ids = {r.device: dispatch.new_task_id() for r in requests}
+    Run.objects.filter(id=run.id).update(standalone_task_ids=task_ids)
+    dispatch.send_standalone(run.id, requests, deadline_s=float(mtfl_setting("ROUND_DEADLINE_S")), task_ids=task_ids)
 
 
 def _shard_ref(experiment: Experiment, shard) -> ShardRef:
@@ -363,9 +376,14 @@ def standalone_watchdog(*, run_id: int) -> None:
     if run is None or run.rounds.exists():
         return
     deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
+    # Devices that answered while the chord could not complete (another agent died) are in the
+    # result backend under their task ids.
+    states = dispatch.device_task_states((run.standalone_task_ids or {}).values())
+    answered = [st.result for st in states.values() if st.status == "SUCCESS" and isinstance(st.result, dict)]
     measured = set(StandaloneThroughput.objects.filter(run=run).values_list("device__name", flat=True))
+    measured |= {r.get("device") for r in answered}
     missing = [d.name for d in run.experiment.devices.order_by("name") if d.name not in measured]
-    results = [
+    results = answered + [
         {"run_id": run.id, "device": name, "status": "failed",
          "error": f"no standalone measurement within the round deadline ({deadline_s:g} s)"}
         for name in missing
@@ -395,18 +413,22 @@ def round_start(*, run_id: int, index: int) -> Round | None:
     devices = {d.id: d for d in experiment.devices.all()}
     alone = selectors.standalone_table(run)
     latest = selectors.latest_checkpoints(run)
-    deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
+    deadline_s = reliability.round_deadline_s(predicted_round_time_s=plan.predicted_round_time_s,
+                                              factor=experiment.deadline_factor)
+    task_ids = {d.name: dispatch.new_task_id() for d in devices.values()}
     names = {**{("d", d.id): d.name for d in devices.values()}, **{("t", t.id): t.name for t in tasks.values()}}
     flags = [
         f"P_alone of {names[('t', a.task_id)]} on {names[('d', a.device_id)]} is unknown: fair throughput leaves that device out"
         for a in plan.assignments
         if not alone.get((a.device_id, a.task_id, a.batch_size))
     ]
+    now = timezone.now()
     with transaction.atomic():
         rnd, created = Round.objects.get_or_create(
             run=run, index=index,
-            defaults={"status": Round.Status.RUNNING, "started_at": timezone.now(), "flags": flags,
-                      "predicted_round_time_s": plan.predicted_round_time_s},
+            defaults={"status": Round.Status.RUNNING, "started_at": now, "flags": flags,
+                      "predicted_round_time_s": plan.predicted_round_time_s, "deadline_s": deadline_s,
+                      "deadline_at": now + dt.timedelta(seconds=deadline_s)},
         )
         if not created:
             return None
@@ -420,6 +442,7 @@ def round_start(*, run_id: int, index: int) -> Round | None:
                 samples=a.samples,
                 predicted_throughput_sps=a.predicted_throughput_sps,
                 standalone_throughput_sps=alone.get((a.device_id, a.task_id, a.batch_size)),
+                device_task_id=task_ids[devices[a.device_id].name],
             )
             for a in plan.assignments
         )
@@ -454,9 +477,12 @@ def round_start(*, run_id: int, index: int) -> Round | None:
                     partitioning=plan.partitioning,
                     warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
                     assignments=specs,
+                    idempotency_key=round_idempotency_key(rnd.id, device.name, 0),
                 )
             )
-        transaction.on_commit(lambda: dispatch.send_round(rnd.id, requests, deadline_s=deadline_s))
+        dispatched = {r.device: task_ids[r.device] for r in requests}
+        transaction.on_commit(lambda: dispatch.send_round(rnd.id, requests, task_ids=dispatched,
+                                                          check_after_s=reliability.check_after_s(deadline_s)))
     return rnd
 
 
@@ -473,7 +499,15 @@ def round_progress(*, round_id: int, device: str, phase: str, at: float | None =
     ).update(status=Assignment.Status.RUNNING, started_at=_ts(at) or timezone.now())
 
 
-def _parse_device_results(raw_results: Iterable[Any] | None) -> tuple[dict[str, DeviceRoundResult], list[str]]:
+def _parse_device_results(
+    raw_results: Iterable[Any] | None, *, round_id: int | None = None, attempts: Mapping[str, int] | None = None
+) -> tuple[dict[str, DeviceRoundResult], list[str]]:
+    """Validate device results; keep one per device, of its current attempt.
+
+    A result for another round, or of an attempt other than ``attempts[device]`` (a retry
+    superseded it), or whose idempotency key is not its ``(round, device, attempt)`` key, is
+    ignored (logged); of duplicates (a redelivery) the first is kept.
+    """
     parsed: dict[str, DeviceRoundResult] = {}
     problems = []
     for raw in raw_results or []:
@@ -482,29 +516,57 @@ def _parse_device_results(raw_results: Iterable[Any] | None) -> tuple[dict[str, 
         except PydanticValidationError as exc:
             problems.append(f"malformed device result ignored: {exc.errors()[0]['msg']}")
             continue
+        if result.device in parsed:
+            continue
+        if attempts is not None:
+            expected = attempts.get(result.device)
+            key = round_idempotency_key(round_id, result.device, result.attempt) if round_id is not None else ""
+            if (expected is None or result.attempt != expected or (round_id is not None and result.round_id != round_id)
+                    or (result.idempotency_key and key and result.idempotency_key != key)):
+                log.warning("round %s: result of device %s attempt %s ignored (current attempt %s)", round_id,
+                            result.device, result.attempt, expected)
+                continue
         parsed[result.device] = result
     return parsed, problems
 
 
-def round_finish(*, round_id: int, results: Iterable[Any] | None, cause: str = "") -> Round | None:
+def round_finish(
+    *,
+    round_id: int,
+    results: Iterable[Any] | None,
+    cause: str = "",
+    causes: Mapping[str, str] | None = None,
+    notes: Iterable[str] = (),
+    claimant: str = "",
+) -> Round | None:
     """Record a round's device results, aggregate with FedAvg, evaluate, and move the run on.
+
+    Only a result of a device's current attempt counts (its ``attempt`` and, when set, its
+    ``idempotency_key``), once: duplicates and results of superseded attempts are ignored.
 
     Args:
         results: :class:`workers.messages.DeviceRoundResult` JSON of the devices that reported.
-            Devices that did not report have their assignments failed with ``cause``.
-        cause: why results are missing (the watchdog passes the deadline it hit).
+            Devices that did not report have their assignments failed with ``causes[device]``
+            or else ``cause``.
+        cause: why results are missing (default for every device).
+        causes: why each missing device is missing (lost agent, straggler, deadline), and for a
+            device that reported, overrides nothing.
+        notes: lines added to the round's flags (stragglers left out of the aggregate).
+        claimant: the control worker's name, kept with the claim (:func:`.reliability.runs_resume`).
 
     Returns:
         The finished round, or ``None`` if it was not running (already finished: a duplicate
         delivery or a late callback after the watchdog).
     """
-    claimed = Round.objects.filter(id=round_id, status=Round.Status.RUNNING).update(status=Round.Status.AGGREGATING)
+    claimed = Round.objects.filter(id=round_id, status=Round.Status.RUNNING).update(
+        status=Round.Status.AGGREGATING, aggregating_at=timezone.now(), claimed_by=claimant[:200]
+    )
     if not claimed:
         log.info("round %s is not running; its results were already recorded", round_id)
         return None
     rnd = Round.objects.select_related("run__experiment").get(id=round_id)
     try:
-        _record_and_aggregate(rnd, results, cause)
+        _record_and_aggregate(rnd, results, cause, causes or {}, list(notes))
     except Exception as exc:  # noqa: BLE001 - the round must end, with its cause, whatever broke
         log.exception("round %s: aggregation failed", round_id)
         Round.objects.filter(id=round_id).update(
@@ -522,13 +584,16 @@ def round_finish(*, round_id: int, results: Iterable[Any] | None, cause: str = "
     return rnd
 
 
-def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: str) -> None:
+def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: str,
+                          causes: Mapping[str, str] | None = None, notes: Iterable[str] = ()) -> None:
     run = rnd.run
-    parsed, problems = _parse_device_results(raw_results)
     assignments = list(rnd.assignments.select_related("device", "task"))
     by_device: dict[str, list[Assignment]] = defaultdict(list)
     for a in assignments:
         by_device[a.device.name].append(a)
+    parsed, problems = _parse_device_results(
+        raw_results, round_id=rnd.id, attempts={name: rows[0].attempt for name, rows in by_device.items()}
+    )
 
     failed_devices: dict[str, str] = {}
     telemetry: list[DeviceTelemetry] = []
@@ -537,7 +602,7 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
         if result is not None and (result.telemetry or result.mps_restarted):
             telemetry.append(_telemetry_row(rnd, rows[0].device, result))
         if result is None:
-            why = cause or "the device returned no result"
+            why = (causes or {}).get(device_name) or cause or "the device returned no result"
             failed_devices[device_name] = why
             for a in rows:
                 a.status, a.error = Assignment.Status.FAILED, why
@@ -591,7 +656,7 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
                 failed_devices.setdefault(a.device.name, f"task {a.task.name}: {unusable[a.id]}")
                 refused_devices.add(a.device_id)
         usable = [a for a in usable if a.device_id not in refused_devices]
-    flags: list[str] = [*rnd.flags, *problems]
+    flags: list[str] = [*rnd.flags, *problems, *notes]
     new_checkpoints: list[Checkpoint] = []
     from workers.evaluate import evaluate
 
@@ -692,17 +757,6 @@ def _advance(rnd: Round) -> None:
         transaction.on_commit(lambda: dispatch.send_round_start(run.id, rnd.index + 1))
     else:
         run_finish(run_id=run.id)
-
-
-def round_watchdog(*, round_id: int) -> Round | None:
-    """At the round's deadline: if it is still waiting, finish it with what is known, failing
-    the devices that did not report."""
-    deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
-    if not Round.objects.filter(id=round_id, status=Round.Status.RUNNING).exists():
-        return None
-    return round_finish(
-        round_id=round_id, results=[], cause=f"no result from the device within the round deadline ({deadline_s:g} s)"
-    )
 
 
 def run_finish(*, run_id: int) -> Run:
