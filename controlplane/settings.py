@@ -185,9 +185,10 @@ TEMPLATES = [
     },
 ]
 
+# An empty DATABASE_URL (a blank line in .env) means unset, like every other variable here.
 DATABASES = {
-    "default": env.db_url(
-        "DATABASE_URL", default=f"sqlite:///{MTFL_HOME / 'mtfl.sqlite3'}"
+    "default": env.db_url_config(
+        env.str("DATABASE_URL", default="").strip() or f"sqlite:///{MTFL_HOME / 'mtfl.sqlite3'}"
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

@@ -32,6 +32,13 @@ def test_unset_variables_give_the_embedded_defaults(tmp_path):
     assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600
 
 
+def test_an_empty_database_url_means_the_embedded_default(tmp_path):
+    out = _settings({"MTFL_HOME": str(tmp_path), "DATABASE_URL": " "}, "print(s.DATABASES['default']['NAME'])")
+
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(tmp_path / "mtfl.sqlite3")
+
+
 def test_variables_override_the_defaults(tmp_path):
     out = _settings(
         {"MTFL_HOME": str(tmp_path), "DATABASE_URL": "postgres://u@db.example:5432/mtfl",
