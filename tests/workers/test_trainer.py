@@ -131,7 +131,7 @@ for _ in range(6):
 
 
 def test_iteration_lock_makes_trainers_take_turns(tmp_path):
-    start = time.time() + 1.5
+    start = time.time() + 8.0  # both must be waiting on the lock by then, even on a loaded machine
     procs = [
         subprocess.Popen([sys.executable, "-c", _LOCK_SCRIPT, str(tmp_path / "device.lock"),
                           str(start)], cwd=REPO, stdout=subprocess.PIPE, text=True)
