@@ -74,29 +74,120 @@ def fedavg(
             f"all {len(states)} devices report 0 samples: nothing to average "
             "(keep the previous global model)"
         )
-    contributors = [(state, n) for state, n in zip(states, counts, strict=True) if n > 0]
-    averaged: dict[str, np.ndarray] = {}
-    # Work in fixed-size float64 chunks: whole-tensor float64 temporaries for VGG16's 103 M
-    # element layer cost ~1 GB of fresh pages, and the page faults dominated the run time.
-    accumulator = np.empty(_CHUNK, dtype=np.float64)
-    term = np.empty(_CHUNK, dtype=np.float64)
-    for key, reference in states[0].items():
-        reference = np.asarray(reference)
-        flats = [(np.asarray(state[key]).reshape(-1), n) for state, n in contributors]
-        out = np.empty(reference.size, dtype=reference.dtype)
-        for start in range(0, reference.size, _CHUNK):
-            stop = min(start + _CHUNK, reference.size)
-            acc, tmp = accumulator[: stop - start], term[: stop - start]
-            acc.fill(0.0)
-            for flat, n in flats:
+    accumulator = FedAvgAccumulator()
+    for state, n in zip(states, counts, strict=True):
+        accumulator.add(state, n)
+    return accumulator.result()
+
+
+class FedAvgAccumulator:
+    """FedAvg as a weighted running sum: add one device's state dict at a time, then take the
+    average, so aggregating ``J`` devices holds one model and a float64 sum in memory instead
+    of ``J`` models.
+
+    ``add(W_j, n_j)`` for every device, then :meth:`result` gives ``Σ_j n_j W_j / Σ_j n_j``,
+    computed exactly as :func:`fedavg` does (float64, fixed-size chunks, devices summed in the
+    order added, integer tensors rounded half to even): the same states in the same order give
+    bit-identical results either way.
+
+    Raises:
+        ValueError: from :meth:`add`, a count that is not an integer ``>= 0``, or a state whose
+            keys, shapes or dtypes differ from the first one's (naming the key, with its index
+            among the states added), or an unsupported dtype (bool, complex, object).
+    """
+
+    def __init__(self) -> None:
+        self._reference: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
+        self._sums: dict[str, np.ndarray] = {}
+        self._total = 0
+        self._added = 0
+        self._done = False
+        self._term = np.empty(_CHUNK, dtype=np.float64)
+
+    @property
+    def total(self) -> int:
+        """``Σ_j n_j`` so far."""
+        return self._total
+
+    def add(self, state: Mapping[str, np.ndarray], count: int) -> None:
+        """Add ``count · state`` to the sum (a device with ``count = 0`` is checked, not read).
+
+        Raises:
+            ValueError: see the class.
+        """
+        if self._done:
+            raise RuntimeError("this FedAvgAccumulator has given its result; start a new one")
+        j = self._added
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise ValueError(f"sample_counts[{j}] must be an integer >= 0, got {count!r}")
+        if self._reference is None:
+            _check_compatible([state])
+            self._reference = {key: (np.asarray(v).shape, np.asarray(v).dtype) for key, v in state.items()}
+            self._sums = {key: np.zeros(int(np.prod(shape)), dtype=np.float64)
+                          for key, (shape, _) in self._reference.items()}
+        else:
+            self._check(state, j)
+        self._added += 1
+        n = int(count)
+        if n == 0:
+            return
+        self._total += n
+        for key, acc in self._sums.items():
+            flat = np.asarray(state[key]).reshape(-1)
+            for start in range(0, flat.size, _CHUNK):
+                stop = min(start + _CHUNK, flat.size)
+                tmp = self._term[: stop - start]
                 np.multiply(flat[start:stop], n, out=tmp, dtype=np.float64)
-                acc += tmp
-            acc /= total
-            if np.issubdtype(reference.dtype, np.integer):
-                np.rint(acc, out=acc)
-            out[start:stop] = acc
-        averaged[key] = out.reshape(reference.shape)
-    return averaged
+                acc[start:stop] += tmp
+
+    def _check(self, state: Mapping[str, np.ndarray], j: int) -> None:
+        reference = self._reference
+        if set(state) != set(reference):
+            missing = sorted(set(reference) - set(state))
+            extra = sorted(set(state) - set(reference))
+            raise ValueError(
+                f"state dict {j} has different keys than state dict 0: "
+                f"missing {missing[:5]}, extra {extra[:5]}"
+            )
+        for key, (shape, dtype) in reference.items():
+            b = np.asarray(state[key])
+            if b.shape != shape:
+                raise ValueError(f"state key {key!r} has shape {b.shape} in state dict {j} but {shape} in state dict 0")
+            if b.dtype != dtype:
+                raise ValueError(f"state key {key!r} has dtype {b.dtype} in state dict {j} but {dtype} in state dict 0")
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The sample-weighted mean of the states added, same keys, shapes and dtypes.
+
+        Raises:
+            ValueError: nothing was added.
+            NoSamplesError: every count was 0.
+            RuntimeError: called a second time.
+        """
+        if self._done:
+            raise RuntimeError("this FedAvgAccumulator has already given its result")
+        if self._reference is None:
+            raise ValueError("fedavg needs at least one state dict, got none")
+        if self._total == 0:
+            raise NoSamplesError(
+                f"all {self._added} devices report 0 samples: nothing to average "
+                "(keep the previous global model)"
+            )
+        averaged: dict[str, np.ndarray] = {}
+        for key, (shape, dtype) in self._reference.items():
+            acc = self._sums[key]
+            out = np.empty(acc.size, dtype=dtype)
+            for start in range(0, acc.size, _CHUNK):
+                stop = min(start + _CHUNK, acc.size)
+                chunk = acc[start:stop]
+                chunk /= self._total
+                if np.issubdtype(dtype, np.integer):
+                    np.rint(chunk, out=chunk)
+                out[start:stop] = chunk
+            averaged[key] = out.reshape(shape)
+        self._sums = {}  # the sums are spent: free them; a second result() would be wrong
+        self._done = True
+        return averaged
 
 
 def _check_compatible(states: Sequence[Mapping[str, np.ndarray]]) -> None:
