@@ -30,6 +30,7 @@ import functools
 import hashlib
 import math
 import os
+import shutil
 import socket
 import time
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workers.artifacts import LocalArtifactStore
+from workers.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
 from workers.backends.base import (
     AgentContext,
     AnalyticBackend,
@@ -667,6 +668,7 @@ class SimulatedBackend(AnalyticBackend):
     def __init__(self, device: DeviceSpec | None = None, time_scale: float | None = None) -> None:
         self.device = device_from_env() if device is None else device
         self.time_scale = time_scale_from_env() if time_scale is None else time_scale
+        self._digests: dict[tuple, str] = {}
 
     def describe(self) -> dict:
         """The simulated GPU: its preset name, memory and SMs (its allocation units)."""
@@ -690,8 +692,9 @@ class SimulatedBackend(AnalyticBackend):
         task finished, ``throughput_sps = E·n / seconds``; ``started_at`` is now for all,
         ``finished_at = started_at + seconds`` (virtual: nothing sleeps unless
         ``time_scale > 0``). ``iterations`` and ``timed_iterations`` are what the trainer
-        would count; ``train_loss`` is ``None``. ``output_weights`` receives a copy of
-        ``global_weights`` (FedAvg of copies is the global model again), with its SHA-256.
+        would count; ``train_loss`` is ``None``. ``output_weights`` receives
+        ``global_weights`` unchanged (a hard link, or a copy across file systems; FedAvg of
+        copies is the global model again), with its SHA-256.
 
         Failures are data, as on a real device, where one trainer's failure ends the device's
         round: a missing global model or a task that does not fit in memory fails that task
@@ -769,8 +772,8 @@ class SimulatedBackend(AnalyticBackend):
         results = []
         for k, assignment in enumerate(assignments):
             try:
-                sha = store.put_file(assignment.output_weights,
-                                     store.path(assignment.global_weights))
+                sha = self._pass_through(store, assignment.output_weights,
+                                         store.path(assignment.global_weights))
             except (OSError, ValueError) as exc:
                 errors[k] = f"cannot write output_weights: {type(exc).__name__}: {exc}"
                 continue
@@ -799,6 +802,35 @@ class SimulatedBackend(AnalyticBackend):
             run_id=request.run_id, round_id=request.round_id, device=ctx.device,
             status="succeeded", host=socket.gethostname(), assignments=results, simulated=True,
         )
+
+    def _pass_through(self, store: LocalArtifactStore, key: str, source) -> str:
+        """Store the global weights ``source`` unchanged under ``key``; return their SHA-256.
+
+        A hard link where the file system allows it, else a copy: every artifact write is an
+        atomic replace (never an in-place change), so the two names keep the same bytes. The
+        digest of a file already hashed (same device, inode, size and mtime: the same bytes)
+        is reused, so a thousand devices fed one global model hash it once, not a thousand
+        times.
+
+        Raises:
+            OSError: ``source`` cannot be read or ``key`` cannot be written.
+        """
+        with atomic_write_path(store.path(key)) as tmp:
+            tmp.unlink()
+            try:
+                os.link(source, tmp)
+            except FileNotFoundError:
+                raise
+            except OSError:  # another file system, or links not allowed: copy
+                shutil.copyfile(source, tmp)
+            stat = tmp.stat()
+            ident = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            digest = self._digests.get(ident)
+            if digest is None:
+                if len(self._digests) >= 1024:
+                    self._digests.clear()
+                digest = self._digests[ident] = sha256_file(tmp)
+        return digest
 
     @staticmethod
     def _sleep(seconds: float) -> bool:
