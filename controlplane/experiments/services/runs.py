@@ -20,15 +20,17 @@ so a duplicate delivery, or a watchdog racing a late callback, changes nothing t
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, router, transaction
 from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
+from controlplane.common.bulk import bulk_insert, bulk_set, db_value
 from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
@@ -43,6 +45,7 @@ from controlplane.experiments.models import (
     StandaloneThroughput,
 )
 from controlplane.experiments.services import dispatch, planning, reliability
+from controlplane.fleet.models import Device
 from controlplane.experiments.services.planning import plan_from_json
 from controlplane.experiments.services.weights import weights_problems
 from controlplane.planning import metrics
@@ -51,7 +54,7 @@ from controlplane.planning.strategies import COMPARED, PLANNED, STRATEGIES, make
 from controlplane.planning.types import Plan, PlanningError
 from controlplane.profiling.services import samples_from_round
 from workers.artifacts import device_weights_key, get_store, global_weights_key
-from workers.fedavg import NoSamplesError, fedavg, load_state, save_state
+from workers.fedavg import FedAvgAccumulator, NoSamplesError, load_state, save_state
 from workers.messages import (
     BACKEND_PARTITIONINGS,
     AssignmentSpec,
@@ -71,6 +74,41 @@ ROUND_DONE = {Round.Status.SUCCEEDED, Round.Status.PARTIAL, Round.Status.FAILED,
 
 def _ts(value: float | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(value, tz=dt.UTC) if value is not None else None
+
+
+def _evaluate(task, weights_path) -> tuple[float, float]:
+    """:func:`workers.evaluate.evaluate` (torch imported on first use), then, once per
+    process, :func:`_freeze_long_lived`."""
+    from workers.evaluate import evaluate
+
+    result = evaluate(task, weights_path)
+    _freeze_long_lived()
+    return result
+
+
+_FROZEN = False
+
+
+def _freeze_long_lived() -> None:
+    """Keep the garbage collector off the objects the control worker holds for its whole life.
+
+    Evaluating a model imports torch and torchvision: some 400,000 objects that live as long
+    as the process. Every full collection walked them again, and recording a round of 1,000
+    devices set off several, each a good part of a second: half the control plane's time per
+    round. After the first evaluation the garbage is collected once and everything left is
+    moved to the permanent generation (``gc.freeze``, what long-lived Python servers do after
+    start-up). A round also allocates hundreds of thousands of objects that live until it is
+    recorded; with CPython's default thresholds (700, 10, 10) they went through hundreds of
+    young collections and were promoted and scanned again, so the young generation is let grow
+    to 20,000 objects first (``gc.set_threshold``). Objects made later are collected as before.
+    """
+    global _FROZEN
+    if _FROZEN:
+        return
+    _FROZEN = True
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 def _plan(run: Run) -> Plan:
@@ -290,13 +328,12 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
     experiment = run.experiment
     store = get_store()
     try:
-        from workers.evaluate import evaluate
         from workers.zoo import write_initial_weights
 
         for task in experiment.tasks.order_by("id"):
             key = global_weights_key(run.id, task.id, None)
             sha = write_initial_weights(task.architecture, task.num_classes, experiment.seed, store.path(key))
-            accuracy, loss = evaluate(selectors.task_ref(task), store.path(key))
+            accuracy, loss = _evaluate(selectors.task_ref(task), store.path(key))
             Checkpoint.objects.create(
                 run=run, task=task, round=None, artifact_path=key, sha256=sha, test_accuracy=accuracy, test_loss=loss
             )
@@ -342,30 +379,51 @@ def standalone_record(*, run_id: int, results: Iterable[Any]) -> None:
     A device whose measurement failed gets rows with the error and no throughput; its fair
     throughput is then unknown (shown as missing), but the run goes on.
     """
-    run = Run.objects.select_related("experiment").get(id=run_id)
-    if run.status != Run.Status.RUNNING:
-        return
-    devices = {d.name: d for d in run.experiment.devices.all()}
     with transaction.atomic():
-        for raw in results or []:
-            try:
-                result = StandaloneResult.model_validate(raw)
-            except PydanticValidationError as exc:
-                log.error("run %s: malformed standalone result ignored: %s", run_id, exc)
-                continue
-            device = devices.get(result.device)
-            if device is None:
-                continue
-            measurements = [(m.task_id, m.batch_size, m.throughput_sps, m.error or result.error, m.simulated)
-                            for m in result.measurements]
-            if not measurements:  # the whole device failed: record why against each of its tasks
-                measurements = [(a.task_id, a.batch_size, None, result.error, False) for a in _plan(run).on_device(device.id)]
-            for task_id, batch_size, throughput, error, simulated in measurements:
-                StandaloneThroughput.objects.update_or_create(
-                    run=run, device=device, task_id=task_id, batch_size=batch_size,
-                    defaults={"throughput_sps": throughput, "error": error, "simulated": simulated or result.simulated},
-                )
+        # The run's row lock serialises a late answer and the watchdog recording the same rows.
+        run = Run.objects.select_for_update(of=("self",)).select_related("experiment").get(id=run_id)
+        if run.status != Run.Status.RUNNING:
+            return
+        _standalone_rows_save(run, results)
     round_start(run_id=run_id, index=0)
+
+
+def _standalone_rows_save(run: Run, results: Iterable[Any] | None) -> None:
+    """Insert or update the ``P_alone`` rows of every valid result (three queries in all)."""
+    devices = {d.name: d for d in run.experiment.devices.all()}
+    plan: Plan | None = None
+    # One query to read what is stored, two to write: a redelivered result updates its rows.
+    stored = {(s.device_id, s.task_id, s.batch_size): s for s in StandaloneThroughput.objects.filter(run=run)}
+    created: dict[tuple[int, int, int], StandaloneThroughput] = {}
+    changed: dict[tuple[int, int, int], StandaloneThroughput] = {}
+    for raw in results or []:
+        try:
+            result = StandaloneResult.model_validate(raw)
+        except PydanticValidationError as exc:
+            log.error("run %s: malformed standalone result ignored: %s", run.id, exc)
+            continue
+        device = devices.get(result.device)
+        if device is None:
+            continue
+        measurements = [(m.task_id, m.batch_size, m.throughput_sps, m.error or result.error, m.simulated)
+                        for m in result.measurements]
+        if not measurements:  # the whole device failed: record why against each of its tasks
+            plan = plan or _plan(run)
+            measurements = [(a.task_id, a.batch_size, None, result.error, False) for a in plan.on_device(device.id)]
+        for task_id, batch_size, throughput, error, simulated in measurements:
+            key = (device.id, task_id, batch_size)
+            values = {"throughput_sps": throughput, "error": error, "simulated": simulated or result.simulated}
+            row = created.get(key) or stored.get(key)
+            if row is None:
+                created[key] = StandaloneThroughput(run=run, device=device, task_id=task_id, batch_size=batch_size,
+                                                    **values)
+                continue
+            for field, value in values.items():
+                setattr(row, field, value)
+            if key not in created:
+                changed[key] = row
+    StandaloneThroughput.objects.bulk_create(created.values())
+    bulk_set(StandaloneThroughput, list(changed.values()), ["throughput_sps", "error", "simulated"])
 
 
 def standalone_watchdog(*, run_id: int) -> None:
@@ -410,7 +468,7 @@ def round_start(*, run_id: int, index: int) -> Round | None:
         return None
     shards = selectors.experiment_shards(experiment)
     tasks = {t.id: t for t in experiment.tasks.all()}
-    devices = {d.id: d for d in experiment.devices.all()}
+    devices = {d.id: d for d in experiment.devices.only("id", "name", "backend")}
     alone = selectors.standalone_table(run)
     latest = selectors.latest_checkpoints(run)
     deadline_s = reliability.round_deadline_s(predicted_round_time_s=plan.predicted_round_time_s,
@@ -432,9 +490,9 @@ def round_start(*, run_id: int, index: int) -> Round | None:
         )
         if not created:
             return None
-        Assignment.objects.bulk_create(
-            Assignment(
-                round=rnd,
+        bulk_insert(Assignment, [
+            dict(
+                round_id=rnd.id,
                 device_id=a.device_id,
                 task_id=a.task_id,
                 batch_size=a.batch_size,
@@ -445,28 +503,31 @@ def round_start(*, run_id: int, index: int) -> Round | None:
                 device_task_id=task_ids[devices[a.device_id].name],
             )
             for a in plan.assignments
-        )
-        # Reloaded rather than taken from bulk_create: not every backend returns primary keys.
-        by_pair = {(a.device_id, a.task_id): a for a in rnd.assignments.all()}
+        ])
+        # Reloaded: an INSERT run for many rows returns no primary keys.
+        id_of = {(d, t): pk for pk, d, t in rnd.assignments.values_list("id", "device_id", "task_id")}
+        task_refs = {task_id: selectors.task_ref(task) for task_id, task in tasks.items()}
+        warmup_iterations = mtfl_setting("WARMUP_ITERATIONS")
+        on_device: dict[int, list] = defaultdict(list)
+        for a in plan.assignments:
+            on_device[a.device_id].append(a)
         requests = []
-        for device_id in sorted({a.device_id for a in plan.assignments}):
+        for device_id in sorted(on_device):
             device = devices[device_id]
-            specs = []
-            for a in plan.on_device(device_id):
-                row = by_pair[(a.device_id, a.task_id)]
-                specs.append(
-                    AssignmentSpec(
-                        assignment_id=row.id,
-                        task=selectors.task_ref(tasks[a.task_id]),
-                        batch_size=a.batch_size,
-                        active_thread_percentage=a.active_thread_percentage,
-                        shard=_shard_ref(experiment, shards[(a.device_id, a.task_id)]),
-                        local_epochs=experiment.local_epochs,
-                        global_weights=latest[a.task_id].artifact_path,
-                        output_weights=device_weights_key(run.id, index, device.name, a.task_id),
-                        seed=experiment.seed * 1000 + index,
-                    )
+            specs = [
+                AssignmentSpec(
+                    assignment_id=id_of[(a.device_id, a.task_id)],
+                    task=task_refs[a.task_id],
+                    batch_size=a.batch_size,
+                    active_thread_percentage=a.active_thread_percentage,
+                    shard=_shard_ref(experiment, shards[(a.device_id, a.task_id)]),
+                    local_epochs=experiment.local_epochs,
+                    global_weights=latest[a.task_id].artifact_path,
+                    output_weights=device_weights_key(run.id, index, device.name, a.task_id),
+                    seed=experiment.seed * 1000 + index,
                 )
+                for a in on_device[device_id]
+            ]
             requests.append(
                 TrainRoundRequest(
                     run_id=run.id,
@@ -475,7 +536,7 @@ def round_start(*, run_id: int, index: int) -> Round | None:
                     device=device.name,
                     backend=device.backend,
                     partitioning=plan.partitioning,
-                    warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
+                    warmup_iterations=warmup_iterations,
                     assignments=specs,
                     idempotency_key=round_idempotency_key(rnd.id, device.name, 0),
                 )
@@ -494,9 +555,34 @@ def round_progress(*, round_id: int, device: str, phase: str, at: float | None =
     """
     if phase != "started":
         return 0
-    return Assignment.objects.filter(
-        round_id=round_id, device__name=device, status=Assignment.Status.PENDING
-    ).update(status=Assignment.Status.RUNNING, started_at=_ts(at) or timezone.now())
+    # Every device of every round sends one: one prepared statement, no ORM query to build
+    # (that took ten times the update itself). The same rows as
+    # Assignment.objects.filter(round_id=…, device__name=…, status=PENDING).update(…).
+    connection = connections[router.db_for_write(Assignment)]
+    started_at = db_value(Assignment, "started_at", _ts(at) or timezone.now(), connection)
+    with connection.cursor() as cursor:
+        sql = _PROGRESS_SQL.get(connection.vendor) or _PROGRESS_SQL.setdefault(connection.vendor,
+                                                                               _progress_sql(connection))
+        cursor.execute(sql, [Assignment.Status.RUNNING, started_at, round_id, Assignment.Status.PENDING, device])
+        return cursor.rowcount
+
+
+_PROGRESS_SQL: dict[str, str] = {}
+""":func:`_progress_sql` per database vendor (it depends on nothing else)."""
+
+
+def _progress_sql(connection) -> str:
+    """``UPDATE`` of a device's pending assignments of a round to running (see
+    :func:`round_progress`); parameters: new status, started_at, round id, pending, device name."""
+    q = connection.ops.quote_name
+    a, d = Assignment._meta, Device._meta
+    status, started_at = q(a.get_field("status").column), q(a.get_field("started_at").column)
+    return (
+        f"UPDATE {q(a.db_table)} SET {status} = %s, {started_at} = %s "
+        f"WHERE {q(a.get_field('round').column)} = %s AND {status} = %s "
+        f"AND {q(a.get_field('device').column)} = "
+        f"(SELECT {q(d.pk.column)} FROM {q(d.db_table)} WHERE {q(d.get_field('name').column)} = %s)"
+    )
 
 
 def _parse_device_results(
@@ -587,10 +673,12 @@ def round_finish(
 def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: str,
                           causes: Mapping[str, str] | None = None, notes: Iterable[str] = ()) -> None:
     run = rnd.run
-    assignments = list(rnd.assignments.select_related("device", "task"))
+    # Devices once (not joined onto each of 3,000 assignments, with their inventories).
+    devices = {d.id: d for d in Device.objects.filter(id__in=rnd.assignments.values("device_id")).only("id", "name")}
+    assignments = list(rnd.assignments.all())
     by_device: dict[str, list[Assignment]] = defaultdict(list)
     for a in assignments:
-        by_device[a.device.name].append(a)
+        by_device[devices[a.device_id].name].append(a)
     parsed, problems = _parse_device_results(
         raw_results, round_id=rnd.id, attempts={name: rows[0].attempt for name, rows in by_device.items()}
     )
@@ -600,7 +688,7 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
     for device_name, rows in by_device.items():
         result = parsed.get(device_name)
         if result is not None and (result.telemetry or result.mps_restarted):
-            telemetry.append(_telemetry_row(rnd, rows[0].device, result))
+            telemetry.append(_telemetry_row(rnd, devices[rows[0].device_id], result))
         if result is None:
             why = (causes or {}).get(device_name) or cause or "the device returned no result"
             failed_devices[device_name] = why
@@ -642,7 +730,8 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
 
     # FedAvg only over devices whose whole round succeeded: a failed device's weights never
     # enter the global model, even the tasks that finished before the failure.
-    usable = [a for a in assignments if a.status == Assignment.Status.SUCCEEDED and a.device.name not in failed_devices]
+    usable = [a for a in assignments
+              if a.status == Assignment.Status.SUCCEEDED and devices[a.device_id].name not in failed_devices]
     store = get_store()
     latest = selectors.latest_checkpoints(run)
     # A weights file FedAvg cannot use (truncated, not safetensors, another model's) fails its
@@ -658,18 +747,18 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
         usable = [a for a in usable if a.device_id not in refused_devices]
     flags: list[str] = [*rnd.flags, *problems, *notes]
     new_checkpoints: list[Checkpoint] = []
-    from workers.evaluate import evaluate
-
+    contributions_of: dict[int, list[Assignment]] = defaultdict(list)
+    for a in usable:
+        contributions_of[a.task_id].append(a)
     for task in run.experiment.tasks.order_by("id"):
-        contributions = [a for a in usable if a.task_id == task.id]
-        states = [load_state(store.path(a.weights_path)) for a in contributions]
+        contributions = contributions_of[task.id]
+        previous = latest[task.id]
         key = global_weights_key(run.id, task.id, rnd.index)
         try:
             if not contributions:
                 raise NoSamplesError("no device that succeeded trained this task")
-            averaged = fedavg(states, [a.samples for a in contributions])
+            path, sha = _global_model(store, contributions, previous, key)
         except NoSamplesError:
-            previous = latest[task.id]
             flags.append(
                 f"task {task.name}: no device that succeeded trained it this round; the previous global model was kept"
             )
@@ -680,10 +769,12 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
                 )
             )
             continue
-        sha = save_state(averaged, store.path(key))
-        accuracy, loss = evaluate(selectors.task_ref(task), store.path(key))
+        if sha == previous.sha256:  # the same model: its test results are the previous ones
+            accuracy, loss = previous.test_accuracy, previous.test_loss
+        else:
+            accuracy, loss = _evaluate(selectors.task_ref(task), store.path(path))
         new_checkpoints.append(
-            Checkpoint(run=run, task=task, round=rnd, artifact_path=key, sha256=sha, test_accuracy=accuracy, test_loss=loss)
+            Checkpoint(run=run, task=task, round=rnd, artifact_path=path, sha256=sha, test_accuracy=accuracy, test_loss=loss)
         )
 
     device_raw, device_fair = [], []
@@ -710,8 +801,8 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
     error = "; ".join(f"{name}: {why}" for name, why in sorted(failed_devices.items()))
     now = timezone.now()
     with transaction.atomic():
-        Assignment.objects.bulk_update(
-            assignments,
+        bulk_set(
+            Assignment, assignments,
             ["status", "error", "samples_trained", "throughput_sps", "simulated", "seconds", "train_loss", "started_at",
              "finished_at", "weights_path", "weights_sha256", "peak_memory_bytes", "torch_device",
              "mps_active_thread_percentage", "mps_verified", "mps_detail"],
@@ -732,6 +823,35 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
             raw_throughput_sps=metrics.mean_or_none(device_raw),
             fair_throughput=metrics.mean_or_none(device_fair),
         )
+
+
+def _global_model(store, contributions: list[Assignment], previous: Checkpoint, key: str) -> tuple[str, str]:
+    """FedAvg of one task's contributions (``W ← Σ_j n_j W_j / Σ_j n_j``, ``n_j`` the shard
+    size), written under ``key``; returns the global model's artifact key and SHA-256.
+
+    Weights files with the same SHA-256 hold the same tensors, so each distinct one is read
+    once, weighted by the sum of its devices' samples, and added to a running sum
+    (:class:`workers.fedavg.FedAvgAccumulator`: one model in memory at a time, not one per
+    device). When every device reports the previous global model unchanged (the ``simulated``
+    backend passes it through), the average is that model: the previous file is kept and
+    nothing is read or written. Devices that trained (different digests, in device order)
+    are summed exactly as :func:`workers.fedavg.fedavg` would.
+
+    Raises:
+        NoSamplesError: every contribution has 0 samples.
+        FileNotFoundError, ValueError: a weights file is missing or does not match the others.
+    """
+    groups: dict[str, list[Assignment]] = {}
+    for a in contributions:
+        groups.setdefault(a.weights_sha256 or f"path:{a.weights_path}", []).append(a)
+    if sum(a.samples for a in contributions) == 0:
+        raise NoSamplesError("every device that trained this task holds 0 samples of it")
+    if len(groups) == 1 and contributions[0].weights_sha256 and contributions[0].weights_sha256 == previous.sha256:
+        return previous.artifact_path, previous.sha256
+    accumulator = FedAvgAccumulator()
+    for members in groups.values():
+        accumulator.add(load_state(store.path(members[0].weights_path)), sum(a.samples for a in members))
+    return key, save_state(accumulator.result(), store.path(key))
 
 
 def _telemetry_row(rnd: Round, device, result: DeviceRoundResult) -> DeviceTelemetry:
