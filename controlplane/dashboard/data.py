@@ -1,16 +1,24 @@
-"""Reads that feed the dashboard: rows for the figure builders and the page tables."""
+"""Reads that feed the dashboard: rows for the figure builders and the page tables.
+
+Every page costs a fixed number of queries whatever the experiment's size (tests/controlplane/
+test_query_counts.py), and reads only what its figures draw: sums and extremes per round and
+device are computed by the database, per-assignment rows are read for the devices and rounds a
+figure shows (:mod:`.figures` says which), as plain values rather than model instances.
+"""
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from typing import Any
 
 import plotly.graph_objects as go
+from django.db.models import Count, F, Max, Min, Q, Sum
 
 from controlplane.common.jsonsafe import finite_or_none
 from controlplane.dashboard import figures
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Assignment, Experiment, Run
+from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Experiment, Round, Run
 from controlplane.planning.strategies import COMPARED, STRATEGIES
 from controlplane.profiling.models import Predictor
 from controlplane.profiling.selectors import predictor_history
@@ -23,18 +31,15 @@ def figure_json(fig: go.Figure) -> dict[str, Any]:
 
 
 def experiment_runs(experiment: Experiment) -> list[dict[str, Any]]:
-    """Every run of an experiment with its metrics, speedups and final accuracy per task."""
+    """Every run of an experiment with its metrics, speedups and final accuracy per task
+    (three queries, however many runs)."""
     baseline = selectors.baseline_run(experiment)
-    rows = []
-    for run in experiment.runs.order_by("id"):
-        rows.append(
-            {
-                "run": run,
-                **selectors.run_speedups(run, baseline),
-                "accuracy": selectors.run_final_accuracy(run),
-            }
-        )
-    return rows
+    runs = list(experiment.runs.order_by("id"))
+    accuracy = selectors.runs_final_accuracy([run.id for run in runs])
+    return [
+        {"run": run, **selectors.run_speedups(run, baseline), "accuracy": accuracy.get(run.id, {})}
+        for run in runs
+    ]
 
 
 def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> dict[str, dict]:
@@ -53,17 +58,18 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
         [{"label": label, "raw_speedup": shown[label]["raw_speedup"], "fair_speedup": shown[label]["fair_speedup"]}
          for label in order]
     )
+    points: dict[tuple[int, str], list] = defaultdict(list)
+    checkpoints = (Checkpoint.objects.filter(run__experiment=experiment)
+                   .order_by("run_id", "created_at", "id").values_list("run_id", "task__name", "created_at", "test_accuracy"))
+    for run_id, task, created_at, accuracy in checkpoints:
+        points[(run_id, task)].append((created_at, accuracy))
     series = []
     for row in runs:
         run = row["run"]
-        by_task: dict[str, list] = {}
-        for ckpt in run.checkpoints.select_related("task").order_by("created_at", "id"):
-            by_task.setdefault(ckpt.task.name, []).append((ckpt.created_at, ckpt.test_accuracy))
-        for task, points in by_task.items():
-            series.append(
-                {"strategy": run.strategy, "run": run.id, "task": task,
-                 "points": figures.seconds_since(run.started_at, points)}
-            )
+        for (run_id, task), mine in points.items():
+            if run_id == run.id:
+                series.append({"strategy": run.strategy, "run": run.id, "task": task,
+                               "points": figures.seconds_since(run.started_at, mine)})
     return {"speedup": figure_json(bars), "accuracy": figure_json(figures.accuracy_over_time(series))}
 
 
@@ -85,63 +91,83 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     """The comparison section: speedups inside each device and per round, round time split,
     predicted against measured throughput of planned assignments, final accuracy per task.
 
-    ``run_rows`` is :func:`experiment_runs`' result (its final accuracies are reused).
+    ``run_rows`` is :func:`experiment_runs`' result (its final accuracies are reused). Three
+    queries: per strategy, device and round the database sums the throughputs and finds the
+    first start and last end (what the speedups and the round-time split need); the planned
+    assignments' predictions are read for the scatter.
     """
     runs = compared_runs(experiment)
     strategies = [r.strategy for r in runs]
-    rows = []
-    qs = (Assignment.objects.filter(round__run__in=runs).select_related("round__run", "device", "task")
-          .order_by("round__run_id", "round__index", "device__name", "task_id"))
-    for a in qs:
-        rows.append({
-            "strategy": a.round.run.strategy, "round_index": a.round.index, "device": a.device.name,
-            "task": a.task.name, "throughput_sps": a.throughput_sps,
-            "predicted_throughput_sps": a.predicted_throughput_sps,
-            "standalone_throughput_sps": a.standalone_throughput_sps,
-            "started_at": a.started_at, "finished_at": a.finished_at,
-        })
+    assignments = Assignment.objects.filter(round__run__in=runs)
+    groups = (
+        assignments.values("round__run__strategy", "device__name", "round__index")
+        .annotate(
+            raw=Sum("throughput_sps"),
+            fair=Sum(F("throughput_sps") / F("standalone_throughput_sps"),
+                     filter=Q(throughput_sps__isnull=False, standalone_throughput_sps__gt=0)),
+            measured=Count("id", filter=Q(throughput_sps__isnull=False)),
+            with_alone=Count("id", filter=Q(throughput_sps__isnull=False, standalone_throughput_sps__gt=0)),
+            first_start=Min("started_at", filter=Q(started_at__isnull=False, finished_at__isnull=False)),
+            last_end=Max("finished_at", filter=Q(started_at__isnull=False, finished_at__isnull=False)),
+        )
+        .order_by()
+    )
+    metrics: dict[tuple[str, str, int], dict[str, float | None]] = {}
+    spans = []
+    for g in groups:
+        key = (g["round__run__strategy"], g["device__name"], g["round__index"])
+        if g["measured"]:
+            metrics[key] = {"raw": g["raw"], "fair": g["fair"] if g["with_alone"] == g["measured"] else None}
+        spans.append({"strategy": key[0], "device": key[1], "round_index": key[2],
+                      "started_at": g["first_start"], "finished_at": g["last_end"]})
+    predicted = (
+        assignments.filter(predicted_throughput_sps__isnull=False, throughput_sps__isnull=False)
+        .order_by("round__run_id", "round__index", "device__name", "task_id")
+        .values_list("round__run__strategy", "device__name", "task__name", "round__index", "throughput_sps",
+                     "predicted_throughput_sps")
+    )
+    by_strategy: dict[str, list[tuple]] = defaultdict(list)
+    for row in predicted:
+        by_strategy[row[0]].append(row)
+    points = [
+        {"strategy": s, "device": d, "task": t, "round_index": r, "throughput_sps": p, "predicted_throughput_sps": q}
+        for rows in by_strategy.values() for s, d, t, r, p, q in figures.spread(rows, figures.MAX_MARKS)
+    ]
     final = {row["run"].id: row["accuracy"] for row in run_rows}
-    accuracy = [{"strategy": r.strategy, "accuracy": final[r.id]} for r in runs]
-    speedups = figures.comparison_speedups(rows, strategies)
+    accuracy = [{"strategy": r.strategy, "accuracy": final.get(r.id, {})} for r in runs]
+    speedups = figures.speedups_from_metrics(metrics, strategies)
     return {
         "runs": runs,
         "figures": {
             "per_device": figure_json(figures.speedup_per_device(speedups, strategies)),
             "per_round": figure_json(figures.speedup_per_round(speedups, strategies)),
-            "round_time": figure_json(figures.round_time_split(rows, strategies)),
-            "predicted": figure_json(figures.plan_predicted_vs_measured(rows)),
+            "round_time": figure_json(figures.round_time_split(spans, strategies)),
+            "predicted": figure_json(figures.plan_predicted_vs_measured(points)),
             "final_accuracy": figure_json(figures.final_accuracy(accuracy, strategies)),
         },
     }
 
 
-def run_assignment_rows(run: Run) -> list[dict[str, Any]]:
-    """Every assignment of a run as a plain row (one query)."""
-    qs = (
-        Assignment.objects.filter(round__run=run)
-        .select_related("round", "device", "task")
-        .order_by("round__index", "device__name", "task_id")
-    )
-    return [
-        {
-            "round_index": a.round.index,
-            "device": a.device.name,
-            "task": a.task.name,
-            "batch_size": a.batch_size,
-            "active_thread_percentage": a.active_thread_percentage,
-            "samples": a.samples,
-            "throughput_sps": a.throughput_sps,
-            "standalone_throughput_sps": a.standalone_throughput_sps,
-            "train_loss": a.train_loss,
-            "started_at": a.started_at,
-            "finished_at": a.finished_at,
-            "status": a.status,
-            "error": a.error,
-            "peak_memory_bytes": a.peak_memory_bytes,
-            "mps_verified": a.mps_verified,
-        }
-        for a in qs
-    ]
+_ROW_COLUMNS = {  # row key: the Assignment lookup it is read from
+    "round_index": "round__index", "device": "device__name", "task": "task__name", "batch_size": "batch_size",
+    "active_thread_percentage": "active_thread_percentage", "samples": "samples", "throughput_sps": "throughput_sps",
+    "standalone_throughput_sps": "standalone_throughput_sps", "train_loss": "train_loss", "started_at": "started_at",
+    "finished_at": "finished_at", "status": "status", "error": "error", "peak_memory_bytes": "peak_memory_bytes",
+    "mps_verified": "mps_verified",
+}
+
+
+def run_assignment_rows(run: Run, *, devices: list[str] | None = None, from_round: int | None = None) -> list[dict[str, Any]]:
+    """Assignments of a run as plain rows (one query), optionally only of some devices (by
+    name) and from a round index on."""
+    qs = Assignment.objects.filter(round__run=run)
+    if devices is not None:
+        qs = qs.filter(device__name__in=devices)
+    if from_round is not None:
+        qs = qs.filter(round__index__gte=from_round)
+    keys = tuple(_ROW_COLUMNS)
+    rows = qs.order_by("round__index", "device__name", "task_id").values_list(*_ROW_COLUMNS.values())
+    return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
 def run_has_gpu_devices(run: Run) -> bool:
@@ -149,41 +175,81 @@ def run_has_gpu_devices(run: Run) -> bool:
     return run.experiment.devices.filter(backend__startswith="cuda").exists()
 
 
-def run_telemetry_series(run: Run) -> list[dict[str, Any]]:
-    """The run's GPU telemetry as :func:`figures.gpu_telemetry` rows (one query)."""
+def run_telemetry_series(run: Run, *, devices: list[str] | None = None) -> list[dict[str, Any]]:
+    """The run's GPU telemetry as :func:`figures.gpu_telemetry` rows (one query), optionally
+    of some devices only (by name)."""
+    qs = selectors.run_telemetry(run)
+    if devices is not None:
+        qs = qs.filter(device__name__in=devices)
     return [
         {"device": row.device.name, "round_index": row.round.index, "t": row.t,
          "gpu_util_percent": row.gpu_util_percent, "memory_used_bytes": row.memory_used_bytes,
          "memory_total_bytes": row.memory_total_bytes}
-        for row in selectors.run_telemetry(run)
+        for row in qs
     ]
 
 
 def run_figures(run: Run) -> dict[str, dict]:
     """Allocation plan per round, throughput per task per round, the timeline and, when a
-    device of the run is a GPU, its NVML telemetry under the timeline."""
-    rows = run_assignment_rows(run)
-    round_indices = sorted({r["round_index"] for r in rows})
+    device of the run is a GPU, its NVML telemetry under the timeline.
+
+    A fixed number of queries whatever the run's size: the round indices, the device names, the
+    throughput summed per round and task by the database, the assignments of the devices and
+    newest rounds the plan and the timeline draw, and, for GPU runs, the telemetry of the
+    devices drawn.
+    """
+    round_indices = list(Round.objects.filter(run=run, assignments__isnull=False).distinct()
+                         .order_by("index").values_list("index", flat=True))
+    names = list(run.experiment.devices.order_by("name").values_list("name", flat=True))
+    shown = figures.spread(names, figures.MAX_DEVICES)
+    timeline_rounds = max(1, figures.MAX_MARKS // max(1, len(shown)))
+    kept = round_indices[-max(timeline_rounds, figures.MAX_ROUNDS):]
+    rows = run_assignment_rows(run, devices=shown if len(shown) < len(names) else None,
+                               from_round=kept[0] if len(kept) < len(round_indices) else None)
+    totals = [
+        {"round_index": r, "task": t, "throughput_sps": p}
+        for r, t, p in Assignment.objects.filter(round__run=run, throughput_sps__isnull=False)
+        .values("round__index", "task__name").annotate(total=Sum("throughput_sps")).order_by()
+        .values_list("round__index", "task__name", "total")
+    ]
     built = {
-        "plan": figure_json(figures.allocation_plan(rows, round_indices=round_indices)),
-        "throughput": figure_json(figures.throughput_per_round(rows)),
-        "timeline": figure_json(figures.timeline(rows)),
+        "plan": figure_json(figures.allocation_plan(rows, round_indices=round_indices, devices_total=len(names))),
+        "throughput": figure_json(figures.throughput_per_round(totals)),
+        "timeline": figure_json(figures.timeline(rows, devices_total=len(names), rounds_total=len(round_indices))),
     }
     if run_has_gpu_devices(run):
-        built["gpu"] = figure_json(figures.gpu_telemetry(run_telemetry_series(run)))
+        reporting = sorted(set(DeviceTelemetry.objects.filter(round__run=run).values_list("device__name", flat=True)))
+        drawn = figures.spread(reporting, figures.TELEMETRY_DEVICES)
+        built["gpu"] = figure_json(figures.gpu_telemetry(run_telemetry_series(
+            run, devices=drawn if len(drawn) < len(reporting) else None)))
     return built
 
 
+LIVE_ROUNDS = 100
+"""Rounds the run page's table lists (the newest; the CSV download has them all)."""
+LIVE_FLAGS = 5
+"""Flags shown per round in the table (the rest counted)."""
+
+
+def _flags_shown(flags: list) -> list:
+    flags = list(flags or [])
+    if len(flags) <= LIVE_FLAGS:
+        return flags
+    return [*flags[:LIVE_FLAGS], f"… and {len(flags) - LIVE_FLAGS:,} more (rounds CSV, or /api/rounds/)"]
+
+
 def run_live(run: Run) -> dict[str, Any]:
-    """What the run page polls: progress, round table rows and (re)built figures."""
+    """What the run page polls: progress, round table rows (the newest :data:`LIVE_ROUNDS`)
+    and (re)built figures."""
     progress = selectors.run_progress(run)
+    newest = list(run.rounds.order_by("-index")[:LIVE_ROUNDS])
     rounds = [
         {
             "index": r.index, "status": r.status, "round_time_s": r.round_time_s, "wall_time_s": r.wall_time_s,
             "fl_throughput_sps": r.fl_throughput_sps, "raw_throughput_sps": r.raw_throughput_sps,
-            "fair_throughput": r.fair_throughput, "error": r.error, "flags": r.flags,
+            "fair_throughput": r.fair_throughput, "error": r.error, "flags": _flags_shown(r.flags),
         }
-        for r in run.rounds.order_by("index")
+        for r in reversed(newest)
     ]
     # JSON has no NaN/infinity: a stored non-finite throughput goes out as null (the page
     # parses this with JSON.parse, both polled and embedded with json_script; the figures

@@ -2,6 +2,14 @@
 
 No Django here: views collect rows with selectors and pass dictionaries, so every figure can be
 tested and reused (e.g. for a report) without a database.
+
+Every figure stays small whatever the run's size (a figure travels as JSON inside the page, and
+plotly.js draws every point it is given): what grows with devices is drawn for at most
+:data:`MAX_DEVICES` devices spread evenly over them by name, what grows with rounds is averaged
+over consecutive rounds down to :data:`MAX_POINTS` points a line, per-assignment marks (the
+timeline, predicted against measured) keep the newest rounds and an even sample, and the title
+says so whenever something was left out. A run of 1,000 devices × 3 tasks × 20 rounds stays well
+under 2 MB a figure (tests/controlplane/test_scale.py); the API serves every row.
 """
 
 from __future__ import annotations
@@ -31,6 +39,49 @@ def _empty(fig: go.Figure, message: str) -> go.Figure:
 
 def _color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
+
+
+MAX_DEVICES = 50
+"""Devices drawn in a figure with one mark per device (bars, timeline lanes)."""
+MAX_POINTS = 1000
+"""Points a line over rounds keeps (consecutive rounds are averaged beyond)."""
+MAX_ROUNDS = 20
+"""Rounds offered in the allocation plan's menu and drawn on the timeline (the newest)."""
+MAX_MARKS = 3000
+"""Per-assignment marks a figure draws (timeline bars, scatter points), per trace."""
+
+
+def spread(items: Sequence, limit: int) -> list:
+    """At most ``limit`` of ``items``, evenly spread (first and last kept), in their order."""
+    n = len(items)
+    if n <= limit:
+        return list(items)
+    if limit <= 1:
+        return list(items[:limit])
+    return [items[round(k * (n - 1) / (limit - 1))] for k in range(limit)]
+
+
+def bucket_means(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -> tuple[list[tuple[float, float]], int]:
+    """``points`` (sorted by x) averaged over runs of ``k`` consecutive points so that at most
+    ``limit`` remain: ``(mean x, mean y)`` per run. Returns the points and ``k`` (1: unchanged)."""
+    if len(points) <= limit:
+        return list(points), 1
+    k = -(-len(points) // limit)
+    out = []
+    for start in range(0, len(points), k):
+        chunk = points[start:start + k]
+        out.append((sum(p[0] for p in chunk) / len(chunk), sum(p[1] for p in chunk) / len(chunk)))
+    return out, k
+
+
+def _note(title: str, notes: Sequence[str]) -> str:
+    """The title with what was left out under it, as a subtitle line."""
+    notes = [n for n in notes if n]
+    return f"{title}<br><sup>{'; '.join(notes)}</sup>" if notes else title
+
+
+def _devices_note(shown: int, total: int) -> str:
+    return f"{shown} of {total:,} devices shown, spread evenly by name (the API has them all)" if shown < total else ""
 
 
 def speedup_bars(rows: Sequence[Mapping]) -> go.Figure:
@@ -70,41 +121,55 @@ def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
     tasks = sorted({s["task"] for s in series})
     strategies = sorted({s["strategy"] for s in series})
     dashes = ["solid", "dash", "dot", "dashdot", "longdash"]
+    longest = max((len(s["points"]) for s in series), default=0)
     for s in series:
-        xs = [p[0] for p in s["points"]]
-        ys = [p[1] for p in s["points"]]
+        points = spread(s["points"], MAX_POINTS)
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
         fig.add_scatter(
             x=xs, y=ys, mode="lines+markers", name=f"{s['strategy']} · {s['task']} (run {s['run']})",
             line=dict(color=_color(strategies.index(s["strategy"])), dash=dashes[tasks.index(s["task"]) % len(dashes)]),
         )
     fig.update_layout(
-        title="Test accuracy against wall-clock time", xaxis_title="seconds since the run started",
+        title=_note("Test accuracy against wall-clock time",
+                    [f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else ""]),
+        xaxis_title="seconds since the run started",
         yaxis_title="test accuracy", yaxis_range=[0, 1], **{**LAYOUT, "height": 460},
     )
     return fig if series else _empty(fig, "no run yet")
 
 
-def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[int]) -> go.Figure:
+def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[int],
+                    devices_total: int | None = None) -> go.Figure:
     """The allocation plan of each round: per device, stacked bars of each task's share (%),
     batch sizes as labels, a line at 100 %; a menu switches between rounds (last one shown).
+
+    At most :data:`MAX_DEVICES` devices (spread evenly by name) and the newest
+    :data:`MAX_ROUNDS` rounds are drawn; the title says when some were left out.
 
     Args:
         assignments: ``{"round_index", "device", "task", "active_thread_percentage",
             "batch_size"}`` per assignment.
         round_indices: the rounds to offer, in order.
+        devices_total: how many devices the run has, when ``assignments`` were already cut
+            down to the devices to draw (default: those in ``assignments``).
     """
     fig = go.Figure()
     tasks = sorted({a["task"] for a in assignments})
-    devices = sorted({a["device"] for a in assignments})
-    by_round: dict[int, list[Mapping]] = defaultdict(list)
+    all_devices = sorted({a["device"] for a in assignments})
+    devices = spread(all_devices, MAX_DEVICES)
+    shown = set(devices)
+    offered = list(round_indices)[-MAX_ROUNDS:]
+    by_round: dict[int, dict[str, dict[str, Mapping]]] = defaultdict(lambda: defaultdict(dict))
     for a in assignments:
-        by_round[a["round_index"]].append(a)
+        if a["device"] in shown:
+            by_round[a["round_index"]][a["task"]][a["device"]] = a
     traces_of_round: dict[int, list[int]] = {}
-    last = round_indices[-1] if round_indices else None
-    for r in round_indices:
+    last = offered[-1] if offered else None
+    for r in offered:
         traces_of_round[r] = []
         for t_i, task in enumerate(tasks):
-            rows = {a["device"]: a for a in by_round.get(r, []) if a["task"] == task}
+            rows = by_round.get(r, {}).get(task, {})
             fig.add_bar(
                 name=task, legendgroup=task, showlegend=(r == last),
                 x=devices, y=[rows[d]["active_thread_percentage"] if d in rows else None for d in devices],
@@ -114,17 +179,19 @@ def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[i
             )
             traces_of_round[r].append(len(fig.data) - 1)
     n = len(fig.data)
-    if len(round_indices) > 1:
+    if len(offered) > 1:
         buttons = []
-        for r in round_indices:
+        for r in offered:
             visible = [False] * n
             for i in traces_of_round[r]:
                 visible[i] = True
             buttons.append(dict(label=f"round {r}", method="update", args=[{"visible": visible}]))
-        fig.update_layout(updatemenus=[dict(buttons=buttons, active=len(round_indices) - 1, x=1.0, xanchor="right", y=1.18)])
+        fig.update_layout(updatemenus=[dict(buttons=buttons, active=len(offered) - 1, x=1.0, xanchor="right", y=1.18)])
     fig.add_hline(y=100, line_dash="dash", line_color="#d62728", annotation_text="100 % of the device")
+    notes = [_devices_note(len(devices), max(devices_total or 0, len(all_devices))),
+             f"the newest {len(offered)} of {len(round_indices):,} rounds" if len(offered) < len(round_indices) else ""]
     fig.update_layout(
-        title="Allocation plan: each task's share of its device (B = batch size)", barmode="stack",
+        title=_note("Allocation plan: each task's share of its device (B = batch size)", notes), barmode="stack",
         xaxis_title="device", yaxis_title="share (active thread percentage, %)", **LAYOUT,
     )
     return fig if assignments else _empty(fig, "no round planned yet")
@@ -133,36 +200,59 @@ def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[i
 def throughput_per_round(rows: Sequence[Mapping]) -> go.Figure:
     """Measured throughput of each task per round, summed over devices (samples/s).
 
+    Beyond :data:`MAX_POINTS` rounds, consecutive rounds are averaged (the title says over how
+    many).
+
     Args:
-        rows: ``{"round_index", "task", "throughput_sps"}`` per assignment (None skipped).
+        rows: ``{"round_index", "task", "throughput_sps"}`` per assignment (None skipped), or
+            already summed per round and task.
     """
     totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for r in rows:
         if r["throughput_sps"] is not None:
             totals[r["task"]][r["round_index"]] += r["throughput_sps"]
     fig = go.Figure()
+    merged = 1
     for i, task in enumerate(sorted(totals)):
-        points = sorted(totals[task].items())
+        points, k = bucket_means(sorted(totals[task].items()))
+        merged = max(merged, k)
         fig.add_scatter(
-            x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers", name=task,
-            line=dict(color=_color(i)),
+            x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers" if k == 1 else "lines",
+            name=task, line=dict(color=_color(i)),
         )
+    title = _note("Throughput per task per round (sum over devices)",
+                  [f"each point the mean of {merged} consecutive rounds" if merged > 1 else ""])
     fig.update_layout(
-        title="Throughput per task per round (sum over devices)", xaxis_title="round",
-        yaxis_title="throughput (samples/s)", xaxis=dict(dtick=1), **LAYOUT,
+        title=title, xaxis_title="round", yaxis_title="throughput (samples/s)",
+        xaxis=dict(dtick=1) if merged == 1 and max((len(v) for v in totals.values()), default=0) <= 30 else {},
+        **LAYOUT,
     )
     return fig if totals else _empty(fig, "no throughput measured yet")
 
 
-def timeline(rows: Sequence[Mapping]) -> go.Figure:
+def timeline(rows: Sequence[Mapping], *, devices_total: int | None = None, rounds_total: int | None = None) -> go.Figure:
     """Gantt chart of every assignment's training span, one lane per device and task.
+
+    At most :data:`MAX_DEVICES` devices (spread evenly by name), the newest rounds that fit in
+    :data:`MAX_MARKS` bars per task; the title says when some were left out.
 
     Args:
         rows: ``{"device", "task", "round_index", "started_at", "finished_at", "status"}`` with
             timezone-aware datetimes; rows without both timestamps are left out.
+        devices_total, rounds_total: how many the run has, when ``rows`` were already cut down
+            (default: those in ``rows``).
     """
     rows = [r for r in rows if r.get("started_at") and r.get("finished_at")]
+    all_devices = sorted({r["device"] for r in rows})
+    devices = set(spread(all_devices, MAX_DEVICES))
+    rows = [r for r in rows if r["device"] in devices]
+    all_rounds = sorted({r["round_index"] for r in rows})
     tasks = sorted({r["task"] for r in rows})
+    lanes_per_round = max(1, len(devices))
+    keep_rounds = all_rounds[-max(1, MAX_MARKS // lanes_per_round):]
+    if len(keep_rounds) < len(all_rounds):
+        first = keep_rounds[0]
+        rows = [r for r in rows if r["round_index"] >= first]
     fig = go.Figure()
     for i, task in enumerate(tasks):
         mine = [r for r in rows if r["task"] == task]
@@ -176,10 +266,14 @@ def timeline(rows: Sequence[Mapping]) -> go.Figure:
             hovertemplate="round %{customdata[0]} · %{customdata[1]}<br>%{customdata[2]:.2f} s<extra>%{y}</extra>",
         )
     lanes = sorted({f"{r['device']} · {r['task']}" for r in rows})
+    total_rounds = max(rounds_total or 0, len(all_rounds))
+    notes = [_devices_note(len(devices), max(devices_total or 0, len(all_devices))),
+             f"the newest {len(keep_rounds)} of {total_rounds:,} rounds" if len(keep_rounds) < total_rounds else ""]
     fig.update_layout(
-        title="Timeline: each assignment's training span", xaxis=dict(type="date", title="wall-clock time (UTC)"),
+        title=_note("Timeline: each assignment's training span", notes),
+        xaxis=dict(type="date", title="wall-clock time (UTC)"),
         yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes)), title=""), barmode="overlay",
-        **{**LAYOUT, "height": max(260, 40 * len(lanes) + 160),
+        **{**LAYOUT, "height": max(260, min(40 * len(lanes), 4000) + 160),
            "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1)},
     )
     return fig if rows else _empty(fig, "no assignment has trained yet")
@@ -205,7 +299,7 @@ def predicted_vs_measured(heldout: Sequence[Mapping]) -> go.Figure:
         return _empty(fig, "no held-out predictions")
     models = sorted({h["architecture"] for h in heldout})
     for i, model in enumerate(models):
-        mine = [h for h in heldout if h["architecture"] == model]
+        mine = spread([h for h in heldout if h["architecture"] == model], MAX_MARKS)
         fig.add_scatter(
             x=[h["measured_sps"] for h in mine], y=[h["predicted_sps"] for h in mine], mode="markers", name=model,
             marker=dict(color=_color(i), size=7, opacity=0.75),
@@ -299,7 +393,14 @@ def comparison_speedups(rows: Sequence[Mapping], strategies: Sequence[str]) -> d
         mean over devices of each device's metric in that round over ``temporal``'s on that
         device in the same round. Missing baselines leave the entry out.
     """
-    m = _device_round_metrics(rows)
+    return speedups_from_metrics(_device_round_metrics(rows), strategies)
+
+
+def speedups_from_metrics(m: Mapping[tuple[str, str, int], Mapping[str, float | None]],
+                          strategies: Sequence[str]) -> dict[str, dict]:
+    """:func:`comparison_speedups` from the metrics per (strategy, device, round) already
+    computed (``{"raw": Σ_i P_ij, "fair": Σ_i P_ij / P_ij^alone or None}``, e.g. summed by the
+    database)."""
     devices = sorted({d for _, d, _ in m})
     rounds = sorted({r for _, _, r in m})
     out: dict[str, dict] = {"per_device": {}, "per_round": {}}
@@ -346,19 +447,22 @@ def speedup_per_device(speedups: Mapping[str, dict], strategies: Sequence[str]) 
         strategies: display order.
     """
     sp = speedups["per_device"]
+    all_devices = sorted({d for metric in sp.values() for values in metric.values() for d in values})
+    shown = set(spread(all_devices, MAX_DEVICES))
     fig = go.Figure()
     traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
     for metric in ("raw", "fair"):
         for i, s in enumerate(strategies):
             values = sp[metric][s]
-            devices = sorted(values)
+            devices = sorted(d for d in values if d in shown)
             fig.add_bar(name=s, x=devices, y=[values[d] for d in devices], marker_color=_color(i),
                         text=[f"{values[d]:.2f}×" for d in devices], textposition="outside",
                         visible=(metric == "raw"), legendgroup=s, showlegend=(metric == "raw"))
             traces_of[metric].append(len(fig.data) - 1)
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    fig.update_layout(title="Speedup inside each device<br><sup>over temporal, mean over rounds</sup>", barmode="group",
+    subtitle = "; ".join(n for n in ("over temporal, mean over rounds", _devices_note(len(shown), len(all_devices))) if n)
+    fig.update_layout(title=f"Speedup inside each device<br><sup>{subtitle}</sup>", barmode="group",
                       xaxis_title="device", yaxis_title="speedup (×)", **LAYOUT)
     has_data = any(sp["raw"][s] for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
@@ -374,16 +478,22 @@ def speedup_per_round(speedups: Mapping[str, dict], strategies: Sequence[str]) -
     sp = speedups["per_round"]
     fig = go.Figure()
     traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
+    merged = 1
     for metric in ("raw", "fair"):
         for i, s in enumerate(strategies):
-            points = sorted(sp[metric][s].items())
-            fig.add_scatter(name=s, x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
+            points, k = bucket_means(sorted(sp[metric][s].items()))
+            merged = max(merged, k)
+            fig.add_scatter(name=s, x=[p[0] for p in points], y=[p[1] for p in points],
+                            mode="lines+markers" if k == 1 else "lines",
                             line=dict(color=_color(i)), visible=(metric == "raw"), legendgroup=s,
                             showlegend=(metric == "raw"))
             traces_of[metric].append(len(fig.data) - 1)
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    fig.update_layout(title="Speedup per round<br><sup>over temporal, mean over devices</sup>", xaxis=dict(dtick=1, title="round"),
+    subtitle = "over temporal, mean over devices" + (f"; each point the mean of {merged} rounds" if merged > 1 else "")
+    rounds = max((len(sp[m][s]) for m in sp for s in strategies), default=0)
+    fig.update_layout(title=f"Speedup per round<br><sup>{subtitle}</sup>",
+                      xaxis=dict(dtick=1, title="round") if merged == 1 and rounds <= 30 else dict(title="round"),
                       yaxis_title="speedup (×)", **LAYOUT)
     has_data = any(sp["raw"][s] for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
@@ -412,13 +522,16 @@ def round_time_split(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.F
             own = (max(e for _, e in v) - min(s for s, _ in v)).total_seconds()
             compute[(strategy, device)].append(own)
             waiting[(strategy, device)].append((end - start).total_seconds() - own)
-    keys = [(s, d) for s in strategies for d in sorted({d for (s2, d) in compute if s2 == s})]
+    all_devices = sorted({d for _, d in compute})
+    shown = set(spread(all_devices, MAX_DEVICES))
+    keys = [(s, d) for s in strategies for d in sorted({d for (s2, d) in compute if s2 == s and d in shown})]
     fig = go.Figure()
     x = [[s for s, _ in keys], [d for _, d in keys]]
     fig.add_bar(name="compute (own tasks)", x=x, y=[_mean(compute[k]) for k in keys], marker_color=PALETTE[0])
     fig.add_bar(name="waiting for the slowest device", x=x, y=[_mean(waiting[k]) for k in keys],
                 marker_color=PALETTE[7])
-    fig.update_layout(title="Round time per device: compute and waiting (mean over rounds)", barmode="stack",
+    fig.update_layout(title=_note("Round time per device: compute and waiting (mean over rounds)",
+                                  [_devices_note(len(shown), len(all_devices))]), barmode="stack",
                       yaxis_title="seconds",
                       **{**LAYOUT, "height": 440, "margin": dict(l=60, r=20, t=80, b=90),
                          "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1)})
@@ -436,8 +549,11 @@ def plan_predicted_vs_measured(rows: Sequence[Mapping]) -> go.Figure:
     rows = [r for r in rows if r.get("predicted_throughput_sps") and r.get("throughput_sps")]
     fig = go.Figure()
     strategies = sorted({r["strategy"] for r in rows})
+    sampled = False
     for i, s in enumerate(strategies):
-        mine = [r for r in rows if r["strategy"] == s]
+        every = [r for r in rows if r["strategy"] == s]
+        mine = spread(every, MAX_MARKS)
+        sampled = sampled or len(mine) < len(every)
         fig.add_scatter(
             x=[r["throughput_sps"] for r in mine], y=[r["predicted_throughput_sps"] for r in mine], mode="markers",
             name=s, marker=dict(color=_color(i + 3), size=8, opacity=0.8),
@@ -448,7 +564,8 @@ def plan_predicted_vs_measured(rows: Sequence[Mapping]) -> go.Figure:
         values = [v for r in rows for v in (r["throughput_sps"], r["predicted_throughput_sps"])]
         lo, hi = min(values) / 1.3, max(values) * 1.3
         fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(color="#555", dash="dash"))
-    fig.update_layout(title="Planned assignments: predicted against measured throughput",
+    fig.update_layout(title=_note("Planned assignments: predicted against measured throughput",
+                                  [f"{MAX_MARKS:,} assignments a strategy, spread evenly" if sampled else ""]),
                       xaxis=dict(type="log", title="measured throughput (samples/s)"),
                       yaxis=dict(type="log", title="predicted throughput (samples/s)"), **LAYOUT)
     return fig if rows else _empty(fig, "no planned (vres_*) assignment has finished yet")
@@ -477,6 +594,12 @@ def _stride(n: int, limit: int) -> int:
     return max(1, -(-n // limit))
 
 
+TELEMETRY_DEVICES = 16
+"""GPU telemetry lines drawn (devices spread evenly by name beyond)."""
+TELEMETRY_POINTS = 12_000
+"""Samples drawn in all, shared between the devices shown."""
+
+
 def gpu_telemetry(series: Sequence[Mapping], *, max_points_per_device: int = 1500) -> go.Figure:
     """Whole-GPU utilisation (top) and memory in use (bottom) of each device over wall-clock
     time, one colour per device, with a gap between rounds; the x axis matches the timeline's.
@@ -489,15 +612,19 @@ def gpu_telemetry(series: Sequence[Mapping], *, max_points_per_device: int = 150
             "memory_used_bytes", "memory_total_bytes" (or None)}`` per device and round.
         max_points_per_device: a long run is thinned to about this many samples per device
             (every k-th sample) so the page stays light; a dropped sample is never interpolated.
+            With many devices, :data:`TELEMETRY_POINTS` is shared between the
+            :data:`TELEMETRY_DEVICES` drawn (spread evenly by name).
     """
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("GPU utilisation (%)", "GPU memory in use (GiB)"))
-    devices = sorted({s["device"] for s in series})
+    all_devices = sorted({s["device"] for s in series})
+    devices = spread(all_devices, TELEMETRY_DEVICES)
+    per_device = max(1, min(max_points_per_device, TELEMETRY_POINTS // max(1, len(devices))))
     for i, device in enumerate(devices):
         mine = sorted((s for s in series if s["device"] == device), key=lambda s: s["round_index"])
-        step = _stride(sum(len(s["t"]) for s in mine), max_points_per_device)
+        step = _stride(sum(len(s["t"]) for s in mine), per_device)
         x: list[str | None] = []
         util: list[float | None] = []
         mem: list[float | None] = []
@@ -520,7 +647,8 @@ def gpu_telemetry(series: Sequence[Mapping], *, max_points_per_device: int = 150
     fig.update_yaxes(range=[0, 100], row=1, col=1)
     fig.update_yaxes(rangemode="tozero", row=2, col=1)
     fig.update_xaxes(type="date", title_text="wall-clock time (UTC)", row=2, col=1)
-    fig.update_layout(title="GPU telemetry (NVML, whole device)", **{**LAYOUT, "height": 460})
+    fig.update_layout(title=_note("GPU telemetry (NVML, whole device)", [_devices_note(len(devices), len(all_devices))]),
+                      **{**LAYOUT, "height": 460})
     if not any(s["t"] for s in series):
         return _empty(fig, "no GPU telemetry yet: it arrives with each round's results")
     return fig

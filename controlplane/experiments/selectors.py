@@ -175,7 +175,7 @@ def run_final_accuracy(run: Run) -> dict[str, float | None]:
 
 
 def runs_final_accuracy(run_ids: list[int]) -> dict[int, dict[str, float | None]]:
-    """:func:`run_final_accuracy` of many runs in two queries: ``{run_id: {task name:
+    """:func:`run_final_accuracy` of many runs in one query: ``{run_id: {task name:
     accuracy}}`` (a run without a finished round is left out)."""
     newest = (Checkpoint.objects.filter(run_id__in=run_ids, round__isnull=False)
               .values("run_id", "task_id").annotate(last=Max("id")).values("last"))
