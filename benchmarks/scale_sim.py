@@ -1,0 +1,487 @@
+"""Benchmark: one FL run of 1,000 simulated devices × 3 tasks × 20 rounds through the control plane.
+
+    python benchmarks/scale_sim.py [--devices 1000] [--rounds 20] [--strategy sharing]
+                                   [--database-url URL] [--profile FILE]
+
+What runs, and how the 1,000 devices are driven. A thousand agent processes cannot run on a
+2-core machine, so the devices are served *in this process*: every message the control plane
+sends goes through the real services and the real message schemas, and a small in-process
+broker stands in for Celery and Redis:
+
+- the control plane's side is the production code, unchanged: ``run_create`` → ``RUN_BEGIN``
+  (initial models written and evaluated) → ``STANDALONE_RECORDED`` → for each round
+  ``ROUND_START`` (plan, assignments saved, one :class:`~workers.messages.TrainRoundRequest`
+  per device) → one ``ROUND_PROGRESS`` per device (what every agent sends when its trainers
+  start) → ``ROUND_FINISH`` (the round check, every result validated, assignments recorded,
+  FedAvg per task, evaluation, checkpoints, metrics, profile samples of the closed loop, the
+  next round) and the watchdog's check. Messages are delivered to the control plane's own
+  Celery tasks (controlplane/experiments/tasks.py). The one Celery boundary, the ``dispatch``
+  module, runs unchanged too: only its ``app`` and ``chord`` are this in-process stand-in, so
+  requests cross it as ``model_dump(mode="json")`` and results as JSON text, as through Celery;
+- the devices' side is the real :class:`workers.backends.simulated.SimulatedBackend`, one
+  instance serving every device with its own :class:`~workers.backends.base.AgentContext`,
+  each request validated from JSON as the agent does (``workers.agent.train_round``), each
+  result dumped to JSON.
+
+Control-plane seconds per round are the wall-clock seconds spent in the control plane's tasks of
+a round (``ROUND_START`` with its dispatch, every ``ROUND_PROGRESS``, decoding the results,
+``ROUND_FINISH``, the watchdog's check), garbage collection during them included, not the
+devices' work (the simulated backend's own time is printed apart) nor Celery's transport. The
+database is a throwaway SQLite file (the embedded default) unless ``--database-url`` names
+another (e.g. a PostgreSQL database you created and drop afterwards).
+
+The experiment: the light mix (resnet18, mobilenet_v3_large, shufflenet_v2_x1_0) on the digits,
+each device holding 50 samples of each task (as CIFAR-10 split over 1,000 devices; the digits'
+1,437 training samples are shared between overlapping shards, see :func:`shards_overlap`), run
+with a baseline strategy (planned every round; ``vres_*`` plans, made once per run, are timed
+by benchmarks/plan_scale.py). The simulated devices return the global weights unchanged
+(workers.backends.simulated), so each round's FedAvg averages identical models; the evaluation
+of a model that did not change is reused (same SHA-256), and the cost of the evaluations a real
+run adds per round is measured and printed apart.
+
+It then builds the dashboard's figures of the run (run page, its live JSON, the experiment page)
+and prints the largest one's JSON size.
+
+Targets (issue 7, item 6): ≤ 1.0 control-plane seconds per round on 2 cores; every figure
+≤ 2 MB. Last line: ``control_plane_s_per_round=<seconds>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LIGHT = ["resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"]
+SHARD_SAMPLES = 50
+TARGET_S = 1.0
+TARGET_BYTES = 2_000_000
+
+
+class Clock:
+    """Seconds accumulated per label, and per round for the control plane; and the seconds the
+    garbage collector took (gen 2 collections of a process holding many objects are long)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = collections.defaultdict(float)
+        self.control_by_round: dict[int, float] = collections.defaultdict(float)
+        self.gc_s = [0.0, 0.0, 0.0]
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+        self.in_control = False
+        self.gc_control_s = 0.0
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            took = time.perf_counter() - self._gc_started
+            self.gc_s[info["generation"]] += took
+            if self.in_control:
+                self.gc_control_s += took
+
+    def add(self, label: str, seconds: float, round_index: int | None = None) -> None:
+        self.totals[label] += seconds
+        if round_index is not None:
+            self.control_by_round[round_index] += seconds
+
+
+class Signature:
+    """What ``app.signature`` returns, as far as ``chord`` needs it."""
+
+    def __init__(self, name: str, args=None, kwargs=None, **options) -> None:
+        self.name, self.args, self.kwargs, self.options = name, list(args or []), dict(kwargs or {}), options
+
+
+class InProcessBroker:
+    """Stands in for Celery and Redis at the one Celery boundary of the control plane, the
+    ``dispatch`` module (controlplane/experiments/services/dispatch.py), which runs unchanged:
+    its ``app`` is replaced by this object (``send_task``, ``signature``, ``backend``,
+    ``control``) and its ``chord`` by :meth:`chord`.
+
+    Control-queue messages are delivered to the control plane's own Celery tasks
+    (controlplane/experiments/tasks.py, called as Celery would call them), in order; messages
+    with a countdown (the watchdogs) once nothing else is queued. Device-queue messages go to
+    the simulated devices: each request validated from JSON as the agent does, answered by the
+    real :class:`~workers.backends.simulated.SimulatedBackend`, its result echoed with the
+    request's attempt and idempotency key (``workers.agent.train_round``) and carried as JSON
+    text; a device task first sends the round-progress message every agent sends.
+
+    Args:
+        devices: ``{name: AgentContext}`` of the simulated devices.
+        clock: where the seconds go.
+        profiler: a ``cProfile.Profile`` enabled around the control plane's work only, or None.
+    """
+
+    def __init__(self, devices, clock: Clock, profiler: cProfile.Profile | None = None) -> None:
+        from workers.backends.simulated import SimulatedBackend
+
+        self.devices = devices
+        self.simulator = SimulatedBackend(time_scale=0.0)
+        self.clock = clock
+        self.profiler = profiler
+        self.queue: collections.deque = collections.deque()
+        self.timers: list = []
+        self.results: dict[str, dict] = {}
+        self.round_index_of: dict[int, int] = {}
+        self._depth = 0
+        self._nested = 0.0
+        self.control = types.SimpleNamespace(revoke=lambda *a, **k: None)
+
+    # -- the Celery API the dispatch module uses
+
+    def install(self) -> None:
+        import controlplane.experiments.tasks  # noqa: F401 - registers the control tasks
+        from controlplane.celery import app
+        from controlplane.experiments import services
+        from controlplane.experiments.services import dispatch, runs
+
+        self.tasks = app.tasks
+        dispatch.app = self
+        dispatch.chord = self.chord
+        # Round 0 starts inside standalone_record: time every round_start on its own, whoever calls it.
+        original = runs.round_start
+
+        def timed_round_start(*, run_id: int, index: int):
+            return self._control("round_start", original, run_id=run_id, index=index, round_index=index)
+
+        runs.round_start = timed_round_start  # standalone_record calls it there
+        services.round_start = timed_round_start  # the ROUND_START task calls it here
+
+    @property
+    def backend(self):
+        """The result backend (this object: it keeps the device tasks' results)."""
+        return self
+
+    def signature(self, name: str, args=None, kwargs=None, **options) -> Signature:
+        return Signature(name, args, kwargs, **options)
+
+    def send_task(self, name: str, args=None, kwargs=None, countdown=None, **options) -> None:
+        message = Signature(name, args, kwargs, **options)
+        if countdown:
+            self.timers.append(message)
+        else:
+            self.queue.append(message)
+
+    def chord(self, header):
+        def with_callback(callback: Signature) -> None:
+            self.queue.append(("chord", list(header), callback))
+        return with_callback
+
+    # result backend (dispatch.device_task_states, cancel_device_tasks)
+    def get_task_meta(self, task_id: str) -> dict:
+        if task_id in self.results:
+            return {"status": "SUCCESS", "result": self.results[task_id]}
+        return {"status": "PENDING", "result": None}
+
+    def store_result(self, task_id, result, state) -> None:
+        pass
+
+    # -- timing
+
+    def _control(self, label: str, fn, *args, round_index: int | None = None, **kwargs):
+        """Run a control-plane task, its seconds going to ``label`` (and to the round), less
+        those of a task nested in it and timed on its own (round 0's start inside
+        ``standalone_record``)."""
+        profiling = self.profiler is not None and self._depth == 0 and round_index is not None
+        if profiling:  # the rounds only: run_begin's one-off model building would drown them
+            self.profiler.enable()
+        self._depth += 1
+        self.clock.in_control = True
+        nested_before = self._nested
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            elapsed = time.perf_counter() - t0
+            self._depth -= 1
+            self.clock.in_control = self._depth > 0
+            own = elapsed - (self._nested - nested_before)
+            self.clock.add(label, own, round_index)
+            if self._depth:
+                self._nested += elapsed
+            if profiling:
+                self.profiler.disable()
+
+    def _device(self, label: str, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.clock.add(label, time.perf_counter() - t0)
+
+    # -- delivery
+
+    def _round_of(self, name: str, args: list) -> int | None:
+        from workers.queues import TaskName
+
+        if name == TaskName.ROUND_START:
+            return args[1]
+        if name in (TaskName.ROUND_FINISH,):
+            return self.round_index_of.get(args[1])
+        if name in (TaskName.ROUND_WATCHDOG, TaskName.ROUND_PROGRESS):
+            return self.round_index_of.get(args[0])
+        return None
+
+    def _deliver(self, message: Signature) -> None:
+        from workers.queues import TaskName
+
+        if message.name == TaskName.ROUND_START:  # timed by install(), wherever round_start is called
+            self.tasks[message.name](*message.args, **message.kwargs)
+            return
+        label = message.name.rsplit(".", 1)[-1]
+        self._control(label, self.tasks[message.name], *message.args, **message.kwargs,
+                      round_index=self._round_of(message.name, message.args))
+
+    def _device_task(self, sig: Signature) -> str:
+        """One device task: the agent's work on a simulated device; returns the result as JSON text."""
+        from workers.messages import DeviceRoundResult, StandaloneRequest, TrainRoundRequest
+        from workers.queues import TaskName
+
+        payload = sig.args[0]
+        if sig.name == TaskName.MEASURE_STANDALONE:
+            request = StandaloneRequest.model_validate(payload)
+            return json.dumps(self.simulator.measure_standalone(request, self.devices[request.device]).model_dump(mode="json"))
+        if sig.name != TaskName.TRAIN_ROUND:
+            raise RuntimeError(f"no simulated device task {sig.name}")
+        request = TrainRoundRequest.model_validate(payload)
+        self.round_index_of[request.round_id] = request.round_index
+        self.queue.append(Signature(TaskName.ROUND_PROGRESS, [request.round_id, request.device, "started", time.time()]))
+        result = self.simulator.run_round(request, self.devices[request.device])
+        echo = {k: getattr(request, k) for k in ("attempt", "idempotency_key")
+                if k in DeviceRoundResult.model_fields and hasattr(request, k)}
+        return json.dumps(result.model_copy(update=echo).model_dump(mode="json"))
+
+    def drain(self, on_round=None) -> None:
+        from workers.queues import TaskName
+
+        idle_checks = 0
+        while self.queue or self.timers:
+            if not self.queue:  # nothing else to do: the countdowns expire
+                idle_checks += 1
+                if idle_checks > 1000:
+                    raise RuntimeError("the run does not end: only timers are left, again and again")
+                self.queue.extend(self.timers)
+                self.timers.clear()
+            message = self.queue.popleft()
+            if isinstance(message, tuple):  # a chord: every device task, then the callback
+                _, header, callback = message
+                texts = []
+                for sig in header:
+                    label = "devices: " + sig.name.rsplit(".", 1)[-1]
+                    text = self._device(label, self._device_task, sig)
+                    if sig.options.get("task_id"):
+                        self.results[sig.options["task_id"]] = json.loads(text)
+                    texts.append(text)
+                # Progress messages reach the control worker while the devices work.
+                while self.queue and isinstance(self.queue[0], Signature) and self.queue[0].name == TaskName.ROUND_PROGRESS:
+                    self._deliver(self.queue.popleft())
+                results = self._control("decode results", lambda: [json.loads(t) for t in texts],
+                                        round_index=self._round_of(callback.name, [None, *callback.args]))
+                self._deliver(Signature(callback.name, [results, *callback.args], callback.kwargs))
+                if callback.name == TaskName.ROUND_FINISH and on_round:
+                    on_round(self.round_index_of.get(callback.args[0]))
+                continue
+            self._deliver(message)
+
+
+def setup_django(database_url: str | None) -> Path:
+    home = Path(tempfile.mkdtemp(prefix="mtfl-scale-"))
+    os.environ["MTFL_HOME"] = str(home)
+    os.environ["ARTIFACT_ROOT"] = str(home / "artifacts")
+    os.environ["CELERY_BROKER_URL"] = "memory://"  # nothing is sent: dispatch is in-process
+    os.environ["CELERY_RESULT_BACKEND"] = "cache+memory://"
+    os.environ.pop("MTFL_ENV", None)
+    if database_url:
+        os.environ["DATABASE_URL"] = database_url
+    else:
+        os.environ.pop("DATABASE_URL", None)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+    return home
+
+
+def make_devices(count: int, home: Path) -> tuple[list, dict]:
+    """``count`` simulated devices registered as their agents would (``device_report``)."""
+    from controlplane.fleet.services import device_create, device_report
+    from workers.backends.base import AgentContext
+    from workers.backends.simulated import SimulatedBackend
+
+    describe = SimulatedBackend(time_scale=0.0).describe()
+    devices, contexts = [], {}
+    for k in range(count):
+        name = f"sim-{k:04d}"
+        device_create(name=name, backend="simulated")
+        devices.append(device_report(inventory={"name": name, "backend": "simulated", "host": "bench", "cores": [0],
+                                                **describe}))
+        state = home / "agents" / name
+        contexts[name] = AgentContext(device=name, cores=[0], state_dir=state,
+                                      artifact_root=Path(os.environ["ARTIFACT_ROOT"]))
+    return devices, contexts
+
+
+def shards_overlap(experiment, samples: int) -> None:
+    """Give every device ``samples`` of every task, in overlapping windows of the digits'
+    1,437 training samples.
+
+    The digits are too small for 1,000 devices × 3 tasks (an iid split leaves most devices
+    without data: a shard holds at least two samples), and CIFAR-10 is not on this machine. The
+    simulated devices read no data, and the control plane only carries sizes and offsets, so
+    shards that share samples change nothing it does; each shard is as large as CIFAR-10's
+    50,000 training samples split over 1,000 devices.
+    """
+    from controlplane.experiments.models import Shard
+    from workers.datasets import dataset_info
+
+    train_size = dataset_info("digits").train_size
+    devices = list(experiment.devices.order_by("id").values_list("id", flat=True))
+    tasks = list(experiment.tasks.order_by("id").values_list("id", flat=True))
+    experiment.shards.all().delete()
+    Shard.objects.bulk_create(
+        Shard(experiment=experiment, device_id=d, task_id=t, num_samples=samples,
+              offset=(k * samples) % (train_size - samples + 1))
+        for k, d in enumerate(devices) for t in tasks
+    )
+
+
+def figure_sizes(run, owner) -> dict[str, int]:
+    """JSON bytes of every dashboard figure of the run page, its live JSON and the experiment
+    page, as the views build them."""
+    from controlplane.dashboard import data
+    from controlplane.experiments.models import Experiment, Run
+
+    run = Run.objects.select_related("experiment").get(id=run.id)
+    sizes: dict[str, int] = {}
+    live = data.run_live(run)
+    for name, fig in live["figures"].items():
+        sizes[f"run page: {name}"] = len(json.dumps(fig))
+    sizes["run page: live JSON (all of it)"] = len(json.dumps(live, default=str))
+    experiment = Experiment.objects.get(id=run.experiment_id)
+    runs = data.experiment_runs(experiment)
+    figures = {**data.experiment_figures(experiment, runs), **data.comparison_figures(experiment, runs)["figures"]}
+    for name, fig in figures.items():
+        sizes[f"experiment page: {name}"] = len(json.dumps(fig))
+    return sizes
+
+
+def measure_evaluation(run) -> float:
+    """Seconds to evaluate every task's initial global model once: what a real run adds per
+    round on top of the figure printed (its models change every round)."""
+    from controlplane.experiments import selectors
+    from workers.artifacts import get_store
+    from workers.evaluate import evaluate
+
+    store = get_store()
+    t0 = time.perf_counter()
+    for ckpt in run.checkpoints.filter(round__isnull=True).select_related("task"):
+        evaluate(selectors.task_ref(ckpt.task), store.path(ckpt.artifact_path))
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--strategy", default="sharing", choices=["temporal", "isolation", "sharing"],
+                        help="a baseline (planned every round; the vres_* plans are timed by plan_scale.py)")
+    parser.add_argument("--database-url", default=None, help="default: a throwaway SQLite file")
+    parser.add_argument("--profile", default=None, help="write a cProfile of the control plane's work here")
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    home = setup_django(args.database_url)
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from controlplane.experiments.models import Assignment, Run
+    from controlplane.experiments.services import experiment_create, run_create, task_create
+
+    owner = get_user_model().objects.create_user("scale-owner", password="unused-pass")
+    t0 = time.perf_counter()
+    devices, contexts = make_devices(args.devices, home)
+    tasks = [task_create(name=f"scale-{a}", architecture=a, owner=owner) for a in LIGHT]
+    experiment = experiment_create(
+        name="scale", task_ids=[t.id for t in tasks], device_ids=[d.id for d in devices], rounds=args.rounds,
+        partition_rule="iid", owner=owner,
+    )
+    shards_overlap(experiment, SHARD_SAMPLES)
+    print(f"MTFL_HOME={home} ({connection.vendor}); devices served in this process by the simulated backend, "
+          "messages through an in-process stand-in for Celery (see the docstring)")
+    print(f"{args.devices} simulated devices × {len(tasks)} tasks ({', '.join(LIGHT)}), {args.rounds} rounds, "
+          f"strategy {args.strategy}: set up in {time.perf_counter() - t0:.1f} s")
+
+    clock = Clock()
+    profiler = cProfile.Profile() if args.profile else None
+    broker = InProcessBroker(contexts, clock, profiler)
+    broker.install()
+    last = [time.perf_counter()]
+
+    def on_round(index: int) -> None:
+        now = time.perf_counter()
+        print(f"  round {index:2d}: control plane {clock.control_by_round[index]:.3f} s "
+              f"(wall {now - last[0]:.1f} s with the devices' work)", flush=True)
+        last[0] = now
+
+    run = run_create(experiment=experiment, strategy=args.strategy)
+    broker.drain(on_round)
+    run.refresh_from_db()
+    if profiler:
+        profiler.dump_stats(args.profile)
+        print(f"cProfile of the control plane's work: {args.profile}")
+
+    rounds = list(run.rounds.order_by("index"))
+    assignments = Assignment.objects.filter(round__run=run).count()
+    ok = run.status == Run.Status.SUCCEEDED and len(rounds) == args.rounds and all(
+        r.status == "succeeded" for r in rounds)
+    print(f"run {run.id}: {run.status}, {len(rounds)} rounds "
+          f"({', '.join(sorted({r.status for r in rounds}))}), {assignments} assignments"
+          + (f"; error: {run.error}" if run.error else ""))
+
+    per_round = [clock.control_by_round[r.index] for r in rounds]
+    totals = clock.totals
+    print("\nwhere the seconds went (all rounds):")
+    for label in sorted(totals, key=totals.get, reverse=True):
+        print(f"  {label:<24}{totals[label]:9.2f} s")
+    print(f"  (garbage collection, included above: {', '.join(f'gen {g} {t:.2f} s' for g, t in enumerate(clock.gc_s))}; "
+          f"{clock.gc_control_s:.2f} s of it in the control plane's tasks)")
+    evaluation_s = measure_evaluation(run)
+    print(f"evaluating the {len(tasks)} global models once: {evaluation_s:.2f} s (a real run, whose models "
+          f"change, adds this per round; the simulated run's models do not change, so it is reused)")
+
+    sizes = figure_sizes(run, owner)
+    print("\ndashboard figures (JSON bytes):")
+    for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<44}{size:>12,}")
+    figure_only = {k: v for k, v in sizes.items() if "live JSON" not in k}
+    largest_name = max(figure_only, key=figure_only.get)
+
+    mean = statistics.fmean(per_round) if per_round else float("nan")
+    print(f"\ncontrol plane per round: mean {mean:.3f} s, median {statistics.median(per_round):.3f} s, "
+          f"max {max(per_round):.3f} s (target ≤ {TARGET_S:g} s: ratio {mean / TARGET_S:.2f})")
+    print(f"largest figure: {largest_name}, {figure_only[largest_name]:,} bytes "
+          f"(target ≤ {TARGET_BYTES:,}: ratio {figure_only[largest_name] / TARGET_BYTES:.2f})")
+    print(f"benchmark took {time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.2f}")
+    print(f"largest_figure_bytes={figure_only[largest_name]}")
+    print(f"control_plane_s_per_round={mean:.3f}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
