@@ -29,6 +29,22 @@ class FilterSet(filters.FilterSet):
 
 
 class FilterBackend(filters.DjangoFilterBackend):
-    """django-filter's backend building :class:`FilterSet` for views that list ``filterset_fields``."""
+    """django-filter's backend building :class:`FilterSet` for views that list ``filterset_fields``.
+
+    A request that names none of the filter set's parameters is not filtered at all (the filter
+    set would change nothing): building its form, a deep copy of every filter's field with its
+    queryset, was a quarter of the time of a plain first-page request of a list.
+    """
 
     filterset_base = FilterSet
+
+    def filter_queryset(self, request, queryset, view):
+        filterset_class = self.get_filterset_class(view, queryset)
+        if filterset_class is None:
+            return queryset
+        names = filterset_class.base_filters
+        # A range filter's parameters carry a suffix (name_min, name_after, ...).
+        if not any(param in names or any(param.startswith(f"{name}_") for name in names)
+                   for param in request.query_params):
+            return queryset
+        return super().filter_queryset(request, queryset, view)
