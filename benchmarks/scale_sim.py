@@ -1,7 +1,7 @@
 """Benchmark: one FL run of 1,000 simulated devices × 3 tasks × 20 rounds through the control plane.
 
     python benchmarks/scale_sim.py [--devices 1000] [--rounds 20] [--strategy sharing]
-                                   [--database-url URL] [--profile FILE]
+                                   [--database-url URL] [--profile FILE] [--keep]
 
 What runs, and how the 1,000 devices are driven. A thousand agent processes cannot run on a
 2-core machine, so the devices are served *in this process*: every message the control plane
@@ -54,6 +54,7 @@ import cProfile
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -403,7 +404,16 @@ def main() -> int:
                         help="a baseline (planned every round; the vres_* plans are timed by plan_scale.py)")
     parser.add_argument("--database-url", default=None, help="default: a throwaway SQLite file")
     parser.add_argument("--profile", default=None, help="write a cProfile of the control plane's work here")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary MTFL_HOME (database, artifacts)")
     args = parser.parse_args()
+    try:
+        return run(args)
+    finally:
+        if not args.keep and "MTFL_HOME" in os.environ and Path(os.environ["MTFL_HOME"]).name.startswith("mtfl-scale-"):
+            shutil.rmtree(os.environ["MTFL_HOME"], ignore_errors=True)
+
+
+def run(args) -> int:
 
     started = time.perf_counter()
     home = setup_django(args.database_url)
