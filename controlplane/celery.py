@@ -88,10 +88,14 @@ def use_broker(broker_url: str, result_backend: str) -> None:
     """
     import threading
 
+    from kombu import pools
+
     app.conf.broker_url = broker_url
     app.conf.result_backend = result_backend
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
+    # app.pool and the producer pool live in kombu's process-wide registries, keyed by the
+    # broker's address: closing them without removing them would hand the closed pools back the
+    # next time this address is used ("Acquire on closed pool"). reset() closes and forgets all.
+    pools.reset()
+    app._pool = None
     app.amqp._producer_pool = None
     app._local = threading.local()
