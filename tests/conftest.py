@@ -113,3 +113,28 @@ def make_experiment(db, user, make_device, make_task):
         )
 
     return make
+
+
+_DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+                                "live_server"})
+
+
+def uses_the_database(item: pytest.Item) -> bool:
+    """Whether a test opens the test database: marked ``django_db`` or asking, directly or
+    through its fixtures, for one of pytest-django's database fixtures."""
+    if item.get_closest_marker("django_db") is not None:
+        return True
+    return bool(_DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(config, items):
+    """``MTFL_TESTS_DATABASE_ONLY=1`` keeps only the tests that use the database: CI's second,
+    PostgreSQL pass (.ci/run) runs those; the others never open a connection, so they would
+    repeat the first pass exactly."""
+    if os.environ.get("MTFL_TESTS_DATABASE_ONLY") != "1":
+        return
+    kept = [item for item in items if uses_the_database(item)]
+    dropped = [item for item in items if not uses_the_database(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
