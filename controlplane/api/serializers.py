@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.api.fast_lists import FastReadListSerializer
 from controlplane.experiments.models import (
     MAX_DEVICE_RETRIES,
     Assignment,
@@ -366,13 +367,17 @@ class RoundSerializer(serializers.ModelSerializer):
             "predicted_round_time_s", "deadline_s", "deadline_at",
         ]
         read_only_fields = fields
+        list_serializer_class = FastReadListSerializer
 
 
 class AssignmentSerializer(serializers.ModelSerializer):
-    run = serializers.IntegerField(source="round.run_id", read_only=True)
-    round_index = serializers.IntegerField(source="round.index", read_only=True)
-    device_name = serializers.CharField(source="device.name", read_only=True)
-    task_name = serializers.CharField(source="task.name", read_only=True)
+    """An assignment of :func:`controlplane.experiments.selectors.assignment_list` (annotated with
+    ``run``, ``round_index``, ``device_name`` and ``task_name``)."""
+
+    run = serializers.IntegerField(read_only=True)
+    round_index = serializers.IntegerField(read_only=True)
+    device_name = serializers.CharField(read_only=True)
+    task_name = serializers.CharField(read_only=True)
 
     class Meta:
         model = Assignment
@@ -384,6 +389,7 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "mps_active_thread_percentage", "mps_verified", "mps_detail", "attempt",
         ]
         read_only_fields = fields
+        list_serializer_class = FastReadListSerializer
 
 
 class DeviceTelemetrySerializer(serializers.ModelSerializer):
@@ -409,6 +415,7 @@ class CheckpointSerializer(serializers.ModelSerializer):
             "test_accuracy", "test_loss", "kept_previous", "created_at",
         ]
         read_only_fields = fields
+        list_serializer_class = FastReadListSerializer
 
 
 # --- profiling -----------------------------------------------------------------------------
@@ -455,6 +462,7 @@ class ProfileSampleSerializer(serializers.ModelSerializer):
                   "throughput_sps", "standalone_sps", "peak_memory_bytes", "simulated", "repeat_of", "started_at",
                   "finished_at"]
         read_only_fields = fields
+        list_serializer_class = FastReadListSerializer
 
 
 class PredictorSerializer(serializers.ModelSerializer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import NamedTuple
 
-from django.db.models import Max, Prefetch, Q, QuerySet
+from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from controlplane.experiments.models import (
     Assignment,
@@ -18,6 +18,7 @@ from controlplane.experiments.models import (
     StandaloneThroughput,
     Task,
 )
+from controlplane.fleet.models import Device
 from controlplane.planning.metrics import speedup
 from controlplane.planning.types import PlanningInput
 from workers.messages import DatasetRef, OptimizerConfig, TaskRef
@@ -147,9 +148,16 @@ def round_list(*, user=None, everyone: bool = False) -> QuerySet[Round]:
 
 
 def assignment_list(*, user=None, everyone: bool = False) -> QuerySet[Assignment]:
-    own = [f.name for f in Assignment._meta.concrete_fields]
-    queryset = Assignment.objects.select_related("round", "device", "task").only(
-        *own, "round__run", "round__index", "device__name", "task__name")
+    # The related values the API shows come as annotations on one Assignment per row, not as
+    # three related instances each (building those was a third of a page's time); as subqueries
+    # on primary keys, not joins, so that the page's COUNT(*), which drops unused annotations,
+    # counts the assignments alone.
+    def related(model, column: str, key: str) -> Subquery:
+        return Subquery(model.objects.filter(pk=OuterRef(key)).values(column)[:1])
+
+    queryset = Assignment.objects.annotate(
+        run=related(Round, "run_id", "round_id"), round_index=related(Round, "index", "round_id"),
+        device_name=related(Device, "name", "device_id"), task_name=related(Task, "name", "task_id"))
     runs = _visible_runs(user, everyone)
     if runs is not None:
         queryset = queryset.filter(round_id__in=Round.objects.filter(run_id__in=runs).values("id"))
