@@ -14,7 +14,7 @@ Dockerfile and docker-compose.yml run it (``--workers`` sync workers; compose's
 ``WEB_CONCURRENCY`` default is 3); (4) for each list endpoint, ``--connections`` clients request
 its first page (the default 100 rows) for ``--duration`` seconds, authenticated with the
 researcher's API token, each client waiting ``--think-ms`` (± 50 %) between an answer and its
-next request (0: as fast as it can): Python threads, or ``wrk`` (when it is installed and the
+next request (0: as fast as it can): client processes (Python, one request at a time each), or ``wrk`` (when it is installed and the
 clients do not wait; its latency distribution read by a small Lua script). Before the load the
 database gets its planner statistics (``ANALYZE``; ``VACUUM ANALYZE`` on PostgreSQL), as a
 database in service has them.
@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -169,40 +168,53 @@ def load_wrk(url: str, token: str, connections: int, duration: float, script: Pa
     return json.loads(line)
 
 
-def load_threads(url: str, token: str, connections: int, duration: float, think_ms: int = 0) -> dict:
-    """The fallback without wrk: ``connections`` threads, each one request at a time."""
+def _client(url: str, token: str, stop_at: float, think_ms: int, seed: int) -> tuple[list[float], int]:
+    """One client: requests one at a time until ``stop_at`` (``time.time()``), waiting
+    ``think_ms`` ± 50 % between an answer and the next request; returns the latencies (ms) and
+    the number of errors."""
     import random
 
+    rng = random.Random(seed)
     latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    stop = time.monotonic() + duration
+    errors = 0
+    request = urllib.request.Request(url, headers={"Authorization": f"Token {token}"})
+    if think_ms > 0:
+        # Pollers that started at different times: without a random phase every client would
+        # send its first request in the same millisecond, and that one burst of
+        # ``connections`` requests queued on the workers would be the measured tail.
+        time.sleep(rng.uniform(0, think_ms * 1.5) / 1000)
+    while time.time() < stop_at:
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+                ok = response.status == 200
+        except OSError:
+            ok = False
+        latencies.append((time.perf_counter() - t0) * 1000)
+        errors += 0 if ok else 1
+        if think_ms > 0:
+            time.sleep(rng.uniform(think_ms / 2, think_ms * 1.5) / 1000)
+    return latencies, errors
 
-    def client() -> None:
-        request = urllib.request.Request(url, headers={"Authorization": f"Token {token}"})
-        while time.monotonic() < stop:
-            t0 = time.perf_counter()
-            try:
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    response.read()
-                    ok = response.status == 200
-            except OSError:
-                ok = False
-            took = (time.perf_counter() - t0) * 1000
-            with lock:
-                latencies.append(took)
-                errors[0] += 0 if ok else 1
-            if think_ms > 0:
-                time.sleep(random.uniform(think_ms / 2, think_ms * 1.5) / 1000)
 
-    threads = [threading.Thread(target=client) for _ in range(connections)]
+def load_processes(url: str, token: str, connections: int, duration: float, think_ms: int = 0) -> dict:
+    """The fallback without wrk: ``connections`` client processes, each one request at a time.
+
+    Processes, not threads: threads of one Python process wait for each other's GIL at every
+    ``recv`` of a response (up to the 5 ms switch interval each time), which put up to 100 ms
+    of the client's own waiting into the p99 of the larger pages (measured against gunicorn's
+    own request times)."""
+    import multiprocessing
+
+    stop_at = time.time() + duration
     started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with multiprocessing.get_context("fork").Pool(connections) as pool:
+        done = pool.starmap(_client, [(url, token, stop_at, think_ms, k) for k in range(connections)])
+    latencies = [x for lat, _errors in done for x in lat]
+    errors = sum(e for _lat, e in done)
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-    return {"requests": len(latencies), "seconds": time.perf_counter() - started, "errors": errors[0],
+    return {"requests": len(latencies), "seconds": time.perf_counter() - started, "errors": errors,
             "p50": q[49], "p95": q[94], "p99": q[98]}
 
 
@@ -216,10 +228,10 @@ def main() -> int:
                         help="each client waits this long on average (uniform ±50 %%) between an answer and its "
                              "next request (default 1000: 16 clients polling about once a second; 0: as fast as "
                              "they can, which measures the server's saturation, not its latency)")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per endpoint (default 10)")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per endpoint (default 20)")
     parser.add_argument("--workers", type=int, default=3, help="gunicorn sync workers (compose's default: 3)")
-    parser.add_argument("--client", choices=["auto", "wrk", "threads"], default="auto",
-                        help="auto: wrk for clients that do not wait (--think-ms 0), Python threads otherwise "
+    parser.add_argument("--client", choices=["auto", "wrk", "processes"], default="auto",
+                        help="auto: wrk for clients that do not wait (--think-ms 0), client processes otherwise "
                              "(wrk's latencies with waits between requests on gunicorn's closed connections "
                              "carried half-second stalls that no client saw)")
     args = parser.parse_args()
@@ -269,7 +281,7 @@ def main() -> int:
         wait_ready(base + "/api/devices/", ids["token"])
         client = args.client
         if client == "auto":
-            client = "wrk" if shutil.which("wrk") and args.think_ms <= 0 else "threads"
+            client = "wrk" if shutil.which("wrk") and args.think_ms <= 0 else "processes"
         script = home / "report.lua"
         script.write_text(WRK_SCRIPT.replace("THINK_MS", str(args.think_ms)))
         think = f"each waiting {args.think_ms} ms ± 50 % between requests" if args.think_ms > 0 else "as fast as they can"
@@ -280,13 +292,13 @@ def main() -> int:
         # Warm-up: every worker serves every endpoint once before anything is measured (a
         # worker's first request imports the serializers, filters and renderers).
         for _label, path in endpoints(ids):
-            load_threads(base + path, ids["token"], 2 * args.workers, 1.0)
+            load_processes(base + path, ids["token"], 2 * args.workers, 1.0)
         worst = 0.0
         for label, path in endpoints(ids):
             if client == "wrk":
                 r = load_wrk(base + path, ids["token"], args.connections, args.duration, script)
             else:
-                r = load_threads(base + path, ids["token"], args.connections, args.duration, args.think_ms)
+                r = load_processes(base + path, ids["token"], args.connections, args.duration, args.think_ms)
             worst = max(worst, r["p99"])
             print(f"{label:<22}{r['requests'] / r['seconds']:>8.1f}{r['errors']:>8d}{r['p50']:>9.1f}{r['p95']:>9.1f}"
                   f"{r['p99']:>9.1f}", flush=True)
