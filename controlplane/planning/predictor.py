@@ -14,11 +14,15 @@ its throughput in samples/s. This module is that regression, pure NumPy and scik
   ``log P − log P_baseline`` per slot (0 for empty slots): the learned models correct the
   physical baseline below, and every task is predicted at once.
 * **Families**, compared under the same grouped cross-validation in which whole mixes (the
-  multiset of models) are held out: a physically-motivated baseline (standalone speed scaled
-  by the fraction of the device the share is granted, slowed down in proportion when the
-  granted fractions add up to more than the device), a random forest (as in
+  multiset of models) are held out: a physically-motivated baseline ``P_i = P_solo(model_i,
+  B_i, g_i) · ρ_i`` (:class:`SoloTable`: standalone speed scaled by the granted fraction
+  ``g^α``; :func:`sharing_rate` ``ρ_i``: what co-located tasks leave it — weighted time
+  sharing of the cores under ``packed`` placement, proportional oversubscription when
+  ``pooled``), a random forest (as in
   Horus, Yeung et al. 2021), gradient-boosted trees, and extremely randomised trees. The one
-  with the lowest held-out RMSLE is refitted on all samples and kept.
+  with the lowest held-out RMSLE is refitted on all samples and kept. The physical tables
+  (SoloTable, sharing weight) are refitted inside every fold from its training mixes only,
+  so no held-out measurement (a held-out standalone speed included) reaches its baseline.
 * **Memory.** Peak memory per task from ``(model, B)``: a least-squares line per model over the
   profiled peaks, or, for a model never profiled, a physical estimate from its parameter bytes
   and activation bytes per sample.
@@ -108,6 +112,88 @@ def granted_fraction(share: np.ndarray, units: int) -> np.ndarray:
     return np.maximum(1.0, np.floor(np.asarray(share, dtype=float) * units / 100.0 + 0.5)) / units
 
 
+def packed_windows(share: np.ndarray, present: np.ndarray, units: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which units each task runs on under ``packed`` placement (workers.backends.cpu.cpu_allocation):
+    task ``k`` gets ``n_k = max(1, floor(R_k·C/100 + 1/2))`` units, a window starting where the
+    previous task's ended, modulo ``C``. Returns ``n`` ``(rows, slots)`` (0 for empty slots) and
+    the coverage ``(rows, slots, C)`` (bool)."""
+    share = np.asarray(share, dtype=float)
+    n_units = np.where(present, np.maximum(1, np.floor(share * units / 100.0 + 0.5)).astype(np.int64), 0)
+    starts = (np.cumsum(n_units, axis=1) - n_units) % units
+    core = np.arange(units)
+    covered = ((core[None, None, :] - starts[:, :, None]) % units) < n_units[:, :, None]
+    return n_units, covered & present[:, :, None]
+
+
+def sharing_rate(share: np.ndarray, present: np.ndarray, units: int, placement: Placement,
+                 weight: float = 1.0) -> np.ndarray:
+    """The fraction of its own slice a task gets when co-located, ``(rows, slots)``, in ``(0, 1]``.
+
+    ``pooled`` (MPS): ``1 / max(1, Σ_j g_j)`` — the device oversubscribed for everyone.
+
+    ``packed`` (cpu backend): weighted time sharing of each core between the threads pinned to
+    it (Linux CFS shares a core equally between its *runnable* threads). A task with one thread
+    is always runnable (weight 1); a task with several intra-op threads is not: its threads are
+    barrier-synchronised and, with ``OMP_WAIT_POLICY=PASSIVE`` on shared cores, sleep at every
+    barrier until the sibling on a busier core catches up, so each is runnable only a fraction
+    ``w`` of the time (``weight``, fitted on the profiled mixes, :func:`fit_sharing_weight`).
+    On core ``c`` task ``i`` gets ``w_i / Σ_{j on c} w_j``; its rate is the mean over its
+    ``n_i`` cores, ``ρ_i = (1/n_i) Σ_{c ∈ i} w_i / Σ_{j on c} w_j``, capped at 1. With ``w = 1``
+    this is the mean over the task's cores of ``1 / (tasks on the core)``. The mean fits the
+    2-core profiles better than the most-contended core (the barrier's ``min``): held-out
+    RMS log error of the baseline's multi-task slowdowns 0.25 (mean) against 0.30 (min).
+    """
+    present = np.asarray(present, dtype=bool)
+    if placement == "pooled":
+        granted = np.where(present, granted_fraction(share, units), 0.0)
+        rate = 1.0 / np.maximum(1.0, granted.sum(axis=1, keepdims=True))
+        return np.broadcast_to(rate, present.shape).copy()
+    n_units, covered = packed_windows(share, present, units)
+    w = np.where(n_units > 1, weight, 1.0) * present
+    total = (covered * w[:, :, None]).sum(axis=1)  # (rows, C) runnable weight on each core
+    per_core = np.where(covered, w[:, :, None] / np.maximum(total[:, None, :], 1e-12), 0.0)
+    rate = per_core.sum(axis=2) / np.maximum(n_units, 1)
+    return np.where(present, np.clip(rate, 1e-6, 1.0), 1.0)
+
+
+def _sample_arrays(samples: Sequence[ProfiledTask]) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's mix as ``(n, MAX_MIX)`` shares and presence (mixes truncated to MAX_MIX)."""
+    share = np.zeros((len(samples), MAX_MIX))
+    present = np.zeros((len(samples), MAX_MIX), dtype=bool)
+    for r, s in enumerate(samples):
+        for k, t in enumerate(s.mix[:MAX_MIX]):
+            share[r, k], present[r, k] = t.share, True
+    return share, present
+
+
+def _repair_standalone(pts: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Standalone speeds ``(B, P)`` (ascending ``B``) with physically impossible points repaired.
+
+    An iteration costs a fixed time plus a time per sample, ``1/P = t_0/B + t_1`` (optimizer
+    step, operator dispatch and thread fork/join, then the samples' compute), so throughput
+    grows with the batch at most proportionally: ``P(B_2)/P(B_1) ≤ B_2/B_1`` (a log-log slope
+    ≤ 1). A pair of neighbouring points breaking that (with 3 or more points) holds a disturbed
+    measurement; of the two, the one further from the law — fitted by Theil–Sen (median of
+    pairwise slopes of ``1/P`` against ``1/B``, robust to that very point) — is replaced by the
+    law's value. On the 2-core sweep: mobilenet_v3_small measured 142 samples/s alone at
+    B = 16 against 498 at B = 32 (a slope of 1.8; on one core in mixes it ran at 213–479).
+    """
+    if len(pts) < 3:
+        return pts
+    b = np.array([p[0] for p in pts], dtype=float)
+    y = np.array([p[1] for p in pts], dtype=float)
+    x, inv = 1.0 / b, 1.0 / y
+    i, j = np.triu_indices(len(x), 1)
+    slope = max(0.0, float(np.median((inv[j] - inv[i]) / (x[j] - x[i]))))
+    law = 1.0 / np.maximum(slope * x + float(np.median(inv - slope * x)), 1e-12)
+    residual = np.abs(np.log(y) - np.log(law))
+    for k in range(len(y) - 1):
+        if y[k + 1] / y[k] > b[k + 1] / b[k] * (1.0 + 1e-9):
+            bad = k if residual[k] >= residual[k + 1] else k + 1
+            y[bad] = law[bad]
+    return [(int(bb), float(p)) for bb, p in zip(b, y, strict=True)]
+
+
 @dataclass
 class SoloTable:
     """``P_solo(model, B, g) = P_alone(model, B) · g^α_model``: a task's throughput alone on the
@@ -116,36 +202,65 @@ class SoloTable:
     ``P_alone`` (``g = 1``) comes from the measured standalone speeds (and 1-task mixes at a
     share granted the whole device); along the batch size it interpolates linearly in
     ``(log B, log P)`` (throughput grows sub-linearly with the batch) and extends the end slopes,
-    clipped to ``[0, 1]``. ``α_model`` is the least-squares slope of ``log(P / P_alone)`` against
-    ``log g`` over the model's 1-task mixes granted less than the device (how well it scales
-    with its slice: 1 for perfectly, below 1 when a smaller slice is used more efficiently),
-    clipped to ``[0, 1.5]``, and 1 without such mixes. A model never measured alone is estimated
-    from its training FLOPs and the device's median FLOP rate over measured models
+    clipped to ``[0, 1]``. Standalone points that break the per-iteration time law (throughput
+    growing faster than the batch) are repaired first (:func:`_repair_standalone`).
+
+    ``α_model`` (how well the model scales with its slice: 1 for perfectly, below 1 when a
+    smaller slice is used more efficiently, below 0 when one core is faster than several, as
+    for small CNNs whose intra-op threads spend more on synchronisation than they gain) is the
+    least-squares slope through the origin of ``log(P / P_alone)`` against ``log g`` over every
+    sample of the model granted less than the device *and alone on its units* — 1-task mixes
+    and tasks of larger mixes whose cores no other task uses (``packed`` placement) —, clipped
+    to ``[-1, 1.5]``; without such samples the median of the other models' ``α`` (1 if none).
+
+    A model never measured alone is estimated from its samples in mixes, each divided by what
+    the mix leaves it (:func:`sharing_rate` with ``sharing_weight``) and by ``g^α``
+    (geometric mean per batch size, then the same interpolation); with no samples at all, from
+    its training FLOPs and the device's median FLOP rate over measured models
     (``P_alone ≈ rate / F``).
     """
 
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     exponents: dict[str, float] = field(default_factory=dict)
     flop_rate: float | None = None
+    default_exponent: float = 1.0
 
     @classmethod
-    def from_samples(cls, samples: Iterable[ProfiledTask], workloads: Mapping[str, ModelWorkload], units: int) -> SoloTable:
-        samples = list(samples)
+    def from_samples(cls, samples: Iterable[ProfiledTask], workloads: Mapping[str, ModelWorkload], units: int,
+                     placement: Placement = "pooled", sharing_weight: float = 1.0) -> SoloTable:
+        samples = [s for s in samples if s.throughput_sps and s.throughput_sps > 0 and len(s.mix) <= MAX_MIX]
+        share, present = _sample_arrays(samples)
+        idx = np.array([s.task_index for s in samples], dtype=np.int64)[:, None]
+        if samples:
+            rate = np.take_along_axis(sharing_rate(share, present, units, placement, sharing_weight), idx, axis=1)[:, 0]
+            if placement == "packed":
+                _n, covered = packed_windows(share, present, units)
+                on_core = covered.sum(axis=1)  # (n, C) tasks on each unit
+                mine = np.take_along_axis(covered, idx[:, :, None], axis=1)[:, 0, :]
+                alone_on_units = ~(mine & (on_core > 1)).any(axis=1)
+            else:
+                alone_on_units = np.take_along_axis(sharing_rate(share, present, units, placement), idx, axis=1)[:, 0] >= 1.0
+        else:
+            rate = alone_on_units = np.zeros(0)
         full: dict[tuple[str, int], list[float]] = defaultdict(list)
         partial: list[tuple[str, int, float, float]] = []
-        for s in samples:
+        mixed: list[tuple[str, int, float, float]] = []
+        for k, s in enumerate(samples):
             task = s.mix[s.task_index]
             if s.standalone_sps and s.standalone_sps > 0:
                 full[(task.architecture, task.batch_size)].append(s.standalone_sps)
-            if len(s.mix) == 1 and s.throughput_sps > 0:
-                g = float(granted_fraction(task.share, units))
-                if g >= 1.0:
-                    full[(task.architecture, task.batch_size)].append(s.throughput_sps)
-                else:
-                    partial.append((task.architecture, task.batch_size, g, s.throughput_sps))
+            g = float(granted_fraction(task.share, units))
+            if len(s.mix) == 1 and g >= 1.0:
+                full[(task.architecture, task.batch_size)].append(s.throughput_sps)
+            elif alone_on_units[k] and g < 1.0:
+                partial.append((task.architecture, task.batch_size, g, s.throughput_sps))
+            if len(s.mix) > 1 or g < 1.0:
+                mixed.append((task.architecture, task.batch_size, g, s.throughput_sps / float(rate[k])))
         curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for (arch, batch), values in sorted(full.items()):
             curves[arch].append((batch, float(np.exp(np.mean(np.log(values))))))
+        for arch, pts in curves.items():
+            curves[arch] = _repair_standalone(pts)
         rates = [p * workloads[a].train_flops_per_sample for a, pts in curves.items() if a in workloads for _, p in pts]
         table = cls(curves=dict(curves), flop_rate=float(np.median(rates)) if rates else None)
         by_arch: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -156,8 +271,22 @@ class SoloTable:
         for arch, pts in by_arch.items():
             x = np.array([a for a, _ in pts])
             y = np.array([b for _, b in pts])
-            table.exponents[arch] = float(np.clip((x @ y) / (x @ x), 0.0, 1.5))  # through the origin: g=1 → ratio 1
+            table.exponents[arch] = float(np.clip((x @ y) / (x @ x), -1.0, 1.5))  # through the origin: g=1 → ratio 1
+        if table.exponents:
+            table.default_exponent = float(np.median(list(table.exponents.values())))
+        inferred: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for arch, batch, g, p in mixed:
+            if arch not in table.curves:
+                inferred[(arch, batch)].append(math.log(p) - table.exponent(arch) * math.log(g))
+        extra: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for (arch, batch), logs in sorted(inferred.items()):
+            extra[arch].append((batch, float(np.exp(np.mean(logs)))))
+        table.curves.update(extra)
         return table
+
+    def exponent(self, architecture: str) -> float:
+        """``α`` of a model (the median of the others' for a model without partial-share samples)."""
+        return self.exponents.get(architecture, self.default_exponent)
 
     def alone(self, architecture: str, batch: np.ndarray, workloads: Mapping[str, ModelWorkload]) -> np.ndarray:
         """``P_alone`` (samples/s): the model alone on the whole device at each batch size.
@@ -186,7 +315,7 @@ class SoloTable:
     def lookup(self, architecture: str, batch: np.ndarray, granted: np.ndarray,
                workloads: Mapping[str, ModelWorkload]) -> np.ndarray:
         """``P_solo`` (samples/s) at arrays of batch sizes and granted fractions."""
-        return self.alone(architecture, batch, workloads) * np.asarray(granted, dtype=float) ** self.exponents.get(architecture, 1.0)
+        return self.alone(architecture, batch, workloads) * np.asarray(granted, dtype=float) ** self.exponent(architecture)
 
 
 # ------------------------------------------------------------------------------------- encoding
@@ -242,6 +371,9 @@ class FeatureSpace:
     solo: SoloTable
     cores: int
     placement: Placement = "pooled"
+    sharing_weight: float = 1.0
+    """``w`` of :func:`sharing_rate`: how much of the time a multi-threaded task's thread is
+    runnable on a shared core (fitted by :func:`fit_sharing_weight`; ignored when pooled)."""
 
     def spec(self) -> dict:
         """A JSON description of the features (stored on the Predictor row)."""
@@ -254,6 +386,7 @@ class FeatureSpace:
             "architectures": list(self.architectures),
             "cores": self.cores,
             "placement": self.placement,
+            "sharing_weight": self.sharing_weight,
         }
 
     def _per_arch(self, values: Callable[[str], float]) -> np.ndarray:
@@ -273,9 +406,10 @@ class FeatureSpace:
                 solo[mask] = self.solo.lookup(name, enc.batch[mask], granted[mask], self.workloads)
         contention = self.contention(enc.share, present)
         worst = self.worst_contention(enc.share, present)
-        baseline = solo / contention
+        rate = sharing_rate(enc.share, present, self.cores, self.placement, self.sharing_weight)
+        baseline = solo * rate
         return {"present": present, "flops": flops, "bytes": bytes_, "params": params, "solo": solo,
-                "granted": granted, "contention": contention, "worst": worst,
+                "granted": granted, "contention": contention, "worst": worst, "rate": rate,
                 "baseline": np.where(present, baseline, 0.0)}
 
     def contention(self, share: np.ndarray, present: np.ndarray) -> np.ndarray:
@@ -562,6 +696,8 @@ def mix_group(mix: Sequence[MixTask]) -> str:
 
 @dataclass
 class _TrainingSet:
+    samples: list[ProfiledTask]
+    keys: list[str]  # config key of each row
     mixes: list[tuple[MixTask, ...]]
     space: FeatureSpace
     enc: EncodedMixes
@@ -580,10 +716,72 @@ class _TrainingSet:
     def target(self) -> np.ndarray:
         return _residual(np.nan_to_num(self.measured), self.baseline, self.mask)
 
+    def fold(self, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(X, baseline)`` of every row with the physical tables fitted on the rows ``train``
+        only, so a held-out mix's measurements never reach its own baseline.
+
+        The :class:`SoloTable` sees the samples of the training configurations; of those, a
+        ``standalone_sps`` is kept only when the model's own 1-task group (``mix_group`` of the
+        model alone) is a training group too: a sweep fills ``standalone_sps`` from the 1-task
+        full-share configuration of that model and batch size, so for a held-out 1-task group
+        it would be the held-out target itself.
+        """
+        train_keys = {self.keys[r] for r in train}
+        train_groups = set(self.groups[train].tolist())
+        fold_samples = [
+            s if s.standalone_sps is None or s.mix[s.task_index].architecture in train_groups
+            else ProfiledTask(s.config_key, s.mix, s.task_index, s.throughput_sps, None, s.peak_memory_bytes)
+            for s in self.samples if s.config_key in train_keys
+        ]
+        sp = self.space
+        rows = np.asarray(train)
+        train_enc = EncodedMixes(self.enc.architectures, self.enc.arch[rows], self.enc.batch[rows], self.enc.share[rows])
+        Y = np.empty_like(self.measured)
+        np.put_along_axis(Y, self.order, self.measured, axis=1)
+        space = _fit_space(fold_samples, sp.architectures, sp.workloads, sp.cores, sp.placement, train_enc, Y[rows])
+        X, order, baseline = space.features(self.enc)
+        assert (order == self.order).all()  # the canonical order does not depend on the tables
+        return X, np.take_along_axis(baseline, order, axis=1)
+
+
+def fit_sharing_weight(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -> float:
+    """``w`` of :func:`sharing_rate` (``packed`` placement): the value on the grid
+    ``0.05, 0.10, …, 1`` minimising the squared log error of the baseline
+    ``P_solo · ρ_i(w)`` over the measured tasks of the multi-task configurations ``enc``
+    (``measured`` ``(n, MAX_MIX)`` in ``enc``'s order, ``nan`` where not measured); 1 when
+    pooled or without such tasks."""
+    sel = ~np.isnan(measured) & enc.present & (enc.present.sum(axis=1) > 1)[:, None]
+    if space.placement != "packed" or not sel.any():
+        return 1.0
+    log_measured = np.log(np.where(sel, measured, 1.0))
+    best, best_loss = 1.0, math.inf
+    for w in np.linspace(0.05, 1.0, 20):
+        trial = FeatureSpace(space.architectures, space.workloads, space.solo, space.cores, space.placement, float(w))
+        baseline = trial.slot_arrays(enc)["baseline"]
+        loss = float(np.mean((log_measured[sel] - np.log(np.clip(baseline[sel], 1e-9, None))) ** 2))
+        if loss < best_loss - 1e-12:
+            best, best_loss = float(w), loss
+    return best
+
+
+def _fit_space(samples: Sequence[ProfiledTask], architectures: tuple[str, ...], workloads: dict[str, ModelWorkload],
+               cores: int, placement: Placement, enc: EncodedMixes, measured: np.ndarray) -> FeatureSpace:
+    """The feature space with its physical tables fitted on ``samples`` / the configurations
+    ``enc`` (measured throughputs ``measured``, ``enc``'s order): the :class:`SoloTable`, then
+    the sharing weight on it, then the SoloTable again with that weight (it only changes the
+    speeds inferred for models never measured alone)."""
+    solo = SoloTable.from_samples(samples, workloads, cores, placement=placement)
+    space = FeatureSpace(architectures, workloads, solo, cores, placement)
+    weight = fit_sharing_weight(space, enc, measured)
+    if weight != 1.0:
+        solo = SoloTable.from_samples(samples, workloads, cores, placement=placement, sharing_weight=weight)
+    return FeatureSpace(architectures, workloads, solo, cores, placement, weight)
+
 
 def _training_set(samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload], cores: int,
                   placement: Placement) -> _TrainingSet:
-    mixes, Y, _keys = _training_matrix(samples)
+    samples = list(samples)
+    mixes, Y, keys = _training_matrix(samples)
     missing = sorted({t.architecture for m in mixes for t in m} - set(workloads))
     if missing:
         raise PredictorError(f"workload features missing for {', '.join(missing)}")
@@ -596,11 +794,12 @@ def _training_set(samples: Sequence[ProfiledTask], workloads: Mapping[str, Model
         )
     architectures = tuple(sorted(workloads))
     workloads = {a: workloads[a] for a in architectures}
-    space = FeatureSpace(architectures, workloads, SoloTable.from_samples(samples, workloads, cores), cores, placement)
     enc = encode_mixes(mixes, architectures)
+    space = _fit_space(samples, architectures, workloads, cores, placement, enc, Y)
     X, order, baseline = space.features(enc)
     return _TrainingSet(
-        mixes=mixes, space=space, enc=enc, X=X, order=order, measured=np.take_along_axis(Y, order, axis=1),
+        samples=samples, keys=keys, mixes=mixes, space=space, enc=enc, X=X, order=order,
+        measured=np.take_along_axis(Y, order, axis=1),
         baseline=np.take_along_axis(baseline, order, axis=1), groups=groups,
         memory=MemoryModel.fit(samples, workloads),
     )
@@ -670,17 +869,19 @@ def fit_predictor(
     n_folds = min(folds, n_groups)
     reports = []
     heldout_by_family: dict[str, np.ndarray] = {}
+    # The physical tables (SoloTable) are refitted inside every fold from its training rows.
+    splits = [(train, test, *ts.fold(train)) for train, test in GroupKFold(n_splits=n_folds).split(ts.X, groups=ts.groups)]
     for family in families:
         say(f"cross-validating {family} ({n_folds} folds, whole mixes held out)")
         t0 = time.perf_counter()
         pred = np.full(ts.measured.shape, np.nan)
-        for train, test in GroupKFold(n_splits=n_folds).split(ts.X, groups=ts.groups):
+        for train, test, X, baseline in splits:
             if family == "baseline":
-                pred[test] = ts.baseline[test]
+                pred[test] = baseline[test]
                 continue
             model = _make_model(family, seed)
-            model.fit(ts.X[train], target[train])
-            pred[test] = _unresidual(np.asarray(model.predict(ts.X[test])).reshape(len(test), MAX_MIX), ts.baseline[test])
+            model.fit(X[train], _residual(np.nan_to_num(ts.measured[train]), baseline[train], mask[train]))
+            pred[test] = _unresidual(np.asarray(model.predict(X[test])).reshape(len(test), MAX_MIX), baseline[test])
         pred = np.clip(pred, 1e-9, None)
         by_size = {}
         for k in sorted(set(mix_size.tolist())):

@@ -19,6 +19,7 @@ from controlplane.planning.predictor import (
     fit_predictor,
     mix_group,
     rmsle,
+    sharing_rate,
 )
 from tests.controlplane.contention_law import ARCHS, WORKLOADS, alone, law, synthetic
 
@@ -103,3 +104,54 @@ def test_memory_model_fits_a_line_per_model_and_falls_back_to_workloads():
     assert memory.predict("resnet18", 64) == pytest.approx(4e8 + 2e6 * 64, rel=1e-6)
     w = WORKLOADS["shufflenet_v2_x1_0"]
     assert memory.predict("shufflenet_v2_x1_0", 10) == pytest.approx(4e8 + 4 * w.param_bytes + w.activation_bytes_per_sample * 10)
+
+
+def test_a_model_faster_on_one_core_gets_a_negative_exponent_also_from_tasks_alone_on_their_core_in_mixes():
+    # on 2 cores: alone at 100 % (2 threads) 500 samples/s, on one core of its own 600 —
+    # measured in a 2-task mix whose windows are disjoint (50 % + 50 %), not as a 1-task mix
+    samples = [ProfiledTask("s", (MixTask("shufflenet_v2_x1_0", 64, 100),), 0, 500.0)]
+    mix = (MixTask("shufflenet_v2_x1_0", 64, 50), MixTask("resnet18", 64, 50))
+    samples += [ProfiledTask("m", mix, 0, 600.0), ProfiledTask("m", mix, 1, 400.0)]
+    table = SoloTable.from_samples(samples, WORKLOADS, units=2, placement="packed")
+    alpha = math.log(600 / 500) / math.log(0.5)
+    assert alpha < 0 and table.exponents["shufflenet_v2_x1_0"] == pytest.approx(alpha)
+    assert table.lookup("shufflenet_v2_x1_0", np.array([64]), np.array([0.5]), WORKLOADS)[0] == pytest.approx(600.0)
+    # resnet18 was never measured alone: inferred from its task in the mix (alone on its core)
+    # with the median exponent of the measured models
+    assert table.exponent("resnet18") == pytest.approx(alpha)
+    assert table.alone("resnet18", np.array([64]), WORKLOADS)[0] == pytest.approx(400.0 / 0.5 ** alpha)
+
+
+def test_a_standalone_speed_growing_faster_than_the_batch_is_repaired():
+    # 1/P = t0/B + t1 with t0 = 0.02 s, t1 = 1 ms; the B = 16 point disturbed (a third of the law)
+    law_p = {b: 1.0 / (0.02 / b + 0.001) for b in (16, 32, 64, 128, 256)}
+    samples = [ProfiledTask(f"s{b}", (MixTask("resnet18", b, 100),), 0, p / 3 if b == 16 else p) for b, p in law_p.items()]
+    table = SoloTable.from_samples(samples, WORKLOADS, units=2)
+    assert table.alone("resnet18", np.array([16]), WORKLOADS)[0] == pytest.approx(law_p[16], rel=1e-6)
+    assert table.alone("resnet18", np.array([64]), WORKLOADS)[0] == pytest.approx(law_p[64], rel=1e-9)
+
+
+def test_packed_sharing_rate_weights_multithreaded_tasks_by_how_often_they_are_runnable():
+    # 2 cores: a 2-core task (100 %) with a 1-core task (50 %) on core 0
+    share, present = np.array([[100, 50, 0, 0]]), np.array([[True, True, False, False]])
+    rate = sharing_rate(share, present, 2, "packed", weight=1.0)[0]
+    assert rate[:2] == pytest.approx([(1 / 2 + 1) / 2, 1 / 2])  # mean over its cores of 1 / tasks there
+    rate = sharing_rate(share, present, 2, "packed", weight=0.5)[0]
+    # core 0: the 2-thread task runnable half the time → 0.5 / 1.5 of it; the 1-thread task 1 / 1.5
+    assert rate[:2] == pytest.approx([(0.5 / 1.5 + 1.0) / 2, 1 / 1.5])
+    # disjoint windows: nobody slows down; pooled: oversubscription for everyone
+    assert sharing_rate(np.array([[50, 50, 0, 0]]), present, 2, "packed", 0.5)[0, :2] == pytest.approx([1, 1])
+    assert sharing_rate(share, present, 100, "pooled")[0, :2] == pytest.approx([1 / 1.5, 1 / 1.5])
+
+
+def test_held_out_standalone_speeds_do_not_reach_the_baseline():
+    # the baseline predicts a held-out 1-task full-share configuration without its own
+    # measurement (the SoloTable is refitted in every fold from the training mixes only)
+    samples = synthetic(220)
+    _predictor, report = fit_predictor(samples, WORKLOADS, cores=100, families=("baseline",), folds=4)
+    solo_full = {(s.mix[0].architecture, round(s.throughput_sps, 6)) for s in samples
+                 if len(s.mix) == 1 and s.mix[0].share == 100}
+    assert solo_full
+    held = [h for h in report.heldout
+            if h["mix_size"] == 1 and (h["architecture"], round(h["measured_sps"], 6)) in solo_full]
+    assert held and all(h["predicted_sps"] != pytest.approx(h["measured_sps"], rel=1e-9) for h in held)
