@@ -115,6 +115,43 @@ def make_experiment(db, user, make_device, make_task):
     return make
 
 
+@pytest.fixture
+def started_round(make_experiment, make_device, make_task, django_capture_on_commit_callbacks):
+    """Factory: a sharing run of one task on dev-a and dev-b (30 and 10 samples) unless told
+    otherwise, begun, P_alone recorded (100 samples/s), round 0 planned and dispatched (to the
+    in-memory broker); returns ``(run, round 0)``."""
+    from controlplane.experiments import services
+    from controlplane.experiments.models import Round
+
+    def start(*, tasks=None, counts_fn=None, rounds=1, device_names=("dev-a", "dev-b")):
+        devices = [make_device(name) for name in device_names]
+        tasks = tasks or [make_task("t-mobilenet", "mobilenet_v3_small")]
+        counts = counts_fn(devices, tasks) if counts_fn else [
+            {"device": devices[0].id, "task": tasks[0].id, "num_samples": 30},
+            {"device": devices[1].id, "task": tasks[0].id, "num_samples": 10},
+        ]
+        experiment = make_experiment(devices=devices, tasks=tasks, counts=counts, partition_rule="explicit", rounds=rounds)
+        with django_capture_on_commit_callbacks(execute=True):
+            run = services.run_create(experiment=experiment, strategy="sharing")
+        services.run_begin(run_id=run.id)
+        standalone = [
+            {
+                "run_id": run.id, "device": d.name, "status": "succeeded",
+                "measurements": [
+                    {"task_id": s.task_id, "batch_size": min(128, s.num_samples), "throughput_sps": 100.0}
+                    for s in experiment.shards.filter(device=d, num_samples__gt=0)
+                ],
+            }
+            for d in devices
+        ]
+        with django_capture_on_commit_callbacks(execute=True):
+            services.standalone_record(run_id=run.id, results=standalone)
+        return run, Round.objects.get(run=run, index=0)
+
+    return start
+
+
+
 _DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
                                 "live_server"})
 
@@ -133,8 +170,9 @@ def pytest_collection_modifyitems(config, items):
     repeat the first pass exactly."""
     if os.environ.get("MTFL_TESTS_DATABASE_ONLY") != "1":
         return
-    kept = [item for item in items if uses_the_database(item)]
-    dropped = [item for item in items if not uses_the_database(item)]
+    kept, dropped = [], []
+    for item in items:
+        (kept if uses_the_database(item) else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

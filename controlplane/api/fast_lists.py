@@ -17,6 +17,7 @@ from operator import attrgetter
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 from django.utils import timezone
 from rest_framework import fields as drf_fields
@@ -37,7 +38,7 @@ def _iso(value, tz) -> str:
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
-def _row_reader(field: serializers.Field, model: type[models.Model] | None, tz) -> Callable[[Any], Any]:
+def _row_reader(field: serializers.Field, model: type[models.Model] | None, tz, iso: bool) -> Callable[[Any], Any]:
     """How to read one field of one row: a fast reader where the field is a plain attribute of
     the row, DRF's own path otherwise. ``None`` stays ``None`` (as DRF leaves it)."""
     source = field.source_attrs
@@ -48,7 +49,7 @@ def _row_reader(field: serializers.Field, model: type[models.Model] | None, tz) 
     if isinstance(field, relations.PrimaryKeyRelatedField) and model is not None:
         try:
             model_field = model._meta.get_field(name)
-        except Exception:
+        except FieldDoesNotExist:
             return drf
         if getattr(model_field, "many_to_one", False) and field.pk_field is None:
             return attrgetter(model_field.attname)  # DRF answers the related object's pk
@@ -56,8 +57,6 @@ def _row_reader(field: serializers.Field, model: type[models.Model] | None, tz) 
     get = attrgetter(name)
     if type(field) in _PLAIN:
         convert = _PLAIN[type(field)]
-        if isinstance(field, drf_fields.CharField) and field.trim_whitespace is False:
-            return drf
 
         def read(row, get=get, convert=convert):
             value = get(row)
@@ -65,8 +64,7 @@ def _row_reader(field: serializers.Field, model: type[models.Model] | None, tz) 
 
         return read
     if (type(field) is drf_fields.DateTimeField and tz is not None and not hasattr(field, "timezone")
-            and getattr(field, "format", drf_fields.empty) in (drf_fields.empty, drf_fields.ISO_8601)
-            and _drf_datetime_format_is_iso()):
+            and getattr(field, "format", drf_fields.empty) in (drf_fields.empty, drf_fields.ISO_8601) and iso):
 
         def read_datetime(row, get=get):
             value = get(row)
@@ -109,5 +107,6 @@ class FastReadListSerializer(serializers.ListSerializer):
         child = self.child
         model = getattr(getattr(child, "Meta", None), "model", None)
         tz = timezone.get_current_timezone() if settings.USE_TZ else None
-        readers = [(field.field_name, _row_reader(field, model, tz)) for field in child._readable_fields]
+        iso = _drf_datetime_format_is_iso()
+        readers = [(field.field_name, _row_reader(field, model, tz, iso)) for field in child._readable_fields]
         return [{name: read(row) for name, read in readers} for row in rows]

@@ -17,7 +17,7 @@ from controlplane.common.errors import ApplicationError
 from controlplane.dashboard import figures
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, DeviceTelemetry, Round
-from tests.controlplane.test_round_protocol import _device_results, started_round  # noqa: F401 - fixture
+from tests.controlplane.test_round_protocol import _device_results
 
 pytestmark = pytest.mark.django_db
 

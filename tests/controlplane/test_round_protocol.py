@@ -20,39 +20,6 @@ from workers.fedavg import load_state, save_state
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def started_round(make_experiment, make_device, make_task, django_capture_on_commit_callbacks):
-    """A sharing run of one task on two devices (30 and 10 samples), begun, P_alone recorded,
-    round 0 planned and dispatched (to the in-memory broker)."""
-
-    def start(*, tasks=None, counts_fn=None, rounds=1):
-        devices = [make_device("dev-a"), make_device("dev-b")]
-        tasks = tasks or [make_task("t-mobilenet", "mobilenet_v3_small")]
-        counts = counts_fn(devices, tasks) if counts_fn else [
-            {"device": devices[0].id, "task": tasks[0].id, "num_samples": 30},
-            {"device": devices[1].id, "task": tasks[0].id, "num_samples": 10},
-        ]
-        experiment = make_experiment(devices=devices, tasks=tasks, counts=counts, partition_rule="explicit", rounds=rounds)
-        with django_capture_on_commit_callbacks(execute=True):
-            run = services.run_create(experiment=experiment, strategy="sharing")
-        services.run_begin(run_id=run.id)
-        standalone = [
-            {
-                "run_id": run.id, "device": d.name, "status": "succeeded",
-                "measurements": [
-                    {"task_id": s.task_id, "batch_size": min(128, s.num_samples), "throughput_sps": 100.0}
-                    for s in experiment.shards.filter(device=d, num_samples__gt=0)
-                ],
-            }
-            for d in devices
-        ]
-        with django_capture_on_commit_callbacks(execute=True):
-            services.standalone_record(run_id=run.id, results=standalone)
-        return run, Round.objects.get(run=run, index=0)
-
-    return start
-
-
 def _device_results(rnd: Round, *, failed: set[str] = frozenset(), scale: dict[str, float] | None = None) -> list[dict]:
     """Results as agents send them: each device's weights = initial weights × its scale."""
     store = get_store()

@@ -68,21 +68,10 @@ def test_fedavg_accumulator_names_the_mismatched_key():
 
 
 @pytest.fixture
-def begun_round(db, make_device, make_task, make_experiment, django_capture_on_commit_callbacks):
+def begun_round(started_round):
     """A sharing run of one task on three devices (30, 20, 10 samples), begun, round 0 planned."""
-    devices = [make_device(f"dev-{c}") for c in "abc"]
-    task = make_task("t-mobilenet", "mobilenet_v3_small")
-    counts = [{"device": d.id, "task": task.id, "num_samples": n} for d, n in zip(devices, (30, 20, 10), strict=True)]
-    experiment = make_experiment(devices=devices, tasks=[task], counts=counts, partition_rule="explicit")
-    with django_capture_on_commit_callbacks(execute=True):
-        run = services.run_create(experiment=experiment, strategy="sharing")
-    services.run_begin(run_id=run.id)
-    standalone = [{"run_id": run.id, "device": d.name, "status": "succeeded",
-                   "measurements": [{"task_id": task.id, "batch_size": n, "throughput_sps": 100.0}]}
-                  for d, n in zip(devices, (30, 20, 10), strict=True)]
-    with django_capture_on_commit_callbacks(execute=True):
-        services.standalone_record(run_id=run.id, results=standalone)
-    return run, Round.objects.get(run=run, index=0)
+    return started_round(device_names=("dev-a", "dev-b", "dev-c"), counts_fn=lambda devices, tasks: [
+        {"device": d.id, "task": tasks[0].id, "num_samples": n} for d, n in zip(devices, (30, 20, 10), strict=True)])
 
 
 def _results(rnd: Round, weights_of) -> list[dict]:

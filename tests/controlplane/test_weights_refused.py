@@ -21,22 +21,9 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def started_round(make_experiment, make_device, make_task, django_capture_on_commit_callbacks):
+def round0(started_round):
     """Round 0 of a one-round sharing run of one task on dev-a (30 samples) and dev-b (10)."""
-    devices = [make_device("dev-a"), make_device("dev-b")]
-    task = make_task("t-mobilenet", "mobilenet_v3_small")
-    counts = [{"device": devices[0].id, "task": task.id, "num_samples": 30},
-              {"device": devices[1].id, "task": task.id, "num_samples": 10}]
-    experiment = make_experiment(devices=devices, tasks=[task], counts=counts, partition_rule="explicit")
-    with django_capture_on_commit_callbacks(execute=True):
-        run = services.run_create(experiment=experiment, strategy="sharing")
-    services.run_begin(run_id=run.id)
-    standalone = [{"run_id": run.id, "device": d.name, "status": "succeeded",
-                   "measurements": [{"task_id": task.id, "batch_size": n, "throughput_sps": 100.0}]}
-                  for d, n in zip(devices, (30, 10), strict=True)]
-    with django_capture_on_commit_callbacks(execute=True):
-        services.standalone_record(run_id=run.id, results=standalone)
-    return Round.objects.get(run=run, index=0)
+    return started_round()[1]
 
 
 def _results(rnd: Round) -> list[dict]:
@@ -82,8 +69,8 @@ def _spoil(rnd: Round, device: str, how: str) -> None:
     ("other model", "not this task's model"),
     ("missing", "no such file"),
 ])
-def test_a_malformed_weights_file_fails_its_device_and_the_round_goes_partial(started_round, how, reason):
-    rnd = started_round
+def test_a_malformed_weights_file_fails_its_device_and_the_round_goes_partial(round0, how, reason):
+    rnd = round0
     results = _results(rnd)
     _spoil(rnd, "dev-b", how)
 
@@ -106,8 +93,8 @@ def test_a_malformed_weights_file_fails_its_device_and_the_round_goes_partial(st
     assert Run.objects.get(id=rnd.run_id).status == Run.Status.SUCCEEDED
 
 
-def test_when_every_device_sent_malformed_weights_the_round_fails_with_the_reasons(started_round):
-    rnd = started_round
+def test_when_every_device_sent_malformed_weights_the_round_fails_with_the_reasons(round0):
+    rnd = round0
     results = _results(rnd)
     _spoil(rnd, "dev-a", "truncated")
     _spoil(rnd, "dev-b", "pickle")
