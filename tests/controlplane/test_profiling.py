@@ -80,6 +80,17 @@ def test_measured_configurations_become_samples_once(sweep):
     assert sweep.status == "succeeded" and sweep.max_repeat_spread == 0.05
 
 
+def test_a_record_handled_after_the_end_of_its_sweep_keeps_the_sweep_ended(sweep):
+    # The control worker handles messages concurrently: the last configuration's record can be
+    # stored after the agent's summary closed the sweep (seen in a clean clone's test run).
+    services.profile_record(result=_config_result(sweep, 0, [("resnet18", 32, 100)], [90.0]))
+    services.profile_done(summary={"sweep_id": sweep.id, "device": "prof-a", "status": "succeeded", "configs": 2,
+                                   "samples": 2, "repeat_spread": []})
+    assert services.profile_record(result=_config_result(sweep, 1, [("resnet18", 64, 100)], [120.0])) == 1
+    sweep.refresh_from_db()
+    assert (sweep.status, sweep.configs, sweep.samples) == ("succeeded", 2, 2)
+
+
 def test_a_sweep_whose_agent_goes_silent_fails_but_keeps_its_samples(sweep):
     services.profile_record(result=_config_result(sweep, 0, [("resnet18", 32, 100)], [90.0]))
     services.sweep_watchdog(sweep_id=sweep.id)

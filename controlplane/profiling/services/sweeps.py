@@ -133,6 +133,10 @@ def profile_record(*, result: dict) -> int:
         ProfileSample.objects.bulk_create(rows)
         ProfileSweep.objects.filter(id=sweep.id).update(
             configs=F("configs") + 1, samples=F("samples") + len(rows), last_record_at=timezone.now(),
+        )
+        # Only a pending sweep becomes running: the control worker runs records and the end of
+        # the sweep concurrently, so a record handled after profile_done must not reopen it.
+        ProfileSweep.objects.filter(id=sweep.id, status=ProfileSweep.Status.PENDING).update(
             status=ProfileSweep.Status.RUNNING, started_at=sweep.started_at or _ts(r.started_at),
         )
     return len(rows)
