@@ -13,6 +13,13 @@ kept (controlplane.planning.predictor.fit_predictor); (4) speed: fitting the kep
 2 % so no two rows are identical: a timing workload, not new measurements) and predicting
 100,000 random configurations in one call.
 
+On the ``cpu`` backend every measurement carries its cores' speed (``speed_index``,
+workers.speed_probe). The benchmark prints the measurement noise of the sweep's repeated
+configurations, raw and divided by the speed probe, then the families' held-out accuracy twice:
+on raw throughputs (the host's speed changes left in: no predictor can do better than the raw
+noise) and on throughputs at the reference speed (controlplane.planning.predictor.normalise_speed),
+which is what the fitted predictor predicts and what ``heldout_rmsle`` reports.
+
 Targets (issue 3): held-out RMSLE ≤ 0.10, fit on 5,000 samples < 30 s, 100,000 predictions
 < 1 s. The last line is ``heldout_rmsle=<value>`` for the kept family.
 """
@@ -26,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -87,8 +95,36 @@ def to_samples(results: list[dict]) -> list[ProfiledTask]:
         for m in r["measurements"]:
             if m["throughput_sps"]:
                 samples.append(ProfiledTask(f"c{r['config_index']}", mix, m["task_index"], m["throughput_sps"],
-                                            m["standalone_sps"], m["peak_memory_bytes"]))
+                                            m["standalone_sps"], m["peak_memory_bytes"], m.get("speed_index")))
     return samples
+
+
+def repeat_noise(results: list[dict]) -> tuple[int, float | None, float | None]:
+    """Measurement noise from the sweep's repeated configurations: ``(pairs, σ_raw, σ_speed)``,
+    ``σ = sqrt(mean(d²) / 2)`` over every task of every (original, repeat) pair, ``d`` the log
+    ratio of the two throughputs, raw and divided by each one's speed index. ``σ`` is one
+    measurement's RMS log error, the floor of any predictor's held-out RMSLE."""
+    by_index = {r["config_index"]: r for r in results if r["status"] == "succeeded"}
+    raw, speed = [], []
+    for r in by_index.values():
+        original = by_index.get(r["repeat_of"]) if r["repeat_of"] is not None else None
+        if original is None:
+            continue
+        for a, b in zip(original["measurements"], r["measurements"], strict=True):
+            if a["throughput_sps"] and b["throughput_sps"]:
+                raw.append(math.log(a["throughput_sps"] / b["throughput_sps"]))
+                if a.get("speed_index") and b.get("speed_index"):
+                    speed.append(raw[-1] - math.log(a["speed_index"] / b["speed_index"]))
+    sigma = lambda d: math.sqrt(float(np.mean(np.square(d))) / 2) if d else None  # noqa: E731
+    return len(raw), sigma(raw), sigma(speed)
+
+
+def print_families(report) -> None:
+    print(f"{'family':<20}{'RMSLE':>10}{'MAPE':>10}{'CV seconds':>12}   RMSLE by mix size")
+    for f in sorted(report.families, key=lambda f: f.rmsle):
+        sizes = "  ".join(f"{k}:{v:.3f}" for k, v in sorted(f.by_mix_size.items()))
+        mark = "  ← kept" if f.family == report.kept else ""
+        print(f"{f.family:<20}{f.rmsle:>10.4f}{100 * f.mape:>9.1f}%{f.fit_seconds:>12.1f}   {sizes}{mark}")
 
 
 def workloads_of(architectures) -> dict[str, ModelWorkload]:
@@ -156,14 +192,23 @@ def main() -> int:
     architectures = sorted({t.architecture for s in samples for t in s.mix})
     workloads = workloads_of(architectures)
 
+    pairs, sigma_raw, sigma_speed = repeat_noise(results)
+    if pairs:
+        print(f"\nmeasurement noise from {pairs} repeated task measurements (RMS log error of one measurement): "
+              f"{sigma_raw:.3f} raw" + (f", {sigma_speed:.3f} divided by the speed probe" if sigma_speed is not None else ""))
+
+    raw_samples = [replace(s, speed_index=None) for s in samples]
+    with_probe = any(s.speed_index for s in samples)
+    if with_probe:
+        _p, raw_report = fit_predictor(raw_samples, workloads, cores=cores, placement="packed", seed=args.seed)
+        print("\nheld-out accuracy on raw throughputs (the host's speed changes left in):")
+        print_families(raw_report)
+
     predictor, report = fit_predictor(samples, workloads, cores=cores, placement="packed", seed=args.seed)
-    print(f"\nheld-out accuracy: {report.samples} task samples in {report.configurations} configurations, "
+    print(f"\nheld-out accuracy{' at the reference speed (throughputs divided by the speed probe)' if with_probe else ''}: "
+          f"{report.samples} task samples in {report.configurations} configurations, "
           f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation (whole mixes held out)")
-    print(f"{'family':<20}{'RMSLE':>10}{'MAPE':>10}{'CV seconds':>12}   RMSLE by mix size")
-    for f in sorted(report.families, key=lambda f: f.rmsle):
-        sizes = "  ".join(f"{k}:{v:.3f}" for k, v in sorted(f.by_mix_size.items()))
-        mark = "  ← kept" if f.family == report.kept else ""
-        print(f"{f.family:<20}{f.rmsle:>10.4f}{100 * f.mape:>9.1f}%{f.fit_seconds:>12.1f}   {sizes}{mark}")
+    print_families(report)
 
     big = resampled(samples, 5000, args.seed)
     t0 = time.perf_counter()
@@ -183,6 +228,13 @@ def main() -> int:
     print(f"heldout_mape={kept.mape:.4f}")
     print(f"fit_5000_samples_s={fit_s:.3f}")
     print(f"predict_100000_configs_s={predict_s:.3f}")
+    if with_probe:
+        raw_kept = min(raw_report.families, key=lambda f: f.rmsle)
+        print(f"heldout_rmsle_raw={raw_kept.rmsle:.4f}")
+    if sigma_raw is not None:
+        print(f"repeat_noise_raw={sigma_raw:.4f}")
+    if sigma_speed is not None:
+        print(f"repeat_noise_speed={sigma_speed:.4f}")
     print(f"heldout_rmsle={kept.rmsle:.4f}")
     return 0
 

@@ -416,7 +416,10 @@ class ProfileMeasurement(_Message):
     ``throughput_sps`` is the task's steady-state samples/s while all the configuration's tasks
     ran (warm-up excluded); ``standalone_sps`` is the same model and batch size alone on the
     whole device (``P_alone``); ``peak_memory_bytes`` is the process's peak (RSS on CPU,
-    ``torch.cuda.max_memory_allocated`` on GPU).
+    ``torch.cuda.max_memory_allocated`` on GPU). ``speed_index`` is how fast the task's cores
+    executed while it was timed (:class:`workers.speed_probe.SpeedProbe`, millions of probe-loop
+    iterations per CPU-second; ``cpu`` backend only): the predictor divides the throughput by
+    it, relative to the median over its training samples, to take the host's speed changes out.
     """
 
     task_index: int = Field(ge=0)
@@ -426,6 +429,7 @@ class ProfileMeasurement(_Message):
     throughput_sps: float | None = None
     standalone_sps: float | None = None
     peak_memory_bytes: int | None = None
+    speed_index: float | None = Field(default=None, gt=0)
     timed_iterations: int = 0
     error: str = ""
     simulated: bool = _simulated_field()

@@ -66,6 +66,7 @@ from workers.profiler_child import (
     ProfileChildResult,
     ProfileChildSpec,
 )
+from workers.speed_probe import SpeedProbe
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +290,10 @@ def measure_configuration(
     :func:`window_complete` holds for ``request.min_timed_iterations`` and
     ``request.min_window_s`` the parent sends STOP to all at once, so every counted iteration
     ran while all the other tasks were training. Throughput is :func:`window_throughput` over
-    :func:`common_window`'s iterations; peak memory is each process's peak RSS.
+    :func:`common_window`'s iterations; peak memory is each process's peak RSS. Where the
+    backend ``probes_host_speed`` (``cpu``), a :class:`~workers.speed_probe.SpeedProbe` runs on
+    the device's cores from GO to STOP and each measurement's ``speed_index`` is its cores'
+    speed over the task's timed iterations.
 
     Work files go to ``ctx.state_dir/work/sweep-<sweep_id>/config-<config_index>/`` and are
     removed when the configuration succeeds (kept for a failed one).
@@ -352,11 +356,14 @@ def measure_configuration(
 
     stop_at: float | None = None
     phases = [time.monotonic()]  # launch, GO, STOP, exit: where a configuration's time goes
+    probe = SpeedProbe(ctx.cores) if backend.probes_host_speed else None
     try:
         for child in children:
             _launch(child, backend)
         if _wait_ready(children, deadline, should_stop):
             phases.append(time.monotonic())
+            if probe is not None:
+                probe.start()
             for child in children:
                 _send(child, GO_LINE)
             stop_at = _wait_window(children, request, deadline, should_stop)
@@ -378,6 +385,8 @@ def measure_configuration(
             if child.fate is None:
                 child.fate, child.fate_detail = "agent", f"{type(exc).__name__}: {exc}"
     finally:
+        if probe is not None:
+            probe.stop()
         kill_children(children)
 
     outcomes = [_child_result(child) for child in children]
@@ -406,6 +415,8 @@ def measure_configuration(
             active_thread_percentage=c.task.active_thread_percentage,
             throughput_sps=window_throughput(its),
             peak_memory_bytes=outcome.peak_memory_bytes,
+            speed_index=(probe.speed_index(c.resources.cores, its[0].start, its[-1].end)
+                         if probe is not None and its else None),
             timed_iterations=len(its),
         )
         for c, its, outcome in zip(children, counted, outcomes, strict=True)

@@ -23,6 +23,11 @@ its throughput in samples/s. This module is that regression, pure NumPy and scik
   with the lowest held-out RMSLE is refitted on all samples and kept. The physical tables
   (SoloTable, sharing weight) are refitted inside every fold from its training mixes only,
   so no held-out measurement (a held-out standalone speed included) reaches its baseline.
+* **Host speed.** On the ``cpu`` backend a sweep reads how fast the device's cores ran while
+  each task was timed (``speed_index``, :mod:`workers.speed_probe`); :func:`normalise_speed`
+  puts every such sample at the median speed before anything is fitted, so a virtual machine's
+  speed changes (tens of percent, in regimes of seconds) are not taken for contention. The
+  predictor then predicts throughput at that reference speed.
 * **Memory.** Peak memory per task from ``(model, B)``: a least-squares line per model over the
   profiled peaks, or, for a model never profiled, a physical estimate from its parameter bytes
   and activation bytes per sample.
@@ -87,6 +92,8 @@ class ProfiledTask:
         throughput_sps: measured samples/s.
         standalone_sps: ``P_alone`` of the same model and batch size, if measured.
         peak_memory_bytes: the task's peak memory, if measured.
+        speed_index: how fast the device's cores ran while it was measured (the profiling
+            sweep's speed probe, ``cpu`` backend), if known; see :func:`normalise_speed`.
     """
 
     config_key: str
@@ -95,10 +102,42 @@ class ProfiledTask:
     throughput_sps: float
     standalone_sps: float | None = None
     peak_memory_bytes: int | None = None
+    speed_index: float | None = None
 
 
 class PredictorError(ValueError):
     """The predictor cannot be fitted or cannot answer (too few samples, unknown model...)."""
+
+
+# ------------------------------------------------------------------------------ host speed
+
+
+def normalise_speed(samples: Sequence[ProfiledTask]) -> tuple[list[ProfiledTask], float | None]:
+    """Take the host's speed changes out of measured throughputs.
+
+    A virtual machine's cores change speed by tens of percent within seconds
+    (:mod:`workers.speed_probe`); a sample measured in a fast moment and one in a slow moment
+    disagree by that much for the same configuration. Each sample with a ``speed_index``
+    ``s`` becomes ``P · s_ref / s``: its throughput at the reference speed ``s_ref``, the
+    median ``speed_index`` of ``samples``. Its ``standalone_sps`` is dropped: that value was
+    measured at another moment (the standalone configuration's own sample carries it, with its
+    own index). Samples without an index (closed-loop samples from runs, other backends) are
+    kept as they are. The predictor fitted on the result predicts throughput at ``s_ref``.
+
+    Returns:
+        ``(samples, s_ref)``; ``s_ref`` is ``None`` (samples unchanged) when none has an index.
+    """
+    indices = [s.speed_index for s in samples if s.speed_index and s.speed_index > 0]
+    if not indices:
+        return list(samples), None
+    reference = float(np.median(indices))
+    out = [
+        s if not (s.speed_index and s.speed_index > 0) else ProfiledTask(
+            s.config_key, s.mix, s.task_index, s.throughput_sps * reference / s.speed_index, None,
+            s.peak_memory_bytes, s.speed_index)
+        for s in samples
+    ]
+    return out, reference
 
 
 # ------------------------------------------------------------------------------------ solo table
@@ -374,6 +413,9 @@ class FeatureSpace:
     sharing_weight: float = 1.0
     """``w`` of :func:`sharing_rate`: how much of the time a multi-threaded task's thread is
     runnable on a shared core (fitted by :func:`fit_sharing_weight`; ignored when pooled)."""
+    reference_speed_index: float | None = None
+    """The host speed predictions are for (:func:`normalise_speed`), ``None`` if the training
+    samples had no speed index."""
 
     def spec(self) -> dict:
         """A JSON description of the features (stored on the Predictor row)."""
@@ -387,6 +429,7 @@ class FeatureSpace:
             "cores": self.cores,
             "placement": self.placement,
             "sharing_weight": self.sharing_weight,
+            "reference_speed_index": self.reference_speed_index,
         }
 
     def _per_arch(self, values: Callable[[str], float]) -> np.ndarray:
@@ -780,7 +823,7 @@ def _fit_space(samples: Sequence[ProfiledTask], architectures: tuple[str, ...], 
 
 def _training_set(samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload], cores: int,
                   placement: Placement) -> _TrainingSet:
-    samples = list(samples)
+    samples, reference_speed = normalise_speed(samples)
     mixes, Y, keys = _training_matrix(samples)
     missing = sorted({t.architecture for m in mixes for t in m} - set(workloads))
     if missing:
@@ -796,6 +839,7 @@ def _training_set(samples: Sequence[ProfiledTask], workloads: Mapping[str, Model
     workloads = {a: workloads[a] for a in architectures}
     enc = encode_mixes(mixes, architectures)
     space = _fit_space(samples, architectures, workloads, cores, placement, enc, Y)
+    space.reference_speed_index = reference_speed
     X, order, baseline = space.features(enc)
     return _TrainingSet(
         samples=samples, keys=keys, mixes=mixes, space=space, enc=enc, X=X, order=order,

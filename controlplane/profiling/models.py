@@ -96,6 +96,11 @@ class ProfileSample(models.Model):
     standalone_sps = models.FloatField(null=True, blank=True)
     simulated = models.BooleanField(default=False, help_text="from the simulated backend's model, not a measurement")
     peak_memory_bytes = models.BigIntegerField(null=True, blank=True)
+    speed_index = models.FloatField(
+        null=True, blank=True,
+        help_text="how fast the device's cores ran while this was measured (speed probe, millions of "
+                  "probe-loop iterations per CPU-second; cpu backend only); the predictor normalises by it",
+    )
     repeat_of = models.CharField(max_length=64, blank=True, default="", help_text="config_key this one repeats")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -18,6 +18,7 @@ from controlplane.planning.predictor import (
     encode_mixes,
     fit_predictor,
     mix_group,
+    normalise_speed,
     rmsle,
     sharing_rate,
 )
@@ -155,3 +156,42 @@ def test_held_out_standalone_speeds_do_not_reach_the_baseline():
     held = [h for h in report.heldout
             if h["mix_size"] == 1 and (h["architecture"], round(h["measured_sps"], 6)) in solo_full]
     assert held and all(h["predicted_sps"] != pytest.approx(h["measured_sps"], rel=1e-9) for h in held)
+
+
+def test_normalise_speed_scales_each_sample_to_the_median_host_speed():
+    mix = (MixTask("resnet18", 64, 100),)
+    samples = [ProfiledTask("a", mix, 0, 100.0, 90.0, None, 2.0), ProfiledTask("b", mix, 0, 150.0, 90.0, None, 3.0),
+               ProfiledTask("c", mix, 0, 130.0, 90.0, None, 2.5), ProfiledTask("run", mix, 0, 80.0, 90.0)]
+    normalised, reference = normalise_speed(samples)
+    assert reference == pytest.approx(2.5)
+    # the same configuration at two host speeds agrees once each is put at the reference speed
+    assert [s.throughput_sps for s in normalised[:3]] == pytest.approx([125.0, 125.0, 130.0])
+    # a standalone speed measured at another moment is dropped; a sample without an index is kept
+    assert [s.standalone_sps for s in normalised] == [None, None, None, 90.0]
+    assert normalised[3] == samples[3]
+    assert normalise_speed(samples[3:]) == (samples[3:], None)
+
+
+def test_speed_probe_readings_take_the_host_speed_out_of_the_held_out_error():
+    # The law's throughputs measured at host speeds varying by ±30 % (log-normal), each with
+    # the speed its probe read: the fit on normalised samples sees the law, the raw one noise.
+    rng = np.random.default_rng(3)
+    clean = synthetic(220)
+    speeds = {key: float(np.exp(rng.normal(0, 0.3))) for key in {s.config_key for s in clean}}
+    measured = [ProfiledTask(s.config_key, s.mix, s.task_index, s.throughput_sps * speeds[s.config_key], None,
+                             s.peak_memory_bytes, 5.0 * speeds[s.config_key]) for s in clean]
+    raw = [ProfiledTask(s.config_key, s.mix, s.task_index, s.throughput_sps, None, s.peak_memory_bytes)
+           for s in measured]
+    families = ("baseline", "extra_trees")
+    predictor, report = fit_predictor(measured, WORKLOADS, cores=100, families=families, folds=4)
+    _p, raw_report = fit_predictor(raw, WORKLOADS, cores=100, families=families, folds=4)
+    best = min(f.rmsle for f in report.families)
+    assert best < 0.15 < 0.25 < min(f.rmsle for f in raw_report.families)
+    reference = predictor.space.reference_speed_index
+    assert reference == pytest.approx(float(np.median([s.speed_index for s in measured])))
+    assert predictor.space.spec()["reference_speed_index"] == reference
+    # predictions are throughputs at the reference speed: the law scaled by reference / 5
+    mixes = [s.mix for s in clean[:40]]
+    truth = np.array([law(m, j) for m in mixes for j in range(len(m))]) * reference / 5.0
+    predicted = np.array([p for row in predictor.predict(mixes) for p in row])
+    assert rmsle(predicted, truth) < 0.15

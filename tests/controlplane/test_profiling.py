@@ -26,7 +26,8 @@ def _config_result(sweep: ProfileSweep, index: int, mix: list[tuple[str, int, in
         "tasks": [{"architecture": a, "batch_size": b, "active_thread_percentage": r} for a, b, r in mix],
         "measurements": [
             {"task_index": i, "architecture": a, "batch_size": b, "active_thread_percentage": r, "throughput_sps": p,
-             "standalone_sps": 2 * p, "peak_memory_bytes": 400_000_000, "timed_iterations": 4}
+             "standalone_sps": 2 * p, "peak_memory_bytes": 400_000_000, "timed_iterations": 4,
+             "speed_index": 14.0 + index}
             for i, ((a, b, r), p) in enumerate(zip(mix, throughputs, strict=True))
         ],
         "started_at": 1000.0 + index, "finished_at": 1001.0 + index, "status": "succeeded",
@@ -74,6 +75,7 @@ def test_measured_configurations_become_samples_once(sweep):
     sample = ProfileSample.objects.get(task_index=1)
     assert sample.configuration[0]["architecture"] == "resnet18" and sample.mix_size == 2
     assert sample.device_class == "cpu-2cores" and sample.standalone_sps == 300.0
+    assert sample.speed_index == 14.0
     services.profile_done(summary={"sweep_id": sweep.id, "device": "prof-a", "status": "succeeded", "configs": 1,
                                    "samples": 2, "repeat_spread": [0.02, 0.05]})
     sweep.refresh_from_db()
@@ -133,6 +135,18 @@ def test_a_fitted_predictor_is_stored_and_loads_back(make_device, settings):
         services.predictor_load(predictor)
 
 
+def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(make_device):
+    store_synthetic_samples(make_device("prof-s"), n=40)
+    ids = list(ProfileSample.objects.order_by("id").values_list("id", flat=True))
+    ProfileSample.objects.filter(id__in=ids[: len(ids) // 3]).update(speed_index=10.0)
+    ProfileSample.objects.filter(id__in=ids[len(ids) // 3:]).update(speed_index=20.0)
+    ProfileSample.objects.filter(id=ids[-1]).update(speed_index=30.0)
+    predictor = services.predictor_fit(backend="cpu", families=("baseline",))
+    assert predictor.status == "ready", predictor.error
+    assert predictor.feature_spec["reference_speed_index"] == 20.0
+    assert services.predictor_load(predictor).space.reference_speed_index == 20.0
+
+
 def test_fitting_without_samples_says_to_profile_first():
     with pytest.raises(ApplicationError, match="profile a device first") as info:
         services.predictor_fit(backend="cpu")
@@ -162,7 +176,9 @@ def test_profile_and_predictor_api(api, make_device):
     _queued_control_messages()
     fitting = api.post("/api/predictors/", {"backend": "cpu"}, format="json")
     assert fitting.status_code == 202 and fitting.json()["status"] == "fitting"
-    assert api.get("/api/profile-samples/?mix_size=1").json()["count"] == ProfileSample.objects.filter(mix_size=1).count()
+    listed = api.get("/api/profile-samples/?mix_size=1").json()
+    assert listed["count"] == ProfileSample.objects.filter(mix_size=1).count()
+    assert all(row["speed_index"] is None for row in listed["results"])  # synthetic: no probe
 
 
 def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):

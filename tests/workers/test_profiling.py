@@ -169,6 +169,7 @@ def test_two_task_configuration_is_measured_while_both_train(agent_context, monk
         assert measurement.throughput_sps > 0 and measurement.timed_iterations >= 3
         assert measurement.peak_memory_bytes > 50 * 2**20  # torch alone is bigger than that
         assert measurement.standalone_sps is None and not measurement.error
+        assert measurement.speed_index > 0  # the cpu backend probes its cores' speed
     iterations, stop = windows[-1]
     counted = [[it for it in its if it.end <= stop] for its in iterations]
     first, second = counted

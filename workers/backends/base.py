@@ -380,6 +380,10 @@ class TrainerProcessBackend(ExecutionBackend):
     (:mod:`workers.profiling`) both go through :meth:`resources_for_shares`.
     """
 
+    probes_host_speed: ClassVar[bool] = False
+    """Whether profiling runs a :class:`workers.speed_probe.SpeedProbe` on the device's cores
+    beside the trainers (only where the trainers' speed is the host cores' speed)."""
+
     @abstractmethod
     def resources_for_shares(
         self, shares: Sequence[int], partitioning: Partitioning, ctx: AgentContext

@@ -95,6 +95,7 @@ class CpuBackend(TrainerProcessBackend):
     """Trainer processes on CPU cores; see the module docstring for the share mapping."""
 
     name = "cpu"
+    probes_host_speed = True
 
     def check_available(self) -> None:
         """Check for CPU affinity, ``flock`` and an installed torch (without importing torch).
