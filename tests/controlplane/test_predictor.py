@@ -9,6 +9,7 @@ import pytest
 
 from controlplane.planning.predictor import (
     MAX_MIX,
+    FeatureSpace,
     MemoryModel,
     MixTask,
     ModelWorkload,
@@ -16,6 +17,7 @@ from controlplane.planning.predictor import (
     ProfiledTask,
     SoloTable,
     encode_mixes,
+    fit_physical,
     fit_predictor,
     mix_group,
     normalise_speed,
@@ -195,3 +197,28 @@ def test_speed_probe_readings_take_the_host_speed_out_of_the_held_out_error():
     truth = np.array([law(m, j) for m in mixes for j in range(len(m))]) * reference / 5.0
     predicted = np.array([p for row in predictor.predict(mixes) for p in row])
     assert rmsle(predicted, truth) < 0.15
+
+
+def test_the_physical_model_is_refitted_jointly_on_every_measured_task():
+    # Throughputs that follow the baseline's own law on 2 packed cores (a per-iteration time
+    # law per model, a slice exponent α, sharing weight w = 0.4); resnet18 is never measured
+    # alone, and the starting tables are wrong: the joint fit recovers all of it from the mixes.
+    laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.01, 0.002)}
+    alphas = {"resnet18": 0.9, "mobilenet_v3_small": 0.3}
+    archs = tuple(sorted(laws))
+    rng = np.random.default_rng(0)
+    mixes = [(MixTask("mobilenet_v3_small", b, 100),) for b in (16, 64, 256)]
+    for _ in range(60):
+        mixes.append(tuple(MixTask(archs[rng.integers(2)], int(rng.choice([16, 32, 64, 128, 256])),
+                                   int(rng.choice([25, 50, 100]))) for _ in range(int(rng.integers(1, 4)))))
+    mixes = [m for m in mixes if not (len(m) == 1 and m[0].architecture == "resnet18" and m[0].share == 100)]
+    enc = encode_mixes(mixes, archs)
+    truth_space = FeatureSpace(archs, WORKLOADS, SoloTable(exponents=alphas, laws=laws), 2, "packed", 0.4)
+    measured = np.where(enc.present, truth_space.slot_arrays(enc)["baseline"], np.nan)
+    wrong = SoloTable(curves={a: [(16, 50.0), (256, 100.0)] for a in archs}, exponents={a: 1.0 for a in archs})
+    fitted = fit_physical(FeatureSpace(archs, WORKLOADS, wrong, 2, "packed", 1.0), enc, measured)
+    assert fitted.sharing_weight == pytest.approx(0.4, abs=0.02)
+    for arch in archs:
+        assert fitted.solo.laws[arch] == pytest.approx(laws[arch], rel=0.05)
+        assert fitted.solo.exponent(arch) == pytest.approx(alphas[arch], abs=0.05)
+    assert rmsle(fitted.slot_arrays(enc)["baseline"][enc.present], measured[enc.present]) < 0.01
