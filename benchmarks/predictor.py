@@ -63,6 +63,7 @@ def profile(args) -> list[dict]:
     request = ProfileSweepRequest(
         sweep_id=1, device="bench", backend="cpu", budget_s=args.budget, architectures=args.architectures.split(","),
         batch_sizes=[int(b) for b in args.batch_sizes.split(",")], max_mix=args.max_mix, seed=args.seed,
+        **({} if args.min_window_s is None else {"min_window_s": args.min_window_s}),
     )
     results: list[dict] = []
     started = time.monotonic()
@@ -173,6 +174,8 @@ def main() -> int:
     parser.add_argument("--architectures", default=DEFAULT_ARCHITECTURES)
     parser.add_argument("--batch-sizes", default="16,32,64,128,256")
     parser.add_argument("--max-mix", type=int, default=4)
+    parser.add_argument("--min-window-s", type=float, default=None,
+                        help="seconds every configuration is timed at least (default: the sweep's, 2)")
     parser.add_argument("--cores", default=None, help="cores of the profiled device, e.g. 0,1 (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", default=None, help="write the sweep's results to this JSON file")
