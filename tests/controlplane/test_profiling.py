@@ -135,7 +135,7 @@ def test_a_fitted_predictor_is_stored_and_loads_back(make_device, settings):
         services.predictor_load(predictor)
 
 
-def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(make_device):
+def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(make_device, browser_client):
     store_synthetic_samples(make_device("prof-s"), n=40)
     ids = list(ProfileSample.objects.order_by("id").values_list("id", flat=True))
     ProfileSample.objects.filter(id__in=ids[: len(ids) // 3]).update(speed_index=10.0)
@@ -145,6 +145,8 @@ def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(mak
     assert predictor.status == "ready", predictor.error
     assert predictor.feature_spec["reference_speed_index"] == 20.0
     assert services.predictor_load(predictor).space.reference_speed_index == 20.0
+    page = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
+    assert re.search(r"predicted at the host&#x27;s median speed, speed index\s+20\.0:", page)
 
 
 def test_fitting_without_samples_says_to_profile_first():
@@ -191,5 +193,6 @@ def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):
     assert figures["scatter"]["layout"]["xaxis"]["type"] == "log"
     assert {t["name"] for t in figures["by_mix"]["data"]} == set(predictor.metrics)
     assert figures["learning"]["data"][0]["y"] == [predictor.heldout_rmsle]
+    assert "median speed" not in html  # synthetic samples carry no speed index
     assert browser_client.get("/predictors/").status_code == 200
     assert Predictor.objects.count() == 1
