@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from django.core.management import call_command
 
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments.models import Assignment, Round, Run
@@ -135,7 +136,7 @@ def test_a_fitted_predictor_is_stored_and_loads_back(make_device, settings):
         services.predictor_load(predictor)
 
 
-def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(make_device, browser_client):
+def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(make_device, browser_client, capsys):
     store_synthetic_samples(make_device("prof-s"), n=40)
     ids = list(ProfileSample.objects.order_by("id").values_list("id", flat=True))
     ProfileSample.objects.filter(id__in=ids[: len(ids) // 3]).update(speed_index=10.0)
@@ -146,7 +147,12 @@ def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(mak
     assert predictor.feature_spec["reference_speed_index"] == 20.0
     assert services.predictor_load(predictor).space.reference_speed_index == 20.0
     page = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
-    assert re.search(r"predicted at the host&#x27;s median speed, speed index\s+20\.0:", page)
+    assert re.search(r"predicted at the host's median speed, speed index\s+20\.0:", page)
+    # `mtfl fit-predictor` says it too, under the family table
+    call_command("fit_predictor", "--backend", "cpu")
+    printed = capsys.readouterr().out
+    assert re.search(r"Predictor\s+v2", printed) and "baseline" in printed and "kept" in printed
+    assert re.search(r"median\s+speed\s+\(speed\s+index\s+20\.0\)", printed)  # rich may wrap the line
 
 
 def test_fitting_without_samples_says_to_profile_first():

@@ -1,5 +1,5 @@
 """A whole comparison through real processes on simulated devices: a profile sweep on the
-simulated backend, a predictor fitted on it, the light template, then all five strategies one
+simulated backend (``mtfl profile``), a predictor fitted on it (``mtfl fit-predictor``), the light template, then all five strategies one
 after another over the embedded Redis, every number labelled simulated."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -17,8 +16,7 @@ from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Comparison, Run
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class
-from controlplane.profiling import services as profiling
-from controlplane.profiling.models import ProfileSample, ProfileSweep
+from controlplane.profiling.models import Predictor, ProfileSample, ProfileSweep
 
 pytestmark = pytest.mark.integration
 
@@ -32,18 +30,26 @@ def test_a_comparison_on_simulated_devices(child_env, monkeypatch):
         devices = list(Device.objects.filter(name__in=names).order_by("name"))
         assert {device_class(d) for d in devices} == {"simulated-titan-v"}
 
-        sweep = profiling.sweep_start(device=devices[0], budget_s=1800, architectures=[
-            "resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"], batch_sizes=[16, 32, 64, 128, 256], max_mix=3)
-        deadline = time.monotonic() + 300  # 14-19 s idle; minutes on a loaded 2-core machine
-        while sweep.status not in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
-            assert time.monotonic() < deadline, "the simulated sweep did not end"
-            time.sleep(1)
-            stack.children.check_alive()
-            sweep.refresh_from_db()
-        assert sweep.status == ProfileSweep.Status.SUCCEEDED, sweep.error
+        # What a researcher types, each in its own process against the running stack:
+        # `mtfl profile` (a progress bar until the agent's sweep ends), then `mtfl fit-predictor`.
+        env = {**os.environ, **stack._child_env()}
+        profiled = subprocess.run(
+            [sys.executable, "-m", "controlplane.cli", "profile", "--device", "sim-a", "--budget", "1800",
+             "--architectures", "resnet18,mobilenet_v3_large,shufflenet_v2_x1_0", "--batch-sizes", "16,32,64,128,256",
+             "--max-mix", "3"],
+            env=env, capture_output=True, text=True, timeout=600)  # 14-19 s idle; minutes on a loaded 2-core machine
+        assert profiled.returncode == 0, profiled.stdout[-3000:] + profiled.stderr[-3000:]
+        sweep = ProfileSweep.objects.get(device=devices[0])
+        assert f"sweep {sweep.id} succeeded: {sweep.configs} configurations, {sweep.samples} samples" in profiled.stdout
         assert sweep.samples > 100 and ProfileSample.objects.filter(sweep=sweep, simulated=False).count() == 0
-        predictor = profiling.predictor_fit(backend="simulated", families=("baseline", "extra_trees"))
+        stack.children.check_alive()
+        fitted = subprocess.run([sys.executable, "-m", "controlplane.cli", "fit-predictor", "--backend", "simulated"],
+                                env=env, capture_output=True, text=True, timeout=600)
+        assert fitted.returncode == 0, fitted.stdout[-3000:] + fitted.stderr[-3000:]
+        predictor = Predictor.objects.get(backend="simulated")
         assert predictor.status == "ready" and predictor.device_class == "simulated-titan-v"
+        assert f"/predictors/{predictor.id}/" in fitted.stdout and predictor.kept_family in fitted.stdout
+        assert "median speed" not in fitted.stdout  # the simulated backend has no speed probe
 
         experiment = services.experiment_create_from_template(
             template="light", device_ids=[d.id for d in devices], rounds=1, dataset="digits")

@@ -39,4 +39,8 @@ class Command(BaseCommand):
             table.add_row(family, f"{m['rmsle']:.4f}", f"{100 * m['mape']:.1f} %", f"{m['fit_seconds']:.1f}",
                           "kept" if family == predictor.kept_family else "")
         console.print(table)
+        reference = (predictor.feature_spec or {}).get("reference_speed_index")
+        if reference:
+            console.print(f"throughputs predicted at the host's median speed (speed index {reference:.1f}): "
+                          "probed samples were scaled to it")
         console.print(f"predictor page: /predictors/{predictor.id}/")
