@@ -116,7 +116,10 @@ def repeat_noise(results: list[dict]) -> tuple[int, float | None, float | None]:
                 raw.append(math.log(a["throughput_sps"] / b["throughput_sps"]))
                 if a.get("speed_index") and b.get("speed_index"):
                     speed.append(raw[-1] - math.log(a["speed_index"] / b["speed_index"]))
-    sigma = lambda d: math.sqrt(float(np.mean(np.square(d))) / 2) if d else None  # noqa: E731
+
+    def sigma(d: list[float]) -> float | None:
+        return math.sqrt(float(np.mean(np.square(d))) / 2) if d else None
+
     return len(raw), sigma(raw), sigma(speed)
 
 

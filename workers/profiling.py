@@ -369,6 +369,8 @@ def measure_configuration(
             stop_at = _wait_window(children, request, deadline, should_stop)
             if stop_at is not None:
                 phases.append(stop_at)
+                if probe is not None:
+                    probe.stop()  # the window is closed: no reading after STOP is used
                 for child in children:
                     _send(child, STOP_LINE, close=True)
                 _wait_exit(children, min(deadline, time.monotonic() + _EXIT_GRACE_S),

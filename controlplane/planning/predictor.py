@@ -42,7 +42,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -127,15 +127,13 @@ def normalise_speed(samples: Sequence[ProfiledTask]) -> tuple[list[ProfiledTask]
     Returns:
         ``(samples, s_ref)``; ``s_ref`` is ``None`` (samples unchanged) when none has an index.
     """
-    indices = [s.speed_index for s in samples if s.speed_index and s.speed_index > 0]
-    if not indices:
+    probed = [s.speed_index is not None and s.speed_index > 0 for s in samples]
+    if not any(probed):
         return list(samples), None
-    reference = float(np.median(indices))
+    reference = float(np.median([s.speed_index for s, p in zip(samples, probed, strict=True) if p]))
     out = [
-        s if not (s.speed_index and s.speed_index > 0) else ProfiledTask(
-            s.config_key, s.mix, s.task_index, s.throughput_sps * reference / s.speed_index, None,
-            s.peak_memory_bytes, s.speed_index)
-        for s in samples
+        replace(s, throughput_sps=s.throughput_sps * reference / s.speed_index, standalone_sps=None) if p else s
+        for s, p in zip(samples, probed, strict=True)
     ]
     return out, reference
 
@@ -847,7 +845,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     bounded: ``α ∈ [-1, 1.5]``, ``w ∈ [0.05, 1]``).
 
     On the 2-core sweep (49 configurations, speed-normalised) it lowered the baseline's
-    held-out RMSLE from 0.232 to 0.199, mostly for models whose 1-task mixes were held out.
+    held-out RMSLE from 0.232 to 0.202, mostly for models whose 1-task mixes were held out.
 
     Returns:
         A new :class:`FeatureSpace` whose :class:`SoloTable` has ``laws`` and ``exponents``
