@@ -201,10 +201,12 @@ def test_speed_probe_readings_take_the_host_speed_out_of_the_held_out_error():
 
 def test_the_physical_model_is_refitted_jointly_on_every_measured_task():
     # Throughputs that follow the baseline's own law on 2 packed cores (a per-iteration time
-    # law per model, a slice exponent α, sharing weight w = 0.4); resnet18 is never measured
-    # alone, and the starting tables are wrong: the joint fit recovers all of it from the mixes.
-    laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.01, 0.002)}
-    alphas = {"resnet18": 0.9, "mobilenet_v3_small": 0.3}
+    # law per model, slice exponents α for the per-sample time and β for the per-iteration
+    # overhead, sharing weight w = 0.4); resnet18 is never measured alone, and the starting
+    # tables are wrong: the joint fit recovers all of it from the mixes.
+    laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001)}
+    alphas = {"resnet18": 0.9, "mobilenet_v3_small": 0.6}
+    betas = {"resnet18": 0.4, "mobilenet_v3_small": 0.1}
     archs = tuple(sorted(laws))
     rng = np.random.default_rng(0)
     mixes = [(MixTask("mobilenet_v3_small", b, 100),) for b in (16, 64, 256)]
@@ -213,7 +215,8 @@ def test_the_physical_model_is_refitted_jointly_on_every_measured_task():
                                    int(rng.choice([25, 50, 100]))) for _ in range(int(rng.integers(1, 4)))))
     mixes = [m for m in mixes if not (len(m) == 1 and m[0].architecture == "resnet18" and m[0].share == 100)]
     enc = encode_mixes(mixes, archs)
-    truth_space = FeatureSpace(archs, WORKLOADS, SoloTable(exponents=alphas, laws=laws), 2, "packed", 0.4)
+    truth = SoloTable(exponents=alphas, laws=laws, overhead_exponents=betas)
+    truth_space = FeatureSpace(archs, WORKLOADS, truth, 2, "packed", 0.4)
     measured = np.where(enc.present, truth_space.slot_arrays(enc)["baseline"], np.nan)
     wrong = SoloTable(curves={a: [(16, 50.0), (256, 100.0)] for a in archs}, exponents={a: 1.0 for a in archs})
     fitted = fit_physical(FeatureSpace(archs, WORKLOADS, wrong, 2, "packed", 1.0), enc, measured)
@@ -221,4 +224,20 @@ def test_the_physical_model_is_refitted_jointly_on_every_measured_task():
     for arch in archs:
         assert fitted.solo.laws[arch] == pytest.approx(laws[arch], rel=0.05)
         assert fitted.solo.exponent(arch) == pytest.approx(alphas[arch], abs=0.05)
+        assert fitted.solo.overhead_exponents[arch] == pytest.approx(betas[arch], abs=0.05)
     assert rmsle(fitted.slot_arrays(enc)["baseline"][enc.present], measured[enc.present]) < 0.01
+
+
+def test_with_a_fitted_law_a_slice_speeds_up_the_per_sample_work_more_than_the_overhead():
+    # B / (t0·g^-β + t1·B·g^-α): a larger batch is mostly per-sample work, so doubling the
+    # slice speeds it up by nearly 2^α; a small batch is mostly overhead, nearer 2^β.
+    table = SoloTable(exponents={"resnet18": 1.0}, laws={"resnet18": (0.02, 0.001)},
+                      overhead_exponents={"resnet18": 0.0})
+    batch = np.array([4.0, 4096.0])
+    half = table.lookup("resnet18", batch, np.array([0.5, 0.5]), WORKLOADS)
+    whole = table.lookup("resnet18", batch, np.array([1.0, 1.0]), WORKLOADS)
+    assert whole == pytest.approx(batch / (0.02 + 0.001 * batch))
+    assert half == pytest.approx(batch / (0.02 + 0.002 * batch))
+    speedup = whole / half
+    assert speedup[0] == pytest.approx(1.0 + 0.004 / 0.024, rel=1e-9)  # mostly overhead: 1.17×
+    assert speedup[1] > 1.99
