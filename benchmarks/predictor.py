@@ -4,6 +4,10 @@ print its held-out accuracy per model family and its speed.
     python benchmarks/predictor.py [--budget 480] [--cores 0,1] [--save sweep.json]
     python benchmarks/predictor.py --load sweep.json      # refit on a saved sweep
 
+Three real 2-core sweeps are kept in ``benchmarks/sweeps/`` (``--load`` any of them to compare a
+change to the predictor on the same measurements; tests/benchmarks/test_predictor_sweeps.py
+refits them and holds the README's figures).
+
 Steps: (1) a profiling sweep of ``--budget`` seconds on this machine's cores, exactly what a
 device agent runs for ``POST /api/devices/{id}/profile/`` (workers.profiling.run_sweep with the
 cpu backend); (2) workload features of the models (torch.utils.flop_counter); (3) the four
