@@ -15,12 +15,14 @@ probe.
 
 Why: on the 2-core Firecracker VM of issue 3's closing note, ``mobilenet_v3_small`` at batch
 32 on both cores measured 817–880 samples/s back to back, but 470–660 in processes started
-right after a 4-task configuration of large batches had exited, for their whole life (every
-timed iteration 63 ms instead of 37 ms), even after a 10 s pause, while the speed probe read
-the same host speed (``after_ratio`` about 0.6). Twenty minutes later the same script printed
-``after_ratio=0.974``: the effect comes and goes with the host's state. Such a host adds that
-spread to profile samples; the sweep's ``repeat_noise`` (benchmarks/predictor.py) is its
-average over one sweep.
+right after a 4-task configuration of large batches had exited (five times out of five, every
+timed iteration 63 ms instead of 37 ms), while the speed probe read the same host speed. Later
+runs showed the cause is not the preceding configuration: the host has slow periods of tens of
+seconds in which a 2-thread trainer runs about 40 % slower (also alone, also plain torch
+outside the profiler, with either OpenMP wait policy) while a 1-thread trainer and the probe
+change by a few percent. This script printed ``after_ratio=0.974`` in a calm period. Such a
+host adds that spread to profile samples; the sweep's ``repeat_noise``
+(benchmarks/predictor.py) is its average over one sweep.
 """
 
 from __future__ import annotations
