@@ -878,8 +878,8 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
 
     Returns:
         A new :class:`FeatureSpace` whose :class:`SoloTable` has ``laws``, ``exponents`` and
-        ``overhead_exponents`` for every model measured in ``enc`` (the others keep ``space``'s), and the fitted
-        ``w``; ``space`` itself when nothing was measured.
+        ``overhead_exponents`` for every model measured in ``enc`` (the others keep
+        ``space``'s), and the fitted ``w``; ``space`` itself when nothing was measured.
     """
     from scipy.optimize import least_squares
 
@@ -909,11 +909,10 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
             start.append((16.0 / p, 0.5 / p))
     theta0 = np.concatenate([
         np.log([t for t, _ in start]), np.log([t for _, t in start]),
-        [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],
+        [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # α
+        [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # β starts at α
         [np.clip(space.sharing_weight, 0.05, 1.0)],
     ])
-
-    theta0 = np.concatenate([theta0[:3 * k], theta0[2 * k:3 * k], theta0[3 * k:]])  # β starts at α
 
     def unpack(theta):
         return (np.exp(theta[:k]), np.exp(theta[k:2 * k]), theta[2 * k:3 * k], theta[3 * k:4 * k],
