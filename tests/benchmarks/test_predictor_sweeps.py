@@ -36,9 +36,9 @@ def test_the_kept_sweeps_are_real_2_core_cpu_sweeps():
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_held_out_error_on_a_real_sweep_stays_where_the_readme_reports_it(bench, path):
-    # README: 0.161 / 0.164 / 0.159 for the kept family at the reference speed; the physical
-    # baseline alone 0.161 / 0.165 / 0.170. Before the overhead exponent the baseline gave
-    # 0.179 / 0.189 / 0.176, the kept family 0.179 / 0.189 / 0.168.
+    # README: 0.151 / 0.152 / 0.157 for the kept family at the reference speed; the physical
+    # baseline alone 0.151 / 0.152 / 0.170. Before the overhead exponent and the escape weight
+    # the baseline gave 0.179 / 0.189 / 0.176, the kept family 0.179 / 0.189 / 0.168.
     saved = json.loads(path.read_text())
     samples = bench.to_samples(saved["results"])
     workloads = bench.workloads_of(sorted({t.architecture for s in samples for t in s.mix}))
@@ -46,5 +46,5 @@ def test_held_out_error_on_a_real_sweep_stays_where_the_readme_reports_it(bench,
                                        families=("baseline", "random_forest", "extra_trees"))
     by_family = {f.family: f.rmsle for f in report.families}
     assert by_family["baseline"] < 0.175
-    assert min(by_family.values()) < 0.167
+    assert min(by_family.values()) < 0.162
     assert report.configurations >= 60 and report.groups >= 20

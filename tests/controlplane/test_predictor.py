@@ -147,6 +147,19 @@ def test_packed_sharing_rate_weights_multithreaded_tasks_by_how_often_they_are_r
     assert sharing_rate(share, present, 100, "pooled")[0, :2] == pytest.approx([1 / 1.5, 1 / 1.5])
 
 
+def test_a_multithreaded_task_with_a_core_of_its_own_weighs_its_escape_weight_on_shared_cores():
+    present = np.array([[True, True, True, False]])
+    # 2-core task beside a 1-core task on core 0: core 1 is its own → escape weight 0.2 there
+    pair = np.array([[100, 50, 0, 0]])
+    rate = sharing_rate(pair, present[:, [0, 1, 3, 3]], 2, "packed", weight=0.5, escape_weight=0.2)[0]
+    assert rate[:2] == pytest.approx([(0.2 / 1.2 + 1.0) / 2, 1 / 1.2])
+    # two 1-core tasks, one on each core: no core of its own → the ordinary weight 0.5
+    trio = np.array([[100, 50, 50, 0]])
+    rate = sharing_rate(trio, present, 2, "packed", weight=0.5, escape_weight=0.2)[0]
+    assert rate[:3] == pytest.approx([0.5 / 1.5, 1 / 1.5, 1 / 1.5])
+    assert rate[:3] == pytest.approx(sharing_rate(trio, present, 2, "packed", weight=0.5)[0, :3])
+
+
 def test_held_out_standalone_speeds_do_not_reach_the_baseline():
     # the baseline predicts a held-out 1-task full-share configuration without its own
     # measurement (the SoloTable is refitted in every fold from the training mixes only)
@@ -202,8 +215,9 @@ def test_speed_probe_readings_take_the_host_speed_out_of_the_held_out_error():
 def test_the_physical_model_is_refitted_jointly_on_every_measured_task():
     # Throughputs that follow the baseline's own law on 2 packed cores (a per-iteration time
     # law per model, slice exponents α for the per-sample time and β for the per-iteration
-    # overhead, sharing weight w = 0.4); resnet18 is never measured alone, and the starting
-    # tables are wrong: the joint fit recovers all of it from the mixes.
+    # overhead, sharing weights w = 0.4 and 0.3 for a task with a core of its own); resnet18
+    # is never measured alone, and the starting tables are wrong: the joint fit recovers all
+    # of it from the mixes.
     laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001)}
     alphas = {"resnet18": 0.9, "mobilenet_v3_small": 0.6}
     betas = {"resnet18": 0.4, "mobilenet_v3_small": 0.1}
@@ -216,11 +230,12 @@ def test_the_physical_model_is_refitted_jointly_on_every_measured_task():
     mixes = [m for m in mixes if not (len(m) == 1 and m[0].architecture == "resnet18" and m[0].share == 100)]
     enc = encode_mixes(mixes, archs)
     truth = SoloTable(exponents=alphas, laws=laws, overhead_exponents=betas)
-    truth_space = FeatureSpace(archs, WORKLOADS, truth, 2, "packed", 0.4)
+    truth_space = FeatureSpace(archs, WORKLOADS, truth, 2, "packed", 0.4, escape_weight=0.3)
     measured = np.where(enc.present, truth_space.slot_arrays(enc)["baseline"], np.nan)
     wrong = SoloTable(curves={a: [(16, 50.0), (256, 100.0)] for a in archs}, exponents={a: 1.0 for a in archs})
     fitted = fit_physical(FeatureSpace(archs, WORKLOADS, wrong, 2, "packed", 1.0), enc, measured)
     assert fitted.sharing_weight == pytest.approx(0.4, abs=0.02)
+    assert fitted.escape_weight == pytest.approx(0.3, abs=0.05)  # against its prior's 0.2
     for arch in archs:
         assert fitted.solo.laws[arch] == pytest.approx(laws[arch], rel=0.05)
         assert fitted.solo.exponent(arch) == pytest.approx(alphas[arch], abs=0.05)
