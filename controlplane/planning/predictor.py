@@ -207,6 +207,14 @@ def sharing_rate(share: np.ndarray, present: np.ndarray, units: int, placement: 
     return np.where(present, np.clip(rate, 1e-6, 1.0), 1.0)
 
 
+def slice_throughput(batch, granted, t0, t1, alpha, beta):
+    """Throughput (samples/s) of a task alone on a granted fraction ``g`` of the device,
+    ``B / (t_0·g^(−β) + t_1·B·g^(−α))``: per-iteration overhead ``t_0`` and per-sample time
+    ``t_1`` (seconds at ``g = 1``), each scaled by its own exponent (:meth:`SoloTable.lookup`).
+    Broadcasts over NumPy arrays."""
+    return batch / (t0 * granted ** -beta + t1 * batch * granted ** -alpha)
+
+
 def _sample_arrays(samples: Sequence[ProfiledTask]) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's mix as ``(n, MAX_MIX)`` shares and presence (mixes truncated to MAX_MIX)."""
     share = np.zeros((len(samples), MAX_MIX))
@@ -393,8 +401,7 @@ class SoloTable:
         beta = getattr(self, "overhead_exponents", {}).get(architecture)
         if law is None or beta is None:
             return self.alone(architecture, batch, workloads) * granted ** self.exponent(architecture)
-        batch = np.asarray(batch, dtype=float)
-        return batch / (law[0] * granted ** -beta + law[1] * batch * granted ** -self.exponent(architecture))
+        return slice_throughput(np.asarray(batch, dtype=float), granted, law[0], law[1], self.exponent(architecture), beta)
 
 
 # ------------------------------------------------------------------------------------- encoding
@@ -921,7 +928,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     mask, log_measured = mask[rows], np.log(np.where(mask[rows], measured[rows], 1.0))
     arch_slot = slot[np.where(mask, enc.arch, -1)]
     batch = np.where(mask, enc.batch, 1.0)
-    log_g = np.log(np.where(mask, granted_fraction(enc.share, space.cores), 1.0))
+    granted = np.where(mask, granted_fraction(enc.share, space.cores), 1.0)
     packed = space.placement == "packed"
 
     start = []
@@ -947,7 +954,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     def residuals(theta):
         t0, t1, alpha, beta, w, escape = unpack(theta)
         j = np.maximum(arch_slot, 0)
-        log_p = -np.log(t0[j] / batch * np.exp(-beta[j] * log_g) + t1[j] * np.exp(-alpha[j] * log_g))
+        log_p = np.log(slice_throughput(batch, granted, t0[j], t1[j], alpha[j], beta[j]))
         log_p = log_p + np.log(sharing_rate(enc.share, enc.present, space.cores, space.placement, w, escape))
         alpha_mean, alpha_weight = _PHYSICAL_ALPHA_PRIOR
         beta_mean, beta_weight = _PHYSICAL_BETA_PRIOR

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import load_benchmark
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 STRATEGIES = ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync"]
@@ -28,10 +30,7 @@ def _run(args: list[str], out: Path, timeout: float) -> subprocess.CompletedProc
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_check")
 
 
 def _nvidia_driver_present() -> bool:

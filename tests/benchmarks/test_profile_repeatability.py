@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_repeatability.py"
+from tests.benchmarks import BENCHMARKS, load_benchmark
+
+SCRIPT = BENCHMARKS / "profile_repeatability.py"
 
 
 def test_a_configuration_is_parsed_into_task_specs():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from profile_repeatability import parse_configuration
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    tasks = parse_configuration("resnet18/32/50+mobilenet_v3_small/128/100")
+    tasks = load_benchmark("profile_repeatability").parse_configuration("resnet18/32/50+mobilenet_v3_small/128/100")
     assert [(t.architecture, t.batch_size, t.active_thread_percentage) for t in tasks] == [
         ("resnet18", 32, 50), ("mobilenet_v3_small", 128, 100)]
 
