@@ -22,7 +22,11 @@ workers.speed_probe). The benchmark prints the measurement noise of the sweep's 
 configurations, raw and divided by the speed probe, then the families' held-out accuracy twice:
 on raw throughputs (the host's speed changes left in: no predictor can do better than the raw
 noise) and on throughputs at the reference speed (controlplane.planning.predictor.normalise_speed),
-which is what the fitted predictor predicts and what ``heldout_rmsle`` reports.
+which is what the fitted predictor predicts and what ``heldout_rmsle`` reports. Every
+measurement of a task on 2 or more cores also carries the round trip between its cores
+(``cross_core_rtt_ns``, workers.core_link_probe): the benchmark prints their spread and the
+kept predictor's link exponent (how much a task alone on several cores slows down when the host
+moves them apart; the predictor predicts at the near placement).
 
 Targets (issue 3): held-out RMSLE ≤ 0.10, fit on 5,000 samples < 30 s, 100,000 predictions
 < 1 s. The last line is ``heldout_rmsle=<value>`` for the kept family.
@@ -100,7 +104,8 @@ def to_samples(results: list[dict]) -> list[ProfiledTask]:
         for m in r["measurements"]:
             if m["throughput_sps"]:
                 samples.append(ProfiledTask(f"c{r['config_index']}", mix, m["task_index"], m["throughput_sps"],
-                                            m["standalone_sps"], m["peak_memory_bytes"], m.get("speed_index")))
+                                            m["standalone_sps"], m["peak_memory_bytes"], m.get("speed_index"),
+                                            m.get("cross_core_rtt_ns")))
     return samples
 
 
@@ -207,6 +212,12 @@ def main() -> int:
         print(f"\nmeasurement noise from {pairs} repeated task measurements (RMS log error of one measurement): "
               f"{sigma_raw:.3f} raw" + (f", {sigma_speed:.3f} divided by the speed probe" if sigma_speed is not None else ""))
 
+    rtts = sorted(s.cross_core_rtt_ns for s in samples if s.cross_core_rtt_ns)
+    if rtts:
+        q = lambda f: rtts[min(len(rtts) - 1, int(f * len(rtts)))]  # noqa: E731 - local shorthand
+        print(f"cross-core round trip of {len(rtts)} multi-core task measurements: min {rtts[0]:.0f} ns, "
+              f"10 % {q(0.1):.0f}, median {q(0.5):.0f}, 90 % {q(0.9):.0f}, max {rtts[-1]:.0f} ns")
+
     raw_samples = [replace(s, speed_index=None) for s in samples]
     with_probe = any(s.speed_index for s in samples)
     if with_probe:
@@ -219,6 +230,9 @@ def main() -> int:
           f"{report.samples} task samples in {report.configurations} configurations, "
           f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation (whole mixes held out)")
     print_families(report)
+    if predictor.space.reference_cross_core_rtt_ns:
+        print(f"link exponent γ = {predictor.space.link_exponent:.3f}: a task alone on 2+ cores runs at "
+              f"(rtt / {predictor.space.reference_cross_core_rtt_ns:.0f} ns)^-γ of its speed at the near placement")
 
     big = resampled(samples, 5000, args.seed)
     t0 = time.perf_counter()

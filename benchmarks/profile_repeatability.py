@@ -22,7 +22,10 @@ seconds in which a 2-thread trainer runs about 40 % slower (also alone, also pla
 outside the profiler, with either OpenMP wait policy) while a 1-thread trainer and the probe
 change by a few percent. This script printed ``after_ratio=0.974`` in a calm period. Such a
 host adds that spread to profile samples; the sweep's ``repeat_noise``
-(benchmarks/predictor.py) is its average over one sweep.
+(benchmarks/predictor.py) is its average over one sweep. The slow periods turned out to be the
+host placing the VM's two cores far apart (workers.core_link_probe: a cache line's round trip
+between them 230 ns in calm periods, about twice that in slow ones); a multi-core
+measurement prints the round trip its link probe read.
 """
 
 from __future__ import annotations
@@ -108,8 +111,9 @@ def main() -> int:
             m = result.measurements[0]
             if label is not None:
                 results[label].append((m.throughput_sps, m.speed_index or float("nan")))
+                link = f", cores' round trip {m.cross_core_rtt_ns:.0f} ns" if m.cross_core_rtt_ns else ""
                 print(f"{label:<14} {args.config}: {m.throughput_sps:7.1f} samples/s (task 0), "
-                      f"speed index {m.speed_index or float('nan'):.1f}", flush=True)
+                      f"speed index {m.speed_index or float('nan'):.1f}{link}", flush=True)
 
         for _ in range(args.repeats):
             measure(config, "back to back")

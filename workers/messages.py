@@ -420,6 +420,10 @@ class ProfileMeasurement(_Message):
     executed while it was timed (:class:`workers.speed_probe.SpeedProbe`, millions of probe-loop
     iterations per CPU-second; ``cpu`` backend only): the predictor divides the throughput by
     it, relative to the median over its training samples, to take the host's speed changes out.
+    ``cross_core_rtt_ns`` is the median round trip of a cache line between the task's cores
+    while it was timed (:class:`workers.core_link_probe.CoreLinkProbe`, nanoseconds; ``cpu``
+    backend, tasks on 2 or more cores only): a multi-threaded task slows down when the host
+    places those cores far apart, and the predictor learns by how much.
     """
 
     task_index: int = Field(ge=0)
@@ -430,6 +434,7 @@ class ProfileMeasurement(_Message):
     standalone_sps: float | None = None
     peak_memory_bytes: int | None = None
     speed_index: float | None = Field(default=None, gt=0)
+    cross_core_rtt_ns: float | None = Field(default=None, gt=0)
     timed_iterations: int = 0
     error: str = ""
     simulated: bool = _simulated_field()

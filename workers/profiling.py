@@ -66,6 +66,7 @@ from workers.profiler_child import (
     ProfileChildResult,
     ProfileChildSpec,
 )
+from workers.core_link_probe import CoreLinkProbe
 from workers.speed_probe import SpeedProbe
 
 logger = logging.getLogger(__name__)
@@ -293,7 +294,10 @@ def measure_configuration(
     :func:`common_window`'s iterations; peak memory is each process's peak RSS. Where the
     backend ``probes_host_speed`` (``cpu``), a :class:`~workers.speed_probe.SpeedProbe` runs on
     the device's cores from GO to STOP and each measurement's ``speed_index`` is its cores'
-    speed over the task's timed iterations.
+    speed over the task's timed iterations; on a device of 2 or more cores a
+    :class:`~workers.core_link_probe.CoreLinkProbe` runs over the same span, and each
+    measurement of a task on 2 or more cores gets ``cross_core_rtt_ns``, the round trip between
+    its cores over its timed iterations.
 
     Work files go to ``ctx.state_dir/work/sweep-<sweep_id>/config-<config_index>/`` and are
     removed when the configuration succeeds (kept for a failed one).
@@ -357,6 +361,7 @@ def measure_configuration(
     stop_at: float | None = None
     phases = [time.monotonic()]  # launch, GO, STOP, exit: where a configuration's time goes
     probe = SpeedProbe(ctx.cores) if backend.probes_host_speed else None
+    link = CoreLinkProbe(ctx.cores) if backend.probes_host_speed and len(set(ctx.cores)) > 1 else None
     try:
         for child in children:
             _launch(child, backend)
@@ -364,6 +369,8 @@ def measure_configuration(
             phases.append(time.monotonic())
             if probe is not None:
                 probe.start()
+            if link is not None:
+                link.start()
             for child in children:
                 _send(child, GO_LINE)
             stop_at = _wait_window(children, request, deadline, should_stop)
@@ -371,6 +378,8 @@ def measure_configuration(
                 phases.append(stop_at)
                 if probe is not None:
                     probe.stop()  # the window is closed: no reading after STOP is used
+                if link is not None:
+                    link.stop()
                 for child in children:
                     _send(child, STOP_LINE, close=True)
                 _wait_exit(children, min(deadline, time.monotonic() + _EXIT_GRACE_S),
@@ -389,6 +398,8 @@ def measure_configuration(
     finally:
         if probe is not None:
             probe.stop()
+        if link is not None:
+            link.stop()
         kill_children(children)
 
     outcomes = [_child_result(child) for child in children]
@@ -419,6 +430,8 @@ def measure_configuration(
             peak_memory_bytes=outcome.peak_memory_bytes,
             speed_index=(probe.speed_index(c.resources.cores, its[0].start, its[-1].end)
                          if probe is not None and its else None),
+            cross_core_rtt_ns=(link.rtt_ns(c.resources.cores, its[0].start, its[-1].end)
+                               if link is not None and its else None),
             timed_iterations=len(its),
         )
         for c, its, outcome in zip(children, counted, outcomes, strict=True)

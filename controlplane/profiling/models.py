@@ -101,6 +101,11 @@ class ProfileSample(models.Model):
         help_text="how fast the device's cores ran while this was measured (speed probe, millions of "
                   "probe-loop iterations per CPU-second; cpu backend only); the predictor normalises by it",
     )
+    cross_core_rtt_ns = models.FloatField(
+        null=True, blank=True,
+        help_text="median round trip of a cache line between the task's cores while this was measured "
+                  "(core link probe, ns; cpu backend, tasks on 2+ cores); the predictor learns its effect",
+    )
     repeat_of = models.CharField(max_length=64, blank=True, default="", help_text="config_key this one repeats")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from controlplane.planning.predictor import (
     encode_mixes,
     fit_physical,
     fit_predictor,
+    granted_fraction,
     mix_group,
     normalise_speed,
     rmsle,
@@ -256,3 +258,78 @@ def test_with_a_fitted_law_a_slice_speeds_up_the_per_sample_work_more_than_the_o
     speedup = whole / half
     assert speedup[0] == pytest.approx(1.0 + 0.004 / 0.024, rel=1e-9)  # mostly overhead: 1.17×
     assert speedup[1] > 1.99
+
+
+def _two_placements(enc, rng):
+    """Cross-core round trips of a 2-core host switching between near (230 ns) and far (500 ns)
+    placements, per configuration; ``nan`` for tasks on one core."""
+    per_config = rng.choice([230.0, 500.0], size=(len(enc.arch), 1))
+    multi = enc.present & (granted_fraction(enc.share, 2) > 0.75)
+    return np.where(multi, per_config, np.nan)
+
+
+def test_the_link_exponent_is_fitted_from_tasks_measured_at_both_placements():
+    # The joint law of the test above with a placement effect: a task alone on both cores
+    # runs (rtt/230)^-0.5 as fast; tasks on one core, or sharing a core, do not notice. The
+    # fit recovers the exponent against its prior at 0.
+    laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001)}
+    archs = tuple(sorted(laws))
+    rng = np.random.default_rng(1)
+    mixes = [tuple(MixTask(archs[rng.integers(2)], int(rng.choice([16, 32, 64, 128, 256])),
+                           int(rng.choice([25, 50, 100]))) for _ in range(int(rng.integers(1, 4))))
+             for _ in range(80)]
+    enc = encode_mixes(mixes, archs)
+    enc = replace(enc, rtt=_two_placements(enc, rng))
+    truth = SoloTable(exponents={a: 0.8 for a in archs}, laws=laws, overhead_exponents={a: 0.4 for a in archs})
+    truth_space = FeatureSpace(archs, WORKLOADS, truth, 2, "packed", 0.5, escape_weight=0.2,
+                               reference_cross_core_rtt_ns=230.0, link_exponent=0.5)
+    measured = np.where(enc.present, truth_space.slot_arrays(enc)["baseline"], np.nan)
+    x = truth_space.link_log_ratio(enc, granted_fraction(enc.share, 2))
+    alone_on_both = (enc.present.sum(axis=1) == 1)[:, None] & ~np.isnan(enc.rtt)
+    assert (x[~alone_on_both] == 0).all()  # one core, or beside another task: no link term
+    assert set(np.round(x[alone_on_both], 6)) == {0.0, round(math.log(500 / 230), 6)}
+    start = SoloTable(curves={a: [(16, 50.0), (256, 100.0)] for a in archs}, exponents={a: 1.0 for a in archs})
+    fitted = fit_physical(FeatureSpace(archs, WORKLOADS, start, 2, "packed", 1.0, reference_cross_core_rtt_ns=230.0),
+                          enc, measured)
+    assert fitted.link_exponent == pytest.approx(0.5, abs=0.05)
+    assert rmsle(fitted.slot_arrays(enc)["baseline"][enc.present], measured[enc.present]) < 0.01
+    # without a reference (samples never probed) there is no link term and nothing to fit
+    plain = fit_physical(FeatureSpace(archs, WORKLOADS, start, 2, "packed", 1.0), enc, measured)
+    assert plain.link_exponent == 0.0 and plain.spec()["reference_cross_core_rtt_ns"] is None
+
+
+def test_a_predictor_fitted_on_probed_links_predicts_at_the_near_placement():
+    # Samples from the physical law on 2 packed cores (2 % noise), tasks alone on both cores
+    # slowed by (rtt/230)^-0.6 when the host placed the cores far apart (500 ns): the
+    # predictor fitted on the probed samples learns it and predicts at the near placement;
+    # blind to the probe, its held-out error carries the placement's ±30 %.
+    laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001), "shufflenet_v2_x1_0": (0.025, 0.0008)}
+    archs = tuple(sorted(laws))
+    rng = np.random.default_rng(5)
+    mixes = [tuple(MixTask(archs[rng.integers(3)], int(rng.choice([16, 32, 64, 128, 256])),
+                           int(rng.choice([25, 50, 75, 100]))) for _ in range(int(rng.integers(1, 4))))
+             for _ in range(120)]
+    enc = encode_mixes(mixes, archs)
+    enc = replace(enc, rtt=_two_placements(enc, rng))
+    truth = FeatureSpace(archs, WORKLOADS, SoloTable(exponents={a: 0.8 for a in archs}, laws=laws,
+                                                     overhead_exponents={a: 0.4 for a in archs}),
+                         2, "packed", 0.5, escape_weight=0.2, reference_cross_core_rtt_ns=230.0, link_exponent=0.6)
+    speed = truth.slot_arrays(enc)["baseline"] * np.exp(rng.normal(0, 0.02, enc.arch.shape))
+    measured = [ProfiledTask(f"c{r}", mix, j, float(speed[r, j]), None, None, None,
+                             None if np.isnan(enc.rtt[r, j]) else float(enc.rtt[r, j]))
+                for r, mix in enumerate(mixes) for j in range(len(mix))]
+    unprobed = [replace(s, cross_core_rtt_ns=None) for s in measured]
+    predictor, report = fit_predictor(measured, WORKLOADS, cores=2, placement="packed", families=("baseline",), folds=4)
+    _p, blind = fit_predictor(unprobed, WORKLOADS, cores=2, placement="packed", families=("baseline",), folds=4)
+    assert predictor.space.reference_cross_core_rtt_ns == pytest.approx(230.0)  # 10th percentile: near
+    assert predictor.space.spec()["reference_cross_core_rtt_ns"] == predictor.space.reference_cross_core_rtt_ns
+    assert predictor.space.link_exponent == pytest.approx(0.6, abs=0.1)
+    assert predictor.space.spec()["link_exponent"] == predictor.space.link_exponent
+    probed_alone, blind_alone = report.families[0].by_mix_size[1], blind.families[0].by_mix_size[1]
+    assert probed_alone < 0.04 < 0.12 < blind_alone  # the 1-task mixes are where the placement shows
+    assert report.families[0].rmsle < 0.04 < 0.06 < blind.families[0].rmsle
+    # a configuration to predict has no round trip: the near placement, the law's own speed
+    alone = [(MixTask(a, 64, 100),) for a in archs]
+    near = replace(encode_mixes(alone, archs), rtt=np.full((len(alone), MAX_MIX), 230.0))
+    assert rmsle(np.array([row[0] for row in predictor.predict(alone)]),
+                 truth.slot_arrays(near)["baseline"][:, 0]) < 0.05

@@ -28,7 +28,7 @@ def _config_result(sweep: ProfileSweep, index: int, mix: list[tuple[str, int, in
         "measurements": [
             {"task_index": i, "architecture": a, "batch_size": b, "active_thread_percentage": r, "throughput_sps": p,
              "standalone_sps": 2 * p, "peak_memory_bytes": 400_000_000, "timed_iterations": 4,
-             "speed_index": 14.0 + index}
+             "speed_index": 14.0 + index, "cross_core_rtt_ns": 230.0 if r > 50 else None}
             for i, ((a, b, r), p) in enumerate(zip(mix, throughputs, strict=True))
         ],
         "started_at": 1000.0 + index, "finished_at": 1001.0 + index, "status": "succeeded",
@@ -77,6 +77,8 @@ def test_measured_configurations_become_samples_once(sweep):
     assert sample.configuration[0]["architecture"] == "resnet18" and sample.mix_size == 2
     assert sample.device_class == "cpu-2cores" and sample.standalone_sps == 300.0
     assert sample.speed_index == 14.0
+    assert sample.cross_core_rtt_ns == 230.0  # 70 % of 2 cores: both cores, the link probed
+    assert ProfileSample.objects.get(task_index=0).cross_core_rtt_ns is None  # 50 %: one core
     services.profile_done(summary={"sweep_id": sweep.id, "device": "prof-a", "status": "succeeded", "configs": 1,
                                    "samples": 2, "repeat_spread": [0.02, 0.05]})
     sweep.refresh_from_db()
@@ -186,7 +188,8 @@ def test_profile_and_predictor_api(api, make_device):
     assert fitting.status_code == 202 and fitting.json()["status"] == "fitting"
     listed = api.get("/api/profile-samples/?mix_size=1").json()
     assert listed["count"] == ProfileSample.objects.filter(mix_size=1).count()
-    assert all(row["speed_index"] is None for row in listed["results"])  # synthetic: no probe
+    assert all(row["speed_index"] is None and row["cross_core_rtt_ns"] is None
+               for row in listed["results"])  # synthetic: no probe
 
 
 def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):

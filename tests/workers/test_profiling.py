@@ -170,6 +170,10 @@ def test_two_task_configuration_is_measured_while_both_train(agent_context, monk
         assert measurement.peak_memory_bytes > 50 * 2**20  # torch alone is bigger than that
         assert measurement.standalone_sps is None and not measurement.error
         assert measurement.speed_index > 0  # the cpu backend probes its cores' speed
+    one_core, whole_device = result.measurements
+    assert one_core.cross_core_rtt_ns is None  # a task on one core has no link to wait on
+    if len(agent_context.cores) > 1:
+        assert whole_device.cross_core_rtt_ns > 0  # the link between the task's cores, probed
     iterations, stop = windows[-1]
     counted = [[it for it in its if it.end <= stop] for its in iterations]
     first, second = counted

@@ -85,7 +85,7 @@ def _training_samples(backend: str, device_class: str) -> list[ProfiledTask]:
     for s in ProfileSample.objects.filter(backend=backend, device_class=device_class).order_by("id").iterator():
         mix = tuple(MixTask(t["architecture"], int(t["batch_size"]), int(t["active_thread_percentage"])) for t in s.configuration)
         out.append(ProfiledTask(s.config_key, mix, s.task_index, s.throughput_sps, s.standalone_sps, s.peak_memory_bytes,
-                                s.speed_index))
+                                s.speed_index, s.cross_core_rtt_ns))
     return out
 
 

@@ -120,7 +120,7 @@ def profile_record(*, result: dict) -> int:
             configuration=configuration, mix_size=len(r.tasks), task_index=m.task_index, architecture=m.architecture,
             batch_size=m.batch_size, active_thread_percentage=m.active_thread_percentage,
             throughput_sps=m.throughput_sps, standalone_sps=m.standalone_sps, peak_memory_bytes=m.peak_memory_bytes,
-            speed_index=m.speed_index,
+            speed_index=m.speed_index, cross_core_rtt_ns=m.cross_core_rtt_ns,
             simulated=m.simulated or r.simulated,
             repeat_of=config_key(sweep.id, r.repeat_of) if r.repeat_of is not None else "",
             started_at=_ts(r.started_at), finished_at=_ts(r.finished_at),

@@ -43,4 +43,9 @@ class Command(BaseCommand):
         if reference:
             console.print(f"throughputs predicted at the host's median speed (speed index {reference:.1f}): "
                           "probed samples were scaled to it")
+        link = (predictor.feature_spec or {}).get("reference_cross_core_rtt_ns")
+        if link:
+            gamma = (predictor.feature_spec or {}).get("link_exponent", 0.0)
+            console.print(f"tasks alone on several cores predicted at the near placement (cross-core round trip "
+                          f"{link:.0f} ns; measured further apart, they ran (rtt / {link:.0f} ns)^-{gamma:.2f} as fast)")
         console.print(f"predictor page: /predictors/{predictor.id}/")
