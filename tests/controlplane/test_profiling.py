@@ -157,6 +157,23 @@ def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(mak
     assert re.search(r"median\s+speed\s+\(speed\s+index\s+20\.0\)", printed)  # rich may wrap the line
 
 
+def test_a_predictor_fitted_on_probed_links_says_which_placement_it_predicts(make_device, browser_client, capsys):
+    store_synthetic_samples(make_device("prof-l"), n=40)
+    multi = ProfileSample.objects.filter(active_thread_percentage__gte=75).order_by("id")  # both of 2 cores
+    ids = list(multi.values_list("id", flat=True))
+    assert len(ids) >= 10
+    ProfileSample.objects.filter(id__in=ids[::2]).update(cross_core_rtt_ns=230.0)
+    ProfileSample.objects.filter(id__in=ids[1::2]).update(cross_core_rtt_ns=600.0)
+    predictor = services.predictor_fit(backend="cpu", families=("baseline",))
+    assert predictor.status == "ready", predictor.error
+    assert predictor.feature_spec["reference_cross_core_rtt_ns"] == pytest.approx(230.0)  # the near placement
+    assert services.predictor_load(predictor).space.link_exponent == predictor.feature_spec["link_exponent"]
+    page = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
+    assert re.search(r"predicted at the near placement, a cross-core round trip of\s+230 ns", page)
+    call_command("fit_predictor", "--backend", "cpu")
+    assert re.search(r"near\s+placement\s+\(cross-core\s+round\s+trip\s+230\s+ns", capsys.readouterr().out)
+
+
 def test_fitting_without_samples_says_to_profile_first():
     with pytest.raises(ApplicationError, match="profile a device first") as info:
         services.predictor_fit(backend="cpu")
