@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,8 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
+
+from workers.speed_probe import BackgroundProbe
 
 READING_PREFIX = "LINK"
 """Start of each reading line the probe process writes: ``LINK <t> <core_a> <core_b> <ns>``."""
@@ -74,7 +77,7 @@ def ring_pairs(cores: Sequence[int]) -> list[tuple[int, int]]:
     return pairs
 
 
-class CoreLinkProbe:
+class CoreLinkProbe(BackgroundProbe):
     """Background readings of the cross-core round trip (see the module docstring).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`; :meth:`rtt_ns` then summarises
@@ -91,17 +94,10 @@ class CoreLinkProbe:
     """
 
     def __init__(self, cores: Iterable[int], *, period_s: float = 0.1, round_trips: int = 200) -> None:
-        self.cores = sorted(set(int(c) for c in cores))
-        if len(self.cores) < 2:
-            raise ValueError(f"cores must list at least 2 CPU ids to probe the link between them, got {self.cores}")
-        if not period_s > 0:
-            raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
         if round_trips < 5:
             raise ValueError(f"round_trips must be >= 5, got {round_trips!r}")
-        self.period_s = float(period_s)
+        super().__init__(cores, period_s, min_cores=2, purpose="to probe the link between them")
         self.round_trips = int(round_trips)
-        self._readings: list[LinkReading] = []
-        self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
 
@@ -127,8 +123,7 @@ class CoreLinkProbe:
                     reading = LinkReading(float(parts[1]), int(parts[2]), int(parts[3]), float(parts[4]))
                 except ValueError:
                     continue
-                with self._lock:
-                    self._readings.append(reading)
+                self._record(reading)
 
     def stop(self) -> None:
         """Stop the probe process (its helpers exit with it) and wait for it."""
@@ -143,17 +138,6 @@ class CoreLinkProbe:
             proc.wait()
         if self._reader is not None:
             self._reader.join(timeout=5.0)
-
-    def __enter__(self) -> CoreLinkProbe:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def readings(self) -> list[LinkReading]:
-        """Every reading so far, in the order taken."""
-        with self._lock:
-            return list(self._readings)
 
     def rtt_ns(self, cores: Sequence[int], start: float, end: float) -> float | None:
         """The median round trip (ns) between pairs of ``cores`` over ``[start, end]`` (host
@@ -214,7 +198,7 @@ def _initiate(mv: memoryview, base: int, tick: int, round_trips: int, deadline: 
             began = clock()
             mv[ping] = x
             while mv[pong] != x:
-                if began > end_ns or clock() > end_ns:
+                if clock() > end_ns:
                     return None
             trips.append(clock() - began)
     finally:
@@ -287,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for pid in helpers:
             try:
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
             except OSError:
                 pass
@@ -295,7 +279,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import signal
-
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # terminate() runs the finally: helpers killed
     sys.exit(main())

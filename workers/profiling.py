@@ -295,7 +295,7 @@ def measure_configuration(
     backend ``probes_host_speed`` (``cpu``), a :class:`~workers.speed_probe.SpeedProbe` runs on
     the device's cores from GO to STOP and each measurement's ``speed_index`` is its cores'
     speed over the task's timed iterations; on a device of 2 or more cores a
-    :class:`~workers.core_link_probe.CoreLinkProbe` runs over the same span, and each
+    :class:`~workers.core_link_probe.CoreLinkProbe` runs from launch to STOP, and each
     measurement of a task on 2 or more cores gets ``cross_core_rtt_ns``, the round trip between
     its cores over its timed iterations.
 
@@ -363,14 +363,14 @@ def measure_configuration(
     probe = SpeedProbe(ctx.cores) if backend.probes_host_speed else None
     link = CoreLinkProbe(ctx.cores) if backend.probes_host_speed and len(set(ctx.cores)) > 1 else None
     try:
+        if link is not None:
+            link.start()  # now: its interpreter starts while the trainers import torch, not in their window
         for child in children:
             _launch(child, backend)
         if _wait_ready(children, deadline, should_stop):
             phases.append(time.monotonic())
             if probe is not None:
                 probe.start()
-            if link is not None:
-                link.start()
             for child in children:
                 _send(child, GO_LINE)
             stop_at = _wait_window(children, request, deadline, should_stop)

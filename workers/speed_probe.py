@@ -54,7 +54,44 @@ def _probe_loop(n: int) -> int:
     return total
 
 
-class SpeedProbe:
+class BackgroundProbe:
+    """What the device's probes share: the cores and period they were given (checked), readings
+    collected in the background between the subclass's ``start()`` and ``stop()``, kept under a
+    lock, and use as a context manager.
+
+    Raises:
+        ValueError: fewer than ``min_cores`` distinct cores (``purpose`` says what they are
+            for) or a non-positive ``period_s``.
+    """
+
+    def __init__(self, cores: Iterable[int], period_s: float, *, min_cores: int = 1, purpose: str = "to probe") -> None:
+        self.cores = sorted(set(int(c) for c in cores))
+        if len(self.cores) < min_cores:
+            ids = "one CPU id" if min_cores == 1 else f"{min_cores} CPU ids"
+            raise ValueError(f"cores must list at least {ids} {purpose}, got {self.cores}")
+        if not period_s > 0:
+            raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
+        self.period_s = float(period_s)
+        self._readings: list = []
+        self._lock = threading.Lock()
+
+    def _record(self, reading) -> None:
+        with self._lock:
+            self._readings.append(reading)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def readings(self) -> list:
+        """Every reading so far, in the order taken."""
+        with self._lock:
+            return list(self._readings)
+
+
+class SpeedProbe(BackgroundProbe):
     """Background readings of each core's speed (see the module docstring).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`; :meth:`speed_index` then
@@ -70,17 +107,10 @@ class SpeedProbe:
     """
 
     def __init__(self, cores: Iterable[int], *, period_s: float = 0.05, loop: int = PROBE_LOOP) -> None:
-        self.cores = sorted(set(int(c) for c in cores))
-        if not self.cores:
-            raise ValueError("cores must list at least one CPU id to probe")
-        if not period_s > 0:
-            raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
         if loop < 1:
             raise ValueError(f"loop must be >= 1 iterations, got {loop!r}")
-        self.period_s = float(period_s)
+        super().__init__(cores, period_s)
         self.loop = int(loop)
-        self._readings: list[ProbeReading] = []
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -97,8 +127,7 @@ class SpeedProbe:
             cpu = time.thread_time() - cpu0
             ended = time.monotonic()
             if cpu > 0:
-                with self._lock:
-                    self._readings.append(ProbeReading((began + ended) / 2, core, self.loop / cpu / 1e6))
+                self._record(ProbeReading((began + ended) / 2, core, self.loop / cpu / 1e6))
             self._stop.wait(max(0.0, self.period_s - (ended - began)))
 
     def start(self) -> SpeedProbe:
@@ -116,17 +145,6 @@ class SpeedProbe:
         for thread in self._threads:
             thread.join(timeout=5.0)
         self._threads = []
-
-    def __enter__(self) -> SpeedProbe:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def readings(self) -> list[ProbeReading]:
-        """Every reading so far, in the order taken."""
-        with self._lock:
-            return list(self._readings)
 
     def speed_index(self, cores: Sequence[int] | None, start: float, end: float) -> float | None:
         """The cores' speed over ``[start, end]`` (host monotonic seconds): the geometric mean

@@ -459,9 +459,8 @@ class ProfileSampleSerializer(serializers.ModelSerializer):
         model = ProfileSample
         fields = ["id", "source", "sweep", "assignment", "device", "backend", "device_class", "config_key",
                   "configuration", "mix_size", "task_index", "architecture", "batch_size", "active_thread_percentage",
-                  "throughput_sps", "standalone_sps", "peak_memory_bytes", "speed_index", "cross_core_rtt_ns", "simulated",
-                  "repeat_of",
-                  "started_at", "finished_at"]
+                  "throughput_sps", "standalone_sps", "peak_memory_bytes", "speed_index", "cross_core_rtt_ns",
+                  "simulated", "repeat_of", "started_at", "finished_at"]
         read_only_fields = fields
         list_serializer_class = FastReadListSerializer
 
