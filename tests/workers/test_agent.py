@@ -228,6 +228,8 @@ def test_agent_process_runs_a_profile_sweep_and_streams_records(start_agent):
         assert first["status"] == "succeeded"
         assert first["measurements"][0]["throughput_sps"] > 0
         assert first["measurements"][0]["standalone_sps"] > 0
+        if len(os.sched_getaffinity(0)) > 1:  # alone on every core of the agent: its link was probed
+            assert first["measurements"][0]["cross_core_rtt_ns"] > 0
     finally:
         agent_process.stop()
     assert agent_process.proc.returncode == 0, agent_process.output
