@@ -24,7 +24,7 @@ change by a few percent. This script printed ``after_ratio=0.974`` in a calm per
 host adds that spread to profile samples; the sweep's ``repeat_noise``
 (benchmarks/predictor.py) is its average over one sweep. The slow periods turned out to be the
 host placing the VM's two cores far apart (workers.core_link_probe: a cache line's round trip
-between them 230 ns in calm periods, about twice that in slow ones); a multi-core
+between them 230–250 ns in calm periods, 580–630 ns in slow ones); a multi-core
 measurement prints the round trip its link probe read.
 """
 
