@@ -348,7 +348,9 @@ def learning_curve(history: Sequence[Mapping]) -> go.Figure:
             customdata=[h["kept_family"] for h in history],
             hovertemplate="%{text}: %{customdata}<br>%{x} samples<br>RMSLE %{y:.4f}<extra></extra>",
         )
-    fig.update_layout(title="Predictor error as it learns", xaxis_title="training samples",
+    # From zero and in whole samples: with one version the axis otherwise spans 125.5 samples.
+    fig.update_layout(title="Predictor error as it learns",
+                      xaxis=dict(title="training samples", rangemode="tozero", tickformat="d"),
                       yaxis=dict(title="held-out RMSLE", rangemode="tozero"), **LAYOUT)
     return fig if history else _empty(fig, "no fitted predictor yet")
 

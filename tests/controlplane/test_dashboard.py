@@ -167,3 +167,11 @@ def test_compare_button_without_a_predictor_says_how_to_make_one(browser_client,
     assert response.status_code == 400
     html = response.content.decode()
     assert 'id="compare-error"' in html and "no fitted throughput predictor" in html
+
+
+def test_the_learning_curve_counts_training_samples_from_zero_in_whole_samples():
+    from controlplane.dashboard.figures import learning_curve
+
+    fig = learning_curve([{"version": 1, "training_samples": 126, "heldout_rmsle": 0.1376, "kept_family": "random_forest"}])
+    assert (fig.layout.xaxis.rangemode, fig.layout.xaxis.tickformat) == ("tozero", "d")
+    assert list(fig.data[0].x) == [126] and list(fig.data[0].text) == ["v1"]
