@@ -173,6 +173,13 @@ def packed_windows(share: np.ndarray, present: np.ndarray, units: int) -> tuple[
     return n_units, covered & present[:, :, None]
 
 
+def alone_on_units(covered: np.ndarray) -> np.ndarray:
+    """``(rows, slots)`` bool: whether each task's units carry no other task, from the coverage
+    ``(rows, slots, C)`` of :func:`packed_windows` (an empty slot counts as alone)."""
+    on_unit = covered.sum(axis=1)  # (rows, C) tasks on each unit
+    return ~(covered & (on_unit[:, None, :] > 1)).any(axis=2)
+
+
 def sharing_rate(share: np.ndarray, present: np.ndarray, units: int, placement: Placement,
                  weight: float = 1.0, escape_weight: float | None = None) -> np.ndarray:
     """The fraction of its own slice a task gets when co-located, ``(rows, slots)``, in ``(0, 1]``.
@@ -312,14 +319,12 @@ class SoloTable:
         if samples:
             rate = np.take_along_axis(sharing_rate(share, present, units, placement, sharing_weight), idx, axis=1)[:, 0]
             if placement == "packed":
-                _n, covered = packed_windows(share, present, units)
-                on_core = covered.sum(axis=1)  # (n, C) tasks on each unit
-                mine = np.take_along_axis(covered, idx[:, :, None], axis=1)[:, 0, :]
-                alone_on_units = ~(mine & (on_core > 1)).any(axis=1)
+                alone = alone_on_units(packed_windows(share, present, units)[1])
             else:
-                alone_on_units = np.take_along_axis(sharing_rate(share, present, units, placement), idx, axis=1)[:, 0] >= 1.0
+                alone = sharing_rate(share, present, units, placement) >= 1.0
+            alone = np.take_along_axis(alone, idx, axis=1)[:, 0]
         else:
-            rate = alone_on_units = np.zeros(0)
+            rate = alone = np.zeros(0)
         full: dict[tuple[str, int], list[float]] = defaultdict(list)
         partial: list[tuple[str, int, float, float]] = []
         mixed: list[tuple[str, int, float, float]] = []
@@ -330,7 +335,7 @@ class SoloTable:
             g = float(granted_fraction(task.share, units))
             if len(s.mix) == 1 and g >= 1.0:
                 full[(task.architecture, task.batch_size)].append(s.throughput_sps)
-            elif alone_on_units[k] and g < 1.0:
+            elif alone[k] and g < 1.0:
                 partial.append((task.architecture, task.batch_size, g, s.throughput_sps))
             if len(s.mix) > 1 or g < 1.0:
                 mixed.append((task.architecture, task.batch_size, g, s.throughput_sps / float(rate[k])))
@@ -529,12 +534,12 @@ class FeatureSpace:
         rate = sharing_rate(enc.share, present, self.cores, self.placement, self.sharing_weight,
                             getattr(self, "escape_weight", None))  # getattr: spaces pickled before it existed
         gamma = getattr(self, "link_exponent", 0.0)  # getattr: spaces pickled before it existed
-        baseline = solo * rate * np.exp(-gamma * self.link_log_ratio(enc, granted))
+        baseline = solo * rate * np.exp(-gamma * self.link_log_ratio(enc))
         return {"present": present, "flops": flops, "bytes": bytes_, "params": params, "solo": solo,
                 "granted": granted, "contention": contention, "worst": worst, "rate": rate,
                 "baseline": np.where(present, baseline, 0.0)}
 
-    def link_log_ratio(self, enc: EncodedMixes, granted: np.ndarray) -> np.ndarray:
+    def link_log_ratio(self, enc: EncodedMixes) -> np.ndarray:
         """``x = log(rtt / rtt_ref)`` per slot, ``(n, MAX_MIX)``: how much further apart than
         the reference the task's cores were when it was measured, for a task on several units
         that no other task uses; 0 otherwise, and for an unknown ``rtt`` (every configuration
@@ -560,9 +565,7 @@ class FeatureSpace:
             return np.zeros(enc.arch.shape)
         present = enc.present
         n_units, covered = packed_windows(enc.share, present, self.cores)
-        on_unit = covered.sum(axis=1)  # (n, C) tasks on each unit
-        exclusive = ~(covered & (on_unit[:, None, :] > 1)).any(axis=2)
-        known = (n_units > 1) & exclusive & present & np.isfinite(enc.rtt) & (np.nan_to_num(enc.rtt) > 0)
+        known = (n_units > 1) & alone_on_units(covered) & present & np.isfinite(enc.rtt) & (np.nan_to_num(enc.rtt) > 0)
         return np.where(known, np.log(np.where(known, enc.rtt, reference) / reference), 0.0)
 
     def contention(self, share: np.ndarray, present: np.ndarray) -> np.ndarray:
@@ -583,10 +586,7 @@ class FeatureSpace:
 
     def _packed_load(self, share: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and largest number of tasks on each task's units under ``packed`` placement."""
-        units = np.where(present, np.maximum(1, np.floor(share * self.cores / 100.0 + 0.5)).astype(np.int64), 0)
-        starts = (np.cumsum(units, axis=1) - units) % self.cores
-        core = np.arange(self.cores)
-        covered = ((core[None, None, :] - starts[:, :, None]) % self.cores) < units[:, :, None]  # (n, slots, C)
+        units, covered = packed_windows(share, present, self.cores)
         per_core = covered.sum(axis=1)  # (n, C) tasks on each core
         on_mine = covered * per_core[:, None, :]
         mean = on_mine.sum(axis=2) / np.maximum(units, 1)
@@ -1001,7 +1001,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     arch_slot = slot[np.where(mask, enc.arch, -1)]
     batch = np.where(mask, enc.batch, 1.0)
     granted = np.where(mask, granted_fraction(enc.share, space.cores), 1.0)
-    link_x = space.link_log_ratio(enc, granted)
+    link_x = space.link_log_ratio(enc)
     packed = space.placement == "packed"
     link = bool(np.any(link_x[mask] != 0))
 

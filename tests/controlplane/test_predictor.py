@@ -284,7 +284,7 @@ def test_the_link_exponent_is_fitted_from_tasks_measured_at_both_placements():
     truth_space = FeatureSpace(archs, WORKLOADS, truth, 2, "packed", 0.5, escape_weight=0.2,
                                reference_cross_core_rtt_ns=230.0, link_exponent=0.5)
     measured = np.where(enc.present, truth_space.slot_arrays(enc)["baseline"], np.nan)
-    x = truth_space.link_log_ratio(enc, granted_fraction(enc.share, 2))
+    x = truth_space.link_log_ratio(enc)
     alone_on_both = (enc.present.sum(axis=1) == 1)[:, None] & ~np.isnan(enc.rtt)
     assert (x[~alone_on_both] == 0).all()  # one core, or beside another task: no link term
     assert set(np.round(x[alone_on_both], 6)) == {0.0, round(math.log(500 / 230), 6)}
