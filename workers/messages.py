@@ -217,7 +217,7 @@ class AssignmentResult(_Message):
     peak_memory_bytes: int | None = Field(
         default=None, ge=0,
         description="the trainer's peak memory, bytes: torch.cuda.max_memory_allocated on a "
-                    "GPU, peak resident set size on CPU")
+                    "GPU, private (anonymous) resident memory on CPU")
     visible_sm_count: int | None = Field(
         default=None, ge=0,
         description="streaming multiprocessors the trainer's CUDA context reported "

@@ -1,9 +1,12 @@
 """The profiler process: trains one model on synthetic data until told to stop.
 
 Run by :func:`workers.profiling.measure_configuration`, one OS process per task of a
-co-located configuration (never forked)::
+co-located configuration, either started anew::
 
     python -m workers.profiler_child SPEC.json RESULT.json
+
+or forked by a :mod:`workers.forkserver` server that has imported torch and never used it,
+which calls :func:`main` with the same arguments (what a sweep does on the ``cpu`` backend).
 
 SPEC.json is a :class:`ProfileChildSpec`. The process pins itself to its cores, builds the
 model (:func:`workers.zoo.build_model`, seed 0), an SGD optimizer with the default
@@ -31,8 +34,8 @@ set by the GPU backends) chooses ``cpu`` (default) or ``cuda``. On ``cuda`` the 
 synthetic batch are created on the GPU before ``READY``, cuDNN autotuning runs during the
 warm-up iterations, each timed iteration's ``end`` is taken after ``torch.cuda.synchronize()``,
 and the peak memory is ``torch.cuda.max_memory_allocated``. On ``cpu`` the peak memory is the
-peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux, reported
-in bytes).
+private resident memory (:func:`workers.trainer.cpu_memory_bytes`: anonymous pages, the same
+whether the process was started anew or forked), in bytes.
 
 Exit codes: 0 success, 1 error while profiling (RESULT.json says which), 2 bad spec or usage.
 torch is imported inside functions.
@@ -43,7 +46,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import resource
 import select
 import sys
 import time
@@ -103,7 +105,7 @@ class ProfileChildResult(BaseModel):
         error: ``"ExcType: message"`` when failed.
         iterations: iterations run after ``GO``, warm-up included.
         peak_memory_bytes: the process's peak memory, bytes: ``torch.cuda.max_memory_allocated``
-            on a GPU, the peak resident set size on CPU.
+            on a GPU, the private resident memory on CPU (:func:`workers.trainer.cpu_memory_bytes`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -172,13 +174,15 @@ _DEVICE = None  # the torch device profile() trains on, once chosen
 
 def peak_memory_bytes() -> int:
     """This process's peak memory in bytes: ``torch.cuda.max_memory_allocated`` once
-    :func:`profile` has chosen a GPU, else the peak resident set size (``ru_maxrss`` is KiB on
-    Linux)."""
+    :func:`profile` has chosen a GPU, else its private resident memory
+    (:func:`workers.trainer.cpu_memory_bytes`)."""
     if _DEVICE is not None and _DEVICE.type == "cuda":
         from workers.trainer import peak_memory
 
         return peak_memory(_DEVICE)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from workers.trainer import cpu_memory_bytes
+
+    return cpu_memory_bytes()
 
 
 def profile(spec: ProfileChildSpec, protocol_out, commands: StdinCommands) -> int:
@@ -288,4 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything is written (RESULT.json atomically, the protocol flushed line by line); an
+    # interpreter that imported torch takes 1-3 s to tear itself down, of the sweep's budget.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

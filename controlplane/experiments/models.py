@@ -296,7 +296,7 @@ class Assignment(models.Model):
     weights_path = models.CharField(max_length=512, blank=True, default="")
     weights_sha256 = models.CharField(max_length=64, blank=True, default="")
     peak_memory_bytes = models.PositiveBigIntegerField(
-        null=True, blank=True, help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, RSS on cpu"
+        null=True, blank=True, help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, private (anonymous) resident memory on cpu"
     )
     torch_device = models.CharField(max_length=16, blank=True, default="", help_text="cpu or cuda")
     mps_active_thread_percentage = models.FloatField(
