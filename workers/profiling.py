@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import shutil
 import subprocess
@@ -67,12 +68,21 @@ from workers.profiler_child import (
     ProfileChildSpec,
 )
 from workers.core_link_probe import CoreLinkProbe
+from workers.forkserver import ForkServerError, ForkServerPool
 from workers.speed_probe import SpeedProbe
 
 logger = logging.getLogger(__name__)
 
 PROFILER_COMMAND: list[str] = [sys.executable, "-m", "workers.profiler_child"]
 """The command that starts one profiler process; SPEC.json and RESULT.json paths are appended."""
+
+PROFILER_MODULE = "workers.profiler_child"
+"""The module whose ``main([SPEC.json, RESULT.json])`` a forked profiler process runs
+(:class:`~workers.forkserver.ForkServerPool`): the same program as :data:`PROFILER_COMMAND`."""
+
+FORK_SERVER_ENV = "MTFL_PROFILER_FORK_SERVER"
+"""``0`` turns the profilers' fork server off (:func:`run_sweep`): every profiler process is
+then a new interpreter, as before it existed."""
 
 _POLL_S = 0.02
 _EXIT_GRACE_S = 30.0
@@ -277,6 +287,7 @@ def measure_configuration(
     repeat_of: int | None = None,
     should_stop: Callable[[], bool] = shutdown_requested,
     partitioning: Partitioning = "mps",
+    launcher: ForkServerPool | None = None,
 ) -> ProfileConfigResult:
     """Measure one co-located configuration on the device; never raises for its failures.
 
@@ -291,7 +302,8 @@ def measure_configuration(
     :func:`window_complete` holds for ``request.min_timed_iterations`` and
     ``request.min_window_s`` the parent sends STOP to all at once, so every counted iteration
     ran while all the other tasks were training. Throughput is :func:`window_throughput` over
-    :func:`common_window`'s iterations; peak memory is each process's peak RSS. Where the
+    :func:`common_window`'s iterations; peak memory is each process's own (on ``cpu`` its private
+    resident memory, :func:`workers.trainer.cpu_memory_bytes`). Where the
     backend ``probes_host_speed`` (``cpu``), a :class:`~workers.speed_probe.SpeedProbe` runs on
     the device's cores from GO to STOP and each measurement's ``speed_index`` is its cores'
     speed over the task's timed iterations; on a device of 2 or more cores a
@@ -314,6 +326,9 @@ def measure_configuration(
         partitioning: how the processes share the device (:data:`~workers.messages.Partitioning`),
             passed to ``backend.resources_for_shares`` and ``backend.prepare_dispatch``; an
             unknown one fails the configuration ("cannot allocate the device").
+        launcher: fork the profiler processes from these fork servers (:data:`PROFILER_MODULE`,
+            torch already imported) instead of starting :data:`PROFILER_COMMAND`; the same
+            program either way. A server that cannot start or fork fails the configuration.
 
     Returns:
         ``status="succeeded"`` with a measurement per task, or ``"failed"`` with ``error``
@@ -366,7 +381,7 @@ def measure_configuration(
         if link is not None:
             link.start()  # now: its interpreter starts while the trainers import torch, not in their window
         for child in children:
-            _launch(child, backend)
+            _launch(child, backend, launcher)
         if _wait_ready(children, deadline, should_stop):
             phases.append(time.monotonic())
             if probe is not None:
@@ -389,6 +404,10 @@ def measure_configuration(
                     "sweep %s config %s: start %.1f s, warm-up + window %.1f s, stop %.1f s",
                     request.sweep_id, config_index, *(b - a for a, b in zip(phases, phases[1:])),
                 )
+    except ForkServerError as exc:
+        for child in children:
+            if child.fate is None:
+                child.fate, child.fate_detail = "agent", str(exc)
     except Exception as exc:  # noqa: BLE001 - the configuration is reported, never raised
         logger.exception("configuration %s of sweep %s crashed in the agent", config_index,
                          request.sweep_id)
@@ -470,14 +489,19 @@ def _prepare(
     return children
 
 
-def _launch(child: _Child, backend: TrainerProcessBackend) -> None:
+def _launch(child: _Child, backend: TrainerProcessBackend, launcher: ForkServerPool | None) -> None:
     child.result_path.unlink(missing_ok=True)
-    with open(child.stderr_path, "wb") as stderr:
-        proc = subprocess.Popen(
-            [*PROFILER_COMMAND, str(child.spec_path), str(child.result_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-            env=backend.trainer_env(child.resources), close_fds=True,
-        )
+    env = backend.trainer_env(child.resources)
+    if launcher is not None:
+        proc = launcher.spawn(PROFILER_MODULE, [str(child.spec_path), str(child.result_path)],
+                              env=env, stderr_path=child.stderr_path)
+    else:
+        with open(child.stderr_path, "wb") as stderr:
+            proc = subprocess.Popen(
+                [*PROFILER_COMMAND, str(child.spec_path), str(child.result_path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                env=env, close_fds=True,
+            )
     child.proc = proc
     track_child(proc)
     child.reader = threading.Thread(target=_read_protocol, args=(child,), daemon=True,
@@ -615,12 +639,38 @@ class _Measured:
     repeats: int = 0
 
 
+def _fork_server_wanted(backend: ExecutionBackend) -> bool:
+    """The default of :func:`run_sweep`'s ``fork_server``: the backend forks its profilers
+    (:attr:`~workers.backends.base.TrainerProcessBackend.forks_profilers`) and
+    :data:`FORK_SERVER_ENV` is not ``0``."""
+    return bool(getattr(backend, "forks_profilers", False)) and os.environ.get(FORK_SERVER_ENV, "1").strip() != "0"
+
+
+def _start_fork_servers(request: ProfileSweepRequest, ctx: AgentContext,
+                        backend: TrainerProcessBackend) -> ForkServerPool | None:
+    """A fork server pool for the sweep, its first server (the whole-device environment of the
+    standalone measurements) started now; ``None``, with a warning, if that server cannot
+    start: the sweep then starts a new interpreter per profiler, slower but the same
+    measurements."""
+    pool = ForkServerPool(ctx.state_dir / "work" / f"sweep-{request.sweep_id}")
+    try:
+        pool.server_for(backend.trainer_env(backend.standalone_resources(ctx)))
+    except (ForkServerError, OSError) as exc:
+        pool.close()
+        logger.warning("sweep %s: profiler fork server unavailable, starting a new interpreter per "
+                       "profiler instead: %s", request.sweep_id, exc)
+        return None
+    return pool
+
+
 def run_sweep(
     request: ProfileSweepRequest,
     ctx: AgentContext,
     backend: ExecutionBackend,
     emit: Callable[[ProfileConfigResult], None],
     should_stop: Callable[[], bool] = shutdown_requested,
+    *,
+    fork_server: bool | None = None,
 ) -> ProfileSweepSummary:
     """Measure configurations of :func:`sweep_design` until ``request.budget_s`` is spent.
 
@@ -636,8 +686,9 @@ def run_sweep(
     standalone one), among those the least repeated so far, ties broken by
     ``random.Random(request.seed)``: repeats spread over many configurations.
 
-    No new configuration starts once ``budget_s`` seconds have passed (the last one may run
-    past it, up to ``config_timeout_s``) or ``should_stop()`` is true. ``emit`` is called with
+    No new configuration starts once ``budget_s`` seconds have passed (counted from when the
+    fork server, if any, is ready; the last one may run past it, up to ``config_timeout_s``) or
+    ``should_stop()`` is true. ``emit`` is called with
     each result as soon as it exists; an exception it raises is logged and the sweep goes on.
 
     On an :class:`~workers.backends.base.AnalyticBackend` nothing runs: each configuration is
@@ -655,6 +706,12 @@ def run_sweep(
         emit: receives every :class:`~workers.messages.ProfileConfigResult`.
         should_stop: polled between and during configurations; the agent's shutdown flag by
             default.
+        fork_server: fork the profiler processes from a
+            :class:`~workers.forkserver.ForkServerPool` kept for the sweep (torch imported once,
+            not once per process: a configuration takes 2–3 times less than its measurement
+            window plus 3–9 s of interpreter starts); default: where the backend
+            :attr:`~workers.backends.base.TrainerProcessBackend.forks_profilers` and
+            :data:`FORK_SERVER_ENV` is not ``0``. Ignored on an analytic backend.
 
     Returns:
         The summary: ``configs`` emitted (failed ones included), ``samples`` = task
@@ -710,7 +767,8 @@ def run_sweep(
             virtual_elapsed += result.finished_at - result.started_at
         else:
             result = measure_configuration(tasks, request, ctx, backend, config_index=index,
-                                           repeat_of=repeat_of, should_stop=should_stop)
+                                           repeat_of=repeat_of, should_stop=should_stop,
+                                           launcher=launcher)
         alone = is_standalone or (len(tasks) == 1 and tasks[0].active_thread_percentage == 100)
         key = (tasks[0].architecture, tasks[0].batch_size)
         if alone and repeat_of is None and key not in standalone:
@@ -738,6 +796,9 @@ def run_sweep(
             logger.exception("could not emit configuration %s of sweep %s", index,
                              request.sweep_id)
 
+    launcher = _start_fork_servers(request, ctx, backend) if not analytic and (
+        fork_server if fork_server is not None else _fork_server_wanted(backend)) else None
+    started = time.monotonic()  # the budget is for measuring: the fork server's start is not charged
     try:
         while True:
             if should_stop():
@@ -771,6 +832,9 @@ def run_sweep(
     except Exception as exc:  # noqa: BLE001 - failures are data
         logger.exception("sweep %s crashed", request.sweep_id)
         return summary("failed", f"sweep crashed: {type(exc).__name__}: {exc}")
+    finally:
+        if launcher is not None:
+            launcher.close()
 
     if stopped:
         reason = "agent shutting down" if shutdown_requested() else "stopped"

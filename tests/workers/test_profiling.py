@@ -306,30 +306,18 @@ def test_sweep_emits_results_with_standalone_throughput_and_a_repeat(agent_conte
     print(f"\nrepeat spread observed: {summary.repeat_spread}")
 
 
-def test_sweep_goes_on_after_a_crashing_profiler(agent_context, tmp_path, monkeypatch):
-    script = tmp_path / "crashing_profiler.py"
-    script.write_text(textwrap.dedent("""
-        import sys
-        from workers import profiler_child
-
-        real_profile = profiler_child.profile
-
-        def profile(spec, protocol_out, commands):
-            if spec.architecture == "mobilenet_v3_small":
-                raise RuntimeError("injected crash")
-            return real_profile(spec, protocol_out, commands)
-
-        profiler_child.profile = profile
-        sys.exit(profiler_child.main())
-    """))
-    monkeypatch.setattr(profiling, "PROFILER_COMMAND", [sys.executable, str(script)])
+@pytest.mark.parametrize("fork_server", [False, True], ids=["new-interpreters", "fork-server"])
+def test_sweep_goes_on_after_a_crashing_profiler(agent_context, monkeypatch, fork_server):
+    crashing = "tests.workers.fakes.crashing_profiler"
+    monkeypatch.setattr(profiling, "PROFILER_COMMAND", [sys.executable, "-m", crashing])
+    monkeypatch.setattr(profiling, "PROFILER_MODULE", crashing)
     emitted: list[ProfileConfigResult] = []
     # seed 5 opens with [mobilenet 30 %, shufflenet 100 %]: mobilenet alone, then shufflenet.
     # The crash comes first and fast, so the budget is never spent before the sweep goes on,
     # however slow the machine.
     request = _request(batch_sizes=[8], budget_s=6, seed=5)
 
-    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append)
+    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append, fork_server=fork_server)
 
     assert summary.status == "succeeded", summary.error
     failed = [r for r in emitted if r.status == "failed"]
@@ -377,7 +365,8 @@ class _FakeDevice:
         return self.now
 
     def measure(self, tasks, request, ctx, backend, *, config_index, repeat_of=None,
-                should_stop=None):
+                should_stop=None, launcher=None):
+        assert launcher is None  # the fixture turns the fork server off: nothing real runs
         self.calls.append((list(tasks), config_index, repeat_of))
         start = self.now
         self.now += self.seconds
@@ -403,6 +392,7 @@ class _FakeDevice:
 @pytest.fixture
 def fake_device(monkeypatch):
     device = _FakeDevice()
+    monkeypatch.setenv(profiling.FORK_SERVER_ENV, "0")
     monkeypatch.setattr(profiling, "measure_configuration", device.measure)
     monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
                                                            time=device.clock))
@@ -457,6 +447,7 @@ def test_sweep_repeats_every_nth_configuration_and_reports_the_spread(fake_devic
 
 def test_sweep_continues_after_failed_configurations(monkeypatch, agent_context):
     device = _FakeDevice(fail=lambda tasks: len(tasks) == 2)
+    monkeypatch.setenv(profiling.FORK_SERVER_ENV, "0")
     monkeypatch.setattr(profiling, "measure_configuration", device.measure)
     monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
                                                            time=device.clock))
@@ -471,6 +462,7 @@ def test_sweep_continues_after_failed_configurations(monkeypatch, agent_context)
 
 def test_sweep_whose_configurations_all_fail_is_failed(monkeypatch, agent_context):
     device = _FakeDevice(fail=lambda tasks: True)
+    monkeypatch.setenv(profiling.FORK_SERVER_ENV, "0")
     monkeypatch.setattr(profiling, "measure_configuration", device.measure)
     monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
                                                            time=device.clock))

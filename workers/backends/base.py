@@ -384,6 +384,12 @@ class TrainerProcessBackend(ExecutionBackend):
     """Whether profiling runs a :class:`workers.speed_probe.SpeedProbe` on the device's cores
     beside the trainers (only where the trainers' speed is the host cores' speed)."""
 
+    forks_profilers: ClassVar[bool] = False
+    """Whether profiling sweeps fork their profiler processes from a
+    :class:`workers.forkserver.ForkServerPool` (torch imported once per sweep) instead of
+    starting a new interpreter for each. Off where it has not been checked on the real device
+    (the GPU backends: no GPU was at hand)."""
+
     @abstractmethod
     def resources_for_shares(
         self, shares: Sequence[int], partitioning: Partitioning, ctx: AgentContext

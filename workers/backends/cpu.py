@@ -96,6 +96,7 @@ class CpuBackend(TrainerProcessBackend):
 
     name = "cpu"
     probes_host_speed = True
+    forks_profilers = True
 
     def check_available(self) -> None:
         """Check for CPU affinity, ``flock`` and an installed torch (without importing torch).

@@ -1,0 +1,26 @@
+"""A profiler process that crashes for ``mobilenet_v3_small`` and profiles anything else as
+``workers.profiler_child`` does: run as ``python -m tests.workers.fakes.crashing_profiler
+SPEC RESULT`` or forked by the fork server (``main``)."""
+
+from __future__ import annotations
+
+import sys
+
+from workers import profiler_child
+
+_real_profile = profiler_child.profile
+
+
+def _profile(spec, protocol_out, commands):
+    if spec.architecture == "mobilenet_v3_small":
+        raise RuntimeError("injected crash")
+    return _real_profile(spec, protocol_out, commands)
+
+
+def main(argv=None) -> int:
+    profiler_child.profile = _profile
+    return profiler_child.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
