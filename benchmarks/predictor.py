@@ -4,14 +4,16 @@ print its held-out accuracy per model family and its speed.
     python benchmarks/predictor.py [--budget 480] [--cores 0,1] [--save sweep.json]
     python benchmarks/predictor.py --load sweep.json      # refit on a saved sweep
 
-Three real 2-core sweeps are kept in ``benchmarks/sweeps/`` (``--load`` any of them to compare a
-change to the predictor on the same measurements; tests/benchmarks/test_predictor_sweeps.py
-refits them and holds the README's figures).
+Nine real 2-core sweeps are kept in ``benchmarks/sweeps/``, three of them profiled through the
+profilers' fork server (``*-fork-*``) (``--load`` any of them to compare a change to the
+predictor on the same measurements; tests/benchmarks/test_predictor_sweeps.py refits them and
+holds the README's figures).
 
 Steps: (1) a profiling sweep of ``--budget`` seconds on this machine's cores, exactly what a
 device agent runs for ``POST /api/devices/{id}/profile/`` (workers.profiling.run_sweep with the
 cpu backend); (2) workload features of the models (torch.utils.flop_counter); (3) the four
-model families compared under grouped cross-validation with whole mixes held out, the best
+model families compared under grouped cross-validation with whole mixes held out (5 folds, the
+error taken over 3 random partitions of the mixes into folds), the best
 kept (controlplane.planning.predictor.fit_predictor); (4) speed: fitting the kept family on
 5,000 samples (the sweep's configurations resampled with replacement, throughputs jittered by
 2 % so no two rows are identical: a timing workload, not new measurements) and predicting
@@ -228,7 +230,8 @@ def main() -> int:
     predictor, report = fit_predictor(samples, workloads, cores=cores, placement="packed", seed=args.seed)
     print(f"\nheld-out accuracy{' at the reference speed (throughputs divided by the speed probe)' if with_probe else ''}: "
           f"{report.samples} task samples in {report.configurations} configurations, "
-          f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation (whole mixes held out)")
+          f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation on {report.partitions} "
+          f"random partitions (whole mixes held out)")
     print_families(report)
     if predictor.space.reference_cross_core_rtt_ns:
         print(f"link exponent γ = {predictor.space.link_exponent:.3f}: a task alone on 2+ cores runs at "

@@ -47,6 +47,24 @@ def test_learned_models_beat_the_baseline_on_held_out_mixes(fitted):
     assert {h["architecture"] for h in report.heldout} <= set(ARCHS) and len(report.heldout) == report.samples
 
 
+def test_held_out_error_is_taken_over_several_random_partitions_into_folds():
+    samples = synthetic(120)
+
+    def baseline_rmsle(**kw) -> float:
+        _p, report = fit_predictor(samples, WORKLOADS, cores=100, families=("baseline",), folds=4, **kw)
+        return report.families[0].rmsle, report
+
+    two, report = baseline_rmsle(partitions=2, seed=0)
+    first, _ = baseline_rmsle(partitions=1, seed=0)
+    second, _ = baseline_rmsle(partitions=1, seed=1)
+    assert report.partitions == 2 and len(report.heldout) == report.samples  # one scatter point per sample
+    # Every sample is held out once per partition: the pooled error of the two partitions.
+    assert two == pytest.approx(math.sqrt((first**2 + second**2) / 2))
+    assert first != pytest.approx(second)  # what one partition alone would have hidden
+    with pytest.raises(PredictorError, match="partitions must be at least 1, got 0"):
+        fit_predictor(samples, WORKLOADS, cores=100, families=("baseline",), partitions=0)
+
+
 def test_prediction_does_not_depend_on_task_order(fitted):
     predictor, _ = fitted
     mix = (MixTask("resnet18", 64, 60), MixTask("mobilenet_v3_small", 32, 30), MixTask("shufflenet_v2_x1_0", 128, 50))
@@ -319,8 +337,11 @@ def test_a_predictor_fitted_on_probed_links_predicts_at_the_near_placement():
                              None if np.isnan(enc.rtt[r, j]) else float(enc.rtt[r, j]))
                 for r, mix in enumerate(mixes) for j in range(len(mix))]
     unprobed = [replace(s, cross_core_rtt_ns=None) for s in measured]
-    predictor, report = fit_predictor(measured, WORKLOADS, cores=2, placement="packed", families=("baseline",), folds=4)
-    _p, blind = fit_predictor(unprobed, WORKLOADS, cores=2, placement="packed", families=("baseline",), folds=4)
+    # One mix held out at a time: with three models, folds of several mixes can hold out every
+    # 1-task mix together, and only those put a 2-core task alone on its cores to fit γ from.
+    logo = dict(folds=10_000, partitions=1)
+    predictor, report = fit_predictor(measured, WORKLOADS, cores=2, placement="packed", families=("baseline",), **logo)
+    _p, blind = fit_predictor(unprobed, WORKLOADS, cores=2, placement="packed", families=("baseline",), **logo)
     assert predictor.space.reference_cross_core_rtt_ns == pytest.approx(230.0)  # 10th percentile: near
     assert predictor.space.spec()["reference_cross_core_rtt_ns"] == predictor.space.reference_cross_core_rtt_ns
     assert predictor.space.link_exponent == pytest.approx(0.6, abs=0.1)
