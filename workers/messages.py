@@ -415,7 +415,7 @@ class ProfileMeasurement(_Message):
 
     ``throughput_sps`` is the task's steady-state samples/s while all the configuration's tasks
     ran (warm-up excluded); ``standalone_sps`` is the same model and batch size alone on the
-    whole device (``P_alone``); ``peak_memory_bytes`` is the process's peak (RSS on CPU,
+    whole device (``P_alone``); ``peak_memory_bytes`` is the process's peak (private resident memory on CPU,
     ``torch.cuda.max_memory_allocated`` on GPU). ``speed_index`` is how fast the task's cores
     executed while it was timed (:class:`workers.speed_probe.SpeedProbe`, millions of probe-loop
     iterations per CPU-second; ``cpu`` backend only): the predictor divides the throughput by
