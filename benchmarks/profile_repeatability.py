@@ -8,7 +8,8 @@ right after a large configuration?
 A configuration is ``model/batch_size/share`` joined by ``+``. The script measures ``--config``
 ``--repeats`` times in a row, then ``--repeats`` times each directly after ``--after``, with
 ``workers.profiling.measure_configuration`` on the cpu backend: exactly what a profiling sweep
-does for one configuration (fresh processes, warm-up, common window, speed probe). It prints
+does for one configuration (profiler processes forked from the sweep's fork servers, warm-up,
+common window, speed probe; ``MTFL_PROFILER_FORK_SERVER=0``: new interpreters instead). It prints
 every measurement with its speed index, then per condition the median throughput and the RMS
 log spread of one measurement, and the ratio of the two medians, raw and divided by the speed
 probe.
@@ -90,7 +91,8 @@ def main() -> int:
     from workers.backends import get_backend
     from workers.backends.base import AgentContext
     from workers.messages import ProfileSweepRequest
-    from workers.profiling import measure_configuration
+    from workers.forkserver import ForkServerPool
+    from workers.profiling import fork_server_wanted, measure_configuration
 
     config, after = parse_configuration(args.config), parse_configuration(args.after)
     cores = [int(c) for c in args.cores.split(",")] if args.cores else sorted(os.sched_getaffinity(0))
@@ -98,13 +100,14 @@ def main() -> int:
                                   architectures=sorted({t.architecture for t in config + after}))
     backend = get_backend("cpu")
     results: dict[str, list[tuple[float, float]]] = {"back to back": [], "after --after": []}
-    with tempfile.TemporaryDirectory(prefix="mtfl-repeat-") as state:
+    with tempfile.TemporaryDirectory(prefix="mtfl-repeat-") as state, ForkServerPool(Path(state)) as pool:
         ctx = AgentContext(device="bench", cores=cores, state_dir=Path(state), artifact_root=Path(state))
+        launcher = pool if fork_server_wanted(backend) else None
         index = 0
 
         def measure(tasks, label: str | None):
             nonlocal index
-            result = measure_configuration(tasks, request, ctx, backend, config_index=index)
+            result = measure_configuration(tasks, request, ctx, backend, config_index=index, launcher=launcher)
             index += 1
             if result.status != "succeeded":
                 raise SystemExit(f"error: configuration {index - 1} failed: {result.error}")

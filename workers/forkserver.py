@@ -160,7 +160,10 @@ class ForkServer:
         self.stderr_path = stderr_path
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
-        self._send_lock = threading.Lock()
+        # Re-entrant: the agent's SIGTERM handler signals children (terminate_children) and may
+        # run in the main thread while it is inside a send; one datagram is one syscall, so a
+        # nested send never splits another.
+        self._send_lock = threading.RLock()
         self._ids = itertools.count(1)
         self._pending: dict[int, dict] = {}
         self._children: dict[int, ForkedProcess] = {}

@@ -639,7 +639,7 @@ class _Measured:
     repeats: int = 0
 
 
-def _fork_server_wanted(backend: ExecutionBackend) -> bool:
+def fork_server_wanted(backend: ExecutionBackend) -> bool:
     """The default of :func:`run_sweep`'s ``fork_server``: the backend forks its profilers
     (:attr:`~workers.backends.base.TrainerProcessBackend.forks_profilers`) and
     :data:`FORK_SERVER_ENV` is not ``0``."""
@@ -797,7 +797,7 @@ def run_sweep(
                              request.sweep_id)
 
     launcher = _start_fork_servers(request, ctx, backend) if not analytic and (
-        fork_server if fork_server is not None else _fork_server_wanted(backend)) else None
+        fork_server if fork_server is not None else fork_server_wanted(backend)) else None
     started = time.monotonic()  # the budget is for measuring: the fork server's start is not charged
     try:
         while True:
