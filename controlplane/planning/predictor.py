@@ -1046,6 +1046,44 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
                                beta_weight * (beta - beta_mean), [escape_weight * (escape - escape_mean)],
                                [link_weight * (gamma - link_mean)]])
 
+    data_rows, data_slots = np.nonzero(mask)  # the order of ``(…)[mask]`` in residuals (row-major)
+    data_arch = arch_slot[data_rows, data_slots]
+    log_g = np.log(granted[mask])
+
+    def jacobian(theta):
+        """``∂ residuals / ∂ θ``, dense ``(residuals, 4k + 3)``: analytic in the per-model
+        parameters and ``γ`` (with ``u = t_0·g^(−β)``, ``v = t_1·B·g^(−α)``, ``S = u + v``:
+        ``∂ log P/∂ log t_0 = −u/S``, ``∂/∂ log t_1 = −v/S``, ``∂/∂α = v·ln g / S``,
+        ``∂/∂β = u·ln g / S``, ``∂/∂γ = −x``), one-sided differences for the two sharing
+        weights (:func:`sharing_rate`, piecewise rational in them). A residual depends on one
+        model's four parameters only, so this costs about three residual evaluations where
+        scipy's finite differences over all ``4k + 3`` parameters cost ``4k + 3``."""
+        t0, t1, alpha, beta, w, escape, _gamma = unpack(theta)
+        u = t0[data_arch] * np.exp(-beta[data_arch] * log_g)
+        v = t1[data_arch] * batch[mask] * np.exp(-alpha[data_arch] * log_g)
+        total = u + v
+        n_data = len(data_rows)
+        jac = np.zeros((n_data + 2 * k + 2, 4 * k + 3))
+        at = np.arange(n_data)
+        jac[at, data_arch] = -u / total
+        jac[at, k + data_arch] = -v / total
+        jac[at, 2 * k + data_arch] = v * log_g / total
+        jac[at, 3 * k + data_arch] = u * log_g / total
+        jac[:n_data, 4 * k + 2] = -link_x[mask]
+        if packed:
+            base = np.log(sharing_rate(enc.share, enc.present, space.cores, space.placement, w, escape))[mask]
+            for column, value, (low, high) in ((4 * k, w, (0.05, 1.0)), (4 * k + 1, escape, (0.01, 1.0))):
+                step = 1e-6 * max(1.0, abs(value))
+                step = -step if value + step > high else step
+                shifted = (w + step, escape) if column == 4 * k else (w, escape + step)
+                moved = np.log(sharing_rate(enc.share, enc.present, space.cores, space.placement, *shifted))[mask]
+                jac[:n_data, column] = (moved - base) / step
+        jac[n_data + np.arange(k), 2 * k + np.arange(k)] = _PHYSICAL_ALPHA_PRIOR[1]
+        jac[n_data + k + np.arange(k), 3 * k + np.arange(k)] = _PHYSICAL_BETA_PRIOR[1]
+        jac[n_data + 2 * k, 4 * k + 1] = _PHYSICAL_ESCAPE_PRIOR[1]
+        jac[n_data + 2 * k + 1, 4 * k + 2] = _PHYSICAL_LINK_PRIOR[1]
+        return jac
+
     lower = np.concatenate([np.full(2 * k, -np.inf), np.full(2 * k, -1.0), [0.05, 0.01, -0.5]])
     upper = np.concatenate([np.full(2 * k, np.inf), np.full(2 * k, 1.5), [1.0, 1.0, 3.0]])
     theta0 = np.clip(theta0, lower + 1e-9, upper - 1e-9)
@@ -1054,7 +1092,8 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
         lower[weights], upper[weights] = theta0[weights] - 1e-9, theta0[weights] + 1e-9
     if not link:  # no measured round trip away from the reference: γ stays where it is
         lower[-1], upper[-1] = theta0[-1] - 1e-9, theta0[-1] + 1e-9
-    solution = least_squares(residuals, theta0, bounds=(lower, upper), loss="soft_l1", f_scale=_PHYSICAL_LOSS_SCALE)
+    solution = least_squares(residuals, theta0, jac=jacobian, bounds=(lower, upper), loss="soft_l1",
+                             f_scale=_PHYSICAL_LOSS_SCALE)
     t0, t1, alpha, beta, w, escape, gamma = unpack(solution.x)
     solo = SoloTable(
         curves=dict(space.solo.curves), exponents={**space.solo.exponents, **dict(zip(names, map(float, alpha), strict=True))},

@@ -354,3 +354,52 @@ def test_a_predictor_fitted_on_probed_links_predicts_at_the_near_placement():
     near = replace(encode_mixes(alone, archs), rtt=np.full((len(alone), MAX_MIX), 230.0))
     assert rmsle(np.array([row[0] for row in predictor.predict(alone)]),
                  truth.slot_arrays(near)["baseline"][:, 0]) < 0.05
+
+
+def test_the_physical_fit_jacobian_is_the_derivative_of_its_residuals(monkeypatch):
+    # fit_physical hands scipy an analytic Jacobian (about 3 residual evaluations instead of
+    # 4k + 3): it must be the residuals' derivative, checked by central differences at the
+    # start and at the solution, on 2 packed cores with both placements probed (every
+    # parameter, the sharing weights and γ included, moves some residual).
+    import scipy.optimize
+
+    laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001), "shufflenet_v2_x1_0": (0.025, 0.0008)}
+    archs = tuple(sorted(laws))
+    rng = np.random.default_rng(11)
+    mixes = [tuple(MixTask(archs[rng.integers(3)], int(rng.choice([16, 64, 256])), int(rng.choice([25, 50, 100])))
+                   for _ in range(int(rng.integers(1, 4)))) for _ in range(60)]
+    enc = encode_mixes(mixes, archs)
+    enc = replace(enc, rtt=_two_placements(enc, rng))
+    truth = FeatureSpace(archs, WORKLOADS, SoloTable(exponents={a: 0.8 for a in archs}, laws=laws,
+                                                     overhead_exponents={a: 0.4 for a in archs}),
+                         2, "packed", 0.5, escape_weight=0.2, reference_cross_core_rtt_ns=230.0, link_exponent=0.6)
+    measured = np.where(enc.present, truth.slot_arrays(enc)["baseline"] * np.exp(rng.normal(0, 0.05, enc.arch.shape)),
+                        np.nan)
+    start = replace(truth, solo=SoloTable(exponents={a: 1.0 for a in archs},
+                                          laws={a: (2 * t0, 0.5 * t1) for a, (t0, t1) in laws.items()}),
+                    sharing_weight=0.8, escape_weight=0.5, link_exponent=0.0)
+    seen = []
+    real = scipy.optimize.least_squares
+
+    def checking(fun, x0, jac, **kw):
+        solution = real(fun, x0, jac=jac, **kw)
+        lower, upper = kw["bounds"]
+        for theta in (x0, solution.x):
+            numeric = np.empty_like(jac(theta))
+            for i in range(len(theta)):
+                h = 1e-6 * max(1.0, abs(theta[i]))
+                if upper[i] - lower[i] < 1e-6:  # held fixed by its bounds: scipy never moves it
+                    numeric[:, i] = jac(theta)[:, i]
+                    continue
+                up, down = theta.copy(), theta.copy()
+                up[i], down[i] = min(theta[i] + h, upper[i]), max(theta[i] - h, lower[i])
+                numeric[:, i] = (fun(up) - fun(down)) / (up[i] - down[i])
+            np.testing.assert_allclose(jac(theta), numeric, rtol=1e-4, atol=1e-6)
+        seen.append(solution)
+        return solution
+
+    monkeypatch.setattr(scipy.optimize, "least_squares", checking)
+    fitted_space = fit_physical(start, enc, measured)
+    assert len(seen) == 1 and seen[0].success
+    assert fitted_space.link_exponent == pytest.approx(0.6, abs=0.15)  # what the data were made with
+    assert fitted_space.sharing_weight == pytest.approx(0.5, abs=0.15)
