@@ -33,6 +33,26 @@ def workloads(bench):
     return bench.workloads_of(sorted(architectures))
 
 
+@pytest.fixture(scope="module")
+def fitted(bench, workloads):
+    """``fitted(path, link=True)``: the report of fitting :data:`FAMILIES` on a kept sweep (with
+    the core link probe's round trips, or with them dropped), fitted once per module: the
+    per-sweep test and the link test share the fits (each is seconds on 2 cores)."""
+    cache = {}
+
+    def fit(path, link: bool = True):
+        if (path, link) not in cache:
+            saved = json.loads(path.read_text())
+            samples = bench.to_samples(saved["results"])
+            if not link:
+                samples = [replace(s, cross_core_rtt_ns=None) for s in samples]
+            cache[path, link] = fit_predictor(samples, workloads, cores=saved["cores"], placement="packed",
+                                              families=FAMILIES)[1]
+        return cache[path, link]
+
+    return fit
+
+
 def test_the_kept_sweeps_are_real_2_core_cpu_sweeps():
     assert len(SWEEPS) >= 3
     for path in SWEEPS:
@@ -43,7 +63,7 @@ def test_the_kept_sweeps_are_real_2_core_cpu_sweeps():
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
-def test_held_out_error_on_a_real_sweep_stays_where_the_readme_reports_it(bench, workloads, path):
+def test_held_out_error_on_a_real_sweep_stays_where_the_readme_reports_it(fitted, path):
     # README, held-out over 3 random partitions into 5 folds (the default): sweeps 1-3 0.144 /
     # 0.153 / 0.159 for the best family, the physical baseline 0.144 / 0.154 / 0.165; the probed
     # sweeps link-1..3 0.145 / 0.170 / 0.129 (baseline 0.150 / 0.171 / 0.133). With
@@ -52,10 +72,7 @@ def test_held_out_error_on_a_real_sweep_stays_where_the_readme_reports_it(bench,
     # The sweeps profiled through the fork server (2.0-2.3x the configurations per budget):
     # fork-1, fork-2 (2 s windows) 0.115 / 0.123, fork-window-4s 0.102 (baseline 0.117 /
     # 0.123 / 0.103).
-    saved = json.loads(path.read_text())
-    samples = bench.to_samples(saved["results"])
-    _predictor, report = fit_predictor(samples, workloads, cores=saved["cores"], placement="packed",
-                                       families=FAMILIES)
+    report = fitted(path)
     by_family = {f.family: f.rmsle for f in report.families}
     if path in FORK_SWEEPS:
         assert by_family["baseline"] < 0.13
@@ -68,18 +85,13 @@ def test_held_out_error_on_a_real_sweep_stays_where_the_readme_reports_it(bench,
 
 
 @pytest.fixture(scope="module")
-def link_effect(bench, workloads):
+def link_effect(bench, fitted):
     """Per probed sweep, the best held-out RMSLE with and without the link probe's round trips."""
     out = {}
     for path in LINK_SWEEPS:
-        saved = json.loads(path.read_text())
-        samples = bench.to_samples(saved["results"])
+        samples = bench.to_samples(json.loads(path.read_text())["results"])
         assert sum(s.cross_core_rtt_ns is not None for s in samples) >= 40
-        best = []
-        for trial in (samples, [replace(s, cross_core_rtt_ns=None) for s in samples]):
-            _p, report = fit_predictor(trial, workloads, cores=saved["cores"], placement="packed", families=FAMILIES)
-            best.append(min(f.rmsle for f in report.families))
-        out[path.stem] = tuple(best)
+        out[path.stem] = tuple(min(f.rmsle for f in fitted(path, link).families) for link in (True, False))
     return out
 
 

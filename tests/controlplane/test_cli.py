@@ -38,6 +38,7 @@ def _mtfl(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProc
         (["compare", "light mix", "--timeout", "0"], "--timeout=0 is out of range: allowed 10 to 604800"),
         (["compare", "light mix"], "cannot read experiments from the database (no such table"),
         (["compare", "light mix", "--objective", "fastest"], "--objective='fastest' is not allowed; allowed: raw, fair"),
+        (["fit-predictor", "--families", "svm"], "--families: 'svm' is not allowed; allowed: baseline, random_forest"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(args, message, tmp_path):

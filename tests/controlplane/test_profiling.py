@@ -151,9 +151,10 @@ def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(mak
     page = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
     assert re.search(r"predicted at the host's median speed, speed index\s+20\.0:", page)
     # `mtfl fit-predictor` says it too, under the family table
-    call_command("fit_predictor", "--backend", "cpu")
+    call_command("fit_predictor", "--backend", "cpu", "--families", "baseline")
     printed = capsys.readouterr().out
     assert re.search(r"Predictor\s+v2", printed) and "baseline" in printed and "kept" in printed
+    assert "random_forest" not in printed  # --families baseline compares that family only
     assert re.search(r"median\s+speed\s+\(speed\s+index\s+20\.0\)", printed)  # rich may wrap the line
 
 
@@ -170,7 +171,7 @@ def test_a_predictor_fitted_on_probed_links_says_which_placement_it_predicts(mak
     assert services.predictor_load(predictor).space.link_exponent == predictor.feature_spec["link_exponent"]
     page = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
     assert re.search(r"predicted at the near placement, a cross-core round trip of\s+230 ns", page)
-    call_command("fit_predictor", "--backend", "cpu")
+    call_command("fit_predictor", "--backend", "cpu", "--families", "baseline")
     assert re.search(r"near\s+placement\s+\(cross-core\s+round\s+trip\s+230\s+ns", capsys.readouterr().out)
 
 

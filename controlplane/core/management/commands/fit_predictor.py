@@ -7,6 +7,8 @@ from rich.table import Table
 
 from controlplane.common.errors import ApplicationError
 from controlplane.core.management.commands._common import console
+from controlplane.core.options import list_option
+from controlplane.planning.predictor import FAMILIES
 from controlplane.profiling import services
 from controlplane.profiling.models import Predictor
 from workers.messages import BACKENDS
@@ -18,15 +20,20 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--backend", default="cpu", choices=BACKENDS)
         parser.add_argument("--device-class", default=None, help="e.g. cpu-2cores (needed when several have samples)")
+        parser.add_argument("--families", default=",".join(FAMILIES),
+                            help=f"comma-separated model families to compare (default: all of {', '.join(FAMILIES)}; "
+                                 "fewer fit faster)")
 
     def handle(self, *args, **opts):
+        families = list_option("families", opts["families"], FAMILIES)
         with console.status("fitting") as status:
             def step(line: str) -> None:
                 status.update(line)
                 console.print(f"[dim]{line}[/dim]")
 
             try:
-                predictor = services.predictor_fit(backend=opts["backend"], device_class=opts["device_class"], progress=step)
+                predictor = services.predictor_fit(backend=opts["backend"], device_class=opts["device_class"],
+                                                     families=families, progress=step)
             except ApplicationError as exc:
                 raise CommandError(exc.message) from exc
         if predictor.status != Predictor.Status.READY:
