@@ -529,10 +529,7 @@ class FeatureSpace:
             mask = enc.arch == i
             if mask.any():
                 solo[mask] = self.solo.lookup(name, enc.batch[mask], granted[mask], self.workloads)
-        if self.placement == "packed":  # one pass over the core windows for both
-            contention, worst = self._packed_load(enc.share, present)
-        else:
-            contention = worst = self.contention(enc.share, present)
+        contention, worst = self.contention(enc.share, present)
         rate = sharing_rate(enc.share, present, self.cores, self.placement, self.sharing_weight,
                             getattr(self, "escape_weight", None))  # getattr: spaces pickled before it existed
         gamma = getattr(self, "link_exponent", 0.0)  # getattr: spaces pickled before it existed
@@ -570,37 +567,28 @@ class FeatureSpace:
         known = (n_units > 1) & alone_on_units(covered) & present & np.isfinite(enc.rtt) & (np.nan_to_num(enc.rtt) > 0)
         return np.where(known, np.log(np.where(known, enc.rtt, reference) / reference), 0.0)
 
-    def contention(self, share: np.ndarray, present: np.ndarray) -> np.ndarray:
-        """How many tasks compete for each task's slice, ``(n, MAX_MIX)``, at least 1.
+    def contention(self, share: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """How many tasks compete for each task's slice: the mean over its units and the most
+        on any one of them (its slowest thread sets the pace of each parallel operator), each
+        ``(n, MAX_MIX)``, at least 1.
 
         ``pooled`` (a GPU under MPS: a client's share caps how many SMs it may use, not which):
-        the device is oversubscribed by ``max(1, Σ_j g_j)`` for everyone. ``packed`` (the cpu
-        backend): each task's ``n_i`` units are a window starting where the previous task's
-        ended, modulo the device (workers.backends.cpu.cpu_allocation); a task's contention is
-        the mean, over its units, of how many tasks' windows cover that unit — the OS shares a
-        core between the threads pinned to it.
+        the device is oversubscribed by ``max(1, Σ_j g_j)`` for everyone, mean and most alike.
+        ``packed`` (the cpu backend): each task's ``n_i`` units are a window starting where the
+        previous task's ended, modulo the device (workers.backends.cpu.cpu_allocation); on each
+        unit count how many tasks' windows cover it — the OS shares a core between the threads
+        pinned to it.
         """
         if self.placement == "pooled":
             granted = np.where(present, granted_fraction(share, self.cores), 0.0)
-            return np.broadcast_to(np.maximum(1.0, granted.sum(axis=1, keepdims=True)), share.shape).copy()
-        load, _worst = self._packed_load(share, present)
-        return load
-
-    def _packed_load(self, share: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and largest number of tasks on each task's units under ``packed`` placement."""
+            load = np.broadcast_to(np.maximum(1.0, granted.sum(axis=1, keepdims=True)), share.shape).copy()
+            return load, load
         units, covered = packed_windows(share, present, self.cores)
         per_core = covered.sum(axis=1)  # (n, C) tasks on each core
         on_mine = covered * per_core[:, None, :]
         mean = on_mine.sum(axis=2) / np.maximum(units, 1)
         worst = on_mine.max(axis=2)
         return np.where(present, np.maximum(1.0, mean), 1.0), np.where(present, np.maximum(1.0, worst), 1.0)
-
-    def worst_contention(self, share: np.ndarray, present: np.ndarray) -> np.ndarray:
-        """The most tasks on any one of a task's units (its slowest thread sets the pace of
-        each parallel operator); equal to :meth:`contention` under ``pooled`` placement."""
-        if self.placement == "pooled":
-            return self.contention(share, present)
-        return self._packed_load(share, present)[1]
 
     def canonical_order(self, enc: EncodedMixes, flops: np.ndarray) -> np.ndarray:
         """``(n, MAX_MIX)`` slot permutation putting each row in canonical order (present
@@ -1033,11 +1021,14 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
         return (np.exp(theta[:k]), np.exp(theta[k:2 * k]), theta[2 * k:3 * k], theta[3 * k:4 * k],
                 float(theta[4 * k]), float(theta[4 * k + 1]), float(theta[4 * k + 2]))
 
+    def log_rate(w, escape):
+        return np.log(sharing_rate(enc.share, enc.present, space.cores, space.placement, w, escape))
+
     def residuals(theta):
         t0, t1, alpha, beta, w, escape, gamma = unpack(theta)
         j = np.maximum(arch_slot, 0)
         log_p = np.log(slice_throughput(batch, granted, t0[j], t1[j], alpha[j], beta[j])) - gamma * link_x
-        log_p = log_p + np.log(sharing_rate(enc.share, enc.present, space.cores, space.placement, w, escape))
+        log_p = log_p + log_rate(w, escape)
         alpha_mean, alpha_weight = _PHYSICAL_ALPHA_PRIOR
         beta_mean, beta_weight = _PHYSICAL_BETA_PRIOR
         escape_mean, escape_weight = _PHYSICAL_ESCAPE_PRIOR
@@ -1046,9 +1037,11 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
                                beta_weight * (beta - beta_mean), [escape_weight * (escape - escape_mean)],
                                [link_weight * (gamma - link_mean)]])
 
+    lower = np.concatenate([np.full(2 * k, -np.inf), np.full(2 * k, -1.0), [0.05, 0.01, -0.5]])
+    upper = np.concatenate([np.full(2 * k, np.inf), np.full(2 * k, 1.5), [1.0, 1.0, 3.0]])
     data_rows, data_slots = np.nonzero(mask)  # the order of ``(…)[mask]`` in residuals (row-major)
     data_arch = arch_slot[data_rows, data_slots]
-    log_g = np.log(granted[mask])
+    data_batch, data_link, log_g = batch[mask], link_x[mask], np.log(granted[mask])
 
     def jacobian(theta):
         """``∂ residuals / ∂ θ``, dense ``(residuals, 4k + 3)``: analytic in the per-model
@@ -1060,7 +1053,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
         scipy's finite differences over all ``4k + 3`` parameters cost ``4k + 3``."""
         t0, t1, alpha, beta, w, escape, _gamma = unpack(theta)
         u = t0[data_arch] * np.exp(-beta[data_arch] * log_g)
-        v = t1[data_arch] * batch[mask] * np.exp(-alpha[data_arch] * log_g)
+        v = t1[data_arch] * data_batch * np.exp(-alpha[data_arch] * log_g)
         total = u + v
         n_data = len(data_rows)
         jac = np.zeros((n_data + 2 * k + 2, 4 * k + 3))
@@ -1069,23 +1062,21 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
         jac[at, k + data_arch] = -v / total
         jac[at, 2 * k + data_arch] = v * log_g / total
         jac[at, 3 * k + data_arch] = u * log_g / total
-        jac[:n_data, 4 * k + 2] = -link_x[mask]
+        jac[:n_data, 4 * k + 2] = -data_link
         if packed:
-            base = np.log(sharing_rate(enc.share, enc.present, space.cores, space.placement, w, escape))[mask]
-            for column, value, (low, high) in ((4 * k, w, (0.05, 1.0)), (4 * k + 1, escape, (0.01, 1.0))):
-                step = 1e-6 * max(1.0, abs(value))
-                step = -step if value + step > high else step
-                shifted = (w + step, escape) if column == 4 * k else (w, escape + step)
-                moved = np.log(sharing_rate(enc.share, enc.present, space.cores, space.placement, *shifted))[mask]
-                jac[:n_data, column] = (moved - base) / step
+            base = log_rate(w, escape)[mask]
+            for column in (4 * k, 4 * k + 1):  # w, escape_weight
+                step = 1e-6 * max(1.0, abs(theta[column]))
+                step = -step if theta[column] + step > upper[column] else step
+                shifted = theta.copy()
+                shifted[column] += step
+                jac[:n_data, column] = (log_rate(*unpack(shifted)[4:6])[mask] - base) / step
         jac[n_data + np.arange(k), 2 * k + np.arange(k)] = _PHYSICAL_ALPHA_PRIOR[1]
         jac[n_data + k + np.arange(k), 3 * k + np.arange(k)] = _PHYSICAL_BETA_PRIOR[1]
         jac[n_data + 2 * k, 4 * k + 1] = _PHYSICAL_ESCAPE_PRIOR[1]
         jac[n_data + 2 * k + 1, 4 * k + 2] = _PHYSICAL_LINK_PRIOR[1]
         return jac
 
-    lower = np.concatenate([np.full(2 * k, -np.inf), np.full(2 * k, -1.0), [0.05, 0.01, -0.5]])
-    upper = np.concatenate([np.full(2 * k, np.inf), np.full(2 * k, 1.5), [1.0, 1.0, 3.0]])
     theta0 = np.clip(theta0, lower + 1e-9, upper - 1e-9)
     weights = slice(4 * k, 4 * k + 2)
     if not packed:  # the weights only matter under packed placement
