@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -39,6 +40,19 @@ def _child_processes_use_the_test_database(request):
     os.environ["DATABASE_URL"] = database_url(connection.settings_dict, connection.vendor)
     yield
     os.environ["DATABASE_URL"] = original
+
+
+@pytest.fixture(autouse=True)
+def _environment_is_restored():
+    """Put ``os.environ`` back as it was before the test. Code under test may export variables
+    for its own children (``workers.agent.main`` exports ``--control-url`` as
+    ``MTFL_CONTROL_URL``), which monkeypatch does not undo; under pytest-xdist the files a worker
+    runs after such a test differ from run to run, so a leak would fail unrelated tests."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture
@@ -165,9 +179,20 @@ def uses_the_database(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """``MTFL_TESTS_DATABASE_ONLY=1`` keeps only the tests that use the database: CI's second,
+    """Refuse two tests with one node id: pytest-xdist (``-n 2``, pyproject) schedules by node
+    id and would silently run only one of them (tests/controlplane/test_fuzz_api.py says how
+    schemathesis 4 came to do that). Files with an ``integration`` test go first.
+
+    ``MTFL_TESTS_DATABASE_ONLY=1`` keeps only the tests that use the database: CI's second,
     PostgreSQL pass (.ci/run) runs those; the others never open a connection, so they would
     repeat the first pass exactly."""
+    shared = sorted(nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1)
+    if shared:
+        raise pytest.UsageError(f"tests share a node id, so pytest-xdist would run only one of each: {shared[:3]}")
+    # Files that start real processes (the longest) first: pytest-xdist hands out whole files
+    # in this order, and one of them last would leave the other worker idle at the end.
+    slow = {item.path for item in items if item.get_closest_marker("integration") is not None}
+    items.sort(key=lambda item: item.path not in slow)
     if os.environ.get("MTFL_TESTS_DATABASE_ONLY") != "1":
         return
     kept, dropped = [], []

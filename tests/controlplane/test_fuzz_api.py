@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 
 import hypothesis
 import pytest
@@ -245,15 +246,39 @@ def _aim_at_real_objects(case, world) -> None:
                 entry[name] = _real(entry[name], ids[kind])
 
 
-@schema.parametrize()
-@hypothesis.settings(
-    max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
-    phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
-def test_api_operation_survives_fuzzing(case, fuzz_world, keep_the_test_connection, django_capture_on_commit_callbacks):
+def _check_operation(case, fuzz_world, django_capture_on_commit_callbacks) -> None:
     _aim_at_real_objects(case, fuzz_world)
     auth = fuzz_world["agent_auth"] if case.operation.path.startswith("/api/agent/") else fuzz_world["user_auth"]
     with django_capture_on_commit_callbacks(execute=True):
         case.call_and_validate(headers={"Authorization": auth}, checks=CHECKS)
+
+
+def _operation_test(label: str):
+    """The fuzz test of one API operation (``label``: ``"GET /api/runs/{id}/"``).
+
+    One test function per operation, not one ``@schema.parametrize()`` over all of them:
+    schemathesis 4 gives all the items of one function the same node id under pytest 9, and
+    pytest-xdist (``-n 2``, pyproject) schedules by node id, so it would run only one of them.
+    """
+
+    @schema.include(name=label).parametrize()
+    @hypothesis.settings(
+        max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
+        phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    def test(case, fuzz_world, keep_the_test_connection, django_capture_on_commit_callbacks):
+        _check_operation(case, fuzz_world, django_capture_on_commit_callbacks)
+
+    return test
+
+
+def _test_name(label: str) -> str:
+    """``"GET /api/runs/{id}/"`` → ``"test_api_operation_survives_fuzzing__get_api_runs_id"``."""
+    return "test_api_operation_survives_fuzzing__" + re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
+
+
+OPERATION_LABELS = [result.ok().label for result in schema.get_all_operations()]
+for _label in OPERATION_LABELS:
+    globals()[_test_name(_label)] = _operation_test(_label)
 

@@ -113,7 +113,10 @@ def test_probe_keeps_reading_beside_busy_processes_on_both_cores():
         time.sleep(0.3)
         with CoreLinkProbe(cores, period_s=0.05) as probe:
             started = time.monotonic()
-            time.sleep(1.5)
+            # 1.5 s gives 15-30 readings on an idle host; beside another test process (pytest -n 2)
+            # it can take longer, so wait for them rather than for a fixed time.
+            while len(probe.readings()) < 10 and time.monotonic() - started < 30:
+                time.sleep(0.1)
         ended = time.monotonic()
     finally:
         for p in busy:
