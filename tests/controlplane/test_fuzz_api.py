@@ -246,13 +246,6 @@ def _aim_at_real_objects(case, world) -> None:
                 entry[name] = _real(entry[name], ids[kind])
 
 
-def _check_operation(case, fuzz_world, django_capture_on_commit_callbacks) -> None:
-    _aim_at_real_objects(case, fuzz_world)
-    auth = fuzz_world["agent_auth"] if case.operation.path.startswith("/api/agent/") else fuzz_world["user_auth"]
-    with django_capture_on_commit_callbacks(execute=True):
-        case.call_and_validate(headers={"Authorization": auth}, checks=CHECKS)
-
-
 def _operation_test(label: str):
     """The fuzz test of one API operation (``label``: ``"GET /api/runs/{id}/"``).
 
@@ -268,7 +261,10 @@ def _operation_test(label: str):
         suppress_health_check=list(HealthCheck),
     )
     def test(case, fuzz_world, keep_the_test_connection, django_capture_on_commit_callbacks):
-        _check_operation(case, fuzz_world, django_capture_on_commit_callbacks)
+        _aim_at_real_objects(case, fuzz_world)
+        auth = fuzz_world["agent_auth"] if case.operation.path.startswith("/api/agent/") else fuzz_world["user_auth"]
+        with django_capture_on_commit_callbacks(execute=True):
+            case.call_and_validate(headers={"Authorization": auth}, checks=CHECKS)
 
     return test
 
