@@ -86,6 +86,10 @@ then a new interpreter, as before it existed."""
 
 _POLL_S = 0.02
 _EXIT_GRACE_S = 30.0
+_LINK_WAIT_S = 3.0
+"""How much longer than its window a configuration may train for its first core link reading
+(the probe reads every 0.1 s once its process runs; a probe that never reads costs this once
+per configuration and leaves ``cross_core_rtt_ns`` empty)."""
 _STDERR_TAIL_CHARS = 1500
 _DESIGN_CHUNK = 64
 
@@ -388,7 +392,7 @@ def measure_configuration(
                 probe.start()
             for child in children:
                 _send(child, GO_LINE)
-            stop_at = _wait_window(children, request, deadline, should_stop)
+            stop_at = _wait_window(children, request, deadline, should_stop, link)
             if stop_at is not None:
                 phases.append(stop_at)
                 if probe is not None:
@@ -555,8 +559,14 @@ def _wait_ready(children: list[_Child], deadline: float, should_stop: Callable[[
 
 
 def _wait_window(children: list[_Child], request: ProfileSweepRequest, deadline: float,
-                 should_stop: Callable[[], bool]) -> float | None:
-    """Wait until the common window is complete; return the STOP time, or None if given up."""
+                 should_stop: Callable[[], bool], link: CoreLinkProbe | None = None) -> float | None:
+    """Wait until the common window is complete; return the STOP time, or None if given up.
+
+    With a core link probe, a complete window also waits (up to :data:`_LINK_WAIT_S` more) until
+    every task on 2 or more cores has a link reading among its counted iterations: the probe is
+    a process of its own, and under load its first reading can come after a short window has
+    closed, which left that measurement without ``cross_core_rtt_ns``."""
+    complete_at: float | None = None
     while True:
         if _abort(children, deadline, should_stop, "while training"):
             return None
@@ -564,8 +574,17 @@ def _wait_window(children: list[_Child], request: ProfileSweepRequest, deadline:
         # Snapshots: the reader threads append while we look.
         snapshot = [list(c.iterations) for c in children]
         if window_complete(snapshot, now, request.min_timed_iterations, request.min_window_s):
-            return now
+            complete_at = now if complete_at is None else complete_at
+            if link is None or now - complete_at >= _LINK_WAIT_S or _links_read(children, snapshot, now, link):
+                return now
         time.sleep(_POLL_S)
+
+
+def _links_read(children: list[_Child], snapshot: list[list[Iteration]], now: float, link: CoreLinkProbe) -> bool:
+    """Whether every task on 2 or more cores has a link reading within its counted iterations."""
+    _, counted = common_window(snapshot, now)
+    return all(link.rtt_ns(c.resources.cores, its[0].start, its[-1].end) is not None
+               for c, its in zip(children, counted, strict=True) if len(set(c.resources.cores)) > 1 and its)
 
 
 def _wait_exit(children: list[_Child], deadline: float, should_stop: Callable[[], bool]) -> None:

@@ -4,6 +4,8 @@ profiler processes, and the sweep loop (with real processes and with a fake meas
 from __future__ import annotations
 
 import itertools
+import os
+import shlex
 import sys
 import textwrap
 import threading
@@ -16,6 +18,7 @@ from pydantic import ValidationError
 from workers import profiling
 from workers.backends import CpuBackend, base
 from workers.backends.base import ExecutionBackend, TrainerResources
+from workers.forkserver import ForkServerPool
 from workers.messages import (
     ProfileConfigResult,
     ProfileMeasurement,
@@ -180,6 +183,40 @@ def test_two_task_configuration_is_measured_while_both_train(agent_context, monk
     assert first[0].start < second[-1].end and second[0].start < first[-1].end  # overlap
     assert base._CHILDREN == {}
     assert not (agent_context.state_dir / "work" / "sweep-5" / "config-3").exists()
+
+
+def _late_link_probe(monkeypatch, delay_s: float) -> None:
+    """Start the core link probe's process ``delay_s`` late, as a loaded host can."""
+    command = profiling.CoreLinkProbe.command
+    monkeypatch.setattr(profiling.CoreLinkProbe, "command",
+                        lambda self: ["sh", "-c", f"sleep {delay_s}; exec {shlex.join(command(self))}"])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a link needs 2 cores (CI and the lab machines have them)")
+def test_a_short_window_waits_for_the_first_link_reading_of_a_multicore_task(agent_context, monkeypatch):
+    # Forked profilers train within a fraction of a second of launch (new interpreters spend
+    # seconds importing torch first, by when the probe has long been reading).
+    backend, pool = CpuBackend(), ForkServerPool(agent_context.state_dir / "servers")
+    try:
+        pool.server_for(backend.trainer_env(backend.standalone_resources(agent_context)))
+        _late_link_probe(monkeypatch, 1.5)
+        started = time.monotonic()
+        result = measure_configuration([_task(share=100)], _request(), agent_context, backend, config_index=0,
+                                       launcher=pool)
+    finally:
+        pool.close()
+    assert result.status == "succeeded", result.error
+    assert result.measurements[0].cross_core_rtt_ns > 0
+    assert time.monotonic() - started > 1.5  # it trained on until the probe read
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a link needs 2 cores (CI and the lab machines have them)")
+def test_a_link_probe_that_never_reads_delays_a_configuration_by_a_bounded_time(agent_context, monkeypatch):
+    _late_link_probe(monkeypatch, 60)
+    monkeypatch.setattr(profiling, "_LINK_WAIT_S", 0.5)
+    result = measure_configuration([_task(share=100)], _request(), agent_context, CpuBackend(), config_index=0)
+    assert result.status == "succeeded", result.error
+    assert result.measurements[0].throughput_sps > 0 and result.measurements[0].cross_core_rtt_ns is None
 
 
 class _BadCoreBackend(CpuBackend):
