@@ -28,7 +28,10 @@ which is what the fitted predictor predicts and what ``heldout_rmsle`` reports. 
 measurement of a task on 2 or more cores also carries the round trip between its cores
 (``cross_core_rtt_ns``, workers.core_link_probe): the benchmark prints their spread and the
 kept predictor's link exponent (how much a task alone on several cores slows down when the host
-moves them apart; the predictor predicts at the near placement).
+moves them apart; the predictor predicts at the near placement). Last, the kept family's held-out
+error by the slice a task ran on (controlplane.planning.predictor.slice_labels: how many cores,
+alone on them or not) beside the repeat noise of the same slices: on 2 cores a 1-thread task
+alone on its core is predicted far better than a 2-thread one.
 
 Targets (issue 3): held-out RMSLE ≤ 0.10, fit on 5,000 samples < 30 s, 100,000 predictions
 < 1 s. The last line is ``heldout_rmsle=<value>`` for the kept family.
@@ -58,6 +61,7 @@ from controlplane.planning.predictor import (  # noqa: E402
     encode_mixes,
     fit_family,
     fit_predictor,
+    slice_labels,
 )
 
 DEFAULT_ARCHITECTURES = "resnet18,mobilenet_v3_small,shufflenet_v2_x1_0,mobilenet_v3_large"
@@ -111,27 +115,55 @@ def to_samples(results: list[dict]) -> list[ProfiledTask]:
     return samples
 
 
-def repeat_noise(results: list[dict]) -> tuple[int, float | None, float | None]:
-    """Measurement noise from the sweep's repeated configurations: ``(pairs, σ_raw, σ_speed)``,
-    ``σ = sqrt(mean(d²) / 2)`` over every task of every (original, repeat) pair, ``d`` the log
-    ratio of the two throughputs, raw and divided by each one's speed index. ``σ`` is one
-    measurement's RMS log error, the floor of any predictor's held-out RMSLE."""
+def repeat_pairs(results: list[dict]) -> list[tuple[tuple[MixTask, ...], int, float, float | None]]:
+    """Every task of every (original, repeat) pair of the sweep: ``(configuration, task index,
+    d_raw, d_speed)``, ``d`` the log ratio of the two throughputs, raw and divided by each one's
+    speed index (``None`` without one)."""
     by_index = {r["config_index"]: r for r in results if r["status"] == "succeeded"}
-    raw, speed = [], []
+    pairs = []
     for r in by_index.values():
         original = by_index.get(r["repeat_of"]) if r["repeat_of"] is not None else None
         if original is None:
             continue
+        mix = tuple(MixTask(t["architecture"], t["batch_size"], t["active_thread_percentage"]) for t in r["tasks"])
         for a, b in zip(original["measurements"], r["measurements"], strict=True):
             if a["throughput_sps"] and b["throughput_sps"]:
-                raw.append(math.log(a["throughput_sps"] / b["throughput_sps"]))
-                if a.get("speed_index") and b.get("speed_index"):
-                    speed.append(raw[-1] - math.log(a["speed_index"] / b["speed_index"]))
+                d = math.log(a["throughput_sps"] / b["throughput_sps"])
+                speed = (d - math.log(a["speed_index"] / b["speed_index"])
+                         if a.get("speed_index") and b.get("speed_index") else None)
+                pairs.append((mix, b["task_index"], d, speed))
+    return pairs
 
-    def sigma(d: list[float]) -> float | None:
-        return math.sqrt(float(np.mean(np.square(d))) / 2) if d else None
 
-    return len(raw), sigma(raw), sigma(speed)
+def sigma(d: list[float]) -> float | None:
+    """One measurement's RMS log error from log ratios of pairs: ``sqrt(mean(d²) / 2)``; the
+    floor of any predictor's held-out RMSLE on those measurements."""
+    return math.sqrt(float(np.mean(np.square(d))) / 2) if d else None
+
+
+def repeat_noise(results: list[dict]) -> tuple[int, float | None, float | None]:
+    """Measurement noise from the sweep's repeated configurations: ``(pairs, σ_raw, σ_speed)``
+    (:func:`sigma` over every task of every pair of :func:`repeat_pairs`)."""
+    pairs = repeat_pairs(results)
+    return len(pairs), sigma([p[2] for p in pairs]), sigma([p[3] for p in pairs if p[3] is not None])
+
+
+def print_slices(report, predictor, results: list[dict]) -> None:
+    """Held-out RMSLE of the kept family by the kind of slice a task ran on, beside the repeat
+    noise of the same kind (speed-normalised when the sweep has the probe)."""
+    kept = next(f for f in report.families if f.family == report.kept)
+    pairs = repeat_pairs(results)
+    noise: dict[str, list[float]] = {}
+    if pairs:
+        labels = slice_labels(predictor.space, encode_mixes([p[0] for p in pairs], predictor.space.architectures))
+        for (_mix, index, raw, speed), row in zip(pairs, labels, strict=True):
+            noise.setdefault(str(row[index]), []).append(raw if speed is None else speed)
+    print(f"\nby the slice a task ran on ({report.kept}; repeat noise from the sweep's repeated configurations):")
+    print(f"{'slice':<20}{'tasks':>7}{'held-out RMSLE':>16}{'repeated tasks':>16}{'repeat noise':>14}")
+    for kind, value in kept.by_slice.items():
+        n = noise.get(kind, [])
+        tasks = sum(1 for h in report.heldout if h["slice"] == kind)
+        print(f"{kind:<20}{tasks:>7d}{value:>16.3f}{len(n):>16d}{(f'{sigma(n):.3f}' if n else '—'):>14}")
 
 
 def print_families(report) -> None:
@@ -233,6 +265,7 @@ def main() -> int:
           f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation on {report.partitions} "
           f"random partitions (whole mixes held out)")
     print_families(report)
+    print_slices(report, predictor, results)
     if predictor.space.reference_cross_core_rtt_ns:
         print(f"link exponent γ = {predictor.space.link_exponent:.3f}: a task alone on 2+ cores runs at "
               f"(rtt / {predictor.space.reference_cross_core_rtt_ns:.0f} ns)^-γ of its speed at the near placement")

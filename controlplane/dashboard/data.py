@@ -264,7 +264,8 @@ def predictor_families(predictor: Predictor) -> list[dict[str, Any]]:
 
 
 def predictor_figures(predictor: Predictor) -> dict[str, dict]:
-    """Predicted-vs-measured scatter, error by mix size, and the learning curve of its class."""
+    """Predicted-vs-measured scatter, error by mix size and by slice, and the learning curve of
+    its class."""
     history = [
         {"version": p.version, "training_samples": p.training_samples, "heldout_rmsle": p.heldout_rmsle,
          "kept_family": p.kept_family}
@@ -273,5 +274,6 @@ def predictor_figures(predictor: Predictor) -> dict[str, dict]:
     return {
         "scatter": figure_json(figures.predicted_vs_measured(predictor.heldout)),
         "by_mix": figure_json(figures.error_by_mix_size(predictor.metrics)),
+        "by_slice": figure_json(figures.error_by_slice(predictor.metrics)),
         "learning": figure_json(figures.learning_curve(history)),
     }

@@ -790,6 +790,22 @@ class MemoryModel:
 # ------------------------------------------------------------------------------------------- fit
 
 
+def slice_labels(space: FeatureSpace, enc: EncodedMixes) -> np.ndarray:
+    """What kind of slice each task runs on, ``(n, MAX_MIX)`` strings in the caller's order
+    (``""`` in empty slots): ``"<k> unit(s), alone|shared"`` under ``packed`` placement (``k``
+    cores of its own, or cores another task's threads also run on), ``"alone|shared"`` under
+    ``pooled`` (shared: the shares add up to more than the device). Used to break held-out
+    error down: on the cpu backend a task whose 2 threads share cores with other processes
+    repeats far worse than a 1-thread task alone on its core."""
+    _contention, worst = space.contention(enc.share, enc.present)
+    kind = np.where(worst > 1.0, "shared", "alone")
+    if space.placement == "packed":
+        units, _covered = packed_windows(enc.share, enc.present, space.cores)
+        plural = np.where(units > 1, "units", "unit")
+        kind = np.char.add(np.char.add(np.char.add(units.astype(str), " "), plural), np.char.add(", ", kind))
+    return np.where(enc.present, kind, "")
+
+
 @dataclass
 class FamilyReport:
     """Held-out accuracy of one model family."""
@@ -799,12 +815,17 @@ class FamilyReport:
     mape: float
     fit_seconds: float
     by_mix_size: dict[int, float]
+    by_slice: dict[str, float] = field(default_factory=dict)
+    """Held-out RMSLE by the kind of slice a task ran on (:func:`slice_labels`), e.g.
+    ``"1 unit, alone"``: where the error comes from beyond the mix size."""
 
 
 @dataclass
 class FitReport:
     """What :func:`fit_predictor` measured: per-family held-out metrics, the kept family, and
-    the kept family's held-out predictions (for the predicted-vs-measured scatter)."""
+    the kept family's held-out predictions (for the predicted-vs-measured scatter): one
+    ``{"architecture", "mix_size", "measured_sps", "predicted_sps", "slice"}`` per measured
+    task (``slice`` from :func:`slice_labels`), from the first partition."""
 
     samples: int
     configurations: int
@@ -1220,6 +1241,7 @@ def fit_predictor(
     ts = _training_set(samples, workloads, cores, placement)
     mask, target = ts.mask, ts.target
     mix_size = ts.enc.present.sum(axis=1)
+    slices = np.take_along_axis(slice_labels(ts.space, ts.enc), ts.order, axis=1)[None]
     n_groups = len(set(ts.groups.tolist()))
     n_folds = min(folds, n_groups)
     reports = []
@@ -1250,8 +1272,10 @@ def fit_predictor(
             sel = every & (mix_size[None, :, None] == k)
             if sel.any():
                 by_size[int(k)] = rmsle(pred[sel], measured[sel])
+        by_slice = {kind: rmsle(pred[every & (slices == kind)], measured[every & (slices == kind)])
+                    for kind in sorted(set(slices[0][mask].tolist()))}
         reports.append(FamilyReport(family, rmsle(pred[every], measured[every]), mape(pred[every], measured[every]),
-                                    time.perf_counter() - t0, by_size))
+                                    time.perf_counter() - t0, by_size, by_slice))
         heldout_by_family[family] = pred[0]  # the scatter shows one held-out prediction per sample
         say(f"{family}: held-out RMSLE {reports[-1].rmsle:.4f}, MAPE {100 * reports[-1].mape:.1f} %")
     kept = min(reports, key=lambda r: r.rmsle).family
@@ -1265,7 +1289,7 @@ def fit_predictor(
     canonical_arch = np.take_along_axis(ts.enc.arch, ts.order, axis=1)
     heldout = [
         {"architecture": ts.space.architectures[canonical_arch[r, s]], "mix_size": int(mix_size[r]),
-         "measured_sps": float(ts.measured[r, s]), "predicted_sps": float(pred[r, s])}
+         "measured_sps": float(ts.measured[r, s]), "predicted_sps": float(pred[r, s]), "slice": str(slices[0, r, s])}
         for r, s in zip(*np.nonzero(mask), strict=True)
     ]
     report = FitReport(

@@ -136,7 +136,7 @@ class Predictor(models.Model):
     kept_family = models.CharField(max_length=32, blank=True, default="")
     heldout_rmsle = models.FloatField(null=True, blank=True)
     heldout_mape = models.FloatField(null=True, blank=True)
-    metrics = models.JSONField(default=dict, blank=True, help_text="{family: {rmsle, mape, fit_seconds, by_mix_size}}")
+    metrics = models.JSONField(default=dict, blank=True, help_text="{family: {rmsle, mape, fit_seconds, by_mix_size, by_slice}}")
     heldout = models.JSONField(default=list, blank=True, help_text="held-out predictions of the kept family")
     artifact_path = models.CharField(max_length=512, blank=True, default="")
     sha256 = models.CharField(max_length=64, blank=True, default="")

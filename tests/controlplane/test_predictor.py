@@ -25,6 +25,7 @@ from controlplane.planning.predictor import (
     normalise_speed,
     rmsle,
     sharing_rate,
+    slice_labels,
 )
 from tests.controlplane.contention_law import ARCHS, WORKLOADS, alone, law, synthetic
 
@@ -178,6 +179,32 @@ def test_a_multithreaded_task_with_a_core_of_its_own_weighs_its_escape_weight_on
     rate = sharing_rate(trio, present, 2, "packed", weight=0.5, escape_weight=0.2)[0]
     assert rate[:3] == pytest.approx([0.5 / 1.5, 1 / 1.5, 1 / 1.5])
     assert rate[:3] == pytest.approx(sharing_rate(trio, present, 2, "packed", weight=0.5)[0, :3])
+
+
+def test_slice_labels_name_each_tasks_units_and_whether_another_task_shares_them():
+    mixes = [
+        [MixTask("a", 32, 100)],  # alone on both cores
+        [MixTask("a", 32, 50), MixTask("b", 32, 50)],  # one core each
+        [MixTask("a", 32, 100), MixTask("b", 32, 50)],  # b on core 0, inside a's window
+    ]
+    enc = encode_mixes(mixes, ["a", "b"])
+    space = FeatureSpace(("a", "b"), {}, SoloTable(curves={}, exponents={}, flop_rate=1.0), 2, "packed")
+    assert slice_labels(space, enc).tolist() == [
+        ["2 units, alone", "", "", ""],
+        ["1 unit, alone", "1 unit, alone", "", ""],
+        ["2 units, shared", "1 unit, shared", "", ""],
+    ]
+    pooled = FeatureSpace(("a", "b"), {}, SoloTable(curves={}, exponents={}, flop_rate=1.0), 2, "pooled")
+    assert slice_labels(pooled, enc)[:, :2].tolist() == [["alone", ""], ["alone", "alone"], ["shared", "shared"]]
+
+
+def test_held_out_error_by_slice_recombines_to_the_overall_figure(fitted):
+    _predictor, report = fitted
+    for family in report.families:
+        counts = {k: sum(h["slice"] == k for h in report.heldout) for k in family.by_slice}
+        assert sum(counts.values()) == report.samples and all(counts.values())
+        pooled = math.sqrt(sum(n * family.by_slice[k] ** 2 for k, n in counts.items()) / report.samples)
+        assert pooled == pytest.approx(family.rmsle, rel=1e-9)
 
 
 def test_held_out_standalone_speeds_do_not_reach_the_baseline():

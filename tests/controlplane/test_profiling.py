@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 
 from controlplane.common.errors import ApplicationError
+from controlplane.dashboard import figures as dashboard_figures
 from controlplane.experiments.models import Assignment, Round, Run
 from controlplane.planning.predictor import MixTask
 from controlplane.profiling import services
@@ -219,7 +220,16 @@ def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):
     assert points == len(predictor.heldout) == predictor.training_samples
     assert figures["scatter"]["layout"]["xaxis"]["type"] == "log"
     assert {t["name"] for t in figures["by_mix"]["data"]} == set(predictor.metrics)
+    by_slice = {t["name"]: dict(zip(t["x"], t["y"], strict=True)) for t in figures["by_slice"]["data"]}
+    assert by_slice == {f: m["by_slice"] for f, m in predictor.metrics.items()} and by_slice
     assert figures["learning"]["data"][0]["y"] == [predictor.heldout_rmsle]
     assert "median speed" not in html  # synthetic samples carry no speed index
     assert browser_client.get("/predictors/").status_code == 200
     assert Predictor.objects.count() == 1
+
+
+def test_error_by_slice_says_so_for_a_predictor_fitted_before_the_breakdown():
+    old = dashboard_figures.error_by_slice({"baseline": {"rmsle": 0.2, "by_mix_size": {"1": 0.2}}})
+    assert not old.data and "before it was recorded" in old.layout.annotations[0].text
+    new = dashboard_figures.error_by_slice({"baseline": {"by_slice": {"1 unit, alone": 0.05, "2 units, shared": 0.2}}})
+    assert list(new.data[0].x) == ["1 unit, alone", "2 units, shared"] and list(new.data[0].y) == [0.05, 0.2]

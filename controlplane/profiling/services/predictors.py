@@ -137,7 +137,8 @@ def predictor_fit(*, predictor_id: int | None = None, backend: str = "cpu", devi
         training_configurations=report.configurations, kept_family=report.kept, heldout_rmsle=kept.rmsle,
         heldout_mape=kept.mape, fit_seconds=report.fit_seconds, heldout=report.heldout,
         metrics={f.family: {"rmsle": f.rmsle, "mape": f.mape, "fit_seconds": f.fit_seconds,
-                            "by_mix_size": {str(k): v for k, v in f.by_mix_size.items()}} for f in report.families},
+                            "by_mix_size": {str(k): v for k, v in f.by_mix_size.items()},
+                            "by_slice": f.by_slice} for f in report.families},
         artifact_path=key, sha256=sha256_file(path),
     )
     predictor.refresh_from_db()
