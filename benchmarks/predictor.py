@@ -150,14 +150,16 @@ def repeat_noise(results: list[dict]) -> tuple[int, float | None, float | None]:
 
 def print_slices(report, predictor, results: list[dict]) -> None:
     """Held-out RMSLE of the kept family by the kind of slice a task ran on, beside the repeat
-    noise of the same kind (speed-normalised when the sweep has the probe)."""
+    noise of the same kind (speed-normalised when every repeated pair has the probe's reading,
+    raw otherwise: one kind for every slice)."""
     kept = next(f for f in report.families if f.family == report.kept)
     pairs = repeat_pairs(results)
     noise: dict[str, list[float]] = {}
     if pairs:
         labels = slice_labels(predictor.space, encode_mixes([p[0] for p in pairs], predictor.space.architectures))
+        probed = all(speed is not None for *_rest, speed in pairs)
         for (_mix, index, raw, speed), row in zip(pairs, labels, strict=True):
-            noise.setdefault(str(row[index]), []).append(raw if speed is None else speed)
+            noise.setdefault(str(row[index]), []).append(speed if probed else raw)
     print(f"\nby the slice a task ran on ({report.kept}; repeat noise from the sweep's repeated configurations):")
     print(f"{'slice':<20}{'tasks':>7}{'held-out RMSLE':>16}{'repeated tasks':>16}{'repeat noise':>14}")
     for kind, value in kept.by_slice.items():

@@ -562,7 +562,8 @@ def _wait_window(children: list[_Child], request: ProfileSweepRequest, deadline:
                  should_stop: Callable[[], bool], link: CoreLinkProbe | None = None) -> float | None:
     """Wait until the common window is complete; return the STOP time, or None if given up.
 
-    With a core link probe, a complete window also waits (up to :data:`_LINK_WAIT_S` more) until
+    With a core link probe, a complete window also waits (up to :data:`_LINK_WAIT_S` more, never
+    past ``deadline``) until
     every task on 2 or more cores has a link reading among its counted iterations: the probe is
     a process of its own, and under load its first reading can come after a short window has
     closed, which left that measurement without ``cross_core_rtt_ns``."""
@@ -575,7 +576,9 @@ def _wait_window(children: list[_Child], request: ProfileSweepRequest, deadline:
         snapshot = [list(c.iterations) for c in children]
         if window_complete(snapshot, now, request.min_timed_iterations, request.min_window_s):
             complete_at = now if complete_at is None else complete_at
-            if link is None or now - complete_at >= _LINK_WAIT_S or _links_read(children, snapshot, now, link):
+            # Never past the configuration's deadline: a missing link reading is no failure.
+            if (link is None or now - complete_at >= _LINK_WAIT_S or deadline - now <= 2 * _POLL_S
+                    or _links_read(children, snapshot, now, link)):
                 return now
         time.sleep(_POLL_S)
 

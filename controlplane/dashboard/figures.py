@@ -335,20 +335,23 @@ def error_by_mix_size(metrics: Mapping[str, Mapping]) -> go.Figure:
 
 def error_by_slice(metrics: Mapping[str, Mapping]) -> go.Figure:
     """Held-out RMSLE by the slice a task ran on (controlplane.planning.predictor.slice_labels:
-    its units and whether another task's threads share them), one bar group per family.
+    on the cpu backend its cores and whether another task's threads share them, under MPS
+    whether the shares oversubscribe the device), one bar group per family, slices in order of
+    their units.
     Predictors fitted before the breakdown existed have none: the figure says so.
 
     Args:
         metrics: ``{family: {"by_slice": {"1 unit, alone": rmsle, ...}}}``.
     """
     fig = go.Figure()
-    kinds = sorted({k for m in metrics.values() for k in m.get("by_slice", {})})
+    kinds = sorted({k for m in metrics.values() for k in m.get("by_slice", {})},
+                   key=lambda k: (int(k.split(" ", 1)[0]) if k[:1].isdigit() else 0, k))
     for i, (family, m) in enumerate(metrics.items()):
         if m.get("by_slice"):
             fig.add_bar(name=family, x=[k for k in kinds if k in m["by_slice"]],
                         y=[m["by_slice"][k] for k in kinds if k in m["by_slice"]], marker_color=_color(i))
     fig.update_layout(title="Held-out error by the slice a task ran on", barmode="group", yaxis_title="RMSLE",
-                      xaxis_title="units of the task, alone on them or shared", **LAYOUT)
+                      xaxis_title="the task's slice", **LAYOUT)
     return fig if kinds else _empty(fig, "no breakdown by slice (fitted before it was recorded)")
 
 

@@ -792,14 +792,17 @@ class MemoryModel:
 
 def slice_labels(space: FeatureSpace, enc: EncodedMixes) -> np.ndarray:
     """What kind of slice each task runs on, ``(n, MAX_MIX)`` strings in the caller's order
-    (``""`` in empty slots): ``"<k> unit(s), alone|shared"`` under ``packed`` placement (``k``
-    cores of its own, or cores another task's threads also run on), ``"alone|shared"`` under
-    ``pooled`` (shared: the shares add up to more than the device). Used to break held-out
+    (``""`` in empty slots). Under ``packed`` placement ``"<k> unit(s), alone|shared"``: the
+    ``k = max(1, round(R·C/100))`` cores the task's share is granted (one intra-op thread each,
+    :func:`packed_windows`), ``shared`` when another task's window covers one of them. Under
+    ``pooled`` (MPS: every client may use every SM) ``"within the device"`` or
+    ``"oversubscribed"`` (the shares add up to more than the device). Used to break held-out
     error down: on the cpu backend a task whose 2 threads share cores with other processes
     repeats far worse than a 1-thread task alone on its core."""
     _contention, worst = space.contention(enc.share, enc.present)
-    kind = np.where(worst > 1.0, "shared", "alone")
+    kind = np.where(worst > 1.0, "oversubscribed", "within the device")
     if space.placement == "packed":
+        kind = np.where(worst > 1.0, "shared", "alone")
         units, _covered = packed_windows(enc.share, enc.present, space.cores)
         plural = np.where(units > 1, "units", "unit")
         kind = np.char.add(np.char.add(np.char.add(units.astype(str), " "), plural), np.char.add(", ", kind))

@@ -195,7 +195,8 @@ def test_slice_labels_name_each_tasks_units_and_whether_another_task_shares_them
         ["2 units, shared", "1 unit, shared", "", ""],
     ]
     pooled = FeatureSpace(("a", "b"), {}, SoloTable(curves={}, exponents={}, flop_rate=1.0), 2, "pooled")
-    assert slice_labels(pooled, enc)[:, :2].tolist() == [["alone", ""], ["alone", "alone"], ["shared", "shared"]]
+    assert slice_labels(pooled, enc)[:, :2].tolist() == [
+        ["within the device", ""], ["within the device", "within the device"], ["oversubscribed", "oversubscribed"]]
 
 
 def test_held_out_error_by_slice_recombines_to_the_overall_figure(fitted):

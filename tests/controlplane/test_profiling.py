@@ -231,5 +231,7 @@ def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):
 def test_error_by_slice_says_so_for_a_predictor_fitted_before_the_breakdown():
     old = dashboard_figures.error_by_slice({"baseline": {"rmsle": 0.2, "by_mix_size": {"1": 0.2}}})
     assert not old.data and "before it was recorded" in old.layout.annotations[0].text
-    new = dashboard_figures.error_by_slice({"baseline": {"by_slice": {"1 unit, alone": 0.05, "2 units, shared": 0.2}}})
-    assert list(new.data[0].x) == ["1 unit, alone", "2 units, shared"] and list(new.data[0].y) == [0.05, 0.2]
+    new = dashboard_figures.error_by_slice({"baseline": {"by_slice": {"10 units, shared": 0.3, "1 unit, alone": 0.05,
+                                                                       "2 units, shared": 0.2}}})
+    assert list(new.data[0].x) == ["1 unit, alone", "2 units, shared", "10 units, shared"]  # by units, not by text
+    assert list(new.data[0].y) == [0.05, 0.2, 0.3]
