@@ -46,6 +46,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -162,10 +163,10 @@ def print_slices(report, predictor, results: list[dict]) -> None:
             noise.setdefault(str(row[index]), []).append(speed if probed else raw)
     print(f"\nby the slice a task ran on ({report.kept}; repeat noise from the sweep's repeated configurations):")
     print(f"{'slice':<20}{'tasks':>7}{'held-out RMSLE':>16}{'repeated tasks':>16}{'repeat noise':>14}")
+    tasks = Counter(h["slice"] for h in report.heldout)
     for kind, value in kept.by_slice.items():
         n = noise.get(kind, [])
-        tasks = sum(1 for h in report.heldout if h["slice"] == kind)
-        print(f"{kind:<20}{tasks:>7d}{value:>16.3f}{len(n):>16d}{(f'{sigma(n):.3f}' if n else '—'):>14}")
+        print(f"{kind:<20}{tasks[kind]:>7d}{value:>16.3f}{len(n):>16d}{(f'{sigma(n):.3f}' if n else '—'):>14}")
 
 
 def print_families(report) -> None:

@@ -185,6 +185,10 @@ def test_two_task_configuration_is_measured_while_both_train(agent_context, monk
     assert not (agent_context.state_dir / "work" / "sweep-5" / "config-3").exists()
 
 
+_NEEDS_TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                      reason="a link needs 2 cores (CI and the lab machines have them)")
+
+
 def _late_link_probe(monkeypatch, delay_s: float) -> None:
     """Start the core link probe's process ``delay_s`` late, as a loaded host can."""
     command = profiling.CoreLinkProbe.command
@@ -192,7 +196,7 @@ def _late_link_probe(monkeypatch, delay_s: float) -> None:
                         lambda self: ["sh", "-c", f"sleep {delay_s}; exec {shlex.join(command(self))}"])
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a link needs 2 cores (CI and the lab machines have them)")
+@_NEEDS_TWO_CORES
 def test_a_short_window_waits_for_the_first_link_reading_of_a_multicore_task(agent_context, monkeypatch):
     # Forked profilers train within a fraction of a second of launch (new interpreters spend
     # seconds importing torch first, by when the probe has long been reading).
@@ -210,7 +214,7 @@ def test_a_short_window_waits_for_the_first_link_reading_of_a_multicore_task(age
     assert time.monotonic() - started > 1.5  # it trained on until the probe read
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a link needs 2 cores (CI and the lab machines have them)")
+@_NEEDS_TWO_CORES
 def test_a_link_probe_that_never_reads_delays_a_configuration_by_a_bounded_time(agent_context, monkeypatch):
     _late_link_probe(monkeypatch, 60)
     monkeypatch.setattr(profiling, "_LINK_WAIT_S", 0.5)
