@@ -325,15 +325,17 @@ def test_time_sliced_configuration_takes_turns_on_the_whole_device(agent_context
 
 def test_sweep_emits_results_with_standalone_throughput_and_a_repeat(agent_context):
     emitted: list[ProfileConfigResult] = []
-    # 30 s: a configuration takes 3 to 6 s (process start, torch import) on an idle 2-core
-    # machine and up to 25 s on a heavily loaded one, and the test needs a second one, the repeat.
-    request = _request(architectures=["mobilenet_v3_small"], batch_sizes=[8], budget_s=30,
+    # Two configurations, the second the repeat, then stop: a configuration takes 3 to 6 s
+    # (process start, torch import) on an idle 2-core machine and up to 25 s on a heavily loaded
+    # one, so a budget short enough for a quick test could end the sweep after the first.
+    request = _request(architectures=["mobilenet_v3_small"], batch_sizes=[8], budget_s=300,
                        repeat_every=2)
 
-    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append)
+    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append,
+                        should_stop=lambda: len(emitted) >= 2)
 
-    assert summary.status == "succeeded", summary.error
-    assert summary.configs == len(emitted) >= 2
+    assert "stopped after 2 configurations" in summary.error
+    assert summary.configs == len(emitted) == 2
     assert [r.config_index for r in emitted] == list(range(len(emitted)))
     alone = emitted[0]
     assert alone.tasks == [_task(share=100)] and alone.status == "succeeded"
