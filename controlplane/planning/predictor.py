@@ -19,7 +19,8 @@ its throughput in samples/s. This module is that regression, pure NumPy and scik
   the overhead ``t_0`` scaled by ``g^(−β)`` and the per-sample time by ``g^(−α)`` for the
   granted fraction ``g``; :func:`sharing_rate` ``ρ_i``: what co-located tasks leave it — weighted time
   sharing of the cores under ``packed`` placement, proportional oversubscription when
-  ``pooled``), a random forest (as in
+  ``pooled``; a multi-threaded task on cores other tasks share, whose threads sleep at its
+  barriers, pays ``κ·t_0`` more per iteration, :func:`passive_wait`), a random forest (as in
   Horus, Yeung et al. 2021), gradient-boosted trees, and extremely randomised trees. The one
   with the lowest held-out RMSLE is refitted on all samples and kept. The physical tables
   (SoloTable, sharing weight) are refitted inside every fold from its training mixes only,
@@ -224,12 +225,23 @@ def sharing_rate(share: np.ndarray, present: np.ndarray, units: int, placement: 
     return np.where(present, np.clip(rate, 1e-6, 1.0), 1.0)
 
 
-def slice_throughput(batch, granted, t0, t1, alpha, beta):
-    """Throughput (samples/s) of a task alone on a granted fraction ``g`` of the device,
-    ``B / (t_0·g^(−β) + t_1·B·g^(−α))``: per-iteration overhead ``t_0`` and per-sample time
-    ``t_1`` (seconds at ``g = 1``), each scaled by its own exponent (:meth:`SoloTable.lookup`).
+def passive_wait(share: np.ndarray, present: np.ndarray, units: int) -> np.ndarray:
+    """``(rows, slots)`` bool: the tasks that run several intra-op threads on cores another task
+    also uses, under ``packed`` placement — those the cpu backend starts with
+    ``OMP_WAIT_POLICY=PASSIVE`` (workers.backends.cpu: a trainer whose window overlaps another's),
+    whose threads sleep at every barrier instead of spinning (:func:`slice_throughput`'s ``δ``)."""
+    n_units, covered = packed_windows(share, present, units)
+    return present & (n_units > 1) & ~alone_on_units(covered)
+
+
+def slice_throughput(batch, granted, t0, t1, alpha, beta, delta=0.0):
+    """Throughput (samples/s) of a task on a granted fraction ``g`` of the device, before what
+    co-located tasks take from it: ``B / (t_0·g^(−β) + t_1·B·g^(−α) + δ)``, per-iteration
+    overhead ``t_0`` and per-sample time ``t_1`` (seconds at ``g = 1``), each scaled by its own
+    exponent (:meth:`SoloTable.lookup`), and ``δ`` seconds per iteration of sleeping at the
+    intra-op barriers (0 unless the task's threads wait passively, :func:`passive_wait`).
     Broadcasts over NumPy arrays."""
-    return batch / (t0 * granted ** -beta + t1 * batch * granted ** -alpha)
+    return batch / (t0 * granted ** -beta + t1 * batch * granted ** -alpha + delta)
 
 
 def _sample_arrays(samples: Sequence[ProfiledTask]) -> tuple[np.ndarray, np.ndarray]:
@@ -399,7 +411,8 @@ class SoloTable:
         return np.exp(y)
 
     def lookup(self, architecture: str, batch: np.ndarray, granted: np.ndarray,
-               workloads: Mapping[str, ModelWorkload]) -> np.ndarray:
+               workloads: Mapping[str, ModelWorkload], passive: np.ndarray | None = None,
+               passive_ratio: float = 0.0) -> np.ndarray:
         """``P_solo`` (samples/s) at arrays of batch sizes and granted fractions ``g``.
 
         With a fitted law (:func:`fit_physical`) the two parts of an iteration's time scale
@@ -416,7 +429,9 @@ class SoloTable:
         beta = getattr(self, "overhead_exponents", {}).get(architecture)
         if law is None or beta is None:
             return self.alone(architecture, batch, workloads) * granted ** self.exponent(architecture)
-        return slice_throughput(np.asarray(batch, dtype=float), granted, law[0], law[1], self.exponent(architecture), beta)
+        delta = 0.0 if passive is None else np.where(passive, passive_ratio * law[0], 0.0)
+        return slice_throughput(np.asarray(batch, dtype=float), granted, law[0], law[1], self.exponent(architecture), beta,
+                                delta)
 
 
 # ------------------------------------------------------------------------------------- encoding
@@ -495,6 +510,9 @@ class FeatureSpace:
     of the training samples' ``cross_core_rtt_ns``; ``None`` if none had one (no link term)."""
     link_exponent: float = 0.0
     """``γ`` of :meth:`link_log_ratio`, fitted by :func:`fit_physical`."""
+    passive_ratio: float = 0.0
+    """``κ``: a multi-threaded task whose cores other tasks share (:func:`passive_wait`) spends
+    ``δ = κ·t_0`` more per iteration (:func:`slice_throughput`), fitted by :func:`fit_physical`."""
 
     def spec(self) -> dict:
         """A JSON description of the features (stored on the Predictor row)."""
@@ -512,6 +530,7 @@ class FeatureSpace:
             "reference_speed_index": self.reference_speed_index,
             "reference_cross_core_rtt_ns": getattr(self, "reference_cross_core_rtt_ns", None),
             "link_exponent": getattr(self, "link_exponent", 0.0),
+            "passive_ratio": getattr(self, "passive_ratio", 0.0),
         }
 
     def _per_arch(self, values: Callable[[str], float]) -> np.ndarray:
@@ -525,10 +544,13 @@ class FeatureSpace:
         params = self._per_arch(lambda a: float(self.workloads[a].params))[enc.arch]
         granted = np.where(present, granted_fraction(enc.share, self.cores), 0.0)
         solo = np.ones(enc.arch.shape)
+        passive = (passive_wait(enc.share, present, self.cores) if self.placement == "packed"
+                   else np.zeros(enc.arch.shape, dtype=bool))
         for i, name in enumerate(self.architectures):
             mask = enc.arch == i
             if mask.any():
-                solo[mask] = self.solo.lookup(name, enc.batch[mask], granted[mask], self.workloads)
+                solo[mask] = self.solo.lookup(name, enc.batch[mask], granted[mask], self.workloads, passive[mask],
+                                              getattr(self, "passive_ratio", 0.0))  # getattr: spaces pickled before it existed
         contention, worst = self.contention(enc.share, present)
         rate = sharing_rate(enc.share, present, self.cores, self.placement, self.sharing_weight,
                             getattr(self, "escape_weight", None))  # getattr: spaces pickled before it existed
@@ -963,21 +985,25 @@ _PHYSICAL_BETA_PRIOR = (0.5, 0.1)  # the per-iteration overhead: half parallel u
 # on two sweeps weight 0.1 gave held-out RMSLE 0.161 and 0.165 against 0.166 and 0.166 at 0.2)
 _PHYSICAL_ESCAPE_PRIOR = (0.2, 1.0)  # (mean, weight) of escape_weight: see fit_physical
 _PHYSICAL_LINK_PRIOR = (0.0, 0.1)  # (mean, weight) of γ: no placement effect unless data say otherwise
+_PHYSICAL_PASSIVE_START = math.log(0.3)  # log κ where the fit starts
 _PHYSICAL_LOSS_SCALE = 0.15  # log error beyond which a residual counts linearly (soft L1): outliers
 
 
 def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -> FeatureSpace:
     """Refit the physical model on every measured task at once (nonlinear least squares).
 
-    The model is the baseline's, ``log P_i = log B_i − log(t_0·g_i^(−β) + t_1·B_i·g_i^(−α)) +
-    log ρ_i(w) − γ·x_i`` (:meth:`SoloTable.lookup`, :func:`sharing_rate`,
-    :meth:`FeatureSpace.link_log_ratio`), with per model ``t_0``, ``t_1`` (the per-iteration
+    The model is the baseline's, ``log P_i = log B_i − log(t_0·g_i^(−β) + t_1·B_i·g_i^(−α) +
+    κ·t_0·[passive_i]) + log ρ_i(w) − γ·x_i`` (:meth:`SoloTable.lookup`, :func:`sharing_rate`,
+    :meth:`FeatureSpace.link_log_ratio`, :func:`passive_wait`), with per model ``t_0``, ``t_1`` (the per-iteration
     time law of :func:`_repair_standalone`), ``α`` (how the per-sample time scales with the
     granted fraction ``g``) and ``β`` (how the per-iteration overhead does), the sharing
     weights ``w`` and ``escape_weight`` (:func:`sharing_rate`), and one ``γ`` for all models
     (how a task alone on several cores slows as they move apart,
     :meth:`FeatureSpace.link_log_ratio`; fitted only when some measured task has ``x ≠ 0``,
-    under a weak prior toward 0, bounds ``[-0.5, 3]``). :func:`_fit_space`'s tables fit a simpler
+    under a weak prior toward 0, bounds ``[-0.5, 3]``), and one ``κ`` for all models (what a
+    multi-threaded task loses per iteration when it waits passively, as a fraction of its
+    ``t_0``; fitted only when some measured task waits passively, bounds ``[1e-4, 10]``, no
+    prior). :func:`_fit_space`'s tables fit a simpler
     form (one exponent) one part after another, each from its own subset (standalone points,
     then tasks alone on their units, then the mixes); here all parts are fitted jointly to all
     measured tasks of ``enc`` (``measured`` ``(n, MAX_MIX)`` in ``enc``'s order, ``nan`` where
@@ -998,10 +1024,23 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     on two 480 s sweeps of another host, and ``escape_weight`` to 0.151 and 0.152 (a third
     sweep: 0.176 → 0.170 → 0.170; prior weights 0.3 to 3 and means 0.2 to 0.3 all within 0.003).
 
+    ``κ``: the cpu backend starts a trainer whose cores other trainers share with
+    ``OMP_WAIT_POLICY=PASSIVE`` (its idle threads sleep instead of spinning, or they starve the
+    other trainers), and a sleeping thread takes a wake-up at every barrier, so such a task pays
+    per iteration what a task alone on its cores does not — a cost of the iteration, like
+    ``t_0``, not of its samples: without the term the joint fit bent each model's ``α``, ``β``
+    to explain its shared 2-thread tasks and predicted its 2-thread speed alone from them when
+    its 1-task mixes were held out. One ``κ`` for all models (``δ_i = κ·t_0,i``: both scale
+    with the operators run per iteration): one per model, each under a prior tying it to
+    ``t_0``, scored the same (mean held-out RMSLE of ten 2-core sweeps 0.1313 with a prior
+    weight of 3 or 30, 0.1438 at 0.05). Over those ten sweeps the term lowered the mean from
+    0.1349 to 0.1313, most on the 4 s-window sweep of 2026-12-01 (0.1015 → 0.0965).
+
     Returns:
         A new :class:`FeatureSpace` whose :class:`SoloTable` has ``laws``, ``exponents`` and
         ``overhead_exponents`` for every model measured in ``enc`` (the others keep
-        ``space``'s), with the fitted ``w``, ``escape_weight`` and ``link_exponent``, and
+        ``space``'s), with the fitted ``w``, ``escape_weight``, ``link_exponent`` and
+        ``passive_ratio``, and
         ``space``'s references; ``space`` itself when nothing was measured.
     """
     from scipy.optimize import least_squares
@@ -1023,6 +1062,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     link_x = space.link_log_ratio(enc)
     packed = space.placement == "packed"
     link = bool(np.any(link_x[mask] != 0))
+    passive = (passive_wait(enc.share, enc.present, space.cores) & mask) if packed else np.zeros(mask.shape, dtype=bool)
 
     start = []
     for name in names:
@@ -1039,19 +1079,21 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
         [np.clip(space.sharing_weight, 0.05, 1.0)],
         [_PHYSICAL_ESCAPE_PRIOR[0] if space.escape_weight is None else np.clip(space.escape_weight, 0.01, 1.0)],
         [space.link_exponent],  # γ
+        [math.log(space.passive_ratio) if space.passive_ratio > 0 else _PHYSICAL_PASSIVE_START],  # log κ
     ])
 
     def unpack(theta):
         return (np.exp(theta[:k]), np.exp(theta[k:2 * k]), theta[2 * k:3 * k], theta[3 * k:4 * k],
-                float(theta[4 * k]), float(theta[4 * k + 1]), float(theta[4 * k + 2]))
+                float(theta[4 * k]), float(theta[4 * k + 1]), float(theta[4 * k + 2]), math.exp(theta[4 * k + 3]))
 
     def log_rate(w, escape):
         return np.log(sharing_rate(enc.share, enc.present, space.cores, space.placement, w, escape))
 
     def residuals(theta):
-        t0, t1, alpha, beta, w, escape, gamma = unpack(theta)
+        t0, t1, alpha, beta, w, escape, gamma, kappa = unpack(theta)
         j = np.maximum(arch_slot, 0)
-        log_p = np.log(slice_throughput(batch, granted, t0[j], t1[j], alpha[j], beta[j])) - gamma * link_x
+        d = np.where(passive, kappa * t0[j], 0.0)
+        log_p = np.log(slice_throughput(batch, granted, t0[j], t1[j], alpha[j], beta[j], d)) - gamma * link_x
         log_p = log_p + log_rate(w, escape)
         alpha_mean, alpha_weight = _PHYSICAL_ALPHA_PRIOR
         beta_mean, beta_weight = _PHYSICAL_BETA_PRIOR
@@ -1061,32 +1103,36 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
                                beta_weight * (beta - beta_mean), [escape_weight * (escape - escape_mean)],
                                [link_weight * (gamma - link_mean)]])
 
-    lower = np.concatenate([np.full(2 * k, -np.inf), np.full(2 * k, -1.0), [0.05, 0.01, -0.5]])
-    upper = np.concatenate([np.full(2 * k, np.inf), np.full(2 * k, 1.5), [1.0, 1.0, 3.0]])
+    lower = np.concatenate([np.full(2 * k, -np.inf), np.full(2 * k, -1.0), [0.05, 0.01, -0.5, math.log(1e-4)]])
+    upper = np.concatenate([np.full(2 * k, np.inf), np.full(2 * k, 1.5), [1.0, 1.0, 3.0, math.log(10.0)]])
     data_rows, data_slots = np.nonzero(mask)  # the order of ``(…)[mask]`` in residuals (row-major)
     data_arch = arch_slot[data_rows, data_slots]
     data_batch, data_link, log_g = batch[mask], link_x[mask], np.log(granted[mask])
+    data_passive = passive[mask]
 
     def jacobian(theta):
-        """``∂ residuals / ∂ θ``, dense ``(residuals, 4k + 3)``: analytic in the per-model
-        parameters and ``γ`` (with ``u = t_0·g^(−β)``, ``v = t_1·B·g^(−α)``, ``S = u + v``:
-        ``∂ log P/∂ log t_0 = −u/S``, ``∂/∂ log t_1 = −v/S``, ``∂/∂α = v·ln g / S``,
-        ``∂/∂β = u·ln g / S``, ``∂/∂γ = −x``), one-sided differences for the two sharing
+        """``∂ residuals / ∂ θ``, dense ``(residuals, 4k + 4)``: analytic in the per-model
+        parameters, ``γ`` and ``κ`` (with ``u = t_0·g^(−β)``, ``v = t_1·B·g^(−α)``,
+        ``d = κ·t_0`` for a task waiting passively, else 0, ``S = u + v + d``:
+        ``∂ log P/∂ log t_0 = −(u + d)/S``, ``∂/∂ log t_1 = −v/S``, ``∂/∂α = v·ln g / S``,
+        ``∂/∂β = u·ln g / S``, ``∂/∂γ = −x``, ``∂/∂ log κ = −d/S``), one-sided differences for the two sharing
         weights (:func:`sharing_rate`, piecewise rational in them). A residual depends on one
         model's four parameters only, so this costs about three residual evaluations where
-        scipy's finite differences over all ``4k + 3`` parameters cost ``4k + 3``."""
-        t0, t1, alpha, beta, w, escape, _gamma = unpack(theta)
+        scipy's finite differences over all ``4k + 4`` parameters cost ``4k + 4``."""
+        t0, t1, alpha, beta, w, escape, _gamma, kappa = unpack(theta)
         u = t0[data_arch] * np.exp(-beta[data_arch] * log_g)
         v = t1[data_arch] * data_batch * np.exp(-alpha[data_arch] * log_g)
-        total = u + v
+        d = np.where(data_passive, kappa * t0[data_arch], 0.0)
+        total = u + v + d
         n_data = len(data_rows)
-        jac = np.zeros((n_data + 2 * k + 2, 4 * k + 3))
+        jac = np.zeros((n_data + 2 * k + 2, 4 * k + 4))
         at = np.arange(n_data)
-        jac[at, data_arch] = -u / total
+        jac[at, data_arch] = -(u + d) / total
         jac[at, k + data_arch] = -v / total
         jac[at, 2 * k + data_arch] = v * log_g / total
         jac[at, 3 * k + data_arch] = u * log_g / total
         jac[:n_data, 4 * k + 2] = -data_link
+        jac[:n_data, 4 * k + 3] = -d / total
         if packed:
             base = log_rate(w, escape)[mask]
             for column in (4 * k, 4 * k + 1):  # w, escape_weight
@@ -1105,11 +1151,13 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     weights = slice(4 * k, 4 * k + 2)
     if not packed:  # the weights only matter under packed placement
         lower[weights], upper[weights] = theta0[weights] - 1e-9, theta0[weights] + 1e-9
+    if not passive.any():  # no task waited passively: κ stays where it is
+        lower[4 * k + 3], upper[4 * k + 3] = theta0[4 * k + 3] - 1e-9, theta0[4 * k + 3] + 1e-9
     if not link:  # no measured round trip away from the reference: γ stays where it is
-        lower[-1], upper[-1] = theta0[-1] - 1e-9, theta0[-1] + 1e-9
+        lower[4 * k + 2], upper[4 * k + 2] = theta0[4 * k + 2] - 1e-9, theta0[4 * k + 2] + 1e-9
     solution = least_squares(residuals, theta0, jac=jacobian, bounds=(lower, upper), loss="soft_l1",
                              f_scale=_PHYSICAL_LOSS_SCALE)
-    t0, t1, alpha, beta, w, escape, gamma = unpack(solution.x)
+    t0, t1, alpha, beta, w, escape, gamma, kappa = unpack(solution.x)
     solo = SoloTable(
         curves=dict(space.solo.curves), exponents={**space.solo.exponents, **dict(zip(names, map(float, alpha), strict=True))},
         flop_rate=space.solo.flop_rate, default_exponent=space.solo.default_exponent,
@@ -1119,7 +1167,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     return FeatureSpace(space.architectures, space.workloads, solo, space.cores, space.placement,
                         w if packed else space.sharing_weight, escape if packed else space.escape_weight,
                         space.reference_speed_index, space.reference_cross_core_rtt_ns,
-                        gamma if link else space.link_exponent)
+                        gamma if link else space.link_exponent, kappa if packed else space.passive_ratio)
 
 
 def _fit_space(samples: Sequence[ProfiledTask], architectures: tuple[str, ...], workloads: dict[str, ModelWorkload],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from controlplane.planning.predictor import (
     granted_fraction,
     mix_group,
     normalise_speed,
+    passive_wait,
     rmsle,
     sharing_rate,
     slice_labels,
@@ -388,7 +390,8 @@ def test_the_physical_fit_jacobian_is_the_derivative_of_its_residuals(monkeypatc
     # fit_physical hands scipy an analytic Jacobian (about 3 residual evaluations instead of
     # 4k + 3): it must be the residuals' derivative, checked by central differences at the
     # start and at the solution, on 2 packed cores with both placements probed (every
-    # parameter, the sharing weights and γ included, moves some residual).
+    # parameter, the sharing weights, γ and the passive-wait ratio κ included, moves some
+    # residual).
     import scipy.optimize
 
     laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001), "shufflenet_v2_x1_0": (0.025, 0.0008)}
@@ -400,7 +403,8 @@ def test_the_physical_fit_jacobian_is_the_derivative_of_its_residuals(monkeypatc
     enc = replace(enc, rtt=_two_placements(enc, rng))
     truth = FeatureSpace(archs, WORKLOADS, SoloTable(exponents={a: 0.8 for a in archs}, laws=laws,
                                                      overhead_exponents={a: 0.4 for a in archs}),
-                         2, "packed", 0.5, escape_weight=0.2, reference_cross_core_rtt_ns=230.0, link_exponent=0.6)
+                         2, "packed", 0.5, escape_weight=0.2, reference_cross_core_rtt_ns=230.0, link_exponent=0.6,
+                         passive_ratio=0.8)
     measured = np.where(enc.present, truth.slot_arrays(enc)["baseline"] * np.exp(rng.normal(0, 0.05, enc.arch.shape)),
                         np.nan)
     start = replace(truth, solo=SoloTable(exponents={a: 1.0 for a in archs},
@@ -431,3 +435,26 @@ def test_the_physical_fit_jacobian_is_the_derivative_of_its_residuals(monkeypatc
     assert len(seen) == 1 and seen[0].success
     assert fitted_space.link_exponent == pytest.approx(0.6, abs=0.15)  # what the data were made with
     assert fitted_space.sharing_weight == pytest.approx(0.5, abs=0.15)
+    assert fitted_space.passive_ratio == pytest.approx(0.8, abs=0.3)
+    assert fitted_space.spec()["passive_ratio"] == fitted_space.passive_ratio
+
+
+@pytest.mark.parametrize("cores", [2, 3, 4])
+def test_passive_wait_marks_the_trainers_the_cpu_backend_starts_with_a_passive_wait_policy(cores):
+    # The predictor's δ applies exactly where the cpu backend sets OMP_WAIT_POLICY=PASSIVE on a
+    # trainer with several threads: its window overlaps another trainer's.
+    from workers.backends.base import AgentContext
+    from workers.backends.cpu import CpuBackend
+
+    ctx = AgentContext(device="d", cores=list(range(cores)), state_dir=Path("/nonexistent"),
+                       artifact_root=Path("/nonexistent"))
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        shares = [int(rng.choice([10, 25, 40, 50, 60, 75, 90, 100])) for _ in range(int(rng.integers(1, MAX_MIX + 1)))]
+        share = np.zeros((1, MAX_MIX))
+        present = np.zeros((1, MAX_MIX), dtype=bool)
+        share[0, :len(shares)], present[0, :len(shares)] = shares, True
+        resources = CpuBackend().resources_for_shares(shares, "mps", ctx)
+        expected = [r.threads > 1 and r.env.get("OMP_WAIT_POLICY") == "PASSIVE" for r in resources]
+        assert passive_wait(share, present, cores)[0, :len(shares)].tolist() == expected, shares
+        assert not passive_wait(share, present, cores)[0, len(shares):].any()
