@@ -4,7 +4,7 @@ print its held-out accuracy per model family and its speed.
     python benchmarks/predictor.py [--budget 480] [--cores 0,1] [--save sweep.json]
     python benchmarks/predictor.py --load sweep.json      # refit on a saved sweep
 
-Ten real 2-core sweeps are kept in ``benchmarks/sweeps/``, four of them profiled through the
+Eleven real 2-core sweeps are kept in ``benchmarks/sweeps/``, five of them profiled through the
 profilers' fork server (``*-fork-*``) (``--load`` any of them to compare a change to the
 predictor on the same measurements; tests/benchmarks/test_predictor_sweeps.py refits them and
 holds the README's figures).

@@ -1034,7 +1034,8 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     with the operators run per iteration): one per model, each under a prior tying it to
     ``t_0``, scored the same (mean held-out RMSLE of ten 2-core sweeps 0.1313 with a prior
     weight of 3 or 30, 0.1438 at 0.05). Over those ten sweeps the term lowered the mean from
-    0.1349 to 0.1313, most on the 4 s-window sweep of 2026-12-01 (0.1015 → 0.0965).
+    0.1349 to 0.1313, most on the 4 s-window sweep of 2026-12-01 (0.1015 → 0.0965); on an
+    eleventh, measured after on a host whose measurements repeated to 0.075, 0.1119 → 0.1129.
 
     Returns:
         A new :class:`FeatureSpace` whose :class:`SoloTable` has ``laws``, ``exponents`` and

