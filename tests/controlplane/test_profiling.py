@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 from django.core.management import call_command
 
 from controlplane.common.errors import ApplicationError
 from controlplane.dashboard import figures as dashboard_figures
 from controlplane.experiments.models import Assignment, Round, Run
-from controlplane.planning.predictor import MixTask
+from controlplane.planning.predictor import MAX_MIX, MixTask, passive_wait
 from controlplane.profiling import services
 from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 from tests.controlplane.test_api import _queued_control_messages
@@ -174,6 +175,35 @@ def test_a_predictor_fitted_on_probed_links_says_which_placement_it_predicts(mak
     assert re.search(r"predicted at the near placement, a cross-core round trip of\s+230 ns", page)
     call_command("fit_predictor", "--backend", "cpu", "--families", "baseline")
     assert re.search(r"near\s+placement\s+\(cross-core\s+round\s+trip\s+230\s+ns", capsys.readouterr().out)
+
+
+def test_the_predictor_page_and_the_cli_state_the_passive_wait_ratio_when_one_was_seen(make_device, browser_client,
+                                                                                     capsys):
+    # Synthetic samples from the contention law, with every multi-threaded task on shared cores
+    # (those the cpu backend starts with OMP_WAIT_POLICY=PASSIVE) 40 % slower: the fit sees a
+    # passive-wait cost, says so on the page and in `mtfl fit-predictor`; a ratio at its floor
+    # (no such cost seen) is not stated.
+    store_synthetic_samples(make_device("prof-k"), n=60)
+    slowed = 0
+    for sample in ProfileSample.objects.all():
+        share = np.zeros((1, MAX_MIX))
+        present = np.zeros((1, MAX_MIX), dtype=bool)
+        for k, task in enumerate(sample.configuration):
+            share[0, k], present[0, k] = task["active_thread_percentage"], True
+        if passive_wait(share, present, 2)[0, sample.task_index]:
+            ProfileSample.objects.filter(id=sample.id).update(throughput_sps=0.6 * sample.throughput_sps)
+            slowed += 1
+    assert slowed >= 10
+    call_command("fit_predictor", "--backend", "cpu", "--families", "baseline")
+    printed = capsys.readouterr().out
+    predictor = Predictor.objects.get(version=1)
+    kappa = predictor.feature_spec["passive_ratio"]
+    assert kappa > 0.1 and services.predictor_load(predictor).space.passive_ratio == kappa
+    assert re.search(rf"pay\s+{kappa:.2f}\s+of\s+their\s+per-iteration\s+overhead", printed)  # rich may wrap
+    page = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
+    assert re.search(rf"pays {kappa:.2f}\s+of its per-iteration overhead more", page)
+    Predictor.objects.filter(id=predictor.id).update(feature_spec={**predictor.feature_spec, "passive_ratio": 1e-4})
+    assert "passive-wait ratio" not in browser_client.get(f"/predictors/{predictor.id}/").content.decode()
 
 
 def test_fitting_without_samples_says_to_profile_first():

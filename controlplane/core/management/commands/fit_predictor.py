@@ -55,4 +55,8 @@ class Command(BaseCommand):
             gamma = (predictor.feature_spec or {}).get("link_exponent", 0.0)
             console.print(f"tasks alone on several cores predicted at the near placement (cross-core round trip "
                           f"{link:.0f} ns; measured further apart, they ran (rtt / {link:.0f} ns)^-{gamma:.2f} as fast)")
+        kappa = (predictor.feature_spec or {}).get("passive_ratio")
+        if kappa and kappa >= 0.005:  # fitted to its floor (1e-4): no passive-wait cost was seen
+            console.print(f"multi-threaded tasks on shared cores pay {kappa:.2f} of their per-iteration overhead "
+                          "more per iteration (their threads wait passively at barriers)")
         console.print(f"predictor page: /predictors/{predictor.id}/")
