@@ -28,7 +28,9 @@ which is what the fitted predictor predicts and what ``heldout_rmsle`` reports. 
 measurement of a task on 2 or more cores also carries the round trip between its cores
 (``cross_core_rtt_ns``, workers.core_link_probe): the benchmark prints their spread and the
 kept predictor's link exponent (how much a task alone on several cores slows down when the host
-moves them apart; the predictor predicts at the near placement). Last, the kept family's held-out
+moves them apart; the predictor predicts at the near placement) and its passive-wait ratio ``κ``
+(what a multi-threaded task on shared cores pays per iteration, as a fraction of its per-iteration
+overhead ``t_0``). Last, the kept family's held-out
 error by the slice a task ran on (controlplane.planning.predictor.slice_labels: how many cores,
 alone on them or not) beside the repeat noise of the same slices: on 2 cores a 1-thread task
 alone on its core is predicted far better than a 2-thread one.
@@ -272,6 +274,8 @@ def main() -> int:
     if predictor.space.reference_cross_core_rtt_ns:
         print(f"link exponent γ = {predictor.space.link_exponent:.3f}: a task alone on 2+ cores runs at "
               f"(rtt / {predictor.space.reference_cross_core_rtt_ns:.0f} ns)^-γ of its speed at the near placement")
+    print(f"passive-wait ratio κ = {predictor.space.passive_ratio:.3f}: a multi-threaded task on cores other tasks share "
+          f"spends κ·t_0 more per iteration (its threads sleep at every barrier)")
 
     big = resampled(samples, 5000, args.seed)
     t0 = time.perf_counter()
