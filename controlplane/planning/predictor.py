@@ -286,8 +286,8 @@ def _repair_standalone(pts: list[tuple[int, float]]) -> list[tuple[int, float]]:
 class SoloTable:
     """``P_solo(model, B, g)``: a task's throughput alone on the device with a granted fraction
     ``g`` of it — ``P_alone(model, B) · g^α_model`` as built here from the samples, and
-    ``B / (t_0·g^(−β) + t_1·B·g^(−α))`` once :func:`fit_physical` has set the model's law and
-    both exponents (:meth:`lookup`).
+    ``B / (t_0·g^(−β) + t_1·B·g^(−α) + δ)`` once :func:`fit_physical` has set the model's law
+    and both exponents (:meth:`lookup`; ``δ = κ·t_0`` for a task waiting passively, else 0).
 
     ``P_alone`` (``g = 1``) comes from the measured standalone speeds (and 1-task mixes at a
     share granted the whole device); along the batch size it interpolates linearly in
@@ -415,8 +415,13 @@ class SoloTable:
                passive_ratio: float = 0.0) -> np.ndarray:
         """``P_solo`` (samples/s) at arrays of batch sizes and granted fractions ``g``.
 
+        ``passive`` (bool, ``batch``'s shape; ``None``: none) marks the tasks whose threads
+        wait passively (:func:`passive_wait`); each pays ``δ = passive_ratio · t_0`` seconds
+        more per iteration (``passive_ratio`` is ``κ``, :attr:`FeatureSpace.passive_ratio`).
+        Both are ignored for a model without a fitted law.
+
         With a fitted law (:func:`fit_physical`) the two parts of an iteration's time scale
-        with the slice separately, ``P_solo = B / (t_0·g^(−β) + t_1·B·g^(−α))``: the
+        with the slice separately, ``P_solo = B / (t_0·g^(−β) + t_1·B·g^(−α) + δ)``: the
         per-sample work (convolutions over the batch) splits well over a slice's threads, the
         per-iteration overhead (Python, the optimizer's small per-tensor kernels) hardly, so a
         slice's speed-up grows with the batch size — Amdahl's law with a batch-dependent
@@ -1168,7 +1173,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: np.ndarray) -
     return FeatureSpace(space.architectures, space.workloads, solo, space.cores, space.placement,
                         w if packed else space.sharing_weight, escape if packed else space.escape_weight,
                         space.reference_speed_index, space.reference_cross_core_rtt_ns,
-                        gamma if link else space.link_exponent, kappa if packed else space.passive_ratio)
+                        gamma if link else space.link_exponent, kappa if passive.any() else space.passive_ratio)
 
 
 def _fit_space(samples: Sequence[ProfiledTask], architectures: tuple[str, ...], workloads: dict[str, ModelWorkload],

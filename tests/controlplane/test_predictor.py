@@ -388,7 +388,7 @@ def test_a_predictor_fitted_on_probed_links_predicts_at_the_near_placement():
 
 def test_the_physical_fit_jacobian_is_the_derivative_of_its_residuals(monkeypatch):
     # fit_physical hands scipy an analytic Jacobian (about 3 residual evaluations instead of
-    # 4k + 3): it must be the residuals' derivative, checked by central differences at the
+    # 4k + 4): it must be the residuals' derivative, checked by central differences at the
     # start and at the solution, on 2 packed cores with both placements probed (every
     # parameter, the sharing weights, γ and the passive-wait ratio κ included, moves some
     # residual).
@@ -458,3 +458,25 @@ def test_passive_wait_marks_the_trainers_the_cpu_backend_starts_with_a_passive_w
         expected = [r.threads > 1 and r.env.get("OMP_WAIT_POLICY") == "PASSIVE" for r in resources]
         assert passive_wait(share, present, cores)[0, :len(shares)].tolist() == expected, shares
         assert not passive_wait(share, present, cores)[0, len(shares):].any()
+
+
+def test_without_a_task_waiting_passively_the_passive_wait_ratio_is_not_set():
+    # κ is only fitted from tasks that waited passively: with 2-thread tasks only ever alone on
+    # the device (and on a 1-core device, where no task has 2 threads) it stays 0, so no cost
+    # is predicted, stored or stated that no measurement showed.
+    laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001)}
+    archs = tuple(sorted(laws))
+    truth = SoloTable(exponents={a: 0.8 for a in archs}, laws=laws, overhead_exponents={a: 0.4 for a in archs})
+    rng = np.random.default_rng(2)
+    for cores, shares in ((2, (25, 50)), (1, (25, 50, 100))):
+        mixes = [(MixTask(a, b, 100),) for a in archs for b in (16, 64, 256)]
+        mixes += [tuple(MixTask(archs[rng.integers(2)], int(rng.choice([16, 64, 256])), int(rng.choice(shares)))
+                        for _ in range(int(rng.integers(2, 4)))) for _ in range(30)]
+        enc = encode_mixes(mixes, archs)
+        space = FeatureSpace(archs, WORKLOADS, truth, cores, "packed", 0.5, escape_weight=0.2)
+        assert not passive_wait(enc.share, enc.present, cores).any()
+        measured = np.where(enc.present, space.slot_arrays(enc)["baseline"], np.nan)
+        start = replace(space, solo=SoloTable(exponents={a: 1.0 for a in archs},
+                                              laws={a: (2 * t0, 0.5 * t1) for a, (t0, t1) in laws.items()}))
+        fitted = fit_physical(start, enc, measured)
+        assert fitted.passive_ratio == 0.0 and fitted.spec()["passive_ratio"] == 0.0
