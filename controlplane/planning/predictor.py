@@ -225,12 +225,14 @@ def sharing_rate(share: np.ndarray, present: np.ndarray, units: int, placement: 
     return np.where(present, np.clip(rate, 1e-6, 1.0), 1.0)
 
 
-def passive_wait(share: np.ndarray, present: np.ndarray, units: int) -> np.ndarray:
+def passive_wait(share: np.ndarray, present: np.ndarray, units: int,
+                 windows: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """``(rows, slots)`` bool: the tasks that run several intra-op threads on cores another task
     also uses, under ``packed`` placement — those the cpu backend starts with
     ``OMP_WAIT_POLICY=PASSIVE`` (workers.backends.cpu: a trainer whose window overlaps another's),
-    whose threads sleep at every barrier instead of spinning (:func:`slice_throughput`'s ``δ``)."""
-    n_units, covered = packed_windows(share, present, units)
+    whose threads sleep at every barrier instead of spinning (:func:`slice_throughput`'s ``δ``).
+    ``windows``: :func:`packed_windows` of the same arguments, when the caller has it already."""
+    n_units, covered = windows if windows is not None else packed_windows(share, present, units)
     return present & (n_units > 1) & ~alone_on_units(covered)
 
 
@@ -549,14 +551,16 @@ class FeatureSpace:
         params = self._per_arch(lambda a: float(self.workloads[a].params))[enc.arch]
         granted = np.where(present, granted_fraction(enc.share, self.cores), 0.0)
         solo = np.ones(enc.arch.shape)
-        passive = (passive_wait(enc.share, present, self.cores) if self.placement == "packed"
+        # Computed once here: the prediction path of planners, 100,000 configurations a call.
+        windows = packed_windows(enc.share, present, self.cores) if self.placement == "packed" else None
+        passive = (passive_wait(enc.share, present, self.cores, windows) if windows is not None
                    else np.zeros(enc.arch.shape, dtype=bool))
         for i, name in enumerate(self.architectures):
             mask = enc.arch == i
             if mask.any():
                 solo[mask] = self.solo.lookup(name, enc.batch[mask], granted[mask], self.workloads, passive[mask],
                                               getattr(self, "passive_ratio", 0.0))  # getattr: spaces pickled before it existed
-        contention, worst = self.contention(enc.share, present)
+        contention, worst = self.contention(enc.share, present, windows)
         rate = sharing_rate(enc.share, present, self.cores, self.placement, self.sharing_weight,
                             getattr(self, "escape_weight", None))  # getattr: spaces pickled before it existed
         gamma = getattr(self, "link_exponent", 0.0)  # getattr: spaces pickled before it existed
@@ -594,7 +598,8 @@ class FeatureSpace:
         known = (n_units > 1) & alone_on_units(covered) & present & np.isfinite(enc.rtt) & (np.nan_to_num(enc.rtt) > 0)
         return np.where(known, np.log(np.where(known, enc.rtt, reference) / reference), 0.0)
 
-    def contention(self, share: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def contention(self, share: np.ndarray, present: np.ndarray,
+                   windows: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """How many tasks compete for each task's slice: the mean over its units and the most
         on any one of them (its slowest thread sets the pace of each parallel operator), each
         ``(n, MAX_MIX)``, at least 1.
@@ -604,13 +609,14 @@ class FeatureSpace:
         ``packed`` (the cpu backend): each task's ``n_i`` units are a window starting where the
         previous task's ended, modulo the device (workers.backends.cpu.cpu_allocation); on each
         unit count how many tasks' windows cover it — the OS shares a core between the threads
-        pinned to it.
+        pinned to it. ``windows``: :func:`packed_windows` of ``share``, ``present``, when the
+        caller has it already.
         """
         if self.placement == "pooled":
             granted = np.where(present, granted_fraction(share, self.cores), 0.0)
             load = np.broadcast_to(np.maximum(1.0, granted.sum(axis=1, keepdims=True)), share.shape).copy()
             return load, load
-        units, covered = packed_windows(share, present, self.cores)
+        units, covered = windows if windows is not None else packed_windows(share, present, self.cores)
         per_core = covered.sum(axis=1)  # (n, C) tasks on each core
         on_mine = covered * per_core[:, None, :]
         mean = on_mine.sum(axis=2) / np.maximum(units, 1)
