@@ -47,6 +47,7 @@ arrays and answers for all ``n`` configurations in one call.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import defaultdict
@@ -688,6 +689,29 @@ def _make_model(family: str, seed: int):
     raise PredictorError(f"unknown model family {family!r}; allowed: {', '.join(FAMILIES)}")
 
 
+def _one_native_thread(fit: Callable) -> Callable:
+    """Run ``fit`` with BLAS and OpenMP held to one thread each (``threadpoolctl``).
+
+    A predictor is fitted on a few hundred configurations: matrices of a few hundred rows,
+    where native thread pools only add hand-offs, and their threads spin while they wait, so
+    beside any other busy process (another test worker, a profiling sweep, a training run)
+    they fight it for the cores. On a 2-core machine, cross-validating gradient boosting on a
+    kept sweep took 8.0 s alone and did not finish in 280 s beside a 2-thread torch loop; with
+    one thread it took 5.4 s alone and 6.6 s beside the loop. The forests parallelise over
+    trees on joblib's own threads, which this leaves alone. Prediction is not wrapped: it runs
+    on the caller's thread settings.
+    """
+
+    @functools.wraps(fit)
+    def wrapper(*args, **kwargs):
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            return fit(*args, **kwargs)
+
+    return wrapper
+
+
 def _residual(throughput: np.ndarray, baseline: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Learned targets: ``log(P) - log(P_baseline)`` per slot (0 where nothing is measured).
 
@@ -1232,6 +1256,7 @@ def _training_set(samples: Sequence[ProfiledTask], workloads: Mapping[str, Model
     )
 
 
+@_one_native_thread
 def fit_family(
     samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload], *, cores: int, family: str,
     placement: Placement = "pooled", seed: int = 0,
@@ -1246,11 +1271,11 @@ def fit_family(
     ts = _training_set(samples, workloads, cores, placement)
     model = None
     if family != "baseline":
-        model = _make_model(family, seed)
-        model.fit(ts.X, ts.target)
+        model = _make_model(family, seed).fit(ts.X, ts.target)
     return ThroughputPredictor(family, ts.space, model, ts.memory)
 
 
+@_one_native_thread
 def fit_predictor(
     samples: Sequence[ProfiledTask],
     workloads: Mapping[str, ModelWorkload],
@@ -1325,8 +1350,8 @@ def fit_predictor(
                 if family == "baseline":
                     pred[p, test] = baseline[test]
                     continue
-                model = _make_model(family, seed)
-                model.fit(X[train], _residual(np.nan_to_num(ts.measured[train]), baseline[train], mask[train]))
+                residual = _residual(np.nan_to_num(ts.measured[train]), baseline[train], mask[train])
+                model = _make_model(family, seed).fit(X[train], residual)
                 pred[p, test] = _unresidual(np.asarray(model.predict(X[test])).reshape(len(test), MAX_MIX), baseline[test])
         pred = np.clip(pred, 1e-9, None)
         every = np.broadcast_to(mask, measured.shape)
@@ -1345,8 +1370,7 @@ def fit_predictor(
     say(f"refitting {kept} on all {len(ts.mixes)} configurations")
     model = None
     if kept != "baseline":
-        model = _make_model(kept, seed)
-        model.fit(ts.X, target)
+        model = _make_model(kept, seed).fit(ts.X, target)
     predictor = ThroughputPredictor(kept, ts.space, model, ts.memory)
     pred = heldout_by_family[kept]
     canonical_arch = np.take_along_axis(ts.enc.arch, ts.order, axis=1)

@@ -480,3 +480,28 @@ def test_without_a_task_waiting_passively_the_passive_wait_ratio_is_not_set():
                                               laws={a: (2 * t0, 0.5 * t1) for a, (t0, t1) in laws.items()}))
         fitted = fit_physical(start, enc, measured)
         assert fitted.passive_ratio == 0.0 and fitted.spec()["passive_ratio"] == 0.0
+
+
+def test_fitting_holds_native_thread_pools_to_one_thread_and_gives_them_back(monkeypatch):
+    # Gradient boosting's OpenMP threads spin while they wait: beside another busy process on
+    # a 2-core machine one cross-validation ran past 280 s instead of 8 s. Fitting holds BLAS
+    # and OpenMP to one thread; the caller's settings come back afterwards.
+    from sklearn.ensemble import ExtraTreesRegressor
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import controlplane.planning.predictor as predictor_module
+
+    seen = []
+
+    class Recording(ExtraTreesRegressor):
+        def fit(self, X, y):
+            seen.append([pool["num_threads"] for pool in threadpool_info()])
+            return super().fit(X, y)
+
+    monkeypatch.setattr(predictor_module, "_make_model", lambda family, seed: Recording(n_estimators=5, random_state=seed))
+    with threadpool_limits(limits=2):  # the caller's setting, 2 even on a 1-core machine
+        fit_predictor(synthetic(40), WORKLOADS, cores=100, families=("extra_trees",), folds=2, partitions=1)
+        after = [pool["num_threads"] for pool in threadpool_info()]
+    assert len(seen) == 3  # 2 folds and the refit on everything
+    assert seen[0] and all(threads == [1] * len(seen[0]) for threads in seen)
+    assert after == [2] * len(after)
