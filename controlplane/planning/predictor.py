@@ -47,7 +47,6 @@ arrays and answers for all ``n`` configurations in one call.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections import defaultdict
@@ -56,6 +55,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 Placement = Literal["pooled", "packed"]
 
@@ -689,27 +689,14 @@ def _make_model(family: str, seed: int):
     raise PredictorError(f"unknown model family {family!r}; allowed: {', '.join(FAMILIES)}")
 
 
-def _one_native_thread(fit: Callable) -> Callable:
-    """Run ``fit`` with BLAS and OpenMP held to one thread each (``threadpoolctl``).
-
-    A predictor is fitted on a few hundred configurations: matrices of a few hundred rows,
-    where native thread pools only add hand-offs, and their threads spin while they wait, so
-    beside any other busy process (another test worker, a profiling sweep, a training run)
-    they fight it for the cores. On a 2-core machine, cross-validating gradient boosting on a
-    kept sweep took 8.0 s alone and did not finish in 280 s beside a 2-thread torch loop; with
-    one thread it took 5.4 s alone and 6.6 s beside the loop. The forests parallelise over
-    trees on joblib's own threads, which this leaves alone. Prediction is not wrapped: it runs
-    on the caller's thread settings.
-    """
-
-    @functools.wraps(fit)
-    def wrapper(*args, **kwargs):
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=1):
-            return fit(*args, **kwargs)
-
-    return wrapper
+# Fitting runs with BLAS and OpenMP held to one thread each. A predictor is fitted on a few
+# hundred configurations, where native thread pools only add hand-offs, and their threads spin
+# while they wait, so beside any other busy process (another test worker, a profiling sweep, a
+# training run) they fight it for the cores: on a 2-core machine, cross-validating gradient
+# boosting on a kept sweep took 8.0 s alone and did not finish in 280 s beside a 2-thread torch
+# loop; with one thread, 5.4 s alone and 6.6 s beside the loop. The forests parallelise over
+# trees on joblib's own threads, which this leaves alone; prediction keeps the caller's settings.
+_one_native_thread = threadpool_limits.wrap(limits=1)
 
 
 def _residual(throughput: np.ndarray, baseline: np.ndarray, mask: np.ndarray) -> np.ndarray:
