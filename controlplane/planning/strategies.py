@@ -18,9 +18,11 @@ so ``I`` counts only the tasks that run on that device.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from controlplane.planning.planner import PLANNERS, PlannerContext
-from controlplane.planning.types import Plan, PlannedAssignment, PlanningError, PlanningInput
+from controlplane.planning.types import Partitioning, Plan, PlannedAssignment, PlanningError, PlanningInput
+from workers.registry.base import Registry, UnknownEntryError
 
 BASELINE_BATCH_SIZE = 128
 """The paper evaluates every baseline at batch size 128 (Yu et al. 2022, §5)."""
@@ -131,6 +133,111 @@ def plan_manual(spec: PlanningInput, *, entries: Iterable[Mapping[str, int]]) ->
     return Plan(strategy="manual", partitioning="mps", assignments=tuple(assignments))
 
 
+@dataclass(frozen=True)
+class StrategyContext:
+    """What a strategy's plan function may use besides the experiment.
+
+    Attributes:
+        planner: predictors, models and memory for strategies with ``needs_predictor``.
+        manual_entries: the researcher's plan, for strategies with ``takes_plan``.
+    """
+
+    planner: PlannerContext | None = None
+    manual_entries: Iterable[Mapping[str, int]] | None = None
+
+
+PlanFunction = Callable[[PlanningInput, StrategyContext], Plan]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One allocation strategy: everything the services, API, dashboard and CLI ask about it.
+
+    Attributes:
+        name: the name stored on a run and accepted by the API (``"vres_sync"``).
+        label: one line for forms and legends.
+        partitioning: ``"timeslice"`` (no partitioning; the device is time-sliced) or ``"mps"``
+            (each task gets its ``active_thread_percentage``).
+        plan: ``(PlanningInput, StrategyContext) -> Plan``; raises
+            :class:`~controlplane.planning.types.PlanningError`.
+        needs_predictor: plans with a fitted throughput predictor (``ctx.planner``); such a
+            strategy also takes planner options (objective, slack).
+        baseline: the reference that speedups are taken against (exactly one strategy).
+        compared: run by a comparison (``run_compare``), in registration order.
+        takes_plan: the plan comes from the request (``manual``) rather than being computed.
+    """
+
+    name: str
+    label: str
+    partitioning: Partitioning
+    plan: PlanFunction
+    needs_predictor: bool = False
+    baseline: bool = False
+    compared: bool = True
+    takes_plan: bool = False
+
+
+STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy", "mtfl.strategies", Strategy)
+"""Every strategy a run may use; plug-ins register in the ``mtfl.strategies`` entry-point group."""
+
+
+def _planned(name: str) -> PlanFunction:
+    def plan(spec: PlanningInput, ctx: StrategyContext) -> Plan:
+        if ctx.planner is None:
+            raise PlanningError(f"strategy {name!r} needs a fitted throughput predictor", field="strategy")
+        return PLANNERS[name](spec, ctx.planner)
+
+    return plan
+
+
+def _manual(spec: PlanningInput, ctx: StrategyContext) -> Plan:
+    if ctx.manual_entries is None:
+        raise PlanningError("strategy 'manual' needs a plan", field="plan")
+    return plan_manual(spec, entries=ctx.manual_entries)
+
+
+for _strategy in (
+    Strategy("temporal", "temporal — time slicing, the speedups' baseline", "timeslice",
+             lambda spec, _ctx: plan_temporal(spec), baseline=True),
+    Strategy("isolation", "isolation — each of I tasks gets 100/I %", "mps", lambda spec, _ctx: plan_isolation(spec)),
+    Strategy("sharing", "sharing — every task gets 100 % and competes", "mps", lambda spec, _ctx: plan_sharing(spec)),
+    Strategy("vres_greedy", "vres_greedy — the paper's planner (needs a predictor)", "mps", _planned("vres_greedy"),
+             needs_predictor=True),
+    Strategy("vres_sync", "vres_sync — plans the round time (needs a predictor)", "mps", _planned("vres_sync"),
+             needs_predictor=True),
+    Strategy("manual", "manual — your own batch sizes and shares", "mps", _manual, compared=False, takes_plan=True),
+):
+    STRATEGY_REGISTRY.register(_strategy)
+
+
+def get_strategy(name: str, *, field: str = "strategy") -> Strategy:
+    """The registered strategy ``name``.
+
+    Raises:
+        PlanningError: no such strategy (``field`` names the request field; the message lists
+            the allowed names).
+    """
+    try:
+        return STRATEGY_REGISTRY.get(name, field=field)
+    except UnknownEntryError as exc:
+        raise PlanningError(str(exc), field=field) from None
+
+
+def baseline_strategy() -> Strategy:
+    """The strategy speedups are taken against (``temporal`` among the built-ins)."""
+    return next(s for s in STRATEGY_REGISTRY if s.baseline)
+
+
+def compared_strategies() -> tuple[str, ...]:
+    """The strategies a comparison runs, in order: the paper's baselines, then the planners."""
+    return tuple(s.name for s in STRATEGY_REGISTRY if s.compared)
+
+
+def planned_strategies() -> tuple[str, ...]:
+    """The predictor-driven strategies (``vres_greedy``, ``vres_sync`` among the built-ins)."""
+    return tuple(s.name for s in STRATEGY_REGISTRY if s.needs_predictor)
+
+
 BASELINES: dict[str, Callable[[PlanningInput], Plan]] = {
     "temporal": plan_temporal,
     "isolation": plan_isolation,
@@ -145,7 +252,7 @@ COMPARED: tuple[str, ...] = (*BASELINES, *PLANNED)
 """The strategies a comparison runs, in order: the paper's baselines, then the planners."""
 
 STRATEGIES: tuple[str, ...] = (*COMPARED, "manual")
-"""Every strategy a run may use."""
+"""Every built-in strategy (callers should ask :data:`STRATEGY_REGISTRY`, which has plug-ins too)."""
 
 
 def make_plan(
@@ -158,27 +265,20 @@ def make_plan(
     """Plan one round with the named strategy.
 
     Args:
-        planner: what ``vres_greedy`` and ``vres_sync`` need (predictors, models, memory).
+        planner: what strategies with ``needs_predictor`` need (predictors, models, memory).
 
     Raises:
         PlanningError: unknown strategy (``field="strategy"``), a device with no data at all,
-            an invalid manual plan, a planned strategy without a planner context, or any error
-            of :mod:`controlplane.planning.planner`.
+            a plan given to a strategy that computes its own or missing for one that takes it,
+            a planned strategy without a planner context, or any error of the strategy's plan
+            function.
     """
-    if strategy not in STRATEGIES:
-        raise PlanningError(
-            f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}", field="strategy"
-        )
+    record = get_strategy(strategy)
     if not spec.device_ids or not spec.task_ids:
         raise PlanningError("the experiment needs at least one device and one task", field="devices")
-    if strategy == "manual":
-        if manual_entries is None:
-            raise PlanningError("strategy 'manual' needs a plan", field="plan")
-        return plan_manual(spec, entries=manual_entries)
-    if manual_entries is not None:
+    if manual_entries is not None and not record.takes_plan:
         raise PlanningError(f"strategy {strategy!r} takes no plan; use 'manual'", field="plan")
-    if strategy in PLANNERS:
-        if planner is None:
-            raise PlanningError(f"strategy {strategy!r} needs a fitted throughput predictor", field="strategy")
-        return PLANNERS[strategy](spec, planner)
-    return BASELINES[strategy](spec)
+    plan = record.plan(spec, StrategyContext(planner=planner, manual_entries=manual_entries))
+    if plan.strategy != record.name or plan.partitioning != record.partitioning:
+        plan = replace(plan, strategy=record.name, partitioning=record.partitioning)
+    return plan
