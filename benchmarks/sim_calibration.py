@@ -2,7 +2,7 @@
 
     python benchmarks/sim_calibration.py [--data DIR] [--fit]
 
-Reference: ``reference-data/parvagpu-a100`` (ParvaGPU, SC'24, MIT licence): inference of
+Reference: ``benchmarks/reference-data/parvagpu-a100`` (ParvaGPU, SC'24, MIT licence): inference of
 torchvision models on an A100 80GB, in MIG instances of 1, 2, 3, 4 and 7 GPCs, with 1 to 5
 identical processes per instance under MPS (each at the MPS default, 100 % of the instance).
 Throughput there is per process. The four models also in the zoo are compared: resnet50,
@@ -62,7 +62,8 @@ PAPER_MIXES = {
 
 
 def default_data() -> Path:
-    return Path(__file__).resolve().parents[2] / "shared" / "reference-data" / "parvagpu-a100"
+    """The vendored ParvaGPU profiles (``benchmarks/reference-data/parvagpu-a100``)."""
+    return Path(__file__).resolve().parent / "reference-data" / "parvagpu-a100"
 
 
 def load(data: Path) -> dict[str, dict[tuple[int, int, int], float]]:

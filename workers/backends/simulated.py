@@ -12,15 +12,15 @@ The device is a :class:`DeviceSpec`, chosen by name with ``MTFL_SIM_DEVICE`` (de
 ``titan-v``, the paper's GPU) when the backend is created; ``MTFL_SIM_TIME_SCALE`` (default 0)
 makes a round sleep ``scale ×`` its simulated seconds, for watching a run unfold live.
 
-The model's shape was checked against real A100 measurements, ``reference-data/parvagpu-a100``
-(inference of torchvision models under MIG slices with 1-5 identical MPS processes): with the
-constants below, RMSLE 0.11 of the per-process throughput over 622 configurations, 0.07 of the
-co-location shape ``P_k / P_1``, and the same trends (throughput grows with the batch and
-saturates; per-process throughput falls as processes are added; ``k`` processes together get
-between 1× and ``k``× one). On the paper's Titan V mixes it gives 1.8-2.5× over time slicing
-for the best shares (the paper: 2.16-2.38×). ``python benchmarks/sim_calibration.py`` prints
-the comparison (``--fit`` redoes the search). Where a constant is an assumption rather than a
-fit, its comment says so.
+The model's shape was checked against real A100 measurements,
+``benchmarks/reference-data/parvagpu-a100`` (inference of torchvision models under MIG slices
+with 1-5 identical MPS processes): with the constants below, RMSLE 0.11 of the per-process
+throughput over 622 configurations, 0.07 of the co-location shape ``P_k / P_1``, and the same
+trends (throughput grows with the batch and saturates; per-process throughput falls as processes
+are added; ``k`` processes together get between 1× and ``k``× one). On the paper's Titan V mixes
+it gives 1.8-2.5× over time slicing for the best shares (the paper: 2.16-2.38×). ``python
+benchmarks/sim_calibration.py`` prints the comparison (``--fit`` redoes the search). Where a
+constant is an assumption rather than a fit, its comment says so.
 """
 
 from __future__ import annotations
@@ -468,7 +468,7 @@ def simulate_throughput(
         inference: model a forward pass instead of a training step (one kernel per layer,
             parameters read once and held once, only two layers' activations live; the
             caller passes forward FLOPs): for checking the shape against inference
-            measurements such as ``reference-data/parvagpu-a100``.
+            measurements such as ``benchmarks/reference-data/parvagpu-a100``.
 
     Returns:
         A :class:`MixPrediction`.
