@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 from tests.benchmarks import BENCHMARKS, load_benchmark
 
