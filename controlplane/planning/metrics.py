@@ -1,21 +1,64 @@
-"""Throughput metrics of multi-task FL (docs/DESIGN.md §1; Yu et al. 2022, §5 and footnote 1).
+"""Throughput metrics of multi-task FL: the only place they are computed.
 
-All throughputs are in samples per second (``sps``), times in seconds.
+Recording a round (``round_finish``), the dashboard's tables and figures and the benchmarks all
+call this module, so a number means the same wherever it is shown. Pure Python: no Django, no
+NumPy needed.
+
+Formulas (Yu et al. 2022, "Powering Multi-Task Federated Learning with Competitive GPU Resource
+Sharing", §5 and footnote 1; ``docs/DESIGN.md`` §1). For device ``j`` in one round, with ``P_ij``
+the measured steady-state throughput of task ``i`` and ``P_ij^alone`` the same task alone on the
+whole device at the same batch size:
+
+* raw throughput ``T_j = Σ_i P_ij`` (samples/s);
+* fair throughput ``T_f,j = Σ_i P_ij / P_ij^alone`` (dimensionless: ``1`` means the tasks together
+  got as much done as one of them alone, ``I`` means no slowdown at all);
+* round time: from the first trainer's start to the last trainer's end over the devices that
+  count (seconds);
+* FL throughput: samples trained in the round by the devices that count / round time;
+* a device's compute time: its first trainer's start to its last one's end; its idle time: the
+  round time minus its compute time (the wait for the slowest device);
+* a task's throughput in a round: ``Σ_j P_ij`` over the devices that count;
+* a round's raw and fair throughput: the mean over the devices that count; a run's: the mean
+  over its rounds (a round with no device that counts has none and adds nothing);
+* speedup: a strategy's metric over the baseline strategy's (``baseline`` in the strategy
+  registry, :func:`controlplane.planning.strategies.baseline_strategy`) on the same experiment:
+  inside a device, the mean over rounds of the device's metric over the baseline's mean on that
+  device; per round, the mean over devices of the ratio in that round.
+
+**The one rule for failed and partial devices.** A device *counts* in a round when its round
+succeeded: the device reported no failure and every one of its assignments succeeded (the same
+devices whose weights enter FedAvg). A device that does not count contributes nothing: not to raw
+or fair throughput (even tasks that finished before the failure), not to the round time, not to
+the samples trained, and it has no compute or idle time. A partial round (some devices count)
+reports its metrics over the devices that count, and a run's means include it; a failed round
+(no device counts) reports no metrics (``None``) and 0 samples. Among the devices that count:
+raw throughput sums the tasks with a measured throughput (``None`` when none was measured); fair
+throughput needs every task measured with a positive standalone throughput, else that device's
+fair throughput is ``None`` and the round's is the mean over the devices that have one.
+
+Throughputs are in samples per second (``sps``), times in seconds, timestamps in Unix seconds.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+METRICS = ("raw", "fair")
+"""The throughput metrics speedups are taken of: raw ``Σ P`` and fair ``Σ P / P^alone``."""
 
 
 def raw_throughput(throughputs_sps: Iterable[float]) -> float:
-    """Raw throughput of one device, ``T = Σ_i P_i`` (samples/s summed over its tasks)."""
+    """Raw throughput of one device, ``T = Σ_i P_i`` (samples/s summed over its tasks;
+    Yu et al. 2022, §5)."""
     return float(sum(throughputs_sps))
 
 
 def fair_throughput(throughputs_sps: Sequence[float], standalone_sps: Sequence[float]) -> float:
-    """Fair throughput of one device, ``T_f = Σ_i P_i / P_i^alone``.
+    """Fair throughput of one device, ``T_f = Σ_i P_i / P_i^alone`` (Yu et al. 2022, footnote 1).
 
     ``P_i^alone`` is task ``i`` alone on the whole device at the same batch size. 1.0 means the
     tasks together got as much done as one of them alone would; ``I`` means no slowdown at all.
@@ -34,7 +77,7 @@ def fair_throughput(throughputs_sps: Sequence[float], standalone_sps: Sequence[f
 
 
 def speedup(value: float | None, baseline: float | None) -> float | None:
-    """``value / baseline`` (e.g. a strategy's throughput over ``temporal``'s); ``None`` when
+    """``value / baseline`` (a strategy's metric over the baseline strategy's); ``None`` when
     either is missing or the baseline is not positive."""
     if value is None or baseline is None or not baseline > 0:
         return None
@@ -45,7 +88,7 @@ def round_time(spans: Iterable[tuple[float, float]]) -> float | None:
     """Round (synchronisation cycle) time: from the first trainer's start to the last one's end.
 
     Args:
-        spans: ``(started_at, finished_at)`` of every assignment of the round, Unix seconds.
+        spans: ``(started_at, finished_at)`` of every assignment that counts, Unix seconds.
 
     Returns:
         ``max(finished_at) - min(started_at)`` in seconds, or ``None`` with no spans.
@@ -57,7 +100,8 @@ def round_time(spans: Iterable[tuple[float, float]]) -> float | None:
 
 
 def fl_throughput(samples_trained: int, round_time_s: float | None) -> float | None:
-    """FL throughput of a round: samples trained in the round / round time (samples/s)."""
+    """FL throughput of a round: samples trained in the round / round time (samples/s);
+    ``None`` without a positive round time."""
     if round_time_s is None or not round_time_s > 0:
         return None
     return samples_trained / round_time_s
@@ -67,3 +111,351 @@ def mean_or_none(values: Iterable[float | None]) -> float | None:
     """Mean of the values that are not ``None``; ``None`` if there are none."""
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
+
+
+# ------------------------------------------------------------------------------ one round
+
+
+@dataclass(frozen=True)
+class TaskMeasurement:
+    """One assignment's outcome: one task on one device in one round.
+
+    Attributes:
+        succeeded: the assignment's status is ``succeeded``.
+        samples_trained: samples the trainer went through.
+        throughput_sps: measured steady-state throughput, or ``None``.
+        standalone_sps: the task alone on the whole device at the same batch size, or ``None``.
+        started_at, finished_at: the trainer's span, Unix seconds (``None`` when unknown).
+    """
+
+    succeeded: bool
+    samples_trained: int = 0
+    throughput_sps: float | None = None
+    standalone_sps: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True)
+class DeviceTotals:
+    """What the metrics need of one device in one round: counts, sums and extremes of its
+    assignments. A database can compute these (``COUNT``, ``SUM``, ``MIN``, ``MAX``) so the
+    rows never leave it; :meth:`from_tasks` computes them from per-task measurements.
+
+    Attributes:
+        tasks: assignments of the device in the round.
+        failed_tasks: of them, those that did not succeed.
+        device_failed: the device reported its round failed.
+        measured: assignments with a measured throughput.
+        with_standalone: of those, the ones with a positive standalone throughput.
+        raw_sps: ``Σ P`` over the measured assignments (``None`` when none).
+        fair: ``Σ P / P^alone`` over the assignments with both (``None`` when none).
+        samples_trained: samples trained by all its assignments.
+        started_at, finished_at: first start and last end over its assignments with both
+            timestamps, Unix seconds (``None`` when none).
+    """
+
+    tasks: int
+    failed_tasks: int = 0
+    device_failed: bool = False
+    measured: int = 0
+    with_standalone: int = 0
+    raw_sps: float | None = None
+    fair: float | None = None
+    samples_trained: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @classmethod
+    def from_tasks(cls, tasks: Iterable[TaskMeasurement], *, device_failed: bool = False) -> DeviceTotals:
+        """The totals of one device's assignments in a round.
+
+        Raises:
+            ValueError: a standalone throughput that is positive but not finite.
+        """
+        tasks = list(tasks)
+        measured = [t.throughput_sps for t in tasks if t.throughput_sps is not None]
+        pairs = [(t.throughput_sps, t.standalone_sps) for t in tasks
+                 if t.throughput_sps is not None and t.standalone_sps is not None and t.standalone_sps > 0]
+        spans = [(t.started_at, t.finished_at) for t in tasks if t.started_at is not None and t.finished_at is not None]
+        return cls(
+            tasks=len(tasks),
+            failed_tasks=sum(not t.succeeded for t in tasks),
+            device_failed=device_failed,
+            measured=len(measured),
+            with_standalone=len(pairs),
+            raw_sps=raw_throughput(measured) if measured else None,
+            fair=fair_throughput([p for p, _ in pairs], [a for _, a in pairs]) if pairs else None,
+            samples_trained=sum(t.samples_trained for t in tasks),
+            started_at=min(s for s, _ in spans) if spans else None,
+            finished_at=max(e for _, e in spans) if spans else None,
+        )
+
+    @property
+    def counts(self) -> bool:
+        """Whether the device counts in the round (module docstring: the one rule)."""
+        return self.tasks > 0 and self.failed_tasks == 0 and not self.device_failed
+
+
+@dataclass(frozen=True)
+class DeviceMetrics:
+    """One device's metrics in one round (all ``None`` when it does not count).
+
+    Attributes:
+        counts: the device's round succeeded (module docstring).
+        raw_throughput_sps: ``Σ_i P_ij``, samples/s.
+        fair_throughput: ``Σ_i P_ij / P_ij^alone``.
+        samples_trained: samples its tasks trained (0 when it does not count).
+        compute_s: its first trainer's start to its last one's end, seconds.
+        idle_s: round time minus ``compute_s``: the wait for the slowest device, seconds.
+    """
+
+    counts: bool
+    raw_throughput_sps: float | None = None
+    fair_throughput: float | None = None
+    samples_trained: int = 0
+    compute_s: float | None = None
+    idle_s: float | None = None
+
+    def get(self, metric: str) -> float | None:
+        """The ``raw`` or ``fair`` throughput (:data:`METRICS`).
+
+        Raises:
+            ValueError: another metric name.
+        """
+        if metric == "raw":
+            return self.raw_throughput_sps
+        if metric == "fair":
+            return self.fair_throughput
+        raise ValueError(f"metric: {metric!r} is not allowed; allowed: {', '.join(METRICS)}")
+
+
+@dataclass(frozen=True)
+class RoundMetrics:
+    """One round's metrics (module docstring). Field names match the stored ``Round`` columns.
+
+    Attributes:
+        round_time_s: first start to last end over the devices that count, seconds.
+        samples_trained: samples trained by the devices that count.
+        fl_throughput_sps: ``samples_trained / round_time_s``.
+        raw_throughput_sps: mean over the devices that count of ``Σ_i P_ij``.
+        fair_throughput: mean over the devices that count and have one of ``Σ_i P_ij / P_ij^alone``.
+        devices: every device's :class:`DeviceMetrics`, by name.
+    """
+
+    round_time_s: float | None
+    samples_trained: int
+    fl_throughput_sps: float | None
+    raw_throughput_sps: float | None
+    fair_throughput: float | None
+    devices: Mapping[str, DeviceMetrics] = field(default_factory=dict)
+
+    @property
+    def counted(self) -> tuple[str, ...]:
+        """Names of the devices that count, in name order."""
+        return tuple(sorted(d for d, m in self.devices.items() if m.counts))
+
+
+def round_metrics(devices: Mapping[str, DeviceTotals]) -> RoundMetrics:
+    """The metrics of one round from each device's totals (module docstring: formulas and the
+    one rule for failed and partial devices).
+
+    Args:
+        devices: ``{device name: DeviceTotals}`` for every device planned in the round.
+
+    Returns:
+        The round's :class:`RoundMetrics`, with each device's metrics.
+    """
+    counted = {name: t for name, t in devices.items() if t.counts}
+    spans = [(t.started_at, t.finished_at) for t in counted.values()
+             if t.started_at is not None and t.finished_at is not None]
+    time_s = round_time(spans)
+    first = min((s for s, _ in spans), default=None)
+    last = max((e for _, e in spans), default=None)
+    per_device: dict[str, DeviceMetrics] = {}
+    for name, t in devices.items():
+        if not t.counts:
+            per_device[name] = DeviceMetrics(counts=False)
+            continue
+        compute = (t.finished_at - t.started_at) if t.started_at is not None and t.finished_at is not None else None
+        idle = None
+        if compute is not None and first is not None and last is not None:
+            idle = (last - first) - compute
+        per_device[name] = DeviceMetrics(
+            counts=True,
+            raw_throughput_sps=t.raw_sps if t.measured else None,
+            fair_throughput=t.fair if t.tasks == t.measured == t.with_standalone else None,
+            samples_trained=t.samples_trained,
+            compute_s=compute,
+            idle_s=idle,
+        )
+    samples = sum(t.samples_trained for t in counted.values())
+    return RoundMetrics(
+        round_time_s=time_s,
+        samples_trained=samples,
+        fl_throughput_sps=fl_throughput(samples, time_s),
+        raw_throughput_sps=mean_or_none(m.raw_throughput_sps for m in per_device.values()),
+        fair_throughput=mean_or_none(m.fair_throughput for m in per_device.values()),
+        devices=per_device,
+    )
+
+
+# ------------------------------------------------------------------------------ one run
+
+
+class RoundSummary(Protocol):
+    """Anything with a round's stored metrics: a :class:`RoundMetrics` or a ``Round`` row."""
+
+    @property
+    def raw_throughput_sps(self) -> float | None: ...
+
+    @property
+    def fair_throughput(self) -> float | None: ...
+
+    @property
+    def fl_throughput_sps(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """A run's metrics: the means over its rounds (a round without a value adds nothing)."""
+
+    raw_throughput_sps: float | None
+    fair_throughput: float | None
+    fl_throughput_sps: float | None
+
+
+def run_metrics(rounds: Iterable[RoundSummary]) -> RunMetrics:
+    """A run's raw, fair and FL throughput: each the mean over the rounds that have it.
+
+    Args:
+        rounds: the run's rounds (partial ones included; a failed round has no metrics, so
+            passing it changes nothing).
+    """
+    rounds = list(rounds)
+    return RunMetrics(
+        raw_throughput_sps=mean_or_none(r.raw_throughput_sps for r in rounds),
+        fair_throughput=mean_or_none(r.fair_throughput for r in rounds),
+        fl_throughput_sps=mean_or_none(r.fl_throughput_sps for r in rounds),
+    )
+
+
+# ------------------------------------------------------------------------------ comparisons
+
+
+DeviceRoundKey = tuple[str, str, int]
+"""``(strategy, device, round index)``."""
+
+Speedups = dict[str, dict[str, dict[str, dict[Any, float]]]]
+"""``{"per_device" | "per_round": {metric: {strategy: {device name | round index: speedup}}}}``."""
+
+
+def comparison_speedups(
+    device_rounds: Mapping[DeviceRoundKey, DeviceMetrics], strategies: Sequence[str], *, baseline: str
+) -> Speedups:
+    """Raw and fair speedups over the baseline strategy, inside each device and per round
+    (Yu et al. 2022, Figs. 4 and 5).
+
+    Args:
+        device_rounds: each device's metrics per ``(strategy, device, round index)``.
+        strategies: the strategies to report, in display order.
+        baseline: the strategy speedups are taken against (the registry's baseline).
+
+    Returns:
+        ``{"per_device": {metric: {strategy: {device: speedup}}}, "per_round": {metric:
+        {strategy: {round: speedup}}}}``, metric in :data:`METRICS`: per device, the mean over
+        rounds of the device's metric over the baseline's mean on that device; per round, the
+        mean over devices of the device's metric over the baseline's on that device in that
+        round. Entries without a metric or a positive baseline are left out; devices that do
+        not count have no metric.
+    """
+    devices = sorted({d for _, d, _ in device_rounds})
+    rounds = sorted({r for _, _, r in device_rounds})
+    missing = DeviceMetrics(counts=False)
+
+    def value(s: str, d: str, r: int, metric: str) -> float | None:
+        return device_rounds.get((s, d, r), missing).get(metric)
+
+    out: Speedups = {"per_device": {}, "per_round": {}}
+    for metric in METRICS:
+        per_device: dict[str, dict[Any, float]] = {}
+        per_round: dict[str, dict[Any, float]] = {}
+        for s in strategies:
+            per_device[s] = {}
+            for d in devices:
+                ratio = speedup(mean_or_none(value(s, d, r, metric) for r in rounds),
+                                mean_or_none(value(baseline, d, r, metric) for r in rounds))
+                if ratio is not None:
+                    per_device[s][d] = ratio
+            per_round[s] = {}
+            for r in rounds:
+                mean = mean_or_none(speedup(value(s, d, r, metric), value(baseline, d, r, metric)) for d in devices)
+                if mean is not None:
+                    per_round[s][r] = mean
+        out["per_device"][metric] = per_device
+        out["per_round"][metric] = per_round
+    return out
+
+
+def time_split(rounds: Mapping[tuple[str, int], RoundMetrics]) -> dict[tuple[str, str], tuple[float, float]]:
+    """Each strategy's and device's mean compute and idle time over rounds (seconds).
+
+    Args:
+        rounds: :class:`RoundMetrics` per ``(strategy, round index)``.
+
+    Returns:
+        ``{(strategy, device): (mean compute_s, mean idle_s)}`` for devices that counted in at
+        least one round with known times.
+    """
+    compute: dict[tuple[str, str], list[float]] = defaultdict(list)
+    idle: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for (strategy, _index), m in rounds.items():
+        for device, d in m.devices.items():
+            if d.compute_s is not None and d.idle_s is not None:
+                compute[(strategy, device)].append(d.compute_s)
+                idle[(strategy, device)].append(d.idle_s)
+    return {key: (sum(c) / len(c), sum(idle[key]) / len(idle[key])) for key, c in compute.items()}
+
+
+def comparison_from_assignments(
+    rows: Iterable[Mapping[str, Any]], strategies: Sequence[str], *, baseline: str
+) -> tuple[Speedups, dict[tuple[str, str], tuple[float, float]]]:
+    """Speedups and the compute/idle split from per-assignment rows (no database at hand:
+    reports, tests, benchmarks).
+
+    Args:
+        rows: ``{"strategy", "device", "round_index", "status", "samples_trained",
+            "throughput_sps", "standalone_throughput_sps", "started_at", "finished_at"}`` per
+            assignment (timestamps Unix seconds or timezone-aware datetimes; ``status`` other
+            than ``"succeeded"`` fails the device's round; missing keys read as unknown).
+        strategies, baseline: as :func:`comparison_speedups`.
+
+    Returns:
+        ``(comparison_speedups(...), time_split(...))``.
+    """
+    grouped: dict[tuple[str, int], dict[str, list[TaskMeasurement]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        grouped[(row["strategy"], row["round_index"])][row["device"]].append(TaskMeasurement(
+            succeeded=row.get("status", "succeeded") == "succeeded",
+            samples_trained=row.get("samples_trained") or 0,
+            throughput_sps=row.get("throughput_sps"),
+            standalone_sps=row.get("standalone_throughput_sps"),
+            started_at=_seconds(row.get("started_at")),
+            finished_at=_seconds(row.get("finished_at")),
+        ))
+    per_round = {key: round_metrics({d: DeviceTotals.from_tasks(t) for d, t in by_device.items()})
+                 for key, by_device in grouped.items()}
+    device_rounds = {(s, d, r): m for (s, r), rm in per_round.items() for d, m in rm.devices.items()}
+    return comparison_speedups(device_rounds, strategies, baseline=baseline), time_split(per_round)
+
+
+def _seconds(value: object) -> float | None:
+    """Unix seconds from a number or anything with ``timestamp()`` (a datetime)."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    timestamp = getattr(value, "timestamp", None)
+    if timestamp is None:
+        raise TypeError(f"a timestamp must be Unix seconds or a datetime, got {type(value).__name__}")
+    return float(timestamp())
