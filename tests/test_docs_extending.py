@@ -1,0 +1,130 @@
+"""Every worked example of docs/extending.md runs against the current code: each is executed as
+its own module, its record registered in the registry it names, used as the project uses it, and
+unregistered again."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+EXAMPLE = re.compile(r"<!-- example: (\w+) -->\n```python\n(.*?)```", re.DOTALL)
+
+
+def _examples() -> dict[str, str]:
+    return dict(EXAMPLE.findall(DOC.read_text()))
+
+
+def _module(kind: str) -> types.ModuleType:
+    module = types.ModuleType(f"mtfl_docs_example_{kind}")
+    exec(compile(_examples()[kind], f"{DOC}:{kind}", "exec"), module.__dict__)  # noqa: S102 - our own docs
+    return module
+
+
+@pytest.fixture
+def register():
+    """Register records for one test and take them out again, whatever happens."""
+    added = []
+
+    def add(registry, record):
+        registry.register(record)
+        added.append((registry, record.name))
+        return record
+
+    yield add
+    for registry, name in added:
+        registry.unregister(name)
+
+
+def test_the_page_has_one_example_per_kind():
+    assert sorted(_examples()) == ["aggregator", "backend", "dataset", "model", "partitioner", "strategy"]
+
+
+def test_the_strategy_example_plans_through_make_plan(register):
+    from controlplane.planning.strategies import STRATEGY_REGISTRY, make_plan
+    from controlplane.planning.types import PlanningInput
+
+    register(STRATEGY_REGISTRY, _module("strategy").HALF)
+    spec = PlanningInput(device_ids=(1, 2), task_ids=(10, 11), samples={(1, 10): 100, (1, 11): 30, (2, 10): 80})
+
+    plan = make_plan("half", spec)
+
+    assert plan.partitioning == "mps"
+    assert [(a.device_id, a.task_id, a.batch_size, a.active_thread_percentage) for a in plan.assignments] == [
+        (1, 10, 64, 50), (1, 11, 30, 50), (2, 10, 64, 50)]
+
+
+def test_the_model_example_builds_trains_and_has_workload_features(register):
+    import torch
+
+    from workers.features import workload_features
+    from workers.registry.models import MODEL_REGISTRY
+    from workers.zoo import build_model
+
+    register(MODEL_REGISTRY, _module("model").TINY_CNN)
+
+    model = build_model("tiny_cnn", 10, seed=0)
+    logits = model(torch.zeros(2, 3, 32, 32))
+
+    assert tuple(logits.shape) == (2, 10)
+    assert workload_features("tiny_cnn", 10, (3, 32, 32)).forward_flops_per_sample > 0
+
+
+def test_the_dataset_example_loads_through_load_split(register):
+    from workers.datasets import load_split
+    from workers.messages import DatasetRef
+    from workers.registry.datasets import DATASET_REGISTRY
+
+    register(DATASET_REGISTRY, _module("dataset").NOISE)
+
+    x, y = load_split(DatasetRef(name="noise"), "train", np.array([0, 5, 999]))
+    again, _ = load_split(DatasetRef(name="noise"), "train", np.array([5]))
+
+    assert tuple(x.shape) == (3, 3, 32, 32) and str(x.dtype) == "torch.float32"
+    assert tuple(y.shape) == (3,) and int(y.min()) >= 0 and int(y.max()) < 10
+    assert bool((again[0] == x[1]).all())
+
+
+def test_the_partitioner_example_splits_through_shard_counts(register):
+    from workers.partition import shard_counts
+    from workers.registry.partitioners import PARTITIONER_REGISTRY
+
+    register(PARTITIONER_REGISTRY, _module("partitioner").FIRST_HALF)
+
+    assert shard_counts(101, 3, "first_half") == [50, 26, 25]
+
+
+def test_the_aggregator_example_averages_devices_alike(register):
+    from workers.registry.aggregators import AGGREGATORS, AggregationContext
+
+    register(AGGREGATORS, _module("aggregator").UNIFORM)
+    aggregation = AGGREGATORS.get("uniform").start(AggregationContext(previous=dict, options={}))
+
+    aggregation.add({"w": np.array([1.0, 3.0], dtype=np.float32), "n": np.array(3, dtype=np.int64)}, 10)
+    aggregation.add({"w": np.array([3.0, 5.0], dtype=np.float32), "n": np.array(4, dtype=np.int64)}, 1000)
+    aggregation.add({"w": np.array([9.0, 9.0], dtype=np.float32), "n": np.array(9, dtype=np.int64)}, 0)
+    result = aggregation.result()
+
+    assert result["w"].tolist() == [2.0, 4.0] and result["w"].dtype == np.float32
+    assert int(result["n"]) == 4 and result["n"].dtype == np.int64
+
+
+def test_the_backend_example_maps_shares_and_refuses_timeslice(register, tmp_path):
+    from workers.backends.base import AgentContext
+    from workers.registry.backends import BACKEND_REGISTRY, get_backend
+
+    register(BACKEND_REGISTRY, _module("backend").UNPINNED)
+    ctx = AgentContext(device="d", cores=[0, 1, 2, 3], state_dir=tmp_path, artifact_root=tmp_path)
+
+    backend = get_backend("cpu-unpinned")
+    backend.check_available()
+    resources = backend.resources_for_shares([50, 100], "mps", ctx)
+
+    assert [(r.threads, r.cores) for r in resources] == [(2, [0, 1, 2, 3]), (4, [0, 1, 2, 3])]
+    assert BACKEND_REGISTRY.get("cpu-unpinned").partitionings == ("mps",)
+    with pytest.raises(ValueError, match="partitioning: 'timeslice' is not allowed"):
+        backend.resources_for_shares([50], "timeslice", ctx)
