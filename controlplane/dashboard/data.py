@@ -13,13 +13,14 @@ from collections import defaultdict
 from typing import Any
 
 import plotly.graph_objects as go
-from django.db.models import Count, F, Max, Min, Q, Sum
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Sum
 
 from controlplane.common.jsonsafe import finite_or_none
 from controlplane.dashboard import figures
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Experiment, Round, Run
-from controlplane.planning.strategies import COMPARED, STRATEGIES
+from controlplane.planning import metrics
+from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy, compared_strategies
 from controlplane.profiling.models import Predictor
 from controlplane.profiling.selectors import predictor_history
 
@@ -45,18 +46,21 @@ def experiment_runs(experiment: Experiment) -> list[dict[str, Any]]:
 def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> dict[str, dict]:
     """Speedup bars and accuracy-over-time curves.
 
-    One bar pair per strategy: its newest succeeded run, except ``manual``, whose runs are
-    different plans and each get a bar ("manual (run 7)").
+    One bar pair per strategy: its newest succeeded run, except strategies whose plan comes
+    from the request (``takes_plan``: ``manual``), whose runs are different plans and each get a
+    bar ("manual (run 7)"). Strategies in registry order.
     """
     shown: dict[str, dict[str, Any]] = {}
     for row in runs:
         run = row["run"]
         if run.status == Run.Status.SUCCEEDED:
-            shown[f"manual (run {run.id})" if run.strategy == "manual" else run.strategy] = row
-    order = sorted(shown, key=lambda label: (STRATEGIES.index(shown[label]["run"].strategy), shown[label]["run"].id))
+            own_plan = run.strategy in STRATEGY_REGISTRY and STRATEGY_REGISTRY.get(run.strategy).takes_plan
+            shown[f"{run.strategy} (run {run.id})" if own_plan else run.strategy] = row
     bars = figures.speedup_bars(
-        [{"label": label, "raw_speedup": shown[label]["raw_speedup"], "fair_speedup": shown[label]["fair_speedup"]}
-         for label in order]
+        [{"label": label, "strategy": shown[label]["run"].strategy, "raw_speedup": shown[label]["raw_speedup"],
+          "fair_speedup": shown[label]["fair_speedup"]}
+         for label in sorted(shown, key=lambda label: (_strategy_rank(shown[label]["run"].strategy),
+                                                       shown[label]["run"].id))]
     )
     points: dict[tuple[int, str], list] = defaultdict(list)
     checkpoints = (Checkpoint.objects.filter(run__experiment=experiment)
@@ -73,6 +77,12 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
     return {"speedup": figure_json(bars), "accuracy": figure_json(figures.accuracy_over_time(series))}
 
 
+def _strategy_rank(strategy: str) -> int:
+    """A strategy's position in the registry (a name no longer registered goes last)."""
+    names = STRATEGY_REGISTRY.names()
+    return names.index(strategy) if strategy in names else len(names)
+
+
 def compared_runs(experiment: Experiment) -> list[Run]:
     """The runs the comparison section shows: the newest comparison's runs, or else the newest
     run of each compared strategy that has a finished round, in strategy order."""
@@ -81,10 +91,11 @@ def compared_runs(experiment: Experiment) -> list[Run]:
         runs = list(comparison.runs.all())
     else:
         newest: dict[str, Run] = {}
-        for run in experiment.runs.filter(strategy__in=COMPARED, rounds__finished_at__isnull=False).distinct().order_by("id"):
+        compared = compared_strategies()
+        for run in experiment.runs.filter(strategy__in=compared, rounds__finished_at__isnull=False).distinct().order_by("id"):
             newest[run.strategy] = run
         runs = list(newest.values())
-    return sorted(runs, key=lambda r: (COMPARED.index(r.strategy) if r.strategy in COMPARED else len(COMPARED), r.id))
+    return sorted(runs, key=lambda r: (_strategy_rank(r.strategy), r.id))
 
 
 def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -92,34 +103,43 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     predicted against measured throughput of planned assignments, final accuracy per task.
 
     ``run_rows`` is :func:`experiment_runs`' result (its final accuracies are reused). Three
-    queries: per strategy, device and round the database sums the throughputs and finds the
-    first start and last end (what the speedups and the round-time split need); the planned
+    queries: per strategy, device and round the database counts, sums and finds the first start
+    and last end of the assignments (:class:`~controlplane.planning.metrics.DeviceTotals`), from
+    which :mod:`controlplane.planning.metrics` computes every number drawn; the planned
     assignments' predictions are read for the scatter.
     """
     runs = compared_runs(experiment)
     strategies = [r.strategy for r in runs]
     assignments = Assignment.objects.filter(round__run__in=runs)
+    measured = Q(throughput_sps__isnull=False)
+    timed = Q(started_at__isnull=False, finished_at__isnull=False)
     groups = (
         assignments.values("round__run__strategy", "device__name", "round__index")
         .annotate(
-            raw=Sum("throughput_sps"),
+            tasks=Count("id"),
+            failed_tasks=Count("id", filter=~Q(status=Assignment.Status.SUCCEEDED)),
+            measured=Count("id", filter=measured),
+            with_standalone=Count("id", filter=measured & Q(standalone_throughput_sps__gt=0)),
+            raw=Sum("throughput_sps", filter=measured),
             fair=Sum(F("throughput_sps") / F("standalone_throughput_sps"),
-                     filter=Q(throughput_sps__isnull=False, standalone_throughput_sps__gt=0)),
-            measured=Count("id", filter=Q(throughput_sps__isnull=False)),
-            with_alone=Count("id", filter=Q(throughput_sps__isnull=False, standalone_throughput_sps__gt=0)),
-            first_start=Min("started_at", filter=Q(started_at__isnull=False, finished_at__isnull=False)),
-            last_end=Max("finished_at", filter=Q(started_at__isnull=False, finished_at__isnull=False)),
+                     filter=measured & Q(standalone_throughput_sps__gt=0)),
+            samples=Sum("samples_trained"),
+            first_start=Min("started_at", filter=timed),
+            last_end=Max("finished_at", filter=timed),
         )
         .order_by()
     )
-    metrics: dict[tuple[str, str, int], dict[str, float | None]] = {}
-    spans = []
+    totals: dict[tuple[str, int], dict[str, metrics.DeviceTotals]] = defaultdict(dict)
     for g in groups:
-        key = (g["round__run__strategy"], g["device__name"], g["round__index"])
-        if g["measured"]:
-            metrics[key] = {"raw": g["raw"], "fair": g["fair"] if g["with_alone"] == g["measured"] else None}
-        spans.append({"strategy": key[0], "device": key[1], "round_index": key[2],
-                      "started_at": g["first_start"], "finished_at": g["last_end"]})
+        totals[(g["round__run__strategy"], g["round__index"])][g["device__name"]] = metrics.DeviceTotals(
+            tasks=g["tasks"], failed_tasks=g["failed_tasks"], measured=g["measured"],
+            with_standalone=g["with_standalone"], raw_sps=g["raw"], fair=g["fair"], samples_trained=g["samples"] or 0,
+            started_at=g["first_start"].timestamp() if g["first_start"] else None,
+            finished_at=g["last_end"].timestamp() if g["last_end"] else None,
+        )
+    per_round = {key: metrics.round_metrics(devices) for key, devices in totals.items()}
+    device_rounds = {(s, d, r): m for (s, r), rm in per_round.items() for d, m in rm.devices.items()}
+    speedups = metrics.comparison_speedups(device_rounds, strategies, baseline=baseline_strategy().name)
     predicted = (
         assignments.filter(predicted_throughput_sps__isnull=False, throughput_sps__isnull=False)
         .order_by("round__run_id", "round__index", "device__name", "task_id")
@@ -135,13 +155,12 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     ]
     final = {row["run"].id: row["accuracy"] for row in run_rows}
     accuracy = [{"strategy": r.strategy, "accuracy": final.get(r.id, {})} for r in runs]
-    speedups = figures.speedups_from_metrics(metrics, strategies)
     return {
         "runs": runs,
         "figures": {
             "per_device": figure_json(figures.speedup_per_device(speedups, strategies)),
             "per_round": figure_json(figures.speedup_per_round(speedups, strategies)),
-            "round_time": figure_json(figures.round_time_split(spans, strategies)),
+            "round_time": figure_json(figures.round_time_split(metrics.time_split(per_round), strategies)),
             "predicted": figure_json(figures.plan_predicted_vs_measured(points)),
             "final_accuracy": figure_json(figures.final_accuracy(accuracy, strategies)),
         },
@@ -206,9 +225,14 @@ def run_figures(run: Run) -> dict[str, dict]:
     kept = round_indices[-max(timeline_rounds, figures.MAX_ROUNDS):]
     rows = run_assignment_rows(run, devices=shown if len(shown) < len(names) else None,
                                from_round=kept[0] if len(kept) < len(round_indices) else None)
+    # A task's throughput in a round: Σ_j P_ij over the devices that count (the one rule of
+    # controlplane.planning.metrics: a device with an assignment that did not succeed adds nothing).
+    failed_on_device = (Assignment.objects.filter(round_id=OuterRef("round_id"), device_id=OuterRef("device_id"))
+                        .exclude(status=Assignment.Status.SUCCEEDED))
     totals = [
         {"round_index": r, "task": t, "throughput_sps": p}
         for r, t, p in Assignment.objects.filter(round__run=run, throughput_sps__isnull=False)
+        .exclude(Exists(failed_on_device))
         .values("round__index", "task__name").annotate(total=Sum("throughput_sps")).order_by()
         .values_list("round__index", "task__name", "total")
     ]

@@ -20,25 +20,63 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf"]
+"""Plotly's D3 qualitative palette: tasks, models and devices take colours in their order here."""
+STRATEGY_PALETTE = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                    "#bcbd22", "#17becf"]
+"""Strategy colours, by position in the strategy registry (the first, the baseline among the
+built-ins, in grey: the reference every speedup is taken against)."""
 LAYOUT = dict(
     template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), height=380,
     legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
 )
+BAR_LABELS = dict(uniformtext=dict(minsize=9, mode="hide"))
+"""Layout for bars labelled with their value: a label that does not fit inside its bar at 9 px is
+hidden (its value stays in the hover), so neighbouring labels never run together."""
+EMPTY = "mtfl-empty"
+"""``layout.meta`` of a figure with nothing to show (:func:`is_empty`)."""
 
 
 def _empty(fig: go.Figure, message: str) -> go.Figure:
     """Say there is nothing to show instead of drawing empty axes (Plotly defaults a date axis
-    without data to the year 2000)."""
+    without data to the year 2000); :func:`is_empty` recognises the result."""
     fig.add_annotation(text=message, showarrow=False, font=dict(size=15, color="#6a737d"),
                        xref="paper", yref="paper", x=0.5, y=0.5)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
+    fig.update_layout(meta=EMPTY)
     return fig
+
+
+def is_empty(fig: go.Figure | Mapping) -> bool:
+    """Whether a figure (or its JSON) only says there is nothing to show."""
+    layout = fig.layout if isinstance(fig, go.Figure) else fig.get("layout", {})
+    return (layout.meta if isinstance(fig, go.Figure) else layout.get("meta")) == EMPTY
 
 
 def _color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
+
+
+def strategy_color(strategy: str) -> str:
+    """The one colour of a strategy in every chart: by its position in the strategy registry
+    (plug-ins after the built-ins); a name no longer registered (a removed plug-in's old run)
+    gets the colour after the registered ones."""
+    names = STRATEGY_REGISTRY.names()
+    index = names.index(strategy) if strategy in names else len(names)
+    return STRATEGY_PALETTE[index % len(STRATEGY_PALETTE)]
+
+
+def _value_labels(fig: go.Figure, suffix: str = "", digits: int = 2) -> None:
+    """Write each bar's value inside its top end, turned upright so narrow grouped bars keep their
+    labels apart (with :data:`BAR_LABELS`, one that does not fit is hidden)."""
+    for trace in fig.data:
+        if trace.type == "bar":
+            trace.update(texttemplate=f"%{{y:.{digits}f}}{suffix}", textposition="inside", textangle=-90,
+                         insidetextanchor="end", insidetextfont=dict(color="white"))
 
 
 MAX_DEVICES = 50
@@ -85,56 +123,74 @@ def _devices_note(shown: int, total: int) -> str:
 
 
 def speedup_bars(rows: Sequence[Mapping]) -> go.Figure:
-    """Raw and fair throughput speedup over ``temporal``, one bar pair per strategy.
+    """Raw and fair throughput speedup over the baseline strategy, one bar pair per strategy in
+    the strategy's colour (raw solid, fair hatched).
 
     Args:
-        rows: ``{"label", "raw_speedup", "fair_speedup"}`` per bar pair, usually one per strategy
-            (speedups may be None when no ``temporal`` run has succeeded yet: shown as n/a).
+        rows: ``{"label", "strategy", "raw_speedup", "fair_speedup"}`` per bar pair, usually one
+            per strategy (speedups may be None when no baseline run has succeeded yet: shown as
+            n/a).
     """
-    strategies = [r["label"] for r in rows]
+    baseline = baseline_strategy().name
+    labels = [r["label"] for r in rows]
+    colors = [strategy_color(r["strategy"]) for r in rows]
     fig = go.Figure()
     if not rows:
-        fig.update_layout(title="Speedup over temporal", **LAYOUT)
+        fig.update_layout(title=f"Speedup over {baseline}", **LAYOUT)
         return _empty(fig, "no succeeded run yet")
-    for metric, label, color in (("raw_speedup", "raw throughput", PALETTE[0]), ("fair_speedup", "fair throughput", PALETTE[1])):
+    bars = (("raw_speedup", "raw throughput", ""), ("fair_speedup", "fair throughput", "/"))
+    for metric, name, pattern in bars:
+        # The legend says solid = raw, hatched = fair, in a neutral colour (the bars' own colours
+        # are the strategies').
+        fig.add_bar(name=name, x=[None], y=[None], legendgroup=metric, hoverinfo="skip",
+                    marker=dict(color="#888", pattern=dict(shape=pattern, fgcolor="white")))
+    for metric, name, pattern in bars:
         values = [r.get(metric) for r in rows]
         fig.add_bar(
-            name=label, x=strategies, y=values, marker_color=color,
-            text=[f"{v:.2f}×" if v is not None else "n/a" for v in values], textposition="outside",
+            name=name, x=labels, y=values, marker=dict(color=colors, pattern=dict(shape=pattern, fgcolor="white")),
+            showlegend=False, legendgroup=metric,
+            # upright inside the bar's top, so neighbouring labels never run together; a
+            # missing speedup says so above the axis
+            text=[f"{v:.2f}×" if v is not None else "n/a" for v in values], textangle=-90,
+            textposition=["inside" if v is not None else "outside" for v in values], insidetextanchor="end",
+            insidetextfont=dict(color="white"),
         )
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="temporal = 1×",
-                  annotation_position="top right")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
     fig.update_layout(
-        title="Speedup over temporal (mean over rounds and devices)", barmode="group",
-        yaxis_title="speedup (×)", xaxis_title="strategy", **LAYOUT,
+        title=_note("Speedup over " + baseline, [f"mean over rounds and devices; dotted line: {baseline} = 1×"]),
+        barmode="group", yaxis_title="speedup (×)", xaxis_title="strategy", **LAYOUT, **BAR_LABELS,
     )
     return fig
 
 
 def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
-    """Test accuracy of each task's global model against wall-clock time since the run started.
+    """Test accuracy of each task's global model against wall-clock time since the run started:
+    one colour per strategy, one dash per task; the legend, at the right, groups the lines by
+    strategy (a click on a strategy's title hides or shows all its lines).
 
     Args:
         series: ``{"strategy", "run", "task", "points": [(seconds, accuracy), ...]}``.
     """
     fig = go.Figure()
     tasks = sorted({s["task"] for s in series})
-    strategies = sorted({s["strategy"] for s in series})
     dashes = ["solid", "dash", "dot", "dashdot", "longdash"]
     longest = max((len(s["points"]) for s in series), default=0)
     for s in series:
         points = spread(s["points"], MAX_POINTS)
-        xs = [p[0] for p in points]
-        ys = [p[1] for p in points]
         fig.add_scatter(
-            x=xs, y=ys, mode="lines+markers", name=f"{s['strategy']} · {s['task']} (run {s['run']})",
-            line=dict(color=_color(strategies.index(s["strategy"])), dash=dashes[tasks.index(s["task"]) % len(dashes)]),
+            x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
+            name=f"{s['task']} · run {s['run']}", legendgroup=s["strategy"], legendgrouptitle_text=s["strategy"],
+            line=dict(color=strategy_color(s["strategy"]), dash=dashes[tasks.index(s["task"]) % len(dashes)]),
+            hovertemplate="%{x:.0f} s: %{y:.3f}<extra>" + f"{s['strategy']} · {s['task']} · run {s['run']}</extra>",
         )
     fig.update_layout(
         title=_note("Test accuracy against wall-clock time",
                     [f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else ""]),
         xaxis_title="seconds since the run started",
-        yaxis_title="test accuracy", yaxis_range=[0, 1], **{**LAYOUT, "height": 460},
+        yaxis_title="test accuracy", yaxis_range=[0, 1],
+        **{**LAYOUT, "height": 460, "margin": dict(l=60, r=20, t=50, b=50),
+           "legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", groupclick="togglegroup",
+                          tracegroupgap=6, font=dict(size=11))},
     )
     return fig if series else _empty(fig, "no run yet")
 
@@ -198,19 +254,20 @@ def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[i
 
 
 def throughput_per_round(rows: Sequence[Mapping]) -> go.Figure:
-    """Measured throughput of each task per round, summed over devices (samples/s).
+    """Measured throughput of each task per round, summed over the devices that count
+    (:mod:`controlplane.planning.metrics`), samples/s.
 
     Beyond :data:`MAX_POINTS` rounds, consecutive rounds are averaged (the title says over how
     many).
 
     Args:
-        rows: ``{"round_index", "task", "throughput_sps"}`` per assignment (None skipped), or
-            already summed per round and task.
+        rows: ``{"round_index", "task", "throughput_sps"}``, one per round and task, already
+            summed; ``throughput_sps`` None is skipped.
     """
-    totals: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    totals: dict[str, dict[int, float]] = defaultdict(dict)
     for r in rows:
         if r["throughput_sps"] is not None:
-            totals[r["task"]][r["round_index"]] += r["throughput_sps"]
+            totals[r["task"]][r["round_index"]] = r["throughput_sps"]
     fig = go.Figure()
     merged = 1
     for i, task in enumerate(sorted(totals)):
@@ -380,79 +437,6 @@ def learning_curve(history: Sequence[Mapping]) -> go.Figure:
 # ------------------------------------------------------------------------------ comparison
 
 
-def _device_round_metrics(rows: Sequence[Mapping]) -> dict[tuple[str, str, int], dict[str, float | None]]:
-    """Per (strategy, device, round): raw ``Σ_i P_ij`` and fair ``Σ_i P_ij / P_ij^alone``
-    (Yu et al. 2022, §5), over the device's succeeded assignments; fair is None when a
-    ``P_alone`` is missing."""
-    groups: dict[tuple[str, str, int], list[Mapping]] = defaultdict(list)
-    for r in rows:
-        if r.get("throughput_sps") is not None:
-            groups[(r["strategy"], r["device"], r["round_index"])].append(r)
-    out = {}
-    for key, mine in groups.items():
-        fair = None
-        if all(m.get("standalone_throughput_sps") for m in mine):
-            fair = sum(m["throughput_sps"] / m["standalone_throughput_sps"] for m in mine)
-        out[key] = {"raw": sum(m["throughput_sps"] for m in mine), "fair": fair}
-    return out
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
-
-
-def comparison_speedups(rows: Sequence[Mapping], strategies: Sequence[str]) -> dict[str, dict]:
-    """Raw and fair speedups over ``temporal``, inside each device and per round.
-
-    Args:
-        rows: ``{"strategy", "device", "round_index", "throughput_sps",
-            "standalone_throughput_sps"}`` per assignment of the compared runs.
-        strategies: the strategies, in display order.
-
-    Returns:
-        ``{"per_device": {metric: {strategy: {device: speedup}}}, "per_round": {metric:
-        {strategy: {round: speedup}}}}``, metric ``raw`` or ``fair``: per device, the mean over
-        rounds of the device's metric over ``temporal``'s mean on that device; per round, the
-        mean over devices of each device's metric in that round over ``temporal``'s on that
-        device in the same round. Missing baselines leave the entry out.
-    """
-    return speedups_from_metrics(_device_round_metrics(rows), strategies)
-
-
-def speedups_from_metrics(m: Mapping[tuple[str, str, int], Mapping[str, float | None]],
-                          strategies: Sequence[str]) -> dict[str, dict]:
-    """:func:`comparison_speedups` from the metrics per (strategy, device, round) already
-    computed (``{"raw": Σ_i P_ij, "fair": Σ_i P_ij / P_ij^alone or None}``, e.g. summed by the
-    database)."""
-    devices = sorted({d for _, d, _ in m})
-    rounds = sorted({r for _, _, r in m})
-    out: dict[str, dict] = {"per_device": {}, "per_round": {}}
-    for metric in ("raw", "fair"):
-        per_device: dict[str, dict] = {}
-        per_round: dict[str, dict] = {}
-        for s in strategies:
-            per_device[s] = {}
-            for d in devices:
-                mine = _mean(m.get((s, d, r), {}).get(metric) for r in rounds)
-                base = _mean(m.get(("temporal", d, r), {}).get(metric) for r in rounds)
-                if mine is not None and base:
-                    per_device[s][d] = mine / base
-            per_round[s] = {}
-            for r in rounds:
-                ratios = []
-                for d in devices:
-                    mine = m.get((s, d, r), {}).get(metric)
-                    base = m.get(("temporal", d, r), {}).get(metric)
-                    if mine is not None and base:
-                        ratios.append(mine / base)
-                if ratios:
-                    per_round[s][r] = sum(ratios) / len(ratios)
-        out["per_device"][metric] = per_device
-        out["per_round"][metric] = per_round
-    return out
-
-
 def _metric_menu(fig: go.Figure, traces_of: Mapping[str, list[int]]) -> None:
     """A raw/fair menu showing one metric's traces at a time (raw first)."""
     n = len(fig.data)
@@ -464,10 +448,11 @@ def _metric_menu(fig: go.Figure, traces_of: Mapping[str, list[int]]) -> None:
 
 
 def speedup_per_device(speedups: Mapping[str, dict], strategies: Sequence[str]) -> go.Figure:
-    """Speedup over ``temporal`` inside each device (the paper's Fig. 4), raw or fair by menu.
+    """Speedup over the baseline strategy inside each device (the paper's Fig. 4), raw or fair
+    by menu, each strategy in its colour.
 
     Args:
-        speedups: :func:`comparison_speedups`' result.
+        speedups: :func:`controlplane.planning.metrics.comparison_speedups`' result.
         strategies: display order.
     """
     sp = speedups["per_device"]
@@ -476,27 +461,29 @@ def speedup_per_device(speedups: Mapping[str, dict], strategies: Sequence[str]) 
     fig = go.Figure()
     traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
     for metric in ("raw", "fair"):
-        for i, s in enumerate(strategies):
-            values = sp[metric][s]
+        for s in strategies:
+            values = sp[metric].get(s, {})
             devices = sorted(d for d in values if d in shown)
-            fig.add_bar(name=s, x=devices, y=[values[d] for d in devices], marker_color=_color(i),
-                        text=[f"{values[d]:.2f}×" for d in devices], textposition="outside",
+            fig.add_bar(name=s, x=devices, y=[values[d] for d in devices], marker_color=strategy_color(s),
                         visible=(metric == "raw"), legendgroup=s, showlegend=(metric == "raw"))
             traces_of[metric].append(len(fig.data) - 1)
+    _value_labels(fig, "×")
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    subtitle = "; ".join(n for n in ("over temporal, mean over rounds", _devices_note(len(shown), len(all_devices))) if n)
+    baseline = baseline_strategy().name
+    subtitle = "; ".join(n for n in (f"over {baseline}, mean over rounds", _devices_note(len(shown), len(all_devices))) if n)
     fig.update_layout(title=f"Speedup inside each device<br><sup>{subtitle}</sup>", barmode="group",
-                      xaxis_title="device", yaxis_title="speedup (×)", **LAYOUT)
-    has_data = any(sp["raw"][s] for s in strategies)
+                      xaxis_title="device", yaxis_title="speedup (×)", **LAYOUT, **BAR_LABELS)
+    has_data = any(sp["raw"].get(s) for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
 
 
 def speedup_per_round(speedups: Mapping[str, dict], strategies: Sequence[str]) -> go.Figure:
-    """Speedup over ``temporal`` averaged over devices, per round (the paper's Fig. 5).
+    """Speedup over the baseline strategy averaged over devices, per round (the paper's Fig. 5),
+    each strategy in its colour.
 
     Args:
-        speedups: :func:`comparison_speedups`' result.
+        speedups: :func:`controlplane.planning.metrics.comparison_speedups`' result.
         strategies: display order.
     """
     sp = speedups["per_round"]
@@ -504,56 +491,43 @@ def speedup_per_round(speedups: Mapping[str, dict], strategies: Sequence[str]) -
     traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
     merged = 1
     for metric in ("raw", "fair"):
-        for i, s in enumerate(strategies):
-            points, k = bucket_means(sorted(sp[metric][s].items()))
+        for s in strategies:
+            points, k = bucket_means(sorted(sp[metric].get(s, {}).items()))
             merged = max(merged, k)
             fig.add_scatter(name=s, x=[p[0] for p in points], y=[p[1] for p in points],
                             mode="lines+markers" if k == 1 else "lines",
-                            line=dict(color=_color(i)), visible=(metric == "raw"), legendgroup=s,
+                            line=dict(color=strategy_color(s)), visible=(metric == "raw"), legendgroup=s,
                             showlegend=(metric == "raw"))
             traces_of[metric].append(len(fig.data) - 1)
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    subtitle = "over temporal, mean over devices" + (f"; each point the mean of {merged} rounds" if merged > 1 else "")
-    rounds = max((len(sp[m][s]) for m in sp for s in strategies), default=0)
+    subtitle = (f"over {baseline_strategy().name}, mean over devices"
+                + (f"; each point the mean of {merged} rounds" if merged > 1 else ""))
+    rounds = max((len(v) for m in sp.values() for v in m.values()), default=0)
     fig.update_layout(title=f"Speedup per round<br><sup>{subtitle}</sup>",
                       xaxis=dict(dtick=1, title="round") if merged == 1 and rounds <= 30 else dict(title="round"),
                       yaxis_title="speedup (×)", **LAYOUT)
-    has_data = any(sp["raw"][s] for s in strategies)
+    has_data = any(sp["raw"].get(s) for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
 
 
-def round_time_split(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Figure:
-    """Round time split, per strategy and device, into the device's own compute (its first
-    trainer's start to its last one's end) and the wait for the slowest device (the rest of the
-    round), both the mean over rounds, in seconds.
+def round_time_split(split: Mapping[tuple[str, str], tuple[float, float]], strategies: Sequence[str]) -> go.Figure:
+    """Round time split, per strategy and device, into the device's own compute and the wait
+    for the slowest device, both the mean over rounds, in seconds.
 
     Args:
-        rows: ``{"strategy", "device", "round_index", "started_at", "finished_at"}`` per
-            assignment (datetimes; rows without both are left out).
+        split: ``{(strategy, device): (compute_s, idle_s)}``
+            (:func:`controlplane.planning.metrics.time_split`).
         strategies: display order.
     """
-    spans: dict[tuple[str, int], dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if r.get("started_at") and r.get("finished_at"):
-            spans[(r["strategy"], r["round_index"])][r["device"]].append((r["started_at"], r["finished_at"]))
-    compute: dict[tuple[str, str], list[float]] = defaultdict(list)
-    waiting: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for (strategy, _round), by_device in spans.items():
-        start = min(s for v in by_device.values() for s, _ in v)
-        end = max(e for v in by_device.values() for _, e in v)
-        for device, v in by_device.items():
-            own = (max(e for _, e in v) - min(s for s, _ in v)).total_seconds()
-            compute[(strategy, device)].append(own)
-            waiting[(strategy, device)].append((end - start).total_seconds() - own)
-    all_devices = sorted({d for _, d in compute})
+    all_devices = sorted({d for _, d in split})
     shown = set(spread(all_devices, MAX_DEVICES))
-    keys = [(s, d) for s in strategies for d in sorted({d for (s2, d) in compute if s2 == s and d in shown})]
+    keys = [(s, d) for s in strategies for d in sorted({d for (s2, d) in split if s2 == s and d in shown})]
     fig = go.Figure()
     x = [[s for s, _ in keys], [d for _, d in keys]]
-    fig.add_bar(name="compute (own tasks)", x=x, y=[_mean(compute[k]) for k in keys], marker_color=PALETTE[0])
-    fig.add_bar(name="waiting for the slowest device", x=x, y=[_mean(waiting[k]) for k in keys],
-                marker_color=PALETTE[7])
+    fig.add_bar(name="compute (own tasks)", x=x, y=[split[k][0] for k in keys], marker_color=PALETTE[0])
+    fig.add_bar(name="waiting for the slowest device", x=x, y=[split[k][1] for k in keys],
+                marker_color="#c7c7c7")
     fig.update_layout(title=_note("Round time per device: compute and waiting (mean over rounds)",
                                   [_devices_note(len(shown), len(all_devices))]), barmode="stack",
                       yaxis_title="seconds",
@@ -572,15 +546,16 @@ def plan_predicted_vs_measured(rows: Sequence[Mapping]) -> go.Figure:
     """
     rows = [r for r in rows if r.get("predicted_throughput_sps") and r.get("throughput_sps")]
     fig = go.Figure()
-    strategies = sorted({r["strategy"] for r in rows})
+    names = STRATEGY_REGISTRY.names()
+    strategies = sorted({r["strategy"] for r in rows}, key=lambda n: (names.index(n) if n in names else len(names), n))
     sampled = False
-    for i, s in enumerate(strategies):
+    for s in strategies:
         every = [r for r in rows if r["strategy"] == s]
         mine = spread(every, MAX_MARKS)
         sampled = sampled or len(mine) < len(every)
         fig.add_scatter(
             x=[r["throughput_sps"] for r in mine], y=[r["predicted_throughput_sps"] for r in mine], mode="markers",
-            name=s, marker=dict(color=_color(i + 3), size=8, opacity=0.8),
+            name=s, marker=dict(color=strategy_color(s), size=8, opacity=0.8),
             text=[f"{r['task']} on {r['device']}, round {r['round_index']}" for r in mine],
             hovertemplate="%{text}<br>measured %{x:.1f}<br>predicted %{y:.1f}<extra></extra>",
         )
@@ -596,7 +571,7 @@ def plan_predicted_vs_measured(rows: Sequence[Mapping]) -> go.Figure:
 
 
 def final_accuracy(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Figure:
-    """Final test accuracy of each task's global model, one bar per strategy.
+    """Final test accuracy of each task's global model, one bar per strategy in its colour.
 
     Args:
         rows: ``{"strategy", "accuracy": {task: accuracy}}`` per compared run.
@@ -605,12 +580,12 @@ def final_accuracy(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Fig
     by_strategy = {r["strategy"]: r["accuracy"] for r in rows}
     tasks = sorted({t for r in rows for t in r["accuracy"]})
     fig = go.Figure()
-    for i, s in enumerate(strategies):
+    for s in strategies:
         acc = by_strategy.get(s, {})
-        fig.add_bar(name=s, x=tasks, y=[acc.get(t) for t in tasks], marker_color=_color(i),
-                    text=[f"{acc[t]:.3f}" if acc.get(t) is not None else "" for t in tasks], textposition="outside")
+        fig.add_bar(name=s, x=tasks, y=[acc.get(t) for t in tasks], marker_color=strategy_color(s))
+    _value_labels(fig, digits=3)
     fig.update_layout(title="Final test accuracy per task", barmode="group", yaxis=dict(range=[0, 1.05], title="accuracy"),
-                      xaxis_title="task", **LAYOUT)
+                      xaxis_title="task", **LAYOUT, **BAR_LABELS)
     return fig if tasks else _empty(fig, "no run has finished yet")
 
 

@@ -1,10 +1,14 @@
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic.base import RedirectView
 
 from controlplane.dashboard import views
 
 app_name = "dashboard"
 urlpatterns = [
     path("", views.index, name="index"),
+    # Browsers ask for /favicon.ico on pages without a <link rel="icon"> (the API's JSON, files).
+    path("favicon.ico", RedirectView.as_view(url=static("img/favicon.svg"), permanent=True), name="favicon"),
     path("devices/new/", views.device_new, name="device-new"),
     path("tasks/", views.task_list, name="tasks"),
     path("tasks/new/", views.task_new, name="task-new"),

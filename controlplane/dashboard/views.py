@@ -8,6 +8,9 @@ else gets 404, as from the API.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -15,9 +18,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
 
 from controlplane.common.errors import ApplicationError
-from controlplane.dashboard import data
+from controlplane.dashboard import data, figures
 from controlplane.dashboard.forms import (
     CollaboratorsForm,
     DeviceForm,
@@ -41,7 +46,7 @@ from controlplane.experiments.services import (
 from controlplane.experiments.services.templates import DEFAULT_DIRICHLET_ALPHA, TEMPLATES, template_dataset_default
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.services import device_create
-from controlplane.planning.strategies import PLANNED
+from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
 from controlplane.profiling.models import Predictor, ProfileSweep
 from controlplane.profiling.services.workloads import workload_get
 
@@ -187,7 +192,10 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "compared_runs": comparison["runs"],
         "compare_error": "",
         "run_form": RunForm(),
-        "planned_strategies": " ".join(PLANNED),
+        "planned_strategies": " ".join(planned_strategies()),
+        "planned_listing": _listing(planned_strategies()),
+        "compared_listing": _listing(compared_strategies()),
+        "baseline_strategy": baseline_strategy().name,
         "can_manage": can_manage,
         "collaborators": sorted(u.username for u in experiment.collaborators.all()),
         "collaborators_form": CollaboratorsForm.for_experiment(experiment) if can_manage else None,
@@ -195,6 +203,11 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "action_error": "",
         **overrides,
     }
+
+
+def _listing(names: tuple[str, ...]) -> str:
+    """``"a, b and c"``."""
+    return f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _experiment_page(request: HttpRequest, experiment: Experiment, status: int, **overrides) -> HttpResponse:
@@ -277,8 +290,13 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def _run_page(request: HttpRequest, run: Run, *, cancel_error: str = "", status: int = 200) -> HttpResponse:
     live = data.run_live(run)
     comparison = run.comparison if run.comparison_id and run.comparison.status == Comparison.Status.RUNNING else None
+    # A finished run's page leaves out the figures with nothing to show (a run that failed before
+    # its first round shows its error, not empty chart boxes); a run in progress keeps them all,
+    # to fill in as rounds finish.
+    shown = [name for name, fig in live["figures"].items() if not (run.is_finished and figures.is_empty(fig))]
     return render(request, "dashboard/run.html", {
         "run": run, "live": live, "cancel_error": cancel_error, "running_comparison": comparison,
+        "figures_shown": shown,
     }, status=status)
 
 
@@ -304,6 +322,29 @@ def run_live(request: HttpRequest, pk: int) -> JsonResponse:
 # --- downloads -------------------------------------------------------------------------------------
 
 
+def login_or_token_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Like ``login_required``, and a request may also authenticate with the API's token
+    (``Authorization: Token <key>``), so a script downloads results as it calls the API.
+
+    A request with a session is served as before; a bad or inactive token gets 401 with the
+    API's message (never the login page); no credentials at all redirect to the login page.
+    """
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_authenticated:
+            try:
+                found = TokenAuthentication().authenticate(request)
+            except AuthenticationFailed as exc:
+                response = JsonResponse({"detail": str(exc.detail)}, status=401)
+                response["WWW-Authenticate"] = TokenAuthentication().authenticate_header(request)
+                return response
+            if found is not None:
+                request.user = found[0]
+        return login_required(view)(request, *args, **kwargs)
+
+    return wrapped
+
+
 def _download(chunks, content_type: str, filename: str) -> StreamingHttpResponse:
     response = StreamingHttpResponse(chunks, content_type=content_type)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
@@ -315,7 +356,7 @@ def _check_table(table: str) -> None:
         raise Http404(f"no table {table!r}; allowed: {', '.join(exports.TABLES)}")
 
 
-@login_required
+@login_or_token_required
 def run_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
     """A run's ``rounds`` or ``assignments`` as CSV, streamed."""
     _check_table(table)
@@ -325,7 +366,7 @@ def run_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
                      f"run-{run.pk}-{run.strategy}-{table}.csv")
 
 
-@login_required
+@login_or_token_required
 def run_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
     """A run with its rounds and assignments as JSON, streamed."""
     run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
@@ -333,7 +374,7 @@ def run_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
                      f"run-{run.pk}-{run.strategy}.json")
 
 
-@login_required
+@login_or_token_required
 def experiment_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
     """The ``rounds`` or ``assignments`` of every run of an experiment as CSV, streamed."""
     _check_table(table)
@@ -342,7 +383,7 @@ def experiment_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpRe
                      f"experiment-{experiment.pk}-{slugify(experiment.name)}-{table}.csv")
 
 
-@login_required
+@login_or_token_required
 def experiment_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
     """An experiment, its runs, and all their rounds and assignments as JSON, streamed."""
     experiment = _member_experiment(request, pk)

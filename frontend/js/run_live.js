@@ -31,6 +31,7 @@
 
   function renderRounds(rounds) {
     const body = document.querySelector("#rounds-table tbody");
+    if (!body) return;  // a finished run without rounds has no table
     body.innerHTML = "";
     for (const r of rounds) {
       const tr = document.createElement("tr");
@@ -56,9 +57,10 @@
   function renderFigures(figures) {
     for (const [name, fig] of Object.entries(figures)) {
       const json = JSON.stringify(fig);
-      if (lastFigures[name] === json) continue;
+      const element = document.getElementById("fig-" + name);
+      if (!element || lastFigures[name] === json) continue;  // left out: nothing to show
       lastFigures[name] = json;
-      Plotly.react("fig-" + name, fig.data, fig.layout, {responsive: true});
+      Plotly.react(element, fig.data, fig.layout, {responsive: true});
     }
   }
 

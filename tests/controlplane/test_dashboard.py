@@ -77,7 +77,9 @@ def test_experiment_page_speedup_bars_carry_the_runs_speedups(browser_client, fi
     assert bars["raw throughput"]["sharing"] == pytest.approx(90.0 / 40.0)
     assert bars["fair throughput"]["sharing"] == pytest.approx(0.8 / 0.5)
     accuracy = figures["accuracy"]["data"]
-    assert {t["name"].split(" · ")[0] for t in accuracy} == {"temporal", "sharing"}
+    # grouped by strategy in the legend, one line per task and run
+    assert {t["legendgroup"] for t in accuracy} == {"temporal", "sharing"}
+    assert {t["legendgrouptitle"]["text"] for t in accuracy} == {"temporal", "sharing"}
     assert any(0.42 in t["y"] for t in accuracy)
     assert "2.25×" in html  # the runs table shows the raw speedup too
 
@@ -175,3 +177,121 @@ def test_the_learning_curve_counts_training_samples_from_zero_in_whole_samples()
     fig = learning_curve([{"version": 1, "training_samples": 126, "heldout_rmsle": 0.1376, "kept_family": "random_forest"}])
     assert (fig.layout.xaxis.rangemode, fig.layout.xaxis.tickformat) == ("tozero", "d")
     assert list(fig.data[0].x) == [126] and list(fig.data[0].text) == ["v1"]
+
+
+# ------------------------------------------------------------------------------ mends
+
+
+def test_downloads_take_the_api_token_instead_of_sending_it_to_the_login_page(client, api, finished_runs):
+    experiment, runs = finished_runs
+    token = api._credentials["HTTP_AUTHORIZATION"]
+    urls = [f"/runs/{runs['sharing'].id}/rounds.csv", f"/runs/{runs['sharing'].id}/results.json",
+            f"/experiments/{experiment.id}/assignments.csv", f"/experiments/{experiment.id}/results.json"]
+
+    responses = {url: client.get(url, HTTP_AUTHORIZATION=token) for url in urls}
+
+    assert {url: r.status_code for url, r in responses.items()} == dict.fromkeys(urls, 200)
+    assert responses[urls[0]]["Content-Type"].startswith("text/csv")
+    rounds_csv = b"".join(responses[urls[0]].streaming_content).decode().strip().splitlines()
+    assert len(rounds_csv) == 2  # the header and the run's one round
+
+
+def test_a_download_with_a_bad_token_gets_401_and_none_gets_the_login_page(client, finished_runs):
+    _experiment, runs = finished_runs
+    url = f"/runs/{runs['sharing'].id}/rounds.csv"
+
+    bad = client.get(url, HTTP_AUTHORIZATION="Token not-a-key")
+    anonymous = client.get(url)
+
+    assert bad.status_code == 401 and "Invalid token" in bad.json()["detail"]
+    assert anonymous.status_code == 302 and "/accounts/login/" in anonymous["Location"]
+
+
+def test_a_strategy_keeps_its_colour_in_every_chart_of_the_experiment_page(browser_client, finished_runs):
+    from controlplane.dashboard.figures import strategy_color
+
+    experiment, runs = finished_runs
+    Assignment.objects.update(standalone_throughput_sps=60.0, predicted_throughput_sps=50.0)
+    figs = _json_script(browser_client.get(f"/experiments/{experiment.id}/").content.decode(), "experiment-figures")
+
+    seen: dict[str, set] = {"temporal": set(), "sharing": set()}
+    for name in ("per_device", "per_round", "final_accuracy", "predicted"):
+        for trace in figs[name]["data"]:
+            if trace["name"] in seen:
+                marker = trace.get("marker", {}).get("color") or trace.get("line", {}).get("color")
+                seen[trace["name"]].add(marker)
+    for trace in figs["accuracy"]["data"]:
+        seen[trace["legendgroup"]].add(trace["line"]["color"])
+    bars = [t for t in figs["speedup"]["data"] if t["x"] != [None]]
+    for trace in bars:
+        for label, color in zip(trace["x"], trace["marker"]["color"], strict=True):
+            seen[label].add(color)
+
+    assert seen == {"temporal": {strategy_color("temporal")}, "sharing": {strategy_color("sharing")}}
+    assert strategy_color("temporal") != strategy_color("sharing")
+
+
+def test_bar_values_are_written_upright_inside_their_bars_and_hidden_when_they_do_not_fit():
+    from controlplane.dashboard.figures import final_accuracy
+
+    rows = [{"strategy": s, "accuracy": {"t1": 0.95, "t2": 0.95}}
+            for s in ("temporal", "isolation", "sharing", "vres_greedy", "vres_sync")]
+
+    fig = final_accuracy(rows, [r["strategy"] for r in rows])
+
+    assert all(t.textposition == "inside" and t.textangle == -90 for t in fig.data)
+    assert fig.layout.uniformtext.mode == "hide"
+
+
+def test_the_baseline_note_is_in_the_subtitle_not_over_a_bar():
+    from controlplane.dashboard.figures import speedup_bars
+
+    fig = speedup_bars([{"label": "temporal", "strategy": "temporal", "raw_speedup": 1.0, "fair_speedup": 1.0},
+                        {"label": "sharing", "strategy": "sharing", "raw_speedup": 2.0, "fair_speedup": None}])
+
+    assert not fig.layout.annotations  # no text drawn inside the plotting area
+    assert "temporal = 1×" in fig.layout.title.text
+
+
+def test_the_accuracy_legend_stands_beside_the_plot_clear_of_the_axis_title():
+    from controlplane.dashboard.figures import accuracy_over_time
+
+    series = [{"strategy": s, "run": k, "task": t, "points": [(0.0, 0.1), (10.0, 0.5)]}
+              for k, s in enumerate(("temporal", "isolation", "sharing", "vres_greedy", "vres_sync"))
+              for t in ("t1", "t2", "t3")]
+
+    fig = accuracy_over_time(series)
+
+    assert fig.layout.legend.orientation == "v" and fig.layout.legend.x > 1
+    assert fig.layout.legend.groupclick == "togglegroup"
+
+
+def test_a_failed_runs_page_shows_its_error_and_no_empty_chart(browser_client, make_experiment):
+    experiment = make_experiment(name="broken")
+    run = Run.objects.create(experiment=experiment, strategy="sharing", status=Run.Status.FAILED, started_at=T0,
+                             error="round 0 failed on every device: dev-a: CUDA out of memory")
+
+    html = browser_client.get(f"/runs/{run.id}/").content.decode()
+
+    assert "CUDA out of memory" in html
+    assert 'class="figure"' not in html and 'id="rounds-table"' not in html
+
+
+def test_a_running_runs_page_keeps_its_chart_boxes_to_fill_in(browser_client, make_experiment):
+    experiment = make_experiment(name="starting")
+    run = Run.objects.create(experiment=experiment, strategy="sharing", status=Run.Status.RUNNING, started_at=T0)
+
+    html = browser_client.get(f"/runs/{run.id}/").content.decode()
+
+    assert all(f'id="fig-{name}"' in html for name in ("plan", "throughput", "timeline"))
+
+
+def test_every_page_links_the_favicon_and_it_is_served(browser_client, client):
+    html = browser_client.get("/").content.decode()
+    href = re.search(r'<link rel="icon" type="image/svg\+xml" href="([^"]+)"', html).group(1)
+
+    icon = client.get(href)
+    legacy = client.get("/favicon.ico")
+
+    assert icon.status_code == 200 and b"<svg" in b"".join(icon.streaming_content)
+    assert legacy.status_code == 301 and legacy["Location"] == href

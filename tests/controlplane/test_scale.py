@@ -23,13 +23,15 @@ from controlplane.common.bulk import bulk_insert, bulk_set
 from controlplane.dashboard import data, figures
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Comparison, Round, Run
+from controlplane.planning import metrics
+from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
 from workers.artifacts import device_weights_key, get_store
 from workers.fedavg import FedAvgAccumulator, fedavg, load_state, save_state
 
 MB2 = 2_000_000
 T0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
 TASKS = ["resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"]
-STRATEGIES = ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync"]
+STRATEGIES = list(compared_strategies())
 
 
 def _size(fig: dict) -> int:
@@ -122,10 +124,10 @@ def test_identical_weights_files_are_read_once_and_weighted_by_their_devices(beg
     scale = {"dev-a": 2.0, "dev-b": 2.0, "dev-c": 5.0}  # dev-a and dev-b report the same model
     results = _results(rnd, lambda device, state: {k: (v * scale[device]).astype(v.dtype) if v.dtype.kind == "f" else v
                                                    for k, v in state.items()})
-    from controlplane.experiments.services import runs
+    from controlplane.experiments.services.rounds import aggregate
 
     reads = []
-    monkeypatch.setattr(runs, "load_state", lambda path: reads.append(path) or load_state(path))
+    monkeypatch.setattr(aggregate, "load_state", lambda path: reads.append(path) or load_state(path))
     services.round_finish(round_id=rnd.id, results=results)
 
     assert len(reads) == 2  # dev-a's and dev-b's files hold the same bytes: read once
@@ -232,12 +234,12 @@ def test_every_figure_of_a_1000_device_run_and_its_comparison_stays_under_2_mb()
         "throughput": _size(data.figure_json(figures.throughput_per_round(run_rows))),
         "timeline": _size(data.figure_json(figures.timeline(run_rows))),
     }
-    compared = [row for s in STRATEGIES for row in _assignment_rows(1000, 20, s, planned=s.startswith("vres"))]
-    speedups = figures.comparison_speedups(compared, STRATEGIES)
+    compared = [row for s in STRATEGIES for row in _assignment_rows(1000, 20, s, planned=s in planned_strategies())]
+    speedups, split = metrics.comparison_from_assignments(compared, STRATEGIES, baseline=baseline_strategy().name)
     sizes.update({
         "per_device": _size(data.figure_json(figures.speedup_per_device(speedups, STRATEGIES))),
         "per_round": _size(data.figure_json(figures.speedup_per_round(speedups, STRATEGIES))),
-        "round_time": _size(data.figure_json(figures.round_time_split(compared, STRATEGIES))),
+        "round_time": _size(data.figure_json(figures.round_time_split(split, STRATEGIES))),
         "predicted": _size(data.figure_json(figures.plan_predicted_vs_measured(compared))),
     })
     telemetry = [{"device": f"gpu-{d:04d}", "round_index": r, "t": [1e9 + 60 * r + k for k in range(60)],
