@@ -8,7 +8,8 @@ folder, then ``os.replace``), so a reader never sees a half-written file.
 
 Weights that cross a trust boundary (an agent's upload to the control plane, a download on the
 agent) are checked by :func:`read_safetensors_header` before anything reads them as tensors: the
-header is parsed and checked against the file size without loading data and without pickle.
+safetensors library parses the header and checks it against the file size without loading data
+and without pickle.
 
 The torch helpers (:func:`save_model_weights`, :func:`load_model_weights`) import torch inside
 the function; importing this module does not import torch.
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
-import math
 import os
 import re
 import shutil
@@ -29,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
+
+from safetensors import SafetensorError, safe_open
 
 from workers import config
 from workers.queues import DEVICE_NAME_RE
@@ -294,16 +295,10 @@ def load_model_weights(model: torch.nn.Module, path: Path | str) -> None:
 
 # ----------------------------------------------------------------------- safetensors checks
 
-SAFETENSORS_DTYPE_BYTES: dict[str, int] = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}
-"""Bytes per element of each safetensors dtype accepted (the whole-byte ones)."""
-
 MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
 """The largest JSON header accepted (the limit the safetensors library itself applies)."""
+
+_LIBRARY_PREFIX = "Error while deserializing header: "
 
 
 class InvalidSafetensorsError(ValueError):
@@ -312,7 +307,8 @@ class InvalidSafetensorsError(ValueError):
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor as a safetensors header declares it: dtype name and shape."""
+    """One tensor as a safetensors header declares it: dtype name (``"F32"``, ``"BF16"``, ...)
+    and shape."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -321,14 +317,19 @@ class TensorInfo:
 def read_safetensors_header(path: Path | str) -> dict[str, TensorInfo]:
     """Check that ``path`` is a well-formed safetensors file and return its tensors.
 
-    Reads only the header (never tensor data, never pickle). The format (huggingface
-    safetensors): an 8-byte little-endian unsigned header length ``N``; ``N`` bytes of UTF-8
-    JSON, an object mapping tensor names to ``{"dtype", "shape", "data_offsets": [begin,
-    end]}`` plus an optional ``"__metadata__"`` object of strings; then the data section.
-    Checked: ``N`` in ``[2, 100 MiB]`` and within the file, the header parses as a JSON object,
-    every dtype is known, shapes are lists of non-negative integers, each tensor's byte span is
-    ``prod(shape) * itemsize``, and the spans tile the data section exactly (no gap, overlap or
-    trailing bytes). Finally the safetensors library opens the file (header only) as well.
+    The safetensors library parses and checks the header (``safe_open``, which memory-maps the
+    file and reads the 8-byte length and the JSON header only, never tensor data, never
+    pickle): the length is at most 100 MiB and within the file, the JSON is an object whose
+    entries have a known dtype, a shape of non-negative integers and ``data_offsets`` whose
+    span is that shape's byte size, the spans tile the data section exactly (no gap, overlap,
+    truncation or trailing bytes), and ``__metadata__`` maps strings to strings. Entry fields
+    other than those three are ignored, as every safetensors reader ignores them.
+
+    The 8-byte length is also read here first, only so the most common wrong files get a
+    message saying what they are: an empty or truncated upload ("shorter than the 8-byte header
+    length", "runs past the end ... (truncated?)") and a file of another format, whose first
+    bytes read as an absurd length ("not a safetensors file (a pickle, zip or HTML page?)");
+    the library reports all of them as a bare "header too large" or "invalid header length".
 
     Args:
         path: the file.
@@ -337,95 +338,41 @@ def read_safetensors_header(path: Path | str) -> dict[str, TensorInfo]:
         ``{name: TensorInfo}`` for every tensor (``__metadata__`` left out).
 
     Raises:
-        InvalidSafetensorsError: naming the first problem found.
+        InvalidSafetensorsError: one line naming the problem (the library's reason otherwise).
         FileNotFoundError: if ``path`` does not exist.
     """
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as handle:
         prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise InvalidSafetensorsError(
-                f"file is {size} bytes, shorter than the 8-byte header length (truncated?)")
-        header_len = int.from_bytes(prefix, "little")
-        if not 2 <= header_len <= MAX_SAFETENSORS_HEADER_BYTES:
-            raise InvalidSafetensorsError(
-                f"header length {header_len} is out of range (2 to {MAX_SAFETENSORS_HEADER_BYTES} "
-                "bytes): not a safetensors file (a pickle or zip file renamed?)")
-        if 8 + header_len > size:
-            raise InvalidSafetensorsError(
-                f"header length {header_len} runs past the end of the {size}-byte file (truncated?)")
-        raw = handle.read(header_len)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InvalidSafetensorsError("header is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise InvalidSafetensorsError(f"header is not JSON: {exc.msg} at byte {exc.pos}") from None
-    if not isinstance(header, dict):
-        raise InvalidSafetensorsError(f"header is JSON {type(header).__name__}, not an object")
-
-    data_size = size - 8 - header_len
-    tensors: dict[str, TensorInfo] = {}
-    spans: list[tuple[int, int, str]] = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
-                raise InvalidSafetensorsError("__metadata__ must be an object of strings")
-            continue
-        tensors[name] = info = _tensor_info(name, entry)
-        begin, end = entry["data_offsets"]
-        count = math.prod(info.shape)
-        if end - begin != count * SAFETENSORS_DTYPE_BYTES[info.dtype]:
-            raise InvalidSafetensorsError(
-                f"tensor {name!r}: data_offsets span {end - begin} bytes but {info.dtype} "
-                f"{list(info.shape)} needs {count * SAFETENSORS_DTYPE_BYTES[info.dtype]}")
-        spans.append((begin, end, name))
-    position = 0
-    for begin, end, name in sorted(spans):
-        if begin != position:
-            what = "overlaps the previous tensor" if begin < position else f"leaves a gap at byte {position}"
-            raise InvalidSafetensorsError(f"tensor {name!r}: data_offsets [{begin}, {end}] {what}")
-        position = end
-    if position != data_size:
+    if len(prefix) < 8:
+        raise InvalidSafetensorsError(f"file is {size} bytes, shorter than the 8-byte header length (truncated?)")
+    header_len = int.from_bytes(prefix, "little")
+    if not 2 <= header_len <= MAX_SAFETENSORS_HEADER_BYTES:
         raise InvalidSafetensorsError(
-            f"the tensors' data ends at byte {position} of the data section but the file holds "
-            f"{data_size} bytes there (truncated or trailing bytes)")
-    _open_with_safetensors(path)
+            f"header length {header_len} is out of range (2 to {MAX_SAFETENSORS_HEADER_BYTES} bytes): "
+            "not a safetensors file (a pickle, zip or HTML page?)")
+    if 8 + header_len > size:
+        raise InvalidSafetensorsError(
+            f"header length {header_len} runs past the end of the {size}-byte file (truncated?)")
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            tensors: dict[str, TensorInfo] = {}
+            for name in handle.keys():  # noqa: SIM118 - a safe_open handle is not iterable
+                view = handle.get_slice(name)
+                tensors[name] = TensorInfo(view.get_dtype(), tuple(view.get_shape()))
+    except SafetensorError as exc:
+        raise InvalidSafetensorsError(_library_reason(exc)) from None
     return tensors
 
 
-def _tensor_info(name: str, entry: object) -> TensorInfo:
-    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-        raise InvalidSafetensorsError(
-            f"tensor {name!r}: entry must be an object with exactly dtype, shape and data_offsets")
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in SAFETENSORS_DTYPE_BYTES:
-        raise InvalidSafetensorsError(
-            f"tensor {name!r}: dtype {dtype!r} is not supported; allowed: "
-            f"{', '.join(SAFETENSORS_DTYPE_BYTES)}")
-
-    def is_count(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-    if not isinstance(shape, list) or not all(is_count(d) for d in shape):
-        raise InvalidSafetensorsError(f"tensor {name!r}: shape {shape!r} is not a list of integers >= 0")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(is_count(o) for o in offsets)
-            or offsets[0] > offsets[1]):
-        raise InvalidSafetensorsError(
-            f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
-    return TensorInfo(dtype, tuple(shape))
-
-
-def _open_with_safetensors(path: Path) -> None:
-    """Let the safetensors library parse the header too (it maps the file, reads no tensor)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as handle:
-            handle.keys()
-    except Exception as exc:  # noqa: BLE001 - the library's own error types vary by version
-        raise InvalidSafetensorsError(f"the safetensors library refused it: {exc}") from None
+def _library_reason(exc: Exception) -> str:
+    """The safetensors library's message in one line, with the likely cause where its words
+    alone do not say it (a file cut short reads as "not fully covered")."""
+    reason = " ".join(str(exc).split()).removeprefix(_LIBRARY_PREFIX)
+    if "not fully covered" in reason:
+        reason += " (truncated or trailing bytes)"
+    return reason
 
 
 def tensors_mismatch(expected: dict[str, TensorInfo], actual: dict[str, TensorInfo]) -> str | None:

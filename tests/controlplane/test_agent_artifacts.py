@@ -282,7 +282,7 @@ def _malformed() -> dict[str, bytes]:
         "too short": (good[:5], "shorter than the 8-byte header length"),
         "bad header length": (struct.pack("<Q", len(good)) + good[8:], "runs past the end"),
         "header not JSON": (struct.pack("<Q", header_len) + b"{not json" + b" " * (header_len - 9) + good[8 + header_len:],
-                            "header is not JSON"),
+                            "invalid JSON in header"),
         "pickle renamed": (pickle.dumps(_state()), "not a safetensors file"),
         "wrong tensors": (save({"other": np.zeros(2, dtype=np.float32)}), "do not fit task"),
         "wrong shape": (save({**_state(), "fc.weight": np.zeros((3, 4), dtype=np.float32)}), "'fc.weight' is F32 [3, 4]"),

@@ -113,7 +113,7 @@ def test_when_every_device_sent_malformed_weights_the_round_fails_with_the_reaso
     (b"", "shorter than the 8-byte header length"),
     (b"<!doctype html><html><body>502 Bad Gateway</body></html>", "not a safetensors file"),
     (pickle.dumps([1, 2, 3]), "not a safetensors file"),
-    (b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ", "header is not JSON"),
+    (b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ", "invalid JSON in header"),
 ])
 def test_load_state_names_the_file_and_what_is_wrong(tmp_path, content, words):
     path = tmp_path / "w.safetensors"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import pickle
 import struct
 import threading
 from pathlib import Path
@@ -390,21 +391,51 @@ def test_a_well_formed_file_lists_its_tensors(tmp_path):
     assert read_safetensors_header(path) == {"w": TensorInfo("F32", (2, 3)), "n": TensorInfo("I64", ())}
 
 
+# The reasons are the safetensors library's own words (the tensor or the value at fault).
 @pytest.mark.parametrize("header,data,reason", [
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, "needs 8"),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, "(?i)offset"),
     ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
-      "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0" * 8, "overlaps"),
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "gap"),
-    ({"a": {"dtype": "OBJ", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, "not supported"),
-    ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "shape"),
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "extra": 1}}, b"\0" * 4, "exactly"),
-    ({"__metadata__": {"k": 1}}, b"", "__metadata__"),
-    ([1, 2], b"", "not an object"),
+      "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0" * 8, "(?i)offset.*b"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "(?i)offset.*a"),
+    ({"a": {"dtype": "OBJ", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, "OBJ"),
+    ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "-1"),
+    ({"__metadata__": {"k": 1}}, b"", "(?i)string"),
+    ([1, 2], b"", "(?i)sequence"),
     ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 6, "trailing"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 2, "truncated"),
+    (b"{not json}", b"", "(?i)json"),
+    # offsets that add up past 2**64 (the library's sums are 64-bit)
+    ({"a": {"dtype": "U8", "shape": [2**64 - 1], "data_offsets": [0, 2**64 - 1]}}, b"", "(?i)overflow|covered"),
+    ({f"t{i}": {"dtype": "U8", "shape": [2**61 - 1], "data_offsets": [i * (2**61 - 1), (i + 1) * (2**61 - 1)]}
+      for i in range(8)} | {"t8": {"dtype": "U8", "shape": [7], "data_offsets": [2**64 - 8, 2**64 - 1]}}, b"",
+     "(?i)covered"),
 ])
 def test_inconsistent_headers_are_refused_with_the_reason(tmp_path, header, data, reason):
-    with pytest.raises(InvalidSafetensorsError, match=reason):
+    with pytest.raises(InvalidSafetensorsError, match=reason) as caught:
         read_safetensors_header(_header_file(tmp_path, header, data))
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (b"", "shorter than the 8-byte header length"),
+    (WEIGHTS[:5], "shorter than the 8-byte header length"),
+    (WEIGHTS[:20], "runs past the end"),
+    (b"<!doctype html><html><body>502 Bad Gateway</body></html>", "not a safetensors file"),
+    (pickle.dumps({"w": [1.0, 2.0, 3.0]}), "not a safetensors file"),
+    (struct.pack("<Q", 2**40) + b"{}", "out of range"),  # a header bomb: never read, never allocated
+])
+def test_files_of_another_kind_are_named_before_the_library_reads_them(tmp_path, content, reason):
+    path = tmp_path / "f.safetensors"
+    path.write_bytes(content)
+
+    with pytest.raises(InvalidSafetensorsError, match=reason):
+        read_safetensors_header(path)
+
+
+def test_entry_fields_beyond_the_format_are_ignored_as_by_every_reader(tmp_path):
+    header = {"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4], "note": "x"}, "__metadata__": {"k": "v"}}
+
+    assert read_safetensors_header(_header_file(tmp_path, header, b"\0" * 4)) == {"a": TensorInfo("BF16", (2,))}
 
 
 def test_tensor_mismatches_are_named():

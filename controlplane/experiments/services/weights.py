@@ -6,10 +6,10 @@ error page) or the weights of another model. Each of those must fail that device
 with the reason, so the round goes on as ``partial`` with the other devices, instead of failing
 the whole aggregation.
 
-Only the safetensors header is read (:func:`workers.artifacts.read_safetensors_header`: sizes,
-offsets, dtypes and shapes, no tensor data), and only of files FedAvg will read: when every
-device of a task reports the previous global model unchanged (the ``simulated`` backend passes
-it through), nothing is read and nothing is checked.
+Only the safetensors header is read (:func:`workers.artifacts.read_safetensors_header`: the
+safetensors library checks sizes, offsets, dtypes and shapes; no tensor data), and only of
+files FedAvg will read: when every device of a task reports the previous global model unchanged
+(the ``simulated`` backend passes it through), nothing is read and nothing is checked.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from controlplane.experiments.models import Assignment, Checkpoint
-from workers.artifacts import ArtifactStore, InvalidSafetensorsError, read_safetensors_header, tensors_mismatch
+from workers.artifacts import (
+    ArtifactStore,
+    InvalidSafetensorsError,
+    TensorInfo,
+    read_safetensors_header,
+    tensors_mismatch,
+)
 
 
 def weights_problems(
@@ -51,7 +57,7 @@ def weights_problems(
     return problems
 
 
-def _problem(store: ArtifactStore, key: str, expected) -> str | None:
+def _problem(store: ArtifactStore, key: str, expected: dict[str, TensorInfo] | None) -> str | None:
     try:
         path = store.path(key)
     except ValueError as exc:  # a key that is not a store key (absolute, '..')
@@ -71,7 +77,7 @@ def _problem(store: ArtifactStore, key: str, expected) -> str | None:
     return None
 
 
-def _tensors_or_none(store: ArtifactStore, key: str):
+def _tensors_or_none(store: ArtifactStore, key: str) -> dict[str, TensorInfo] | None:
     """The tensors of the previous global model, or ``None`` if its file cannot be read (then
     devices' files are checked for being well-formed only)."""
     try:
