@@ -142,13 +142,13 @@ def speedup_bars(rows: Sequence[Mapping]) -> go.Figure:
     for metric, name, pattern in bars:
         # The legend says solid = raw, hatched = fair, in a neutral colour (the bars' own colours
         # are the strategies').
-        fig.add_bar(name=name, x=[None], y=[None], legendgroup=metric, hoverinfo="skip",
+        fig.add_bar(name=name, x=[None], y=[None], legendgroup=metric, offsetgroup=metric, hoverinfo="skip",
                     marker=dict(color="#888", pattern=dict(shape=pattern, fgcolor="white")))
     for metric, name, pattern in bars:
         values = [r.get(metric) for r in rows]
         fig.add_bar(
             name=name, x=labels, y=values, marker=dict(color=colors, pattern=dict(shape=pattern, fgcolor="white")),
-            showlegend=False, legendgroup=metric,
+            showlegend=False, legendgroup=metric, offsetgroup=metric,
             # upright inside the bar's top, so neighbouring labels never run together; a
             # missing speedup says so above the axis
             text=[f"{v:.2f}×" if v is not None else "n/a" for v in values], textangle=-90,
@@ -158,15 +158,18 @@ def speedup_bars(rows: Sequence[Mapping]) -> go.Figure:
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
     fig.update_layout(
         title=_note("Speedup over " + baseline, [f"mean over rounds and devices; dotted line: {baseline} = 1×"]),
-        barmode="group", yaxis_title="speedup (×)", xaxis_title="strategy", **LAYOUT, **BAR_LABELS,
+        # categories, named: the legend's empty traces come first and would make the axis numeric
+        barmode="group", yaxis_title="speedup (×)", xaxis=dict(type="category", title="strategy"),
+        **LAYOUT, **BAR_LABELS,
     )
     return fig
 
 
 def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
     """Test accuracy of each task's global model against wall-clock time since the run started:
-    one colour per strategy, one dash per task; the legend, at the right, groups the lines by
-    strategy (a click on a strategy's title hides or shows all its lines).
+    one colour per strategy, one line style per task. The legend, at the right, has one entry per
+    strategy (a click hides or shows all its lines) and one per task's line style, so it stays
+    short whatever the number of lines.
 
     Args:
         series: ``{"strategy", "run", "task", "points": [(seconds, accuracy), ...]}``.
@@ -175,22 +178,28 @@ def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
     tasks = sorted({s["task"] for s in series})
     dashes = ["solid", "dash", "dot", "dashdot", "longdash"]
     longest = max((len(s["points"]) for s in series), default=0)
+    in_legend: set[str] = set()
     for s in series:
         points = spread(s["points"], MAX_POINTS)
         fig.add_scatter(
             x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
-            name=f"{s['task']} · run {s['run']}", legendgroup=s["strategy"], legendgrouptitle_text=s["strategy"],
+            name=s["strategy"], legendgroup=s["strategy"], showlegend=s["strategy"] not in in_legend,
             line=dict(color=strategy_color(s["strategy"]), dash=dashes[tasks.index(s["task"]) % len(dashes)]),
             hovertemplate="%{x:.0f} s: %{y:.3f}<extra>" + f"{s['strategy']} · {s['task']} · run {s['run']}</extra>",
         )
+        in_legend.add(s["strategy"])
+    for task in tasks:  # the line styles' key: grey, no data
+        fig.add_scatter(x=[None], y=[None], mode="lines", name=task, legendgroup="tasks",
+                        legendgrouptitle_text="line style: task", hoverinfo="skip",
+                        line=dict(color="#555", dash=dashes[tasks.index(task) % len(dashes)]))
     fig.update_layout(
         title=_note("Test accuracy against wall-clock time",
                     [f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else ""]),
         xaxis_title="seconds since the run started",
         yaxis_title="test accuracy", yaxis_range=[0, 1],
-        **{**LAYOUT, "height": 460, "margin": dict(l=60, r=20, t=50, b=50),
+        **{**LAYOUT, "height": 460,
            "legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", groupclick="togglegroup",
-                          tracegroupgap=6, font=dict(size=11))},
+                          tracegroupgap=10)},
     )
     return fig if series else _empty(fig, "no run yet")
 
