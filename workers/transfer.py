@@ -12,9 +12,19 @@ With the variables unset nothing here runs: the agent reads and writes ``ARTIFAC
 before.
 
 HTTP goes through :mod:`urllib.request` (no extra dependency), streamed in 1 MiB chunks both
-ways. Connection errors, timeouts and 502/503/504 answers are retried with exponential backoff
-and jitter; other HTTP errors are final and quote the control plane's message. The key is sent
-as ``Authorization: Agent <key>`` and never logged.
+ways. Connection errors, timeouts, a body cut short and 502/503/504 answers are retried with
+exponential backoff and jitter; other HTTP errors are final and quote the control plane's
+message. The key is sent as ``Authorization: Agent <key>`` and never logged.
+
+The retry loop (:meth:`ArtifactClient._call`) is this module's own rather than urllib3's
+``Retry`` or httpx's, because neither covers the failure that matters most for weights files:
+a download whose connection drops after the headers, while the body streams to disk. urllib3
+retries only until it hands back the response; a body streamed with ``preload_content=False``
+and cut after 1 of 4 MiB raises ``ProtocolError`` after one request, untried again (urllib3
+2.8). httpx's transport retries only failed connects (``ConnectError``, ``ConnectTimeout``),
+not answers such as 503. urllib3's backoff also makes the first retry at once (0 s, then
+2 s, 4 s, ... for a factor of 1), which spends a try on a control plane that is restarting.
+Using either would still need this loop around it, with two retry counts to reconcile.
 
 This module imports neither torch nor Django.
 """
@@ -34,7 +44,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.client import HTTPResponse
 from pathlib import Path
+from typing import TypeVar
 
 from workers.artifacts import (
     InvalidSafetensorsError,
@@ -46,6 +58,8 @@ from workers.artifacts import (
 from workers.messages import AssignmentResult, DeviceRoundResult, TrainRoundRequest
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ENV_CONTROL_URL = "MTFL_CONTROL_URL"
 ENV_AGENT_TOKEN = "MTFL_AGENT_TOKEN"
@@ -157,7 +171,7 @@ class ArtifactClient:
             TransferError: the control plane refused the token (``status`` 401) or could not
                 be reached, or answered something else than the agent API.
         """
-        def read(response) -> str:
+        def read(response: HTTPResponse) -> str:
             try:
                 answer = json.loads(response.read().decode("utf-8"))
                 name = str(answer["name"])
@@ -174,24 +188,31 @@ class ArtifactClient:
 
         The body is streamed to a temporary file beside ``dest`` while hashed; it is moved onto
         ``dest`` only if its SHA-256 equals the control plane's ``X-Content-SHA256`` and its
-        safetensors header is well-formed.
+        safetensors header is well-formed. A body that ends before its ``Content-Length`` (the
+        connection dropped mid-file) is tried again like a connection error.
 
         Raises:
-            TransferError: refused (404: not an artifact this device needs), unreachable,
-                cut short, a SHA-256 mismatch or a malformed file.
+            TransferError: refused (404: not an artifact this device needs), unreachable or cut
+                short on every try, a SHA-256 mismatch or a malformed file.
             ValueError: ``key`` is not a valid artifact key.
         """
         key = validate_key(key)
         dest = Path(dest)
 
-        def read(response) -> str:
+        def read(response: HTTPResponse) -> str:
             expected = (response.headers.get(SHA256_HEADER) or "").strip().lower()
+            announced = response.headers.get("Content-Length")
             with atomic_write_path(dest) as tmp:
                 digest = hashlib.sha256()
+                received = 0
                 with open(tmp, "wb") as out:
                     for chunk in iter(lambda: response.read(CHUNK_BYTES), b""):
                         digest.update(chunk)
                         out.write(chunk)
+                        received += len(chunk)
+                # http.client ends a body whose connection closed early without an error
+                if announced and announced.isdigit() and received < int(announced):
+                    raise ConnectionError(f"the body ended after {received} of {announced} bytes")
                 got = digest.hexdigest()
                 if expected and got != expected:
                     raise TransferError(f"download {key}: sha256 mismatch: got {got}, the control plane "
@@ -233,15 +254,15 @@ class ArtifactClient:
                                 f"{self.max_artifact_bytes} (MTFL_MAX_ARTIFACT_BYTES)", 413)
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size), SHA256_HEADER: actual}
 
-        def read(response) -> str:
-            return json.loads(response.read().decode("utf-8")).get("sha256", actual)
+        def read(response: HTTPResponse) -> str:
+            return str(json.loads(response.read().decode("utf-8")).get("sha256", actual))
 
         return self._call("PUT", f"artifacts/{key}", f"upload {key}", read, headers=headers, body_path=source)
 
     # ---------------------------------------------------------------------------- plumbing
 
-    def _call(self, method: str, path: str, what: str, read: Callable, *,
-              headers: dict[str, str] | None = None, body_path: Path | None = None):
+    def _call(self, method: str, path: str, what: str, read: Callable[[HTTPResponse], T], *,
+              headers: dict[str, str] | None = None, body_path: Path | None = None) -> T:
         """Send one request, retrying transient failures; ``read(response)`` makes the result."""
         url = self.url(path)
         all_headers = {"Authorization": f"Agent {self.settings.token}", "Accept": "application/json",
@@ -258,8 +279,7 @@ class ArtifactClient:
                 if exc.code not in RETRY_STATUSES:
                     raise TransferError(f"{what}: {url} answered HTTP {exc.code}: {message}", exc.code) from None
                 last = f"HTTP {exc.code}: {message}"
-            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout,
-                    TimeoutError) as exc:
+            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as exc:
                 reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
                 last = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
             finally:
@@ -342,7 +362,7 @@ def run_round_remote(run_round: Callable[[TrainRoundRequest], DeviceRoundResult]
             error = "; ".join([result.error, *problems] if result.error else problems)
             return result.model_copy(update={"status": "failed", "error": error, "assignments": assignments})
         return result.model_copy(update={"assignments": assignments})
-    except Exception as exc:  # noqa: BLE001 - failures are data; the chord callback must run
+    except Exception as exc:  # failures are data; the chord callback must run
         logger.exception("round %s of run %s failed in the transfer", request.round_index, request.run_id)
         return failed(f"{type(exc).__name__}: {exc}")
     finally:

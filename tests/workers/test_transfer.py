@@ -222,6 +222,19 @@ def test_transient_failures_are_retried_with_growing_backoff(plane, tmp_path):
     assert len(sleeps) == 2 and 0.5 <= sleeps[0] <= 0.75 and 1.0 <= sleeps[1] <= 1.5
 
 
+def test_a_download_cut_after_its_headers_is_tried_again(plane, tmp_path):
+    # the server announces the whole file, sends 10 bytes and closes the connection
+    plane.script.append((200, WEIGHTS[:10], {"Content-Length": str(len(WEIGHTS)), "X-Content-SHA256": SHA}))
+    plane.file(WEIGHTS, SHA)
+    sleeps: list[float] = []
+    dest = tmp_path / "agent" / "w.safetensors"
+
+    assert _client(plane.url, sleeps).download(global_weights_key(1, 2, None), dest) == SHA
+
+    assert dest.read_bytes() == WEIGHTS and len(plane.requests) == 2 and len(sleeps) == 1
+    assert [p.name for p in dest.parent.iterdir()] == ["w.safetensors"]  # no partial file left
+
+
 def test_a_refusal_is_final_and_quotes_the_control_planes_reason(plane, tmp_path):
     (tmp_path / "w.safetensors").write_bytes(WEIGHTS)
     plane.json(400, {"message": "not a valid safetensors file: header is not JSON", "errors": {}})
