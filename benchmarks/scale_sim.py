@@ -147,18 +147,18 @@ class InProcessBroker:
         import controlplane.experiments.tasks  # noqa: F401 - registers the control tasks
         from controlplane.celery import app
         from controlplane.experiments import services
-        from controlplane.experiments.services import dispatch, runs
+        from controlplane.experiments.services import dispatch, standalone
 
         self.tasks = app.tasks
         dispatch.app = self
         dispatch.chord = self.chord
         # Round 0 starts inside standalone_record: time every round_start on its own, whoever calls it.
-        original = runs.round_start
+        original = standalone.round_start
 
         def timed_round_start(*, run_id: int, index: int):
             return self._control("round_start", original, run_id=run_id, index=index, round_index=index)
 
-        runs.round_start = timed_round_start  # standalone_record calls it there
+        standalone.round_start = timed_round_start  # standalone_record calls it there
         services.round_start = timed_round_start  # the ROUND_START task calls it here
 
     @property
@@ -397,11 +397,15 @@ def measure_evaluation(run) -> float:
 
 
 def main() -> int:
+    from controlplane.planning.strategies import STRATEGY_REGISTRY
+
+    baselines = [s.name for s in STRATEGY_REGISTRY if not s.needs_predictor and not s.takes_plan]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--strategy", default="sharing", choices=["temporal", "isolation", "sharing"],
-                        help="a baseline (planned every round; the vres_* plans are timed by plan_scale.py)")
+    parser.add_argument("--strategy", default="sharing", choices=baselines,
+                        help="a strategy planned without a predictor (planned every round; the predictor-driven "
+                             "plans are timed by plan_scale.py)")
     parser.add_argument("--database-url", default=None, help="default: a throwaway SQLite file")
     parser.add_argument("--profile", default=None, help="write a cProfile of the control plane's work here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary MTFL_HOME (database, artifacts)")

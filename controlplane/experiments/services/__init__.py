@@ -1,7 +1,17 @@
-"""Writes to experiment state (the only place that changes it), one module per concern:
-:mod:`.catalog` (tasks, experiments, shards), :mod:`.runs` (the round protocol),
-:mod:`.dispatch` (the Celery messages it sends), :mod:`.reliability` (deadlines, lost agents,
-stragglers, retries, cancel and resume), :mod:`.templates` (the built-in experiment templates)."""
+"""Writes to experiment state (the only place that changes it), one module per concern, each
+importing only the ones listed before it:
+
+- :mod:`.dispatch` — the Celery messages the round protocol sends, and what it reads back;
+- :mod:`.planning` — the planners' inputs and the plan a run's rounds train;
+- :mod:`.catalog`, :mod:`.templates` — tasks, experiments, shards, built-in templates;
+- :mod:`.stop` — stopping work in flight (a cancelled run's rounds and device tasks);
+- :mod:`.runs` — runs and comparisons: create, cancel, fail, finish;
+- :mod:`.rounds` — the round protocol: requests, deadlines, start, aggregate, advance, record;
+- :mod:`.standalone` — a run's beginning: initial models, ``P_alone``, round 0;
+- :mod:`.reliability` — the round watchdog, retries, stragglers, resume after a restart.
+
+The public names of all of them are re-exported here.
+"""
 
 from controlplane.experiments.services.catalog import (
     experiment_create,
@@ -9,27 +19,24 @@ from controlplane.experiments.services.catalog import (
     task_create,
     task_update,
 )
+from controlplane.experiments.services.reliability import (
+    round_check,
+    round_watchdog,
+    runs_resume,
+)
+from controlplane.experiments.services.rounds.deadlines import round_deadline_s
+from controlplane.experiments.services.rounds.record import round_finish, round_progress
+from controlplane.experiments.services.rounds.start import round_start
 from controlplane.experiments.services.runs import (
     comparison_cancel,
     comparison_create,
-    round_finish,
-    round_progress,
-    round_start,
-    run_begin,
     run_cancel,
     run_create,
     run_fail,
     run_finish,
-    standalone_record,
-    standalone_watchdog,
 )
-from controlplane.experiments.services.reliability import (
-    round_check,
-    round_deadline_s,
-    round_watchdog,
-    run_work_stop,
-    runs_resume,
-)
+from controlplane.experiments.services.standalone import run_begin, standalone_record, standalone_watchdog
+from controlplane.experiments.services.stop import run_work_stop
 from controlplane.experiments.services.templates import experiment_create_from_template
 
 __all__ = [

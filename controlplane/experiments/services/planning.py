@@ -3,18 +3,22 @@
 ``vres_greedy`` and ``vres_sync`` (controlplane.planning.planner) need, per device, the newest
 ready throughput predictor of its backend and device class and its memory; per task, its model.
 A run stores the plan they made (:func:`plan_to_json`) so every round trains the same plan and
-the dashboard can compare predicted with measured throughput.
+the dashboard can compare predicted with measured throughput; :func:`run_plan` gives the plan a
+round of a run trains.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from controlplane.common.errors import ApplicationError
-from controlplane.experiments.models import Experiment
+from controlplane.experiments import selectors
+from controlplane.experiments.models import Experiment, Run
 from controlplane.fleet.selectors import device_class
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES, DeviceCapacity, PlannerContext
+from controlplane.planning.strategies import make_plan
 from controlplane.planning.types import Plan, PlannedAssignment
 from controlplane.profiling.services.predictors import predictor_current, predictor_load
 
@@ -42,6 +46,11 @@ def planner_options(options: Mapping[str, Any] | None) -> dict[str, str]:
     return merged
 
 
+PROFILE_BUDGET_HINT_S = 600
+"""The ``--budget`` (seconds) the hint after a missing predictor suggests for ``mtfl profile``;
+the dashboard's predictors page (``templates/dashboard/predictors.html``) suggests the same."""
+
+
 def planner_context(*, experiment: Experiment, options: Mapping[str, str]) -> PlannerContext:
     """Predictors, memory and models of an experiment's devices and tasks.
 
@@ -57,8 +66,9 @@ def planner_context(*, experiment: Experiment, options: Mapping[str, str]) -> Pl
         if row is None:
             raise ApplicationError(
                 f"no fitted throughput predictor for device {device.name} (backend {device.backend}, class {cls}): "
-                f"profile a device of that class (`mtfl profile --device {device.name}`) and fit one "
-                "(`mtfl fit-predictor`) first",
+                f"profile a device of that class (`mtfl profile --device {shlex.quote(device.name)} --budget "
+                f"{PROFILE_BUDGET_HINT_S}`) and fit one (`mtfl fit-predictor --backend {shlex.quote(device.backend)} "
+                f"--device-class {shlex.quote(cls)}`) first",
                 field="strategy",
             )
         if row.id not in loaded:
@@ -102,3 +112,18 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
         predicted_round_time_s=data.get("predicted_round_time_s"),
         assignments=tuple(PlannedAssignment(**a) for a in data["assignments"]),
     )
+
+
+def run_plan(run: Run) -> Plan:
+    """The plan a round of ``run`` trains: the one stored when the run was created (strategies
+    with ``needs_predictor`` plan once, with the predictors of that moment), otherwise the
+    strategy's plan of the experiment as it is (the baselines and ``manual`` plan the same
+    every round).
+
+    Raises:
+        controlplane.planning.types.PlanningError: the strategy cannot plan the experiment
+            (the field at fault named).
+    """
+    if run.planned:
+        return plan_from_json(run.planned)
+    return make_plan(run.strategy, selectors.planning_input(run.experiment), manual_entries=run.manual_plan)

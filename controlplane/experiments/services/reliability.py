@@ -1,13 +1,15 @@
-"""Reliability of the round protocol: deadlines, lost agents, stragglers, retries, cancellation,
-and resuming after the control plane or the broker restarts.
+"""Reliability of the round protocol: the round watchdog (lost agents, stragglers, the
+deadline), retries, and resuming after the control plane or the broker restarts.
 
-A round is normally closed by its chord's callback, once every device's task has returned. The
-pieces here handle what a chord cannot:
+Built on the round protocol's modules (:mod:`.rounds`, :mod:`.stop`), which never import this
+one. A round is normally closed by its chord's callback, once every device's task has returned.
+The pieces here handle what a chord cannot:
 
-- **Deadline** (:func:`round_deadline_s`): ``factor × predicted round time`` (the experiment's
-  ``deadline_factor`` or ``MTFL_DEADLINE_FACTOR``), or ``MTFL_ROUND_DEADLINE_S`` when the plan
-  predicts nothing; never below ``MTFL_ROUND_DEADLINE_FLOOR_S``. Stored on the round
-  (``deadline_s``, ``deadline_at``).
+- **Deadline** (:func:`.rounds.deadlines.round_deadline_s`): ``factor × predicted round time``
+  (the experiment's ``deadline_factor`` or ``MTFL_DEADLINE_FACTOR``), or
+  ``MTFL_ROUND_DEADLINE_S`` when the plan predicts nothing; never below
+  ``MTFL_ROUND_DEADLINE_FLOOR_S``. Stored on the round (``deadline_s``, ``deadline_at``) when it
+  starts.
 - **The round watchdog** (:func:`round_watchdog`) looks at a running round every
   ``MTFL_ROUND_CHECK_S`` until it ends (each check queues the next, never a countdown longer
   than that, so nothing long waits unacknowledged in a worker). It reads the device tasks'
@@ -18,26 +20,26 @@ pieces here handle what a chord cannot:
     agent (it restarted: another pid), or the device sent no heartbeat for
     ``MTFL_HEARTBEAT_OFFLINE_S`` while the round's other devices did;
   * *failed*: the device reported a failure;
-  * a lost or failed device is **retried** (its part sent again as the next ``attempt``, the
-    deadline moved to at least a full deadline later) while the experiment's
+  * a lost or failed device is **retried** (its part rebuilt by
+    :func:`.rounds.requests.round_device_request_load` and sent again as the next ``attempt``,
+    the deadline moved to at least a full deadline later) while the experiment's
     ``device_retries`` allow, else it is failed with the cause and the round goes on without it;
   * at the deadline, a device still training is a **straggler**: excluded from the aggregate,
     its assignments failed with ``straggler: …``, the round flagged, and its task cancelled so
     its agent moves on.
 
-  When every device is settled the round is recorded (:func:`.runs.round_finish`: ``partial``
-  when some devices failed, FedAvg over the others) and the run continues.
+  When every device is settled the round is recorded (:func:`.rounds.record.round_finish`:
+  ``partial`` when some devices failed, aggregated over the others) and the run continues.
 - **Idempotency**: each dispatch of a device's part has a key ``(round, device, attempt)``
   (:func:`workers.messages.round_idempotency_key`); only results of the device's current
   attempt are recorded, once per round (the round's status is claimed with one conditional
-  update), so a redelivered or retried task never counts twice in FedAvg.
-- **Cancel** (:func:`run_work_stop`): a cancelled run's in-flight round is cancelled and its
-  device tasks cancelled (:func:`.dispatch.cancel_device_tasks`: queued ones never run, running
-  ones have their trainers killed).
+  update), so a redelivered or retried task never counts twice in the aggregate.
 - **Resume** (:func:`runs_resume`): every time a control worker connects to the broker (start,
   restart, broker restart) it checks every running round now (re-arming its watchdog, whose
   countdown a restart may have lost), takes back aggregations whose worker died, and moves on
   runs whose next step was lost.
+
+Cancelling a run's work in flight is :func:`.stop.run_work_stop`.
 """
 
 from __future__ import annotations
@@ -54,41 +56,20 @@ from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.conf import mtfl_setting
-from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
 from controlplane.experiments.services import dispatch
+from controlplane.experiments.services.rounds.advance import round_advance
+from controlplane.experiments.services.rounds.deadlines import round_check_after_s
+from controlplane.experiments.services.rounds.record import round_finish
+from controlplane.experiments.services.rounds.requests import round_device_request_load
+from controlplane.experiments.services.stop import device_tasks_cancel_on_commit
 from controlplane.fleet.models import Device
-from workers.artifacts import device_weights_key
-from workers.messages import AssignmentSpec, DeviceRoundResult, TrainRoundRequest, round_idempotency_key
+from workers.messages import DeviceRoundResult, round_idempotency_key
 
 log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------- deadlines
-
-
-def round_deadline_s(*, predicted_round_time_s: float | None, factor: float | None = None) -> float:
-    """How long a round waits for its devices, in seconds.
-
-    ``factor × predicted_round_time_s`` when the plan predicts the round time (``vres_*``
-    runs), else ``MTFL_ROUND_DEADLINE_S``; never below ``MTFL_ROUND_DEADLINE_FLOOR_S`` (trainer
-    start-up and data loading are not in the prediction).
-
-    Args:
-        predicted_round_time_s: the plan's predicted round time, or ``None``.
-        factor: the experiment's ``deadline_factor``; ``None`` for ``MTFL_DEADLINE_FACTOR``.
-    """
-    floor = float(mtfl_setting("ROUND_DEADLINE_FLOOR_S"))
-    if predicted_round_time_s is not None and predicted_round_time_s > 0:
-        factor = float(factor if factor is not None else mtfl_setting("DEADLINE_FACTOR"))
-        return max(floor, factor * float(predicted_round_time_s))
-    return max(floor, float(mtfl_setting("ROUND_DEADLINE_S")))
-
-
-def check_after_s(deadline_s: float) -> float:
-    """Seconds until a round's next watchdog check: ``MTFL_ROUND_CHECK_S``, or the deadline if
-    it comes first."""
-    return max(0.0, min(float(mtfl_setting("ROUND_CHECK_S")), deadline_s))
 
 
 def _deadline_basis(rnd: Round, experiment) -> str:
@@ -204,8 +185,6 @@ def round_check(
         The round if it was recorded by this call, else ``None`` (not running, or still
         waiting).
     """
-    from controlplane.experiments.services.runs import round_finish
-
     now = now or timezone.now()
     rnd = Round.objects.select_related("run__experiment").filter(id=round_id).first()
     if rnd is None or rnd.status != Round.Status.RUNNING:
@@ -252,7 +231,7 @@ def round_check(
         rnd.deadline_s or mtfl_setting("ROUND_DEADLINE_S")))
     pending = [s for s in slots.values() if s.name not in known and s.name not in causes and s.name not in retried]
     if not pending and not retried:
-        _cancel_tasks([slots[name].task_id for name in causes], f"round {rnd.index} of run {rnd.run_id} "
+        device_tasks_cancel_on_commit([slots[name].task_id for name in causes], f"round {rnd.index} of run {rnd.run_id} "
                                                                    "went on without this device")
         return round_finish(round_id=round_id, results=list(known.values()), causes=causes, claimant=claimant)
     if not retried and now >= deadline_at:
@@ -266,20 +245,14 @@ def round_check(
             else:
                 causes[slot.name] = (f"no result from device {slot.name} within the round deadline ({basis}): its agent "
                                      "never started this round (offline, or busy with other work)")
-        _cancel_tasks([slots[name].task_id for name in causes],
+        device_tasks_cancel_on_commit([slots[name].task_id for name in causes],
                       f"round {rnd.index} of run {rnd.run_id} passed its deadline")
         return round_finish(round_id=round_id, results=list(known.values()), causes=causes, notes=notes,
                             claimant=claimant)
     if rearm:
-        countdown = check_after_s(max(0.0, (deadline_at - now).total_seconds()))
+        countdown = round_check_after_s(max(0.0, (deadline_at - now).total_seconds()))
         transaction.on_commit(lambda: dispatch.send_round_watchdog(round_id, countdown_s=countdown))
     return None
-
-
-def _cancel_tasks(task_ids: list[str], reason: str) -> None:
-    ids = [t for t in task_ids if t]
-    if ids:
-        transaction.on_commit(lambda: dispatch.cancel_device_tasks(ids, reason=reason))
 
 
 def _retry_devices(rnd: Round, slots: list[_Slot], why: Mapping[str, str], now: dt.datetime) -> list[str]:
@@ -308,7 +281,7 @@ def _retry_devices(rnd: Round, slots: list[_Slot], why: Mapping[str, str], now: 
             current.flags = [*current.flags, f"{slot.name}: attempt {slot.attempt} failed ({reason.splitlines()[0]}); "
                                              f"retried as attempt {slot.attempt + 1}"]
             current.save(update_fields=["deadline_at", "flags"])
-            request = _device_request(rnd, slot.device_id, slot.attempt + 1)
+            request = round_device_request_load(rnd=rnd, device_id=slot.device_id, attempt=slot.attempt + 1)
             old_id = slot.task_id
 
             def send(request=request, new_id=new_id, old_id=old_id, attempt=slot.attempt) -> None:
@@ -320,69 +293,6 @@ def _retry_devices(rnd: Round, slots: list[_Slot], why: Mapping[str, str], now: 
                     why.get(slot.name, ""))
         retried.append(slot.name)
     return retried
-
-
-def _device_request(rnd: Round, device_id: int, attempt: int) -> TrainRoundRequest:
-    """Rebuild a device's part of a round from the database, for ``attempt`` (as
-    :func:`.runs.round_start` built it: same assignments, shards, global models and seeds)."""
-    from controlplane.experiments.services.runs import _plan, _shard_ref
-
-    run = rnd.run
-    experiment = run.experiment
-    device = Device.objects.get(id=device_id)
-    rows = list(rnd.assignments.filter(device_id=device_id).select_related("task").order_by("task_id"))
-    shards = selectors.experiment_shards(experiment)
-    latest = selectors.latest_checkpoints(run)
-    specs = [
-        AssignmentSpec(
-            assignment_id=a.id,
-            task=selectors.task_ref(a.task),
-            batch_size=a.batch_size,
-            active_thread_percentage=a.active_thread_percentage,
-            shard=_shard_ref(experiment, shards[(device_id, a.task_id)]),
-            local_epochs=experiment.local_epochs,
-            global_weights=latest[a.task_id].artifact_path,
-            output_weights=device_weights_key(run.id, rnd.index, device.name, a.task_id),
-            seed=experiment.seed * 1000 + rnd.index,
-        )
-        for a in rows
-    ]
-    return TrainRoundRequest(
-        run_id=run.id, round_id=rnd.id, round_index=rnd.index, device=device.name, backend=device.backend,
-        partitioning=_plan(run).partitioning, warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
-        assignments=specs, attempt=attempt, idempotency_key=round_idempotency_key(rnd.id, device.name, attempt),
-    )
-
-
-# ---------------------------------------------------------------------------------- cancel
-
-
-def run_work_stop(*, run_ids: Iterable[int], reason: str) -> int:
-    """Stop the work in flight of runs that were just cancelled: their running rounds become
-    ``cancelled`` (unfinished assignments failed with ``reason``; a late result is then
-    ignored) and, once the transaction commits, their device tasks — the round's, or the
-    ``P_alone`` measurements' before round 0 — are cancelled on the agents.
-
-    Returns:
-        The number of device tasks cancelled.
-    """
-    run_ids = list(run_ids)
-    now = timezone.now()
-    round_ids = list(Round.objects.filter(run_id__in=run_ids, status=Round.Status.RUNNING).values_list("id", flat=True))
-    task_ids = set(
-        Assignment.objects.filter(round_id__in=round_ids).exclude(device_task_id="")
-        .values_list("device_task_id", flat=True)
-    )
-    Round.objects.filter(id__in=round_ids, status=Round.Status.RUNNING).update(
-        status=Round.Status.CANCELLED, finished_at=now, error=reason
-    )
-    Assignment.objects.filter(
-        round_id__in=round_ids, status__in=[Assignment.Status.PENDING, Assignment.Status.RUNNING]
-    ).update(status=Assignment.Status.FAILED, error=reason)
-    for ids in Run.objects.filter(id__in=run_ids, rounds__isnull=True).values_list("standalone_task_ids", flat=True):
-        task_ids.update((ids or {}).values())
-    _cancel_tasks(sorted(task_ids), reason)
-    return len(task_ids)
 
 
 # ---------------------------------------------------------------------------------- resume
@@ -416,8 +326,6 @@ def runs_resume(*, nodename: str = "", booted_at: float | None = None, now: dt.d
     Returns:
         Counts of what was done, by kind.
     """
-    from controlplane.experiments.services.runs import _advance
-
     now = now or timezone.now()
     booted = dt.datetime.fromtimestamp(booted_at, tz=dt.UTC) if booted_at else None
     stale = now - dt.timedelta(seconds=_stale_after_s())
@@ -447,7 +355,7 @@ def runs_resume(*, nodename: str = "", booted_at: float | None = None, now: dt.d
         if any(r.status in in_flight for r in rounds):
             continue
         if rounds:
-            _advance(rounds[-1])
+            round_advance(rounds[-1])
             counts["advanced"] += 1
         elif run.standalone_task_ids:
             left = (run.started_at + dt.timedelta(seconds=deadline_s) - now).total_seconds() if run.started_at else 0

@@ -1,0 +1,126 @@
+"""A device's part of a round as the agent receives it (:class:`workers.messages.TrainRoundRequest`).
+
+One builder, :func:`round_device_request`, makes every request: :func:`.start.round_start`
+calls it for each device with what it loaded once for the whole round, and a retry
+(:func:`round_device_request_load`) loads the same from the database for one device, so a
+retried device trains exactly what its first attempt was sent (same assignments, shards,
+global models and seeds) under its next ``attempt``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from controlplane.conf import mtfl_setting
+from controlplane.experiments import selectors
+from controlplane.experiments.models import Checkpoint, Experiment, Round
+from controlplane.experiments.selectors import ShardSpan
+from controlplane.experiments.services.planning import run_plan
+from controlplane.fleet.models import Device
+from workers.artifacts import device_weights_key
+from workers.messages import AssignmentSpec, ShardRef, TaskRef, TrainRoundRequest, round_idempotency_key
+
+
+def shard_ref(experiment: Experiment, shard: ShardSpan) -> ShardRef:
+    """The worker-side description of a shard: ``shard.num_samples`` samples from position
+    ``shard.offset`` of the permutation seeded by the experiment's seed."""
+    return ShardRef(permutation_seed=experiment.seed, offset=shard.offset, count=shard.num_samples)
+
+
+class RequestedAssignment(NamedTuple):
+    """One saved assignment of a device in a round, as its request carries it."""
+
+    assignment_id: int
+    task_id: int
+    batch_size: int
+    active_thread_percentage: int | None
+
+
+def round_device_request(
+    *,
+    rnd: Round,
+    experiment: Experiment,
+    device: Device,
+    partitioning: str,
+    assignments: Iterable[RequestedAssignment],
+    shards: Mapping[tuple[int, int], ShardSpan],
+    latest: Mapping[int, Checkpoint],
+    task_refs: Mapping[int, TaskRef],
+    warmup_iterations: int,
+    attempt: int = 0,
+) -> TrainRoundRequest:
+    """Build one device's part of round ``rnd`` for its ``attempt`` (0 first, then one more
+    per retry).
+
+    Args:
+        rnd: the saved round (its id, index and run id are read).
+        device: the device (``id``, ``name``, ``backend`` are read).
+        partitioning: the run's plan's partitioning (``"mps"`` or ``"timeslice"``).
+        assignments: the device's assignments in the order its trainers start.
+        shards: ``{(device_id, task_id): ShardSpan}`` (:func:`.selectors.experiment_shards`).
+        latest: ``{task_id: Checkpoint}``, the global models to start from
+            (:func:`.selectors.latest_checkpoints`).
+        task_refs: ``{task_id: TaskRef}``.
+        warmup_iterations: untimed iterations before throughput is measured.
+
+    Each task's seed is ``experiment.seed × 1000 + round index``; each output goes to the
+    device's own artifact key (:func:`workers.artifacts.device_weights_key`), the only key the
+    round's recording accepts weights from.
+
+    Raises:
+        KeyError: an assignment whose device–task pair has no shard, or a task with no
+            checkpoint or task reference.
+    """
+    specs = [
+        AssignmentSpec(
+            assignment_id=a.assignment_id,
+            task=task_refs[a.task_id],
+            batch_size=a.batch_size,
+            active_thread_percentage=a.active_thread_percentage,
+            shard=shard_ref(experiment, shards[(device.id, a.task_id)]),
+            local_epochs=experiment.local_epochs,
+            global_weights=latest[a.task_id].artifact_path,
+            output_weights=device_weights_key(rnd.run_id, rnd.index, device.name, a.task_id),
+            seed=experiment.seed * 1000 + rnd.index,
+        )
+        for a in assignments
+    ]
+    return TrainRoundRequest(
+        run_id=rnd.run_id,
+        round_id=rnd.id,
+        round_index=rnd.index,
+        device=device.name,
+        backend=device.backend,
+        partitioning=partitioning,
+        warmup_iterations=warmup_iterations,
+        assignments=specs,
+        attempt=attempt,
+        idempotency_key=round_idempotency_key(rnd.id, device.name, attempt),
+    )
+
+
+def round_device_request_load(*, rnd: Round, device_id: int, attempt: int) -> TrainRoundRequest:
+    """Rebuild a device's part of a saved round from the database, for ``attempt`` (a retry):
+    the same request :func:`.start.round_start` sent, but for the new attempt.
+
+    Raises:
+        Device.DoesNotExist: no such device.
+        controlplane.planning.types.PlanningError: the run's strategy can no longer plan.
+    """
+    run = rnd.run
+    experiment = run.experiment
+    device = Device.objects.get(id=device_id)
+    rows = list(rnd.assignments.filter(device_id=device_id).select_related("task").order_by("task_id"))
+    return round_device_request(
+        rnd=rnd,
+        experiment=experiment,
+        device=device,
+        partitioning=run_plan(run).partitioning,
+        assignments=[RequestedAssignment(a.id, a.task_id, a.batch_size, a.active_thread_percentage) for a in rows],
+        shards=selectors.experiment_shards(experiment),
+        latest=selectors.latest_checkpoints(run),
+        task_refs={a.task_id: selectors.task_ref(a.task) for a in rows},
+        warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
+        attempt=attempt,
+    )
