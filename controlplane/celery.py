@@ -2,6 +2,12 @@
 
 Device agents run their own Django-free app (:mod:`workers.agent`) on the same broker; the two
 address each other's tasks by the names in :mod:`workers.queues`.
+
+The app never talks to a broker nobody configured: with ``CELERY_BROKER_URL`` unset it uses the
+embedded broker an ``mtfl`` command runs on this machine (:mod:`controlplane.core.broker_file`),
+and with none running its first connection raises :class:`BrokerNotConfigured` (one line)
+instead of Celery's default ``amqp://guest@localhost//``, which on a host that runs RabbitMQ
+would silently take the messages.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import time
 
 from celery import Celery, bootsteps, signals
 
+from controlplane.core.broker_file import embedded_broker_url, shutdown_embedded_broker
 from workers.broker_compat import patch_kombu_redis_restore
 from workers.lifecycle import exit_with_parent, parent_died
 from workers.queues import CONTROL_QUEUE, TaskName
@@ -23,7 +30,61 @@ patch_kombu_redis_restore()
 
 log = logging.getLogger(__name__)
 
-app = Celery("mtfl-control")
+
+class BrokerNotConfigured(RuntimeError):
+    """Work was about to be queued with no broker configured and no embedded broker running."""
+
+
+NO_BROKER = (
+    "no Celery broker: CELERY_BROKER_URL is not set and no embedded broker is running on this machine; "
+    "start `mtfl up` (or `mtfl demo`) first, or set CELERY_BROKER_URL (e.g. redis://127.0.0.1:6379/0)"
+)
+"""The one line :class:`BrokerNotConfigured` says."""
+
+
+class ControlCelery(Celery):
+    """Celery, except that a connection with no broker URL never falls back to Celery's default
+    (``amqp://guest@localhost//``).
+
+    Every way the app reaches the broker — publishing a task or a chord, a worker consuming,
+    ``control.revoke`` — asks for a connection through :meth:`connection_for_write`,
+    :meth:`connection_for_read` or :meth:`connection`. When neither the call nor the
+    configuration gives a URL, the embedded broker running on this machine is adopted (its URL
+    from ``$MTFL_HOME/broker_url``, for the result backend too when none is set); with none
+    running, :class:`BrokerNotConfigured` is raised before any connection is made.
+    """
+
+    def _broker_url_or_raise(self, url: str | None) -> None:
+        if url or self.conf.broker_url:
+            return
+        embedded = embedded_broker_url()
+        if not embedded:
+            raise BrokerNotConfigured(NO_BROKER)
+        log.info("CELERY_BROKER_URL is not set: using the embedded broker running on this machine (%s)", embedded)
+        use_broker(embedded, self.conf.result_backend or embedded)
+
+    def connection_for_write(self, url=None, **kwargs):
+        """:meth:`celery.Celery.connection_for_write`; raises :class:`BrokerNotConfigured`
+        (see the class)."""
+        self._broker_url_or_raise(url or self.conf.broker_write_url)
+        return super().connection_for_write(url, **kwargs)
+
+    def connection_for_read(self, url=None, **kwargs):
+        """:meth:`celery.Celery.connection_for_read`; raises :class:`BrokerNotConfigured`
+        (see the class)."""
+        self._broker_url_or_raise(url or self.conf.broker_read_url)
+        return super().connection_for_read(url, **kwargs)
+
+    def connection(self, hostname=None, *args, **kwargs):
+        """:meth:`celery.Celery.connection`; raises :class:`BrokerNotConfigured` (see the
+        class)."""
+        self._broker_url_or_raise(hostname)
+        return super().connection(hostname, *args, **kwargs)
+
+    broker_connection = connection
+
+
+app = ControlCelery("mtfl-control")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
@@ -72,9 +133,7 @@ def _stop_with_the_mtfl_command(**_kwargs) -> None:
 def _stop_an_orphaned_embedded_broker(**_kwargs) -> None:
     # The command that started the embedded Redis died without stopping it (kill -9): the
     # control worker, stopping for the same reason, turns the Redis off on its way out.
-    if parent_died():
-        from controlplane.core.embedded import shutdown_embedded_broker
-
+    if parent_died() and app.conf.broker_url:
         shutdown_embedded_broker(app.conf.broker_url)
 
 

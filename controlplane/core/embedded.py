@@ -19,11 +19,9 @@ from pathlib import Path
 import psutil
 from django.conf import settings
 
+from controlplane.core.broker_file import broker_url_file, embedded_broker_url
+
 log = logging.getLogger(__name__)
-
-
-def broker_url_file() -> Path:
-    return Path(settings.MTFL_HOME) / "broker_url"
 
 
 _BROKER_ENV = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
@@ -60,17 +58,6 @@ def _apply_broker_url(url: str, result_backend: str | None = None) -> None:
     settings.CELERY_BROKER_URL = url
     settings.CELERY_RESULT_BACKEND = result_backend
     use_broker(url, result_backend)
-
-
-def embedded_broker_url() -> str | None:
-    """The URL of an embedded broker started by another ``mtfl`` command on this machine, if
-    one is still running (its socket exists)."""
-    path = broker_url_file()
-    if not path.exists():
-        return None
-    url = path.read_text().strip()
-    socket = url.removeprefix("redis+socket://").split("?")[0]
-    return url if url.startswith("redis+socket://") and Path(socket).exists() else None
 
 
 class EmbeddedBroker:
@@ -148,31 +135,6 @@ def _terminate(pid: int, timeout_s: float = 15.0) -> None:
     except psutil.TimeoutExpired:
         pass
     log.warning("embedded Redis (pid %s) did not stop within %.0f s", pid, timeout_s)
-
-
-def shutdown_embedded_broker(url: str) -> bool:
-    """Shut down the embedded Redis at ``url`` (saving its data), if it is one.
-
-    Used when the command that started it died without stopping it.
-
-    Returns:
-        Whether a server was asked to shut down.
-    """
-    if not url.startswith("redis+socket://"):
-        return False
-    import redis
-
-    socket_path = url.removeprefix("redis+socket://").split("?")[0]
-    try:
-        redis.Redis(unix_socket_path=socket_path).shutdown(save=True)
-    except redis.ConnectionError:
-        pass  # shutting down closes the connection under the client: that is the success case
-    except redis.RedisError as exc:
-        log.warning("could not shut down the embedded Redis at %s: %s", socket_path, exc)
-        return False
-    if broker_url_file().exists() and broker_url_file().read_text().strip() == url:
-        broker_url_file().unlink()
-    return True
 
 
 def use_running_broker() -> str:
