@@ -21,15 +21,17 @@ from controlplane.experiments import services
 from controlplane.experiments.models import Experiment, Run
 from controlplane.experiments.services.planning import planner_options
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
+from controlplane.planning.strategies import compared_strategies, planned_strategies
 
 
 class Command(BaseCommand):
-    help = ("Compare temporal, isolation, sharing, vres_greedy and vres_sync on an experiment: one run after "
-            "another on the same devices (a control worker and the devices' agents must be running, e.g. `mtfl up`).")
+    help = (f"Compare {', '.join(compared_strategies())} on an experiment: one run after another on the same "
+            "devices (a control worker and the devices' agents must be running, e.g. `mtfl up`).")
 
     def add_arguments(self, parser):
         parser.add_argument("experiment", help="the experiment's id or name")
-        parser.add_argument("--objective", default="raw", help=f"vres_greedy's objective: {' or '.join(OBJECTIVES)} (default raw)")
+        parser.add_argument("--objective", default="raw", help=f"the planners' ({', '.join(planned_strategies())}) objective: "
+                                 f"{' or '.join(OBJECTIVES)} (default raw)")
         parser.add_argument("--slack", default="smaller_batches",
                             help=f"what vres_sync gives devices that finish early: {' or '.join(SLACK_POLICIES)} "
                                  "(default smaller_batches)")
