@@ -46,7 +46,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 RUNS, ROUNDS_PER_RUN, DEVICES, TASKS = 10, 1000, 5, 2
-STRATEGIES = ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync"]
 TARGET_MS = 100.0
 T0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -82,7 +81,10 @@ def populate() -> dict:
     from controlplane.experiments.models import Assignment, Comparison, Experiment, Round, Run, Shard, Task
     from controlplane.experiments.models import Checkpoint, StandaloneThroughput
     from controlplane.fleet.models import Device
+    from controlplane.planning.strategies import compared_strategies
     from controlplane.profiling.models import ProfileSample
+
+    strategies = compared_strategies()
 
     users = get_user_model().objects
     owner = users.create_user("load-owner", password="unused-pass")
@@ -98,11 +100,11 @@ def populate() -> dict:
         exp.tasks.set(tsks)
         Shard.objects.bulk_create(Shard(experiment=exp, device=d, task=t, num_samples=50, offset=50 * k)
                                   for k, (d, t) in enumerate((d, t) for d in devs for t in tsks))
-        comparison = Comparison.objects.create(experiment=exp, strategies=STRATEGIES, status="succeeded")
+        comparison = Comparison.objects.create(experiment=exp, strategies=list(strategies), status="succeeded")
         Run.objects.bulk_create(
-            Run(experiment=exp, strategy=STRATEGIES[k % 5], status="succeeded", started_at=T0, finished_at=T0,
-                raw_throughput_sps=100.0 + k, fair_throughput=1.0, fl_throughput_sps=10.0, simulated=True,
-                comparison=comparison if k < 5 else None) for k in range(runs))
+            Run(experiment=exp, strategy=strategies[k % len(strategies)], status="succeeded", started_at=T0,
+                finished_at=T0, raw_throughput_sps=100.0 + k, fair_throughput=1.0, fl_throughput_sps=10.0,
+                simulated=True, comparison=comparison if k < len(strategies) else None) for k in range(runs))
         made = list(exp.runs.order_by("id"))
         bulk_insert(Round, [dict(run_id=run.id, index=r, status="succeeded", started_at=T0, finished_at=T0,
                                  round_time_s=1.0, raw_throughput_sps=100.0, fair_throughput=1.0, flags=["a flag"])

@@ -58,6 +58,7 @@ def main() -> int:
     from controlplane.experiments.models import Run
     from controlplane.experiments.services import comparison_create, experiment_create_from_template
     from controlplane.fleet.models import Device
+    from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
     from controlplane.profiling import services as profiling
     from controlplane.profiling.models import ProfileSweep
     from controlplane.profiling.selectors import sweep_progress
@@ -96,7 +97,7 @@ def main() -> int:
         runs = follow_runs(lambda run: run, list(comparison.runs.order_by("id")), timeout_s=args.timeout,
                            check=stack.children.check_alive, label=lambda run: run.strategy)
 
-    temporal = next((r for r in runs if r.strategy == "temporal"), None)
+    reference = next((r for r in runs if r.strategy == baseline_strategy().name), None)
 
     def ratio(value, base):
         return value / base if value is not None and base else None
@@ -112,16 +113,18 @@ def main() -> int:
         predicted = [r.predicted_round_time_s for r in rounds if r.predicted_round_time_s]
         print(f"{run.strategy:<13}{run.status:<11}{fmt(run.raw_throughput_sps, '.1f'):>9}"
               f"{fmt(run.fair_throughput, '.2f'):>7}"
-              f"{fmt(ratio(run.raw_throughput_sps, temporal and temporal.raw_throughput_sps), '.2f', '×'):>7}"
-              f"{fmt(ratio(run.fair_throughput, temporal and temporal.fair_throughput), '.2f', '×'):>8}"
+              f"{fmt(ratio(run.raw_throughput_sps, reference and reference.raw_throughput_sps), '.2f', '×'):>7}"
+              f"{fmt(ratio(run.fair_throughput, reference and reference.fair_throughput), '.2f', '×'):>8}"
               f"{fmt(run.fl_throughput_sps, '.1f'):>9}"
               f"{fmt(sum(measured) / len(measured) if measured else None, '.1f'):>9}"
               f"{fmt(sum(predicted) / len(predicted) if predicted else None, '.1f'):>9}")
         if run.error:
             print(f"    {run.error}")
     by_strategy = {r.strategy: r for r in runs if r.status == Run.Status.SUCCEEDED}
-    baselines = [by_strategy[s].fl_throughput_sps for s in ("temporal", "isolation", "sharing")
-                 if s in by_strategy and by_strategy[s].fl_throughput_sps]
+    # the paper's baselines: the compared strategies that plan without a predictor
+    baselines = [by_strategy[s.name].fl_throughput_sps for s in STRATEGY_REGISTRY
+                 if s.compared and not s.needs_predictor and s.name in by_strategy
+                 and by_strategy[s.name].fl_throughput_sps]
     sync = by_strategy.get("vres_sync")
     print(f"\nbenchmark took {time.monotonic() - started:.0f} s; data in {home}")
     if not baselines or sync is None or not sync.fl_throughput_sps:

@@ -38,7 +38,7 @@ LIGHT = ["resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"]
 
 
 def simulated_sweep(budget_s: float, seed: int) -> tuple[list[dict], object]:
-    from workers.backends import get_backend
+    from workers.registry.backends import get_backend
     from workers.backends.base import AgentContext
     from workers.messages import ProfileSweepRequest
     from workers.profiling import run_sweep

@@ -71,7 +71,7 @@ DEFAULT_ARCHITECTURES = "resnet18,mobilenet_v3_small,shufflenet_v2_x1_0,mobilene
 
 
 def profile(args) -> list[dict]:
-    from workers.backends import get_backend
+    from workers.registry.backends import get_backend
     from workers.backends.base import AgentContext
     from workers.messages import ProfileSweepRequest
     from workers.profiling import run_sweep

@@ -88,7 +88,7 @@ def main() -> int:
     if args.repeats < 2:
         raise SystemExit(f"error: --repeats must be at least 2, got {args.repeats}")
 
-    from workers.backends import get_backend
+    from workers.registry.backends import get_backend
     from workers.backends.base import AgentContext
     from workers.messages import ProfileSweepRequest
     from workers.forkserver import ForkServerPool

@@ -266,7 +266,7 @@ SPECTACULAR_SETTINGS = {
     # HTML forms still post them).
     "PARSER_WHITELIST": ["controlplane.api.parsers.SafeJSONParser"],
     "ENUM_NAME_OVERRIDES": {
-        "ArchitectureEnum": "workers.messages.ARCHITECTURES",
+        "ArchitectureEnum": "workers.registry.models.MODEL_REGISTRY.names",
         "RunStatusEnum": "controlplane.experiments.models.Run.Status",
         "RoundStatusEnum": "controlplane.experiments.models.Round.Status",
         "AssignmentStatusEnum": "controlplane.experiments.models.Assignment.Status",

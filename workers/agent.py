@@ -89,14 +89,12 @@ from workers.backends import (
     BackendUnavailableError,
     ExecutionBackend,
     clear_cancel,
-    get_backend,
     request_cancel,
     request_shutdown,
     shutdown_requested,
     terminate_children,
 )
 from workers.messages import (
-    BACKENDS,
     DeviceInventory,
     DeviceRoundResult,
     ProfileConfigResult,
@@ -108,6 +106,7 @@ from workers.messages import (
 )
 from workers.profiling import run_sweep
 from workers.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
+from workers.registry.backends import BACKEND_REGISTRY, get_backend
 from workers.transfer import (
     ENV_AGENT_TOKEN,
     ENV_CONTROL_URL,
@@ -236,7 +235,7 @@ class AgentSettings:
 
     Attributes:
         device: device name (validated by :func:`workers.queues.device_queue`).
-        backend: execution backend name (:data:`workers.messages.BACKENDS`).
+        backend: execution backend name (:data:`workers.registry.backends.BACKEND_REGISTRY`).
         cores: CPU ids the device may use.
         state_dir: the agent's work folder.
         trainer_timeout_s: seconds a round's trainers may run after the start barrier.
@@ -265,8 +264,7 @@ def agent_settings() -> AgentSettings:
     try:
         device_queue(device)
         backend = os.environ.get(ENV_BACKEND, "cpu").strip() or "cpu"
-        if backend not in BACKENDS:
-            raise ValueError(f"{ENV_BACKEND}={backend!r}; allowed: {', '.join(BACKENDS)}")
+        BACKEND_REGISTRY.check(backend, field=ENV_BACKEND)
         cores_text = os.environ.get(ENV_CORES, "").strip()
         cores = parse_cores(cores_text) if cores_text else sorted(os.sched_getaffinity(0))
         timeout_text = os.environ.get(ENV_TRAINER_TIMEOUT_S, "").strip()
@@ -717,7 +715,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         description="Device agent: serve device.<name> and train the device's share of rounds.",
     )
     parser.add_argument("--device", required=True, help="device name (lower-case, digits, - _)")
-    parser.add_argument("--backend", default="cpu", choices=BACKENDS, help="execution backend")
+    parser.add_argument("--backend", default="cpu", choices=BACKEND_REGISTRY.names(), help="execution backend")
     parser.add_argument("--cores", default=None,
                         help="CPU ids the device may use, e.g. '0-3,6' "
                              "(default: this process's affinity)")

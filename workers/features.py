@@ -31,7 +31,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from workers.messages import ARCHITECTURES, WorkloadFeatures
+from workers.messages import WorkloadFeatures
+from workers.registry.models import MODEL_REGISTRY
 
 _BATCH = 2
 _MIN_SIDE = 32  # VGG16's five 2×2 poolings need at least 32 pixels per side
@@ -65,7 +66,7 @@ def workload_features(
     torch's meta device (shapes only), so even VGG16 at 224×224 takes a fraction of a second.
 
     Args:
-        architecture: one of :data:`workers.messages.ARCHITECTURES`.
+        architecture: a :data:`~workers.registry.models.MODEL_REGISTRY` name.
         num_classes: classifier outputs, ``>= 2``.
         input_shape: ``(channels, height, width)`` of one sample; channels must be 3 and both
             sides in ``[32, 1024]`` pixels.
@@ -79,10 +80,7 @@ def workload_features(
         ValueError: for an unknown architecture (listing the allowed ones), ``num_classes < 2``
             or an input shape out of range.
     """
-    if architecture not in ARCHITECTURES:
-        raise ValueError(
-            f"architecture {architecture!r} is unknown; allowed: {', '.join(ARCHITECTURES)}"
-        )
+    MODEL_REGISTRY.check(architecture, field="architecture")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     return _measure(architecture, num_classes, _check_input_shape(input_shape))
@@ -102,7 +100,7 @@ def _measure(
     # no arithmetic, no weight initialisation, no oneDNN warm-up (VGG16 at 224×224 takes
     # 0.1 s instead of seconds), and the numbers are identical to a CPU run.
     with torch.device("meta"):
-        model = build_model(architecture, num_classes, 0)
+        model = build_model(architecture, num_classes, 0, input_shape)
     model.train()
     params = list(model.parameters())
     # A storage's identity is its StorageImpl address (``_cdata``): views of one storage share

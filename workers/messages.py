@@ -7,31 +7,39 @@ of the device (``active_thread_percentage``, integer 1-100). Results carry ``sim
 when the ``simulated`` backend produced them: their throughputs come from a model, and their
 durations and timestamps are virtual (a simulated round of an hour takes no time).
 
+Model, data set and backend names are plain strings checked against their registries
+(:mod:`workers.registry`), so a plug-in's name passes the wire on a host that has the plug-in.
 This module imports neither torch nor Django.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from workers.registry.backends import BACKEND_REGISTRY
+from workers.registry.base import Registry
+from workers.registry.datasets import DATASET_REGISTRY
+from workers.registry.models import MODEL_REGISTRY
 
 MIB = 1 << 20
 
-Architecture = Literal[
-    "resnet18",
-    "resnet50",
-    "resnet101",
-    "vgg16",
-    "mobilenet_v3_small",
-    "mobilenet_v3_large",
-    "shufflenet_v2_x1_0",
-    "densenet121",
-]
-ARCHITECTURES: tuple[str, ...] = Architecture.__args__  # type: ignore[attr-defined]
 
-DatasetName = Literal["digits", "cifar10"]
-DATASETS: tuple[str, ...] = DatasetName.__args__  # type: ignore[attr-defined]
+def _registered(registry: Registry[Any], field: str) -> AfterValidator:
+    """A validator that lets a name through when ``registry`` has it (plug-ins included)."""
+
+    def check(name: str) -> str:
+        return registry.check(name, field=field)
+
+    return AfterValidator(check)
+
+
+Architecture = Annotated[str, _registered(MODEL_REGISTRY, "architecture")]
+"""A model name of :data:`workers.registry.models.MODEL_REGISTRY` (``"resnet18"``)."""
+
+DatasetName = Annotated[str, _registered(DATASET_REGISTRY, "dataset")]
+"""A data set name of :data:`workers.registry.datasets.DATASET_REGISTRY` (``"digits"``)."""
 
 OptimizerName = Literal["sgd", "adam"]
 OPTIMIZERS: tuple[str, ...] = OptimizerName.__args__  # type: ignore[attr-defined]
@@ -43,40 +51,13 @@ Partitioning = Literal["timeslice", "mps"]
 trainers take turns holding a per-device lock for each iteration, each using all the device's
 cores while it holds it (the faithful CPU analogue of GPU time slicing, docs/DESIGN.md §2).
 ``mps``: each trainer gets its ``active_thread_percentage`` of the device (MPS on a GPU, a
-thread count and core set on the ``cpu`` backend).
+thread count and core set on the ``cpu`` backend). Which backend realises which partitioning is
+the table of :mod:`workers.registry.backends`.
 """
 
-BackendName = Literal["cpu", "simulated", "cuda-mps", "cuda-timeslice"]
-"""Execution backends (docs/DESIGN.md §2): ``cpu`` trains on CPU cores; ``simulated`` trains
-nothing and answers from an analytic contention model (:mod:`workers.backends.simulated`);
-everything it reports carries ``simulated=True``; ``cuda-mps`` and ``cuda-timeslice`` train on
-one NVIDIA GPU (:mod:`workers.backends.cuda`).
-
-Strategy → partitioning → backend. The planner maps a strategy to a :data:`Partitioning`
-(``temporal`` → ``timeslice``; ``isolation``, ``sharing``, ``vres_greedy``, ``vres_sync`` →
-``mps``); the device's backend decides how that partitioning is realised:
-
-============== ============================================ =====================================
-backend        ``timeslice`` (``temporal``)                 ``mps`` (every other strategy)
-============== ============================================ =====================================
-cuda-mps       plain CUDA contexts, no MPS (driver time     one MPS client per trainer,
-               slicing)                                     ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
-cuda-timeslice plain CUDA contexts, no MPS                  refused: no way to grant a share
-cpu            per-iteration device lock, all cores each    a core window per share
-simulated      the model's time-slicing mode                the model's contention mode
-============== ============================================ =====================================
-"""
-BACKENDS: tuple[str, ...] = BackendName.__args__  # type: ignore[attr-defined]
-
-BACKEND_PARTITIONINGS: dict[str, tuple[str, ...]] = {
-    "cpu": ("timeslice", "mps"),
-    "simulated": ("timeslice", "mps"),
-    "cuda-mps": ("timeslice", "mps"),
-    "cuda-timeslice": ("timeslice",),
-}
-"""The partitionings each backend can realise (the table above); the control plane refuses a
-run whose plan needs one a device's backend lacks, before anything is dispatched."""
-
+BackendName = Annotated[str, _registered(BACKEND_REGISTRY, "backend")]
+"""An execution backend name of :data:`workers.registry.backends.BACKEND_REGISTRY` (``"cpu"``,
+``"simulated"``, ``"cuda-mps"``, ``"cuda-timeslice"`` among the built-ins)."""
 
 
 def _simulated_field():

@@ -2,51 +2,42 @@
 
 A device's shard of a task is a contiguous window ``[offset, offset + count)`` of one seeded
 permutation of the training split, so shards of one task are disjoint and together cover the
-split exactly. :func:`shard_counts` decides the window sizes (even, or quantity-skewed by a
-Dirichlet draw as in the paper's "highly skewed data volumes per task"), :func:`shard_offsets`
-turns them into window starts and :func:`shard_indices` returns a window's sample indices.
+split exactly. :func:`shard_counts` decides the window sizes with a registered partition rule
+(:mod:`workers.registry.partitioners`: even, or quantity-skewed by a Dirichlet draw as in the
+paper's "highly skewed data volumes per task"), :func:`shard_offsets` turns them into window
+starts and :func:`shard_indices` returns a window's sample indices.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 
-PartitionRule = Literal["iid", "dirichlet"]
-PARTITION_RULES: tuple[str, ...] = PartitionRule.__args__  # type: ignore[attr-defined]
+from workers.registry.partitioners import PARTITIONER_REGISTRY
 
 
 def shard_counts(
     train_size: int,
     num_devices: int,
-    rule: PartitionRule,
+    rule: str,
     alpha: float | None = None,
     seed: int = 0,
 ) -> list[int]:
     """Return how many of a task's training samples each device holds.
 
-    ``iid``: as even as possible; the first ``train_size % num_devices`` devices hold one sample
-    more than the others. ``alpha`` and ``seed`` are not used.
-
-    ``dirichlet``: quantity skew. Device proportions ``p ~ Dir(alpha · 1_J)`` are drawn with
-    ``np.random.default_rng(seed)`` and turned into integers by the largest-remainder method
-    (floor of ``p_j · train_size``, then one extra sample to the devices with the largest
-    fractional parts, ties to the lower device index), so the counts sum to ``train_size``
-    exactly. Small ``alpha`` (e.g. 0.1) gives highly skewed volumes, large ``alpha`` (e.g. 100)
-    nearly even ones. The same arguments always give the same counts.
+    The rule is a :data:`~workers.registry.partitioners.PARTITIONER_REGISTRY` record (built-ins
+    ``iid``: as even as possible; ``dirichlet``: quantity skew by a seeded ``Dir(alpha · 1_J)``
+    draw, :func:`workers.registry.partitioners.dirichlet_counts`). The same arguments always
+    give the same counts. Whatever the rule, any shard of exactly one sample is then moved to
+    the largest shard (:data:`MIN_SHARD_SAMPLES`).
 
     Args:
         train_size: samples in the task's training split, ``>= 0``.
         num_devices: devices ``J`` holding the task, ``>= 1``.
-        rule: ``"iid"`` or ``"dirichlet"``.
-        alpha: Dirichlet concentration, finite and ``> 0``; required for ``dirichlet``.
-        seed: seed of the Dirichlet draw, ``>= 0``.
-
-    Either rule then moves any shard of exactly one sample to the largest shard
-    (:data:`MIN_SHARD_SAMPLES`).
+        rule: a registered partition rule (``"iid"``, ``"dirichlet"``, or a plug-in's).
+        alpha: concentration for rules that use one (``dirichlet``: finite and ``> 0``).
+        seed: seed of the rule's random draw, ``>= 0``.
 
     Returns:
         ``J`` non-negative integers summing to ``train_size``, none equal to 1 (unless
@@ -54,23 +45,20 @@ def shard_counts(
 
     Raises:
         ValueError: naming the field, for ``train_size < 0``, ``num_devices < 1``, an unknown
-            ``rule``, a missing/non-positive/non-finite ``alpha`` with ``dirichlet``, or
-            ``seed < 0``.
+            ``rule`` (listing the allowed ones), a bad ``alpha`` for the rule, ``seed < 0``, or
+            a rule that gave counts of the wrong length or sum.
     """
     _require_int("train_size", train_size, minimum=0)
     _require_int("num_devices", num_devices, minimum=1)
     _require_int("seed", seed, minimum=0)
-    if rule == "iid":
-        base, extra = divmod(train_size, num_devices)
-        return _no_single_samples([base + (1 if j < extra else 0) for j in range(num_devices)])
-    if rule != "dirichlet":
-        raise ValueError(f"rule must be one of {PARTITION_RULES}, got {rule!r}")
-    if alpha is None or isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise ValueError(f"alpha must be a finite number > 0 for rule='dirichlet', got {alpha!r}")
-    if not math.isfinite(alpha) or alpha <= 0:
-        raise ValueError(f"alpha must be a finite number > 0 for rule='dirichlet', got {alpha!r}")
-    proportions = np.random.default_rng(seed).dirichlet(np.full(num_devices, float(alpha)))
-    return _no_single_samples(_largest_remainder(proportions, train_size))
+    record = PARTITIONER_REGISTRY.get(rule, field="rule")
+    counts = [int(c) for c in record.counts(train_size, num_devices, alpha, seed)]
+    if len(counts) != num_devices or sum(counts) != train_size or min(counts) < 0:
+        raise ValueError(
+            f"rule {rule!r} gave {len(counts)} counts summing to {sum(counts)} for {num_devices} devices and {train_size} samples: "
+            "it must give one non-negative count per device, summing to train_size"
+        )
+    return _no_single_samples(counts)
 
 
 MIN_SHARD_SAMPLES = 2
@@ -87,17 +75,6 @@ def _no_single_samples(counts: list[int]) -> list[int]:
             largest = max(range(len(counts)), key=lambda k: (counts[k] if k != j else -1, -k))
             counts[j], counts[largest] = 0, counts[largest] + 1
     return counts
-
-
-def _largest_remainder(proportions: np.ndarray, total: int) -> list[int]:
-    """Apportion ``total`` by ``proportions`` (shape ``(J,)``, summing to 1) into integers."""
-    exact = proportions * total
-    counts = np.floor(exact).astype(np.int64)
-    short = total - int(counts.sum())
-    # Stable sort keeps ties in device order, so the result is reproducible across platforms.
-    order = np.argsort(-(exact - counts), kind="stable")
-    counts[order[:short]] += 1
-    return [int(c) for c in counts]
 
 
 def shard_offsets(counts: Sequence[int]) -> list[int]:

@@ -1,9 +1,9 @@
-"""The model zoo: the paper's DNNs, built by torchvision with random (seeded) weights.
+"""The model zoo: models of :data:`workers.registry.models.MODEL_REGISTRY`, built with random
+(seeded) weights.
 
-Models are torchvision's unchanged architectures with ``weights=None`` (nothing is downloaded)
-and ``num_classes`` outputs. They accept 3×32×32 inputs (CIFAR-10 size) as they are: the
-adaptive average pooling before each classifier absorbs the small spatial size. torch is
-imported inside the functions.
+The built-ins are the paper's DNNs, torchvision's unchanged architectures with ``weights=None``
+(nothing is downloaded) and ``num_classes`` outputs; plug-ins come from the ``mtfl.models``
+entry-point group. torch is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workers.messages import ARCHITECTURES
+from workers.registry.models import MODEL_REGISTRY, InputShape, Model
 
 if TYPE_CHECKING:
     import torch
@@ -19,46 +19,46 @@ if TYPE_CHECKING:
 _MAX_SEED = 2**63 - 1
 
 
-def _check(architecture: str, num_classes: int, seed: int) -> None:
-    if architecture not in ARCHITECTURES:
-        raise ValueError(
-            f"architecture {architecture!r} is unknown; allowed: {', '.join(ARCHITECTURES)}"
-        )
+def _check(architecture: str, num_classes: int, seed: int) -> Model:
+    record = MODEL_REGISTRY.get(architecture, field="architecture")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
         raise ValueError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
+    return record
 
 
-def build_model(architecture: str, num_classes: int, seed: int) -> torch.nn.Module:
-    """Build a torchvision model with seeded random initialisation.
+def build_model(
+    architecture: str, num_classes: int, seed: int, input_shape: InputShape = (3, 32, 32)
+) -> torch.nn.Module:
+    """Build a registered model with seeded random initialisation.
 
     The initialisation runs under ``torch.manual_seed(seed)`` inside
     ``torch.random.fork_rng``, so the same arguments give bit-identical weights and the caller's
     global RNG state is left untouched.
 
     Args:
-        architecture: one of :data:`workers.messages.ARCHITECTURES` (the torchvision builder
-            name, e.g. ``"resnet18"``).
+        architecture: a :data:`~workers.registry.models.MODEL_REGISTRY` name (the built-ins are
+            torchvision builder names, e.g. ``"resnet18"``).
         num_classes: outputs of the classifier, ``>= 2``.
         seed: initialisation seed in ``[0, 2**63 - 1]``.
+        input_shape: ``(channels, height, width)`` of one sample the model will see.
 
     Returns:
-        The model in training mode, on CPU, float32. Input ``N×3×32×32`` (or larger), output
-        logits ``N×num_classes``.
+        The model in training mode, on CPU, float32. Input ``N×C×H×W`` of ``input_shape``
+        (the built-ins take ``N×3×32×32`` or larger), output logits ``N×num_classes``.
 
     Raises:
-        ValueError: for an unknown architecture (listing the allowed ones), ``num_classes < 2``
-            or a seed out of range.
+        ValueError: for an unknown architecture (naming the ``architecture`` field and listing
+            the allowed ones), ``num_classes < 2``, a seed out of range, or an input shape the
+            model cannot take.
     """
-    _check(architecture, num_classes, seed)
+    record = _check(architecture, num_classes, seed)
     import torch
-    import torchvision
 
-    builder = getattr(torchvision.models, architecture)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = builder(weights=None, num_classes=num_classes)
+        model = record.build(num_classes, tuple(input_shape))
     return model
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from rest_framework import serializers
 
 from controlplane.api.fast_lists import FastReadListSerializer
@@ -17,6 +19,7 @@ from controlplane.experiments.models import (
     Shard,
     Task,
 )
+from controlplane.experiments.services.catalog import partition_rules
 from controlplane.experiments.services.templates import (
     DEFAULT_DIRICHLET_ALPHA,
     DEFAULT_LOCAL_EPOCHS,
@@ -27,9 +30,12 @@ from controlplane.experiments.services.templates import (
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_effective_status
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
-from controlplane.planning.strategies import MAX_BATCH_SIZE, MIN_BATCH_SIZE, STRATEGIES
+from controlplane.planning.strategies import MAX_BATCH_SIZE, MIN_BATCH_SIZE, STRATEGY_REGISTRY
 from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
-from workers.messages import ARCHITECTURES, BACKENDS, DATASETS, OPTIMIZERS
+from workers.messages import OPTIMIZERS
+from workers.registry.backends import BACKEND_REGISTRY
+from workers.registry.datasets import DATASET_REGISTRY
+from workers.registry.models import MODEL_REGISTRY
 
 
 MAX_ID = 2**63 - 1
@@ -46,6 +52,44 @@ class ChoiceField(serializers.ChoiceField):
             allowed = ", ".join(map(str, self.choices))
             raise serializers.ValidationError(f"{data!r} is not allowed; allowed: {allowed}")
         return self.choice_strings_to_values[data]
+
+
+class RegisteredField(ChoiceField):
+    """A name from a registry (strategies, models, data sets, backends...), read from the registry
+    each time a request is validated or the schema is drawn, so a plug-in registered at run
+    time is accepted at once; the error lists the allowed names.
+
+    Args:
+        names: ``() -> names``, e.g. ``STRATEGY_REGISTRY.names``.
+    """
+
+    def __init__(self, names: Callable[[], Iterable[str]], **kwargs):
+        self._names = names
+        super().__init__(choices=(), **kwargs)
+
+    @property
+    def choices(self) -> dict[str, str]:
+        return {name: name for name in self._names()}
+
+    @choices.setter
+    def choices(self, _value) -> None:
+        """The registry decides: whatever ``ChoiceField.__init__`` sets is ignored."""
+
+    @property
+    def grouped_choices(self) -> dict[str, str]:
+        return self.choices
+
+    @grouped_choices.setter
+    def grouped_choices(self, _value) -> None:
+        """As :attr:`choices`."""
+
+    @property
+    def choice_strings_to_values(self) -> dict[str, str]:
+        return self.choices
+
+    @choice_strings_to_values.setter
+    def choice_strings_to_values(self, _value) -> None:
+        """As :attr:`choices`."""
 
 
 class StrictCharField(serializers.CharField):
@@ -129,11 +173,11 @@ class DeviceSerializer(serializers.ModelSerializer):
 
 class DeviceCreateSerializer(StrictSerializer):
     name = StrictCharField(max_length=63)
-    backend = ChoiceField(choices=BACKENDS, default="cpu")
+    backend = RegisteredField(BACKEND_REGISTRY.names, default="cpu")
 
 
 class DeviceUpdateSerializer(StrictSerializer):
-    backend = ChoiceField(choices=BACKENDS, required=False)
+    backend = RegisteredField(BACKEND_REGISTRY.names, required=False)
     fixed_fields = {"name": "cannot change: a device's name is its Celery queue; register a new device"}
 
 
@@ -163,8 +207,8 @@ class TaskSerializer(serializers.ModelSerializer):
 
 class TaskWriteSerializer(StrictSerializer):
     name = StrictCharField(max_length=100)
-    architecture = ChoiceField(choices=ARCHITECTURES)
-    dataset = ChoiceField(choices=DATASETS, default="digits")
+    architecture = RegisteredField(MODEL_REGISTRY.names)
+    dataset = RegisteredField(DATASET_REGISTRY.names, default="digits")
     dataset_root = StrictCharField(max_length=1024, required=False, allow_blank=True, default="")
     num_classes = integer(2, 100_000, default=10)
     optimizer = ChoiceField(choices=OPTIMIZERS, default="sgd")
@@ -224,7 +268,7 @@ class ExperimentCreateSerializer(StrictSerializer):
     devices = id_list()
     rounds = integer(1, 10_000)
     local_epochs = integer(1, 1000, default=1)
-    partition_rule = ChoiceField(choices=Experiment.PartitionRule.values, default="iid")
+    partition_rule = RegisteredField(partition_rules, default="iid")
     dirichlet_alpha = number(required=False, allow_null=True, default=None)
     seed = integer(0, 2**31 - 1, default=0)
     sample_counts = SampleCountSerializer(many=True, required=False, default=None, allow_null=True)
@@ -254,9 +298,9 @@ class ExperimentTemplateSerializer(serializers.Serializer):
     name = serializers.CharField(read_only=True, help_text="what to pass as `template`")
     title = serializers.CharField(read_only=True)
     description = serializers.CharField(read_only=True)
-    architectures = serializers.ListField(child=ChoiceField(choices=ARCHITECTURES), read_only=True)
-    dataset = ChoiceField(
-        choices=DATASETS, read_only=True,
+    architectures = serializers.ListField(child=RegisteredField(MODEL_REGISTRY.names), read_only=True)
+    dataset = RegisteredField(
+        DATASET_REGISTRY.names, read_only=True,
         help_text="the data set an experiment from the template trains on unless one is asked for: cifar10 "
         "when MTFL_CIFAR10_ROOT holds it, digits otherwise",
     )
@@ -282,7 +326,8 @@ class ExperimentFromTemplateSerializer(StrictSerializer):
                                     help_text="0 to 2147483647; default 0")
     dataset = StrictCharField(
         required=False, allow_null=True,
-        help_text=f"one of {', '.join(DATASETS)}; default: cifar10 when MTFL_CIFAR10_ROOT holds it, digits otherwise",
+        help_text="a registered data set (built-ins: digits, cifar10); default: cifar10 when MTFL_CIFAR10_ROOT holds "
+                  "it, digits otherwise",
     )
 
 
@@ -311,11 +356,11 @@ class RunSerializer(serializers.ModelSerializer):
         return run_speedups(run, cache[run.experiment_id])
 
     def get_raw_speedup(self, run: Run) -> float | None:
-        """Raw throughput over the experiment's newest succeeded ``temporal`` run."""
+        """Raw throughput over the experiment's newest succeeded baseline (``temporal``) run."""
         return self._speedups(run)["raw_speedup"]
 
     def get_fair_speedup(self, run: Run) -> float | None:
-        """Fair throughput over the experiment's newest succeeded ``temporal`` run."""
+        """Fair throughput over the experiment's newest succeeded baseline (``temporal``) run."""
         return self._speedups(run)["fair_speedup"]
 
 
@@ -336,7 +381,7 @@ class PlannerOptionsSerializer(StrictSerializer):
 
 
 class RunCreateSerializer(StrictSerializer):
-    strategy = ChoiceField(choices=STRATEGIES)
+    strategy = RegisteredField(STRATEGY_REGISTRY.names)
     plan = ManualPlanEntrySerializer(many=True, required=False, default=None, allow_null=True, max_length=MAX_LIST)
     options = PlannerOptionsSerializer(required=False, default=None, allow_null=True)
 
@@ -447,8 +492,8 @@ class ProfileSweepSerializer(serializers.ModelSerializer):
 
 class ProfileSweepCreateSerializer(StrictSerializer):
     budget_s = number()
-    architectures = serializers.ListField(child=ChoiceField(choices=ARCHITECTURES), required=False, allow_empty=False,
-                                          max_length=len(ARCHITECTURES))
+    architectures = serializers.ListField(child=RegisteredField(MODEL_REGISTRY.names), required=False,
+                                          allow_empty=False, max_length=64)
     batch_sizes = serializers.ListField(child=integer(2, 4096), required=False, allow_empty=False, max_length=64)
     max_mix = integer(1, 8, required=False)
     seed = integer(0, 2**31 - 1, default=0)
@@ -475,5 +520,5 @@ class PredictorSerializer(serializers.ModelSerializer):
 
 
 class PredictorCreateSerializer(StrictSerializer):
-    backend = ChoiceField(choices=BACKENDS, default="cpu")
+    backend = RegisteredField(BACKEND_REGISTRY.names, default="cpu")
     device_class = StrictCharField(max_length=64, required=False)

@@ -23,22 +23,13 @@ from controlplane.experiments.services.templates import (
     TEMPLATES,
 )
 from controlplane.fleet import selectors as fleet_selectors
-from controlplane.planning.strategies import COMPARED
-from workers.messages import ARCHITECTURES, BACKENDS, DATASETS, OPTIMIZERS
-
-BACKEND_LABELS = {
-    "cpu": "cpu — trains on the host's cores",
-    "simulated": "simulated — an analytic GPU model; trains nothing",
-    "cuda-mps": "cuda-mps — one NVIDIA GPU shared with MPS",
-    "cuda-timeslice": "cuda-timeslice — one NVIDIA GPU without MPS (temporal only)",
-}
-STRATEGY_LABELS = {
-    "temporal": "temporal — time slicing, the speedups' baseline",
-    "isolation": "isolation — each of I tasks gets 100/I %",
-    "sharing": "sharing — every task gets 100 % and competes",
-    "vres_greedy": "vres_greedy — the paper's planner (needs a predictor)",
-    "vres_sync": "vres_sync — plans the round time (needs a predictor)",
-}
+from controlplane.planning.strategies import STRATEGY_REGISTRY
+from workers.messages import OPTIMIZERS
+from workers.registry.backends import BACKEND_REGISTRY
+from workers.registry.base import Registry
+from workers.registry.datasets import DATASET_REGISTRY
+from workers.registry.models import MODEL_REGISTRY
+from workers.registry.partitioners import PARTITIONER_REGISTRY
 
 
 def _input(widget: forms.Widget, label: str, *, help_text: str = "", initial: Any = None) -> forms.Field:
@@ -49,6 +40,17 @@ def _input(widget: forms.Widget, label: str, *, help_text: str = "", initial: An
 
 def _select(choices, **attrs) -> forms.Select:
     return forms.Select(choices=[(c, c) if isinstance(c, str) else c for c in choices], attrs=attrs)
+
+
+def _registered(registry: Registry[Any], *, keep: Any = None) -> list[tuple[str, str]]:
+    """``(name, label)`` of every record of ``registry`` (those ``keep`` accepts, when given),
+    read when a form is made, so a plug-in registered at run time is listed at once."""
+    return [(r.name, r.label) for r in registry.records() if keep is None or keep(r)]
+
+
+def _registered_select(form: forms.Form, field: str, choices: list[tuple[str, str]]) -> None:
+    """Give ``form``'s ``field`` a select of ``choices`` (the registry's now, not at import)."""
+    form.fields[field].widget = _select(choices)
 
 
 def _number(**attrs) -> forms.NumberInput:
@@ -124,8 +126,12 @@ class DeviceForm(ApiCheckedForm):
         forms.TextInput(attrs={"placeholder": "e.g. gpu-a", "maxlength": 63, "autocomplete": "off"}), "Name",
         help_text="lower-case letters, digits, '-' or '_' (1 to 63); it names the device's queue, device.<name>",
     )
-    backend = _input(_select([(b, BACKEND_LABELS.get(b, b)) for b in BACKENDS]), "Backend", initial="cpu",
+    backend = _input(_select([]), "Backend", initial="cpu",
                      help_text="how the agent trains; numbers from simulated devices are labelled simulated")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _registered_select(self, "backend", _registered(BACKEND_REGISTRY))
 
 
 class TaskForm(ApiCheckedForm):
@@ -135,8 +141,8 @@ class TaskForm(ApiCheckedForm):
 
     name = _input(forms.TextInput(attrs={"placeholder": "e.g. digits-resnet18", "maxlength": 100,
                                          "autocomplete": "off"}), "Name", help_text="unique in the lab")
-    architecture = _input(_select(ARCHITECTURES), "Model", initial="resnet18")
-    dataset = _input(_select(DATASETS), "Data set", initial="digits",
+    architecture = _input(_select([]), "Model", initial="resnet18")
+    dataset = _input(_select([]), "Data set", initial="digits",
                      help_text="digits ships with scikit-learn; cifar10 needs its folder below")
     dataset_root = _input(forms.TextInput(attrs={"placeholder": "/data/cifar10"}), "Data folder (cifar10)",
                           help_text="the folder holding cifar-10-batches-py; nothing is downloaded")
@@ -145,6 +151,11 @@ class TaskForm(ApiCheckedForm):
     learning_rate = _input(_number(min=0, max=10), "Learning rate", initial=0.05)
     momentum = _input(_number(min=0, max=1), "Momentum", initial=0.9, help_text="sgd only")
     weight_decay = _input(_number(min=0, max=1), "Weight decay", initial=5e-4)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _registered_select(self, "architecture", _registered(MODEL_REGISTRY))
+        _registered_select(self, "dataset", _registered(DATASET_REGISTRY))
 
 
 # --- experiments ------------------------------------------------------------------------------
@@ -164,10 +175,7 @@ class ExperimentForm(ApiCheckedForm):
     local_epochs = _input(_number(min=1, max=1000, step=1), "Local epochs", initial=1,
                           help_text="per device and round")
     seed = _input(_number(min=0, step=1), "Seed", initial=0, help_text="of the split and the sample order")
-    partition_rule = _input(
-        _select([("iid", "iid — even shares"), ("dirichlet", "dirichlet — skewed volumes")]), "Data split",
-        initial="iid",
-    )
+    partition_rule = _input(_select([]), "Data split", initial="iid")
     dirichlet_alpha = _input(_number(min=0, max=1000, placeholder=f"e.g. {DEFAULT_DIRICHLET_ALPHA}"),
                              "Dirichlet α (dirichlet only)", help_text="in (0, 1000]; smaller skews more")
     description = _input(forms.Textarea(attrs={"rows": 2}), "Description (optional)")
@@ -177,6 +185,8 @@ class ExperimentForm(ApiCheckedForm):
         tasks = [(t.id, f"{t.name} ({t.architecture}, {t.dataset})") for t in Task.objects.order_by("name")]
         self.fields["tasks"].widget = _multi(tasks)
         self.fields["devices"].widget = _multi(_device_choices())
+        # explicit sample counts are API-only (a table per device and task)
+        _registered_select(self, "partition_rule", _registered(PARTITIONER_REGISTRY))
 
     def payload(self) -> dict[str, Any]:
         data = super().payload()
@@ -233,11 +243,16 @@ class RunForm(ApiCheckedForm):
     serializer_class = api.RunCreateSerializer
     error_fields = {"options.objective": "objective", "options.slack": "slack", "options": "objective"}
 
-    strategy = _input(_select([(s, STRATEGY_LABELS.get(s, s)) for s in COMPARED]), "Strategy", initial="sharing")
+    strategy = _input(_select([]), "Strategy", initial="sharing")
     objective = _input(_select([("", "raw (default)"), ("raw", "raw: Σ P"), ("fair", "fair: Σ P / P_alone")]),
                        "Objective (vres_greedy)")
     slack = _input(_select([("", "smaller_batches (default)"), ("smaller_batches", "smaller_batches"),
                             ("none", "none")]), "Slack (vres_sync)")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # manual plans are API-only (a table of batch sizes and shares per device and task)
+        _registered_select(self, "strategy", _registered(STRATEGY_REGISTRY, keep=lambda s: not s.takes_plan))
 
     def payload(self) -> dict[str, Any]:
         data = super().payload()

@@ -5,6 +5,10 @@ Vocabulary (docs/DESIGN.md §2): an *experiment* is the setup; a *run* executes 
 a *round* is one FL synchronisation cycle; an *assignment* is one task on one device in one round
 (the allocation plan of a round is its set of assignments); a *checkpoint* is the global model of
 a task after a round.
+
+Strategy, model, data set and partition rule names are plain strings checked by the services
+against their registries (:mod:`controlplane.planning.strategies`, :mod:`workers.registry`), so
+a plug-in's names need no migration.
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.fleet.models import Device
-from controlplane.planning.strategies import STRATEGIES
-from workers.messages import ARCHITECTURES, DATASETS, OPTIMIZERS
+from workers.messages import OPTIMIZERS
 
 
 MAX_DEVICE_RETRIES = 10
@@ -25,8 +28,9 @@ class Task(models.Model):
     """A learning task: a model architecture from the zoo trained on a data set."""
 
     name = models.CharField(max_length=100, unique=True)
-    architecture = models.CharField(max_length=64, choices=[(a, a) for a in ARCHITECTURES])
-    dataset = models.CharField(max_length=32, choices=[(d, d) for d in DATASETS], default="digits")
+    architecture = models.CharField(max_length=64, help_text="a model of workers.registry.models.MODEL_REGISTRY")
+    dataset = models.CharField(max_length=32, default="digits",
+                               help_text="a data set of workers.registry.datasets.DATASET_REGISTRY")
     dataset_root = models.CharField(
         max_length=1024, blank=True, default="", help_text="local folder of the data set (cifar10)"
     )
@@ -56,10 +60,8 @@ class Experiment(models.Model):
     experiment is created and kept as :class:`Shard` rows.
     """
 
-    class PartitionRule(models.TextChoices):
-        IID = "iid"
-        DIRICHLET = "dirichlet"
-        EXPLICIT = "explicit"
+    EXPLICIT = "explicit"
+    """``partition_rule`` of an experiment whose sample counts were given rather than derived."""
 
     name = models.CharField(max_length=200, unique=True)
     description = models.TextField(blank=True, default="")
@@ -69,7 +71,10 @@ class Experiment(models.Model):
     local_epochs = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)]
     )
-    partition_rule = models.CharField(max_length=16, choices=PartitionRule.choices, default="iid")
+    partition_rule = models.CharField(
+        max_length=32, default="iid",
+        help_text="a partition rule of workers.registry.partitioners.PARTITIONER_REGISTRY, or 'explicit'",
+    )
     dirichlet_alpha = models.FloatField(null=True, blank=True)
     seed = models.PositiveIntegerField(default=0)
     owner = models.ForeignKey(
@@ -161,7 +166,7 @@ class Run(models.Model):
         CANCELLED = "cancelled"
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
-    strategy = models.CharField(max_length=32, choices=[(s, s) for s in STRATEGIES])
+    strategy = models.CharField(max_length=32, help_text="a strategy of controlplane.planning.strategies.STRATEGY_REGISTRY")
     manual_plan = models.JSONField(null=True, blank=True)
     options = models.JSONField(default=dict, blank=True)
     planned = models.JSONField(null=True, blank=True)

@@ -20,6 +20,7 @@ from controlplane.experiments.models import (
 )
 from controlplane.fleet.models import Device
 from controlplane.planning.metrics import speedup
+from controlplane.planning.strategies import baseline_strategy
 from controlplane.planning.types import PlanningInput
 from workers.messages import DatasetRef, OptimizerConfig, TaskRef
 
@@ -185,14 +186,16 @@ def run_telemetry(run: Run) -> QuerySet[DeviceTelemetry]:
 
 
 def baseline_run(experiment: Experiment) -> Run | None:
-    """The experiment's newest succeeded ``temporal`` run, the baseline of every speedup."""
+    """The experiment's newest succeeded run of the baseline strategy
+    (:func:`~controlplane.planning.strategies.baseline_strategy`, ``temporal``), the baseline of
+    every speedup."""
     return (
-        experiment.runs.filter(strategy="temporal", status=Run.Status.SUCCEEDED).order_by("-id").first()
+        experiment.runs.filter(strategy=baseline_strategy().name, status=Run.Status.SUCCEEDED).order_by("-id").first()
     )
 
 
 def run_speedups(run: Run, baseline: Run | None) -> dict[str, float | None]:
-    """Raw and fair throughput speedups of a run over the ``temporal`` baseline."""
+    """Raw and fair throughput speedups of a run over the baseline run (:func:`baseline_run`)."""
     return {
         "raw_speedup": speedup(run.raw_throughput_sps, baseline.raw_throughput_sps if baseline else None),
         "fair_speedup": speedup(run.fair_throughput, baseline.fair_throughput if baseline else None),

@@ -7,7 +7,6 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from workers.messages import BACKENDS
 from workers.queues import DEVICE_NAME_RE, device_queue
 
 
@@ -31,7 +30,11 @@ class Device(models.Model):
             )
         ],
     )
-    backend = models.CharField(max_length=32, choices=[(b, b) for b in BACKENDS], default="cpu")
+    backend = models.CharField(
+        max_length=32, default="cpu",
+        help_text="an execution backend of workers.registry.backends.BACKEND_REGISTRY (checked by the services, "
+                  "so a plug-in's backend needs no migration)",
+    )
     inventory = models.JSONField(default=dict, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)

@@ -12,9 +12,11 @@ from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.registered import registered
 from controlplane.fleet.models import Device, DeviceToken
-from workers.messages import BACKENDS, DeviceInventory
+from workers.messages import DeviceInventory
 from workers.queues import DEVICE_NAME_RE
+from workers.registry.backends import BACKEND_REGISTRY
 
 
 def _check_name(name: str) -> None:
@@ -26,10 +28,7 @@ def _check_name(name: str) -> None:
 
 
 def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ApplicationError(
-            f"backend {backend!r} is not available; allowed: {', '.join(BACKENDS)}", field="backend"
-        )
+    registered(BACKEND_REGISTRY, backend, field="backend")
 
 
 @transaction.atomic

@@ -1,19 +1,21 @@
 """Profiling state: what models cost (workload features), what was measured on devices
-(profile sweeps and samples), and the predictors fitted on it."""
+(profile sweeps and samples), and the predictors fitted on it.
+
+Model and backend names are plain strings checked by the services against their registries
+(:mod:`workers.registry`), so a plug-in's names need no migration."""
 
 from __future__ import annotations
 
 from django.db import models
 
 from controlplane.fleet.models import Device
-from workers.messages import ARCHITECTURES, BACKENDS
 
 
 class ModelWorkload(models.Model):
     """Workload features ``F_i`` of a model at an input shape (docs/DESIGN.md §1), computed once
     with ``torch.utils.flop_counter`` and cached (:class:`workers.messages.WorkloadFeatures`)."""
 
-    architecture = models.CharField(max_length=64, choices=[(a, a) for a in ARCHITECTURES])
+    architecture = models.CharField(max_length=64)
     num_classes = models.PositiveIntegerField()
     input_shape = models.JSONField(default=list)
     forward_flops_per_sample = models.FloatField()
@@ -42,7 +44,7 @@ class ProfileSweep(models.Model):
         FAILED = "failed"
 
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="profile_sweeps")
-    backend = models.CharField(max_length=32, choices=[(b, b) for b in BACKENDS])
+    backend = models.CharField(max_length=32)
     budget_s = models.FloatField()
     request = models.JSONField(help_text="the ProfileSweepRequest sent to the agent")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
@@ -83,13 +85,13 @@ class ProfileSample(models.Model):
         "experiments.Assignment", on_delete=models.CASCADE, null=True, blank=True, related_name="profile_sample"
     )
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="profile_samples")
-    backend = models.CharField(max_length=32, choices=[(b, b) for b in BACKENDS])
+    backend = models.CharField(max_length=32)
     device_class = models.CharField(max_length=64, help_text="the device's class when measured (e.g. cpu-2cores)")
     config_key = models.CharField(max_length=64, help_text="same for every task of one measured configuration")
     configuration = models.JSONField()
     mix_size = models.PositiveSmallIntegerField()
     task_index = models.PositiveSmallIntegerField()
-    architecture = models.CharField(max_length=64, choices=[(a, a) for a in ARCHITECTURES])
+    architecture = models.CharField(max_length=64)
     batch_size = models.PositiveIntegerField()
     active_thread_percentage = models.PositiveSmallIntegerField()
     throughput_sps = models.FloatField()
@@ -127,7 +129,7 @@ class Predictor(models.Model):
         FAILED = "failed"
 
     version = models.PositiveIntegerField()
-    backend = models.CharField(max_length=32, choices=[(b, b) for b in BACKENDS])
+    backend = models.CharField(max_length=32)
     device_class = models.CharField(max_length=64, help_text="e.g. cpu-2cores: devices it applies to")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.FITTING)
     feature_spec = models.JSONField(default=dict, blank=True)

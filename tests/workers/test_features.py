@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from workers.features import workload_features
-from workers.messages import ARCHITECTURES
+from workers.registry.models import MODEL_REGISTRY
+
+ARCHITECTURES = MODEL_REGISTRY.names()
 
 IMAGENET = (3, 224, 224)
 

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from workers.messages import ARCHITECTURES
+from workers.registry.models import MODEL_REGISTRY
 from workers.zoo import build_model
+
+ARCHITECTURES = MODEL_REGISTRY.names()
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)

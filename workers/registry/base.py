@@ -28,7 +28,9 @@ class Named(Protocol):
     """What every record has: the ``name`` it is registered under."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The name the record is registered under."""
+        ...
 
 
 R = TypeVar("R", bound=Named)
@@ -78,6 +80,14 @@ class Registry(Generic[R]):
         self._plugins_loaded = False
         self._lock = threading.RLock()
         self.failures: list[PluginFailure] = []
+
+    def __copy__(self) -> Registry[R]:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Registry[R]:
+        # A registry is the process's one table of its kind: a copy (DRF and Django deep-copy
+        # their fields, and with them a bound ``names``) must see later registrations too.
+        return self
 
     def register(self, record: R, *, replace: bool = False) -> R:
         """Add ``record`` under ``record.name`` and return it.

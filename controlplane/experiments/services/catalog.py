@@ -10,13 +10,17 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.registered import registered
 from controlplane.experiments.models import Experiment, Shard, Task
 from controlplane.experiments.selectors import can_manage_experiment
 from controlplane.fleet.models import Device
 from controlplane.profiling.services import workload_request
 from workers.datasets import dataset_info
-from workers.messages import ARCHITECTURES, DATASETS, OPTIMIZERS
+from workers.messages import OPTIMIZERS
 from workers.partition import shard_counts, shard_offsets
+from workers.registry.datasets import DATASET_REGISTRY
+from workers.registry.models import MODEL_REGISTRY
+from workers.registry.partitioners import PARTITIONER_REGISTRY, Partitioner
 
 
 
@@ -26,7 +30,33 @@ def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
         raise ApplicationError(f"{field} {value!r} is not supported; allowed: {', '.join(allowed)}", field=field)
 
 
-def _check_finite_range(field: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> float:
+def partition_rules() -> tuple[str, ...]:
+    """Every ``partition_rule`` an experiment may have: the registered partitioners
+    (:data:`~workers.registry.partitioners.PARTITIONER_REGISTRY`), then ``explicit``."""
+    return (*PARTITIONER_REGISTRY.names(), Experiment.EXPLICIT)
+
+
+def partition_rule_get(name: object) -> Partitioner:
+    """The registered partitioner ``name``.
+
+    Raises:
+        ApplicationError: not a registered partitioner nor ``explicit``, naming
+            ``partition_rule`` and listing :func:`partition_rules`.
+    """
+    if not isinstance(name, str) or name not in PARTITIONER_REGISTRY:
+        allowed = ", ".join(partition_rules())
+        raise ApplicationError(f"partition_rule: {name!r} is not allowed; allowed: {allowed}", field="partition_rule")
+    return PARTITIONER_REGISTRY.get(name)
+
+
+def check_finite_range(field: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> float:
+    """``value`` as a float when it is a finite number in the interval from ``lo`` to ``hi``
+    (each end open or closed).
+
+    Raises:
+        ApplicationError: not a number, not finite or out of the interval, naming ``field`` and
+            the interval.
+    """
     try:
         v = float(value)
     except OverflowError:  # an int too large for a float: out of any range
@@ -55,9 +85,9 @@ def _check_reliability(**values: Any) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int):
             raise ApplicationError(f"device_retries must be an integer: allowed 0 to {MAX_DEVICE_RETRIES}",
                                    field="device_retries")
-        _check_finite_range("device_retries", retries, 0, MAX_DEVICE_RETRIES)
+        check_finite_range("device_retries", retries, 0, MAX_DEVICE_RETRIES)
     if values.get("deadline_factor") is not None:
-        _check_finite_range("deadline_factor", values["deadline_factor"], 1.0, 100.0)
+        check_finite_range("deadline_factor", values["deadline_factor"], 1.0, 100.0)
 
 
 def _bound(x: float) -> str:
@@ -66,17 +96,17 @@ def _bound(x: float) -> str:
 
 def _check_task_fields(fields: Mapping[str, Any]) -> None:
     if "architecture" in fields:
-        _check_choice("architecture", fields["architecture"], ARCHITECTURES)
+        registered(MODEL_REGISTRY, fields["architecture"], field="architecture")
     if "dataset" in fields:
-        _check_choice("dataset", fields["dataset"], DATASETS)
+        registered(DATASET_REGISTRY, fields["dataset"], field="dataset")
     if "optimizer" in fields:
         _check_choice("optimizer", fields["optimizer"], OPTIMIZERS)
     if "learning_rate" in fields:
-        _check_finite_range("learning_rate", fields["learning_rate"], 0.0, 10.0, lo_open=True)
+        check_finite_range("learning_rate", fields["learning_rate"], 0.0, 10.0, lo_open=True)
     if "momentum" in fields:
-        _check_finite_range("momentum", fields["momentum"], 0.0, 1.0, hi_open=True)
+        check_finite_range("momentum", fields["momentum"], 0.0, 1.0, hi_open=True)
     if "weight_decay" in fields:
-        _check_finite_range("weight_decay", fields["weight_decay"], 0.0, 1.0)
+        check_finite_range("weight_decay", fields["weight_decay"], 0.0, 1.0)
 
 
 def _check_dataset_consistency(task: Task) -> None:
@@ -87,9 +117,9 @@ def _check_dataset_consistency(task: Task) -> None:
             f"{info.num_classes} to 100000 (the data set has {info.num_classes} classes)",
             field="num_classes",
         )
-    if task.dataset == "cifar10" and not task.dataset_root:
+    if DATASET_REGISTRY.get(task.dataset).needs_root and not task.dataset_root:
         raise ApplicationError(
-            "dataset_root is required for cifar10: the folder holding cifar-10-batches-py "
+            f"dataset_root is required for {task.dataset}: the local folder it is read from "
             "(nothing is downloaded)",
             field="dataset_root",
         )
@@ -190,12 +220,12 @@ def _shard_table(
 ) -> list[tuple[Device, Task, int, int]]:
     """Derive ``(device, task, num_samples, offset)`` for every pair (see :class:`Shard`).
 
-    ``iid`` splits each task's training set as evenly as possible; ``dirichlet`` draws each
-    task's device proportions from ``Dir(alpha)`` with seed ``seed * 10007 + k`` for the
-    ``k``-th task (so tasks get different skews); ``explicit`` takes the given counts.
+    ``explicit`` takes the given counts; any other rule is a registered partitioner
+    (:func:`workers.partition.shard_counts`), called with seed ``seed * 10007 + k`` for the
+    ``k``-th task (so tasks get different draws: ``dirichlet`` gives each task its own skew).
     """
     rows: list[tuple[Device, Task, int, int]] = []
-    if partition_rule == Experiment.PartitionRule.EXPLICIT:
+    if partition_rule == Experiment.EXPLICIT:
         given: dict[tuple[int, int], int] = {}
         device_by_id = {d.id: d for d in devices}
         task_by_id = {t.id: t for t in tasks}
@@ -302,17 +332,19 @@ def experiment_create(
         raise ApplicationError(f"an experiment named {name!r} already exists", field="name")
     tasks = _resolve(Task, task_ids, "tasks")
     devices = _resolve(Device, device_ids, "devices")
-    _check_finite_range("rounds", rounds, 1, 10_000)
-    _check_finite_range("local_epochs", local_epochs, 1, 1000)
-    _check_finite_range("seed", seed, 0, 2**31 - 1)
+    check_finite_range("rounds", rounds, 1, 10_000)
+    check_finite_range("local_epochs", local_epochs, 1, 1000)
+    check_finite_range("seed", seed, 0, 2**31 - 1)
     _check_reliability(device_retries=device_retries, deadline_factor=deadline_factor)
-    _check_choice("partition_rule", partition_rule, Experiment.PartitionRule.values)
-    if partition_rule == Experiment.PartitionRule.DIRICHLET:
+    uses_alpha = partition_rule != Experiment.EXPLICIT and partition_rule_get(partition_rule).uses_alpha
+    if uses_alpha:
         if dirichlet_alpha is None:
-            raise ApplicationError("dirichlet_alpha is required with partition_rule 'dirichlet': allowed (0, 1000]", field="dirichlet_alpha")
-        _check_finite_range("dirichlet_alpha", dirichlet_alpha, 0.0, 1000.0, lo_open=True)
+            raise ApplicationError(f"dirichlet_alpha is required with partition_rule {partition_rule!r}: allowed (0, 1000]",
+                                   field="dirichlet_alpha")
+        check_finite_range("dirichlet_alpha", dirichlet_alpha, 0.0, 1000.0, lo_open=True)
     elif dirichlet_alpha is not None:
-        raise ApplicationError("dirichlet_alpha is only allowed with partition_rule 'dirichlet'", field="dirichlet_alpha")
+        with_alpha = " or ".join(repr(p.name) for p in PARTITIONER_REGISTRY if p.uses_alpha)
+        raise ApplicationError(f"dirichlet_alpha is only allowed with partition_rule {with_alpha}", field="dirichlet_alpha")
     rows = _shard_table(
         tasks=tasks,
         devices=devices,
@@ -384,9 +416,9 @@ def experiment_update(*, experiment: Experiment, actor=None, collaborators: Iter
             status_code=409,
         )
     if "rounds" in fields:
-        _check_finite_range("rounds", fields["rounds"], 1, 10_000)
+        check_finite_range("rounds", fields["rounds"], 1, 10_000)
     if "local_epochs" in fields:
-        _check_finite_range("local_epochs", fields["local_epochs"], 1, 1000)
+        check_finite_range("local_epochs", fields["local_epochs"], 1, 1000)
     _check_reliability(**{k: fields[k] for k in ("device_retries", "deadline_factor") if k in fields})
     if "name" in fields and Experiment.objects.exclude(pk=experiment.pk).filter(name=fields["name"]).exists():
         raise ApplicationError(f"an experiment named {fields['name']!r} already exists", field="name")

@@ -24,10 +24,11 @@ from typing import Any
 from django.db import transaction
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.registered import registered
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.models import Experiment, Task
-from controlplane.experiments.services.catalog import _check_finite_range, experiment_create, task_create
-from workers.messages import DATASETS
+from controlplane.experiments.services.catalog import check_finite_range, experiment_create, task_create
+from workers.registry.datasets import DATASET_REGISTRY
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class ExperimentTemplate:
         name: what the API, the CLI and the dashboard call it (``heavy``, ``light``, ``mixed``).
         title: one line for people, e.g. ``"Light mix"``.
         description: what the mix is and where it comes from.
-        architectures: the zoo models of its three tasks (:data:`workers.messages.ARCHITECTURES`).
+        architectures: the zoo models of its three tasks (:data:`workers.registry.models.MODEL_REGISTRY` names).
     """
 
     name: str
@@ -175,16 +176,21 @@ def _resolve_dataset(dataset: str | None) -> tuple[str, str]:
     if dataset is None:
         root = cifar10_root()
         return ("cifar10", root) if root else ("digits", "")
-    if dataset not in DATASETS:
-        raise ApplicationError(f"dataset {dataset!r} is not supported; allowed: {', '.join(DATASETS)}", field="dataset")
-    if dataset == "digits":
-        return "digits", ""
-    problem = cifar10_problem()
-    if problem is not None:
+    record = registered(DATASET_REGISTRY, dataset, field="dataset")
+    if dataset == "cifar10":  # the one data set whose folder a setting gives (MTFL_CIFAR10_ROOT)
+        problem = cifar10_problem()
+        if problem is not None:
+            raise ApplicationError(
+                f"dataset 'cifar10' is not available: {problem}; leave dataset out to use digits", field="dataset"
+            )
+        return "cifar10", cifar10_root() or ""
+    if record.needs_root:
         raise ApplicationError(
-            f"dataset 'cifar10' is not available: {problem}; leave dataset out to use digits", field="dataset"
+            f"dataset {dataset!r} is read from a local folder that templates do not know; create its tasks "
+            "with dataset_root instead",
+            field="dataset",
         )
-    return "cifar10", cifar10_root() or ""
+    return dataset, ""
 
 
 def _experiment_name(template: ExperimentTemplate, name: str | None) -> str:
@@ -274,7 +280,7 @@ def experiment_create_from_template(
     rounds = _require_int("rounds", rounds)
     local_epochs = _require_int("local_epochs", local_epochs)
     seed = _require_int("seed", seed)
-    dirichlet_alpha = _check_finite_range(
+    dirichlet_alpha = check_finite_range(
         "dirichlet_alpha", _require_number("dirichlet_alpha", dirichlet_alpha), 0.0, 1000.0, lo_open=True
     )
     dataset, dataset_root = _resolve_dataset(dataset)
@@ -293,7 +299,7 @@ def experiment_create_from_template(
         device_ids=device_ids,
         rounds=rounds,
         local_epochs=local_epochs,
-        partition_rule=Experiment.PartitionRule.DIRICHLET,
+        partition_rule="dirichlet",
         dirichlet_alpha=dirichlet_alpha,
         seed=seed,
         owner=owner,

@@ -13,6 +13,7 @@ from django.db.models import Max
 
 from controlplane.celery import app
 from controlplane.common.errors import ApplicationError
+from controlplane.common.registered import registered
 from controlplane.planning.predictor import (
     FAMILIES,
     MixTask,
@@ -25,8 +26,8 @@ from controlplane.planning.predictor import (
 from controlplane.profiling.models import Predictor, ProfileSample
 from controlplane.profiling.services.workloads import workload_ensure
 from workers.artifacts import atomic_write_path, sha256_file
-from workers.messages import BACKENDS
 from workers.queues import CONTROL_QUEUE, TaskName
+from workers.registry.backends import BACKEND_REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,7 @@ def _device_classes(backend: str) -> list[str]:
 
 
 def _resolve_class(backend: str, device_class: str | None) -> str:
-    if backend not in BACKENDS:
-        raise ApplicationError(f"backend {backend!r} is not available; allowed: {', '.join(BACKENDS)}", field="backend")
+    registered(BACKEND_REGISTRY, backend, field="backend")
     classes = _device_classes(backend)
     if not classes:
         raise ApplicationError(

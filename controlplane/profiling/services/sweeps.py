@@ -13,11 +13,14 @@ from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.celery import app
 from controlplane.common.errors import ApplicationError
+from controlplane.common.registered import registered
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class
+from controlplane.planning.strategies import STRATEGY_REGISTRY
 from controlplane.profiling.models import ProfileSample, ProfileSweep
-from workers.messages import ARCHITECTURES, ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
+from workers.messages import ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
 from workers.queues import CONTROL_QUEUE, TaskName, device_queue
+from workers.registry.models import MODEL_REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +67,7 @@ def sweep_start(
         )
     architectures = list(architectures or DEFAULT_ARCHITECTURES)
     for name in architectures:
-        if name not in ARCHITECTURES:
-            raise ApplicationError(f"architecture {name!r} is not in the zoo; allowed: {', '.join(ARCHITECTURES)}",
-                                   field="architectures")
+        registered(MODEL_REGISTRY, name, field="architectures")
     if device.last_heartbeat_at is None:
         raise ApplicationError(
             f"device {device.name} has never connected an agent: start `mtfl agent --device {device.name}` first",
@@ -173,14 +174,15 @@ def samples_from_round(*, round_id: int) -> int:
     """The closed loop: every measured assignment of an FL round becomes a profile sample, its
     device's assignments of that round being the co-located configuration.
 
-    Time-sliced rounds (``temporal``) are left out: their tasks do not run at their shares.
-    Returns the number of samples stored.
+    Rounds of strategies with ``timeslice`` partitioning (``temporal``) are left out: their
+    tasks do not run at their shares; so are rounds of a strategy no longer registered (what its
+    shares meant is unknown). Returns the number of samples stored.
     """
     from controlplane.common.bulk import bulk_insert
     from controlplane.experiments.models import Assignment, Round, Task
 
     rnd = Round.objects.select_related("run").get(id=round_id)
-    if rnd.run.strategy == "temporal":
+    if rnd.run.strategy not in STRATEGY_REGISTRY or STRATEGY_REGISTRY.get(rnd.run.strategy).partitioning != "mps":
         return 0
     # A round of 1,000 devices has 3,000 assignments: plain values, and each device and task
     # once, rather than a model instance per assignment with its device and task joined on.

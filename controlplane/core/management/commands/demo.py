@@ -22,9 +22,15 @@ from controlplane.core.options import addr_option, float_option, int_option, lis
 from controlplane.core.stack import LocalStack
 from controlplane.experiments import services as exp_services
 from controlplane.fleet.models import Device
-from controlplane.planning.strategies import BASELINES
+from controlplane.planning.strategies import STRATEGY_REGISTRY
 from workers.datasets import dataset_info
-from workers.messages import ARCHITECTURES
+from workers.registry.models import MODEL_REGISTRY
+
+
+def _plan_free_strategies() -> list[str]:
+    """The strategies a demo can run: those needing neither a fitted predictor (the demo fits
+    none) nor a plan from the user (``temporal``, ``isolation``, ``sharing`` among the built-ins)."""
+    return [s.name for s in STRATEGY_REGISTRY if not s.needs_predictor and not s.takes_plan]
 
 
 class Command(BaseCommand):
@@ -46,7 +52,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--architectures", default=",".join(DEMO_ARCHITECTURES), help="comma-separated models of the zoo"
         )
-        parser.add_argument("--strategies", default=",".join(BASELINES), help="comma-separated strategies")
+        parser.add_argument("--strategies", default=",".join(_plan_free_strategies()),
+                            help="comma-separated strategies that plan without a predictor or a given plan")
         parser.add_argument("--timeout", default="1800", help="seconds allowed per run (default 1800)")
 
     def handle(self, *args, **opts):
@@ -57,8 +64,8 @@ class Command(BaseCommand):
         timeout_s = int_option("timeout", opts["timeout"], 10, 7 * 24 * 3600)
         samples = int_option("samples", opts["samples"], 2, train_size) if opts["samples"] else None
         alpha = float_option("alpha", opts["alpha"], 0, 1000)
-        architectures = list_option("architectures", opts["architectures"], ARCHITECTURES)
-        strategies = list_option("strategies", opts["strategies"], BASELINES)
+        architectures = list_option("architectures", opts["architectures"], MODEL_REGISTRY.names())
+        strategies = list_option("strategies", opts["strategies"], _plan_free_strategies())
         addr = None if opts["no_serve"] else addr_option(opts["addr"])
 
         started = time.monotonic()

@@ -11,14 +11,14 @@ from controlplane.core.options import list_option
 from controlplane.planning.predictor import FAMILIES
 from controlplane.profiling import services
 from controlplane.profiling.models import Predictor
-from workers.messages import BACKENDS
+from workers.registry.backends import BACKEND_REGISTRY
 
 
 class Command(BaseCommand):
     help = "Fit a new predictor version on every profile sample of a backend and device class, and report its accuracy."
 
     def add_arguments(self, parser):
-        parser.add_argument("--backend", default="cpu", choices=BACKENDS)
+        parser.add_argument("--backend", default="cpu", choices=BACKEND_REGISTRY.names())
         parser.add_argument("--device-class", default=None, help="e.g. cpu-2cores (needed when several have samples)")
         parser.add_argument("--families", default=",".join(FAMILIES),
                             help=f"comma-separated model families to compare (default: all of {', '.join(FAMILIES)}; "

@@ -16,7 +16,7 @@ from controlplane.profiling import services
 from controlplane.profiling.models import ProfileSweep
 from controlplane.profiling.selectors import sweep_progress
 from controlplane.profiling.services.sweeps import BUDGET_RANGE_S, DEFAULT_ARCHITECTURES
-from workers.messages import ARCHITECTURES
+from workers.registry.models import MODEL_REGISTRY
 
 
 class Command(BaseCommand):
@@ -33,7 +33,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         budget = float_option("budget", opts["budget"], BUDGET_RANGE_S[0] - 1e-9, BUDGET_RANGE_S[1])
-        architectures = list_option("architectures", opts["architectures"], ARCHITECTURES)
+        architectures = list_option("architectures", opts["architectures"], MODEL_REGISTRY.names())
         batch_sizes = [int_option("batch-sizes", b, 2, 4096) for b in list_option("batch-sizes", opts["batch_sizes"])]
         max_mix = int_option("max-mix", opts["max_mix"], 1, 8)
         seed = int_option("seed", opts["seed"], 0, 2**31 - 1)

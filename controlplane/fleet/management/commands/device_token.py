@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from controlplane.common.errors import ApplicationError
 from controlplane.fleet import services
 from controlplane.fleet.models import Device
-from workers.messages import BACKENDS
+from workers.registry.backends import BACKEND_REGISTRY
 
 
 class Command(BaseCommand):
@@ -18,7 +18,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("device", help="device name (the agent's --device)")
-        parser.add_argument("--backend", default="cpu", choices=BACKENDS,
+        parser.add_argument("--backend", default="cpu", choices=BACKEND_REGISTRY.names(),
                             help="backend of a device registered here (default: cpu; its agent reports the real one)")
 
     def handle(self, *args, **options):

@@ -1,0 +1,77 @@
+"""The model registry: which network a task trains, by the name stored on the task.
+
+A :class:`Model` record builds a fresh, randomly initialised ``torch.nn.Module`` for a number of
+classes and an input shape; :func:`workers.zoo.build_model` seeds the initialisation and is what
+the trainers call. Built-ins are torchvision's unchanged architectures with ``weights=None``
+(nothing is downloaded); they accept 3×32×32 inputs as they are, because the adaptive average
+pooling before each classifier absorbs the small spatial size. Plug-ins register in the
+``mtfl.models`` entry-point group.
+
+Importing this module imports neither torch nor torchvision: builders import them when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workers.registry.base import Registry
+
+InputShape = tuple[int, int, int]
+"""``(channels, height, width)`` of one sample."""
+
+ModelBuilder = Callable[[int, InputShape], Any]
+"""``(num_classes, input_shape) -> torch.nn.Module`` in training mode, on CPU, float32, whose
+output for an ``N×C×H×W`` input is ``N×num_classes`` logits. Raises ``ValueError`` for an input
+shape it cannot take."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A registered model architecture.
+
+    Attributes:
+        name: stored on a task and carried in messages (``"resnet18"``).
+        label: one line for forms and docs.
+        build: the :data:`ModelBuilder`; it draws its initial weights from torch's global RNG,
+            which :func:`workers.zoo.build_model` seeds.
+    """
+
+    name: str
+    label: str
+    build: ModelBuilder
+
+
+MODEL_REGISTRY: Registry[Model] = Registry("model", "mtfl.models", Model)
+"""Every model a task may use; plug-ins register in the ``mtfl.models`` entry-point group."""
+
+
+def torchvision_builder(name: str) -> ModelBuilder:
+    """A builder for ``torchvision.models.<name>(weights=None, num_classes=...)``.
+
+    The builder refuses inputs without 3 channels (``ValueError`` naming ``input_shape``);
+    any height and width from 32 pixels up work with the built-in architectures.
+    """
+
+    def build(num_classes: int, input_shape: InputShape) -> Any:
+        if input_shape[0] != 3:
+            raise ValueError(f"input_shape: {name} takes 3 input channels, got {input_shape[0]}")
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+
+    return build
+
+
+for _name, _label in (
+    ("resnet18", "ResNet-18 (He et al. 2016)"),
+    ("resnet50", "ResNet-50 (He et al. 2016)"),
+    ("resnet101", "ResNet-101 (He et al. 2016)"),
+    ("vgg16", "VGG-16 (Simonyan and Zisserman 2015)"),
+    ("mobilenet_v3_small", "MobileNetV3-Small (Howard et al. 2019)"),
+    ("mobilenet_v3_large", "MobileNetV3-Large (Howard et al. 2019)"),
+    ("shufflenet_v2_x1_0", "ShuffleNetV2 1.0× (Ma et al. 2018)"),
+    ("densenet121", "DenseNet-121 (Huang et al. 2017)"),
+):
+    MODEL_REGISTRY.register(Model(_name, f"{_name} — {_label}", torchvision_builder(_name)))
