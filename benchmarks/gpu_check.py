@@ -21,24 +21,29 @@ network. Phases, each time-boxed and reporting progress as ``[  12.3 s] phase: .
    a GPU, ``packed`` on ``cpu``; allocation units: the GPU's SMs or the cores).
 5. ``plan`` — per mix, one device holding ``--samples-per-task`` samples of every task
    (``--data equal``, the default: CIFAR-10's 50,000 training images over 10 devices), or
-   Dirichlet(``--alpha``) proportions of the same total (``--data dirichlet``): ``temporal``,
-   ``isolation``, ``sharing`` at ``--baseline-batch`` (the paper's 128) from
-   :mod:`controlplane.planning.strategies`, ``vres_greedy`` and ``vres_sync`` through
-   :func:`~controlplane.planning.strategies.make_plan` with the fitted predictor.
-6. ``measure`` — every plan as one co-located configuration
-   (:func:`workers.profiling.measure_configuration`): ``temporal`` with ``timeslice``
-   partitioning (plain CUDA contexts, no MPS: the driver time-slices them; on ``cpu`` the
-   per-iteration device lock), the others under MPS with their shares. Throughput is each
-   task's steady-state samples/s while all of the mix trained. On a GPU, whole-GPU utilisation
-   is sampled through NVML meanwhile.
+   Dirichlet(``--alpha``) proportions of the same total (``--data dirichlet``): every strategy
+   a comparison runs (:func:`controlplane.planning.strategies.compared_strategies`, the
+   control plane's registry, plug-ins included) planned by
+   :func:`~controlplane.planning.strategies.make_plan`, those that need a predictor with the
+   fitted one; the others (``temporal``, ``isolation``, ``sharing``) at ``--baseline-batch``
+   (the paper's 128).
+6. ``measure`` — every plan as one co-located configuration, run by the same launch engine as a
+   round (:func:`workers.profiling.measure_configuration` on :class:`workers.launch.ProcessGroup`)
+   with the partitioning the strategy's record gives: ``timeslice`` for ``temporal`` (plain
+   CUDA contexts, no MPS: the driver time-slices them; on ``cpu`` the per-iteration device
+   lock), ``mps`` with their shares for the others. Throughput is each task's steady-state
+   samples/s while all of the mix trained. On a GPU, whole-GPU utilisation is sampled through
+   NVML meanwhile.
 7. ``alone`` — ``P_alone`` of every (model, batch size) the plans use: from the profile when it
    measured that pair alone, else measured now (one task, ``timeslice``: the whole device) while
    time is left, else interpolated from the profiled batch sizes (marked ``~`` in the table).
 8. ``report`` — the table and the JSON.
 
-Metrics (:mod:`controlplane.planning.metrics`, docs/DESIGN.md §1): raw throughput
-``T = Σ_i P_i``, fair throughput ``T_f = Σ_i P_i / P_i^alone``; speedups are each over the same
-mix's ``temporal`` (so ``temporal`` is 1.00 by definition). The paper reports 2.16–2.38× raw
+Metrics: the control plane's (:mod:`controlplane.planning.metrics`, docs/DESIGN.md §1), each
+strategy's measurement scored as a one-device round: raw throughput ``T = Σ_i P_i``, fair
+throughput ``T_f = Σ_i P_i / P_i^alone``; speedups are each over the same mix's baseline
+strategy (:func:`~controlplane.planning.strategies.baseline_strategy`, ``temporal``: 1.00 by
+definition). The paper reports 2.16–2.38× raw
 speedup inside one device (Titan V).
 
 Exit codes: 0 everything measured; 1 a phase or a measurement failed; 2 a missing package, a bad
@@ -107,7 +112,6 @@ MIXES: dict[str, tuple[str, ...]] = {
 }
 """The paper's mixes (Yu et al. 2022, §5) by name, and ``tiny`` for ``--quick``."""
 
-STRATEGIES = ("temporal", "isolation", "sharing", "vres_greedy", "vres_sync")
 PAPER_RAW_SPEEDUP = (2.16, 2.38)
 REQUIRED_PACKAGES = (
     ("pydantic", "pydantic", "workers/ validates its messages with it"),
@@ -261,7 +265,7 @@ class Check:
         self.stop_reason = f"stopped by {signal.Signals(signum).name}"
         # Terminate the profiler processes (their configuration then fails at once). Before
         # workers/ is imported (perhaps half-way, in this very thread) there are none.
-        request_shutdown = getattr(sys.modules.get("workers.backends.base"), "request_shutdown", None)
+        request_shutdown = getattr(sys.modules.get("workers.launch"), "request_shutdown", None)
         if request_shutdown is not None:
             request_shutdown()
 
@@ -275,7 +279,7 @@ class Check:
             message = (f"still in phase {self.phase} {WATCHDOG_GRACE_S:g} s after the time limit "
                        f"of {self.args.time_limit:g} s: killed")
             try:
-                from workers.backends import request_shutdown
+                from workers.launch import request_shutdown
 
                 request_shutdown()
                 self.close_backend()
@@ -329,8 +333,7 @@ def preflight(check: Check):
             f"missing Python package{'s' if len(missing) > 1 else ''}: {'; '.join(missing)} — "
             "install it, or carry its wheels (README, 'GPU hosts')", EXIT_UNAVAILABLE)
     try:
-        from workers.backends import AgentContext, BackendUnavailableError
-        from workers.registry.backends import get_backend
+        from workers.backends import AgentContext, BackendUnavailableError, get_backend
 
         importlib.import_module("controlplane.planning.strategies")  # fail now, not after profiling
     except ImportError as exc:
@@ -567,10 +570,9 @@ def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Seq
     from controlplane.planning.planner import DeviceCapacity, PlannerContext
     from controlplane.planning.predictor import MixTask, PredictorError
     from controlplane.planning.strategies import (
+        compared_strategies,
+        get_strategy,
         make_plan,
-        plan_isolation,
-        plan_sharing,
-        plan_temporal,
     )
     from controlplane.planning.types import PlanningError, PlanningInput
 
@@ -581,12 +583,11 @@ def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Seq
     context = PlannerContext(architectures=dict(zip(task_ids, architectures)),
                              devices={1: DeviceCapacity(predictor, memory_bytes)},
                              objective=args.objective, seed=args.seed)
-    baselines = {"temporal": plan_temporal, "isolation": plan_isolation, "sharing": plan_sharing}
     entry = {"name": name, "architectures": list(architectures),
              "data": {"policy": args.data, "samples": list(samples),
                       "alpha": args.alpha if args.data == "dirichlet" else None},
              "strategies": []}
-    for strategy in STRATEGIES:
+    for strategy in compared_strategies():
         row = {"strategy": strategy, "partitioning": None, "status": "skipped", "error": "",
                "predicted_round_time_s": None, "tasks": [], "raw_sps": None, "fair": None,
                "raw_speedup": None, "fair_speedup": None, "gpu_util_mean_percent": None,
@@ -594,10 +595,9 @@ def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Seq
         entry["strategies"].append(row)
         started = time.monotonic()
         try:
-            if strategy in baselines:
-                plan = baselines[strategy](spec, batch_size=args.baseline_batch)
-            else:
-                plan = make_plan(strategy, spec, planner=context)
+            plan = make_plan(strategy, spec, planner=context)
+            if not get_strategy(strategy).needs_predictor:
+                plan = at_batch_size(plan, args.baseline_batch)
         except PlanningError as exc:
             row.update(status="failed", error=f"plan: {exc}")
             check.say(f"{name}/{strategy}: cannot plan: {exc}")
@@ -625,6 +625,16 @@ def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Seq
                               + (f" → {t['predicted_sps']:.0f} sps predicted" if t["predicted_sps"] else "")
                               for t in row["tasks"]))
     return entry
+
+
+def at_batch_size(plan, batch_size: int):
+    """``plan`` with every assignment's batch size ``min(batch_size, samples)``: the strategies
+    that plan without a predictor train at the paper's batch size (128) in the control plane;
+    ``--baseline-batch`` sets it here, so a CPU run can use the small batches it profiled."""
+    from dataclasses import replace
+
+    return replace(plan, assignments=tuple(replace(a, batch_size=min(batch_size, a.samples))
+                                           for a in plan.assignments))
 
 
 class Measurer:
@@ -771,22 +781,38 @@ def fill_alone(check: Check, measurer: Measurer, mixes: list[dict], profiled: di
 
 
 def score(mixes: list[dict]) -> None:
-    """Raw and fair throughput of every measured strategy, and speedups over ``temporal``."""
-    from controlplane.planning.metrics import fair_throughput, raw_throughput, speedup
+    """Raw and fair throughput of every measured strategy, scored by the control plane's
+    metrics as a one-device round (:func:`controlplane.planning.metrics.round_metrics`: a
+    failed measurement counts for nothing, fair throughput needs every task's ``P_alone``), and
+    speedups over the baseline strategy's (:func:`~controlplane.planning.strategies.baseline_strategy`)."""
+    from controlplane.planning.metrics import (
+        DeviceTotals,
+        TaskMeasurement,
+        round_metrics,
+        speedup,
+    )
+    from controlplane.planning.strategies import baseline_strategy
 
+    baseline = baseline_strategy().name
     for entry in mixes:
         for row in entry["strategies"]:
             if row["status"] != "succeeded":
                 continue
-            measured = [t["measured_sps"] for t in row["tasks"]]
-            row["raw_sps"] = raw_throughput(measured)
-            alone = [t["alone_sps"] for t in row["tasks"]]
-            if all(a is not None and a > 0 and math.isfinite(a) for a in alone):
-                row["fair"] = fair_throughput(measured, alone)
-        temporal = next(r for r in entry["strategies"] if r["strategy"] == "temporal")
+            totals = DeviceTotals.from_tasks(
+                TaskMeasurement(succeeded=True, throughput_sps=t["measured_sps"],
+                                standalone_sps=t["alone_sps"] if is_finite(t["alone_sps"]) else None)
+                for t in row["tasks"])
+            device = round_metrics({"device": totals}).devices["device"]
+            row["raw_sps"], row["fair"] = device.raw_throughput_sps, device.fair_throughput
+        reference = next((r for r in entry["strategies"] if r["strategy"] == baseline), None)
         for row in entry["strategies"]:
-            row["raw_speedup"] = speedup(row["raw_sps"], temporal["raw_sps"])
-            row["fair_speedup"] = speedup(row["fair"], temporal["fair"])
+            row["raw_speedup"] = speedup(row["raw_sps"], reference and reference["raw_sps"])
+            row["fair_speedup"] = speedup(row["fair"], reference and reference["fair"])
+
+
+def is_finite(value) -> bool:
+    """Whether ``value`` is a finite number (not ``None``, NaN or infinite)."""
+    return value is not None and math.isfinite(value)
 
 
 def fmt(value, spec: str, suffix: str = "") -> str:
@@ -798,7 +824,10 @@ def print_table(check: Check, mixes: list[dict]) -> None:
     device = check.report["host"].get("device") or {}
     cores = len(check.report["host"]["cores"] or [])
     where = device.get("accelerator") or f"{cores} CPU core{'s' if cores != 1 else ''}"
-    print(f"\nspeedups over temporal (backend {check.args.backend}, {where}; data {check.args.data}; "
+    from controlplane.planning.strategies import baseline_strategy
+
+    baseline = baseline_strategy().name
+    print(f"\nspeedups over {baseline} (backend {check.args.backend}, {where}; data {check.args.data}; "
           "~ = some P_alone interpolated)", flush=True)
     print(f"{'mix':<7}{'strategy':<13}{'partition':<11}{'raw sps':>10}{'fair':>7}{'raw ×':>8}"
           f"{'fair ×':>8}{'GPU %':>7}  status")
@@ -822,7 +851,7 @@ def print_table(check: Check, mixes: list[dict]) -> None:
                       f"{fmt(task['measured_sps'], '.1f'):>9} sps  alone {fmt(task['alone_sps'], '.1f')}{src}"
                       f"  pred {fmt(task['predicted_sps'], '.1f')}")
     print(f"\npaper (Titan V, CIFAR-10): raw speedup {PAPER_RAW_SPEEDUP[0]:.2f}–{PAPER_RAW_SPEEDUP[1]:.2f}× "
-          "over temporal inside one device", flush=True)
+          f"over {baseline} inside one device", flush=True)
 
 
 # ------------------------------------------------------------------------------------- main
@@ -906,12 +935,14 @@ def run(check: Check) -> str:
     mixes_arch = {n: MIXES[n] for n in names}
     architectures = list(dict.fromkeys(a for mix in mixes_arch.values() for a in mix))
     max_mix = max(len(m) for m in mixes_arch.values())
-    strategy_configs = len(STRATEGIES) * len(names)
 
     check.say(f"backend {args.backend}, mixes {', '.join(names)}, profile budget {args.budget:g} s, "
               f"time limit {args.time_limit:g} s")
     with check.stage("preflight"):
         backend, ctx, units, memory, placement = preflight(check)
+    from controlplane.planning.strategies import baseline_strategy, compared_strategies
+
+    strategy_configs = len(compared_strategies()) * len(names)
     # Both requests now: a bad option stops the check before it profiles.
     sweep = profile_request(check, ctx, architectures, max_mix)
     measurer = Measurer(check, backend, ctx)
@@ -952,7 +983,7 @@ def run(check: Check) -> str:
     for entry in mixes:
         top = max(entry["strategies"], key=lambda r: r["raw_speedup"] or 0)
         best.append(f"{entry['name']} {top['raw_speedup']:.2f}× ({top['strategy']})")
-    return (f"OK in {check.elapsed():.0f} s: best raw speedup over temporal " + ", ".join(best)
+    return (f"OK in {check.elapsed():.0f} s: best raw speedup over {baseline_strategy().name} " + ", ".join(best)
             + f"; paper {PAPER_RAW_SPEEDUP[0]}–{PAPER_RAW_SPEEDUP[1]}×")
 
 

@@ -56,14 +56,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.artifacts import atomic_write_path
+from workers.launch import GO_LINE, READY_LINE
 from workers.messages import Architecture, AssignmentStatus, OptimizerConfig
 
 EXIT_OK = 0
 EXIT_PROFILE_ERROR = 1
 EXIT_BAD_SPEC = 2
 
-READY_LINE = "READY"
-GO_LINE = "GO"
 STOP_LINE = "STOP"
 ITER_PREFIX = "ITER"
 

@@ -24,14 +24,12 @@ goes on. This module imports neither torch nor scipy at import time (the agent i
 
 from __future__ import annotations
 
+import itertools
 import logging
-import math
 import os
 import random
 import shutil
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,9 +45,15 @@ from workers.backends.base import (
     ExecutionBackend,
     TrainerProcessBackend,
     TrainerResources,
-    kill_children,
+)
+from workers.core_link_probe import CoreLinkProbe
+from workers.forkserver import ForkServerError, ForkServerPool
+from workers.launch import (
+    FATES_CAUSING,
+    Child,
+    ProcessGroup,
+    ProcessSpec,
     shutdown_requested,
-    track_child,
 )
 from workers.messages import (
     Partitioning,
@@ -60,15 +64,11 @@ from workers.messages import (
     ProfileTaskSpec,
 )
 from workers.profiler_child import (
-    GO_LINE,
     ITER_PREFIX,
-    READY_LINE,
     STOP_LINE,
     ProfileChildResult,
     ProfileChildSpec,
 )
-from workers.core_link_probe import CoreLinkProbe
-from workers.forkserver import ForkServerError, ForkServerPool
 from workers.speed_probe import SpeedProbe
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,6 @@ _LINK_WAIT_S = 3.0
 """How much longer than its window a configuration may train for its first core link reading
 (the probe reads every 0.1 s once its process runs; a probe that never reads costs this once
 per configuration and leaves ``cross_core_rtt_ns`` empty)."""
-_STDERR_TAIL_CHARS = 1500
 _DESIGN_CHUNK = 64
 
 
@@ -225,60 +224,35 @@ def window_complete(
 
 
 @dataclass
-class _Child:
-    """One launched profiler process and what the parent learned about it."""
+class _Profiler:
+    """One task of a configuration: its share's resources and the iterations it reported."""
 
     index: int
     task: ProfileTaskSpec
     resources: TrainerResources
-    spec_path: Path
-    result_path: Path
-    stderr_path: Path
-    proc: subprocess.Popen | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
+    child: Child
     iterations: list[Iteration] = field(default_factory=list)
-    reader: threading.Thread | None = None
-    # Why the parent gave up on it ("failed", "timeout", "killed", "stopped"), or None.
-    fate: str | None = None
-    fate_detail: str = ""
 
     @property
-    def label(self) -> str:
-        t = self.task
-        return (f"task {self.index} ({t.architecture}, batch {t.batch_size}, "
-                f"{t.active_thread_percentage} %)")
+    def result_path(self) -> Path:
+        assert self.child.spec.result_path is not None
+        return self.child.spec.result_path
 
 
-def _read_protocol(child: _Child) -> None:
-    """Read a profiler's stdout until EOF: READY sets ``ready``, ITER lines are recorded."""
-    for raw in child.proc.stdout:
-        line = raw.decode("utf-8", errors="replace").split()
-        if line == [READY_LINE]:
-            child.ready.set()
-        elif len(line) == 4 and line[0] == ITER_PREFIX:
-            try:
-                child.iterations.append(Iteration(float(line[1]), float(line[2]), int(line[3])))
-            except ValueError:
-                logger.warning("profiler %s wrote a bad line: %r", child.proc.pid, raw)
+def _label(index: int, task: ProfileTaskSpec) -> str:
+    return f"task {index} ({task.architecture}, batch {task.batch_size}, {task.active_thread_percentage} %)"
 
 
-def _stderr_tail(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-_STDERR_TAIL_CHARS:].decode("utf-8", errors="replace").strip()
+def _record_iteration(profilers: dict[int, _Profiler]) -> Callable[[Child, list[str]], None]:
+    """The launch engine's ``on_line``: ``ITER <start> <end> <samples>`` lines become
+    :class:`Iteration` records of the profiler that wrote them."""
+    def on_line(child: Child, words: list[str]) -> None:
+        if len(words) == 4 and words[0] == ITER_PREFIX:
+            profilers[id(child)].iterations.append(Iteration(float(words[1]), float(words[2]), int(words[3])))
+        else:
+            logger.warning("profiler %s wrote an unknown line: %r", child.label, " ".join(words))
 
-
-def _send(child: _Child, line: str, *, close: bool = False) -> None:
-    """Write a protocol line to a profiler; a dead process is noticed by the exit checks."""
-    try:
-        child.proc.stdin.write(f"{line}\n".encode())
-        child.proc.stdin.flush()
-        if close:
-            child.proc.stdin.close()
-    except (OSError, ValueError):
-        pass  # the pipe's reader exited; its exit code and stderr tell why
+    return on_line
 
 
 def measure_configuration(
@@ -373,91 +347,98 @@ def measure_configuration(
         return failed(f"device not ready: {exc}")
     work = ctx.state_dir / "work" / f"sweep-{request.sweep_id}" / f"config-{config_index}"
     try:
-        children = _prepare(tasks, allocations, request, work)
+        specs = _write_specs(tasks, allocations, request, work, backend)
     except (OSError, ValueError, ValidationError) as exc:
         return failed(f"cannot write the profilers' specs: {type(exc).__name__}: {exc}")
+
+    def interrupt() -> tuple[str, str] | None:
+        if not should_stop():
+            return None
+        return "stopped", ("agent shutting down" if shutdown_requested()
+                           else "sweep stopped (agent shutting down?)")
+
+    profilers: dict[int, _Profiler] = {}
+    group = ProcessGroup(specs, interrupt=interrupt, on_line=_record_iteration(profilers),
+                         launcher=launcher, poll_s=_POLL_S)
+    for k, (task, resources, child) in enumerate(zip(tasks, allocations, group.children, strict=True)):
+        profilers[id(child)] = _Profiler(k, task, resources, child)
+    ordered = list(profilers.values())
 
     stop_at: float | None = None
     phases = [time.monotonic()]  # launch, GO, STOP, exit: where a configuration's time goes
     probe = SpeedProbe(ctx.cores) if backend.probes_host_speed else None
     link = CoreLinkProbe(ctx.cores) if backend.probes_host_speed and len(set(ctx.cores)) > 1 else None
-    try:
-        if link is not None:
-            link.start()  # now: its interpreter starts while the trainers import torch, not in their window
-        for child in children:
-            _launch(child, backend, launcher)
-        if _wait_ready(children, deadline, should_stop):
-            phases.append(time.monotonic())
-            if probe is not None:
-                probe.start()
-            for child in children:
-                _send(child, GO_LINE)
-            stop_at = _wait_window(children, request, deadline, should_stop, link)
-            if stop_at is not None:
-                phases.append(stop_at)
-                if probe is not None:
-                    probe.stop()  # the window is closed: no reading after STOP is used
-                if link is not None:
-                    link.stop()
-                for child in children:
-                    _send(child, STOP_LINE, close=True)
-                _wait_exit(children, min(deadline, time.monotonic() + _EXIT_GRACE_S),
-                           should_stop)
+    with group:
+        try:
+            if link is not None:
+                link.start()  # now: its interpreter starts while the trainers import torch, not in their window
+            group.launch()
+            if group.wait_ready(deadline, "config_timeout_s"):
                 phases.append(time.monotonic())
-                logger.debug(
-                    "sweep %s config %s: start %.1f s, warm-up + window %.1f s, stop %.1f s",
-                    request.sweep_id, config_index, *(b - a for a, b in zip(phases, phases[1:])),
-                )
-    except ForkServerError as exc:
-        for child in children:
-            if child.fate is None:
-                child.fate, child.fate_detail = "agent", str(exc)
-    except Exception as exc:  # noqa: BLE001 - the configuration is reported, never raised
-        logger.exception("configuration %s of sweep %s crashed in the agent", config_index,
-                         request.sweep_id)
-        for child in children:
-            if child.fate is None:
-                child.fate, child.fate_detail = "agent", f"{type(exc).__name__}: {exc}"
-    finally:
-        if probe is not None:
-            probe.stop()
-        if link is not None:
-            link.stop()
-        kill_children(children)
+                if probe is not None:
+                    probe.start()
+                if group.go(close=False):
+                    stop_at = group.wait_until(_window_done(ordered, request, deadline, link), deadline,
+                                               "config_timeout_s")
+                if stop_at is not None:
+                    phases.append(stop_at)
+                    if probe is not None:
+                        probe.stop()  # the window is closed: no reading after STOP is used
+                    if link is not None:
+                        link.stop()
+                    group.broadcast(STOP_LINE, close=True)
+                    group.wait_exit(min(deadline, time.monotonic() + _EXIT_GRACE_S), "config_timeout_s",
+                                    phase="after STOP")
+                    phases.append(time.monotonic())
+                    logger.debug(
+                        "sweep %s config %s: start %.1f s, warm-up + window %.1f s, stop %.1f s",
+                        request.sweep_id, config_index, *(b - a for a, b in itertools.pairwise(phases)),
+                    )
+        except ForkServerError as exc:
+            group.fail_all(str(exc))
+        except Exception as exc:  # noqa: BLE001 - the configuration is reported, never raised
+            logger.exception("configuration %s of sweep %s crashed in the agent", config_index,
+                             request.sweep_id)
+            group.fail_all(f"{type(exc).__name__}: {exc}")
+        finally:
+            if probe is not None:
+                probe.stop()
+            if link is not None:
+                link.stop()
 
-    outcomes = [_child_result(child) for child in children]
-    causes = [c for c in children if c.fate in ("failed", "timeout", "stopped", "agent")]
-    causes += [c for c, r in zip(children, outcomes, strict=True)
-               if c.fate is None and (r is None or r.status != "succeeded")]
+    outcomes = [_child_result(p) for p in ordered]
+    causes = [p for p in ordered if p.child.fate in FATES_CAUSING]
+    causes += [p for p, r in zip(ordered, outcomes, strict=True)
+               if p.child.fate is None and (r is None or r.status != "succeeded")]
     backend.finish_dispatch(ctx, failed=bool(causes) or stop_at is None)
     if causes or stop_at is None:
-        errors = {c.index: _failure(c, outcomes[c.index]) for c in children}
-        error = "; ".join(f"{c.label}: {errors[c.index]}" for c in causes) or "not measured"
+        errors = [_failure(p, outcome) for p, outcome in zip(ordered, outcomes, strict=True)]
+        error = "; ".join(f"{p.child.label}: {errors[p.index]}" for p in causes) or "not measured"
         return failed(error, [
             ProfileMeasurement(
-                task_index=c.index, architecture=c.task.architecture,
-                batch_size=c.task.batch_size,
-                active_thread_percentage=c.task.active_thread_percentage,
+                task_index=p.index, architecture=p.task.architecture,
+                batch_size=p.task.batch_size,
+                active_thread_percentage=p.task.active_thread_percentage,
                 peak_memory_bytes=outcome.peak_memory_bytes if outcome else None,
-                error=errors[c.index],
+                error=errors[p.index],
             )
-            for c, outcome in zip(children, outcomes, strict=True)
+            for p, outcome in zip(ordered, outcomes, strict=True)
         ])
 
-    _, counted = common_window([c.iterations for c in children], stop_at)
+    _, counted = common_window([p.iterations for p in ordered], stop_at)
     measurements = [
         ProfileMeasurement(
-            task_index=c.index, architecture=c.task.architecture, batch_size=c.task.batch_size,
-            active_thread_percentage=c.task.active_thread_percentage,
+            task_index=p.index, architecture=p.task.architecture, batch_size=p.task.batch_size,
+            active_thread_percentage=p.task.active_thread_percentage,
             throughput_sps=window_throughput(its),
             peak_memory_bytes=outcome.peak_memory_bytes,
-            speed_index=(probe.speed_index(c.resources.cores, its[0].start, its[-1].end)
+            speed_index=(probe.speed_index(p.resources.cores, its[0].start, its[-1].end)
                          if probe is not None and its else None),
-            cross_core_rtt_ns=(link.rtt_ns(c.resources.cores, its[0].start, its[-1].end)
+            cross_core_rtt_ns=(link.rtt_ns(p.resources.cores, its[0].start, its[-1].end)
                                if link is not None and its else None),
             timed_iterations=len(its),
         )
-        for c, its, outcome in zip(children, counted, outcomes, strict=True)
+        for p, its, outcome in zip(ordered, counted, outcomes, strict=True)
     ]
     shutil.rmtree(work, ignore_errors=True)
     return ProfileConfigResult(
@@ -468,16 +449,18 @@ def measure_configuration(
     )
 
 
-def _prepare(
+def _write_specs(
     tasks: Sequence[ProfileTaskSpec],
     allocations: Sequence[TrainerResources],
     request: ProfileSweepRequest,
     work: Path,
-) -> list[_Child]:
+    backend: TrainerProcessBackend,
+) -> list[ProcessSpec]:
+    """Write one SPEC.json per task; return the profilers to launch, in task order."""
     if len(allocations) != len(tasks):
         raise ValueError(f"backend allocated {len(allocations)} processes for {len(tasks)} tasks")
     work.mkdir(parents=True, exist_ok=True)
-    children = []
+    specs = []
     for k, (task, resources) in enumerate(zip(tasks, allocations, strict=True)):
         stem = work / f"task-{k}"
         spec = ProfileChildSpec(
@@ -488,128 +471,56 @@ def _prepare(
         )
         spec_path = stem.with_suffix(".spec.json")
         spec_path.write_text(spec.model_dump_json(indent=2))
-        children.append(_Child(k, task, resources, spec_path, stem.with_suffix(".result.json"),
-                               stem.with_suffix(".stderr.log")))
-    return children
+        specs.append(ProcessSpec(
+            command=PROFILER_COMMAND, args=[str(spec_path), str(stem.with_suffix(".result.json"))],
+            env=backend.trainer_env(resources), stderr_path=stem.with_suffix(".stderr.log"),
+            label=_label(k, task), module=PROFILER_MODULE, result_path=stem.with_suffix(".result.json"),
+        ))
+    return specs
 
 
-def _launch(child: _Child, backend: TrainerProcessBackend, launcher: ForkServerPool | None) -> None:
-    child.result_path.unlink(missing_ok=True)
-    env = backend.trainer_env(child.resources)
-    if launcher is not None:
-        proc = launcher.spawn(PROFILER_MODULE, [str(child.spec_path), str(child.result_path)],
-                              env=env, stderr_path=child.stderr_path)
-    else:
-        with open(child.stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(
-                [*PROFILER_COMMAND, str(child.spec_path), str(child.result_path)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                env=env, close_fds=True,
-            )
-    child.proc = proc
-    track_child(proc)
-    child.reader = threading.Thread(target=_read_protocol, args=(child,), daemon=True,
-                                    name=f"profiler-{proc.pid}-stdout")
-    child.reader.start()
-
-
-def _abort(children: list[_Child], deadline: float, should_stop: Callable[[], bool],
-           phase: str, *, exit_ok: bool = False) -> bool:
-    """Decide whether to give up on the configuration; mark why. True = give up.
-
-    A process that exits before STOP broke the protocol (``exit_ok`` is for the phase after
-    STOP, where exiting with code 0 is the point).
-    """
-    if should_stop():
-        for child in children:
-            child.fate, child.fate_detail = "stopped", "sweep stopped (agent shutting down?)"
-        if shutdown_requested():
-            for child in children:
-                child.fate_detail = "agent shutting down"
-        return True
-    exited = [c for c in children if c.proc.poll() is not None
-              and (c.proc.returncode != 0 or not exit_ok)]
-    if exited:
-        for child in exited:
-            child.fate = "failed"
-            if child.proc.returncode == 0:
-                child.fate_detail = f"exited {phase} without being told to stop"
-        names = ", ".join(c.label for c in exited)
-        for child in children:
-            if child.fate is None and child.proc.poll() is None:
-                child.fate = "killed"
-                child.fate_detail = f"killed because {names} failed"
-        return True
-    if time.monotonic() > deadline:
-        for child in children:
-            if child.proc.poll() is None:
-                child.fate = "timeout"
-                child.fate_detail = f"timed out {phase} (config_timeout_s exceeded)"
-        return True
-    return False
-
-
-def _wait_ready(children: list[_Child], deadline: float, should_stop: Callable[[], bool]) -> bool:
-    """Wait for every READY; False if the configuration was given up."""
-    while not all(c.ready.is_set() for c in children):
-        if _abort(children, deadline, should_stop, "before READY"):
-            return False
-        time.sleep(_POLL_S)
-    return True
-
-
-def _wait_window(children: list[_Child], request: ProfileSweepRequest, deadline: float,
-                 should_stop: Callable[[], bool], link: CoreLinkProbe | None = None) -> float | None:
-    """Wait until the common window is complete; return the STOP time, or None if given up.
+def _window_done(profilers: list[_Profiler], request: ProfileSweepRequest, deadline: float,
+                 link: CoreLinkProbe | None) -> Callable[[float], bool]:
+    """When to send STOP: once the common window is complete (:func:`window_complete`).
 
     With a core link probe, a complete window also waits (up to :data:`_LINK_WAIT_S` more, never
-    past ``deadline``) until
-    every task on 2 or more cores has a link reading among its counted iterations: the probe is
-    a process of its own, and under load its first reading can come after a short window has
-    closed, which left that measurement without ``cross_core_rtt_ns``."""
-    complete_at: float | None = None
-    while True:
-        if _abort(children, deadline, should_stop, "while training"):
-            return None
-        now = time.monotonic()
+    past ``deadline``) until every task on 2 or more cores has a link reading among its counted
+    iterations: the probe is a process of its own, and under load its first reading can come
+    after a short window has closed, which left that measurement without ``cross_core_rtt_ns``."""
+    complete_at: list[float] = []
+
+    def done(now: float) -> bool:
         # Snapshots: the reader threads append while we look.
-        snapshot = [list(c.iterations) for c in children]
-        if window_complete(snapshot, now, request.min_timed_iterations, request.min_window_s):
-            complete_at = now if complete_at is None else complete_at
-            # Never past the configuration's deadline: a missing link reading is no failure.
-            if (link is None or now - complete_at >= _LINK_WAIT_S or deadline - now <= 2 * _POLL_S
-                    or _links_read(children, snapshot, now, link)):
-                return now
-        time.sleep(_POLL_S)
+        snapshot = [list(p.iterations) for p in profilers]
+        if not window_complete(snapshot, now, request.min_timed_iterations, request.min_window_s):
+            return False
+        if not complete_at:
+            complete_at.append(now)
+        # Never past the configuration's deadline: a missing link reading is no failure.
+        return (link is None or now - complete_at[0] >= _LINK_WAIT_S or deadline - now <= 2 * _POLL_S
+                or _links_read(profilers, snapshot, now, link))
+
+    return done
 
 
-def _links_read(children: list[_Child], snapshot: list[list[Iteration]], now: float, link: CoreLinkProbe) -> bool:
+def _links_read(profilers: list[_Profiler], snapshot: list[list[Iteration]], now: float,
+                link: CoreLinkProbe) -> bool:
     """Whether every task on 2 or more cores has a link reading within its counted iterations."""
     _, counted = common_window(snapshot, now)
-    return all(link.rtt_ns(c.resources.cores, its[0].start, its[-1].end) is not None
-               for c, its in zip(children, counted, strict=True) if len(set(c.resources.cores)) > 1 and its)
+    return all(link.rtt_ns(p.resources.cores, its[0].start, its[-1].end) is not None
+               for p, its in zip(profilers, counted, strict=True) if len(set(p.resources.cores)) > 1 and its)
 
 
-def _wait_exit(children: list[_Child], deadline: float, should_stop: Callable[[], bool]) -> None:
-    """After STOP: wait for every process to finish its iteration and exit."""
-    while any(c.proc.poll() is None for c in children):
-        if _abort(children, deadline, should_stop, "after STOP", exit_ok=True):
-            return
-        time.sleep(_POLL_S)
-    for child in children:
-        if child.proc.returncode != 0 and child.fate is None:
-            child.fate = "failed"
-
-
-def _child_result(child: _Child) -> ProfileChildResult | None:
+def _child_result(profiler: _Profiler) -> ProfileChildResult | None:
     try:
-        return ProfileChildResult.model_validate_json(child.result_path.read_text())
+        return ProfileChildResult.model_validate_json(profiler.result_path.read_text())
     except (OSError, ValidationError, ValueError):
         return None
 
 
-def _failure(child: _Child, outcome: ProfileChildResult | None) -> str:
+def _failure(profiler: _Profiler, outcome: ProfileChildResult | None) -> str:
     """The error of one process of a failed configuration, stderr tail included if it failed."""
+    child = profiler.child
     if child.fate in ("killed", "stopped", "timeout", "agent"):
         return child.fate_detail
     if outcome is not None and outcome.error:
@@ -617,9 +528,8 @@ def _failure(child: _Child, outcome: ProfileChildResult | None) -> str:
     elif child.fate is None and outcome is not None:
         return "not measured: another task failed"
     else:
-        code = child.proc.returncode if child.proc else None
-        error = child.fate_detail or f"profiler exited with code {code} without a result"
-    tail = _stderr_tail(child.stderr_path)
+        error = child.fate_detail or f"profiler exited with code {child.returncode} without a result"
+    tail = child.stderr_tail()
     return f"{error}\n--- profiler stderr (tail) ---\n{tail}" if tail else error
 
 

@@ -61,6 +61,7 @@ from workers.artifacts import (
     save_model_weights,
 )
 from workers.datasets import dataset_info, load_split
+from workers.launch import GO_LINE, READY_LINE
 from workers.messages import (
     AssignmentResult,
     AssignmentSpec,
@@ -81,8 +82,6 @@ EXIT_OK = 0
 EXIT_TRAINING_ERROR = 1
 EXIT_BAD_SPEC = 2
 
-READY_LINE = "READY"
-GO_LINE = "GO"
 
 ENV_DEVICE = "MTFL_TRAINER_DEVICE"
 """``cpu`` (default) or ``cuda``: where a trainer or profiler process computes."""

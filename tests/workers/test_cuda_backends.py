@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from workers import agent, gpu, gpu_mps
+from workers import agent, gpu, gpu_mps, launch
 from workers.backends import (
     BackendUnavailableError,
     CudaMpsBackend,
     CudaTimesliceBackend,
     base,
+    get_backend,
 )
 from workers.messages import DeviceInventory, ShardRef, StandaloneItem, StandaloneRequest
 from workers.queues import CONTROL_QUEUE, TaskName
-from workers.registry.backends import get_backend
 
 FAKES = Path(__file__).parent / "fakes"
 REPO = Path(__file__).resolve().parents[2]
@@ -241,10 +241,10 @@ def test_sigterm_hook_terminates_trainers_then_quits_the_daemon(mps_backend, fak
     try:
         agent._on_worker_shutting_down(sig="SIGTERM", how="Warm", exitcode=0)
 
-        assert base.shutdown_requested()
+        assert launch.shutdown_requested()
         assert fake_mps.calls()[-1] == "quit"
     finally:
-        base._SHUTDOWN.clear()
+        launch.clear_shutdown()
 
 
 def test_daemon_not_answering_is_a_clear_error_within_the_timeout(fake_nvml, fake_mps,
@@ -414,7 +414,7 @@ def test_a_crashing_trainer_stops_the_round_names_it_and_mps_restarts_before_the
     survivor, culprit = failed.assignments
     assert culprit.status == "failed" and reason in culprit.error
     assert survivor.status == "failed" and f"killed because task 2 ({crash})" in survivor.error
-    assert base._CHILDREN == {}
+    assert launch.live_children() == []
 
     again = mps_backend.run_round(gpu_round(["a", "b"], [50, 50]), agent_context)
 
@@ -596,8 +596,7 @@ def test_agent_and_backends_never_initialise_cuda():
     code = (
         "import sys\n"
         "import workers.agent, workers.backends, workers.backends.cuda, workers.gpu, workers.gpu_mps\n"
-        "from workers.backends import BackendUnavailableError\n"
-        "from workers.registry.backends import get_backend\n"
+        "from workers.backends import BackendUnavailableError, get_backend\n"
         "assert 'torch' not in sys.modules and 'pynvml' not in sys.modules\n"
         "for name in ('cuda-mps', 'cuda-timeslice'):\n"
         "    try:\n"

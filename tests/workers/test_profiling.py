@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from workers import profiling
-from workers.backends import CpuBackend, base
+from workers import launch, profiling
+from workers.backends import CpuBackend
 from workers.backends.base import ExecutionBackend, TrainerResources
 from workers.forkserver import ForkServerPool
 from workers.messages import (
@@ -181,7 +181,7 @@ def test_two_task_configuration_is_measured_while_both_train(agent_context, monk
     counted = [[it for it in its if it.end <= stop] for its in iterations]
     first, second = counted
     assert first[0].start < second[-1].end and second[0].start < first[-1].end  # overlap
-    assert base._CHILDREN == {}
+    assert launch.live_children() == []
     assert not (agent_context.state_dir / "work" / "sweep-5" / "config-3").exists()
 
 
@@ -244,7 +244,7 @@ def test_crashing_profiler_fails_the_configuration_and_kills_the_others(agent_co
     first, second = result.measurements
     assert "OSError" in second.error and second.throughput_sps is None
     assert first.throughput_sps is None and first.error
-    assert base._CHILDREN == {}
+    assert launch.live_children() == []
     kept = agent_context.state_dir / "work" / "sweep-5" / "config-0"
     assert (kept / "task-1.stderr.log").exists()  # a failed configuration's files stay
 
@@ -254,7 +254,7 @@ def test_configuration_past_its_timeout_fails_and_is_killed(agent_context):
                                    CpuBackend(), config_index=0)
 
     assert result.status == "failed" and "config_timeout_s" in result.error
-    assert base._CHILDREN == {}
+    assert launch.live_children() == []
 
 
 def test_configuration_with_a_share_out_of_range_fails_as_data(agent_context):
@@ -317,7 +317,7 @@ def test_time_sliced_configuration_takes_turns_on_the_whole_device(agent_context
     assert backend.locks == [lock, lock]  # both took turns holding the device's lock
     assert all(m.throughput_sps > 0 for m in result.measurements)
     assert [m.active_thread_percentage for m in result.measurements] == [30, 30]
-    assert base._CHILDREN == {}
+    assert launch.live_children() == []
 
 
 # -------------------------------------------------------------------- real sweeps
@@ -367,7 +367,7 @@ def test_sweep_goes_on_after_a_crashing_profiler(agent_context, monkeypatch, for
     assert failed and all("injected crash" in r.error for r in failed)
     assert any(r.status == "succeeded" for r in emitted)
     assert all(any(t.architecture == "mobilenet_v3_small" for t in r.tasks) for r in failed)
-    assert base._CHILDREN == {}
+    assert launch.live_children() == []
 
 
 def test_agent_shutdown_stops_a_running_sweep(agent_context):
@@ -378,17 +378,17 @@ def test_agent_shutdown_stops_a_running_sweep(agent_context):
     try:
         runner.start()
         deadline = time.monotonic() + 60
-        while not base._CHILDREN and time.monotonic() < deadline:
+        while not launch.live_children() and time.monotonic() < deadline:
             time.sleep(0.05)
-        base.request_shutdown()
+        launch.request_shutdown()
         runner.join(timeout=30)
     finally:
-        base._SHUTDOWN.clear()
+        launch.clear_shutdown()
 
     summary = outcome["summary"]
     assert summary.status == "failed" and "agent shutting down" in summary.error
     assert summary.configs == 1 and summary.samples == 0
-    assert base._CHILDREN == {}
+    assert launch.live_children() == []
 
 
 # ------------------------------------------------------------ sweep logic, faked device

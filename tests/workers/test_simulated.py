@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from workers import agent
+from workers import agent, launch
 from workers.artifacts import LocalArtifactStore, global_weights_key
-from workers.backends import SimulatedBackend, base
+from workers.backends import SimulatedBackend, get_backend
 from workers.backends import simulated as sim
 from workers.messages import (
     ProfileConfigResult,
@@ -23,7 +23,6 @@ from workers.messages import (
     StandaloneRequest,
 )
 from workers.profiling import run_sweep, sweep_design
-from workers.registry.backends import get_backend
 from workers.zoo import write_initial_weights
 
 TITAN_V = sim.device_spec("titan-v")
@@ -342,11 +341,11 @@ def test_time_scale_makes_a_round_take_real_time(sim_round, agent_context):
 
 
 def test_shutdown_refuses_a_round(backend, sim_round, agent_context):
-    base.request_shutdown()
+    launch.request_shutdown()
     try:
         result = backend.run_round(sim_round(), agent_context)
     finally:
-        base._SHUTDOWN.clear()
+        launch.clear_shutdown()
 
     assert result.status == "failed" and "agent shutting down" in result.error
 

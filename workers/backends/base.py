@@ -1,28 +1,24 @@
-"""The execution-backend interface and the trainer-process machinery backends share.
+"""The execution-backend interface and the trainer-process backends' round and measurement.
 
 :class:`ExecutionBackend` is what the device agent calls. :class:`AnalyticBackend` is the kind
 that answers from a model instead of running anything (``simulated``).
 :class:`TrainerProcessBackend` implements a round the way docs/DESIGN.md §2 describes it: one
-``python -m workers.trainer`` process per assignment (``subprocess.Popen``, never
-``fork``/``multiprocessing``: Celery children are daemonic and CUDA must not be forked), all
-held at a start barrier (each prints ``READY``; when all have, each gets ``GO``) so they really
-overlap, then waited for with a timeout. A subclass only decides each trainer's resources
-(threads, cores, lock, environment).
+``python -m workers.trainer`` process per assignment, started, held at the READY/GO barrier so
+they really overlap, watched and reaped by the launch engine (:class:`workers.launch.ProcessGroup`).
+A subclass only decides each trainer's resources (threads, cores, lock, environment).
 
 Failures are data: if any trainer fails, times out, the agent shuts down or the control plane
-cancels the task (:func:`request_cancel`), every trainer of the device is killed (on a GPU under MPS one client's fatal fault reaches them all anyway) and
-the round comes back as ``DeviceRoundResult(status="failed")`` naming the task and its error.
+cancels the task (:func:`workers.launch.request_cancel`), every trainer of the device is killed
+(on a GPU under MPS one client's fatal fault reaches them all anyway) and the round comes back as
+``DeviceRoundResult(status="failed")`` naming the task and its error.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -32,6 +28,13 @@ from typing import ClassVar
 
 from pydantic import ValidationError
 
+from workers.launch import (
+    Child,
+    ProcessGroup,
+    ProcessSpec,
+    cancel_requested,
+    shutdown_requested,
+)
 from workers.messages import (
     AssignmentResult,
     AssignmentSpec,
@@ -44,28 +47,15 @@ from workers.messages import (
     StandaloneResult,
     TrainRoundRequest,
 )
-from workers.trainer import GO_LINE, READY_LINE, StandaloneSpec, TrainerSpec
+from workers.trainer import StandaloneSpec, TrainerSpec
 
 logger = logging.getLogger(__name__)
 
-_POLL_S = 0.05
-_STDERR_TAIL_CHARS = 1500
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 TRAINER_COMMAND: list[str] = [sys.executable, "-m", "workers.trainer"]
 """The command that starts one trainer process; the mode (``train``/``standalone``), SPEC.json
 and RESULT.json are appended."""
-
-# Live trainer processes of this agent, by pid, for the shutdown hook. An RLock because the
-# hook runs in a signal handler on the main thread, which may already hold it.
-_CHILDREN: dict[int, subprocess.Popen] = {}
-_CHILDREN_LOCK = threading.RLock()
-_SHUTDOWN = threading.Event()
-# The control plane cancelled the device task in progress (run cancelled, straggler past the
-# round's deadline, superseded attempt): set by the agent's watcher thread, cleared before
-# each task. The reason is what the killed trainers' results say.
-_CANCEL = threading.Event()
-_CANCEL_REASON: list[str] = [""]
 
 
 class BackendUnavailableError(RuntimeError):
@@ -204,94 +194,6 @@ class AnalyticBackend(ExecutionBackend):
         """
 
 
-def request_shutdown() -> None:
-    """Mark the agent as shutting down and terminate every live trainer (SIGTERM hook).
-
-    Safe to call from a signal handler. A round in progress then returns failed with
-    "agent shutting down"; later rounds are refused the same way.
-    """
-    _SHUTDOWN.set()
-    terminate_children()
-
-
-def shutdown_requested() -> bool:
-    """Return whether :func:`request_shutdown` was called."""
-    return _SHUTDOWN.is_set()
-
-
-def request_cancel(reason: str) -> int:
-    """Cancel the device task in progress: mark it cancelled with ``reason`` and terminate
-    every live trainer; return how many were signalled.
-
-    The round (or standalone measurement) then returns failed with ``reason`` instead of
-    running on; unlike :func:`request_shutdown` the agent keeps serving. Safe from any thread.
-    """
-    _CANCEL_REASON[0] = reason or "cancelled by the control plane"
-    _CANCEL.set()
-    return terminate_children()
-
-
-def cancel_requested() -> str | None:
-    """The reason given to :func:`request_cancel` for the task in progress, or ``None``."""
-    return _CANCEL_REASON[0] if _CANCEL.is_set() else None
-
-
-def clear_cancel() -> None:
-    """Forget a cancellation (the agent calls this before each device task)."""
-    _CANCEL.clear()
-    _CANCEL_REASON[0] = ""
-
-
-def terminate_children() -> int:
-    """Send SIGTERM to every live trainer process of this agent; return how many."""
-    with _CHILDREN_LOCK:
-        children = list(_CHILDREN.values())
-    count = 0
-    for proc in children:
-        if proc.poll() is None:
-            try:
-                proc.send_signal(signal.SIGTERM)
-                count += 1
-            except ProcessLookupError:
-                pass
-    return count
-
-
-def track_child(proc: subprocess.Popen) -> None:
-    """Register a child process of the agent, so :func:`terminate_children` reaches it."""
-    with _CHILDREN_LOCK:
-        _CHILDREN[proc.pid] = proc
-
-
-def untrack_child(proc: subprocess.Popen) -> None:
-    """Forget a child registered with :func:`track_child` (call once it has been reaped)."""
-    with _CHILDREN_LOCK:
-        _CHILDREN.pop(proc.pid, None)
-
-
-def kill_children(children: Sequence) -> None:
-    """Kill and reap child processes, close their pipes, join their stdout readers and stop
-    tracking them. Each child has ``proc`` (a ``subprocess.Popen`` or ``None`` if it never
-    started) and ``reader`` (a ``threading.Thread`` or ``None``)."""
-    for child in children:
-        proc = child.proc
-        if proc is None:
-            continue
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stdin and not proc.stdin.closed:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass  # the pipe's reader is dead; nothing left to flush
-        if child.reader is not None:
-            child.reader.join(timeout=5)
-        if proc.stdout:
-            proc.stdout.close()
-        untrack_child(proc)
-
-
 def round_request_problem(
     request: TrainRoundRequest,
     ctx: AgentContext,
@@ -336,39 +238,6 @@ def round_request_problem(
                     f"of device memory ({parts}) but device {ctx.device!r} has "
                     f"{memory_bytes / 2**30:.2f} GiB")
     return None
-
-
-def _stderr_tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - _STDERR_TAIL_CHARS))
-            return handle.read().decode("utf-8", errors="replace").strip()
-    except OSError:
-        return ""
-
-
-@dataclass
-class _Trainer:
-    """One launched trainer process and what the parent learned about it."""
-
-    assignment: AssignmentSpec | None  # None for a standalone measurement
-    resources: TrainerResources
-    spec_path: Path
-    result_path: Path
-    stderr_path: Path
-    proc: subprocess.Popen | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
-    reader: threading.Thread | None = None
-    # None while fine; else why the parent gave up on it ("failed", "timeout", "killed", ...).
-    fate: str | None = None
-    fate_detail: str = ""
-
-    @property
-    def label(self) -> str:
-        task = self.assignment.task
-        return f"task {task.task_id} ({task.name})"
 
 
 class TrainerProcessBackend(ExecutionBackend):
@@ -482,25 +351,16 @@ class TrainerProcessBackend(ExecutionBackend):
         env.update(resources.env)
         return env
 
-    def _launch(self, mode: str, trainer: _Trainer, with_barrier: bool) -> None:
-        trainer.result_path.unlink(missing_ok=True)
-        with open(trainer.stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(
-                [*TRAINER_COMMAND, mode, str(trainer.spec_path), str(trainer.result_path)],
-                stdin=subprocess.PIPE if with_barrier else subprocess.DEVNULL,
-                stdout=subprocess.PIPE if with_barrier else subprocess.DEVNULL,
-                stderr=stderr,
-                env=self.trainer_env(trainer.resources),
-                close_fds=True,
-            )
-        trainer.proc = proc
-        track_child(proc)
-        if with_barrier:
-            trainer.reader = threading.Thread(
-                target=_read_protocol, args=(proc, trainer.ready), daemon=True,
-                name=f"trainer-{proc.pid}-stdout",
-            )
-            trainer.reader.start()
+
+    def _process(self, mode: str, stem: Path, resources: TrainerResources, label: str) -> ProcessSpec:
+        """The launch engine's description of one ``workers.trainer`` process whose files are
+        ``<stem>.spec.json`` (written by the caller), ``.result.json`` and ``.stderr.log``."""
+        return ProcessSpec(
+            command=TRAINER_COMMAND,
+            args=[mode, str(stem.with_suffix(".spec.json")), str(stem.with_suffix(".result.json"))],
+            env=self.trainer_env(resources), stderr_path=stem.with_suffix(".stderr.log"),
+            label=label, result_path=stem.with_suffix(".result.json"),
+        )
 
     # ----------------------------------------------------------------------------- rounds
 
@@ -534,45 +394,42 @@ class TrainerProcessBackend(ExecutionBackend):
         except BackendUnavailableError as exc:
             return failed(f"device not ready: {exc}")
         try:
-            trainers = self._prepare(request, ctx, allocations)
+            specs = self._write_specs(request, ctx, allocations)
         except (OSError, ValueError) as exc:
             return failed(f"cannot write the trainers' specs: {type(exc).__name__}: {exc}")
 
-        try:
-            for trainer in trainers:
-                self._launch("train", trainer, with_barrier=True)
-            self._barrier(trainers, ctx)
-            self._wait_all(trainers, ctx)
-        except Exception as exc:  # noqa: BLE001 - the round is reported, never raised
-            logger.exception("round %s of run %s crashed in the agent", request.round_index,
-                             request.run_id)
-            for trainer in trainers:
-                if trainer.fate is None:
-                    trainer.fate, trainer.fate_detail = "agent", f"{type(exc).__name__}: {exc}"
-        finally:
-            self._kill_all(trainers)
+        ready_deadline = time.monotonic() + min(ctx.ready_timeout_s, ctx.trainer_timeout_s)
+        with ProcessGroup(specs, where=" on this device") as group:
+            try:
+                group.launch()
+                if group.wait_ready(ready_deadline, "ready_timeout_s") and group.go():
+                    group.wait_exit(time.monotonic() + ctx.trainer_timeout_s, "trainer_timeout_s")
+            except Exception as exc:  # noqa: BLE001 - the round is reported, never raised
+                logger.exception("round %s of run %s crashed in the agent", request.round_index,
+                                 request.run_id)
+                group.fail_all(f"{type(exc).__name__}: {exc}")
 
-        results = [self._collect(trainer) for trainer in trainers]
-        causes = [t for t in trainers if t.fate in ("failed", "timeout", "agent", "shutdown", "cancelled")]
-        causes += [t for t, r in zip(trainers, results, strict=True)
-                   if r.status == "failed" and t.fate is None]
+        children = group.children
+        results = [self._collect(assignment, resources, child) for assignment, resources, child
+                   in zip(request.assignments, allocations, children, strict=True)]
+        causes = group.causes()
+        causes += [c for c, r in zip(children, results, strict=True)
+                   if r.status == "failed" and c.fate is None]
         self.finish_dispatch(ctx, failed=bool(causes))
-        results = self.review_round(request, ctx, [t.proc.pid if t.proc else None for t in trainers],
+        results = self.review_round(request, ctx, [c.proc.pid if c.proc else None for c in children],
                                     results)
         if not causes:
             return DeviceRoundResult(
                 run_id=request.run_id, round_id=request.round_id, device=ctx.device,
                 status="succeeded", host=socket.gethostname(), assignments=results,
             )
-        by_id = {r.assignment_id: r for r in results}
-        error = "; ".join(f"{t.label}: {by_id[t.assignment.assignment_id].error}" for t in causes)
-        return failed(error, results)
+        errors = {id(c): r.error for c, r in zip(children, results, strict=True)}
+        return failed("; ".join(f"{c.label}: {errors[id(c)]}" for c in causes), results)
 
-    @staticmethod
-    def _prepare(
-        request: TrainRoundRequest, ctx: AgentContext, allocations: list[TrainerResources]
-    ) -> list[_Trainer]:
-        """Write one spec file per assignment; return the (not yet launched) trainers."""
+    def _write_specs(
+        self, request: TrainRoundRequest, ctx: AgentContext, allocations: list[TrainerResources]
+    ) -> list[ProcessSpec]:
+        """Write one spec file per assignment; return the trainers to launch, in order."""
         if len(allocations) != len(request.assignments):
             raise ValueError(
                 f"backend allocated {len(allocations)} trainers for "
@@ -580,7 +437,7 @@ class TrainerProcessBackend(ExecutionBackend):
             )
         work = ctx.state_dir / "work" / f"run-{request.run_id}" / f"round-{request.round_index}"
         work.mkdir(parents=True, exist_ok=True)
-        trainers = []
+        specs = []
         for assignment, resources in zip(request.assignments, allocations, strict=True):
             stem = work / f"assignment-{assignment.assignment_id}"
             spec = TrainerSpec(
@@ -593,106 +450,29 @@ class TrainerProcessBackend(ExecutionBackend):
             )
             spec_path = stem.with_suffix(".spec.json")
             spec_path.write_text(spec.model_dump_json(indent=2))
-            trainers.append(
-                _Trainer(assignment, resources, spec_path, stem.with_suffix(".result.json"),
-                         stem.with_suffix(".stderr.log"))
-            )
-        return trainers
-
-    def _barrier(self, trainers: list[_Trainer], ctx: AgentContext) -> None:
-        """Wait until every trainer printed READY, then send GO to all."""
-        deadline = time.monotonic() + min(ctx.ready_timeout_s, ctx.trainer_timeout_s)
-        while not all(t.ready.is_set() for t in trainers):
-            if self._check_abort(trainers, deadline, "before READY"):
-                return
-            time.sleep(_POLL_S)
-        for trainer in trainers:
-            try:
-                trainer.proc.stdin.write(f"{GO_LINE}\n".encode())
-                trainer.proc.stdin.flush()
-                trainer.proc.stdin.close()
-            except OSError as exc:
-                trainer.fate, trainer.fate_detail = "failed", f"could not send GO: {exc}"
-                self._mark_others_killed(trainers, trainer)
-                return
-
-    def _wait_all(self, trainers: list[_Trainer], ctx: AgentContext) -> None:
-        """Wait for every trainer to exit; on the first failure or timeout, stop waiting."""
-        if any(t.fate for t in trainers):
-            return
-        deadline = time.monotonic() + ctx.trainer_timeout_s
-        while any(t.proc.poll() is None for t in trainers):
-            if self._check_abort(trainers, deadline, "while training"):
-                return
-            time.sleep(_POLL_S)
-        for trainer in trainers:
-            if trainer.proc.returncode != 0 and trainer.fate is None:
-                trainer.fate = "failed"
-
-    def _check_abort(self, trainers: list[_Trainer], deadline: float, phase: str) -> bool:
-        """Decide whether the device's trainers must be stopped; mark why. True = stop."""
-        if shutdown_requested():
-            for trainer in trainers:
-                # Trainers the shutdown hook already terminated count as shut down, not failed.
-                if trainer.proc.poll() is None or trainer.proc.returncode != 0:
-                    trainer.fate, trainer.fate_detail = "shutdown", "agent shutting down"
-            return True
-        reason = cancel_requested()
-        if reason is not None:
-            for trainer in trainers:
-                # Terminated by request_cancel (or still running): cancelled, not failed.
-                if trainer.proc.poll() is None or trainer.proc.returncode != 0:
-                    trainer.fate, trainer.fate_detail = "cancelled", reason
-            return True
-        exited = [t for t in trainers if t.proc.poll() is not None and t.proc.returncode != 0]
-        if not exited and phase == "before READY":
-            # A trainer that exits 0 before READY broke the protocol; treat it as failed.
-            exited = [t for t in trainers if t.proc.poll() is not None and not t.ready.is_set()]
-        if exited:
-            for trainer in exited:
-                trainer.fate = "failed"
-            self._mark_others_killed(trainers, *exited)
-            return True
-        if time.monotonic() > deadline:
-            timeout = "ready_timeout_s" if phase == "before READY" else "trainer_timeout_s"
-            for trainer in trainers:
-                if trainer.proc.poll() is None:
-                    trainer.fate = "timeout"
-                    trainer.fate_detail = f"timed out {phase} ({timeout} exceeded)"
-            return True
-        return False
+            task = assignment.task
+            specs.append(self._process("train", stem, resources, f"task {task.task_id} ({task.name})"))
+        return specs
 
     @staticmethod
-    def _mark_others_killed(trainers: list[_Trainer], *culprits: _Trainer) -> None:
-        names = ", ".join(t.label for t in culprits)
-        for trainer in trainers:
-            if trainer.fate is None and trainer.proc.poll() is None:
-                trainer.fate = "killed"
-                trainer.fate_detail = f"killed because {names} failed on this device"
-
-    @staticmethod
-    def _kill_all(trainers: list[_Trainer]) -> None:
-        kill_children(trainers)
-
-    def _collect(self, trainer: _Trainer) -> AssignmentResult:
+    def _collect(assignment: AssignmentSpec, resources: TrainerResources, child: Child) -> AssignmentResult:
         """Build the assignment's result from its RESULT.json, exit code and fate."""
-        assignment = trainer.assignment
         reported: AssignmentResult | None = None
         try:
-            reported = AssignmentResult.model_validate_json(trainer.result_path.read_text())
+            assert child.spec.result_path is not None
+            reported = AssignmentResult.model_validate_json(child.spec.result_path.read_text())
         except (OSError, ValidationError, ValueError):
             reported = None
-        if trainer.fate is None and reported is not None and reported.status == "succeeded":
+        if child.fate is None and reported is not None and reported.status == "succeeded":
             return reported
-        if trainer.fate in ("killed", "shutdown", "timeout", "agent", "cancelled"):
-            error = trainer.fate_detail
+        if child.fate in ("killed", "shutdown", "timeout", "agent", "cancelled"):
+            error = child.fate_detail
         elif reported is not None and reported.error:
             error = reported.error
         else:
-            code = trainer.proc.returncode if trainer.proc else None
-            error = trainer.fate_detail or f"trainer exited with code {code} without a result"
-        if trainer.fate not in ("killed", "shutdown", "cancelled"):
-            tail = _stderr_tail(trainer.stderr_path)
+            error = child.fate_detail or f"trainer exited with code {child.returncode} without a result"
+        if child.fate not in ("killed", "shutdown", "cancelled"):
+            tail = child.stderr_tail()
             if tail:
                 error = f"{error}\n--- trainer stderr (tail) ---\n{tail}"
         return AssignmentResult(
@@ -700,8 +480,8 @@ class TrainerProcessBackend(ExecutionBackend):
             task_id=assignment.task.task_id,
             status="failed",
             error=error,
-            threads=trainer.resources.threads,
-            cores=trainer.resources.cores,
+            threads=resources.threads,
+            cores=resources.cores,
         )
 
     # ------------------------------------------------------------------------- standalone
@@ -713,7 +493,7 @@ class TrainerProcessBackend(ExecutionBackend):
 
         Returns:
             The trainer's :class:`StandaloneResult`, or ``status="failed"`` with the reason
-            (timeout, crash with its stderr tail, shutdown).
+            (timeout, crash with its stderr tail, shutdown, cancellation).
         """
         def failed(error: str) -> StandaloneResult:
             return StandaloneResult(run_id=request.run_id, device=ctx.device, status="failed",
@@ -729,59 +509,48 @@ class TrainerProcessBackend(ExecutionBackend):
             self.prepare_dispatch("timeslice", ctx)
         except BackendUnavailableError as exc:
             return failed(f"device not ready: {exc}")
-        work = ctx.state_dir / "work" / f"run-{request.run_id}" / "standalone"
-        work.mkdir(parents=True, exist_ok=True)
-        spec = StandaloneSpec(
-            run_id=request.run_id, device=ctx.device, items=request.items,
-            threads=resources.threads, cores=resources.cores,
-            warmup_iterations=request.warmup_iterations,
-            timed_iterations=request.timed_iterations,
-        )
-        stem = work / "standalone"
-        trainer = _Trainer(
-            assignment=None, resources=resources,  # type: ignore[arg-type]
-            spec_path=stem.with_suffix(".spec.json"), result_path=stem.with_suffix(".result.json"),
-            stderr_path=stem.with_suffix(".stderr.log"),
-        )
-        trainer.spec_path.write_text(spec.model_dump_json(indent=2))
         measured: StandaloneResult | None = None
         try:
-            measured = self._run_standalone(request, ctx, trainer, failed)
+            work = ctx.state_dir / "work" / f"run-{request.run_id}" / "standalone"
+            work.mkdir(parents=True, exist_ok=True)
+            spec = StandaloneSpec(
+                run_id=request.run_id, device=ctx.device, items=request.items,
+                threads=resources.threads, cores=resources.cores,
+                warmup_iterations=request.warmup_iterations,
+                timed_iterations=request.timed_iterations,
+            )
+            stem = work / "standalone"
+            stem.with_suffix(".spec.json").write_text(spec.model_dump_json(indent=2))
+            measured = self._run_standalone(
+                request, ctx,
+                self._process("standalone", stem, resources, "standalone measurement"),
+                failed)
         finally:
             self.finish_dispatch(ctx, failed=measured is None or measured.status != "succeeded")
         return measured
 
-    def _run_standalone(self, request: StandaloneRequest, ctx: AgentContext, trainer: _Trainer,
+    @staticmethod
+    def _run_standalone(request: StandaloneRequest, ctx: AgentContext, spec: ProcessSpec,
                         failed) -> StandaloneResult:
         """Launch the standalone trainer, wait for it, read its result (never raises)."""
+        with ProcessGroup([spec], barrier=False) as group:
+            try:
+                group.launch()
+                group.wait_exit(time.monotonic() + ctx.trainer_timeout_s, "trainer_timeout_s")
+            except Exception as exc:  # noqa: BLE001 - reported, never raised
+                logger.exception("standalone measurement of run %s crashed", request.run_id)
+                return failed(f"{type(exc).__name__}: {exc}")
+        (child,) = group.children
+        if child.fate in ("shutdown", "cancelled"):
+            return failed(child.fate_detail)
+        if child.fate == "timeout":
+            return failed("standalone measurement timed out (trainer_timeout_s exceeded)")
         try:
-            self._launch("standalone", trainer, with_barrier=False)
-            deadline = time.monotonic() + ctx.trainer_timeout_s
-            while trainer.proc.poll() is None:
-                if shutdown_requested():
-                    return failed("agent shutting down")
-                if cancel_requested() is not None:
-                    return failed(cancel_requested())
-                if time.monotonic() > deadline:
-                    return failed("standalone measurement timed out (trainer_timeout_s exceeded)")
-                time.sleep(_POLL_S)
-        except Exception as exc:  # noqa: BLE001 - reported, never raised
-            logger.exception("standalone measurement of run %s crashed", request.run_id)
-            return failed(f"{type(exc).__name__}: {exc}")
-        finally:
-            self._kill_all([trainer])
-        try:
-            return StandaloneResult.model_validate_json(trainer.result_path.read_text())
+            assert spec.result_path is not None
+            return StandaloneResult.model_validate_json(spec.result_path.read_text())
         except (OSError, ValidationError, ValueError):
-            tail = _stderr_tail(trainer.stderr_path)
+            tail = child.stderr_tail()
             return failed(
-                f"standalone trainer exited with code {trainer.proc.returncode} without a result"
+                f"standalone trainer exited with code {child.returncode} without a result"
                 + (f"\n--- trainer stderr (tail) ---\n{tail}" if tail else "")
             )
-
-
-def _read_protocol(proc: subprocess.Popen, ready: threading.Event) -> None:
-    """Read a trainer's stdout until EOF, setting ``ready`` on the READY line."""
-    for raw in proc.stdout:
-        if raw.decode("utf-8", errors="replace").strip() == READY_LINE:
-            ready.set()

@@ -39,13 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from workers.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
-from workers.backends.base import (
-    AgentContext,
-    AnalyticBackend,
-    cancel_requested,
-    round_request_problem,
-    shutdown_requested,
-)
+from workers.backends.base import AgentContext, AnalyticBackend, round_request_problem
+from workers.launch import cancel_requested, shutdown_requested
 from workers.messages import (
     AssignmentResult,
     AssignmentSpec,
