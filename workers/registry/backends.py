@@ -19,14 +19,15 @@ cpu            per-iteration device lock, all cores each    a core window per sh
 simulated      the model's time-slicing mode                the model's contention mode
 ============== ============================================ =====================================
 
-Importing this module imports no backend: each record's ``create`` imports its class when called
-(the GPU backends' modules are light too, but an agent should load only the backend it runs).
+Importing this module imports no backend: each built-in record's ``create`` loads its class by
+reference when called (see :func:`_builtin`), as an entry point loads a plug-in's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import EntryPoint
 from typing import Any
 
 from workers.registry.base import Registry
@@ -73,36 +74,28 @@ BACKEND_REGISTRY: Registry[Backend] = Registry("backend", "mtfl.backends", Backe
 """Every execution backend a device may use; plug-ins register in the ``mtfl.backends`` group."""
 
 
-def _cpu() -> Any:
-    from workers.backends.cpu import CpuBackend
+def _builtin(reference: str) -> Callable[[], Any]:
+    """A ``create`` that loads ``"module:Class"`` the way an entry point loads a plug-in, when
+    first called.
 
-    return CpuBackend()
+    The built-in backends are named by reference rather than imported: their modules use
+    :mod:`workers.messages`, whose name checks read this registry, so an import here (even
+    inside a function) would close the loop messages → registry → backend → messages.
+    """
 
+    def create() -> Any:
+        return EntryPoint(name=reference, value=reference, group=BACKEND_REGISTRY.group).load()()
 
-def _simulated() -> Any:
-    from workers.backends.simulated import SimulatedBackend
-
-    return SimulatedBackend()
-
-
-def _cuda_mps() -> Any:
-    from workers.backends.cuda import CudaMpsBackend
-
-    return CudaMpsBackend()
-
-
-def _cuda_timeslice() -> Any:
-    from workers.backends.cuda import CudaTimesliceBackend
-
-    return CudaTimesliceBackend()
+    return create
 
 
 for _backend in (
-    Backend("cpu", "cpu — trains on the host's cores", _cpu),
-    Backend("simulated", "simulated — an analytic GPU model; trains nothing", _simulated, simulated=True),
-    Backend("cuda-mps", "cuda-mps — one NVIDIA GPU shared with MPS", _cuda_mps),
-    Backend("cuda-timeslice", "cuda-timeslice — one NVIDIA GPU without MPS (temporal only)", _cuda_timeslice,
-            partitionings=("timeslice",)),
+    Backend("cpu", "cpu — trains on the host's cores", _builtin("workers.backends.cpu:CpuBackend")),
+    Backend("simulated", "simulated — an analytic GPU model; trains nothing",
+            _builtin("workers.backends.simulated:SimulatedBackend"), simulated=True),
+    Backend("cuda-mps", "cuda-mps — one NVIDIA GPU shared with MPS", _builtin("workers.backends.cuda:CudaMpsBackend")),
+    Backend("cuda-timeslice", "cuda-timeslice — one NVIDIA GPU without MPS (temporal only)",
+            _builtin("workers.backends.cuda:CudaTimesliceBackend"), partitionings=("timeslice",)),
 ):
     BACKEND_REGISTRY.register(_backend)
 
