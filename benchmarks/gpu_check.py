@@ -333,7 +333,8 @@ def preflight(check: Check):
             f"missing Python package{'s' if len(missing) > 1 else ''}: {'; '.join(missing)} — "
             "install it, or carry its wheels (README, 'GPU hosts')", EXIT_UNAVAILABLE)
     try:
-        from workers.backends import AgentContext, BackendUnavailableError, get_backend
+        from workers.backends import AgentContext, BackendUnavailableError
+        from workers.registry.backends import get_backend
 
         importlib.import_module("controlplane.planning.strategies")  # fail now, not after profiling
     except ImportError as exc:

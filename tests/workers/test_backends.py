@@ -15,11 +15,12 @@ from workers.backends import (
     BackendUnavailableError,
     CpuBackend,
     TrainerProcessBackend,
-    get_backend,
 )
-from workers.messages import BACKENDS, ShardRef, StandaloneItem, StandaloneRequest
+from workers.messages import ShardRef, StandaloneItem, StandaloneRequest
+from workers.registry.backends import BACKEND_REGISTRY, get_backend
 from workers.zoo import build_model
 
+BACKENDS = BACKEND_REGISTRY.names()
 PROCESS_BACKENDS = [name for name in BACKENDS
                     if isinstance(get_backend(name), TrainerProcessBackend)]
 
@@ -202,7 +203,7 @@ def test_cpu_trainers_keep_freed_memory_so_iterations_do_not_page_fault(agent_co
 
 
 def test_get_backend_rejects_unknown_name():
-    with pytest.raises(ValueError, match="cpu, cuda-mps, cuda-timeslice, simulated"):
+    with pytest.raises(ValueError, match="backend: 'rocm' is not allowed; allowed: cpu, simulated, cuda-mps, cuda-timeslice"):
         get_backend("rocm")
 
 

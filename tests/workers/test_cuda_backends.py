@@ -26,10 +26,10 @@ from workers.backends import (
     CudaMpsBackend,
     CudaTimesliceBackend,
     base,
-    get_backend,
 )
 from workers.messages import DeviceInventory, ShardRef, StandaloneItem, StandaloneRequest
 from workers.queues import CONTROL_QUEUE, TaskName
+from workers.registry.backends import get_backend
 
 FAKES = Path(__file__).parent / "fakes"
 REPO = Path(__file__).resolve().parents[2]
@@ -596,7 +596,8 @@ def test_agent_and_backends_never_initialise_cuda():
     code = (
         "import sys\n"
         "import workers.agent, workers.backends, workers.backends.cuda, workers.gpu, workers.gpu_mps\n"
-        "from workers.backends import BackendUnavailableError, get_backend\n"
+        "from workers.backends import BackendUnavailableError\n"
+        "from workers.registry.backends import get_backend\n"
         "assert 'torch' not in sys.modules and 'pynvml' not in sys.modules\n"
         "for name in ('cuda-mps', 'cuda-timeslice'):\n"
         "    try:\n"

@@ -12,7 +12,7 @@ import pytest
 
 from workers import agent, launch
 from workers.artifacts import LocalArtifactStore, global_weights_key
-from workers.backends import SimulatedBackend, get_backend
+from workers.backends import SimulatedBackend
 from workers.backends import simulated as sim
 from workers.messages import (
     ProfileConfigResult,
@@ -23,6 +23,7 @@ from workers.messages import (
     StandaloneRequest,
 )
 from workers.profiling import run_sweep, sweep_design
+from workers.registry.backends import get_backend
 from workers.zoo import write_initial_weights
 
 TITAN_V = sim.device_spec("titan-v")
