@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU check (issue 5, item 7): the paper's light and mixed mixes under temporal, isolation,
-# sharing, vres_greedy and vres_sync on this host's GPU, profiled, planned and measured with
-# workers/ and controlplane/planning/ only (no Django, Celery or Redis; no network).
+# GPU check: the paper's light and mixed mixes under every strategy a comparison runs (the
+# control plane's strategy registry: temporal, isolation, sharing, vres_greedy, vres_sync) on
+# this host's GPU, profiled, planned, measured and scored with workers/ and
+# controlplane/planning/ only (no Django, Celery or Redis; no network).
 #
 #   benchmarks/gpu_check.sh [--wheels DIR] [gpu_check.py options]
 #   OUT=/some/dir benchmarks/gpu_check.sh --budget 150      # also writes $OUT/gpu_check.json

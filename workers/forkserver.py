@@ -1,11 +1,32 @@
 """A fork server for profiler processes: torch imported once per sweep, not once per process.
 
 A profiling sweep (:mod:`workers.profiling`) starts one process per task of every
-configuration it measures, a few hundred processes per sweep. Each used to start a new Python
-interpreter and import torch and torchvision, which on this project's 2-core machines takes
-3–5 s of CPU per process (torchvision alone pulls in ``torch._dynamo``), and to tear them down
-again on exit (1–3 s): of a 4-task configuration's 15.8 s, 3.6 s were measurement. The
-sweep's budget went mostly to starting interpreters.
+configuration it measures, a few hundred processes per sweep. A new Python interpreter spends
+3–5 s of CPU importing torch and torchvision before it can train (torchvision alone pulls in
+``torch._dynamo``), and 1–3 s tearing them down, which a sweep's budget would pay for instead of
+measurements. A child forked from a server that has already imported them reaches ``READY`` in
+the time it takes to build its model.
+
+Why this module rather than the standard library's ``multiprocessing`` forkserver with
+``set_forkserver_preload`` (the same idea), measured on a 2-core host, a ``mobilenet_v3_small``
+profiler at batch 8, median of 5 spawns from ``spawn`` to ``READY``: a new interpreter 28 s
+(the host was loaded), this server 0.70 s, the standard library's 0.68 s after its first spawn
+(which waits 57 s for the preload). Start-up is the same; what decides:
+
+- the standard library keeps one fork server per parent process, with the parent's environment
+  at the time it started. What libraries read once, when they are loaded, is the server's for
+  every child: OpenMP's wait policy (``OMP_WAIT_POLICY``, read when torch is imported) and
+  glibc's ``MALLOC_*`` settings. The ``cpu`` backend gives trainers that share cores
+  ``OMP_WAIT_POLICY=PASSIVE`` and lone trainers OpenMP's default (:mod:`workers.backends.cpu`:
+  spinning workers starve a co-located trainer, passive ones slow a lone one), so a sweep needs
+  a server per such environment: :class:`ForkServerPool`;
+- a daemonic process may not start ``multiprocessing`` children: tried from a Celery prefork
+  (billiard) pool worker, ``Process.start()`` raises ``AssertionError: daemonic processes are not
+  allowed to have children``. This server is started with :class:`subprocess.Popen`, which works
+  from any process;
+- the profilers' protocol is lines on stdin and stdout (:mod:`workers.profiler_child`), which a
+  ``multiprocessing`` child does not get (its stdin is ``/dev/null``); here the spawn request
+  carries the child's three standard streams.
 
 :class:`ForkServer` starts ``python -m workers.forkserver`` once; it imports
 :data:`PRELOAD` and then, on request, ``fork()``\\s a child that runs a module's
@@ -55,6 +76,7 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Self
 
 PRELOAD: tuple[str, ...] = ("torch", "torchvision", "workers.zoo", "workers.trainer", "workers.profiler_child")
 """Modules every server imports before it serves: what a profiler process spends its start on."""
@@ -92,8 +114,7 @@ def server_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 class ForkedProcess:
     """A child of a :class:`ForkServer`, as the agent sees it: the parts of
-    :class:`subprocess.Popen` that :mod:`workers.profiling` and
-    :func:`workers.backends.base.kill_children` use.
+    :class:`subprocess.Popen` that the launch engine uses (:class:`workers.launch.ChildProcess`).
 
     ``stdin`` is a binary writer, ``stdout`` a binary reader (``None`` where the spawn did not
     ask for a pipe). ``returncode`` is ``None`` while the child runs, its exit code once the
@@ -303,7 +324,7 @@ class ForkServer:
             self._sock = None
         self._mark_dead("closed")
 
-    def __enter__(self) -> ForkServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -446,7 +467,7 @@ class ForkServerPool:
             server.close()
         self._servers.clear()
 
-    def __enter__(self) -> ForkServerPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
