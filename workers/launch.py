@@ -90,13 +90,18 @@ class ChildProcess(Protocol):
     stdout: IO[bytes] | None
     returncode: int | None
 
-    def poll(self) -> int | None: ...
+    def poll(self) -> int | None:
+        """The exit code (``-N`` for signal ``N``), or ``None`` while it runs."""
 
-    def wait(self, timeout: float | None = None) -> int: ...
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for it to exit and return the exit code; raises
+        :class:`subprocess.TimeoutExpired` after ``timeout`` seconds."""
 
-    def send_signal(self, signum: int) -> None: ...
+    def send_signal(self, signum: int) -> None:
+        """Send it signal ``signum`` (nothing once it has exited)."""
 
-    def kill(self) -> None: ...
+    def kill(self) -> None:
+        """Send it SIGKILL."""
 
 
 class Launcher(Protocol):
@@ -106,7 +111,8 @@ class Launcher(Protocol):
     fails with fate ``"agent"``)."""
 
     def spawn(self, module: str, argv: Sequence[str], *, env: Mapping[str, str], stderr_path: Path,
-              pipes: bool = True) -> ChildProcess: ...
+              pipes: bool = True) -> ChildProcess:
+        """Start a process running ``module.main(argv)``; return it, running."""
 
 
 def request_shutdown() -> None:
