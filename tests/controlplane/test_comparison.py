@@ -3,8 +3,14 @@ off the in-memory broker, not executed)."""
 
 from __future__ import annotations
 
-import pytest
+import re
+import shlex
 
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from controlplane.core.management.commands import profile
 from controlplane.experiments import services
 from controlplane.experiments.models import Checkpoint, Comparison, Round, Run
 from controlplane.profiling.services import predictor_fit
@@ -28,6 +34,26 @@ def test_a_planned_run_without_a_predictor_is_refused_with_the_way_out(api, make
     message = response.json()["errors"]["strategy"][0]
     assert "no fitted throughput predictor for device dev-a" in message and "mtfl profile" in message
     assert not Run.objects.exists()
+
+
+def test_the_way_out_names_commands_that_run(api, make_experiment, monkeypatch):
+    """Each command the hint quotes is accepted: ``mtfl profile`` gets through its argument
+    checks and the device look-up to where it needs the running stack; ``mtfl fit-predictor``
+    to where it finds no samples yet."""
+    experiment = make_experiment()
+    message = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "vres_sync"},
+                       format="json").json()["errors"]["strategy"][0]
+    commands = [shlex.split(c) for c in re.findall(r"`(mtfl [^`]+)`", message)]
+    assert [c[1] for c in commands] == ["profile", "fit-predictor"]
+
+    def stop_before_the_broker() -> str:
+        raise RuntimeError("reached the broker")
+
+    monkeypatch.setattr(profile, "use_running_broker", stop_before_the_broker)
+    with pytest.raises(CommandError, match="reached the broker"):
+        call_command(commands[0][1], *commands[0][2:])
+    with pytest.raises(CommandError, match="no profile samples for backend 'cpu'"):
+        call_command(commands[1][1].replace("-", "_"), *commands[1][2:])
 
 
 def test_a_planned_run_stores_its_plan_and_rounds_carry_the_predictions(api, make_experiment, predictor,

@@ -50,7 +50,7 @@ def _resolve_class(backend: str, device_class: str | None) -> str:
     if not classes:
         raise ApplicationError(
             f"no profile samples for backend {backend!r} yet: profile a device first (POST /api/devices/{{id}}/profile/ "
-            "or `mtfl profile`)", field="backend", status_code=409,
+            "or `mtfl profile --device NAME --budget 600`)", field="backend", status_code=409,
         )
     if device_class is None:
         if len(classes) > 1:
