@@ -238,23 +238,6 @@ def planned_strategies() -> tuple[str, ...]:
     return tuple(s.name for s in STRATEGY_REGISTRY if s.needs_predictor)
 
 
-BASELINES: dict[str, Callable[[PlanningInput], Plan]] = {
-    "temporal": plan_temporal,
-    "isolation": plan_isolation,
-    "sharing": plan_sharing,
-}
-"""The paper's baselines, by name, in the order the comparison runs them."""
-
-PLANNED: tuple[str, ...] = tuple(PLANNERS)
-"""The predictor-driven strategies (``vres_greedy``, ``vres_sync``)."""
-
-COMPARED: tuple[str, ...] = (*BASELINES, *PLANNED)
-"""The strategies a comparison runs, in order: the paper's baselines, then the planners."""
-
-STRATEGIES: tuple[str, ...] = (*COMPARED, "manual")
-"""Every built-in strategy (callers should ask :data:`STRATEGY_REGISTRY`, which has plug-ins too)."""
-
-
 def make_plan(
     strategy: str,
     spec: PlanningInput,
