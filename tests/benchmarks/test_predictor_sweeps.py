@@ -1,7 +1,9 @@
 """The predictor on real sweeps: the 2-core cpu sweeps kept in benchmarks/sweeps/ (measured with
 ``python benchmarks/predictor.py --save``) are refitted as ``--load`` does, and the held-out
 error must stay where the README reports it. A change to the physical model or the features
-that makes real predictions worse fails here, not only in the benchmark."""
+that makes real predictions worse fails here, not only in the benchmark. A change to the code
+that should leave the predictor's arithmetic alone (a refactoring) must reproduce the held-out
+figures pinned in ``predictor_pins.json`` (written by ``python -m tests.benchmarks.predictor_pins``)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from controlplane.planning.predictor import fit_predictor
+from controlplane.planning.predictor import FAMILIES as ALL_FAMILIES
+from controlplane.planning.predictor import ModelWorkload, fit_predictor
 from tests.benchmarks import BENCHMARKS, load_benchmark
+from tests.benchmarks.predictor_pins import PINS
 
 SWEEPS = sorted((BENCHMARKS / "sweeps").glob("cpu-2cores-*.json"))
 FORK_SWEEPS = [p for p in SWEEPS if "-fork-" in p.stem]  # profilers forked from a fork server
 LINK_SWEEPS = [p for p in SWEEPS if "-link-" in p.stem] + FORK_SWEEPS  # measured with the core link probe
 FAMILIES = ("baseline", "random_forest", "extra_trees")
+"""The families the figures below are checked on (every family is fitted for the pins)."""
+PINNED = json.loads(PINS.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +32,18 @@ def bench():
 
 
 @pytest.fixture(scope="module")
-def workloads(bench):
-    """Workload features of every model in the kept sweeps, counted once (torch FLOP counting)."""
-    architectures = {t["architecture"] for path in SWEEPS for r in json.loads(path.read_text())["results"]
-                     for t in r["tasks"]}
-    return bench.workloads_of(sorted(architectures))
+def workloads():
+    """Workload features of every model in the kept sweeps, as pinned (the zoo's torch FLOP
+    counts, checked by :func:`test_the_pinned_workloads_are_the_zoos`)."""
+    return {a: ModelWorkload(*values) for a, values in PINNED["workloads"].items()}
 
 
 @pytest.fixture(scope="module")
 def fitted(bench, workloads):
-    """``fitted(path, link=True)``: the report of fitting :data:`FAMILIES` on a kept sweep (with
-    the core link probe's round trips, or with them dropped), fitted once per module: the
-    per-sweep test and the link test share the fits (each is seconds on 2 cores)."""
+    """``fitted(path, link=True)``: ``(predictor, report)`` of fitting on a kept sweep (with the core link
+    probe's round trips: every family, as the benchmark and the pins do; with them dropped:
+    :data:`FAMILIES`), fitted once per module: the per-sweep tests, the pin test and the link
+    test share the fits (each is seconds on 2 cores)."""
     cache = {}
 
     def fit(path, link: bool = True):
@@ -47,10 +53,46 @@ def fitted(bench, workloads):
             if not link:
                 samples = [replace(s, cross_core_rtt_ns=None) for s in samples]
             cache[path, link] = fit_predictor(samples, workloads, cores=saved["cores"], placement="packed",
-                                              families=FAMILIES)[1]
+                                              families=ALL_FAMILIES if link else FAMILIES)
         return cache[path, link]
 
     return fit
+
+
+def _families(path, fitted, link: bool = True):
+    """The :data:`FAMILIES` reports of a fit."""
+    return [f for f in fitted(path, link)[1].families if f.family in FAMILIES]
+
+
+def test_the_pinned_workloads_are_the_zoos(bench):
+    pinned = {a: ModelWorkload(*values) for a, values in PINNED["workloads"].items()}
+    assert bench.workloads_of(sorted(pinned)) == pinned
+
+
+def test_every_kept_sweep_is_pinned():
+    assert sorted(PINNED["sweeps"]) == [p.name for p in SWEEPS]
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_held_out_figures_on_a_kept_sweep_are_the_pinned_ones(fitted, path):
+    # Every figure is deterministic given the seeds (grouped partitions and the families'
+    # random_state; BLAS and OpenMP held to one thread while fitting): any change beyond
+    # floating-point noise means the predictor's arithmetic changed.
+    pin = PINNED["sweeps"][path.name]
+    predictor, report = fitted(path)
+    exact = {"rel": 1e-9, "abs": 1e-12}
+    assert (report.configurations, report.groups, report.samples, report.folds, report.partitions, report.kept) == (
+        pin["configurations"], pin["groups"], pin["samples"], pin["folds"], pin["partitions"], pin["kept"])
+    assert [f.family for f in report.families] == list(pin["families"])
+    for family in report.families:
+        want = pin["families"][family.family]
+        assert family.rmsle == pytest.approx(want["rmsle"], **exact), family.family
+        assert family.mape == pytest.approx(want["mape"], **exact), family.family
+        assert {str(k): v for k, v in family.by_mix_size.items()} == pytest.approx(want["by_mix_size"], **exact)
+        assert family.by_slice == pytest.approx(want["by_slice"], **exact), family.family
+    for name, want in pin["physics"].items():
+        got = getattr(predictor.space, name)
+        assert got == (None if want is None else pytest.approx(want, **exact)), name
 
 
 def test_the_kept_sweeps_are_real_2_core_cpu_sweeps():
@@ -74,8 +116,8 @@ def test_held_out_error_on_a_real_sweep_stays_where_the_readme_reports_it(fitted
     # host 2026-12-02-fork-1 (2 s) 0.113 and -fork-window-4s 0.111 (baseline 0.118 / 0.120 /
     # 0.097 / 0.128 / 0.116). Before the passive-wait term κ (fit_physical) they read 0.115 /
     # 0.123 / 0.102 / 0.112 / 0.110.
-    report = fitted(path)
-    by_family = {f.family: f.rmsle for f in report.families}
+    report = fitted(path)[1]
+    by_family = {f.family: f.rmsle for f in _families(path, fitted)}
     if path in FORK_SWEEPS:
         assert by_family["baseline"] < 0.13
         assert min(by_family.values()) < 0.122
@@ -93,7 +135,7 @@ def link_effect(bench, fitted):
     for path in LINK_SWEEPS:
         samples = bench.to_samples(json.loads(path.read_text())["results"])
         assert sum(s.cross_core_rtt_ns is not None for s in samples) >= 40
-        out[path.stem] = tuple(min(f.rmsle for f in fitted(path, link).families) for link in (True, False))
+        out[path.stem] = tuple(min(f.rmsle for f in _families(path, fitted, link)) for link in (True, False))
     return out
 
 
@@ -115,8 +157,7 @@ def test_on_a_real_sweep_the_error_is_in_the_multithreaded_and_shared_slices(fit
     # README, "by the slice a task ran on" (kept family): a 1-thread task alone on its core is
     # predicted to 0.037-0.065 on every kept sweep; beside other threads on its core 0.082-0.130;
     # a 2-thread task 0.09-0.23, alone or shared: where the held-out error above 0.10 comes from.
-    report = fitted(path)
-    best = min(report.families, key=lambda f: f.rmsle)
+    best = min(_families(path, fitted), key=lambda f: f.rmsle)
     slices = best.by_slice
     assert set(slices) == {"1 unit, alone", "1 unit, shared", "2 units, alone", "2 units, shared"}
     assert slices["1 unit, alone"] < 0.075

@@ -14,7 +14,6 @@ from controlplane.planning.predictor import (
     FeatureSpace,
     MemoryModel,
     MixTask,
-    ModelWorkload,
     PredictorError,
     ProfiledTask,
     SoloTable,
@@ -28,6 +27,13 @@ from controlplane.planning.predictor import (
     rmsle,
     sharing_rate,
     slice_labels,
+)
+from controlplane.planning.predictor.physics import (
+    PHYSICS,
+    CpuPhysics,
+    GpuPhysics,
+    physics_for,
+    placement_for_backend,
 )
 from tests.controlplane.contention_law import ARCHS, WORKLOADS, alone, law, synthetic
 
@@ -489,7 +495,7 @@ def test_fitting_holds_native_thread_pools_to_one_thread_and_gives_them_back(mon
     from sklearn.ensemble import ExtraTreesRegressor
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    import controlplane.planning.predictor as predictor_module
+    import controlplane.planning.predictor.fit as fit_module
 
     seen = []
 
@@ -498,10 +504,80 @@ def test_fitting_holds_native_thread_pools_to_one_thread_and_gives_them_back(mon
             seen.append([pool["num_threads"] for pool in threadpool_info()])
             return super().fit(X, y)
 
-    monkeypatch.setattr(predictor_module, "_make_model", lambda family, seed: Recording(n_estimators=5, random_state=seed))
+    monkeypatch.setattr(fit_module, "make_model", lambda family, seed: Recording(n_estimators=5, random_state=seed))
     with threadpool_limits(limits=2):  # the caller's setting, 2 even on a 1-core machine
         fit_predictor(synthetic(40), WORKLOADS, cores=100, families=("extra_trees",), folds=2, partitions=1)
         after = [pool["num_threads"] for pool in threadpool_info()]
     assert len(seen) == 3  # 2 folds and the refit on everything
     assert seen[0] and all(threads == [1] * len(seen[0]) for threads in seen)
     assert after == [2] * len(after)
+
+
+# ------------------------------------------------------------------------------------ physics
+
+
+def _random_mixes(seed: int, rows: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    share = np.zeros((rows, MAX_MIX))
+    present = np.zeros((rows, MAX_MIX), dtype=bool)
+    for r in range(rows):
+        k = int(rng.integers(1, MAX_MIX + 1))
+        share[r, :k] = rng.choice([10, 25, 40, 50, 60, 75, 100], size=k)
+        present[r, :k] = True
+    return share, present
+
+
+@pytest.mark.parametrize("placement", sorted(PHYSICS))
+@pytest.mark.parametrize("units", [1, 2, 4, 100])
+def test_every_physics_keeps_the_interfaces_contract(placement, units):
+    # What the generic part relies on, for every physics in the table (a new one included).
+    physics = physics_for(placement)
+    assert physics.placement == placement
+    share, present = _random_mixes(units)
+    rate = physics.sharing_rate(share, present, units, 0.5, 0.2)
+    assert rate.shape == share.shape and (rate > 0).all() and (rate <= 1).all() and (rate[~present] == 1).all()
+    alone = physics.alone(share, present, units)
+    single = present.sum(axis=1) == 1
+    assert alone[single, 0].all()  # a task alone in its mix has its units to itself
+    assert (physics.sharing_rate(share, present, units)[single, 0] == 1).all()
+    terms = physics.slot_terms(share, present, units)
+    assert (terms.contention >= 1).all() and (terms.worst >= terms.contention - 1e-12).all()
+    assert not terms.passive[~present].any() and not terms.passive[single].any()
+    labels = physics.slice_labels(share, present, units)
+    assert ((labels == "") == ~present).all()
+    assert (physics.link_log_ratio(share, present, units, None, 300.0) == 0).all()
+    assert (physics.link_log_ratio(share, present, units, np.full(share.shape, np.nan), 300.0) == 0).all()
+
+
+def test_physics_is_chosen_by_placement_and_backend_and_an_unknown_one_is_refused():
+    assert isinstance(physics_for("packed"), CpuPhysics) and isinstance(physics_for("pooled"), GpuPhysics)
+    assert placement_for_backend("cpu") == "packed"
+    assert {placement_for_backend(b) for b in ("cuda-mps", "cuda-timeslice", "simulated")} == {"pooled"}
+    with pytest.raises(PredictorError, match="placement: 'numa' is not allowed; allowed: packed, pooled"):
+        physics_for("numa")
+    with pytest.raises(PredictorError, match="placement: 'numa'"):
+        fit_predictor(synthetic(40), WORKLOADS, cores=2, placement="numa", families=("baseline",))
+
+
+def test_a_gpu_has_no_placement_term_whatever_the_samples_carry():
+    # Round trips between cores are a cpu host's measurement; under MPS a share is not a place.
+    share = np.array([[100.0, 0, 0, 0], [60.0, 60.0, 0, 0]])
+    present = share > 0
+    rtt = np.array([[900.0, np.nan, np.nan, np.nan], [900.0, 900.0, np.nan, np.nan]])
+    gpu = physics_for("pooled")
+    assert gpu.link_reference(np.array([300.0, 900.0])) is None
+    assert (gpu.link_log_ratio(share, present, 100, rtt, 300.0) == 0).all()
+    cpu = physics_for("packed")
+    assert cpu.link_log_ratio(share, present, 2, rtt, 300.0)[0, 0] == pytest.approx(math.log(3.0))
+
+
+def test_the_generic_modules_reach_a_backends_physics_only_through_the_interface():
+    # Nothing outside predictor/physics/ imports a backend family's module (cpu.py, gpu.py):
+    # they ask the table for a Physics and call it.
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "controlplane" / "planning" / "predictor"
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("controlplane.planning.predictor.physics."), (path.name, node.module)

@@ -1,0 +1,104 @@
+"""The predictor's input: configurations, the models' workloads, profile samples, and the host
+speed correction applied to samples before anything is fitted.
+
+Nothing here depends on how a backend lays shares onto a device (that is
+:mod:`controlplane.planning.predictor.physics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+StrArray = npt.NDArray[np.str_]
+
+MAX_MIX = 4
+"""Largest number of co-located tasks the predictor encodes (MPS allows up to 48; beyond a few
+the paper's mixes, and our sweeps, do not go)."""
+
+
+@dataclass(frozen=True)
+class MixTask:
+    """One task of a configuration: its model, batch size ``B`` and share ``R`` (percent)."""
+
+    architecture: str
+    batch_size: int
+    share: int
+
+
+@dataclass(frozen=True)
+class ModelWorkload:
+    """Per-sample workload of a model (``F_i``): training FLOPs, activation bytes and
+    parameters (see :class:`workers.messages.WorkloadFeatures`)."""
+
+    train_flops_per_sample: float
+    activation_bytes_per_sample: float
+    params: int
+    param_bytes: int
+
+
+@dataclass(frozen=True)
+class ProfiledTask:
+    """A measured task of a measured configuration (one profile sample).
+
+    Attributes:
+        config_key: identifies the configuration this task ran in (all its tasks share it).
+        mix: every task of that configuration, in the order they were listed.
+        task_index: which of ``mix`` this sample measures.
+        throughput_sps: measured samples/s.
+        standalone_sps: ``P_alone`` of the same model and batch size, if measured.
+        peak_memory_bytes: the task's peak memory, if measured.
+        speed_index: how fast the device ran while it was measured (the ``cpu`` backend's
+            speed probe, :mod:`workers.speed_probe`), if known; see :func:`normalise_speed`.
+        cross_core_rtt_ns: how far apart the task's allocation units were while it was measured
+            (the ``cpu`` backend's round trip between its cores, nanoseconds, for tasks on 2 or
+            more cores), if known; read by the physics' link term
+            (:meth:`controlplane.planning.predictor.physics.Physics.link_log_ratio`).
+    """
+
+    config_key: str
+    mix: tuple[MixTask, ...]
+    task_index: int
+    throughput_sps: float
+    standalone_sps: float | None = None
+    peak_memory_bytes: int | None = None
+    speed_index: float | None = None
+    cross_core_rtt_ns: float | None = None
+
+
+class PredictorError(ValueError):
+    """The predictor cannot be fitted or cannot answer (too few samples, unknown model...)."""
+
+
+def normalise_speed(samples: Sequence[ProfiledTask]) -> tuple[list[ProfiledTask], float | None]:
+    """Take the host's speed changes out of measured throughputs.
+
+    A virtual machine's cores change speed by tens of percent within seconds
+    (:mod:`workers.speed_probe`); a sample measured in a fast moment and one in a slow moment
+    disagree by that much for the same configuration. Each sample with a ``speed_index``
+    ``s`` becomes ``P · s_ref / s``: its throughput at the reference speed ``s_ref``, the
+    median ``speed_index`` of ``samples``. Its ``standalone_sps`` is dropped: that value was
+    measured at another moment (the standalone configuration's own sample carries it, with its
+    own index). Samples without an index (closed-loop samples from runs, backends without a
+    speed probe) are kept as they are. The predictor fitted on the result predicts throughput
+    at ``s_ref``.
+
+    Returns:
+        ``(samples, s_ref)``; ``s_ref`` is ``None`` (samples unchanged) when none has an index.
+    """
+    probed = [s.speed_index is not None and s.speed_index > 0 for s in samples]
+    if not any(probed):
+        return list(samples), None
+    reference = float(np.median([s.speed_index for s, p in zip(samples, probed, strict=True) if p]))
+    out = [
+        replace(s, throughput_sps=s.throughput_sps * reference / s.speed_index, standalone_sps=None)
+        if p and s.speed_index is not None else s
+        for s, p in zip(samples, probed, strict=True)
+    ]
+    return out, reference
