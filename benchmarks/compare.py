@@ -53,7 +53,7 @@ def main() -> int:
 
     django.setup()
 
-    from controlplane.core.management.commands._common import follow_runs, prepare_database
+    from controlplane.core.cli_support import follow_runs, prepare_database
     from controlplane.core.stack import LocalStack
     from controlplane.experiments.models import Run
     from controlplane.experiments.services import comparison_create, experiment_create_from_template

@@ -7,15 +7,15 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from controlplane.common.errors import ApplicationError
-from controlplane.core.demo import comparison_rows
-from controlplane.core.embedded import use_running_broker
-from controlplane.core.management.commands._common import (
+from controlplane.core.cli_support import (
     comparison_tables,
     console,
     follow_runs,
     interrupt_on_signals,
     require_control_worker,
 )
+from controlplane.core.demo import comparison_rows
+from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import int_option
 from controlplane.experiments import services
 from controlplane.experiments.models import Experiment, Run

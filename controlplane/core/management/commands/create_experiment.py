@@ -13,8 +13,8 @@ from django.core.management.base import BaseCommand, CommandError
 from rich.table import Table
 
 from controlplane.common.errors import ApplicationError
+from controlplane.core.cli_support import console
 from controlplane.core.embedded import use_running_broker
-from controlplane.core.management.commands._common import console
 from controlplane.core.options import list_option
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Experiment

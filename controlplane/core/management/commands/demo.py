@@ -7,9 +7,7 @@ import time
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_experiment_create
-from controlplane.common.errors import ApplicationError
-from controlplane.core.management.commands._common import (
+from controlplane.core.cli_support import (
     comparison_tables,
     console,
     follow_runs,
@@ -18,6 +16,8 @@ from controlplane.core.management.commands._common import (
     print_credentials,
     serve_until_interrupted,
 )
+from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_experiment_create
+from controlplane.common.errors import ApplicationError
 from controlplane.core.options import addr_option, float_option, int_option, list_option
 from controlplane.core.stack import LocalStack
 from controlplane.experiments import services as exp_services

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rich.table import Table
 
 from controlplane.common.errors import ApplicationError
-from controlplane.core.management.commands._common import console
+from controlplane.core.cli_support import console
 from controlplane.core.options import list_option
 from controlplane.planning.predictor import FAMILIES
 from controlplane.profiling import services

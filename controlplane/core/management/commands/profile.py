@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand, CommandError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controlplane.common.errors import ApplicationError
+from controlplane.core.cli_support import console, interrupt_on_signals, require_control_worker
 from controlplane.core.embedded import use_running_broker
-from controlplane.core.management.commands._common import console, interrupt_on_signals, require_control_worker
 from controlplane.core.options import float_option, int_option, list_option
 from controlplane.fleet.models import Device
 from controlplane.profiling import services

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.core.management.commands._common import (
+from controlplane.core.cli_support import (
     console,
     interrupt_on_signals,
     prepare_database,

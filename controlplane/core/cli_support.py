@@ -1,4 +1,8 @@
-"""Shared pieces of the ``mtfl demo`` and ``mtfl up`` commands."""
+"""Shared pieces of the ``mtfl`` commands (``demo``, ``up``, ``compare``, ``profile``, ...) and of
+the benchmarks that drive a local stack: the console, progress bars, comparison tables, the
+database and demo user, following runs to their end.
+
+Kept outside ``management/commands/``, where Django would take every public module for a command."""
 
 from __future__ import annotations
 
