@@ -131,7 +131,7 @@ def _build_digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return arrays
 
 
-def _digits_split(split: str) -> tuple[np.ndarray, np.ndarray, tuple, tuple]:
+def _digits_split(split: str) -> tuple[np.ndarray, np.ndarray, tuple[float, ...], tuple[float, ...]]:
     """Return digits images, labels and the training split's per-channel mean and std."""
     arrays = _digits_arrays()
     train_images = arrays["train"][0]

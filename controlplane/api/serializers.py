@@ -30,13 +30,21 @@ from controlplane.experiments.services.templates import (
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_effective_status
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
-from controlplane.planning.strategies import MAX_BATCH_SIZE, MIN_BATCH_SIZE, STRATEGY_REGISTRY
-from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
+from controlplane.planning.strategies import (
+    MAX_BATCH_SIZE,
+    MIN_BATCH_SIZE,
+    STRATEGY_REGISTRY,
+)
+from controlplane.profiling.models import (
+    ModelWorkload,
+    Predictor,
+    ProfileSample,
+    ProfileSweep,
+)
 from workers.messages import OPTIMIZERS
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
-
 
 MAX_ID = 2**63 - 1
 MAX_LIST = 1000

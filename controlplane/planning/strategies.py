@@ -21,7 +21,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from controlplane.planning.planner import PLANNERS, PlannerContext
-from controlplane.planning.types import Partitioning, Plan, PlannedAssignment, PlanningError, PlanningInput
+from controlplane.planning.types import (
+    Partitioning,
+    Plan,
+    PlannedAssignment,
+    PlanningError,
+    PlanningInput,
+)
 from workers.registry.base import Registry, UnknownEntryError
 
 BASELINE_BATCH_SIZE = 128

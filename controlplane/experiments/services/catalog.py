@@ -23,7 +23,6 @@ from workers.registry.models import MODEL_REGISTRY
 from workers.registry.partitioners import PARTITIONER_REGISTRY, Partitioner
 
 
-
 def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     if value not in allowed:

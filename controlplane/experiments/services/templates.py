@@ -27,7 +27,11 @@ from controlplane.common.errors import ApplicationError
 from controlplane.common.registered import registered
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.models import Experiment, Task
-from controlplane.experiments.services.catalog import check_finite_range, experiment_create, task_create
+from controlplane.experiments.services.catalog import (
+    check_finite_range,
+    experiment_create,
+    task_create,
+)
 from workers.registry.datasets import DATASET_REGISTRY
 
 
