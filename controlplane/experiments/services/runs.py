@@ -249,14 +249,15 @@ def run_cancel(*, run: Run) -> Run:
 
 def run_finish(*, run_id: int) -> Run:
     """Close a run that completed its rounds: its metrics are the means over its rounds that
-    did not fail (:func:`controlplane.planning.metrics.mean_or_none`)."""
+    did not fail (:func:`controlplane.planning.metrics.run_metrics`)."""
     rounds = list(Round.objects.filter(run_id=run_id).exclude(status=Round.Status.FAILED))
+    measured = metrics.run_metrics(rounds)
     updated = Run.objects.filter(id=run_id, status=Run.Status.RUNNING).update(
         status=Run.Status.SUCCEEDED,
         finished_at=timezone.now(),
-        raw_throughput_sps=metrics.mean_or_none(r.raw_throughput_sps for r in rounds),
-        fair_throughput=metrics.mean_or_none(r.fair_throughput for r in rounds),
-        fl_throughput_sps=metrics.mean_or_none(r.fl_throughput_sps for r in rounds),
+        raw_throughput_sps=measured.raw_throughput_sps,
+        fair_throughput=measured.fair_throughput,
+        fl_throughput_sps=measured.fl_throughput_sps,
     )
     if not updated:
         log.info("run %s was not running when its last round finished", run_id)

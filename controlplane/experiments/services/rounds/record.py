@@ -242,20 +242,20 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
     new_checkpoints, aggregate_flags = round_models_aggregate(rnd=rnd, usable=usable, latest=latest, store=store)
     flags: list[str] = [*rnd.flags, *problems, *notes, *aggregate_flags]
 
-    device_raw, device_fair = [], []
-    for device_name, rows in by_device.items():
-        if device_name in failed_devices:
-            continue
-        p = [a.throughput_sps for a in rows if a.throughput_sps is not None]
-        if not p:
-            continue
-        device_raw.append(metrics.raw_throughput(p))
-        alone = [a.standalone_throughput_sps for a in rows]
-        if all(a.throughput_sps is not None for a in rows) and all(x is not None and x > 0 for x in alone):
-            device_fair.append(metrics.fair_throughput([a.throughput_sps for a in rows], alone))
-    spans = [(a.started_at.timestamp(), a.finished_at.timestamp()) for a in usable if a.started_at and a.finished_at]
-    round_time_s = metrics.round_time(spans)
-    samples_trained = sum(a.samples_trained for a in usable)
+    # One rule for every metric (controlplane.planning.metrics): a device counts only when its
+    # whole round succeeded, the same devices whose weights entered the aggregate.
+    measured = metrics.round_metrics({
+        device_name: metrics.DeviceTotals.from_tasks(
+            [metrics.TaskMeasurement(
+                succeeded=a.status == Assignment.Status.SUCCEEDED, samples_trained=a.samples_trained,
+                throughput_sps=a.throughput_sps, standalone_sps=a.standalone_throughput_sps,
+                started_at=a.started_at.timestamp() if a.started_at else None,
+                finished_at=a.finished_at.timestamp() if a.finished_at else None,
+            ) for a in rows],
+            device_failed=device_name in failed_devices,
+        )
+        for device_name, rows in by_device.items()
+    })
 
     if not failed_devices:
         status = Round.Status.SUCCEEDED
@@ -282,11 +282,11 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
             flags=flags,
             finished_at=now,
             wall_time_s=(now - rnd.started_at).total_seconds() if rnd.started_at else None,
-            round_time_s=round_time_s,
-            samples_trained=samples_trained,
-            fl_throughput_sps=metrics.fl_throughput(samples_trained, round_time_s),
-            raw_throughput_sps=metrics.mean_or_none(device_raw),
-            fair_throughput=metrics.mean_or_none(device_fair),
+            round_time_s=measured.round_time_s,
+            samples_trained=measured.samples_trained,
+            fl_throughput_sps=measured.fl_throughput_sps,
+            raw_throughput_sps=measured.raw_throughput_sps,
+            fair_throughput=measured.fair_throughput,
         )
 
 
