@@ -75,7 +75,7 @@ class Physics(Protocol):
     def sharing_rate(self, share: FloatArray, present: BoolArray, units: int, weight: float = 1.0,
                      escape_weight: float | None = None) -> FloatArray:
         """``ρ``: the fraction of its own slice each task gets beside the others, in ``(0, 1]``
-        (1 in empty slots). ``weight``: how much of the time a multi-threaded task's thread is
+        (empty slots hold any value; callers mask them with ``present``). ``weight``: how much of the time a multi-threaded task's thread is
         runnable on a shared unit; ``escape_weight``: the same for a multi-threaded task with a
         unit of its own (``None``: ``weight``)."""
         ...
