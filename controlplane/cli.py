@@ -15,6 +15,17 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     """Run a management command, like ``manage.py``."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    try:
+        import django  # noqa: F401 - only to tell an agent-only install from a broken one
+    except ImportError:
+        # `pip install mtfl-lab[agent]` has no Django: say what to run instead of a traceback
+        print(
+            "mtfl: the control plane is not installed (this is an agent-only install); "
+            "run the device agent with `mtfl-agent`, or install the control plane with "
+            "pip install 'mtfl-lab[controlplane]'",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
