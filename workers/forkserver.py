@@ -75,8 +75,9 @@ import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, BinaryIO, Self
 
 PRELOAD: tuple[str, ...] = ("torch", "torchvision", "workers.zoo", "workers.trainer", "workers.profiler_child")
 """Modules every server imports before it serves: what a profiler process spends its start on."""
@@ -121,7 +122,7 @@ class ForkedProcess:
     server reaped it, ``-N`` if signal ``N`` ended it (as ``Popen``).
     """
 
-    def __init__(self, server: ForkServer, pid: int, stdin, stdout) -> None:
+    def __init__(self, server: ForkServer, pid: int, stdin: BinaryIO | None, stdout: BinaryIO | None) -> None:
         self._server = server
         self.pid = pid
         self.stdin = stdin
@@ -144,7 +145,8 @@ class ForkedProcess:
             subprocess.TimeoutExpired: still running after ``timeout`` seconds.
         """
         if not self._exited.wait(timeout):
-            raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout)
+            raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout or 0.0)
+        assert self.returncode is not None  # set before the event
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
@@ -159,6 +161,15 @@ class ForkedProcess:
     def kill(self) -> None:
         """SIGKILL (as :meth:`subprocess.Popen.kill`)."""
         self.send_signal(signal.SIGKILL)
+
+
+@dataclass
+class _Pending:
+    """A spawn request waiting for the server's answer: the child, or why there is none."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    process: ForkedProcess | None = None
+    error: str | None = None
 
 
 class ForkServer:
@@ -179,14 +190,14 @@ class ForkServer:
         self.env = dict(env)
         self.preload = tuple(preload)
         self.stderr_path = stderr_path
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         # Re-entrant: the agent's SIGTERM handler signals children (terminate_children) and may
         # run in the main thread while it is inside a send; one datagram is one syscall, so a
         # nested send never splits another.
         self._send_lock = threading.RLock()
         self._ids = itertools.count(1)
-        self._pending: dict[int, dict] = {}
+        self._pending: dict[int, _Pending] = {}
         self._children: dict[int, ForkedProcess] = {}
         self._state = threading.Condition()
         self._ready = False
@@ -280,7 +291,7 @@ class ForkServer:
             child_err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             close_after.append(child_err)
             request_id = next(self._ids)
-            pending = {"event": threading.Event(), "pid": None, "error": None}
+            pending = _Pending()
             with self._state:
                 self._pending[request_id] = pending
             message = {"op": "spawn", "id": request_id, "module": module, "argv": list(argv), "env": dict(env),
@@ -294,13 +305,13 @@ class ForkServer:
         finally:
             for fd in close_after:
                 os.close(fd)
-        if not pending["event"].wait(_SPAWN_TIMEOUT_S) or pending["pid"] is None:
+        if not pending.event.wait(_SPAWN_TIMEOUT_S) or pending.process is None:
             for fd in (ours_in, ours_out):
                 if fd is not None:
                     os.close(fd)
-            error = pending["error"] or self._dead or f"no answer within {_SPAWN_TIMEOUT_S:g} s"
+            error = pending.error or self._dead or f"no answer within {_SPAWN_TIMEOUT_S:g} s"
             raise ForkServerError(f"fork server could not start {module}: {error}")
-        process = pending["process"]
+        process = pending.process
         process.stdin = os.fdopen(ours_in, "wb") if ours_in is not None else None
         process.stdout = os.fdopen(ours_out, "rb") if ours_out is not None else None
         return process
@@ -325,14 +336,15 @@ class ForkServer:
         self._mark_dead("closed")
 
     def __enter__(self) -> Self:
-        return self.start()
+        self.start()
+        return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- internals
 
-    def _send(self, message: dict, fds: Sequence[int] = ()) -> None:
+    def _send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
         data = json.dumps(message).encode()
         with self._send_lock:
             if self._sock is None:
@@ -351,6 +363,7 @@ class ForkServer:
 
     def _read(self) -> None:
         sock = self._sock
+        assert sock is not None  # set before this thread starts
         while True:
             try:
                 data = sock.recv(_MAX_MESSAGE)
@@ -369,7 +382,7 @@ class ForkServer:
                 code = self._proc.wait(5)
         self._mark_dead(f"fork server exited (code {code})" if self._dead is None else self._dead)
 
-    def _handle(self, message: dict) -> None:
+    def _handle(self, message: dict[str, Any]) -> None:
         kind = message.get("event")
         with self._state:
             if kind == "ready":
@@ -381,17 +394,17 @@ class ForkServer:
                 if pending is not None:
                     process = ForkedProcess(self, int(message["pid"]), None, None)
                     self._children[process.pid] = process
-                    pending["pid"], pending["process"] = process.pid, process
-                    pending["event"].set()
+                    pending.process = process
+                    pending.event.set()
             elif kind == "spawn_failed":
                 pending = self._pending.pop(message["id"], None)
                 if pending is not None:
-                    pending["error"] = str(message.get("error"))
-                    pending["event"].set()
+                    pending.error = str(message.get("error"))
+                    pending.event.set()
             elif kind == "exited":
-                process = self._children.pop(int(message["pid"]), None)
-                if process is not None:
-                    process._set_exit(int(message["returncode"]))
+                gone = self._children.pop(int(message["pid"]), None)
+                if gone is not None:
+                    gone._set_exit(int(message["returncode"]))
             self._state.notify_all()
 
     def _mark_dead(self, reason: str) -> None:
@@ -399,7 +412,7 @@ class ForkServer:
             if self._dead is None:
                 self._dead = reason
             for pending in self._pending.values():
-                pending["event"].set()
+                pending.event.set()
             self._pending.clear()
             # Children die with their server (PR_SET_PDEATHSIG): none is left running.
             for process in self._children.values():
@@ -430,7 +443,7 @@ class ForkServerPool:
     def __init__(self, state_dir: Path, *, preload: Sequence[str] = PRELOAD) -> None:
         self.state_dir = Path(state_dir)
         self.preload = tuple(preload)
-        self._servers: dict[tuple, ForkServer] = {}
+        self._servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
         self._count = 0
 
     def server_for(self, env: Mapping[str, str]) -> ForkServer:
@@ -470,7 +483,7 @@ class ForkServerPool:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -490,7 +503,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _run_child(message: dict, fds: Sequence[int], server_pid: int) -> None:
+def _run_child(message: dict[str, Any], fds: Sequence[int], server_pid: int) -> None:
     """In the forked child: take the sent streams and environment, run ``main``, ``_exit``."""
     code = 1
     try:
@@ -538,7 +551,7 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
         The exit code: 0 after a clean close, 1 if an import failed or the server had threads.
     """
 
-    def say(**message) -> None:
+    def say(**message: Any) -> None:
         with contextlib.suppress(OSError):
             sock.send(json.dumps(message).encode())
 

@@ -85,10 +85,21 @@ class ChildProcess(Protocol):
     """What the engine needs of a started process: the part of :class:`subprocess.Popen`
     that :class:`workers.forkserver.ForkedProcess` also has."""
 
-    pid: int
-    stdin: IO[bytes] | None
-    stdout: IO[bytes] | None
-    returncode: int | None
+    @property
+    def pid(self) -> int:
+        """The process id."""
+
+    @property
+    def stdin(self) -> IO[bytes] | None:
+        """Its stdin pipe, or ``None`` without the barrier."""
+
+    @property
+    def stdout(self) -> IO[bytes] | None:
+        """Its stdout pipe, or ``None`` without the barrier."""
+
+    @property
+    def returncode(self) -> int | None:
+        """What :meth:`poll` last saw."""
 
     def poll(self) -> int | None:
         """The exit code (``-N`` for signal ``N``), or ``None`` while it runs."""

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
@@ -110,7 +110,10 @@ def share_grid(share_min: int, share_step: int) -> list[int]:
     return sorted({*range(first, 101, share_step), 100})
 
 
-def _unique(values: Sequence) -> list:
+_T = TypeVar("_T")
+
+
+def _unique(values: Sequence[_T]) -> list[_T]:
     return list(dict.fromkeys(values))
 
 
@@ -144,7 +147,7 @@ def sweep_design(request: ProfileSweepRequest) -> Iterator[list[ProfileTaskSpec]
     batch_sizes = _unique(request.batch_sizes)
     shares = share_grid(request.share_min, request.share_step)
 
-    def pick(values: list, t: float):
+    def pick(values: list[_T], t: float) -> _T:
         return values[min(int(t * len(values)), len(values) - 1)]
 
     sampler = qmc.Halton(d=1 + 3 * request.max_mix, scramble=True, seed=request.seed)
@@ -431,10 +434,10 @@ def measure_configuration(
             task_index=p.index, architecture=p.task.architecture, batch_size=p.task.batch_size,
             active_thread_percentage=p.task.active_thread_percentage,
             throughput_sps=window_throughput(its),
-            peak_memory_bytes=outcome.peak_memory_bytes,
-            speed_index=(probe.speed_index(p.resources.cores, its[0].start, its[-1].end)
+            peak_memory_bytes=outcome.peak_memory_bytes if outcome is not None else None,
+            speed_index=(probe.speed_index(p.resources.cores or [], its[0].start, its[-1].end)
                          if probe is not None and its else None),
-            cross_core_rtt_ns=(link.rtt_ns(p.resources.cores, its[0].start, its[-1].end)
+            cross_core_rtt_ns=(link.rtt_ns(p.resources.cores or [], its[0].start, its[-1].end)
                                if link is not None and its else None),
             timed_iterations=len(its),
         )
@@ -507,8 +510,8 @@ def _links_read(profilers: list[_Profiler], snapshot: list[list[Iteration]], now
                 link: CoreLinkProbe) -> bool:
     """Whether every task on 2 or more cores has a link reading within its counted iterations."""
     _, counted = common_window(snapshot, now)
-    return all(link.rtt_ns(p.resources.cores, its[0].start, its[-1].end) is not None
-               for p, its in zip(profilers, counted, strict=True) if len(set(p.resources.cores)) > 1 and its)
+    return all(link.rtt_ns(p.resources.cores or [], its[0].start, its[-1].end) is not None
+               for p, its in zip(profilers, counted, strict=True) if len(set(p.resources.cores or [])) > 1 and its)
 
 
 def _child_result(profiler: _Profiler) -> ProfileChildResult | None:
@@ -655,6 +658,8 @@ def run_sweep(
     """
     started = time.monotonic()
     analytic = isinstance(backend, AnalyticBackend)
+    model = backend if isinstance(backend, AnalyticBackend) else None
+    processes = backend if isinstance(backend, TrainerProcessBackend) else None
     virtual_start = time.time()
     virtual_elapsed = 0.0
     configs = samples = 0
@@ -665,7 +670,7 @@ def run_sweep(
     def elapsed() -> float:
         return virtual_elapsed if analytic else time.monotonic() - started
 
-    def summary(status: str, error: str = "") -> ProfileSweepSummary:
+    def summary(status: Literal["succeeded", "failed"], error: str = "") -> ProfileSweepSummary:
         return ProfileSweepSummary(
             sweep_id=request.sweep_id, device=ctx.device, status=status, error=error,
             configs=configs, samples=samples, elapsed_s=elapsed(),
@@ -675,7 +680,7 @@ def run_sweep(
     if request.device != ctx.device:
         return summary("failed", f"request for device {request.device!r} reached agent "
                                  f"{ctx.device!r}")
-    if not (analytic or isinstance(backend, TrainerProcessBackend)):
+    if model is None and processes is None:
         return summary("failed", f"backend {backend.name!r} cannot run profiling sweeps")
     if should_stop():
         return summary("failed", "agent shutting down: sweep refused" if shutdown_requested()
@@ -691,14 +696,15 @@ def run_sweep(
     def measure(tasks: list[ProfileTaskSpec], repeat_of: int | None, is_standalone: bool) -> None:
         nonlocal configs, samples, first_error, any_succeeded, virtual_elapsed
         index = configs
-        if analytic:
-            result = backend.profile_configuration(
+        if model is not None:
+            result = model.profile_configuration(
                 tasks, request, ctx, config_index=index, repeat_of=repeat_of,
                 started_at=virtual_start + virtual_elapsed,
             )
             virtual_elapsed += result.finished_at - result.started_at
         else:
-            result = measure_configuration(tasks, request, ctx, backend, config_index=index,
+            assert processes is not None  # a sweep with neither was refused above
+            result = measure_configuration(tasks, request, ctx, processes, config_index=index,
                                            repeat_of=repeat_of, should_stop=should_stop,
                                            launcher=launcher)
         alone = is_standalone or (len(tasks) == 1 and tasks[0].active_thread_percentage == 100)
@@ -728,7 +734,7 @@ def run_sweep(
             logger.exception("could not emit configuration %s of sweep %s", index,
                              request.sweep_id)
 
-    launcher = _start_fork_servers(request, ctx, backend) if not analytic and (
+    launcher = _start_fork_servers(request, ctx, processes) if processes is not None and (
         fork_server if fork_server is not None else fork_server_wanted(backend)) else None
     started = time.monotonic()  # the budget is for measuring: the fork server's start is not charged
     try:

@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -129,7 +129,7 @@ class ExecutionBackend(ABC):
         ``error``.
         """
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         """What the agent adds to its :class:`~workers.messages.DeviceInventory` about the
         accelerator: ``accelerator`` (a model name), ``memory_bytes`` and ``allocation_units``
         (what a share is granted in: SMs on a GPU), and on a GPU its UUID, driver and CUDA
@@ -531,7 +531,7 @@ class TrainerProcessBackend(ExecutionBackend):
 
     @staticmethod
     def _run_standalone(request: StandaloneRequest, ctx: AgentContext, spec: ProcessSpec,
-                        failed) -> StandaloneResult:
+                        failed: Callable[[str], StandaloneResult]) -> StandaloneResult:
         """Launch the standalone trainer, wait for it, read its result (never raises)."""
         with ProcessGroup([spec], barrier=False) as group:
             try:
