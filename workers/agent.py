@@ -397,7 +397,7 @@ def _cancel_reason(task_id: str | None) -> str | None:
 
 class _CancelWatch:
     """While a device task runs, poll its cancel marker every ``MTFL_AGENT_CANCEL_POLL_S``
-    seconds (default 2) in a thread; when it appears, :func:`~workers.backends.request_cancel`
+    seconds (default 2) in a thread; when it appears, :func:`~workers.launch.request_cancel`
     kills the task's trainers and the task returns failed with the reason.
 
     A poll of the result backend rather than a Celery broadcast: the agent's solo pool runs the
@@ -575,7 +575,7 @@ def profile_sweep(request: dict) -> dict:
     :data:`TaskName.PROFILE_DONE` at the end — also when the sweep was refused or failed, so
     the control plane always learns it ended. Both sends are best effort (logged on failure).
     The sweep stops starting configurations when the agent shuts down
-    (:func:`~workers.backends.base.shutdown_requested`); the running one is killed with the
+    (:func:`~workers.launch.shutdown_requested`); the running one is killed with the
     other trainers. The agent serves one task at a time, so rounds wait for a running sweep.
 
     Args:
