@@ -580,8 +580,8 @@ def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Seq
     args = check.args
     task_ids = tuple(range(1, len(architectures) + 1))
     spec = PlanningInput(device_ids=(1,), task_ids=task_ids,
-                         samples={(1, t): n for t, n in zip(task_ids, samples)}, local_epochs=1)
-    context = PlannerContext(architectures=dict(zip(task_ids, architectures)),
+                         samples={(1, t): n for t, n in zip(task_ids, samples, strict=True)}, local_epochs=1)
+    context = PlannerContext(architectures=dict(zip(task_ids, architectures, strict=True)),
                              devices={1: DeviceCapacity(predictor, memory_bytes)},
                              objective=args.objective, seed=args.seed)
     entry = {"name": name, "architectures": list(architectures),
@@ -614,7 +614,7 @@ def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Seq
                 predicted = predictor.predict([mix])[0]
             except PredictorError:
                 predicted = [None] * len(assignments)
-        for a, p in zip(assignments, predicted):
+        for a, p in zip(assignments, predicted, strict=True):
             row["tasks"].append({
                 "architecture": architectures[a.task_id - 1], "batch_size": a.batch_size,
                 "share": a.active_thread_percentage, "samples": a.samples,
@@ -718,7 +718,7 @@ def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
             if telemetry:
                 row["gpu_util_mean_percent"] = sum(s.gpu_util_percent for s in telemetry) / len(telemetry)
                 row["gpu_memory_max_bytes"] = max(s.memory_used_bytes for s in telemetry)
-            for task, m in zip(row["tasks"], result.measurements):
+            for task, m in zip(row["tasks"], result.measurements, strict=True):
                 task.update(measured_sps=m.throughput_sps, timed_iterations=m.timed_iterations,
                             peak_memory_bytes=m.peak_memory_bytes)
             if result.status != "succeeded" and (check.stopping() or check.remaining() < 10):

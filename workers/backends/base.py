@@ -141,7 +141,7 @@ class ExecutionBackend(ABC):
         """
         return {}
 
-    def start(self, ctx: AgentContext) -> None:
+    def start(self, ctx: AgentContext) -> None:  # noqa: B027 - an optional hook: nothing by default
         """Prepare the device when the agent starts (``cuda-mps``: start the MPS control
         daemon). Nothing by default.
 
@@ -149,7 +149,7 @@ class ExecutionBackend(ABC):
             BackendUnavailableError: the device cannot be prepared (one line saying why).
         """
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # noqa: B027 - an optional hook: nothing by default
         """Release what :meth:`start` (or a dispatch) set up, on exit and on SIGTERM
         (``cuda-mps``: quit the MPS control daemon). Idempotent; never raises. Nothing by
         default."""
