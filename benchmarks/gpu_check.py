@@ -10,8 +10,8 @@ network. Phases, each time-boxed and reporting progress as ``[  12.3 s] phase: .
 
 1. ``preflight`` — the Python packages, the backend (``check_available``; ``cuda-mps`` starts its
    private MPS control daemon), the device (GPU name, SMs, memory).
-2. ``features`` — workload features ``F_i`` of every model (:func:`workers.features.workload_features`).
-3. ``profile`` — :func:`workers.profiling.run_sweep` over the mixes' models on synthetic
+2. ``features`` — workload features ``F_i`` of every model (:func:`workers.profiling.features.workload_features`).
+3. ``profile`` — :func:`workers.profiling.sweep.run_sweep` over the mixes' models on synthetic
    CIFAR-shaped batches (``3×32×32``): co-located mixes of 1 to 3 tasks under MPS-style shares,
    each (model, batch size) measured alone first (``P_alone``). It stops once ``--budget``
    seconds are spent *and* ``--min-configs`` configurations succeeded (the predictor needs 10),
@@ -28,7 +28,7 @@ network. Phases, each time-boxed and reporting progress as ``[  12.3 s] phase: .
    fitted one; the others (``temporal``, ``isolation``, ``sharing``) at ``--baseline-batch``
    (the paper's 128).
 6. ``measure`` — every plan as one co-located configuration, run by the same launch engine as a
-   round (:func:`workers.profiling.measure_configuration` on :class:`workers.launch.ProcessGroup`)
+   round (:func:`workers.profiling.sweep.measure_configuration` on :class:`workers.launch.ProcessGroup`)
    with the partitioning the strategy's record gives: ``timeslice`` for ``temporal`` (plain
    CUDA contexts, no MPS: the driver time-slices them; on ``cpu`` the per-iteration device
    lock), ``mps`` with their shares for the others. Throughput is each task's steady-state
@@ -381,7 +381,7 @@ def features(check: Check, architectures: Sequence[str]):
     import torch
 
     from controlplane.planning.predictor import ModelWorkload
-    from workers.features import workload_features
+    from workers.profiling.features import workload_features
 
     check.report["host"]["torch"] = torch.__version__
     out = {}
@@ -414,7 +414,7 @@ def profile(check: Check, backend, ctx, request, reserve: Callable[[float], floa
 
     ``request.budget_s`` becomes the time left: the sweep stops through ``should_stop`` (the
     budget, ``--min-configs``, the reserve), never through its own budget."""
-    from workers.profiling import run_sweep
+    from workers.profiling.sweep import run_sweep
 
     args = check.args
     sweep_started = time.monotonic()
@@ -496,14 +496,14 @@ def profile(check: Check, backend, ctx, request, reserve: Callable[[float], floa
 
 
 def sweep_request(**fields):
-    """A :class:`~workers.messages.ProfileSweepRequest` (profiling and measuring settings).
+    """A :class:`~workers.protocol.messages.ProfileSweepRequest` (profiling and measuring settings).
 
     Raises:
         CheckFailed: an option out of the range the request allows (one line naming it).
     """
     from pydantic import ValidationError
 
-    from workers.messages import ProfileSweepRequest
+    from workers.protocol.messages import ProfileSweepRequest
 
     try:
         return ProfileSweepRequest(**fields)
@@ -670,7 +670,7 @@ class Measurer:
         telemetry = self._telemetry()
         started = time.monotonic()
         try:
-            from workers.profiling import measure_configuration
+            from workers.profiling.sweep import measure_configuration
 
             result = measure_configuration(tasks, request, self.ctx, self.backend,
                                            config_index=self.index, partitioning=partitioning,
@@ -686,7 +686,7 @@ class Measurer:
         device = self.check.report["host"].get("device") or {}
         if not device.get("gpu_uuid"):
             return None
-        from workers import gpu
+        from workers.backends import gpu
 
         telemetry = gpu.GpuTelemetry(device["gpu_uuid"], 0.5)
         telemetry.start()
@@ -695,7 +695,7 @@ class Measurer:
 
 def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
     """Measure every planned strategy of every mix (a failure is recorded, the rest go on)."""
-    from workers.messages import ProfileTaskSpec
+    from workers.protocol.messages import ProfileTaskSpec
 
     for entry in mixes:
         for row in entry["strategies"]:
@@ -746,7 +746,7 @@ def fill_alone(check: Check, measurer: Measurer, mixes: list[dict], profiled: di
     """``P_alone`` of every measured task: profiled, else measured now, else interpolated."""
     import numpy as np
 
-    from workers.messages import ProfileTaskSpec
+    from workers.protocol.messages import ProfileTaskSpec
 
     table: dict[tuple[str, int], tuple[float, str]] = {k: (v, "profiled") for k, v in profiled.items()}
     needed = sorted({(t["architecture"], t["batch_size"]) for e in mixes for r in e["strategies"]

@@ -4,7 +4,7 @@
 
 Steps: (1) a profiling sweep of the light mix's models (resnet18, mobilenet_v3_large,
 shufflenet_v2_x1_0) on the ``simulated`` backend's Titan V, ``--budget`` simulated seconds
-(workers.profiling.run_sweep, as an agent runs it); (2) a predictor fitted on it
+(workers.profiling.sweep.run_sweep, as an agent runs it); (2) a predictor fitted on it
 (controlplane.planning.predictor.fit_predictor, shares pooled as under MPS, the device's SMs as
 allocation units); (3) ``--devices`` devices, each holding a Dirichlet-skewed share of every
 task's data (α = 0.5 over 50,000 samples per task per 10 devices, at least 16 per shard);
@@ -40,8 +40,8 @@ LIGHT = ["resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"]
 def simulated_sweep(budget_s: float, seed: int) -> tuple[list[dict], object]:
     from workers.registry.backends import get_backend
     from workers.backends.base import AgentContext
-    from workers.messages import ProfileSweepRequest
-    from workers.profiling import run_sweep
+    from workers.protocol.messages import ProfileSweepRequest
+    from workers.profiling.sweep import run_sweep
 
     backend = get_backend("simulated")
     request = ProfileSweepRequest(sweep_id=1, device="sim", backend="simulated", budget_s=budget_s, architectures=LIGHT,

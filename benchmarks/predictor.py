@@ -10,7 +10,7 @@ predictor on the same measurements; tests/benchmarks/test_predictor_sweeps.py re
 holds the README's figures).
 
 Steps: (1) a profiling sweep of ``--budget`` seconds on this machine's cores, exactly what a
-device agent runs for ``POST /api/devices/{id}/profile/`` (workers.profiling.run_sweep with the
+device agent runs for ``POST /api/devices/{id}/profile/`` (workers.profiling.sweep.run_sweep with the
 cpu backend); (2) workload features of the models (torch.utils.flop_counter); (3) the four
 model families compared under grouped cross-validation with whole mixes held out (5 folds, the
 error taken over 3 random partitions of the mixes into folds), the best
@@ -20,13 +20,13 @@ kept (controlplane.planning.predictor.fit_predictor); (4) speed: fitting the kep
 100,000 random configurations in one call.
 
 On the ``cpu`` backend every measurement carries its cores' speed (``speed_index``,
-workers.speed_probe). The benchmark prints the measurement noise of the sweep's repeated
+workers.profiling.speed_probe). The benchmark prints the measurement noise of the sweep's repeated
 configurations, raw and divided by the speed probe, then the families' held-out accuracy twice:
 on raw throughputs (the host's speed changes left in: no predictor can do better than the raw
 noise) and on throughputs at the reference speed (controlplane.planning.predictor.normalise_speed),
 which is what the fitted predictor predicts and what ``heldout_rmsle`` reports. Every
 measurement of a task on 2 or more cores also carries the round trip between its cores
-(``cross_core_rtt_ns``, workers.core_link_probe): the benchmark prints their spread and the
+(``cross_core_rtt_ns``, workers.profiling.core_link_probe): the benchmark prints their spread and the
 kept predictor's link exponent (how much a task alone on several cores slows down when the host
 moves them apart; the predictor predicts at the near placement) and its passive-wait ratio ``κ``
 (what a multi-threaded task on shared cores pays per iteration, as a fraction of its per-iteration
@@ -73,8 +73,8 @@ DEFAULT_ARCHITECTURES = "resnet18,mobilenet_v3_small,shufflenet_v2_x1_0,mobilene
 def profile(args) -> list[dict]:
     from workers.registry.backends import get_backend
     from workers.backends.base import AgentContext
-    from workers.messages import ProfileSweepRequest
-    from workers.profiling import run_sweep
+    from workers.protocol.messages import ProfileSweepRequest
+    from workers.profiling.sweep import run_sweep
 
     cores = [int(c) for c in args.cores.split(",")] if args.cores else sorted(os.sched_getaffinity(0))
     request = ProfileSweepRequest(
@@ -180,7 +180,7 @@ def print_families(report) -> None:
 
 
 def workloads_of(architectures) -> dict[str, ModelWorkload]:
-    from workers.features import workload_features
+    from workers.profiling.features import workload_features
 
     out = {}
     for arch in sorted(set(architectures)):

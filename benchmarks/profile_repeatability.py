@@ -7,7 +7,7 @@ right after a large configuration?
 
 A configuration is ``model/batch_size/share`` joined by ``+``. The script measures ``--config``
 ``--repeats`` times in a row, then ``--repeats`` times each directly after ``--after``, with
-``workers.profiling.measure_configuration`` on the cpu backend: exactly what a profiling sweep
+``workers.profiling.sweep.measure_configuration`` on the cpu backend: exactly what a profiling sweep
 does for one configuration (profiler processes forked from the sweep's fork servers, warm-up,
 common window, speed probe; ``MTFL_PROFILER_FORK_SERVER=0``: new interpreters instead). It prints
 every measurement with its speed index, then per condition the median throughput and the RMS
@@ -24,7 +24,7 @@ outside the profiler, with either OpenMP wait policy) while a 1-thread trainer a
 change by a few percent. This script printed ``after_ratio=0.974`` in a calm period. Such a
 host adds that spread to profile samples; the sweep's ``repeat_noise``
 (benchmarks/predictor.py) is its average over one sweep. The slow periods turned out to be the
-host placing the VM's two cores far apart (workers.core_link_probe: a cache line's round trip
+host placing the VM's two cores far apart (workers.profiling.core_link_probe: a cache line's round trip
 between them 230–250 ns in calm periods, 580–630 ns in slow ones); a multi-core
 measurement prints the round trip its link probe read.
 """
@@ -54,7 +54,7 @@ def parse_configuration(text: str):
     """
     from pydantic import ValidationError
 
-    from workers.messages import ProfileTaskSpec
+    from workers.protocol.messages import ProfileTaskSpec
 
     tasks = []
     for part in text.split("+"):
@@ -90,9 +90,9 @@ def main() -> int:
 
     from workers.registry.backends import get_backend
     from workers.backends.base import AgentContext
-    from workers.messages import ProfileSweepRequest
+    from workers.protocol.messages import ProfileSweepRequest
     from workers.forkserver import ForkServerPool
-    from workers.profiling import fork_server_wanted, measure_configuration
+    from workers.profiling.sweep import fork_server_wanted, measure_configuration
 
     config, after = parse_configuration(args.config), parse_configuration(args.after)
     cores = [int(c) for c in args.cores.split(",")] if args.cores else sorted(os.sched_getaffinity(0))

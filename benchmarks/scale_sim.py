@@ -10,7 +10,7 @@ broker stands in for Celery and Redis:
 
 - the control plane's side is the production code, unchanged: ``run_create`` → ``RUN_BEGIN``
   (initial models written and evaluated) → ``STANDALONE_RECORDED`` → for each round
-  ``ROUND_START`` (plan, assignments saved, one :class:`~workers.messages.TrainRoundRequest`
+  ``ROUND_START`` (plan, assignments saved, one :class:`~workers.protocol.messages.TrainRoundRequest`
   per device) → one ``ROUND_PROGRESS`` per device (what every agent sends when its trainers
   start) → ``ROUND_FINISH`` (the round check, every result validated, assignments recorded,
   FedAvg per task, evaluation, checkpoints, metrics, profile samples of the closed loop, the
@@ -20,7 +20,7 @@ broker stands in for Celery and Redis:
   requests cross it as ``model_dump(mode="json")`` and results as JSON text, as through Celery;
 - the devices' side is the real :class:`workers.backends.simulated.SimulatedBackend`, one
   instance serving every device with its own :class:`~workers.backends.base.AgentContext`,
-  each request validated from JSON as the agent does (``workers.agent.train_round``), each
+  each request validated from JSON as the agent does (``workers.agent.app.train_round``), each
   result dumped to JSON.
 
 Control-plane seconds per round are the wall-clock seconds spent in the control plane's tasks of
@@ -117,7 +117,7 @@ class InProcessBroker:
     with a countdown (the watchdogs) once nothing else is queued. Device-queue messages go to
     the simulated devices: each request validated from JSON as the agent does, answered by the
     real :class:`~workers.backends.simulated.SimulatedBackend`, its result echoed with the
-    request's attempt and idempotency key (``workers.agent.train_round``) and carried as JSON
+    request's attempt and idempotency key (``workers.agent.app.train_round``) and carried as JSON
     text; a device task first sends the round-progress message every agent sends.
 
     Args:
@@ -226,7 +226,7 @@ class InProcessBroker:
     # -- delivery
 
     def _round_of(self, name: str, args: list) -> int | None:
-        from workers.queues import TaskName
+        from workers.protocol.queues import TaskName
 
         if name == TaskName.ROUND_START:
             return args[1]
@@ -237,7 +237,7 @@ class InProcessBroker:
         return None
 
     def _deliver(self, message: Signature) -> None:
-        from workers.queues import TaskName
+        from workers.protocol.queues import TaskName
 
         if message.name == TaskName.ROUND_START:  # timed by install(), wherever round_start is called
             self.tasks[message.name](*message.args, **message.kwargs)
@@ -248,8 +248,8 @@ class InProcessBroker:
 
     def _device_task(self, sig: Signature) -> str:
         """One device task: the agent's work on a simulated device; returns the result as JSON text."""
-        from workers.messages import DeviceRoundResult, StandaloneRequest, TrainRoundRequest
-        from workers.queues import TaskName
+        from workers.protocol.messages import DeviceRoundResult, StandaloneRequest, TrainRoundRequest
+        from workers.protocol.queues import TaskName
 
         payload = sig.args[0]
         if sig.name == TaskName.MEASURE_STANDALONE:
@@ -266,7 +266,7 @@ class InProcessBroker:
         return json.dumps(result.model_copy(update=echo).model_dump(mode="json"))
 
     def drain(self, on_round=None) -> None:
-        from workers.queues import TaskName
+        from workers.protocol.queues import TaskName
 
         idle_checks = 0
         while self.queue or self.timers:
@@ -349,7 +349,7 @@ def shards_overlap(experiment, samples: int) -> None:
     50,000 training samples split over 1,000 devices.
     """
     from controlplane.experiments.models import Shard
-    from workers.datasets import dataset_info
+    from workers.training.datasets import dataset_info
 
     train_size = dataset_info("digits").train_size
     devices = list(experiment.devices.order_by("id").values_list("id", flat=True))
@@ -386,8 +386,8 @@ def measure_evaluation(run) -> float:
     """Seconds to evaluate every task's initial global model once: what a real run adds per
     round on top of the figure printed (its models change every round)."""
     from controlplane.experiments import selectors
-    from workers.artifacts import get_store
-    from workers.evaluate import evaluate
+    from workers.fl.artifacts import get_store
+    from workers.training.evaluate import evaluate
 
     store = get_store()
     t0 = time.perf_counter()

@@ -95,7 +95,7 @@ def mig_device(gpcs: int, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
 
 
 def inference_workloads() -> dict[str, tuple[float, float, float, int]]:
-    from workers.features import workload_features
+    from workers.profiling.features import workload_features
 
     out = {}
     for model in MODELS:

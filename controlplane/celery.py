@@ -1,7 +1,7 @@
 """The control plane's Celery app (queue ``control``), configured from Django settings.
 
-Device agents run their own Django-free app (:mod:`workers.agent`) on the same broker; the two
-address each other's tasks by the names in :mod:`workers.queues`.
+Device agents run their own Django-free app (:mod:`workers.agent.app`) on the same broker; the two
+address each other's tasks by the names in :mod:`workers.protocol.queues`.
 
 The app never talks to a broker nobody configured: with ``CELERY_BROKER_URL`` unset it uses the
 embedded broker an ``mtfl`` command runs on this machine (:mod:`controlplane.core.broker_file`),
@@ -19,13 +19,13 @@ import time
 from celery import Celery, bootsteps, signals
 
 from controlplane.core.broker_file import embedded_broker_url, shutdown_embedded_broker
-from workers.broker_compat import patch_kombu_redis_restore
-from workers.lifecycle import exit_with_parent, parent_died
-from workers.queues import CONTROL_QUEUE, TaskName
+from workers.agent.broker_compat import patch_kombu_redis_restore
+from workers.agent.lifecycle import exit_with_parent, parent_died
+from workers.protocol.queues import CONTROL_QUEUE, TaskName
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 # A control worker holds countdown messages (round watchdogs): without this, a broker restart
-# stops it instead of reconnecting (see workers.broker_compat).
+# stops it instead of reconnecting (see workers.agent.broker_compat).
 patch_kombu_redis_restore()
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ app.steps["consumer"].add(ResumeRunsOnConnect)
 
 @signals.worker_init.connect
 def _stop_with_the_mtfl_command(**_kwargs) -> None:
-    # Started by `mtfl up`/`mtfl demo`: do not outlive it (see workers.lifecycle).
+    # Started by `mtfl up`/`mtfl demo`: do not outlive it (see workers.agent.lifecycle).
     exit_with_parent()
 
 

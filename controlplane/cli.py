@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    from workers.lifecycle import exit_with_parent
+    from workers.agent.lifecycle import exit_with_parent
 
     exit_with_parent()  # the web server child of `mtfl up` stops with it
 

@@ -45,7 +45,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from workers.config import artifact_root, broker_visibility_timeout_s, mtfl_home
+from workers.agent.config import artifact_root, broker_visibility_timeout_s, mtfl_home
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -275,7 +275,7 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# Celery (the control app; agents configure their own app in workers.agent from the same env).
+# Celery (the control app; agents configure their own app in workers.agent.app from the same env).
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default="") or CELERY_BROKER_URL
 

@@ -45,7 +45,7 @@ def _child_processes_use_the_test_database(request):
 @pytest.fixture(autouse=True)
 def _environment_is_restored():
     """Put ``os.environ`` back as it was before the test. Code under test may export variables
-    for its own children (``workers.agent.main`` exports ``--control-url`` as
+    for its own children (``workers.agent.app.main`` exports ``--control-url`` as
     ``MTFL_CONTROL_URL``), which monkeypatch does not undo; under pytest-xdist the files a worker
     runs after such a test differ from run to run, so a leak would fail unrelated tests."""
     saved = dict(os.environ)
@@ -77,7 +77,7 @@ def browser_client(client, user):
 
 
 def inventory(name: str, backend: str = "cpu") -> dict:
-    """What an agent reports at start (:class:`workers.messages.DeviceInventory`)."""
+    """What an agent reports at start (:class:`workers.protocol.messages.DeviceInventory`)."""
     return {"name": name, "backend": backend, "host": "test-host", "cores": [0, 1]}
 
 

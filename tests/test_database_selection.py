@@ -55,7 +55,7 @@ def test_two_tests_with_one_node_id_are_refused_before_anything_runs(monkeypatch
 
 
 def test_the_environment_is_put_back_after_a_test_that_exports_a_variable(request):
-    # workers.agent.main exports --control-url as MTFL_CONTROL_URL for its children; a test
+    # workers.agent.app.main exports --control-url as MTFL_CONTROL_URL for its children; a test
     # calling it in process must not leave it to the tests a pytest-xdist worker runs next.
     import os
 

@@ -61,9 +61,9 @@ def test_the_strategy_example_plans_through_make_plan(register):
 def test_the_model_example_builds_trains_and_has_workload_features(register):
     import torch
 
-    from workers.features import workload_features
+    from workers.profiling.features import workload_features
     from workers.registry.models import MODEL_REGISTRY
-    from workers.zoo import build_model
+    from workers.training.zoo import build_model
 
     register(MODEL_REGISTRY, _module("model").TINY_CNN)
 
@@ -75,8 +75,8 @@ def test_the_model_example_builds_trains_and_has_workload_features(register):
 
 
 def test_the_dataset_example_loads_through_load_split(register):
-    from workers.datasets import load_split
-    from workers.messages import DatasetRef
+    from workers.training.datasets import load_split
+    from workers.protocol.messages import DatasetRef
     from workers.registry.datasets import DATASET_REGISTRY
 
     register(DATASET_REGISTRY, _module("dataset").NOISE)
@@ -90,7 +90,7 @@ def test_the_dataset_example_loads_through_load_split(register):
 
 
 def test_the_partitioner_example_splits_through_shard_counts(register):
-    from workers.partition import shard_counts
+    from workers.training.partition import shard_counts
     from workers.registry.partitioners import PARTITIONER_REGISTRY
 
     register(PARTITIONER_REGISTRY, _module("partitioner").FIRST_HALF)

@@ -155,13 +155,13 @@ def _graph() -> nx.DiGraph:
 
 def test_the_walk_sees_every_layer_and_function_level_imports():
     """The walk itself: the three trees are there and an import inside a function is an edge."""
-    assert {"controlplane.celery", "workers.messages", "controlplane.planning.strategies"} <= set(MODULES)
+    assert {"controlplane.celery", "workers.protocol.messages", "controlplane.planning.strategies"} <= set(MODULES)
     assert any(imp.importer == "controlplane.celery" and imp.target == "celery" for imp in IMPORTS)
     graph = _graph()
     assert graph.number_of_edges() > 200
     # A function-level import (run_begin loads the model zoo on first use only) is an edge too.
-    nested = [imp for imp in IMPORTS if imp.target == "workers.zoo" and imp.importer.startswith("controlplane.")]
-    assert nested and all(graph.has_edge(imp.importer, "workers.zoo") for imp in nested if not imp.type_checking)
+    nested = [imp for imp in IMPORTS if imp.target == "workers.training.zoo" and imp.importer.startswith("controlplane.")]
+    assert nested and all(graph.has_edge(imp.importer, "workers.training.zoo") for imp in nested if not imp.type_checking)
 
 
 def test_relative_imports_resolve_against_the_importers_package(tmp_path):

@@ -1,12 +1,20 @@
-"""The torch side of mtfl-lab: everything that runs on a device host.
+"""The torch side of mtfl-lab: everything that runs on a device host, in subpackages by role.
 
-Model zoo, data sets and partitioning, the trainer process, execution backends, FedAvg on
-state dicts, the artifact store, the device agent's Celery tasks and the message schemas shared
-with the control plane.
+- :mod:`workers.protocol` — the wire protocol shared with the control plane (messages, queues);
+- :mod:`workers.fl` — FL arithmetic (FedAvg) and the artifacts it reads and writes;
+- :mod:`workers.registry` — models, datasets, partitioners, aggregators and backends by name,
+  with entry-point plug-ins;
+- :mod:`workers.training` — the model zoo, data sets, partitioning, the trainer and evaluation;
+- :mod:`workers.backends` — execution backends (``cpu``, ``simulated``, ``cuda-mps``,
+  ``cuda-timeslice``);
+- :mod:`workers.launch` — the one spawn → barrier → watch → collect engine (with
+  :mod:`workers.forkserver`);
+- :mod:`workers.profiling` — sweeps, standalone measurements, workload features, host probes;
+- :mod:`workers.agent` — the device agent's Celery app, configuration and CLI.
 
-This package never imports Django or :mod:`controlplane`: a GPU host needs only this package's
-dependencies and a broker URL. Importing :mod:`workers` (or :mod:`workers.messages`,
-:mod:`workers.queues`, :mod:`workers.partition`) does not import torch; modules that need torch
+This package never imports Django or :mod:`controlplane`: a GPU host needs only the base
+dependencies (``pip install 'mtfl-lab[agent]'``) and a broker URL. Importing :mod:`workers`,
+:mod:`workers.protocol.messages` or the registries does not import torch; modules that need torch
 import it inside their functions so the web process and Celery parent processes stay light.
 """
 

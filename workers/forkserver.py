@@ -1,6 +1,6 @@
 """A fork server for profiler processes: torch imported once per sweep, not once per process.
 
-A profiling sweep (:mod:`workers.profiling`) starts one process per task of every
+A profiling sweep (:mod:`workers.profiling.sweep`) starts one process per task of every
 configuration it measures, a few hundred processes per sweep. A new Python interpreter spends
 3–5 s of CPU importing torch and torchvision before it can train (torchvision alone pulls in
 ``torch._dynamo``), and 1–3 s tearing them down, which a sweep's budget would pay for instead of
@@ -24,7 +24,7 @@ profiler at batch 8, median of 5 spawns from ``spawn`` to ``READY``: a new inter
   (billiard) pool worker, ``Process.start()`` raises ``AssertionError: daemonic processes are not
   allowed to have children``. This server is started with :class:`subprocess.Popen`, which works
   from any process;
-- the profilers' protocol is lines on stdin and stdout (:mod:`workers.profiler_child`), which a
+- the profilers' protocol is lines on stdin and stdout (:mod:`workers.profiling.child`), which a
   ``multiprocessing`` child does not get (its stdin is ``/dev/null``); here the spawn request
   carries the child's three standard streams.
 
@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Self
 
-PRELOAD: tuple[str, ...] = ("torch", "torchvision", "workers.zoo", "workers.trainer", "workers.profiler_child")
+PRELOAD: tuple[str, ...] = ("torch", "torchvision", "workers.training.zoo", "workers.training.trainer", "workers.profiling.child")
 """Modules every server imports before it serves: what a profiler process spends its start on."""
 
 LATE_ENV: frozenset[str] = frozenset({

@@ -1,8 +1,8 @@
 """The one trainer launch engine: spawn → barrier → watch → collect → kill.
 
 Every process that trains on a device goes through here: a round's trainers and a standalone
-measurement (``python -m workers.trainer``, :mod:`workers.backends.base`) and a profiling
-configuration's profilers (``python -m workers.profiler_child``, :mod:`workers.profiling`, which
+measurement (``python -m workers.training.trainer``, :mod:`workers.backends.base`) and a profiling
+configuration's profilers (``python -m workers.profiling.child``, :mod:`workers.profiling.sweep`, which
 ``benchmarks/gpu_check.py`` also uses to measure the strategies' plans). A caller describes its
 processes as :class:`ProcessSpec` records, hands them to a :class:`ProcessGroup` and drives it::
 
@@ -217,7 +217,7 @@ class ProcessSpec:
     """One process to start.
 
     Attributes:
-        command: the program, e.g. ``[sys.executable, "-m", "workers.trainer", "train"]``;
+        command: the program, e.g. ``[sys.executable, "-m", "workers.training.trainer", "train"]``;
             ``args`` are appended.
         args: its arguments (spec and result paths).
         env: its whole environment.

@@ -41,7 +41,7 @@ from controlplane.profiling.models import (
     ProfileSample,
     ProfileSweep,
 )
-from workers.messages import OPTIMIZERS
+from workers.protocol.messages import OPTIMIZERS
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY

@@ -17,8 +17,8 @@ from controlplane.experiments import selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Experiment, Run, Task
 from controlplane.fleet.models import Device
-from workers.datasets import dataset_info
-from workers.partition import shard_counts
+from workers.training.datasets import dataset_info
+from workers.training.partition import shard_counts
 
 DEMO_ARCHITECTURES = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0")
 DEMO_USER = "demo"

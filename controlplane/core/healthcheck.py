@@ -7,7 +7,7 @@
 
 ``python -m controlplane.core.healthcheck agent``
     The device agent of this container holds its device lock (``$MTFL_AGENT_STATE_DIR/agent.lock``,
-    taken by :func:`workers.agent.main` once its backend, broker and state folder checked out
+    taken by :func:`workers.agent.app.main` once its backend, broker and state folder checked out
     and held for the life of the process; read from ``/proc/locks``, so the check never takes
     the lock itself), and the broker at ``CELERY_BROKER_URL`` answers a Redis ``PING``. A Celery
     ``inspect ping`` is no use here: the agent's solo pool answers no control command while it

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from django.core.management.base import CommandError
 
-from workers.queues import DEVICE_NAME_RE
+from workers.protocol.queues import DEVICE_NAME_RE
 
 
 def int_option(name: str, value: str, lo: int, hi: int) -> int:

@@ -15,7 +15,7 @@ from django.conf import settings
 
 from controlplane.core.embedded import EmbeddedBroker
 from controlplane.core.processes import Children, python_argv
-from workers.lifecycle import PARENT_PID_ENV
+from workers.agent.lifecycle import PARENT_PID_ENV
 
 
 def split_cores(cores: Sequence[int], n: int) -> list[list[int]]:

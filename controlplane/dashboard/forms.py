@@ -24,7 +24,7 @@ from controlplane.experiments.services.templates import (
 )
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.planning.strategies import STRATEGY_REGISTRY
-from workers.messages import OPTIMIZERS
+from workers.protocol.messages import OPTIMIZERS
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.base import Registry
 from workers.registry.datasets import DATASET_REGISTRY

@@ -18,7 +18,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.fleet.models import Device
-from workers.messages import OPTIMIZERS
+from workers.protocol.messages import OPTIMIZERS
 
 
 MAX_DEVICE_RETRIES = 10
@@ -110,7 +110,7 @@ class Shard(models.Model):
     """``|D_ij|``: how many training samples of a task a device holds in an experiment.
 
     The samples are ``permutation[offset : offset + num_samples]`` of the task's training split
-    (:func:`workers.partition.shard_indices`, seeded by the experiment's seed).
+    (:func:`workers.training.partition.shard_indices`, seeded by the experiment's seed).
     """
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="shards")
@@ -329,7 +329,7 @@ class Assignment(models.Model):
 
 class DeviceTelemetry(models.Model):
     """Whole-GPU utilisation and memory of one device during one round, sampled by its agent
-    through NVML about once a second (:class:`workers.messages.GpuSample`).
+    through NVML about once a second (:class:`workers.protocol.messages.GpuSample`).
 
     Under MPS, NVML cannot attribute work to a client: these are device totals, and per-task
     throughput always comes from the trainers. The series are stored as parallel lists (one row

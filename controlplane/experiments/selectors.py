@@ -22,11 +22,11 @@ from controlplane.fleet.models import Device
 from controlplane.planning.metrics import speedup
 from controlplane.planning.strategies import baseline_strategy
 from controlplane.planning.types import PlanningInput
-from workers.messages import DatasetRef, OptimizerConfig, TaskRef
+from workers.protocol.messages import DatasetRef, OptimizerConfig, TaskRef
 
 
 def task_ref(task: Task) -> TaskRef:
-    """The worker-side description of a task (:class:`workers.messages.TaskRef`)."""
+    """The worker-side description of a task (:class:`workers.protocol.messages.TaskRef`)."""
     return TaskRef(
         task_id=task.id,
         name=task.name,

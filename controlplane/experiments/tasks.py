@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from controlplane.celery import app
 from controlplane.experiments import services
-from workers.queues import TaskName
+from workers.protocol.queues import TaskName
 
 
 @app.task(name=TaskName.RUN_BEGIN, ignore_result=True, acks_late=True, bind=True)

@@ -7,13 +7,13 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.utils import timezone
 
-from workers.queues import DEVICE_NAME_RE, device_queue
+from workers.protocol.queues import DEVICE_NAME_RE, device_queue
 
 
 class Device(models.Model):
     """A device of the federation, served by one agent on the Celery queue ``device.<name>``.
 
-    ``inventory`` is what the agent last reported (:class:`workers.messages.DeviceInventory`).
+    ``inventory`` is what the agent last reported (:class:`workers.protocol.messages.DeviceInventory`).
     """
 
     class Status(models.TextChoices):

@@ -14,8 +14,8 @@ from pydantic import ValidationError as PydanticValidationError
 from controlplane.common.errors import ApplicationError
 from controlplane.common.registered import registered
 from controlplane.fleet.models import Device, DeviceToken
-from workers.messages import DeviceInventory
-from workers.queues import DEVICE_NAME_RE
+from workers.protocol.messages import DeviceInventory
+from workers.protocol.queues import DEVICE_NAME_RE
 from workers.registry.backends import BACKEND_REGISTRY
 
 
@@ -64,7 +64,7 @@ def device_report(*, inventory: dict, at: dt.datetime | None = None) -> Device:
     """Record an agent's start-up registration or heartbeat; creates the device if new.
 
     Args:
-        inventory: a :class:`workers.messages.DeviceInventory` as JSON.
+        inventory: a :class:`workers.protocol.messages.DeviceInventory` as JSON.
         at: when it was received (default now).
 
     Raises:

@@ -13,7 +13,7 @@ from controlplane.fleet.models import Device
 
 class ModelWorkload(models.Model):
     """Workload features ``F_i`` of a model at an input shape (docs/DESIGN.md §1), computed once
-    with ``torch.utils.flop_counter`` and cached (:class:`workers.messages.WorkloadFeatures`)."""
+    with ``torch.utils.flop_counter`` and cached (:class:`workers.protocol.messages.WorkloadFeatures`)."""
 
     architecture = models.CharField(max_length=64)
     num_classes = models.PositiveIntegerField()

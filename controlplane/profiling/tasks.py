@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from controlplane.celery import app
 from controlplane.profiling import services
-from workers.queues import TaskName
+from workers.protocol.queues import TaskName
 
 
 @app.task(name=TaskName.TASK_FEATURES, ignore_result=True)

@@ -34,7 +34,7 @@ def _load_script():
 
 
 def _nvidia_driver_present() -> bool:
-    from workers import gpu
+    from workers.backends import gpu
 
     try:
         gpu.nvml()

@@ -21,7 +21,7 @@ from safetensors.numpy import save, save_file
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
 from controlplane.fleet.models import DeviceToken
 from controlplane.fleet.services import agent_token_hash, device_token_issue
-from workers.artifacts import device_weights_key, global_weights_key
+from workers.fl.artifacts import device_weights_key, global_weights_key
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from controlplane.celery import app as celery_app
 from controlplane.experiments.models import Assignment, Round, Run
-from workers.queues import CONTROL_QUEUE, TaskName
+from workers.protocol.queues import CONTROL_QUEUE, TaskName
 
 pytestmark = pytest.mark.django_db
 

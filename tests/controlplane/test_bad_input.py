@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save, save_file
 
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
-from workers.artifacts import device_weights_key, global_weights_key
+from workers.fl.artifacts import device_weights_key, global_weights_key
 
 pytestmark = pytest.mark.django_db
 

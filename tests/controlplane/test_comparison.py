@@ -16,7 +16,7 @@ from controlplane.experiments.models import Checkpoint, Comparison, Round, Run
 from controlplane.profiling.services import predictor_fit
 from tests.controlplane.contention_law import store_synthetic_samples
 from tests.controlplane.test_api import _queued_control_messages
-from workers.queues import TaskName
+from workers.protocol.queues import TaskName
 
 
 @pytest.fixture

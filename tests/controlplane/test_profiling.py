@@ -18,7 +18,7 @@ from controlplane.profiling import services
 from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 from tests.controlplane.test_api import _queued_control_messages
 from tests.controlplane.contention_law import store_synthetic_samples
-from workers.queues import TaskName
+from workers.protocol.queues import TaskName
 
 pytestmark = pytest.mark.django_db
 

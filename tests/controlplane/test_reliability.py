@@ -24,10 +24,10 @@ from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
 from controlplane.experiments.services import dispatch
 from controlplane.fleet.models import Device
-from workers.artifacts import device_weights_key, get_store
-from workers.fedavg import load_state, save_state
-from workers.messages import round_idempotency_key
-from workers.queues import CANCELLED_STATE, cancel_marker_id
+from workers.fl.artifacts import device_weights_key, get_store
+from workers.fl.fedavg import load_state, save_state
+from workers.protocol.messages import round_idempotency_key
+from workers.protocol.queues import CANCELLED_STATE, cancel_marker_id
 
 pytestmark = pytest.mark.django_db
 

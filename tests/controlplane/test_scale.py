@@ -25,8 +25,8 @@ from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Comparison, Round, Run
 from controlplane.planning import metrics
 from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
-from workers.artifacts import device_weights_key, get_store
-from workers.fedavg import FedAvgAccumulator, fedavg, load_state, save_state
+from workers.fl.artifacts import device_weights_key, get_store
+from workers.fl.fedavg import FedAvgAccumulator, fedavg, load_state, save_state
 
 MB2 = 2_000_000
 T0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
@@ -103,12 +103,12 @@ def _results(rnd: Round, weights_of) -> list[dict]:
 def test_a_round_of_unchanged_models_keeps_the_previous_file_and_its_evaluation(begun_round, monkeypatch):
     run, rnd = begun_round
     results = _results(rnd, lambda device, state: None)
-    import workers.evaluate
+    import workers.training.evaluate
 
     def no_evaluation(*_args, **_kwargs):
         raise AssertionError("the same model was evaluated again")
 
-    monkeypatch.setattr(workers.evaluate, "evaluate", no_evaluation)
+    monkeypatch.setattr(workers.training.evaluate, "evaluate", no_evaluation)
     services.round_finish(round_id=rnd.id, results=results)
 
     rnd.refresh_from_db()
@@ -187,9 +187,9 @@ def test_bulk_insert_and_bulk_set_write_what_the_orm_would(begun_round):
 
 
 def test_simulated_device_links_the_global_weights_and_hashes_them_once(tmp_path, monkeypatch):
-    from workers import artifacts
+    from workers.fl import artifacts
     from workers.backends import simulated
-    from workers.artifacts import LocalArtifactStore
+    from workers.fl.artifacts import LocalArtifactStore
 
     store = LocalArtifactStore(tmp_path)
     source = store.path("runs/1/tasks/1/global/initial.safetensors")

@@ -24,7 +24,7 @@ from controlplane.experiments.services.templates import (
     cifar10_problem,
     template_dataset_default,
 )
-from workers.datasets import dataset_info
+from workers.training.datasets import dataset_info
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ import pytest
 
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
-from workers.artifacts import InvalidSafetensorsError, device_weights_key, get_store
-from workers.fedavg import load_state, save_state
+from workers.fl.artifacts import InvalidSafetensorsError, device_weights_key, get_store
+from workers.fl.fedavg import load_state, save_state
 
 pytestmark = pytest.mark.django_db
 

@@ -226,7 +226,7 @@ def _trainers(agent_pid: int) -> list[psutil.Process]:
     found = []
     for proc in children:
         try:
-            if "workers.trainer" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+            if "workers.training.trainer" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue

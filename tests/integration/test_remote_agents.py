@@ -21,9 +21,9 @@ from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Run
 from controlplane.fleet.models import Device, DeviceToken
 from controlplane.fleet.services import device_create, device_token_issue
-from workers.artifacts import device_weights_key, sha256_file
-from workers.fedavg import fedavg, load_state
-from workers.lifecycle import PARENT_PID_ENV
+from workers.fl.artifacts import device_weights_key, sha256_file
+from workers.fl.fedavg import fedavg, load_state
+from workers.agent.lifecycle import PARENT_PID_ENV
 
 pytestmark = pytest.mark.integration
 

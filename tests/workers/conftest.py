@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from workers.artifacts import LocalArtifactStore, device_weights_key, global_weights_key
+from workers.fl.artifacts import LocalArtifactStore, device_weights_key, global_weights_key
 from workers.backends import AgentContext
-from workers.messages import (
+from workers.protocol.messages import (
     AssignmentSpec,
     DatasetRef,
     OptimizerConfig,
@@ -23,7 +23,7 @@ from workers.messages import (
     TaskRef,
     TrainRoundRequest,
 )
-from workers.zoo import write_initial_weights
+from workers.training.zoo import write_initial_weights
 
 RUN_ID = 1
 DEVICE = "dev-a"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from workers import agent
-from workers.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id
+from workers.agent import app as agent
+from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id
 
 
 

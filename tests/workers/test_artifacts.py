@@ -4,7 +4,7 @@ import hashlib
 
 import pytest
 
-from workers.artifacts import (
+from workers.fl.artifacts import (
     ArtifactStore,
     LocalArtifactStore,
     device_weights_key,
@@ -88,8 +88,8 @@ def test_device_weights_key_rejects_bad_device_name():
 def test_model_weights_round_trip_strict(tmp_path):
     import torch
 
-    from workers.artifacts import load_model_weights, save_model_weights
-    from workers.zoo import build_model
+    from workers.fl.artifacts import load_model_weights, save_model_weights
+    from workers.training.zoo import build_model
 
     source = build_model("shufflenet_v2_x1_0", 10, 1)
     digest = save_model_weights(source, tmp_path / "w.safetensors")
@@ -103,8 +103,8 @@ def test_model_weights_round_trip_strict(tmp_path):
 
 
 def test_load_model_weights_is_strict(tmp_path):
-    from workers.artifacts import load_model_weights, save_model_weights
-    from workers.zoo import build_model
+    from workers.fl.artifacts import load_model_weights, save_model_weights
+    from workers.training.zoo import build_model
 
     save_model_weights(build_model("shufflenet_v2_x1_0", 10, 1), tmp_path / "w.safetensors")
 

@@ -10,15 +10,15 @@ import time
 import pytest
 
 from workers import launch
-from workers.artifacts import load_model_weights
+from workers.fl.artifacts import load_model_weights
 from workers.backends import (
     BackendUnavailableError,
     CpuBackend,
     TrainerProcessBackend,
 )
-from workers.messages import ShardRef, StandaloneItem, StandaloneRequest
+from workers.protocol.messages import ShardRef, StandaloneItem, StandaloneRequest
 from workers.registry.backends import BACKEND_REGISTRY, get_backend
-from workers.zoo import build_model
+from workers.training.zoo import build_model
 
 BACKENDS = BACKEND_REGISTRY.names()
 PROCESS_BACKENDS = [name for name in BACKENDS

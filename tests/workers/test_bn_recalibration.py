@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.trainer import recalibrate_batchnorm
+from workers.training.trainer import recalibrate_batchnorm
 
 
 def test_running_stats_become_the_shard_statistics():

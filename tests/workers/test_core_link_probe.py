@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from workers import core_link_probe
-from workers.core_link_probe import CoreLinkProbe, LinkReading, ring_pairs
+from workers.profiling import core_link_probe
+from workers.profiling.core_link_probe import CoreLinkProbe, LinkReading, ring_pairs
 
 _BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass\n"
 
@@ -65,7 +65,7 @@ def test_bad_arguments_name_the_argument_and_its_range(kwargs, message):
 
 
 def test_the_probe_command_refuses_one_core_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "workers.core_link_probe", "--cores", "0"],
+    done = subprocess.run([sys.executable, "-m", "workers.profiling.core_link_probe", "--cores", "0"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
@@ -133,7 +133,7 @@ def test_probe_processes_exit_when_the_agent_that_started_them_is_killed(tmp_pat
     agent = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
         f"sys.path.insert(0, {str(Path(core_link_probe.__file__).parents[1])!r})\n"
-        "from workers.core_link_probe import CoreLinkProbe\n"
+        "from workers.profiling.core_link_probe import CoreLinkProbe\n"
         f"p = CoreLinkProbe({cores!r}, period_s=0.05).start()\n"
         f"open({str(pid_file)!r}, 'w').write(str(p._proc.pid))\n"
         "time.sleep(60)\n"

@@ -20,15 +20,21 @@ from pathlib import Path
 
 import pytest
 
-from workers import agent, gpu, gpu_mps, launch
+from workers import launch
+
+from workers.agent import app as agent
+
+from workers.backends import gpu
+
+from workers.backends import gpu_mps
 from workers.backends import (
     BackendUnavailableError,
     CudaMpsBackend,
     CudaTimesliceBackend,
     base,
 )
-from workers.messages import DeviceInventory, ShardRef, StandaloneItem, StandaloneRequest
-from workers.queues import CONTROL_QUEUE, TaskName
+from workers.protocol.messages import DeviceInventory, ShardRef, StandaloneItem, StandaloneRequest
+from workers.protocol.queues import CONTROL_QUEUE, TaskName
 from workers.registry.backends import get_backend
 
 FAKES = Path(__file__).parent / "fakes"
@@ -595,7 +601,7 @@ def test_mtfl_agent_without_a_gpu_exits_with_one_line(tmp_path):
 def test_agent_and_backends_never_initialise_cuda():
     code = (
         "import sys\n"
-        "import workers.agent, workers.backends, workers.backends.cuda, workers.gpu, workers.gpu_mps\n"
+        "import workers.agent.app, workers.backends, workers.backends.cuda, workers.backends.gpu, workers.backends.gpu_mps\n"
         "from workers.backends import BackendUnavailableError\n"
         "from workers.registry.backends import get_backend\n"
         "assert 'torch' not in sys.modules and 'pynvml' not in sys.modules\n"

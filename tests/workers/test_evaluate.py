@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.evaluate import evaluate
+from workers.training.evaluate import evaluate
 
 
 def test_evaluate_returns_accuracy_and_loss(make_task_ref, initial_weights, store):

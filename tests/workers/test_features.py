@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.features import workload_features
+from workers.profiling.features import workload_features
 from workers.registry.models import MODEL_REGISTRY
 
 ARCHITECTURES = MODEL_REGISTRY.names()

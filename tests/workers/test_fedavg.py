@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.fedavg import NoSamplesError, fedavg, load_state, save_state
+from workers.fl.fedavg import NoSamplesError, fedavg, load_state, save_state
 
 
 def _state(weight: float, steps: int) -> dict[str, np.ndarray]:
@@ -96,8 +96,8 @@ def test_save_and_load_state_round_trip_keeps_0d_tensors(tmp_path):
 def test_fedavg_of_real_models_loads_strict_into_a_model(tmp_path, architecture):
     import torch
 
-    from workers.artifacts import load_model_weights, save_model_weights
-    from workers.zoo import build_model
+    from workers.fl.artifacts import load_model_weights, save_model_weights
+    from workers.training.zoo import build_model
 
     paths = [tmp_path / "device-1.safetensors", tmp_path / "device-2.safetensors"]
     save_model_weights(build_model(architecture, 10, 1), paths[0])

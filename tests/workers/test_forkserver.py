@@ -204,8 +204,8 @@ def torch_pool(tmp_path_factory):
 
 def test_a_forked_profiler_measures_what_a_new_interpreter_measures(torch_pool, agent_context):
     from workers.backends import CpuBackend
-    from workers.messages import ProfileSweepRequest, ProfileTaskSpec
-    from workers.profiling import measure_configuration
+    from workers.protocol.messages import ProfileSweepRequest, ProfileTaskSpec
+    from workers.profiling.sweep import measure_configuration
 
     request = ProfileSweepRequest(sweep_id=9, device=agent_context.device, budget_s=5,
                                   architectures=["mobilenet_v3_small"], batch_sizes=[8],
@@ -234,8 +234,8 @@ def test_a_sweep_forks_its_profilers_and_leaves_no_server_behind(agent_context):
     import psutil
 
     from workers.backends import CpuBackend
-    from workers.messages import ProfileSweepRequest
-    from workers.profiling import run_sweep
+    from workers.protocol.messages import ProfileSweepRequest
+    from workers.profiling.sweep import run_sweep
 
     # The sweep ends after two configurations, not at a budget: on a loaded machine the first
     # one alone has taken longer than a short budget (CI: 7.7 s against 5 s, one configuration).

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.partition import shard_counts, shard_indices, shard_offsets
+from workers.training.partition import shard_counts, shard_indices, shard_offsets
 
 
 @pytest.mark.parametrize("rule,alpha", [("iid", None), ("dirichlet", 0.5), ("dirichlet", 100.0)])

@@ -15,17 +15,19 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from workers import launch, profiling
+from workers import launch
+
+from workers.profiling import sweep as profiling
 from workers.backends import CpuBackend
 from workers.backends.base import ExecutionBackend, TrainerResources
 from workers.forkserver import ForkServerPool
-from workers.messages import (
+from workers.protocol.messages import (
     ProfileConfigResult,
     ProfileMeasurement,
     ProfileSweepRequest,
     ProfileTaskSpec,
 )
-from workers.profiling import (
+from workers.profiling.sweep import (
     Iteration,
     common_window,
     measure_configuration,

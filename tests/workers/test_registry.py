@@ -149,7 +149,7 @@ def test_a_backend_record_checks_its_partitionings():
 
 
 def test_messages_take_a_name_registered_at_run_time():
-    from workers.messages import DatasetRef, TaskRef
+    from workers.protocol.messages import DatasetRef, TaskRef
 
     def task(architecture: str) -> TaskRef:
         return TaskRef(task_id=1, name="t", architecture=architecture, num_classes=10, dataset=DatasetRef())

@@ -10,11 +10,13 @@ import time
 import numpy as np
 import pytest
 
-from workers import agent, launch
-from workers.artifacts import LocalArtifactStore, global_weights_key
+from workers import launch
+
+from workers.agent import app as agent
+from workers.fl.artifacts import LocalArtifactStore, global_weights_key
 from workers.backends import SimulatedBackend
 from workers.backends import simulated as sim
-from workers.messages import (
+from workers.protocol.messages import (
     ProfileConfigResult,
     ProfileSweepRequest,
     ProfileTaskSpec,
@@ -22,9 +24,9 @@ from workers.messages import (
     StandaloneItem,
     StandaloneRequest,
 )
-from workers.profiling import run_sweep, sweep_design
+from workers.profiling.sweep import run_sweep, sweep_design
 from workers.registry.backends import get_backend
-from workers.zoo import write_initial_weights
+from workers.training.zoo import write_initial_weights
 
 TITAN_V = sim.device_spec("titan-v")
 

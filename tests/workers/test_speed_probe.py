@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from workers.speed_probe import ProbeReading, SpeedProbe
+from workers.profiling.speed_probe import ProbeReading, SpeedProbe
 
 _BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass\n"
 

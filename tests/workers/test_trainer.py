@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import workers
-from workers.trainer import (
+from workers.training.trainer import (
     EXIT_BAD_SPEC,
     IterationRecord,
     TrainerSpec,
@@ -91,7 +91,7 @@ def test_train_on_empty_shard_keeps_global_weights(make_task_ref, make_assignmen
 
 
 def test_train_aborts_without_go(make_task_ref, make_assignment, initial_weights, store):
-    from workers.trainer import BarrierAborted
+    from workers.training.trainer import BarrierAborted
 
     spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=16)
 
@@ -105,7 +105,7 @@ def test_bad_spec_exits_2_with_a_failed_result(tmp_path):
     result = tmp_path / "result.json"
 
     proc = subprocess.run(
-        [sys.executable, "-m", "workers.trainer", "train", str(spec), str(result)],
+        [sys.executable, "-m", "workers.training.trainer", "train", str(spec), str(result)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
 
@@ -117,7 +117,7 @@ def test_bad_spec_exits_2_with_a_failed_result(tmp_path):
 
 _LOCK_SCRIPT = """
 import sys, time
-from workers.trainer import IterationLock
+from workers.training.trainer import IterationLock
 lock, start = IterationLock(sys.argv[1]), float(sys.argv[2])
 while time.time() < start:
     time.sleep(0.001)

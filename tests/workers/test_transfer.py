@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from workers import agent
-from workers.artifacts import (
+from workers.agent import app as agent
+from workers.fl.artifacts import (
     InvalidSafetensorsError,
     TensorInfo,
     device_weights_key,
@@ -27,8 +27,8 @@ from workers.artifacts import (
     read_safetensors_header,
     tensors_mismatch,
 )
-from workers.messages import AssignmentResult, DeviceRoundResult
-from workers.transfer import (
+from workers.protocol.messages import AssignmentResult, DeviceRoundResult
+from workers.fl.transfer import (
     ArtifactClient,
     TransferError,
     TransferSettings,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from workers.registry.models import MODEL_REGISTRY
-from workers.zoo import build_model
+from workers.training.zoo import build_model
 
 ARCHITECTURES = MODEL_REGISTRY.names()
 

@@ -3,7 +3,7 @@
 :class:`ExecutionBackend` is what the device agent calls. :class:`AnalyticBackend` is the kind
 that answers from a model instead of running anything (``simulated``).
 :class:`TrainerProcessBackend` implements a round the way docs/DESIGN.md §2 describes it: one
-``python -m workers.trainer`` process per assignment, started, held at the READY/GO barrier so
+``python -m workers.training.trainer`` process per assignment, started, held at the READY/GO barrier so
 they really overlap, watched and reaped by the launch engine (:class:`workers.launch.ProcessGroup`).
 A subclass only decides each trainer's resources (threads, cores, lock, environment).
 
@@ -35,7 +35,7 @@ from workers.launch import (
     cancel_requested,
     shutdown_requested,
 )
-from workers.messages import (
+from workers.protocol.messages import (
     AssignmentResult,
     AssignmentSpec,
     DeviceRoundResult,
@@ -47,13 +47,13 @@ from workers.messages import (
     StandaloneResult,
     TrainRoundRequest,
 )
-from workers.trainer import StandaloneSpec, TrainerSpec
+from workers.training.trainer import StandaloneSpec, TrainerSpec
 
 logger = logging.getLogger(__name__)
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
-TRAINER_COMMAND: list[str] = [sys.executable, "-m", "workers.trainer"]
+TRAINER_COMMAND: list[str] = [sys.executable, "-m", "workers.training.trainer"]
 """The command that starts one trainer process; the mode (``train``/``standalone``), SPEC.json
 and RESULT.json are appended."""
 
@@ -130,7 +130,7 @@ class ExecutionBackend(ABC):
         """
 
     def describe(self) -> dict[str, object]:
-        """What the agent adds to its :class:`~workers.messages.DeviceInventory` about the
+        """What the agent adds to its :class:`~workers.protocol.messages.DeviceInventory` about the
         accelerator: ``accelerator`` (a model name), ``memory_bytes`` and ``allocation_units``
         (what a share is granted in: SMs on a GPU), and on a GPU its UUID, driver and CUDA
         versions, SM count and whether MPS is available. Nothing by default: the host
@@ -160,7 +160,7 @@ class AnalyticBackend(ExecutionBackend):
 
     Nothing is trained or timed: a round, a standalone measurement or a profiling
     configuration is answered at once, with virtual durations, and every result says
-    ``simulated=True``. :func:`workers.profiling.run_sweep` spends a sweep's budget in those
+    ``simulated=True``. :func:`workers.profiling.sweep.run_sweep` spends a sweep's budget in those
     virtual seconds.
     """
 
@@ -175,7 +175,7 @@ class AnalyticBackend(ExecutionBackend):
         repeat_of: int | None,
         started_at: float,
     ) -> ProfileConfigResult:
-        """Answer one profiling configuration as :func:`workers.profiling.measure_configuration`
+        """Answer one profiling configuration as :func:`workers.profiling.sweep.measure_configuration`
         would have measured it (MPS-style shares), without running it.
 
         Args:
@@ -241,16 +241,16 @@ def round_request_problem(
 
 
 class TrainerProcessBackend(ExecutionBackend):
-    """Runs rounds and standalone measurements as ``workers.trainer`` subprocesses.
+    """Runs rounds and standalone measurements as ``workers.training.trainer`` subprocesses.
 
     Subclasses implement :meth:`resources_for_shares` (the one place a share becomes real
     partitioning: cores and threads on ``cpu``, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` under MPS)
     and :meth:`standalone_resources`. Rounds (:meth:`trainer_resources`) and profiling sweeps
-    (:mod:`workers.profiling`) both go through :meth:`resources_for_shares`.
+    (:mod:`workers.profiling.sweep`) both go through :meth:`resources_for_shares`.
     """
 
     probes_host_speed: ClassVar[bool] = False
-    """Whether profiling runs a :class:`workers.speed_probe.SpeedProbe` on the device's cores
+    """Whether profiling runs a :class:`workers.profiling.speed_probe.SpeedProbe` on the device's cores
     beside the trainers (only where the trainers' speed is the host cores' speed)."""
 
     forks_profilers: ClassVar[bool] = False
@@ -353,7 +353,7 @@ class TrainerProcessBackend(ExecutionBackend):
 
 
     def _process(self, mode: str, stem: Path, resources: TrainerResources, label: str) -> ProcessSpec:
-        """The launch engine's description of one ``workers.trainer`` process whose files are
+        """The launch engine's description of one ``workers.training.trainer`` process whose files are
         ``<stem>.spec.json`` (written by the caller), ``.result.json`` and ``.stderr.log``."""
         return ProcessSpec(
             command=TRAINER_COMMAND,

@@ -23,7 +23,7 @@ from workers.backends.base import (
     TrainerProcessBackend,
     TrainerResources,
 )
-from workers.messages import Partitioning
+from workers.protocol.messages import Partitioning
 
 
 def cpu_allocation(shares: Sequence[int], cores: Sequence[int]) -> list[list[int]]:

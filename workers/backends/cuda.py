@@ -1,6 +1,6 @@
 """The GPU backends: ``cuda-mps`` and ``cuda-timeslice`` (docs/DESIGN.md §2).
 
-Both run the same trainer processes as the ``cpu`` backend (``python -m workers.trainer``, one
+Both run the same trainer processes as the ``cpu`` backend (``python -m workers.training.trainer``, one
 per assignment, started together at the READY/GO barrier, never forked), on one NVIDIA GPU
 named by UUID in ``CUDA_VISIBLE_DEVICES``, with ``MTFL_TRAINER_DEVICE=cuda`` so the trainer
 computes there. They differ in how a round's partitioning is realised:
@@ -19,7 +19,7 @@ backend           ``timeslice`` (strategy ``temporal``)        ``mps`` (``isolat
                   daemon at all                                cannot be granted
 ================  ==========================================  ==================================
 
-``cuda-mps`` starts its private MPS control daemon (:class:`workers.gpu_mps.MpsDaemon`) when
+``cuda-mps`` starts its private MPS control daemon (:class:`workers.backends.gpu_mps.MpsDaemon`) when
 the agent starts (:meth:`CudaMpsBackend.start`) and quits it on exit and on SIGTERM
 (:meth:`CudaMpsBackend.stop`, called by the agent's shutdown path). After a dispatch that
 failed (a CUDA error, out of memory, a killed trainer: under MPS one client's fatal fault
@@ -28,10 +28,10 @@ it reads the MPS server log to record whether each trainer's share took effect
 (``mps_verified``, ``mps_active_thread_percentage`` on the assignment's result).
 
 Rounds are refused before launch when they co-locate more trainers than MPS serves
-(:data:`~workers.gpu_mps.MPS_MAX_CLIENTS`) or need more memory than the GPU has. During a round
+(:data:`~workers.backends.gpu_mps.MPS_MAX_CLIENTS`) or need more memory than the GPU has. During a round
 a thread of the agent samples whole-GPU utilisation and memory through NVML every second
 (``telemetry`` on the device's result). The agent process never initialises CUDA: inventory and
-telemetry use NVML only (:mod:`workers.gpu`). Importing this module imports neither torch nor
+telemetry use NVML only (:mod:`workers.backends.gpu`). Importing this module imports neither torch nor
 pynvml.
 
 Configuration (environment, read when the backend is created): ``MTFL_AGENT_GPU`` (an NVML
@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from workers import gpu
+from workers.backends import gpu
 from workers.backends.base import (
     AgentContext,
     BackendUnavailableError,
@@ -57,7 +57,7 @@ from workers.backends.base import (
     TrainerResources,
     round_request_problem,
 )
-from workers.gpu_mps import (
+from workers.backends.gpu_mps import (
     CONTROL_BINARY,
     MPS_MAX_CLIENTS,
     MpsDaemon,
@@ -67,7 +67,7 @@ from workers.gpu_mps import (
     timeout_from_env,
     verify_client_share,
 )
-from workers.messages import (
+from workers.protocol.messages import (
     AssignmentResult,
     DeviceRoundResult,
     Partitioning,
@@ -124,9 +124,9 @@ class CudaBackend(TrainerProcessBackend):
             raise BackendUnavailableError(f"{self.name} needs torch built for CUDA: pip install torch")
 
     def gpu_info(self, *, probe: bool = False) -> gpu.GpuInfo:
-        """The GPU's :class:`~workers.gpu.GpuInfo`, read once through NVML; with ``probe``,
+        """The GPU's :class:`~workers.backends.gpu.GpuInfo`, read once through NVML; with ``probe``,
         also asks a torch subprocess for the SM count and compute capability NVML may lack
-        when NVML has none (:func:`workers.gpu.probe_cuda_device`).
+        when NVML has none (:func:`workers.backends.gpu.probe_cuda_device`).
 
         Raises:
             BackendUnavailableError: NVML cannot reach the GPU.
@@ -305,7 +305,7 @@ class CudaMpsBackend(CudaBackend):
             )
 
     def daemon(self, ctx: AgentContext) -> MpsDaemon:
-        """This agent's :class:`~workers.gpu_mps.MpsDaemon` (not started by this call).
+        """This agent's :class:`~workers.backends.gpu_mps.MpsDaemon` (not started by this call).
 
         Its pipe and log directories are ``state_dir/mps/pipe`` and ``state_dir/mps/log``,
         unless the agent's environment names them (``CUDA_MPS_PIPE_DIRECTORY``,
@@ -388,7 +388,7 @@ class CudaMpsBackend(CudaBackend):
 
         Raises:
             ValueError: for a share outside ``[1, 100]`` (naming ``shares[k]``), more than
-                :data:`~workers.gpu_mps.MPS_MAX_CLIENTS` MPS clients, or an unknown
+                :data:`~workers.backends.gpu_mps.MPS_MAX_CLIENTS` MPS clients, or an unknown
                 partitioning.
         """
         return self._resources(shares, [None] * len(shares), partitioning, ctx)

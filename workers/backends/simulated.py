@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workers.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
+from workers.fl.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
 from workers.backends.base import AgentContext, AnalyticBackend, round_request_problem
 from workers.launch import cancel_requested, shutdown_requested
-from workers.messages import (
+from workers.protocol.messages import (
     AssignmentResult,
     AssignmentSpec,
     DeviceRoundResult,
@@ -54,7 +54,7 @@ from workers.messages import (
     StandaloneResult,
     TrainRoundRequest,
 )
-from workers.profiler_child import INPUT_SHAPE as PROFILE_INPUT_SHAPE
+from workers.profiling.child import INPUT_SHAPE as PROFILE_INPUT_SHAPE
 
 ENV_DEVICE = "MTFL_SIM_DEVICE"
 ENV_TIME_SCALE = "MTFL_SIM_TIME_SCALE"
@@ -242,7 +242,7 @@ class SimWorkload:
 def simulation_workload(
     architecture: str, num_classes: int = 10, input_shape: Sequence[int] = (3, 32, 32)
 ) -> SimWorkload:
-    """Return a zoo model's workload, from :func:`workers.features.workload_features` plus its
+    """Return a zoo model's workload, from :func:`workers.profiling.features.workload_features` plus its
     leaf-module count; cached per ``(architecture, num_classes, input_shape)`` in this process.
 
     torch is imported (the model is built on the meta device: shapes only, a fraction of a
@@ -250,14 +250,14 @@ def simulation_workload(
 
     Raises:
         ValueError: for an unknown architecture, ``num_classes < 2`` or an input shape out of
-            range (as :func:`~workers.features.workload_features`).
+            range (as :func:`~workers.profiling.features.workload_features`).
     """
     return _workload(architecture, num_classes, tuple(input_shape))
 
 
 @functools.lru_cache(maxsize=128)
 def _workload(architecture: str, num_classes: int, input_shape: tuple[int, ...]) -> SimWorkload:
-    from workers.features import workload_features
+    from workers.profiling.features import workload_features
 
     features = workload_features(architecture, num_classes, input_shape)
     return SimWorkload(
@@ -272,7 +272,7 @@ def _workload(architecture: str, num_classes: int, input_shape: tuple[int, ...])
 def _leaf_modules(architecture: str, num_classes: int) -> int:
     import torch
 
-    from workers.zoo import build_model
+    from workers.training.zoo import build_model
 
     with torch.device("meta"):
         model = build_model(architecture, num_classes, 0)
@@ -624,7 +624,7 @@ def _effective_batch(batch_size: int, count: int) -> int:
 
 
 def epoch_iterations(count: int, batch_size: int) -> int:
-    """Iterations of one epoch over ``count`` samples, as :func:`workers.trainer.epoch_batches`
+    """Iterations of one epoch over ``count`` samples, as :func:`workers.training.trainer.epoch_batches`
     cuts them: ``ceil(count / batch_size)``, less one when a trailing batch of a single sample
     is merged into the one before it."""
     batches = -(-count // batch_size)
@@ -634,7 +634,7 @@ def epoch_iterations(count: int, batch_size: int) -> int:
 
 
 def _timed_iterations(iterations: int, warmup_iterations: int) -> int:
-    """How many iterations :func:`workers.trainer.steady_state` would time."""
+    """How many iterations :func:`workers.training.trainer.steady_state` would time."""
     if iterations > warmup_iterations:
         return iterations - warmup_iterations
     return iterations - 1 if iterations >= 2 else iterations
@@ -909,7 +909,7 @@ class SimulatedBackend(AnalyticBackend):
         Throughputs are :func:`simulate_throughput`'s for the mix, with noise seeded by
         ``(request.seed, config_index, device, task index)`` (a repeat draws new noise, as a
         re-measurement would). The virtual cost mirrors
-        :func:`workers.profiling.measure_configuration`: :data:`PROFILE_STARTUP_S`, then
+        :func:`workers.profiling.sweep.measure_configuration`: :data:`PROFILE_STARTUP_S`, then
         ``warmup_iterations`` of the slowest task, then a window of
         ``max(min_window_s, (min_timed_iterations + 1) · t_max)`` and one more ``t_max`` to
         finish after STOP (``t_max`` = the slowest iteration). Each task's
@@ -1001,7 +1001,7 @@ class SimulatedBackend(AnalyticBackend):
 
 
 def _task_workload(architecture: str, num_classes: int, dataset: str) -> SimWorkload:
-    from workers.datasets import dataset_info
+    from workers.training.datasets import dataset_info
 
     return simulation_workload(architecture, num_classes, dataset_info(dataset).image_shape)
 

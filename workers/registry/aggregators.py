@@ -34,7 +34,7 @@ class Aggregation(Protocol):
         """The new global state dict (same keys, shapes and dtypes as the states added).
 
         Raises:
-            workers.fedavg.NoSamplesError: every count added was 0.
+            workers.fl.fedavg.NoSamplesError: every count added was 0.
         """
 
 
@@ -73,7 +73,7 @@ AGGREGATORS: Registry[Aggregator] = Registry("aggregator", "mtfl.aggregators", A
 
 
 def _fedavg(_ctx: AggregationContext) -> Aggregation:
-    from workers.fedavg import FedAvgAccumulator
+    from workers.fl.fedavg import FedAvgAccumulator
 
     return FedAvgAccumulator()
 

@@ -33,7 +33,7 @@ from typing import Any
 from workers.registry.base import Registry
 
 PARTITIONINGS: tuple[str, ...] = ("timeslice", "mps")
-"""How co-located trainers can share a device (:data:`workers.messages.Partitioning`)."""
+"""How co-located trainers can share a device (:data:`workers.protocol.messages.Partitioning`)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _builtin(reference: str) -> Callable[[], Any]:
     first called.
 
     The built-in backends are named by reference rather than imported: their modules use
-    :mod:`workers.messages`, whose name checks read this registry, so an import here (even
+    :mod:`workers.protocol.messages`, whose name checks read this registry, so an import here (even
     inside a function) would close the loop messages → registry → backend → messages.
     """
 

@@ -2,8 +2,8 @@
 
 A :class:`Dataset` record gives the data set's sizes without loading it (:class:`DatasetInfo`)
 and a loader that returns selected samples of a split as normalised tensors;
-:func:`workers.datasets.load_split` checks the split and the indices and calls it. Built-ins
-(:mod:`workers.dataset_sources`): ``digits`` (scikit-learn's handwritten digits, shipped with
+:func:`workers.training.datasets.load_split` checks the split and the indices and calls it. Built-ins
+(:mod:`workers.training.dataset_sources`): ``digits`` (scikit-learn's handwritten digits, shipped with
 scikit-learn, so it works offline) and ``cifar10`` (read from a local folder; nothing is ever
 downloaded). Plug-ins register in the ``mtfl.datasets`` entry-point group.
 
@@ -48,7 +48,7 @@ DatasetLoader = Callable[[str | None, str, np.ndarray], tuple[Any, Any]]
 unset), ``split`` one of :data:`SPLITS`, ``indices`` an int64 array of shape ``(n,)`` of positions
 already checked to lie in the split. Returns ``x`` float32 ``n×C×H×W`` (the info's
 ``image_shape``), normalised, and ``y`` int64 ``(n,)`` in ``[0, num_classes)``: fresh tensors
-the caller may modify. Raises :class:`workers.dataset_sources.DatasetNotFoundError` when the
+the caller may modify. Raises :class:`workers.training.dataset_sources.DatasetNotFoundError` when the
 files are not where ``root`` says."""
 
 
@@ -76,13 +76,13 @@ DATASET_REGISTRY: Registry[Dataset] = Registry("dataset", "mtfl.datasets", Datas
 
 
 def _load_digits(root: str | None, split: str, indices: np.ndarray) -> tuple[Any, Any]:
-    from workers.dataset_sources import load_digits
+    from workers.training.dataset_sources import load_digits
 
     return load_digits(split, indices)
 
 
 def _load_cifar10(root: str | None, split: str, indices: np.ndarray) -> tuple[Any, Any]:
-    from workers.dataset_sources import load_cifar10
+    from workers.training.dataset_sources import load_cifar10
 
     return load_cifar10(root, split, indices)
 

@@ -1,7 +1,7 @@
 """The model registry: which network a task trains, by the name stored on the task.
 
 A :class:`Model` record builds a fresh, randomly initialised ``torch.nn.Module`` for a number of
-classes and an input shape; :func:`workers.zoo.build_model` seeds the initialisation and is what
+classes and an input shape; :func:`workers.training.zoo.build_model` seeds the initialisation and is what
 the trainers call. Built-ins are torchvision's unchanged architectures with ``weights=None``
 (nothing is downloaded); they accept 3×32×32 inputs as they are, because the adaptive average
 pooling before each classifier absorbs the small spatial size. Plug-ins register in the
@@ -35,7 +35,7 @@ class Model:
         name: stored on a task and carried in messages (``"resnet18"``).
         label: one line for forms and docs.
         build: the :data:`ModelBuilder`; it draws its initial weights from torch's global RNG,
-            which :func:`workers.zoo.build_model` seeds.
+            which :func:`workers.training.zoo.build_model` seeds.
     """
 
     name: str

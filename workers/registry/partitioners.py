@@ -2,7 +2,7 @@
 stored on an experiment (``partition_rule``).
 
 A :class:`Partitioner` record's ``counts`` decides how many of a task's training samples each
-device holds; :func:`workers.partition.shard_counts` checks its arguments, calls it, checks the
+device holds; :func:`workers.training.partition.shard_counts` checks its arguments, calls it, checks the
 result and applies the one rule every partitioner shares (no shard of exactly one sample).
 Built-ins: ``iid`` (even) and ``dirichlet`` (quantity skew by a Dirichlet draw, as in the
 paper's "highly skewed data volumes per task", Yu et al. 2022 §5). Plug-ins register in the

@@ -4,11 +4,11 @@ An agent that shares no disk with the control plane (``MTFL_CONTROL_URL``) fetch
 models its assignments start from and sends back the weights it trained, through
 ``/api/agent/artifacts/<key>`` (:mod:`controlplane.api.agent_views`). ``ARTIFACT_ROOT`` stays
 the store: an upload lands at the very key a shared-disk agent would have written
-(:func:`workers.artifacts.device_weights_key`), so FedAvg reads it from there either way.
+(:func:`workers.fl.artifacts.device_weights_key`), so FedAvg reads it from there either way.
 
 What a device may touch, decided here and nowhere else:
 
-- download: a global model (:func:`workers.artifacts.global_weights_key`) that is a checkpoint
+- download: a global model (:func:`workers.fl.artifacts.global_weights_key`) that is a checkpoint
   of a run and task for which the device has an assignment in a round still running;
 - upload: the trained-weights key of one of the device's own assignments, while its round is
   still running; the file must be a well-formed safetensors file with exactly the tensors
@@ -30,7 +30,7 @@ from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.models import Assignment, Checkpoint, Round
 from controlplane.fleet.models import Device
-from workers.artifacts import (
+from workers.fl.artifacts import (
     InvalidSafetensorsError,
     TensorInfo,
     atomic_write_path,

@@ -15,9 +15,9 @@ from controlplane.experiments.models import Experiment, Shard, Task
 from controlplane.experiments.selectors import can_manage_experiment
 from controlplane.fleet.models import Device
 from controlplane.profiling.services import workload_request
-from workers.datasets import dataset_info
-from workers.messages import OPTIMIZERS
-from workers.partition import shard_counts, shard_offsets
+from workers.training.datasets import dataset_info
+from workers.protocol.messages import OPTIMIZERS
+from workers.training.partition import shard_counts, shard_offsets
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
 from workers.registry.partitioners import PARTITIONER_REGISTRY, Partitioner
@@ -220,7 +220,7 @@ def _shard_table(
     """Derive ``(device, task, num_samples, offset)`` for every pair (see :class:`Shard`).
 
     ``explicit`` takes the given counts; any other rule is a registered partitioner
-    (:func:`workers.partition.shard_counts`), called with seed ``seed * 10007 + k`` for the
+    (:func:`workers.training.partition.shard_counts`), called with seed ``seed * 10007 + k`` for the
     ``k``-th task (so tasks get different draws: ``dirichlet`` gives each task its own skew).
     """
     rows: list[tuple[Device, Task, int, int]] = []

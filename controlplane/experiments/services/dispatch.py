@@ -1,7 +1,7 @@
 """The Celery boundary of the round protocol: every message the control plane sends, and what it
 reads back from the result backend.
 
-Tasks are addressed by name (:class:`workers.queues.TaskName`) because agents run their own
+Tasks are addressed by name (:class:`workers.protocol.queues.TaskName`) because agents run their own
 Celery app. Callers send only after their transaction commits (``transaction.on_commit``), so
 a worker never sees an id whose row is not yet visible.
 
@@ -22,8 +22,8 @@ from typing import Any
 from celery import chord
 
 from controlplane.celery import app
-from workers.messages import StandaloneRequest, TrainRoundRequest
-from workers.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
+from workers.protocol.messages import StandaloneRequest, TrainRoundRequest
+from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def cancel_device_tasks(task_ids: Iterable[str], *, reason: str) -> int:
 
     Two mechanisms, both Celery's own: ``revoke`` (live agents drop the ids when their message
     comes up) and a cancel marker per id in the result backend
-    (:func:`workers.queues.cancel_marker_id`), which an agent checks before it starts a task and
+    (:func:`workers.protocol.queues.cancel_marker_id`), which an agent checks before it starts a task and
     every few seconds while it runs — it survives agent restarts and reaches an agent busy in its
     solo pool, which a broadcast does not. Best effort: a broker that cannot be reached is
     logged (the round's deadline still bounds the work).

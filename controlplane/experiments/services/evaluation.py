@@ -5,21 +5,21 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from workers.messages import TaskRef
+from workers.protocol.messages import TaskRef
 
 
 def model_evaluate(task: TaskRef, weights_path: Path | str) -> tuple[float, float]:
     """Test accuracy (0–1) and mean test loss of the weights at ``weights_path``.
 
-    Calls :func:`workers.evaluate.evaluate` (torch is imported on first use, so a web process
+    Calls :func:`workers.training.evaluate.evaluate` (torch is imported on first use, so a web process
     that never evaluates never loads it), then, once per process, keeps the garbage collector
     off the objects that import left behind (:func:`_freeze_long_lived`).
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`workers.evaluate.evaluate` (missing or
+        FileNotFoundError, ValueError: as :func:`workers.training.evaluate.evaluate` (missing or
             mismatched weights, a bad batch size).
     """
-    from workers.evaluate import evaluate
+    from workers.training.evaluate import evaluate
 
     result = evaluate(task, weights_path)
     _freeze_long_lived()

@@ -31,7 +31,7 @@ The pieces here handle what a chord cannot:
   When every device is settled the round is recorded (:func:`.rounds.record.round_finish`:
   ``partial`` when some devices failed, aggregated over the others) and the run continues.
 - **Idempotency**: each dispatch of a device's part has a key ``(round, device, attempt)``
-  (:func:`workers.messages.round_idempotency_key`); only results of the device's current
+  (:func:`workers.protocol.messages.round_idempotency_key`); only results of the device's current
   attempt are recorded, once per round (the round's status is claimed with one conditional
   update), so a redelivered or retried task never counts twice in the aggregate.
 - **Resume** (:func:`runs_resume`): every time a control worker connects to the broker (start,
@@ -64,7 +64,7 @@ from controlplane.experiments.services.rounds.record import round_finish
 from controlplane.experiments.services.rounds.requests import round_device_request_load
 from controlplane.experiments.services.stop import device_tasks_cancel_on_commit
 from controlplane.fleet.models import Device
-from workers.messages import DeviceRoundResult, round_idempotency_key
+from workers.protocol.messages import DeviceRoundResult, round_idempotency_key
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from controlplane.experiments.services.rounds.requests import shard_ref
 from controlplane.experiments.services.rounds.start import round_start
 from controlplane.experiments.services.runs import run_fail
 from controlplane.planning.types import Plan
-from workers.artifacts import get_store, global_weights_key
-from workers.messages import StandaloneItem, StandaloneRequest, StandaloneResult
+from workers.fl.artifacts import get_store, global_weights_key
+from workers.protocol.messages import StandaloneItem, StandaloneRequest, StandaloneResult
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
     experiment = run.experiment
     store = get_store()
     try:
-        from workers.zoo import write_initial_weights
+        from workers.training.zoo import write_initial_weights
 
         for task in experiment.tasks.order_by("id"):
             key = global_weights_key(run.id, task.id, None)

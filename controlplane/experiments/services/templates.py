@@ -253,7 +253,7 @@ def experiment_create_from_template(
 
     Data volumes: the ``dirichlet`` partition rule (quantity skew, as the paper's "highly skewed
     data volumes per task"): each task's whole training split is divided among the devices in
-    proportions ``p ~ Dir(alpha · 1_J)`` (:func:`workers.partition.shard_counts`). Every task
+    proportions ``p ~ Dir(alpha · 1_J)`` (:func:`workers.training.partition.shard_counts`). Every task
     has its own draw (seed ``seed · 10007 + k`` for the ``k``-th task, by task id), so a task's
     ``|D_ij|`` differ across devices *and* the three tasks on one device hold different
     volumes; every task still covers its whole split. Smaller ``alpha`` skews more.

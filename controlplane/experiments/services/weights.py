@@ -6,7 +6,7 @@ error page) or the weights of another model. Each of those must fail that device
 with the reason, so the round goes on as ``partial`` with the other devices, instead of failing
 the whole aggregation.
 
-Only the safetensors header is read (:func:`workers.artifacts.read_safetensors_header`: the
+Only the safetensors header is read (:func:`workers.fl.artifacts.read_safetensors_header`: the
 safetensors library checks sizes, offsets, dtypes and shapes; no tensor data), and only of
 files FedAvg will read: when every device of a task reports the previous global model unchanged
 (the ``simulated`` backend passes it through), nothing is read and nothing is checked.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from controlplane.experiments.models import Assignment, Checkpoint
-from workers.artifacts import (
+from workers.fl.artifacts import (
     ArtifactStore,
     InvalidSafetensorsError,
     TensorInfo,

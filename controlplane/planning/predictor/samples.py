@@ -35,7 +35,7 @@ class MixTask:
 @dataclass(frozen=True)
 class ModelWorkload:
     """Per-sample workload of a model (``F_i``): training FLOPs, activation bytes and
-    parameters (see :class:`workers.messages.WorkloadFeatures`)."""
+    parameters (see :class:`workers.protocol.messages.WorkloadFeatures`)."""
 
     train_flops_per_sample: float
     activation_bytes_per_sample: float
@@ -55,7 +55,7 @@ class ProfiledTask:
         standalone_sps: ``P_alone`` of the same model and batch size, if measured.
         peak_memory_bytes: the task's peak memory, if measured.
         speed_index: how fast the device ran while it was measured (the ``cpu`` backend's
-            speed probe, :mod:`workers.speed_probe`), if known; see :func:`normalise_speed`.
+            speed probe, :mod:`workers.profiling.speed_probe`), if known; see :func:`normalise_speed`.
         cross_core_rtt_ns: how far apart the task's allocation units were while it was measured
             (the ``cpu`` backend's round trip between its cores, nanoseconds, for tasks on 2 or
             more cores), if known; read by the physics' link term
@@ -80,7 +80,7 @@ def normalise_speed(samples: Sequence[ProfiledTask]) -> tuple[list[ProfiledTask]
     """Take the host's speed changes out of measured throughputs.
 
     A virtual machine's cores change speed by tens of percent within seconds
-    (:mod:`workers.speed_probe`); a sample measured in a fast moment and one in a slow moment
+    (:mod:`workers.profiling.speed_probe`); a sample measured in a fast moment and one in a slow moment
     disagree by that much for the same configuration. Each sample with a ``speed_index``
     ``s`` becomes ``P · s_ref / s``: its throughput at the reference speed ``s_ref``, the
     median ``speed_index`` of ``samples``. Its ``standalone_sps`` is dropped: that value was

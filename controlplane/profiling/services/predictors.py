@@ -25,8 +25,8 @@ from controlplane.planning.predictor import (
 )
 from controlplane.profiling.models import Predictor, ProfileSample
 from controlplane.profiling.services.workloads import workload_ensure
-from workers.artifacts import atomic_write_path, sha256_file
-from workers.queues import CONTROL_QUEUE, TaskName
+from workers.fl.artifacts import atomic_write_path, sha256_file
+from workers.protocol.queues import CONTROL_QUEUE, TaskName
 from workers.registry.backends import BACKEND_REGISTRY
 
 log = logging.getLogger(__name__)

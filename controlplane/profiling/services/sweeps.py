@@ -18,8 +18,8 @@ from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class
 from controlplane.planning.strategies import STRATEGY_REGISTRY
 from controlplane.profiling.models import ProfileSample, ProfileSweep
-from workers.messages import ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
-from workers.queues import CONTROL_QUEUE, TaskName, device_queue
+from workers.protocol.messages import ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
+from workers.protocol.queues import CONTROL_QUEUE, TaskName, device_queue
 from workers.registry.models import MODEL_REGISTRY
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from django.db import IntegrityError, transaction
 
 from controlplane.celery import app
 from controlplane.profiling.models import ModelWorkload
-from workers.queues import CONTROL_QUEUE, TaskName
+from workers.protocol.queues import CONTROL_QUEUE, TaskName
 
 INPUT_SHAPE = [3, 32, 32]
 
@@ -25,7 +25,7 @@ def workload_ensure(*, architecture: str, num_classes: int) -> ModelWorkload:
     existing = workload_get(architecture=architecture, num_classes=num_classes)
     if existing is not None:
         return existing
-    from workers.features import workload_features
+    from workers.profiling.features import workload_features
 
     f = workload_features(architecture, num_classes, tuple(INPUT_SHAPE))
     try:

@@ -1,12 +1,12 @@
 """A profiler process that crashes for ``mobilenet_v3_small`` and profiles anything else as
-``workers.profiler_child`` does: run as ``python -m tests.workers.fakes.crashing_profiler
+``workers.profiling.child`` does: run as ``python -m tests.workers.fakes.crashing_profiler
 SPEC RESULT`` or forked by the fork server (``main``)."""
 
 from __future__ import annotations
 
 import sys
 
-from workers import profiler_child
+from workers.profiling import child as profiler_child
 
 _real_profile = profiler_child.profile
 

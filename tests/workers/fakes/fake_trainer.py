@@ -1,4 +1,4 @@
-"""A stand-in for ``python -m workers.trainer`` on a GPU host (tests have no GPU).
+"""A stand-in for ``python -m workers.training.trainer`` on a GPU host (tests have no GPU).
 
 Same command line and protocol as the real trainer (``MODE SPEC.json RESULT.json``; READY on
 stdout, GO on stdin, RESULT.json). It records its environment (``CUDA_*``, ``MTFL_*``) as a JSON

@@ -34,7 +34,7 @@ class Command(BaseCommand):
             use_running_broker()
         except RuntimeError as exc:
             raise CommandError(str(exc)) from exc
-        from workers.agent import main
+        from workers.agent.app import main
 
         argv = ["--device", options["device"], "--backend", options["backend"], "--loglevel", options["loglevel"]]
         for flag, key in (("--cores", "cores"), ("--state-dir", "state_dir"), ("--heartbeat-s", "heartbeat_s"),

@@ -23,7 +23,7 @@ from controlplane.core.stack import LocalStack
 from controlplane.experiments import services as exp_services
 from controlplane.fleet.models import Device
 from controlplane.planning.strategies import STRATEGY_REGISTRY
-from workers.datasets import dataset_info
+from workers.training.datasets import dataset_info
 from workers.registry.models import MODEL_REGISTRY
 
 

@@ -11,8 +11,8 @@ from typing import Any
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, Round
 from controlplane.experiments.services.evaluation import model_evaluate
-from workers.artifacts import ArtifactStore, global_weights_key
-from workers.fedavg import NoSamplesError, load_state, save_state
+from workers.fl.artifacts import ArtifactStore, global_weights_key
+from workers.fl.fedavg import NoSamplesError, load_state, save_state
 from workers.registry.aggregators import AGGREGATORS, AggregationContext
 
 DEFAULT_AGGREGATOR = "fedavg"

@@ -30,8 +30,8 @@ from controlplane.experiments.services.weights import weights_problems
 from controlplane.fleet.models import Device
 from controlplane.planning import metrics
 from controlplane.profiling.services import samples_from_round
-from workers.artifacts import device_weights_key, get_store
-from workers.messages import DeviceRoundResult, round_idempotency_key
+from workers.fl.artifacts import device_weights_key, get_store
+from workers.protocol.messages import DeviceRoundResult, round_idempotency_key
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def round_finish(
     ``idempotency_key``), once: duplicates and results of superseded attempts are ignored.
 
     Args:
-        results: :class:`workers.messages.DeviceRoundResult` JSON of the devices that reported.
+        results: :class:`workers.protocol.messages.DeviceRoundResult` JSON of the devices that reported.
             Devices that did not report have their assignments failed with ``causes[device]``
             or else ``cause``.
         cause: why results are missing (default for every device).

@@ -1,4 +1,4 @@
-"""A device's part of a round as the agent receives it (:class:`workers.messages.TrainRoundRequest`).
+"""A device's part of a round as the agent receives it (:class:`workers.protocol.messages.TrainRoundRequest`).
 
 One builder, :func:`round_device_request`, makes every request: :func:`.start.round_start`
 calls it for each device with what it loaded once for the whole round, and a retry
@@ -18,8 +18,8 @@ from controlplane.experiments.models import Checkpoint, Experiment, Round
 from controlplane.experiments.selectors import ShardSpan
 from controlplane.experiments.services.planning import run_plan
 from controlplane.fleet.models import Device
-from workers.artifacts import device_weights_key
-from workers.messages import AssignmentSpec, ShardRef, TaskRef, TrainRoundRequest, round_idempotency_key
+from workers.fl.artifacts import device_weights_key
+from workers.protocol.messages import AssignmentSpec, ShardRef, TaskRef, TrainRoundRequest, round_idempotency_key
 
 
 def shard_ref(experiment: Experiment, shard: ShardSpan) -> ShardRef:
@@ -65,7 +65,7 @@ def round_device_request(
         warmup_iterations: untimed iterations before throughput is measured.
 
     Each task's seed is ``experiment.seed × 1000 + round index``; each output goes to the
-    device's own artifact key (:func:`workers.artifacts.device_weights_key`), the only key the
+    device's own artifact key (:func:`workers.fl.artifacts.device_weights_key`), the only key the
     round's recording accepts weights from.
 
     Raises:

@@ -6,7 +6,7 @@ previous task's window ended, modulo ``C``, and runs one intra-op thread per cor
 a core between the threads pinned to it; a multi-threaded trainer whose window overlaps another
 trainer's is started with ``OMP_WAIT_POLICY=PASSIVE``, so its threads sleep at every barrier
 instead of spinning. Every measurement of a task on 2 or more cores also carries the round trip
-of a cache line between its cores (``cross_core_rtt_ns``, :mod:`workers.core_link_probe`): a
+of a cache line between its cores (``cross_core_rtt_ns``, :mod:`workers.profiling.core_link_probe`): a
 host that moves a virtual machine's cores apart slows its multi-threaded tasks (by 37 % for
 ``mobilenet_v3_small`` at batch 32 on two cores) and leaves single-threaded ones alone.
 """
@@ -155,7 +155,7 @@ class CpuPhysics:
         uses; 0 otherwise, and for an unknown ``rtt`` (every configuration to predict) or no
         reference. The model multiplies a task's speed by ``exp(−γ·x) = (rtt / rtt_ref)^(−γ)``:
         a multi-threaded task waits on its cores' cache lines at every parallel operator
-        (:mod:`workers.core_link_probe`). Only alone on its cores: beside other tasks its
+        (:mod:`workers.profiling.core_link_probe`). Only alone on its cores: beside other tasks its
         threads already wait for the cores themselves, and the link no longer shows — in a
         2-core sweep the physical baseline's residuals of 2-core tasks alone were
         +0.04…+0.22 (log, per model) at the near placement and −0.08…−0.33 at the far one,

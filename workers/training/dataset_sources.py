@@ -1,7 +1,7 @@
 """The built-in data sets' files: scikit-learn's digits and CIFAR-10 from a local folder.
 
 These are the loaders behind the ``digits`` and ``cifar10`` records of
-:mod:`workers.registry.datasets`; callers load through :func:`workers.datasets.load_split`.
+:mod:`workers.registry.datasets`; callers load through :func:`workers.training.datasets.load_split`.
 
 ``digits``: scikit-learn's handwritten digits (1,797 8×8 images, 10 classes). Pixels 0..16 are
 scaled to [0, 1], resized to 32×32 (bilinear), replicated to 3 channels and normalised with the
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workers import config
-from workers.artifacts import atomic_write_path
+from workers.agent import config
+from workers.fl.artifacts import atomic_write_path
 
 if TYPE_CHECKING:
     import torch

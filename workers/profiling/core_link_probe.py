@@ -8,14 +8,14 @@ ping-pong; 330 ns with this module's Python loop) and one where it took 430 ns (
 the latency of cores that share no cache. Measured over 2 minutes beside a ``mobilenet_v3_small``
 trainer (batch 32) on both cores: 780 samples/s in every 2-second window of the near placement,
 470–500 in every window of the far one, with nothing else changing — user time 96–98 % on both
-cores, no steal time, and :mod:`workers.speed_probe`'s per-core speed within a few percent. A
+cores, no steal time, and :mod:`workers.profiling.speed_probe`'s per-core speed within a few percent. A
 multi-threaded trainer synchronises its threads at every parallel operator (OpenMP barriers,
 oneDNN's shared GEMM buffers, a mutex-protected primitive cache: ``perf`` showed
 ``pthread_mutex_lock`` at 11 % of the far placement's samples against 3.5 % of the near one's),
 so each of those costs a few cross-core round trips; a single-threaded trainer does not notice.
 
 :class:`CoreLinkProbe` measures that latency beside the trainers. A separate process
-(``python -m workers.core_link_probe``, one forked helper per further core, each pinned to its
+(``python -m workers.profiling.core_link_probe``, one forked helper per further core, each pinned to its
 core) wakes every ``period_s`` at the same absolute time on all cores; for one pair of cores
 per wake-up (the pairs of neighbouring cores in turn, ``(c_0, c_1), (c_1, c_2), …``) the first
 writes a byte to a shared page and the second echoes it, ``round_trips`` times, and the median
@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from workers.speed_probe import BackgroundProbe
+from workers.profiling.speed_probe import BackgroundProbe
 
 READING_PREFIX = "LINK"
 """Start of each reading line the probe process writes: ``LINK <t> <core_a> <core_b> <ns>``."""
@@ -103,7 +103,7 @@ class CoreLinkProbe(BackgroundProbe):
 
     def command(self) -> list[str]:
         """The probe process's command line."""
-        return [sys.executable, "-m", "workers.core_link_probe", "--cores", ",".join(map(str, self.cores)),
+        return [sys.executable, "-m", "workers.profiling.core_link_probe", "--cores", ",".join(map(str, self.cores)),
                 "--period", repr(self.period_s), "--round-trips", str(self.round_trips)]
 
     def start(self) -> CoreLinkProbe:
@@ -236,7 +236,7 @@ def _serve(core: int, pairs: list[tuple[int, int]], mv: memoryview, period_s: fl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m workers.core_link_probe --cores 0,1 [--period 0.1] [--round-trips 200]``:
+    """``python -m workers.profiling.core_link_probe --cores 0,1 [--period 0.1] [--round-trips 200]``:
     print a ``LINK`` reading line per wake-up until terminated."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cores", required=True, help="CPU ids, comma-separated, at least 2")

@@ -48,14 +48,14 @@ from http.client import HTTPResponse
 from pathlib import Path
 from typing import TypeVar
 
-from workers.artifacts import (
+from workers.fl.artifacts import (
     InvalidSafetensorsError,
     atomic_write_path,
     read_safetensors_header,
     sha256_file,
     validate_key,
 )
-from workers.messages import AssignmentResult, DeviceRoundResult, TrainRoundRequest
+from workers.protocol.messages import AssignmentResult, DeviceRoundResult, TrainRoundRequest
 
 logger = logging.getLogger(__name__)
 

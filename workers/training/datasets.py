@@ -1,7 +1,7 @@
 """Data sets the tasks train on, by name: sizes without loading, and splits as tensors.
 
 The data sets themselves are records of :data:`workers.registry.datasets.DATASET_REGISTRY`
-(built-ins: ``digits`` and ``cifar10``, :mod:`workers.dataset_sources`; plug-ins from the
+(built-ins: ``digits`` and ``cifar10``, :mod:`workers.training.dataset_sources`; plug-ins from the
 ``mtfl.datasets`` entry-point group). This module is what trainers and the control plane call:
 :func:`dataset_info` does not import torch; :func:`load_split` checks the split and the indices
 and hands them to the data set's loader.
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from workers.dataset_sources import DatasetNotFoundError
-from workers.messages import DatasetRef
+from workers.training.dataset_sources import DatasetNotFoundError
+from workers.protocol.messages import DatasetRef
 from workers.registry.datasets import DATASET_REGISTRY, SPLITS, DatasetInfo
 
 if TYPE_CHECKING:

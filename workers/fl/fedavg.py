@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.artifacts import atomic_write_path, sha256_file
+from workers.fl.artifacts import atomic_write_path, sha256_file
 
 
 _CHUNK = 1 << 20  # elements per float64 work buffer (8 MiB)
@@ -226,18 +226,18 @@ def _check_compatible(states: Sequence[Mapping[str, np.ndarray]]) -> None:
 def load_state(path: Path | str) -> dict[str, np.ndarray]:
     """Read a safetensors file into a NumPy state dict (no torch, no pickle).
 
-    The header is checked first (:func:`workers.artifacts.read_safetensors_header`), so a
+    The header is checked first (:func:`workers.fl.artifacts.read_safetensors_header`), so a
     truncated file or one that is not safetensors is refused with the reason instead of the
     library's bare error.
 
     Raises:
         FileNotFoundError: naming ``path`` if it does not exist.
-        workers.artifacts.InvalidSafetensorsError: naming ``path`` and what is wrong with it.
+        workers.fl.artifacts.InvalidSafetensorsError: naming ``path`` and what is wrong with it.
     """
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
-    from workers.artifacts import InvalidSafetensorsError, read_safetensors_header
+    from workers.fl.artifacts import InvalidSafetensorsError, read_safetensors_header
 
     path = Path(path)
     if not path.is_file():

@@ -31,7 +31,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from workers.messages import WorkloadFeatures
+from workers.protocol.messages import WorkloadFeatures
 from workers.registry.models import MODEL_REGISTRY
 
 _BATCH = 2
@@ -94,7 +94,7 @@ def _measure(
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from workers.zoo import build_model
+    from workers.training.zoo import build_model
 
     # Shapes alone decide FLOPs and saved-tensor sizes, so the model runs on the meta device:
     # no arithmetic, no weight initialisation, no oneDNN warm-up (VGG16 at 224×224 takes

@@ -1,16 +1,16 @@
 """The profiler process: trains one model on synthetic data until told to stop.
 
-Run by :func:`workers.profiling.measure_configuration`, one OS process per task of a
+Run by :func:`workers.profiling.sweep.measure_configuration`, one OS process per task of a
 co-located configuration, either started anew::
 
-    python -m workers.profiler_child SPEC.json RESULT.json
+    python -m workers.profiling.child SPEC.json RESULT.json
 
 or forked by a :mod:`workers.forkserver` server that has imported torch and never used it,
 which calls :func:`main` with the same arguments (what a sweep does on the ``cpu`` backend).
 
 SPEC.json is a :class:`ProfileChildSpec`. The process pins itself to its cores, builds the
-model (:func:`workers.zoo.build_model`, seed 0), an SGD optimizer with the default
-:class:`~workers.messages.OptimizerConfig` (what a task trains with unless told otherwise), and
+model (:func:`workers.training.zoo.build_model`, seed 0), an SGD optimizer with the default
+:class:`~workers.protocol.messages.OptimizerConfig` (what a task trains with unless told otherwise), and
 one synthetic batch: ``N×3×32×32`` float32 drawn from a normal distribution and ``N`` random
 labels. Synthetic data is enough because the values of the inputs do not change the work of a
 dense float32 training step (the same kernels run on the same shapes), and it spares the
@@ -20,7 +20,7 @@ loader's pinned batch would be.
 Protocol on stdin/stdout (line by line, nothing else is written to the real stdout):
 
 1. the process prints ``READY`` and blocks until the parent sends ``GO`` (the start barrier,
-   as in :mod:`workers.trainer`);
+   as in :mod:`workers.training.trainer`);
 2. it runs ``warmup_iterations`` untimed iterations, then timed ones, printing after each timed
    iteration ``ITER <start> <end> <samples>`` (``time.monotonic()`` seconds — the same clock in
    every process of the host — and the batch size);
@@ -29,12 +29,12 @@ Protocol on stdin/stdout (line by line, nothing else is written to the real stdo
 
 RESULT.json is a :class:`ProfileChildResult`: the peak memory and, on failure, the error.
 
-Device: ``MTFL_TRAINER_DEVICE`` in the environment (:func:`workers.trainer.trainer_device`,
+Device: ``MTFL_TRAINER_DEVICE`` in the environment (:func:`workers.training.trainer.trainer_device`,
 set by the GPU backends) chooses ``cpu`` (default) or ``cuda``. On ``cuda`` the model and the
 synthetic batch are created on the GPU before ``READY``, cuDNN autotuning runs during the
 warm-up iterations, each timed iteration's ``end`` is taken after ``torch.cuda.synchronize()``,
 and the peak memory is ``torch.cuda.max_memory_allocated``. On ``cpu`` the peak memory is the
-private resident memory (:func:`workers.trainer.cpu_memory_bytes`: anonymous pages, the same
+private resident memory (:func:`workers.training.trainer.cpu_memory_bytes`: anonymous pages, the same
 whether the process was started anew or forked), in bytes.
 
 Exit codes: 0 success, 1 error while profiling (RESULT.json says which), 2 bad spec or usage.
@@ -55,9 +55,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workers.artifacts import atomic_write_path
+from workers.fl.artifacts import atomic_write_path
 from workers.launch import GO_LINE, READY_LINE
-from workers.messages import Architecture, AssignmentStatus, OptimizerConfig
+from workers.protocol.messages import Architecture, AssignmentStatus, OptimizerConfig
 
 EXIT_OK = 0
 EXIT_PROFILE_ERROR = 1
@@ -104,7 +104,7 @@ class ProfileChildResult(BaseModel):
         error: ``"ExcType: message"`` when failed.
         iterations: iterations run after ``GO``, warm-up included.
         peak_memory_bytes: the process's peak memory, bytes: ``torch.cuda.max_memory_allocated``
-            on a GPU, the private resident memory on CPU (:func:`workers.trainer.cpu_memory_bytes`).
+            on a GPU, the private resident memory on CPU (:func:`workers.training.trainer.cpu_memory_bytes`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -174,12 +174,12 @@ _DEVICE = None  # the torch device profile() trains on, once chosen
 def peak_memory_bytes() -> int:
     """This process's peak memory in bytes: ``torch.cuda.max_memory_allocated`` once
     :func:`profile` has chosen a GPU, else its private resident memory
-    (:func:`workers.trainer.cpu_memory_bytes`)."""
+    (:func:`workers.training.trainer.cpu_memory_bytes`)."""
     if _DEVICE is not None and _DEVICE.type == "cuda":
-        from workers.trainer import peak_memory
+        from workers.training.trainer import peak_memory
 
         return peak_memory(_DEVICE)
-    from workers.trainer import cpu_memory_bytes
+    from workers.training.trainer import cpu_memory_bytes
 
     return cpu_memory_bytes()
 
@@ -193,7 +193,7 @@ def profile(spec: ProfileChildSpec, protocol_out, commands: StdinCommands) -> in
     """
     import torch
 
-    from workers.trainer import (
+    from workers.training.trainer import (
         IterationLock,
         apply_resources,
         build_optimizer,
@@ -202,7 +202,7 @@ def profile(spec: ProfileChildSpec, protocol_out, commands: StdinCommands) -> in
         train_step,
         trainer_device,
     )
-    from workers.zoo import build_model
+    from workers.training.zoo import build_model
 
     global _DEVICE
     apply_resources(spec.threads, spec.cores)
@@ -250,13 +250,13 @@ def _write_result(path: Path, result: ProfileChildResult) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m workers.profiler_child SPEC.json RESULT.json``.
+    """Entry point of ``python -m workers.profiling.child SPEC.json RESULT.json``.
 
     Returns:
         The exit code: 0 success, 1 profiling error, 2 bad spec.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m workers.profiler_child", description=__doc__.split("\n")[0]
+        prog="python -m workers.profiling.child", description=__doc__.split("\n")[0]
     )
     parser.add_argument("spec", type=Path, help="spec JSON file")
     parser.add_argument("result", type=Path, help="where the result JSON is written")

@@ -77,6 +77,6 @@ def write_initial_weights(architecture: str, num_classes: int, seed: int, path: 
     Raises:
         ValueError: as :func:`build_model`.
     """
-    from workers.artifacts import save_model_weights
+    from workers.fl.artifacts import save_model_weights
 
     return save_model_weights(build_model(architecture, num_classes, seed), path)

@@ -103,7 +103,7 @@ class ShardRef(_Message):
     """A device's shard of a task's training split.
 
     The shard is ``permutation[offset : offset + count]`` where ``permutation`` is
-    :func:`workers.partition.shard_indices`' seeded permutation of the training split.
+    :func:`workers.training.partition.shard_indices`' seeded permutation of the training split.
     """
 
     permutation_seed: int = Field(ge=0)
@@ -146,7 +146,7 @@ def round_idempotency_key(round_id: int, device: str, attempt: int) -> str:
 
 
 class TrainRoundRequest(_Message):
-    """Payload of :data:`workers.queues.TaskName.TRAIN_ROUND`: a device's part of one round.
+    """Payload of :data:`workers.protocol.queues.TaskName.TRAIN_ROUND`: a device's part of one round.
 
     ``attempt`` counts the control plane's dispatches of this device's part (0 first, then one
     more per retry); ``idempotency_key`` is :func:`round_idempotency_key` of ``(round_id,
@@ -273,7 +273,7 @@ class StandaloneItem(_Message):
 
 
 class StandaloneRequest(_Message):
-    """Payload of :data:`workers.queues.TaskName.MEASURE_STANDALONE` (``P_alone``, docs/DESIGN.md §1)."""
+    """Payload of :data:`workers.protocol.queues.TaskName.MEASURE_STANDALONE` (``P_alone``, docs/DESIGN.md §1)."""
 
     run_id: int
     device: str
@@ -365,7 +365,7 @@ class ProfileTaskSpec(_Message):
 
 
 class ProfileSweepRequest(_Message):
-    """Payload of :data:`workers.queues.TaskName.PROFILE_SWEEP`: measure co-located mixes on a
+    """Payload of :data:`workers.protocol.queues.TaskName.PROFILE_SWEEP`: measure co-located mixes on a
     device for ``budget_s`` seconds (a space-filling design, not a grid).
 
     Each configuration is 1 to ``max_mix`` tasks drawn from ``architectures`` with batch sizes
@@ -398,11 +398,11 @@ class ProfileMeasurement(_Message):
     ran (warm-up excluded); ``standalone_sps`` is the same model and batch size alone on the
     whole device (``P_alone``); ``peak_memory_bytes`` is the process's peak (private resident memory on CPU,
     ``torch.cuda.max_memory_allocated`` on GPU). ``speed_index`` is how fast the task's cores
-    executed while it was timed (:class:`workers.speed_probe.SpeedProbe`, millions of probe-loop
+    executed while it was timed (:class:`workers.profiling.speed_probe.SpeedProbe`, millions of probe-loop
     iterations per CPU-second; ``cpu`` backend only): the predictor divides the throughput by
     it, relative to the median over its training samples, to take the host's speed changes out.
     ``cross_core_rtt_ns`` is the median round trip of a cache line between the task's cores
-    while it was timed (:class:`workers.core_link_probe.CoreLinkProbe`, nanoseconds; ``cpu``
+    while it was timed (:class:`workers.profiling.core_link_probe.CoreLinkProbe`, nanoseconds; ``cpu``
     backend, tasks on 2 or more cores only): a multi-threaded task slows down when the host
     places those cores far apart, and the predictor learns by how much.
     """

@@ -2,19 +2,19 @@
 
 Run by an execution backend, one OS process per task (never forked)::
 
-    python -m workers.trainer train SPEC.json RESULT.json
-    python -m workers.trainer standalone SPEC.json RESULT.json
+    python -m workers.training.trainer train SPEC.json RESULT.json
+    python -m workers.training.trainer standalone SPEC.json RESULT.json
 
-``train``: SPEC.json is a :class:`TrainerSpec` (an :class:`~workers.messages.AssignmentSpec`
+``train``: SPEC.json is a :class:`TrainerSpec` (an :class:`~workers.protocol.messages.AssignmentSpec`
 plus the resources the backend gave it). The trainer pins itself to its cores, loads its shard,
 builds the model and loads the global weights, then prints ``READY`` on stdout and blocks until
 ``GO`` arrives on stdin: the start barrier that makes co-located trainers really overlap. It
 then trains ``local_epochs`` epochs, writes the weights to ``output_weights`` and RESULT.json
-(an :class:`~workers.messages.AssignmentResult`).
+(an :class:`~workers.protocol.messages.AssignmentResult`).
 
 ``standalone``: SPEC.json is a :class:`StandaloneSpec`; each item runs alone with all the given
 threads and cores for ``warmup_iterations + timed_iterations`` training steps and RESULT.json is
-a :class:`~workers.messages.StandaloneResult` (``P_alone``, docs/DESIGN.md §1). No barrier.
+a :class:`~workers.protocol.messages.StandaloneResult` (``P_alone``, docs/DESIGN.md §1). No barrier.
 
 Exit codes: 0 success, 1 training error (RESULT.json has ``status="failed"`` and
 ``error="ExcType: message"``), 2 bad spec or usage (RESULT.json, when it can be written, holds
@@ -54,15 +54,15 @@ from typing import TYPE_CHECKING, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workers.artifacts import (
+from workers.fl.artifacts import (
     LocalArtifactStore,
     atomic_write_path,
     load_model_weights,
     save_model_weights,
 )
-from workers.datasets import dataset_info, load_split
+from workers.training.datasets import dataset_info, load_split
 from workers.launch import GO_LINE, READY_LINE
-from workers.messages import (
+from workers.protocol.messages import (
     AssignmentResult,
     AssignmentSpec,
     OptimizerConfig,
@@ -72,8 +72,8 @@ from workers.messages import (
     StandaloneResult,
     TaskRef,
 )
-from workers.partition import shard_indices
-from workers.zoo import build_model
+from workers.training.partition import shard_indices
+from workers.training.zoo import build_model
 
 if TYPE_CHECKING:
     import torch
@@ -184,7 +184,7 @@ class TrainerSpec(AssignmentSpec):
     """SPEC.json of ``train`` mode: the assignment plus the resources the backend chose.
 
     Attributes:
-        artifact_root: folder of the :class:`~workers.artifacts.LocalArtifactStore` holding
+        artifact_root: folder of the :class:`~workers.fl.artifacts.LocalArtifactStore` holding
             ``global_weights`` and receiving ``output_weights``.
         threads: intra-op threads (``torch.set_num_threads``), ``>= 1``.
         cores: CPU ids to pin to (``os.sched_setaffinity``); ``None`` keeps the inherited set.
@@ -398,7 +398,7 @@ def train_step(
 ) -> float:
     """One training iteration: zero the gradients, cross-entropy forward, backward, step.
 
-    Shared by rounds, standalone measurements and profiling (:mod:`workers.profiler_child`),
+    Shared by rounds, standalone measurements and profiling (:mod:`workers.profiling.child`),
     so all three time the same work. Reading the loss back makes each step synchronous.
 
     Args:
@@ -657,13 +657,13 @@ def _write_json(path: Path, payload: dict) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m workers.trainer {train,standalone} SPEC.json RESULT.json``.
+    """Entry point of ``python -m workers.training.trainer {train,standalone} SPEC.json RESULT.json``.
 
     Returns:
         The exit code: 0 success, 1 training error, 2 bad spec.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m workers.trainer", description=__doc__.split("\n")[0]
+        prog="python -m workers.training.trainer", description=__doc__.split("\n")[0]
     )
     parser.add_argument("mode", choices=("train", "standalone"))
     parser.add_argument("spec", type=Path, help="spec JSON file")

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError, safe_open
 
-from workers import config
-from workers.queues import DEVICE_NAME_RE
+from workers.agent import config
+from workers.protocol.queues import DEVICE_NAME_RE
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +191,7 @@ class LocalArtifactStore(ArtifactStore):
 
 
 def get_store(root: Path | str | None = None) -> ArtifactStore:
-    """Return the artifact store at ``root`` (default :func:`workers.config.artifact_root`)."""
+    """Return the artifact store at ``root`` (default :func:`workers.agent.config.artifact_root`)."""
     return LocalArtifactStore(config.artifact_root() if root is None else root)
 
 
@@ -213,11 +213,11 @@ def device_weights_key(run_id: int, round_index: int, device: str, task_id: int)
 
     Raises:
         ValueError: if an id or ``round_index`` is negative, or ``device`` is not a valid device
-            name (:data:`workers.queues.DEVICE_NAME_RE`).
+            name (:data:`workers.protocol.queues.DEVICE_NAME_RE`).
     """
     _require_non_negative(run_id=run_id, round_index=round_index, task_id=task_id)
     if not DEVICE_NAME_RE.match(device):
-        raise ValueError(f"device name {device!r} is invalid (see workers.queues.DEVICE_NAME_RE)")
+        raise ValueError(f"device name {device!r} is invalid (see workers.protocol.queues.DEVICE_NAME_RE)")
     return f"runs/{run_id}/rounds/{round_index:05d}/{device}/task-{task_id}.safetensors"
 
 

@@ -18,22 +18,22 @@ It registers the device with the control plane (:data:`TaskName.DEVICE_REGISTER`
 ``control`` queue), sends a heartbeat with the same inventory every ``--heartbeat-s`` seconds,
 and serves ``device.<name>`` with a solo pool (one round at a time; the trainers it launches
 are its parallelism). Its tasks, :func:`train_round`, :func:`measure_standalone` and
-:func:`profile_sweep`, take and return plain JSON validated by :mod:`workers.messages`, and
+:func:`profile_sweep`, take and return plain JSON validated by :mod:`workers.protocol.messages`, and
 report every failure as data (``status="failed"``) instead of raising, so the control plane's
 chord callback always runs.
 
 The agent's configuration reaches the tasks through environment variables that :func:`main`
-sets (so ``celery -A workers.agent worker`` works too when they are exported):
+sets (so ``celery -A workers.agent.app worker`` works too when they are exported):
 ``MTFL_AGENT_DEVICE``, ``MTFL_AGENT_BACKEND`` (default ``cpu``), ``MTFL_AGENT_CORES``
 (e.g. ``"0-3,6"``; default this process's affinity), ``MTFL_AGENT_STATE_DIR`` (default
 ``$MTFL_HOME/agents/<device>``), ``MTFL_AGENT_TRAINER_TIMEOUT_S`` (default 10800),
 ``MTFL_AGENT_HEARTBEAT_S`` (the default of ``--heartbeat-s``, 15), ``MTFL_AGENT_CANCEL_POLL_S``
 (how often a running device task looks for its cancellation, default 2). The broker comes from
-``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.config`).
+``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.agent.config`).
 
 Reliability: device tasks are acknowledged on receipt (none is safe to run twice) and record
 which agent process runs them (``STARTED`` with its pid); the control plane cancels one by
-storing a marker in the result backend (:func:`workers.queues.cancel_marker_id`), which the task
+storing a marker in the result backend (:func:`workers.protocol.queues.cancel_marker_id`), which the task
 checks before it starts and every ``MTFL_AGENT_CANCEL_POLL_S`` while it runs, killing its
 trainers when it appears. Results echo the request's ``attempt`` and ``idempotency_key``.
 
@@ -42,7 +42,7 @@ shared folder). On a host that shares no disk with it, set ``MTFL_CONTROL_URL`` 
 ``MTFL_AGENT_TOKEN`` (or ``MTFL_AGENT_TOKEN_FILE``; options ``--control-url`` /
 ``--agent-token``): the agent then fetches global weights from and sends trained weights to the
 control plane over HTTP, keeping its copies under ``<state-dir>/artifacts``
-(:mod:`workers.transfer`). At start it checks the token names this device.
+(:mod:`workers.fl.transfer`). At start it checks the token names this device.
 
 On SIGTERM Celery starts a warm shutdown; the ``worker_shutting_down`` hook below terminates the
 running round's trainers, so the round returns failed at once instead of running for hours, and
@@ -81,9 +81,9 @@ from celery import Celery, signals
 from pydantic import BaseModel, ValidationError
 
 import workers
-from workers import config
-from workers.broker_compat import patch_kombu_redis_restore
-from workers.lifecycle import exit_with_parent
+from workers.agent import config
+from workers.agent.broker_compat import patch_kombu_redis_restore
+from workers.agent.lifecycle import exit_with_parent
 from workers.backends import (
     AgentContext,
     BackendUnavailableError,
@@ -94,7 +94,7 @@ from workers.backends import (
     shutdown_requested,
     terminate_children,
 )
-from workers.messages import (
+from workers.protocol.messages import (
     DeviceInventory,
     DeviceRoundResult,
     ProfileConfigResult,
@@ -104,10 +104,10 @@ from workers.messages import (
     StandaloneResult,
     TrainRoundRequest,
 )
-from workers.profiling import run_sweep
-from workers.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
+from workers.profiling.sweep import run_sweep
+from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
 from workers.registry.backends import BACKEND_REGISTRY, get_backend
-from workers.transfer import (
+from workers.fl.transfer import (
     ENV_AGENT_TOKEN,
     ENV_CONTROL_URL,
     ArtifactClient,
@@ -138,7 +138,7 @@ DEFAULT_TRAINER_TIMEOUT_S = 3 * 3600.0
 DEFAULT_HEARTBEAT_S = 15.0
 DEFAULT_CANCEL_POLL_S = 2.0
 
-# A broker restart must not stop the agent (see workers.broker_compat).
+# A broker restart must not stop the agent (see workers.agent.broker_compat).
 patch_kombu_redis_restore()
 
 # No fix-ups: Celery would otherwise run django.setup() whenever DJANGO_SETTINGS_MODULE is
@@ -234,7 +234,7 @@ class AgentSettings:
     """The agent's configuration as the tasks read it from the environment.
 
     Attributes:
-        device: device name (validated by :func:`workers.queues.device_queue`).
+        device: device name (validated by :func:`workers.protocol.queues.device_queue`).
         backend: execution backend name (:data:`workers.registry.backends.BACKEND_REGISTRY`).
         cores: CPU ids the device may use.
         state_dir: the agent's work folder.
@@ -295,7 +295,7 @@ def _context(settings: AgentSettings) -> AgentContext:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     if settings.transfer is None:
         artifact_root = config.artifact_root()
-    else:  # no shared disk: the agent's own copies, fetched and sent by workers.transfer
+    else:  # no shared disk: the agent's own copies, fetched and sent by workers.fl.transfer
         artifact_root = settings.state_dir / "artifacts"
         artifact_root.mkdir(parents=True, exist_ok=True)
     return AgentContext(
@@ -377,7 +377,7 @@ def _positive_env(name: str, default: float) -> float:
 def _cancel_reason(task_id: str | None) -> str | None:
     """The reason the control plane cancelled device task ``task_id``, or ``None``.
 
-    Reads the task's cancel marker (:func:`workers.queues.cancel_marker_id`) from the result
+    Reads the task's cancel marker (:func:`workers.protocol.queues.cancel_marker_id`) from the result
     backend. A backend that cannot be read is logged and counts as not cancelled: the round
     goes on, and the control plane's deadline still bounds it.
     """
@@ -467,12 +467,12 @@ def train_round(self, request: dict) -> dict:
     """Train this device's assignments of one round; return a ``DeviceRoundResult`` as JSON.
 
     The result echoes the request's ``attempt`` and ``idempotency_key``. A task the control
-    plane cancelled (:func:`workers.queues.cancel_marker_id`) before it started is not run; one
+    plane cancelled (:func:`workers.protocol.queues.cancel_marker_id`) before it started is not run; one
     cancelled while running has its trainers killed; a redelivered message of a task this
     device already finished returns the stored result without training again.
 
     Args:
-        request: a :class:`~workers.messages.TrainRoundRequest` as JSON.
+        request: a :class:`~workers.protocol.messages.TrainRoundRequest` as JSON.
 
     Returns:
         ``DeviceRoundResult.model_dump(mode="json")``. An invalid request, a request for another
@@ -527,7 +527,7 @@ def measure_standalone(self, request: dict) -> dict:
     Cancelled (run cancelled) before it starts: not run; while it runs: its trainer killed.
 
     Args:
-        request: a :class:`~workers.messages.StandaloneRequest` as JSON.
+        request: a :class:`~workers.protocol.messages.StandaloneRequest` as JSON.
 
     Returns:
         ``StandaloneResult.model_dump(mode="json")``; every failure is ``status="failed"`` data,
@@ -579,7 +579,7 @@ def profile_sweep(request: dict) -> dict:
     other trainers. The agent serves one task at a time, so rounds wait for a running sweep.
 
     Args:
-        request: a :class:`~workers.messages.ProfileSweepRequest` as JSON.
+        request: a :class:`~workers.protocol.messages.ProfileSweepRequest` as JSON.
 
     Returns:
         ``ProfileSweepSummary.model_dump(mode="json")``; every failure is ``status="failed"``

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from types import ModuleType
 
-from workers.messages import GpuSample
+from workers.protocol.messages import GpuSample
 
 logger = logging.getLogger(__name__)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.messages import TaskRef
+from workers.protocol.messages import TaskRef
 
 
 def evaluate(task: TaskRef, weights_path: Path | str, batch_size: int = 256) -> tuple[float, float]:
     """Return the accuracy and mean cross-entropy of weights on the task's test split.
 
-    The model is built by :func:`workers.zoo.build_model`, the weights loaded with
+    The model is built by :func:`workers.training.zoo.build_model`, the weights loaded with
     ``strict=True`` and run in eval mode (BatchNorm uses its running statistics) without
     gradients.
 
@@ -28,16 +28,16 @@ def evaluate(task: TaskRef, weights_path: Path | str, batch_size: int = 256) -> 
         ValueError: if ``batch_size < 1``.
         FileNotFoundError: if ``weights_path`` does not exist.
         RuntimeError: if the weights do not match the architecture.
-        workers.datasets.DatasetNotFoundError: if the data set's files are missing.
+        workers.training.datasets.DatasetNotFoundError: if the data set's files are missing.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     import torch
     import torch.nn.functional as F
 
-    from workers.artifacts import load_model_weights
-    from workers.datasets import load_split
-    from workers.zoo import build_model
+    from workers.fl.artifacts import load_model_weights
+    from workers.training.datasets import load_split
+    from workers.training.zoo import build_model
 
     model = build_model(task.architecture, task.num_classes, 0)
     load_model_weights(model, weights_path)

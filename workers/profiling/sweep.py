@@ -2,11 +2,11 @@
 
 docs/DESIGN.md §1 fits one multi-output regressor ``(P_1, …, P_I) = Pre((F_1·B_1, R_1), …)`` on
 profiled runs. A sweep (:func:`run_sweep`, served by the agent's ``profile_sweep`` task) turns a
-:class:`~workers.messages.ProfileSweepRequest` into those runs:
+:class:`~workers.protocol.messages.ProfileSweepRequest` into those runs:
 
 - :func:`sweep_design` proposes configurations — 1 to ``max_mix`` tasks, each an architecture,
   a batch size and a share — as a seeded space-filling sequence, not a grid;
-- :func:`measure_configuration` measures one configuration: one ``workers.profiler_child``
+- :func:`measure_configuration` measures one configuration: one ``workers.profiling.child``
   process per task (``subprocess``, never ``fork``), each with the resources the backend's
   :meth:`~workers.backends.base.TrainerProcessBackend.resources_for_shares` gives its share,
   held at a READY/GO barrier, stopped together once every task has been timed long enough
@@ -46,7 +46,7 @@ from workers.backends.base import (
     TrainerProcessBackend,
     TrainerResources,
 )
-from workers.core_link_probe import CoreLinkProbe
+from workers.profiling.core_link_probe import CoreLinkProbe
 from workers.forkserver import ForkServerError, ForkServerPool
 from workers.launch import (
     FATES_CAUSING,
@@ -55,7 +55,7 @@ from workers.launch import (
     ProcessSpec,
     shutdown_requested,
 )
-from workers.messages import (
+from workers.protocol.messages import (
     Partitioning,
     ProfileConfigResult,
     ProfileMeasurement,
@@ -63,20 +63,20 @@ from workers.messages import (
     ProfileSweepSummary,
     ProfileTaskSpec,
 )
-from workers.profiler_child import (
+from workers.profiling.child import (
     ITER_PREFIX,
     STOP_LINE,
     ProfileChildResult,
     ProfileChildSpec,
 )
-from workers.speed_probe import SpeedProbe
+from workers.profiling.speed_probe import SpeedProbe
 
 logger = logging.getLogger(__name__)
 
-PROFILER_COMMAND: list[str] = [sys.executable, "-m", "workers.profiler_child"]
+PROFILER_COMMAND: list[str] = [sys.executable, "-m", "workers.profiling.child"]
 """The command that starts one profiler process; SPEC.json and RESULT.json paths are appended."""
 
-PROFILER_MODULE = "workers.profiler_child"
+PROFILER_MODULE = "workers.profiling.child"
 """The module whose ``main([SPEC.json, RESULT.json])`` a forked profiler process runs
 (:class:`~workers.forkserver.ForkServerPool`): the same program as :data:`PROFILER_COMMAND`."""
 
@@ -136,10 +136,10 @@ def sweep_design(request: ProfileSweepRequest) -> Iterator[list[ProfileTaskSpec]
     :func:`run_sweep`'s business.
 
     Args:
-        request: the sweep; see :class:`~workers.messages.ProfileSweepRequest`.
+        request: the sweep; see :class:`~workers.protocol.messages.ProfileSweepRequest`.
 
     Yields:
-        Lists of 1 to ``max_mix`` :class:`~workers.messages.ProfileTaskSpec`.
+        Lists of 1 to ``max_mix`` :class:`~workers.protocol.messages.ProfileTaskSpec`.
     """
     from scipy.stats import qmc
 
@@ -272,7 +272,7 @@ def measure_configuration(
 ) -> ProfileConfigResult:
     """Measure one co-located configuration on the device; never raises for its failures.
 
-    One ``python -m workers.profiler_child`` process per task, with the resources
+    One ``python -m workers.profiling.child`` process per task, with the resources
     ``backend.resources_for_shares(shares, partitioning, ctx)`` gives. Sweeps keep the default,
     ``"mps"`` (the predictor's input is the share); ``"timeslice"`` measures the same tasks
     time-sliced, shares ignored, as the ``temporal`` strategy runs them (on ``cuda-mps``: plain
@@ -284,11 +284,11 @@ def measure_configuration(
     ``request.min_window_s`` the parent sends STOP to all at once, so every counted iteration
     ran while all the other tasks were training. Throughput is :func:`window_throughput` over
     :func:`common_window`'s iterations; peak memory is each process's own (on ``cpu`` its private
-    resident memory, :func:`workers.trainer.cpu_memory_bytes`). Where the
-    backend ``probes_host_speed`` (``cpu``), a :class:`~workers.speed_probe.SpeedProbe` runs on
+    resident memory, :func:`workers.training.trainer.cpu_memory_bytes`). Where the
+    backend ``probes_host_speed`` (``cpu``), a :class:`~workers.profiling.speed_probe.SpeedProbe` runs on
     the device's cores from GO to STOP and each measurement's ``speed_index`` is its cores'
     speed over the task's timed iterations; on a device of 2 or more cores a
-    :class:`~workers.core_link_probe.CoreLinkProbe` runs from launch to STOP, and each
+    :class:`~workers.profiling.core_link_probe.CoreLinkProbe` runs from launch to STOP, and each
     measurement of a task on 2 or more cores gets ``cross_core_rtt_ns``, the round trip between
     its cores over its timed iterations.
 
@@ -304,7 +304,7 @@ def measure_configuration(
         repeat_of: copied into the result.
         should_stop: polled while measuring; when true the configuration is abandoned
             (``status="failed"``, processes killed).
-        partitioning: how the processes share the device (:data:`~workers.messages.Partitioning`),
+        partitioning: how the processes share the device (:data:`~workers.protocol.messages.Partitioning`),
             passed to ``backend.resources_for_shares`` and ``backend.prepare_dispatch``; an
             unknown one fails the configuration ("cannot allocate the device").
         launcher: fork the profiler processes from these fork servers (:data:`PROFILER_MODULE`,
@@ -547,7 +547,7 @@ def relative_spread(first: Sequence[float | None], second: Sequence[float | None
     """The largest relative difference between two measurements of the same configuration.
 
     ``max_k |a_k − b_k| / ((a_k + b_k) / 2)`` over the tasks (the definition of
-    :attr:`~workers.messages.ProfileSweepSummary.repeat_spread`).
+    :attr:`~workers.protocol.messages.ProfileSweepSummary.repeat_spread`).
 
     Returns:
         The spread (0 = identical), or ``None`` if a throughput is missing or not positive, or
@@ -638,7 +638,7 @@ def run_sweep(
         ctx: the device (``ctx.device`` must equal ``request.device``).
         backend: a :class:`~workers.backends.base.TrainerProcessBackend` or an
             :class:`~workers.backends.base.AnalyticBackend`.
-        emit: receives every :class:`~workers.messages.ProfileConfigResult`.
+        emit: receives every :class:`~workers.protocol.messages.ProfileConfigResult`.
         should_stop: polled between and during configurations; the agent's shutdown flag by
             default.
         fork_server: fork the profiler processes from a

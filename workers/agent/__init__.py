@@ -1,0 +1,1 @@
+"""The device agent a GPU host runs: its Celery app and tasks (:mod:`workers.agent.app`), configuration from the environment, process lifecycle, and the broker workaround. ``python -m workers.agent`` (or ``mtfl-agent``) starts it."""

@@ -1,0 +1,1 @@
+"""Profiling: sweeps of co-located mixes and standalone measurements (:mod:`workers.profiling.sweep`), the measuring child process, workload features, and the host probes (speed, cross-core round trips)."""
