@@ -35,10 +35,18 @@ LIGHT = ["resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="cpu", choices=["cpu", "simulated"],
-                        help="execution backend of the local agents (simulated: the Titan V model, labelled so)")
-    parser.add_argument("--budget", type=float, default=None,
-                        help="profiling seconds (default 240 on cpu, 1800 simulated seconds on simulated)")
+    parser.add_argument(
+        "--backend",
+        default="cpu",
+        choices=["cpu", "simulated"],
+        help="execution backend of the local agents (simulated: the Titan V model, labelled so)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="profiling seconds (default 240 on cpu, 1800 simulated seconds on simulated)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="FL rounds per run (default 2)")
     parser.add_argument("--devices", type=int, default=2, help="local devices (default 2)")
     parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha of the data volumes (default 0.5)")
@@ -72,30 +80,54 @@ def main() -> int:
         stack.wait_ready()
         devices = list(Device.objects.filter(name__in=names).order_by("name"))
 
-        sweep = profiling.sweep_start(device=devices[0], budget_s=budget, architectures=LIGHT,
-                                      batch_sizes=[16, 32, 64, 128, 256], max_mix=3, seed=0)
+        sweep = profiling.sweep_start(
+            device=devices[0],
+            budget_s=budget,
+            architectures=LIGHT,
+            batch_sizes=[16, 32, 64, 128, 256],
+            max_mix=3,
+            seed=0,
+        )
         print(f"profiling {devices[0].name} for {budget:g} s (sweep {sweep.id})", flush=True)
         while sweep.status not in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
             time.sleep(5)
             stack.children.check_alive()
             sweep.refresh_from_db()
-            print(f"  {100 * sweep_progress(sweep):3.0f} % · {sweep.configs} configurations · {sweep.samples} samples",
-                  flush=True)
+            print(
+                f"  {100 * sweep_progress(sweep):3.0f} % · {sweep.configs} configurations · {sweep.samples} samples",
+                flush=True,
+            )
         if sweep.status == ProfileSweep.Status.FAILED:
             print(f"sweep failed: {sweep.error}")
             return 1
         predictor = profiling.predictor_fit(backend=args.backend)
-        print(f"predictor v{predictor.version} ({predictor.device_class}): kept {predictor.kept_family}, "
-              f"held-out RMSLE {predictor.heldout_rmsle:.3f} on {predictor.training_samples} samples")
+        print(
+            f"predictor v{predictor.version} ({predictor.device_class}): kept {predictor.kept_family}, "
+            f"held-out RMSLE {predictor.heldout_rmsle:.3f} on {predictor.training_samples} samples"
+        )
 
-        experiment = experiment_create_from_template(template="light", device_ids=[d.id for d in devices],
-                                                     rounds=args.rounds, dirichlet_alpha=args.alpha, dataset="digits")
-        print(f"experiment {experiment.name}: shards "
-              + ", ".join(f"{s.device.name}/{s.task.architecture}={s.num_samples}"
-                          for s in experiment.shards.select_related("device", "task").order_by("device__name", "task_id")))
+        experiment = experiment_create_from_template(
+            template="light",
+            device_ids=[d.id for d in devices],
+            rounds=args.rounds,
+            dirichlet_alpha=args.alpha,
+            dataset="digits",
+        )
+        print(
+            f"experiment {experiment.name}: shards "
+            + ", ".join(
+                f"{s.device.name}/{s.task.architecture}={s.num_samples}"
+                for s in experiment.shards.select_related("device", "task").order_by("device__name", "task_id")
+            )
+        )
         comparison = comparison_create(experiment=experiment)
-        runs = follow_runs(lambda run: run, list(comparison.runs.order_by("id")), timeout_s=args.timeout,
-                           check=stack.children.check_alive, label=lambda run: run.strategy)
+        runs = follow_runs(
+            lambda run: run,
+            list(comparison.runs.order_by("id")),
+            timeout_s=args.timeout,
+            check=stack.children.check_alive,
+            label=lambda run: run.strategy,
+        )
 
     reference = next((r for r in runs if r.strategy == baseline_strategy().name), None)
 
@@ -105,26 +137,32 @@ def main() -> int:
     def fmt(value, spec, suffix=""):
         return "—" if value is None else format(value, spec) + suffix
 
-    print(f"\n{'strategy':<13}{'status':<11}{'raw sps':>9}{'fair':>7}{'raw ×':>7}{'fair ×':>8}{'FL sps':>9}"
-          f"{'round s':>9}{'pred. s':>9}")
+    print(
+        f"\n{'strategy':<13}{'status':<11}{'raw sps':>9}{'fair':>7}{'raw ×':>7}{'fair ×':>8}{'FL sps':>9}"
+        f"{'round s':>9}{'pred. s':>9}"
+    )
     for run in runs:
         rounds = list(run.rounds.order_by("index"))
         measured = [r.round_time_s for r in rounds if r.round_time_s]
         predicted = [r.predicted_round_time_s for r in rounds if r.predicted_round_time_s]
-        print(f"{run.strategy:<13}{run.status:<11}{fmt(run.raw_throughput_sps, '.1f'):>9}"
-              f"{fmt(run.fair_throughput, '.2f'):>7}"
-              f"{fmt(ratio(run.raw_throughput_sps, reference and reference.raw_throughput_sps), '.2f', '×'):>7}"
-              f"{fmt(ratio(run.fair_throughput, reference and reference.fair_throughput), '.2f', '×'):>8}"
-              f"{fmt(run.fl_throughput_sps, '.1f'):>9}"
-              f"{fmt(sum(measured) / len(measured) if measured else None, '.1f'):>9}"
-              f"{fmt(sum(predicted) / len(predicted) if predicted else None, '.1f'):>9}")
+        print(
+            f"{run.strategy:<13}{run.status:<11}{fmt(run.raw_throughput_sps, '.1f'):>9}"
+            f"{fmt(run.fair_throughput, '.2f'):>7}"
+            f"{fmt(ratio(run.raw_throughput_sps, reference and reference.raw_throughput_sps), '.2f', '×'):>7}"
+            f"{fmt(ratio(run.fair_throughput, reference and reference.fair_throughput), '.2f', '×'):>8}"
+            f"{fmt(run.fl_throughput_sps, '.1f'):>9}"
+            f"{fmt(sum(measured) / len(measured) if measured else None, '.1f'):>9}"
+            f"{fmt(sum(predicted) / len(predicted) if predicted else None, '.1f'):>9}"
+        )
         if run.error:
             print(f"    {run.error}")
     by_strategy = {r.strategy: r for r in runs if r.status == Run.Status.SUCCEEDED}
     # the paper's baselines: the compared strategies that plan without a predictor
-    baselines = [by_strategy[s.name].fl_throughput_sps for s in STRATEGY_REGISTRY
-                 if s.compared and not s.needs_predictor and s.name in by_strategy
-                 and by_strategy[s.name].fl_throughput_sps]
+    baselines = [
+        by_strategy[s.name].fl_throughput_sps
+        for s in STRATEGY_REGISTRY
+        if s.compared and not s.needs_predictor and s.name in by_strategy and by_strategy[s.name].fl_throughput_sps
+    ]
     sync = by_strategy.get("vres_sync")
     print(f"\nbenchmark took {time.monotonic() - started:.0f} s; data in {home}")
     if not baselines or sync is None or not sync.fl_throughput_sps:

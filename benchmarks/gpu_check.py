@@ -146,8 +146,7 @@ DEFAULTS = {
     "measure_window": (2.0, 0.5),
     # Gradient boosting's cross-validation thrashes a loaded 2-core machine (minutes of OpenMP
     # spinning on a dozen rows); the CPU smoke run compares the other three.
-    "families": ("baseline,random_forest,gradient_boosting,extra_trees",
-                 "baseline,random_forest,extra_trees"),
+    "families": ("baseline,random_forest,gradient_boosting,extra_trees", "baseline,random_forest,extra_trees"),
 }
 
 
@@ -204,13 +203,28 @@ class Check:
         self.state_dir: Path | None = None
         self.finished = threading.Event()
         self.report: dict = {
-            "schema": "mtfl-gpu-check/1", "status": "failed", "exit_code": None, "error": "",
-            "started_at": time.time(), "elapsed_s": None,
+            "schema": "mtfl-gpu-check/1",
+            "status": "failed",
+            "exit_code": None,
+            "error": "",
+            "started_at": time.time(),
+            "elapsed_s": None,
             "args": {k: v for k, v in vars(args).items()},
-            "host": {"hostname": socket.gethostname(), "python": platform.python_version(),
-                     "torch": None, "backend": args.backend, "cores": None, "device": None,
-                     "django_imported": None, "celery_imported": None},
-            "phases": [], "profile": None, "predictor": None, "alone": [], "mixes": [],
+            "host": {
+                "hostname": socket.gethostname(),
+                "python": platform.python_version(),
+                "torch": None,
+                "backend": args.backend,
+                "cores": None,
+                "device": None,
+                "django_imported": None,
+                "celery_imported": None,
+            },
+            "phases": [],
+            "profile": None,
+            "predictor": None,
+            "alone": [],
+            "mixes": [],
             "paper": {"raw_speedup_one_device": list(PAPER_RAW_SPEEDUP)},
         }
 
@@ -236,8 +250,7 @@ class Check:
         check after a ``strict`` phase; the measuring phases are not strict, so what was
         measured before the time ran out is still scored and printed."""
         self.phase = name
-        entry = {"name": name, "started_s": round(self.elapsed(), 2), "elapsed_s": None,
-                 "status": "failed"}
+        entry = {"name": name, "started_s": round(self.elapsed(), 2), "elapsed_s": None, "status": "failed"}
         self.report["phases"].append(entry)
         started = time.monotonic()
         try:
@@ -258,8 +271,11 @@ class Check:
         if self.stop_reason:
             raise CheckFailed(f"{self.stop_reason} during phase {self.phase}", EXIT_STOPPED)
         if time.monotonic() > self.deadline:
-            raise CheckFailed(f"time limit of {self.args.time_limit:g} s reached during phase "
-                              f"{self.phase} (raise --time-limit or lower --budget)", EXIT_STOPPED)
+            raise CheckFailed(
+                f"time limit of {self.args.time_limit:g} s reached during phase "
+                f"{self.phase} (raise --time-limit or lower --budget)",
+                EXIT_STOPPED,
+            )
 
     def on_signal(self, signum, _frame) -> None:
         self.stop_reason = f"stopped by {signal.Signals(signum).name}"
@@ -276,8 +292,10 @@ class Check:
         def watch() -> None:
             if self.finished.wait(self.args.time_limit + WATCHDOG_GRACE_S):
                 return
-            message = (f"still in phase {self.phase} {WATCHDOG_GRACE_S:g} s after the time limit "
-                       f"of {self.args.time_limit:g} s: killed")
+            message = (
+                f"still in phase {self.phase} {WATCHDOG_GRACE_S:g} s after the time limit "
+                f"of {self.args.time_limit:g} s: killed"
+            )
             try:
                 from workers.launch import request_shutdown
 
@@ -305,14 +323,21 @@ class Check:
         return paths
 
     def write_json(self, code: int, error: str) -> None:
-        self.report.update(status="succeeded" if code == EXIT_OK else "failed", exit_code=code,
-                           error=error, elapsed_s=round(self.elapsed(), 2))
+        self.report.update(
+            status="succeeded" if code == EXIT_OK else "failed",
+            exit_code=code,
+            error=error,
+            elapsed_s=round(self.elapsed(), 2),
+        )
         try:
             text = json.dumps(finite(self.report), indent=1, default=str, allow_nan=False)
         except (TypeError, ValueError, RuntimeError) as exc:  # changed while dumped (watchdog)
-            text = json.dumps({**{k: self.report[k] for k in ("schema", "status", "exit_code",
-                                                               "error", "elapsed_s")},
-                               "dump_error": f"{type(exc).__name__}: {exc}"})
+            text = json.dumps(
+                {
+                    **{k: self.report[k] for k in ("schema", "status", "exit_code", "error", "elapsed_s")},
+                    "dump_error": f"{type(exc).__name__}: {exc}",
+                }
+            )
         for path in self.json_paths():
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -331,15 +356,16 @@ def preflight(check: Check):
     if missing:
         raise CheckFailed(
             f"missing Python package{'s' if len(missing) > 1 else ''}: {'; '.join(missing)} — "
-            "install it, or carry its wheels (README, 'GPU hosts')", EXIT_UNAVAILABLE)
+            "install it, or carry its wheels (README, 'GPU hosts')",
+            EXIT_UNAVAILABLE,
+        )
     try:
         from workers.backends import AgentContext, BackendUnavailableError
         from workers.registry.backends import get_backend
 
         importlib.import_module("controlplane.planning.strategies")  # fail now, not after profiling
     except ImportError as exc:
-        raise CheckFailed(f"cannot import workers/ or controlplane/planning/: {exc}",
-                          EXIT_UNAVAILABLE) from None
+        raise CheckFailed(f"cannot import workers/ or controlplane/planning/: {exc}", EXIT_UNAVAILABLE) from None
 
     args = check.args
     try:
@@ -349,9 +375,14 @@ def preflight(check: Check):
         raise CheckFailed(first_line(str(exc)), EXIT_UNAVAILABLE) from None
     cores = parse_ints(args.cores, "--cores") if args.cores else sorted(os.sched_getaffinity(0))
     check.state_dir = Path(tempfile.mkdtemp(prefix="mtfl-gpu-check-"))
-    ctx = AgentContext(device="gpu-check", cores=cores, state_dir=check.state_dir,
-                       artifact_root=check.state_dir / "artifacts",
-                       trainer_timeout_s=args.config_timeout, ready_timeout_s=args.config_timeout)
+    ctx = AgentContext(
+        device="gpu-check",
+        cores=cores,
+        state_dir=check.state_dir,
+        artifact_root=check.state_dir / "artifacts",
+        trainer_timeout_s=args.config_timeout,
+        ready_timeout_s=args.config_timeout,
+    )
     check.backend = backend
     try:
         backend.start(ctx)
@@ -366,13 +397,18 @@ def preflight(check: Check):
         return backend, ctx, units, float(memory), "packed"
     units = int(device.get("allocation_units") or 0) or len(cores)
     memory = device.get("memory_bytes")
-    check.say(f"{device.get('accelerator')} {device.get('gpu_uuid')}: {device.get('sm_count')} SMs, "
-              f"{(memory or 0) / 2**30:.1f} GiB, driver {device.get('driver_version')}, CUDA "
-              f"{device.get('cuda_version')}, compute mode {device.get('compute_mode') or '?'}, "
-              f"MPS control daemon started, {len(cores)} CPU cores")
+    check.say(
+        f"{device.get('accelerator')} {device.get('gpu_uuid')}: {device.get('sm_count')} SMs, "
+        f"{(memory or 0) / 2**30:.1f} GiB, driver {device.get('driver_version')}, CUDA "
+        f"{device.get('cuda_version')}, compute mode {device.get('compute_mode') or '?'}, "
+        f"MPS control daemon started, {len(cores)} CPU cores"
+    )
     if device.get("compute_mode") and device["compute_mode"] != "Default":
-        raise CheckFailed(f"GPU compute mode is {device['compute_mode']}: temporal needs several "
-                          "CUDA contexts at once (nvidia-smi -c DEFAULT)", EXIT_UNAVAILABLE)
+        raise CheckFailed(
+            f"GPU compute mode is {device['compute_mode']}: temporal needs several "
+            "CUDA contexts at once (nvidia-smi -c DEFAULT)",
+            EXIT_UNAVAILABLE,
+        )
     return backend, ctx, units, float(memory) if memory else None, "pooled"
 
 
@@ -387,10 +423,10 @@ def features(check: Check, architectures: Sequence[str]):
     out = {}
     for arch in architectures:
         f = workload_features(arch, 10)
-        out[arch] = ModelWorkload(f.train_flops_per_sample, f.activation_bytes_per_sample,
-                                  f.params, f.param_bytes)
-        check.say(f"{arch}: {f.train_flops_per_sample / 1e9:.3f} GFLOP per training sample, "
-                  f"{f.params / 1e6:.1f} M parameters")
+        out[arch] = ModelWorkload(f.train_flops_per_sample, f.activation_bytes_per_sample, f.params, f.param_bytes)
+        check.say(
+            f"{arch}: {f.train_flops_per_sample / 1e9:.3f} GFLOP per training sample, {f.params / 1e6:.1f} M parameters"
+        )
         check.raise_if_stopping()
     return out
 
@@ -399,13 +435,21 @@ def profile_request(check: Check, ctx, architectures: Sequence[str], max_mix: in
     """The sweep's request (its budget is set when it starts); checks the profiling options."""
     args = check.args
     return sweep_request(
-        sweep_id=1, device=ctx.device, backend=args.backend, budget_s=5.0,
-        architectures=list(architectures), batch_sizes=parse_ints(args.profile_batch_sizes,
-                                                                  "--profile-batch-sizes"),
-        share_min=args.share_step, share_step=args.share_step, max_mix=max_mix,
-        warmup_iterations=args.profile_warmup, min_timed_iterations=args.profile_iterations,
-        min_window_s=args.profile_window, config_timeout_s=args.config_timeout,
-        repeat_every=args.repeat_every, seed=args.seed,
+        sweep_id=1,
+        device=ctx.device,
+        backend=args.backend,
+        budget_s=5.0,
+        architectures=list(architectures),
+        batch_sizes=parse_ints(args.profile_batch_sizes, "--profile-batch-sizes"),
+        share_min=args.share_step,
+        share_step=args.share_step,
+        max_mix=max_mix,
+        warmup_iterations=args.profile_warmup,
+        min_timed_iterations=args.profile_iterations,
+        min_window_s=args.profile_window,
+        config_timeout_s=args.config_timeout,
+        repeat_every=args.repeat_every,
+        seed=args.seed,
     )
 
 
@@ -419,8 +463,7 @@ def profile(check: Check, backend, ctx, request, reserve: Callable[[float], floa
     args = check.args
     sweep_started = time.monotonic()
     hard_stop = sweep_started + max(5.0, check.remaining())
-    request = request.model_copy(update={
-        "budget_s": max(5.0, min(7 * 24 * 3600.0, hard_stop - sweep_started))})
+    request = request.model_copy(update={"budget_s": max(5.0, min(7 * 24 * 3600.0, hard_stop - sweep_started))})
     architectures, max_mix = request.architectures, request.max_mix
     results: list = []
     state = {"succeeded": 0, "abort": "", "last": sweep_started, "reserve_said": False}
@@ -430,18 +473,15 @@ def profile(check: Check, backend, ctx, request, reserve: Callable[[float], floa
         return (state["last"] - sweep_started) / len(results) if results else None
 
     def budget_done() -> bool:
-        return (time.monotonic() - sweep_started >= args.budget
-                and state["succeeded"] >= args.min_configs)
+        return time.monotonic() - sweep_started >= args.budget and state["succeeded"] >= args.min_configs
 
     def emit(result) -> None:
         results.append(result)
         state["last"] = time.monotonic()
         if result.status == "succeeded":
             state["succeeded"] += 1
-        mix = " + ".join(f"{t.architecture}/B{t.batch_size}/{t.active_thread_percentage}%"
-                         for t in result.tasks)
-        rates = ", ".join(f"{m.throughput_sps:.1f}" if m.throughput_sps else "—"
-                          for m in result.measurements)
+        mix = " + ".join(f"{t.architecture}/B{t.batch_size}/{t.active_thread_percentage}%" for t in result.tasks)
+        rates = ", ".join(f"{m.throughput_sps:.1f}" if m.throughput_sps else "—" for m in result.measurements)
         status = result.status
         if status != "succeeded" and (budget_done() or state["reserve_said"]):
             status = "abandoned at the end of the profiling time"
@@ -458,30 +498,37 @@ def profile(check: Check, backend, ctx, request, reserve: Callable[[float], floa
         # Once the predictor has what it needs, leave the later phases their time at the pace
         # measured so far (before that, stopping would only make the fit fail).
         pace = seconds_per_config()
-        if (pace is not None and state["succeeded"] >= args.min_configs
-                and check.deadline - now < reserve(pace)):
+        if pace is not None and state["succeeded"] >= args.min_configs and check.deadline - now < reserve(pace):
             if not state["reserve_said"]:
                 state["reserve_said"] = True
-                check.say(f"stopping to leave time for fitting, planning and measuring "
-                          f"({pace:.1f} s per configuration so far)")
+                check.say(
+                    f"stopping to leave time for fitting, planning and measuring "
+                    f"({pace:.1f} s per configuration so far)"
+                )
             return True
         return budget_done()
 
-    check.say(f"sweep over {', '.join(architectures)} at batch sizes {request.batch_sizes}, "
-              f"mixes of 1 to {max_mix}, budget {args.budget:g} s (and at least {args.min_configs} "
-              "configurations)")
+    check.say(
+        f"sweep over {', '.join(architectures)} at batch sizes {request.batch_sizes}, "
+        f"mixes of 1 to {max_mix}, budget {args.budget:g} s (and at least {args.min_configs} "
+        "configurations)"
+    )
     summary = run_sweep(request, ctx, backend, emit, should_stop=should_stop)
     check.report["profile"] = {
-        "request": request.model_dump(mode="json"), "summary": summary.model_dump(mode="json"),
+        "request": request.model_dump(mode="json"),
+        "summary": summary.model_dump(mode="json"),
         "configs": [r.model_dump(mode="json") for r in results],
-        "succeeded": state["succeeded"], "seconds_per_config": seconds_per_config(),
+        "succeeded": state["succeeded"],
+        "seconds_per_config": seconds_per_config(),
     }
     check.raise_if_stopping()
     if state["abort"]:
         raise CheckFailed(f"profile: {first_line(state['abort'], 500)}")
     succeeded = [r for r in results if r.status == "succeeded"]
-    check.say(f"{len(succeeded)} of {len(results)} configurations measured in "
-              f"{time.monotonic() - sweep_started:.0f} s ({seconds_per_config() or 0:.1f} s each)")
+    check.say(
+        f"{len(succeeded)} of {len(results)} configurations measured in "
+        f"{time.monotonic() - sweep_started:.0f} s ({seconds_per_config() or 0:.1f} s each)"
+    )
     if not succeeded:
         first = results[0].error if results else summary.error
         raise CheckFailed(f"profile: no configuration was measured; {first_line(first, 500)}")
@@ -510,8 +557,9 @@ def sweep_request(**fields):
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        raise CheckFailed(f"bad option for {where}: {error['msg']} (got {error.get('input')!r})",
-                          EXIT_UNAVAILABLE) from None
+        raise CheckFailed(
+            f"bad option for {where}: {error['msg']} (got {error.get('input')!r})", EXIT_UNAVAILABLE
+        ) from None
 
 
 def to_samples(results) -> list:
@@ -523,8 +571,11 @@ def to_samples(results) -> list:
         mix = tuple(MixTask(t.architecture, t.batch_size, t.active_thread_percentage) for t in r.tasks)
         for m in r.measurements:
             if m.throughput_sps:
-                samples.append(ProfiledTask(f"c{r.config_index}", mix, m.task_index, m.throughput_sps,
-                                            m.standalone_sps, m.peak_memory_bytes))
+                samples.append(
+                    ProfiledTask(
+                        f"c{r.config_index}", mix, m.task_index, m.throughput_sps, m.standalone_sps, m.peak_memory_bytes
+                    )
+                )
     return samples
 
 
@@ -533,24 +584,38 @@ def fit(check: Check, samples, workloads, units: int, placement: str):
 
     try:
         families = [f.strip() for f in check.args.families.split(",") if f.strip()]
-        predictor, report = fit_predictor(samples, workloads, cores=units, placement=placement,
-                                          families=families, seed=check.args.seed,
-                                          progress=check.say)
+        predictor, report = fit_predictor(
+            samples,
+            workloads,
+            cores=units,
+            placement=placement,
+            families=families,
+            seed=check.args.seed,
+            progress=check.say,
+        )
     except PredictorError as exc:
         profiled = check.report["profile"] or {}
         raise CheckFailed(
             f"fit: {exc} (profiled {profiled.get('succeeded')} configurations at "
             f"{profiled.get('seconds_per_config') or 0:.1f} s each: raise --budget or --time-limit, "
-            "or profile fewer batch sizes)") from None
+            "or profile fewer batch sizes)"
+        ) from None
     kept = next(f for f in report.families if f.family == report.kept)
     check.report["predictor"] = {
-        "family": report.kept, "samples": report.samples, "configurations": report.configurations,
-        "groups": report.groups, "folds": report.folds, "fit_seconds": round(report.fit_seconds, 2),
-        "units": units, "placement": placement,
+        "family": report.kept,
+        "samples": report.samples,
+        "configurations": report.configurations,
+        "groups": report.groups,
+        "folds": report.folds,
+        "fit_seconds": round(report.fit_seconds, 2),
+        "units": units,
+        "placement": placement,
         "families": [{"family": f.family, "rmsle": f.rmsle, "mape": f.mape} for f in report.families],
     }
-    check.say(f"kept {report.kept}: held-out RMSLE {kept.rmsle:.3f}, MAPE {100 * kept.mape:.1f} % on "
-              f"{report.samples} task samples in {report.configurations} configurations")
+    check.say(
+        f"kept {report.kept}: held-out RMSLE {kept.rmsle:.3f}, MAPE {100 * kept.mape:.1f} % on "
+        f"{report.samples} task samples in {report.configurations} configurations"
+    )
     return predictor
 
 
@@ -565,8 +630,9 @@ def data_volumes(args, count: int, mix_index: int) -> list[int]:
     return [max(64, int(round(p * count * args.samples_per_task))) for p in shares]
 
 
-def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Sequence[int],
-             predictor, memory_bytes: float | None) -> dict:
+def plan_mix(
+    check: Check, name: str, architectures: Sequence[str], samples: Sequence[int], predictor, memory_bytes: float | None
+) -> dict:
     """Every strategy's plan for one device holding the mix; returns the mix's report entry."""
     from controlplane.planning.planner import DeviceCapacity, PlannerContext
     from controlplane.planning.predictor import MixTask, PredictorError
@@ -579,20 +645,45 @@ def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Seq
 
     args = check.args
     task_ids = tuple(range(1, len(architectures) + 1))
-    spec = PlanningInput(device_ids=(1,), task_ids=task_ids,
-                         samples={(1, t): n for t, n in zip(task_ids, samples, strict=True)}, local_epochs=1)
-    context = PlannerContext(architectures=dict(zip(task_ids, architectures, strict=True)),
-                             devices={1: DeviceCapacity(predictor, memory_bytes)},
-                             objective=args.objective, seed=args.seed)
-    entry = {"name": name, "architectures": list(architectures),
-             "data": {"policy": args.data, "samples": list(samples),
-                      "alpha": args.alpha if args.data == "dirichlet" else None},
-             "strategies": []}
+    spec = PlanningInput(
+        device_ids=(1,),
+        task_ids=task_ids,
+        samples={(1, t): n for t, n in zip(task_ids, samples, strict=True)},
+        local_epochs=1,
+    )
+    context = PlannerContext(
+        architectures=dict(zip(task_ids, architectures, strict=True)),
+        devices={1: DeviceCapacity(predictor, memory_bytes)},
+        objective=args.objective,
+        seed=args.seed,
+    )
+    entry = {
+        "name": name,
+        "architectures": list(architectures),
+        "data": {
+            "policy": args.data,
+            "samples": list(samples),
+            "alpha": args.alpha if args.data == "dirichlet" else None,
+        },
+        "strategies": [],
+    }
     for strategy in compared_strategies():
-        row = {"strategy": strategy, "partitioning": None, "status": "skipped", "error": "",
-               "predicted_round_time_s": None, "tasks": [], "raw_sps": None, "fair": None,
-               "raw_speedup": None, "fair_speedup": None, "gpu_util_mean_percent": None,
-               "gpu_memory_max_bytes": None, "measured_s": None, "measurement": None}
+        row = {
+            "strategy": strategy,
+            "partitioning": None,
+            "status": "skipped",
+            "error": "",
+            "predicted_round_time_s": None,
+            "tasks": [],
+            "raw_sps": None,
+            "fair": None,
+            "raw_speedup": None,
+            "fair_speedup": None,
+            "gpu_util_mean_percent": None,
+            "gpu_memory_max_bytes": None,
+            "measured_s": None,
+            "measurement": None,
+        }
         entry["strategies"].append(row)
         started = time.monotonic()
         try:
@@ -608,23 +699,34 @@ def plan_mix(check: Check, name: str, architectures: Sequence[str], samples: Seq
         assignments = plan.on_device(1)
         predicted = [a.predicted_throughput_sps for a in assignments]
         if plan.partitioning == "mps" and any(p is None for p in predicted):
-            mix = [MixTask(architectures[a.task_id - 1], a.batch_size, a.active_thread_percentage)
-                   for a in assignments]
+            mix = [MixTask(architectures[a.task_id - 1], a.batch_size, a.active_thread_percentage) for a in assignments]
             try:
                 predicted = predictor.predict([mix])[0]
             except PredictorError:
                 predicted = [None] * len(assignments)
         for a, p in zip(assignments, predicted, strict=True):
-            row["tasks"].append({
-                "architecture": architectures[a.task_id - 1], "batch_size": a.batch_size,
-                "share": a.active_thread_percentage, "samples": a.samples,
-                "predicted_sps": p, "measured_sps": None, "alone_sps": None, "alone_source": None,
-                "timed_iterations": None, "peak_memory_bytes": None,
-            })
-        check.say(f"{name}/{strategy} ({plan.partitioning}, {time.monotonic() - started:.1f} s): "
-                  + ", ".join(f"{t['architecture']} B{t['batch_size']} R{t['share']}%"
-                              + (f" → {t['predicted_sps']:.0f} sps predicted" if t["predicted_sps"] else "")
-                              for t in row["tasks"]))
+            row["tasks"].append(
+                {
+                    "architecture": architectures[a.task_id - 1],
+                    "batch_size": a.batch_size,
+                    "share": a.active_thread_percentage,
+                    "samples": a.samples,
+                    "predicted_sps": p,
+                    "measured_sps": None,
+                    "alone_sps": None,
+                    "alone_source": None,
+                    "timed_iterations": None,
+                    "peak_memory_bytes": None,
+                }
+            )
+        check.say(
+            f"{name}/{strategy} ({plan.partitioning}, {time.monotonic() - started:.1f} s): "
+            + ", ".join(
+                f"{t['architecture']} B{t['batch_size']} R{t['share']}%"
+                + (f" → {t['predicted_sps']:.0f} sps predicted" if t["predicted_sps"] else "")
+                for t in row["tasks"]
+            )
+        )
     return entry
 
 
@@ -634,8 +736,7 @@ def at_batch_size(plan, batch_size: int):
     ``--baseline-batch`` sets it here, so a CPU run can use the small batches it profiled."""
     from dataclasses import replace
 
-    return replace(plan, assignments=tuple(replace(a, batch_size=min(batch_size, a.samples))
-                                           for a in plan.assignments))
+    return replace(plan, assignments=tuple(replace(a, batch_size=min(batch_size, a.samples)) for a in plan.assignments))
 
 
 class Measurer:
@@ -647,10 +748,17 @@ class Measurer:
         self.durations: list[float] = []
         args = check.args
         self.request = sweep_request(
-            sweep_id=2, device=ctx.device, backend=args.backend, budget_s=5,
-            architectures=["resnet18"], warmup_iterations=args.measure_warmup,
-            min_timed_iterations=args.measure_iterations, min_window_s=args.measure_window,
-            config_timeout_s=args.config_timeout, repeat_every=0, seed=args.seed,
+            sweep_id=2,
+            device=ctx.device,
+            backend=args.backend,
+            budget_s=5,
+            architectures=["resnet18"],
+            warmup_iterations=args.measure_warmup,
+            min_timed_iterations=args.measure_iterations,
+            min_window_s=args.measure_window,
+            config_timeout_s=args.config_timeout,
+            repeat_every=0,
+            seed=args.seed,
         )
 
     def expected_s(self, fallback: float) -> float:
@@ -665,16 +773,23 @@ class Measurer:
         left = self.check.remaining()
         if left < 10:
             raise CheckFailed("no time left to measure", EXIT_STOPPED)
-        request = self.request.model_copy(update={"config_timeout_s": max(1.0, min(
-            self.check.args.config_timeout, left - 5))})
+        request = self.request.model_copy(
+            update={"config_timeout_s": max(1.0, min(self.check.args.config_timeout, left - 5))}
+        )
         telemetry = self._telemetry()
         started = time.monotonic()
         try:
             from workers.profiling.sweep import measure_configuration
 
-            result = measure_configuration(tasks, request, self.ctx, self.backend,
-                                           config_index=self.index, partitioning=partitioning,
-                                           should_stop=self.check.stopping)
+            result = measure_configuration(
+                tasks,
+                request,
+                self.ctx,
+                self.backend,
+                config_index=self.index,
+                partitioning=partitioning,
+                should_stop=self.check.stopping,
+            )
         finally:
             samples = telemetry.stop() if telemetry is not None else []
         self.index += 1
@@ -705,8 +820,12 @@ def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
             if check.stopping():
                 row.update(status="skipped", error="not measured: the check was stopping")
                 continue
-            tasks = [ProfileTaskSpec(architecture=t["architecture"], batch_size=t["batch_size"],
-                                     active_thread_percentage=t["share"]) for t in row["tasks"]]
+            tasks = [
+                ProfileTaskSpec(
+                    architecture=t["architecture"], batch_size=t["batch_size"], active_thread_percentage=t["share"]
+                )
+                for t in row["tasks"]
+            ]
             try:
                 result, seconds, telemetry = measurer.measure(tasks, row["partitioning"])
             except CheckFailed as exc:
@@ -719,13 +838,18 @@ def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
                 row["gpu_util_mean_percent"] = sum(s.gpu_util_percent for s in telemetry) / len(telemetry)
                 row["gpu_memory_max_bytes"] = max(s.memory_used_bytes for s in telemetry)
             for task, m in zip(row["tasks"], result.measurements, strict=True):
-                task.update(measured_sps=m.throughput_sps, timed_iterations=m.timed_iterations,
-                            peak_memory_bytes=m.peak_memory_bytes)
+                task.update(
+                    measured_sps=m.throughput_sps,
+                    timed_iterations=m.timed_iterations,
+                    peak_memory_bytes=m.peak_memory_bytes,
+                )
             if result.status != "succeeded" and (check.stopping() or check.remaining() < 10):
                 # Cut short by the time limit (its timeout is what was left): not a failure of
                 # the strategy, and not measured.
-                row.update(status="skipped", error=f"not measured: the time limit was reached "
-                                                   f"({first_line(result.error, 200)})")
+                row.update(
+                    status="skipped",
+                    error=f"not measured: the time limit was reached ({first_line(result.error, 200)})",
+                )
                 check.say(f"{label}: cut short by the time limit after {seconds:.0f} s")
                 continue
             if result.status != "succeeded":
@@ -734,23 +858,32 @@ def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
                 check.detail(result.error)
                 continue
             row["status"] = "succeeded"
-            util = (f", GPU busy {row['gpu_util_mean_percent']:.0f} %"
-                    if row["gpu_util_mean_percent"] is not None else "")
-            check.say(f"{label} ({row['partitioning']}, {seconds:.0f} s{util}): "
-                      + ", ".join(f"{t['architecture']} {t['measured_sps']:.1f}" for t in row["tasks"])
-                      + " samples/s")
+            util = (
+                f", GPU busy {row['gpu_util_mean_percent']:.0f} %" if row["gpu_util_mean_percent"] is not None else ""
+            )
+            check.say(
+                f"{label} ({row['partitioning']}, {seconds:.0f} s{util}): "
+                + ", ".join(f"{t['architecture']} {t['measured_sps']:.1f}" for t in row["tasks"])
+                + " samples/s"
+            )
 
 
-def fill_alone(check: Check, measurer: Measurer, mixes: list[dict], profiled: dict, predictor,
-               workloads) -> None:
+def fill_alone(check: Check, measurer: Measurer, mixes: list[dict], profiled: dict, predictor, workloads) -> None:
     """``P_alone`` of every measured task: profiled, else measured now, else interpolated."""
     import numpy as np
 
     from workers.protocol.messages import ProfileTaskSpec
 
     table: dict[tuple[str, int], tuple[float, str]] = {k: (v, "profiled") for k, v in profiled.items()}
-    needed = sorted({(t["architecture"], t["batch_size"]) for e in mixes for r in e["strategies"]
-                     if r["status"] == "succeeded" for t in r["tasks"]})
+    needed = sorted(
+        {
+            (t["architecture"], t["batch_size"])
+            for e in mixes
+            for r in e["strategies"]
+            if r["status"] == "succeeded"
+            for t in r["tasks"]
+        }
+    )
     for arch, batch in needed:
         if (arch, batch) in table:
             continue
@@ -771,8 +904,10 @@ def fill_alone(check: Check, measurer: Measurer, mixes: list[dict], profiled: di
                 check.say(f"{arch} B{batch} alone FAILED: {first_line(result.error)}; interpolating")
         value = float(predictor.space.solo.alone(arch, np.array([batch]), workloads)[0])
         table[(arch, batch)] = (value, "interpolated")
-    check.report["alone"] = [{"architecture": a, "batch_size": b, "throughput_sps": v, "source": s}
-                             for (a, b), (v, s) in sorted(table.items())]
+    check.report["alone"] = [
+        {"architecture": a, "batch_size": b, "throughput_sps": v, "source": s}
+        for (a, b), (v, s) in sorted(table.items())
+    ]
     for entry in mixes:
         for row in entry["strategies"]:
             for task in row["tasks"]:
@@ -800,9 +935,13 @@ def score(mixes: list[dict]) -> None:
             if row["status"] != "succeeded":
                 continue
             totals = DeviceTotals.from_tasks(
-                TaskMeasurement(succeeded=True, throughput_sps=t["measured_sps"],
-                                standalone_sps=t["alone_sps"] if is_finite(t["alone_sps"]) else None)
-                for t in row["tasks"])
+                TaskMeasurement(
+                    succeeded=True,
+                    throughput_sps=t["measured_sps"],
+                    standalone_sps=t["alone_sps"] if is_finite(t["alone_sps"]) else None,
+                )
+                for t in row["tasks"]
+            )
             device = round_metrics({"device": totals}).devices["device"]
             row["raw_sps"], row["fair"] = device.raw_throughput_sps, device.fair_throughput
         reference = next((r for r in entry["strategies"] if r["strategy"] == baseline), None)
@@ -828,31 +967,44 @@ def print_table(check: Check, mixes: list[dict]) -> None:
     from controlplane.planning.strategies import baseline_strategy
 
     baseline = baseline_strategy().name
-    print(f"\nspeedups over {baseline} (backend {check.args.backend}, {where}; data {check.args.data}; "
-          "~ = some P_alone interpolated)", flush=True)
-    print(f"{'mix':<7}{'strategy':<13}{'partition':<11}{'raw sps':>10}{'fair':>7}{'raw ×':>8}"
-          f"{'fair ×':>8}{'GPU %':>7}  status")
+    print(
+        f"\nspeedups over {baseline} (backend {check.args.backend}, {where}; data {check.args.data}; "
+        "~ = some P_alone interpolated)",
+        flush=True,
+    )
+    print(
+        f"{'mix':<7}{'strategy':<13}{'partition':<11}{'raw sps':>10}{'fair':>7}{'raw ×':>8}"
+        f"{'fair ×':>8}{'GPU %':>7}  status"
+    )
     for entry in mixes:
         for row in entry["strategies"]:
             interpolated = any(t["alone_source"] == "interpolated" for t in row["tasks"])
             mark = "~" if interpolated and row["fair"] is not None else ""
-            status = row["status"] if row["status"] == "succeeded" else f"{row['status']}: {first_line(row['error'], 60)}"
-            print(f"{entry['name']:<7}{row['strategy']:<13}{row['partitioning'] or '—':<11}"
-                  f"{fmt(row['raw_sps'], '.1f'):>10}{fmt(row['fair'], '.2f') + mark:>7}"
-                  f"{fmt(row['raw_speedup'], '.2f', '×'):>8}{fmt(row['fair_speedup'], '.2f', '×') + mark:>8}"
-                  f"{fmt(row['gpu_util_mean_percent'], '.0f'):>7}  {status}")
-    print("\nmeasured throughput per task (B = batch size, R = share %, alone = P_alone at B, "
-          "pred = predictor)")
+            status = (
+                row["status"] if row["status"] == "succeeded" else f"{row['status']}: {first_line(row['error'], 60)}"
+            )
+            print(
+                f"{entry['name']:<7}{row['strategy']:<13}{row['partitioning'] or '—':<11}"
+                f"{fmt(row['raw_sps'], '.1f'):>10}{fmt(row['fair'], '.2f') + mark:>7}"
+                f"{fmt(row['raw_speedup'], '.2f', '×'):>8}{fmt(row['fair_speedup'], '.2f', '×') + mark:>8}"
+                f"{fmt(row['gpu_util_mean_percent'], '.0f'):>7}  {status}"
+            )
+    print("\nmeasured throughput per task (B = batch size, R = share %, alone = P_alone at B, pred = predictor)")
     for entry in mixes:
         for row in entry["strategies"]:
             for task in row["tasks"]:
                 src = {"profiled": "", "measured": "", "interpolated": "~"}.get(task["alone_source"], "")
-                print(f"  {entry['name']:<7}{row['strategy']:<13}{task['architecture']:<20}"
-                      f"B{task['batch_size']:<5}R{task['share']:<5}"
-                      f"{fmt(task['measured_sps'], '.1f'):>9} sps  alone {fmt(task['alone_sps'], '.1f')}{src}"
-                      f"  pred {fmt(task['predicted_sps'], '.1f')}")
-    print(f"\npaper (Titan V, CIFAR-10): raw speedup {PAPER_RAW_SPEEDUP[0]:.2f}–{PAPER_RAW_SPEEDUP[1]:.2f}× "
-          f"over {baseline} inside one device", flush=True)
+                print(
+                    f"  {entry['name']:<7}{row['strategy']:<13}{task['architecture']:<20}"
+                    f"B{task['batch_size']:<5}R{task['share']:<5}"
+                    f"{fmt(task['measured_sps'], '.1f'):>9} sps  alone {fmt(task['alone_sps'], '.1f')}{src}"
+                    f"  pred {fmt(task['predicted_sps'], '.1f')}"
+                )
+    print(
+        f"\npaper (Titan V, CIFAR-10): raw speedup {PAPER_RAW_SPEEDUP[0]:.2f}–{PAPER_RAW_SPEEDUP[1]:.2f}× "
+        f"over {baseline} inside one device",
+        flush=True,
+    )
 
 
 # ------------------------------------------------------------------------------------- main
@@ -870,39 +1022,71 @@ def parse_ints(text: str, option: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="gpu_check.py", description=__doc__.splitlines()[0],
-        epilog="Defaults in brackets are for a GPU run, then for --quick.")
+        prog="gpu_check.py",
+        description=__doc__.splitlines()[0],
+        epilog="Defaults in brackets are for a GPU run, then for --quick.",
+    )
 
     def default(key: str) -> str:
         gpu, quick = DEFAULTS[key]
         return f"[{gpu} / {quick}]"
 
     add = parser.add_argument
-    add("--backend", choices=("cuda-mps", "cpu"), default="cuda-mps",
-        help="cuda-mps (an NVIDIA GPU under MPS; temporal without MPS) or cpu [cuda-mps]")
-    add("--quick", action="store_true",
+    add(
+        "--backend",
+        choices=("cuda-mps", "cpu"),
+        default="cuda-mps",
+        help="cuda-mps (an NVIDIA GPU under MPS; temporal without MPS) or cpu [cuda-mps]",
+    )
+    add(
+        "--quick",
+        action="store_true",
         help="tiny settings for a CPU: the tiny mix (mobilenet_v3_small + shufflenet_v2_x1_0), "
-             "batches 8 and 16, short timing windows")
+        "batches 8 and 16, short timing windows",
+    )
     add("--mixes", default=None, help=f"comma-separated: {', '.join(MIXES)} {default('mixes')}")
     add("--budget", type=float, default=None, help=f"profiling seconds {default('budget')}")
-    add("--min-configs", type=int, default=None,
-        help=f"profile at least this many configurations, past the budget if needed {default('min_configs')}")
+    add(
+        "--min-configs",
+        type=int,
+        default=None,
+        help=f"profile at least this many configurations, past the budget if needed {default('min_configs')}",
+    )
     add("--profile-batch-sizes", default=None, help=f"batch sizes profiled {default('profile_batch_sizes')}")
-    add("--baseline-batch", type=int, default=None,
-        help=f"batch size of temporal, isolation and sharing {default('baseline_batch')}")
-    add("--data", choices=("equal", "dirichlet"), default="equal",
-        help="data volumes of the tasks on the device: equal, or Dirichlet proportions [equal]")
+    add(
+        "--baseline-batch",
+        type=int,
+        default=None,
+        help=f"batch size of temporal, isolation and sharing {default('baseline_batch')}",
+    )
+    add(
+        "--data",
+        choices=("equal", "dirichlet"),
+        default="equal",
+        help="data volumes of the tasks on the device: equal, or Dirichlet proportions [equal]",
+    )
     add("--alpha", type=float, default=0.5, help="Dirichlet alpha for --data dirichlet [0.5]")
-    add("--samples-per-task", type=int, default=None,
-        help=f"samples of each task on the device (the mean, with dirichlet) {default('samples_per_task')}")
+    add(
+        "--samples-per-task",
+        type=int,
+        default=None,
+        help=f"samples of each task on the device (the mean, with dirichlet) {default('samples_per_task')}",
+    )
     add("--objective", choices=("raw", "fair"), default="raw", help="vres_greedy's objective [raw]")
-    add("--families", default=None,
-        help=f"predictor families compared (controlplane.planning.predictor.FAMILIES) {default('families')}")
+    add(
+        "--families",
+        default=None,
+        help=f"predictor families compared (controlplane.planning.predictor.FAMILIES) {default('families')}",
+    )
     add("--share-step", type=int, default=10, help="share grid of the profile, percent [10]")
     add("--repeat-every", type=int, default=0, help="profile: repeat every n-th configuration [0: never]")
     add("--time-limit", type=float, default=None, help=f"seconds for the whole check {default('time_limit')}")
-    add("--config-timeout", type=float, default=None,
-        help=f"seconds one configuration may take {default('config_timeout')}")
+    add(
+        "--config-timeout",
+        type=float,
+        default=None,
+        help=f"seconds one configuration may take {default('config_timeout')}",
+    )
     add("--profile-warmup", type=int, default=None, help=f"{default('profile_warmup')}")
     add("--profile-iterations", type=int, default=None, help=f"min timed iterations {default('profile_iterations')}")
     add("--profile-window", type=float, default=None, help=f"min window seconds {default('profile_window')}")
@@ -929,16 +1113,19 @@ def run(check: Check) -> str:
     names = [n.strip() for n in args.mixes.split(",") if n.strip()]
     unknown = [n for n in names if n not in MIXES]
     if unknown or not names:
-        raise CheckFailed(f"--mixes: unknown mix {unknown[0] if unknown else '(none)'}; allowed: "
-                          f"{', '.join(MIXES)}", EXIT_UNAVAILABLE)
+        raise CheckFailed(
+            f"--mixes: unknown mix {unknown[0] if unknown else '(none)'}; allowed: {', '.join(MIXES)}", EXIT_UNAVAILABLE
+        )
     if args.budget < 5 or args.time_limit <= 0 or args.min_configs < 1:
         raise CheckFailed("--budget must be ≥ 5 s, --time-limit > 0, --min-configs ≥ 1", EXIT_UNAVAILABLE)
     mixes_arch = {n: MIXES[n] for n in names}
     architectures = list(dict.fromkeys(a for mix in mixes_arch.values() for a in mix))
     max_mix = max(len(m) for m in mixes_arch.values())
 
-    check.say(f"backend {args.backend}, mixes {', '.join(names)}, profile budget {args.budget:g} s, "
-              f"time limit {args.time_limit:g} s")
+    check.say(
+        f"backend {args.backend}, mixes {', '.join(names)}, profile budget {args.budget:g} s, "
+        f"time limit {args.time_limit:g} s"
+    )
     with check.stage("preflight"):
         backend, ctx, units, memory, placement = preflight(check)
     from controlplane.planning.strategies import baseline_strategy, compared_strategies
@@ -953,8 +1140,12 @@ def run(check: Check) -> str:
         # A strategy's configuration has more tasks and a longer window than the average
         # profiled one: 1.5 of them each, and two more for P_alone.
         results, profiled = profile(
-            check, backend, ctx, sweep,
-            reserve=lambda pace: FIT_AND_PLAN_RESERVE_S + (1.5 * strategy_configs + 2) * pace)
+            check,
+            backend,
+            ctx,
+            sweep,
+            reserve=lambda pace: FIT_AND_PLAN_RESERVE_S + (1.5 * strategy_configs + 2) * pace,
+        )
     with check.stage("fit"):
         predictor = fit(check, to_samples(results), workloads, units, placement)
     mixes: list[dict] = []
@@ -984,8 +1175,11 @@ def run(check: Check) -> str:
     for entry in mixes:
         top = max(entry["strategies"], key=lambda r: r["raw_speedup"] or 0)
         best.append(f"{entry['name']} {top['raw_speedup']:.2f}× ({top['strategy']})")
-    return (f"OK in {check.elapsed():.0f} s: best raw speedup over {baseline_strategy().name} " + ", ".join(best)
-            + f"; paper {PAPER_RAW_SPEEDUP[0]}–{PAPER_RAW_SPEEDUP[1]}×")
+    return (
+        f"OK in {check.elapsed():.0f} s: best raw speedup over {baseline_strategy().name} "
+        + ", ".join(best)
+        + f"; paper {PAPER_RAW_SPEEDUP[0]}–{PAPER_RAW_SPEEDUP[1]}×"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

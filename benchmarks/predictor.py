@@ -71,15 +71,21 @@ DEFAULT_ARCHITECTURES = "resnet18,mobilenet_v3_small,shufflenet_v2_x1_0,mobilene
 
 
 def profile(args) -> list[dict]:
-    from workers.registry.backends import get_backend
     from workers.backends.base import AgentContext
-    from workers.protocol.messages import ProfileSweepRequest
     from workers.profiling.sweep import run_sweep
+    from workers.protocol.messages import ProfileSweepRequest
+    from workers.registry.backends import get_backend
 
     cores = [int(c) for c in args.cores.split(",")] if args.cores else sorted(os.sched_getaffinity(0))
     request = ProfileSweepRequest(
-        sweep_id=1, device="bench", backend="cpu", budget_s=args.budget, architectures=args.architectures.split(","),
-        batch_sizes=[int(b) for b in args.batch_sizes.split(",")], max_mix=args.max_mix, seed=args.seed,
+        sweep_id=1,
+        device="bench",
+        backend="cpu",
+        budget_s=args.budget,
+        architectures=args.architectures.split(","),
+        batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
+        max_mix=args.max_mix,
+        seed=args.seed,
         **({} if args.min_window_s is None else {"min_window_s": args.min_window_s}),
     )
     results: list[dict] = []
@@ -89,18 +95,24 @@ def profile(args) -> list[dict]:
         results.append(result.model_dump(mode="json"))
         mix = " + ".join(f"{t.architecture}/B{t.batch_size}/{t.active_thread_percentage}%" for t in result.tasks)
         rates = ", ".join(f"{m.throughput_sps:.0f}" if m.throughput_sps else "—" for m in result.measurements)
-        print(f"[{time.monotonic() - started:6.0f} s] config {result.config_index:3d} {result.status:9s} {mix} → {rates} samples/s",
-              flush=True)
+        print(
+            f"[{time.monotonic() - started:6.0f} s] config {result.config_index:3d} {result.status:9s} {mix} → {rates} samples/s",
+            flush=True,
+        )
 
     with tempfile.TemporaryDirectory(prefix="mtfl-bench-") as state:
         ctx = AgentContext(device="bench", cores=cores, state_dir=Path(state), artifact_root=Path(state))
         summary = run_sweep(request, ctx, get_backend("cpu"), emit, should_stop=lambda: False)
     spread = sorted(summary.repeat_spread)
-    print(f"\nsweep: {summary.configs} configurations, {summary.samples} task samples in {summary.elapsed_s:.0f} s "
-          f"on {len(cores)} cores ({summary.elapsed_s / max(1, summary.configs):.1f} s per configuration)")
+    print(
+        f"\nsweep: {summary.configs} configurations, {summary.samples} task samples in {summary.elapsed_s:.0f} s "
+        f"on {len(cores)} cores ({summary.elapsed_s / max(1, summary.configs):.1f} s per configuration)"
+    )
     if spread:
-        print(f"repeat spread over {len(spread)} repeated configurations: median {100 * spread[len(spread) // 2]:.1f} %, "
-              f"largest {100 * spread[-1]:.1f} %")
+        print(
+            f"repeat spread over {len(spread)} repeated configurations: median {100 * spread[len(spread) // 2]:.1f} %, "
+            f"largest {100 * spread[-1]:.1f} %"
+        )
     return results
 
 
@@ -112,9 +124,18 @@ def to_samples(results: list[dict]) -> list[ProfiledTask]:
         mix = tuple(MixTask(t["architecture"], t["batch_size"], t["active_thread_percentage"]) for t in r["tasks"])
         for m in r["measurements"]:
             if m["throughput_sps"]:
-                samples.append(ProfiledTask(f"c{r['config_index']}", mix, m["task_index"], m["throughput_sps"],
-                                            m["standalone_sps"], m["peak_memory_bytes"], m.get("speed_index"),
-                                            m.get("cross_core_rtt_ns")))
+                samples.append(
+                    ProfiledTask(
+                        f"c{r['config_index']}",
+                        mix,
+                        m["task_index"],
+                        m["throughput_sps"],
+                        m["standalone_sps"],
+                        m["peak_memory_bytes"],
+                        m.get("speed_index"),
+                        m.get("cross_core_rtt_ns"),
+                    )
+                )
     return samples
 
 
@@ -132,8 +153,11 @@ def repeat_pairs(results: list[dict]) -> list[tuple[tuple[MixTask, ...], int, fl
         for a, b in zip(original["measurements"], r["measurements"], strict=True):
             if a["throughput_sps"] and b["throughput_sps"]:
                 d = math.log(a["throughput_sps"] / b["throughput_sps"])
-                speed = (d - math.log(a["speed_index"] / b["speed_index"])
-                         if a.get("speed_index") and b.get("speed_index") else None)
+                speed = (
+                    d - math.log(a["speed_index"] / b["speed_index"])
+                    if a.get("speed_index") and b.get("speed_index")
+                    else None
+                )
                 pairs.append((mix, b["task_index"], d, speed))
     return pairs
 
@@ -202,19 +226,33 @@ def resampled(samples: list[ProfiledTask], n: int, seed: int) -> list[ProfiledTa
     while len(out) < n:
         key = keys[rng.integers(len(keys))]
         for s in by_config[key]:
-            out.append(ProfiledTask(f"r{copy}", s.mix, s.task_index, s.throughput_sps * math.exp(rng.normal(0, 0.02)),
-                                    s.standalone_sps, s.peak_memory_bytes))
+            out.append(
+                ProfiledTask(
+                    f"r{copy}",
+                    s.mix,
+                    s.task_index,
+                    s.throughput_sps * math.exp(rng.normal(0, 0.02)),
+                    s.standalone_sps,
+                    s.peak_memory_bytes,
+                )
+            )
         copy += 1
     return out
 
 
-def random_configurations(n: int, architectures: list[str], batch_sizes: list[int], seed: int) -> list[tuple[MixTask, ...]]:
+def random_configurations(
+    n: int, architectures: list[str], batch_sizes: list[int], seed: int
+) -> list[tuple[MixTask, ...]]:
     rng = np.random.default_rng(seed)
     shares = np.arange(10, 101, 5)
     sizes = rng.integers(1, MAX_MIX + 1, size=n)
     return [
-        tuple(MixTask(architectures[rng.integers(len(architectures))], int(rng.choice(batch_sizes)), int(rng.choice(shares)))
-              for _ in range(k))
+        tuple(
+            MixTask(
+                architectures[rng.integers(len(architectures))], int(rng.choice(batch_sizes)), int(rng.choice(shares))
+            )
+            for _ in range(k)
+        )
         for k in sizes
     ]
 
@@ -225,8 +263,12 @@ def main() -> int:
     parser.add_argument("--architectures", default=DEFAULT_ARCHITECTURES)
     parser.add_argument("--batch-sizes", default="16,32,64,128,256")
     parser.add_argument("--max-mix", type=int, default=4)
-    parser.add_argument("--min-window-s", type=float, default=None,
-                        help="seconds every configuration is timed at least (default: the sweep's, 2)")
+    parser.add_argument(
+        "--min-window-s",
+        type=float,
+        default=None,
+        help="seconds every configuration is timed at least (default: the sweep's, 2)",
+    )
     parser.add_argument("--cores", default=None, help="cores of the profiled device, e.g. 0,1 (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", default=None, help="write the sweep's results to this JSON file")
@@ -248,14 +290,19 @@ def main() -> int:
 
     pairs, sigma_raw, sigma_speed = repeat_noise(results)
     if pairs:
-        print(f"\nmeasurement noise from {pairs} repeated task measurements (RMS log error of one measurement): "
-              f"{sigma_raw:.3f} raw" + (f", {sigma_speed:.3f} divided by the speed probe" if sigma_speed is not None else ""))
+        print(
+            f"\nmeasurement noise from {pairs} repeated task measurements (RMS log error of one measurement): "
+            f"{sigma_raw:.3f} raw"
+            + (f", {sigma_speed:.3f} divided by the speed probe" if sigma_speed is not None else "")
+        )
 
     rtts = sorted(s.cross_core_rtt_ns for s in samples if s.cross_core_rtt_ns)
     if rtts:
         q = lambda f: rtts[min(len(rtts) - 1, int(f * len(rtts)))]  # noqa: E731 - local shorthand
-        print(f"cross-core round trip of {len(rtts)} multi-core task measurements: min {rtts[0]:.0f} ns, "
-              f"10 % {q(0.1):.0f}, median {q(0.5):.0f}, 90 % {q(0.9):.0f}, max {rtts[-1]:.0f} ns")
+        print(
+            f"cross-core round trip of {len(rtts)} multi-core task measurements: min {rtts[0]:.0f} ns, "
+            f"10 % {q(0.1):.0f}, median {q(0.5):.0f}, 90 % {q(0.9):.0f}, max {rtts[-1]:.0f} ns"
+        )
 
     raw_samples = [replace(s, speed_index=None) for s in samples]
     with_probe = any(s.speed_index for s in samples)
@@ -265,17 +312,23 @@ def main() -> int:
         print_families(raw_report)
 
     predictor, report = fit_predictor(samples, workloads, cores=cores, placement="packed", seed=args.seed)
-    print(f"\nheld-out accuracy{' at the reference speed (throughputs divided by the speed probe)' if with_probe else ''}: "
-          f"{report.samples} task samples in {report.configurations} configurations, "
-          f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation on {report.partitions} "
-          f"random partitions (whole mixes held out)")
+    print(
+        f"\nheld-out accuracy{' at the reference speed (throughputs divided by the speed probe)' if with_probe else ''}: "
+        f"{report.samples} task samples in {report.configurations} configurations, "
+        f"{report.groups} distinct mixes, {report.folds}-fold grouped cross-validation on {report.partitions} "
+        f"random partitions (whole mixes held out)"
+    )
     print_families(report)
     print_slices(report, predictor, results)
     if predictor.space.reference_cross_core_rtt_ns:
-        print(f"link exponent γ = {predictor.space.link_exponent:.3f}: a task alone on 2+ cores runs at "
-              f"(rtt / {predictor.space.reference_cross_core_rtt_ns:.0f} ns)^-γ of its speed at the near placement")
-    print(f"passive-wait ratio κ = {predictor.space.passive_ratio:.3f}: a multi-threaded task on cores other tasks share "
-          f"spends κ·t_0 more per iteration (its threads sleep at every barrier)")
+        print(
+            f"link exponent γ = {predictor.space.link_exponent:.3f}: a task alone on 2+ cores runs at "
+            f"(rtt / {predictor.space.reference_cross_core_rtt_ns:.0f} ns)^-γ of its speed at the near placement"
+        )
+    print(
+        f"passive-wait ratio κ = {predictor.space.passive_ratio:.3f}: a multi-threaded task on cores other tasks share "
+        f"spends κ·t_0 more per iteration (its threads sleep at every barrier)"
+    )
 
     big = resampled(samples, 5000, args.seed)
     t0 = time.perf_counter()
@@ -289,8 +342,10 @@ def main() -> int:
     assert np.isfinite(predicted[enc.present]).all()
     kept = next(f for f in report.families if f.family == report.kept)
     print(f"\nfit of {report.kept} on {len(big)} samples: {fit_s:.2f} s (target < 30 s, ratio {fit_s / 30:.2f})")
-    print(f"prediction of {len(configs)} configurations ({int(enc.present.sum())} tasks) in one call: {predict_s:.3f} s "
-          f"(target < 1 s, ratio {predict_s:.2f})")
+    print(
+        f"prediction of {len(configs)} configurations ({int(enc.present.sum())} tasks) in one call: {predict_s:.3f} s "
+        f"(target < 1 s, ratio {predict_s:.2f})"
+    )
     print(f"kept={report.kept}")
     print(f"heldout_mape={kept.mape:.4f}")
     print(f"fit_5000_samples_s={fit_s:.3f}")

@@ -41,8 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_AFTER = ("mobilenet_v3_large/256/40+mobilenet_v3_large/256/15+resnet18/16/20"
-                 "+mobilenet_v3_small/128/55")
+DEFAULT_AFTER = "mobilenet_v3_large/256/40+mobilenet_v3_large/256/15+resnet18/16/20+mobilenet_v3_small/128/55"
 
 
 def parse_configuration(text: str):
@@ -64,8 +63,11 @@ def parse_configuration(text: str):
         if not (fields[1].isdigit() and fields[2].isdigit()):
             raise SystemExit(f"error: {part!r}: batch_size and share must be whole numbers, e.g. resnet18/32/50")
         try:
-            tasks.append(ProfileTaskSpec(architecture=fields[0], batch_size=int(fields[1]),
-                                         active_thread_percentage=int(fields[2])))
+            tasks.append(
+                ProfileTaskSpec(
+                    architecture=fields[0], batch_size=int(fields[1]), active_thread_percentage=int(fields[2])
+                )
+            )
         except ValidationError as exc:
             error = exc.errors()[0]
             raise SystemExit(f"error: {part!r}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
@@ -80,24 +82,30 @@ def spread(logs: list[float]) -> float | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="mobilenet_v3_small/32/95", help="the configuration measured")
-    parser.add_argument("--after", default=DEFAULT_AFTER, help="the configuration run before each measurement "
-                                                                "of the second condition")
+    parser.add_argument(
+        "--after", default=DEFAULT_AFTER, help="the configuration run before each measurement of the second condition"
+    )
     parser.add_argument("--repeats", type=int, default=4, help="measurements per condition (default 4, at least 2)")
     parser.add_argument("--cores", default=None, help="cores of the device, e.g. 0,1 (default: all)")
     args = parser.parse_args()
     if args.repeats < 2:
         raise SystemExit(f"error: --repeats must be at least 2, got {args.repeats}")
 
-    from workers.registry.backends import get_backend
     from workers.backends.base import AgentContext
-    from workers.protocol.messages import ProfileSweepRequest
     from workers.forkserver import ForkServerPool
     from workers.profiling.sweep import fork_server_wanted, measure_configuration
+    from workers.protocol.messages import ProfileSweepRequest
+    from workers.registry.backends import get_backend
 
     config, after = parse_configuration(args.config), parse_configuration(args.after)
     cores = [int(c) for c in args.cores.split(",")] if args.cores else sorted(os.sched_getaffinity(0))
-    request = ProfileSweepRequest(sweep_id=1, device="bench", backend="cpu", budget_s=60,
-                                  architectures=sorted({t.architecture for t in config + after}))
+    request = ProfileSweepRequest(
+        sweep_id=1,
+        device="bench",
+        backend="cpu",
+        budget_s=60,
+        architectures=sorted({t.architecture for t in config + after}),
+    )
     backend = get_backend("cpu")
     results: dict[str, list[tuple[float, float]]] = {"back to back": [], "after --after": []}
     with tempfile.TemporaryDirectory(prefix="mtfl-repeat-") as state, ForkServerPool(Path(state)) as pool:
@@ -115,8 +123,11 @@ def main() -> int:
             if label is not None:
                 results[label].append((m.throughput_sps, m.speed_index or float("nan")))
                 link = f", cores' round trip {m.cross_core_rtt_ns:.0f} ns" if m.cross_core_rtt_ns else ""
-                print(f"{label:<14} {args.config}: {m.throughput_sps:7.1f} samples/s (task 0), "
-                      f"speed index {m.speed_index or float('nan'):.1f}{link}", flush=True)
+                print(
+                    f"{label:<14} {args.config}: {m.throughput_sps:7.1f} samples/s (task 0), "
+                    f"speed index {m.speed_index or float('nan'):.1f}{link}",
+                    flush=True,
+                )
 
         for _ in range(args.repeats):
             measure(config, "back to back")
@@ -130,8 +141,10 @@ def main() -> int:
         logs = [math.log(p) for p, _ in values]
         speed_logs = [math.log(p / s) for p, s in values]
         medians[label] = (statistics.median(p for p, _ in values), statistics.median(p / s for p, s in values))
-        print(f"{label:<14} median {medians[label][0]:7.1f} samples/s; spread of one measurement "
-              f"{spread(logs):.3f} raw, {spread(speed_logs):.3f} divided by the speed probe")
+        print(
+            f"{label:<14} median {medians[label][0]:7.1f} samples/s; spread of one measurement "
+            f"{spread(logs):.3f} raw, {spread(speed_logs):.3f} divided by the speed probe"
+        )
     ratio = medians["after --after"][0] / medians["back to back"][0]
     ratio_speed = medians["after --after"][1] / medians["back to back"][1]
     print(f"after_ratio={ratio:.3f}")

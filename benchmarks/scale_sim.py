@@ -179,6 +179,7 @@ class InProcessBroker:
     def chord(self, header):
         def with_callback(callback: Signature) -> None:
             self.queue.append(("chord", list(header), callback))
+
         return with_callback
 
     # result backend (dispatch.device_task_states, cancel_device_tasks)
@@ -243,8 +244,13 @@ class InProcessBroker:
             self.tasks[message.name](*message.args, **message.kwargs)
             return
         label = message.name.rsplit(".", 1)[-1]
-        self._control(label, self.tasks[message.name], *message.args, **message.kwargs,
-                      round_index=self._round_of(message.name, message.args))
+        self._control(
+            label,
+            self.tasks[message.name],
+            *message.args,
+            **message.kwargs,
+            round_index=self._round_of(message.name, message.args),
+        )
 
     def _device_task(self, sig: Signature) -> str:
         """One device task: the agent's work on a simulated device; returns the result as JSON text."""
@@ -254,15 +260,22 @@ class InProcessBroker:
         payload = sig.args[0]
         if sig.name == TaskName.MEASURE_STANDALONE:
             request = StandaloneRequest.model_validate(payload)
-            return json.dumps(self.simulator.measure_standalone(request, self.devices[request.device]).model_dump(mode="json"))
+            return json.dumps(
+                self.simulator.measure_standalone(request, self.devices[request.device]).model_dump(mode="json")
+            )
         if sig.name != TaskName.TRAIN_ROUND:
             raise RuntimeError(f"no simulated device task {sig.name}")
         request = TrainRoundRequest.model_validate(payload)
         self.round_index_of[request.round_id] = request.round_index
-        self.queue.append(Signature(TaskName.ROUND_PROGRESS, [request.round_id, request.device, "started", time.time()]))
+        self.queue.append(
+            Signature(TaskName.ROUND_PROGRESS, [request.round_id, request.device, "started", time.time()])
+        )
         result = self.simulator.run_round(request, self.devices[request.device])
-        echo = {k: getattr(request, k) for k in ("attempt", "idempotency_key")
-                if k in DeviceRoundResult.model_fields and hasattr(request, k)}
+        echo = {
+            k: getattr(request, k)
+            for k in ("attempt", "idempotency_key")
+            if k in DeviceRoundResult.model_fields and hasattr(request, k)
+        }
         return json.dumps(result.model_copy(update=echo).model_dump(mode="json"))
 
     def drain(self, on_round=None) -> None:
@@ -287,10 +300,17 @@ class InProcessBroker:
                         self.results[sig.options["task_id"]] = json.loads(text)
                     texts.append(text)
                 # Progress messages reach the control worker while the devices work.
-                while self.queue and isinstance(self.queue[0], Signature) and self.queue[0].name == TaskName.ROUND_PROGRESS:
+                while (
+                    self.queue
+                    and isinstance(self.queue[0], Signature)
+                    and self.queue[0].name == TaskName.ROUND_PROGRESS
+                ):
                     self._deliver(self.queue.popleft())
-                results = self._control("decode results", lambda: [json.loads(t) for t in texts],
-                                        round_index=self._round_of(callback.name, [None, *callback.args]))
+                results = self._control(
+                    "decode results",
+                    lambda: [json.loads(t) for t in texts],
+                    round_index=self._round_of(callback.name, [None, *callback.args]),
+                )
                 self._deliver(Signature(callback.name, [results, *callback.args], callback.kwargs))
                 if callback.name == TaskName.ROUND_FINISH and on_round:
                     on_round(self.round_index_of.get(callback.args[0]))
@@ -330,11 +350,13 @@ def make_devices(count: int, home: Path) -> tuple[list, dict]:
     for k in range(count):
         name = f"sim-{k:04d}"
         device_create(name=name, backend="simulated")
-        devices.append(device_report(inventory={"name": name, "backend": "simulated", "host": "bench", "cores": [0],
-                                                **describe}))
+        devices.append(
+            device_report(inventory={"name": name, "backend": "simulated", "host": "bench", "cores": [0], **describe})
+        )
         state = home / "agents" / name
-        contexts[name] = AgentContext(device=name, cores=[0], state_dir=state,
-                                      artifact_root=Path(os.environ["ARTIFACT_ROOT"]))
+        contexts[name] = AgentContext(
+            device=name, cores=[0], state_dir=state, artifact_root=Path(os.environ["ARTIFACT_ROOT"])
+        )
     return devices, contexts
 
 
@@ -356,9 +378,15 @@ def shards_overlap(experiment, samples: int) -> None:
     tasks = list(experiment.tasks.order_by("id").values_list("id", flat=True))
     experiment.shards.all().delete()
     Shard.objects.bulk_create(
-        Shard(experiment=experiment, device_id=d, task_id=t, num_samples=samples,
-              offset=(k * samples) % (train_size - samples + 1))
-        for k, d in enumerate(devices) for t in tasks
+        Shard(
+            experiment=experiment,
+            device_id=d,
+            task_id=t,
+            num_samples=samples,
+            offset=(k * samples) % (train_size - samples + 1),
+        )
+        for k, d in enumerate(devices)
+        for t in tasks
     )
 
 
@@ -403,9 +431,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--strategy", default="sharing", choices=baselines,
-                        help="a strategy planned without a predictor (planned every round; the predictor-driven "
-                             "plans are timed by plan_scale.py)")
+    parser.add_argument(
+        "--strategy",
+        default="sharing",
+        choices=baselines,
+        help="a strategy planned without a predictor (planned every round; the predictor-driven "
+        "plans are timed by plan_scale.py)",
+    )
     parser.add_argument("--database-url", default=None, help="default: a throwaway SQLite file")
     parser.add_argument("--profile", default=None, help="write a cProfile of the control plane's work here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary MTFL_HOME (database, artifacts)")
@@ -432,14 +464,22 @@ def run(args) -> int:
     devices, contexts = make_devices(args.devices, home)
     tasks = [task_create(name=f"scale-{a}", architecture=a, owner=owner) for a in LIGHT]
     experiment = experiment_create(
-        name="scale", task_ids=[t.id for t in tasks], device_ids=[d.id for d in devices], rounds=args.rounds,
-        partition_rule="iid", owner=owner,
+        name="scale",
+        task_ids=[t.id for t in tasks],
+        device_ids=[d.id for d in devices],
+        rounds=args.rounds,
+        partition_rule="iid",
+        owner=owner,
     )
     shards_overlap(experiment, SHARD_SAMPLES)
-    print(f"MTFL_HOME={home} ({connection.vendor}); devices served in this process by the simulated backend, "
-          "messages through an in-process stand-in for Celery (see the docstring)")
-    print(f"{args.devices} simulated devices × {len(tasks)} tasks ({', '.join(LIGHT)}), {args.rounds} rounds, "
-          f"strategy {args.strategy}: set up in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"MTFL_HOME={home} ({connection.vendor}); devices served in this process by the simulated backend, "
+        "messages through an in-process stand-in for Celery (see the docstring)"
+    )
+    print(
+        f"{args.devices} simulated devices × {len(tasks)} tasks ({', '.join(LIGHT)}), {args.rounds} rounds, "
+        f"strategy {args.strategy}: set up in {time.perf_counter() - t0:.1f} s"
+    )
 
     clock = Clock()
     profiler = cProfile.Profile() if args.profile else None
@@ -449,8 +489,11 @@ def run(args) -> int:
 
     def on_round(index: int) -> None:
         now = time.perf_counter()
-        print(f"  round {index:2d}: control plane {clock.control_by_round[index]:.3f} s "
-              f"(wall {now - last[0]:.1f} s with the devices' work)", flush=True)
+        print(
+            f"  round {index:2d}: control plane {clock.control_by_round[index]:.3f} s "
+            f"(wall {now - last[0]:.1f} s with the devices' work)",
+            flush=True,
+        )
         last[0] = now
 
     run = run_create(experiment=experiment, strategy=args.strategy)
@@ -462,22 +505,31 @@ def run(args) -> int:
 
     rounds = list(run.rounds.order_by("index"))
     assignments = Assignment.objects.filter(round__run=run).count()
-    ok = run.status == Run.Status.SUCCEEDED and len(rounds) == args.rounds and all(
-        r.status == "succeeded" for r in rounds)
-    print(f"run {run.id}: {run.status}, {len(rounds)} rounds "
-          f"({', '.join(sorted({r.status for r in rounds}))}), {assignments} assignments"
-          + (f"; error: {run.error}" if run.error else ""))
+    ok = (
+        run.status == Run.Status.SUCCEEDED
+        and len(rounds) == args.rounds
+        and all(r.status == "succeeded" for r in rounds)
+    )
+    print(
+        f"run {run.id}: {run.status}, {len(rounds)} rounds "
+        f"({', '.join(sorted({r.status for r in rounds}))}), {assignments} assignments"
+        + (f"; error: {run.error}" if run.error else "")
+    )
 
     per_round = [clock.control_by_round[r.index] for r in rounds]
     totals = clock.totals
     print("\nwhere the seconds went (all rounds):")
     for label in sorted(totals, key=totals.get, reverse=True):
         print(f"  {label:<24}{totals[label]:9.2f} s")
-    print(f"  (garbage collection, included above: {', '.join(f'gen {g} {t:.2f} s' for g, t in enumerate(clock.gc_s))}; "
-          f"{clock.gc_control_s:.2f} s of it in the control plane's tasks)")
+    print(
+        f"  (garbage collection, included above: {', '.join(f'gen {g} {t:.2f} s' for g, t in enumerate(clock.gc_s))}; "
+        f"{clock.gc_control_s:.2f} s of it in the control plane's tasks)"
+    )
     evaluation_s = measure_evaluation(run)
-    print(f"evaluating the {len(tasks)} global models once: {evaluation_s:.2f} s (a real run, whose models "
-          f"change, adds this per round; the simulated run's models do not change, so it is reused)")
+    print(
+        f"evaluating the {len(tasks)} global models once: {evaluation_s:.2f} s (a real run, whose models "
+        f"change, adds this per round; the simulated run's models do not change, so it is reused)"
+    )
 
     sizes = figure_sizes(run, owner)
     print("\ndashboard figures (JSON bytes):")
@@ -487,10 +539,14 @@ def run(args) -> int:
     largest_name = max(figure_only, key=figure_only.get)
 
     mean = statistics.fmean(per_round) if per_round else float("nan")
-    print(f"\ncontrol plane per round: mean {mean:.3f} s, median {statistics.median(per_round):.3f} s, "
-          f"max {max(per_round):.3f} s (target ≤ {TARGET_S:g} s: ratio {mean / TARGET_S:.2f})")
-    print(f"largest figure: {largest_name}, {figure_only[largest_name]:,} bytes "
-          f"(target ≤ {TARGET_BYTES:,}: ratio {figure_only[largest_name] / TARGET_BYTES:.2f})")
+    print(
+        f"\ncontrol plane per round: mean {mean:.3f} s, median {statistics.median(per_round):.3f} s, "
+        f"max {max(per_round):.3f} s (target ≤ {TARGET_S:g} s: ratio {mean / TARGET_S:.2f})"
+    )
+    print(
+        f"largest figure: {largest_name}, {figure_only[largest_name]:,} bytes "
+        f"(target ≤ {TARGET_BYTES:,}: ratio {figure_only[largest_name] / TARGET_BYTES:.2f})"
+    )
     print(f"benchmark took {time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.2f}")
     print(f"largest_figure_bytes={figure_only[largest_name]}")
     print(f"control_plane_s_per_round={mean:.3f}")

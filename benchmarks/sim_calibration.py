@@ -76,8 +76,7 @@ def load(data: Path) -> dict[str, dict[tuple[int, int, int], float]]:
             for row in csv.DictReader(handle):
                 throughput = float(row["Throughput"])
                 if throughput > 0:
-                    key = (int(row["Mig instance"]), int(row["Batch size"]),
-                           int(row["Workload Number"]))
+                    key = (int(row["Mig instance"]), int(row["Batch size"]), int(row["Workload Number"]))
                     rows[key] = throughput
         table[model] = rows
     return table
@@ -87,9 +86,13 @@ def mig_device(gpcs: int, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
     a100 = sim.device_spec("a100-80gb")
     slices = MEMORY_SLICES[gpcs]
     return dataclasses.replace(
-        a100, name=f"a100-{gpcs}g", peak_flops=A100_TF32_FLOPS * gpcs / 7, sms=GPC_SMS * gpcs,
+        a100,
+        name=f"a100-{gpcs}g",
+        peak_flops=A100_TF32_FLOPS * gpcs / 7,
+        sms=GPC_SMS * gpcs,
         memory_bandwidth=a100.memory_bandwidth * slices / 8,
-        memory_bytes=a100.memory_bytes * slices / 8, kernel_s=kernel_s,
+        memory_bytes=a100.memory_bytes * slices / 8,
+        kernel_s=kernel_s,
         flops_efficiency=efficiency,
     )
 
@@ -100,8 +103,12 @@ def inference_workloads() -> dict[str, tuple[float, float, float, int]]:
     out = {}
     for model in MODELS:
         f = workload_features(model, 1000, (3, 224, 224))
-        out[model] = (f.forward_flops_per_sample, f.activation_bytes_per_sample,
-                      float(f.param_bytes), sim._leaf_modules(model, 1000))
+        out[model] = (
+            f.forward_flops_per_sample,
+            f.activation_bytes_per_sample,
+            float(f.param_bytes),
+            sim._leaf_modules(model, 1000),
+        )
     return out
 
 
@@ -118,8 +125,15 @@ def simulate_reference(table, workloads, kernel_s: float, efficiency: float):
             batch = np.array([[k[1]] * MAX_K for k in keys], dtype=float)
             present = np.array([[j < k[2] for j in range(MAX_K)] for k in keys])
             prediction = sim.simulate_throughput(
-                flops, act, params, layers, batch, 100, mig_device(gpcs, kernel_s, efficiency),
-                present=present, inference=True,
+                flops,
+                act,
+                params,
+                layers,
+                batch,
+                100,
+                mig_device(gpcs, kernel_s, efficiency),
+                present=present,
+                inference=True,
             )
             for key, sps in zip(keys, prediction.throughput_sps[:, 0], strict=True):
                 result[key] = float(sps)
@@ -169,8 +183,12 @@ def shape_checks(rows: dict[tuple[int, int, int], float]) -> dict[str, tuple[int
                 ratio = k * v / series[0]
                 bounded[0] += 0.98 <= ratio <= k * 1.02
                 bounded[1] += 1
-    return {"(a) grows with batch": tuple(grow), "(a) saturates": tuple(saturate),
-            "(b) per-process falls with k": tuple(fall), "(c) 1x <= total <= kx": tuple(bounded)}
+    return {
+        "(a) grows with batch": tuple(grow),
+        "(a) saturates": tuple(saturate),
+        "(b) per-process falls with k": tuple(fall),
+        "(c) 1x <= total <= kx": tuple(bounded),
+    }
 
 
 def report_checks(table, simulated) -> None:
@@ -189,8 +207,7 @@ def report_checks(table, simulated) -> None:
     for name in totals_m:
         s, m = totals_s[name], totals_m[name]
         verdict = "PASS" if s[0] == s[1] else "FAIL"
-        print(f"   {name:32s} simulated {s[0]:3d}/{s[1]:<3d} {verdict}   "
-              f"measured {m[0]:3d}/{m[1]:<3d}")
+        print(f"   {name:32s} simulated {s[0]:3d}/{s[1]:<3d} {verdict}   measured {m[0]:3d}/{m[1]:<3d}")
 
 
 def report_curves(table, simulated) -> None:
@@ -200,8 +217,7 @@ def report_curves(table, simulated) -> None:
         singles = sorted(b for (g, b, k) in rows if g == 7 and k == 1)
         print(f"   {model}: one process, samples/s by batch size")
         print("     B   " + " ".join(f"{b:>11d}" for b in singles))
-        print("     P_1 " + " ".join(f"{rows[(7, b, 1)]:5.0f}/{s[(7, b, 1)]:<5.0f}"
-                                  for b in singles))
+        print("     P_1 " + " ".join(f"{rows[(7, b, 1)]:5.0f}/{s[(7, b, 1)]:<5.0f}" for b in singles))
         print("     per-process P_k/P_1 (measured/simulated)")
         for batch in (1, 8, 32, 128):
             if (7, batch, 1) not in rows:
@@ -209,16 +225,17 @@ def report_curves(table, simulated) -> None:
             cells = []
             for k in range(2, MAX_K + 1):
                 if (7, batch, k) in rows:
-                    cells.append(f"k{k} {rows[(7, batch, k)] / rows[(7, batch, 1)]:.2f}/"
-                                 f"{s[(7, batch, k)] / s[(7, batch, 1)]:.2f}")
+                    cells.append(
+                        f"k{k} {rows[(7, batch, k)] / rows[(7, batch, 1)]:.2f}/"
+                        f"{s[(7, batch, k)] / s[(7, batch, 1)]:.2f}"
+                    )
             print(f"     B={batch:<4d}" + "  ".join(cells))
 
 
 def report_errors(table, simulated) -> None:
     absolute = [(v, simulated[m][k]) for m, rows in table.items() for k, v in rows.items()]
     batch_shape, k_shape = shape_pairs(table, simulated)
-    print("\n3. RMSLE over every reference configuration "
-          f"({len(absolute)} per-process throughputs)")
+    print(f"\n3. RMSLE over every reference configuration ({len(absolute)} per-process throughputs)")
     print(f"   absolute per-process throughput        {rmsle(absolute):.3f}")
     print(f"   batch shape P_1(B)/max P_1             {rmsle(batch_shape):.3f}")
     print(f"   co-location shape P_k/P_1              {rmsle(k_shape):.3f}")
@@ -228,15 +245,18 @@ def report_errors(table, simulated) -> None:
 
 
 def report_paper() -> None:
-    print("\n4. The paper's mixes on the Titan V (CIFAR-10 training, batch 128); "
-          "speedup over temporal, raw / fair throughput")
+    print(
+        "\n4. The paper's mixes on the Titan V (CIFAR-10 training, batch 128); "
+        "speedup over temporal, raw / fair throughput"
+    )
     device = sim.device_spec("titan-v")
     grid = np.arange(10, 101, 10)
     for label, models in PAPER_MIXES.items():
         loads = [sim.simulation_workload(m) for m in models]
-        cols = [np.array([getattr(w, f) for w in loads], dtype=float)
-                for f in ("flops_per_sample", "activation_bytes_per_sample", "param_bytes",
-                          "layers")]
+        cols = [
+            np.array([getattr(w, f) for w in loads], dtype=float)
+            for f in ("flops_per_sample", "activation_bytes_per_sample", "param_bytes", "layers")
+        ]
         alone = np.array([sim.alone_throughput(w, 128, device) for w in loads])
 
         def run(shares, partitioning="mps"):
@@ -255,8 +275,7 @@ def report_paper() -> None:
         raw, fair = metrics(run(shares))
         best = int(np.argmax(raw))
         rows[f"best raw {tuple(int(x) for x in shares[best])}"] = (raw[best], fair[best])
-        print(f"   {label}: alone {', '.join(f'{m} {a:.0f}' for m, a in zip(models, alone))} "
-              "samples/s")
+        print(f"   {label}: alone {', '.join(f'{m} {a:.0f}' for m, a in zip(models, alone))} samples/s")
         for name, (r, f) in rows.items():
             print(f"     {name:28s} {r / temporal_raw:.2f}x / {f / temporal_fair:.2f}x")
 
@@ -276,13 +295,13 @@ def fit(table, workloads) -> tuple[float, float]:
     constants and returns ``(kernel_s, tf32_efficiency)``."""
     best = (math.inf, None)
     grid = itertools.product(
-        (20e-6, 30e-6, 40e-6),            # kernel_s
-        (0.45, 0.5, 0.55),                # TF32 efficiency at long reductions
-        (1.0, 2.0, 3.0),                  # WIDTH_HALF
-        (250.0, 500.0, 1000.0),           # INTENSITY_HALF
-        (3.0, 4.0),                       # SMOOTH_MAX_P
-        (0.4, 0.6, 0.8),                  # RECLAIM
-        (0.15, 0.3, 0.5),                 # CONTENTION
+        (20e-6, 30e-6, 40e-6),  # kernel_s
+        (0.45, 0.5, 0.55),  # TF32 efficiency at long reductions
+        (1.0, 2.0, 3.0),  # WIDTH_HALF
+        (250.0, 500.0, 1000.0),  # INTENSITY_HALF
+        (3.0, 4.0),  # SMOOTH_MAX_P
+        (0.4, 0.6, 0.8),  # RECLAIM
+        (0.15, 0.3, 0.5),  # CONTENTION
     )
     for kernel_s, eff, *constants in grid:
         for name, value in zip(CONSTANTS, constants, strict=True):
@@ -294,22 +313,28 @@ def fit(table, workloads) -> tuple[float, float]:
     kernel_s, eff, *constants = best[1]
     for name, value in zip(CONSTANTS, constants, strict=True):
         setattr(sim, name, value)
-    print(f"fit: objective {best[0]:.3f} with kernel_s={kernel_s * 1e6:.0f} us, TF32 efficiency "
-          f"{eff}, " + ", ".join(f"{n}={v}" for n, v in zip(CONSTANTS, constants, strict=True))
-          + "\n")
+    print(
+        f"fit: objective {best[0]:.3f} with kernel_s={kernel_s * 1e6:.0f} us, TF32 efficiency "
+        f"{eff}, " + ", ".join(f"{n}={v}" for n, v in zip(CONSTANTS, constants, strict=True)) + "\n"
+    )
     return kernel_s, eff
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=default_data(),
-                        help="folder of the ParvaGPU CSV files (default: %(default)s)")
+    parser.add_argument(
+        "--data", type=Path, default=default_data(), help="folder of the ParvaGPU CSV files (default: %(default)s)"
+    )
     parser.add_argument("--fit", action="store_true", help="search the constants first")
-    parser.add_argument("--kernel-us", type=float, default=30.0,
-                        help="host microseconds per kernel on the reference host (default 30)")
-    parser.add_argument("--tf32-efficiency", type=float, default=0.5,
-                        help="attained fraction of the A100's TF32 peak at long reductions "
-                             "(default 0.5)")
+    parser.add_argument(
+        "--kernel-us", type=float, default=30.0, help="host microseconds per kernel on the reference host (default 30)"
+    )
+    parser.add_argument(
+        "--tf32-efficiency",
+        type=float,
+        default=0.5,
+        help="attained fraction of the A100's TF32 peak at long reductions (default 0.5)",
+    )
     args = parser.parse_args(argv)
     if not (args.data / "resnet50.csv").is_file():
         print(f"no reference data in {args.data}: pass --data DIR", file=sys.stderr)
@@ -320,8 +345,11 @@ def main(argv=None) -> int:
     if args.fit:
         kernel_s, efficiency = fit(table, workloads)
     simulated = simulate_reference(table, workloads, kernel_s, efficiency)
-    print("constants: " + " ".join(f"{n}={getattr(sim, n)}" for n in CONSTANTS)
-          + f"; reference host kernel_s={kernel_s * 1e6:.0f} us, TF32 efficiency {efficiency}\n")
+    print(
+        "constants: "
+        + " ".join(f"{n}={getattr(sim, n)}" for n in CONSTANTS)
+        + f"; reference host kernel_s={kernel_s * 1e6:.0f} us, TF32 efficiency {efficiency}\n"
+    )
     report_checks(table, simulated)
     report_curves(table, simulated)
     report_errors(table, simulated)

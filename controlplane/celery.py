@@ -112,8 +112,11 @@ class ResumeRunsOnConnect(bootsteps.StartStopStep):
         if CONTROL_QUEUE not in queues:
             return  # not a control worker
         try:
-            parent.app.send_task(TaskName.RUNS_RESUME, kwargs={"nodename": parent.hostname,
-                                                               "booted_at": self.booted_at}, queue=CONTROL_QUEUE)
+            parent.app.send_task(
+                TaskName.RUNS_RESUME,
+                kwargs={"nodename": parent.hostname, "booted_at": self.booted_at},
+                queue=CONTROL_QUEUE,
+            )
         except Exception:  # noqa: BLE001 - the next (re)connection tries again
             log.warning("could not queue %s", TaskName.RUNS_RESUME, exc_info=True)
             return

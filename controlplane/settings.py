@@ -281,8 +281,11 @@ CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default="") or CELERY_B
 
 if PRODUCTION:
     # docker-compose.yml builds these URLs from POSTGRES_PASSWORD and REDIS_PASSWORD.
-    for _name, _source in (("DATABASE_URL", "POSTGRES_PASSWORD"), ("CELERY_BROKER_URL", "REDIS_PASSWORD"),
-                           ("CELERY_RESULT_BACKEND", "REDIS_PASSWORD")):
+    for _name, _source in (
+        ("DATABASE_URL", "POSTGRES_PASSWORD"),
+        ("CELERY_BROKER_URL", "REDIS_PASSWORD"),
+        ("CELERY_RESULT_BACKEND", "REDIS_PASSWORD"),
+    ):
         if PLACEHOLDER in env.str(_name, default=""):
             raise ImproperlyConfigured(
                 f"{_name} still holds the {PLACEHOLDER!r} placeholder of .env.example: set a real "

@@ -115,15 +115,24 @@ def make_experiment(db, user, make_device, make_task):
 
     def make(*, devices=None, tasks=None, name="exp", rounds=1, counts=None, **kw):
         devices = devices or [make_device("dev-a"), make_device("dev-b")]
-        tasks = tasks or [make_task("t-mobilenet", "mobilenet_v3_small"), make_task("t-shufflenet", "shufflenet_v2_x1_0")]
+        tasks = tasks or [
+            make_task("t-mobilenet", "mobilenet_v3_small"),
+            make_task("t-shufflenet", "shufflenet_v2_x1_0"),
+        ]
         if counts is None and "partition_rule" not in kw:
             kw["partition_rule"] = "explicit"
-            counts = [{"device": d.id, "task": t.id, "num_samples": 40 + 8 * i} for i, (d, t) in
-                      enumerate((d, t) for d in devices for t in tasks)]
+            counts = [
+                {"device": d.id, "task": t.id, "num_samples": 40 + 8 * i}
+                for i, (d, t) in enumerate((d, t) for d in devices for t in tasks)
+            ]
         kw.setdefault("owner", user)
         return experiment_create(
-            name=name, task_ids=[t.id for t in tasks], device_ids=[d.id for d in devices], rounds=rounds,
-            sample_counts=counts, **kw,
+            name=name,
+            task_ids=[t.id for t in tasks],
+            device_ids=[d.id for d in devices],
+            rounds=rounds,
+            sample_counts=counts,
+            **kw,
         )
 
     return make
@@ -140,17 +149,25 @@ def started_round(make_experiment, make_device, make_task, django_capture_on_com
     def start(*, tasks=None, counts_fn=None, rounds=1, device_names=("dev-a", "dev-b")):
         devices = [make_device(name) for name in device_names]
         tasks = tasks or [make_task("t-mobilenet", "mobilenet_v3_small")]
-        counts = counts_fn(devices, tasks) if counts_fn else [
-            {"device": devices[0].id, "task": tasks[0].id, "num_samples": 30},
-            {"device": devices[1].id, "task": tasks[0].id, "num_samples": 10},
-        ]
-        experiment = make_experiment(devices=devices, tasks=tasks, counts=counts, partition_rule="explicit", rounds=rounds)
+        counts = (
+            counts_fn(devices, tasks)
+            if counts_fn
+            else [
+                {"device": devices[0].id, "task": tasks[0].id, "num_samples": 30},
+                {"device": devices[1].id, "task": tasks[0].id, "num_samples": 10},
+            ]
+        )
+        experiment = make_experiment(
+            devices=devices, tasks=tasks, counts=counts, partition_rule="explicit", rounds=rounds
+        )
         with django_capture_on_commit_callbacks(execute=True):
             run = services.run_create(experiment=experiment, strategy="sharing")
         services.run_begin(run_id=run.id)
         standalone = [
             {
-                "run_id": run.id, "device": d.name, "status": "succeeded",
+                "run_id": run.id,
+                "device": d.name,
+                "status": "succeeded",
                 "measurements": [
                     {"task_id": s.task_id, "batch_size": min(128, s.num_samples), "throughput_sps": 100.0}
                     for s in experiment.shards.filter(device=d, num_samples__gt=0)
@@ -165,9 +182,9 @@ def started_round(make_experiment, make_device, make_task, django_capture_on_com
     return start
 
 
-
-_DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
-                                "live_server"})
+_DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
+)
 
 
 def uses_the_database(item: pytest.Item) -> bool:

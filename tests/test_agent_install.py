@@ -27,9 +27,20 @@ def agent_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     python = env / "bin" / "python"
     done = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         f"{ROOT}[agent]", f"torch=={version('torch')}", f"torchvision=={version('torchvision')}"],
-        capture_output=True, text=True, timeout=1500,
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            f"{ROOT}[agent]",
+            f"torch=={version('torch')}",
+            f"torchvision=={version('torchvision')}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return env
@@ -42,30 +53,35 @@ def test_the_agent_extra_installs_no_control_plane_package(agent_env: Path) -> N
         f"found = [m for m in {CONTROL_PLANE_ONLY!r} if importlib.util.find_spec(m)]; "
         "print(','.join(found))"
     )
-    done = subprocess.run([str(agent_env / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([str(agent_env / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
 
 
 @pytest.mark.integration
 def test_the_agent_command_starts_in_the_agent_only_environment(agent_env: Path) -> None:
-    done = subprocess.run([str(agent_env / "bin" / "mtfl-agent"), "--help"], capture_output=True, text=True,
-                          timeout=120, cwd=agent_env)
+    done = subprocess.run(
+        [str(agent_env / "bin" / "mtfl-agent"), "--help"], capture_output=True, text=True, timeout=120, cwd=agent_env
+    )
     assert done.returncode == 0, done.stderr
     assert "--device" in done.stdout and "--backend" in done.stdout
     # the module form a GPU host's service file may use instead
-    done = subprocess.run([str(agent_env / "bin" / "python"), "-m", "workers.agent", "--help"],
-                          capture_output=True, text=True, timeout=120, cwd=agent_env)
+    done = subprocess.run(
+        [str(agent_env / "bin" / "python"), "-m", "workers.agent", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=agent_env,
+    )
     assert done.returncode == 0, done.stderr
     assert "--device" in done.stdout
 
 
 @pytest.mark.integration
 def test_mtfl_in_the_agent_only_environment_says_what_to_run_instead(agent_env: Path) -> None:
-    done = subprocess.run([str(agent_env / "bin" / "mtfl"), "demo"], capture_output=True, text=True,
-                          timeout=120, cwd=agent_env)
+    done = subprocess.run(
+        [str(agent_env / "bin" / "mtfl"), "demo"], capture_output=True, text=True, timeout=120, cwd=agent_env
+    )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "mtfl-agent" in done.stderr and "[controlplane]" in done.stderr
     assert "Traceback" not in done.stderr
-

@@ -69,7 +69,11 @@ def test_the_environment_is_put_back_after_a_test_that_exports_a_variable(reques
 
 def test_files_with_integration_tests_are_handed_out_first(monkeypatch):
     monkeypatch.delenv("MTFL_TESTS_DATABASE_ONLY", raising=False)
-    items = [_NamedItem("a.py::t1", "a.py"), _NamedItem("b.py::t1", "b.py"),
-             _NamedItem("b.py::t2", "b.py", {"integration"}), _NamedItem("c.py::t1", "c.py")]
+    items = [
+        _NamedItem("a.py::t1", "a.py"),
+        _NamedItem("b.py::t1", "b.py"),
+        _NamedItem("b.py::t2", "b.py", {"integration"}),
+        _NamedItem("c.py::t1", "c.py"),
+    ]
     pytest_collection_modifyitems(None, items)
     assert [i.nodeid for i in items] == ["b.py::t1", "b.py::t2", "a.py::t1", "c.py::t1"]

@@ -49,8 +49,22 @@ def _compose_config(env_text: str, tmp_path: Path) -> subprocess.CompletedProces
     interpolated = set(re.findall(rf"\$\{{({_NAME})", COMPOSE.read_text()))
     env = {k: v for k, v in os.environ.items() if k not in interpolated}
     return subprocess.run(
-        ["docker-compose", "--env-file", str(tmp_path / ".env"), "--profile", "gpu", "-f", str(COMPOSE), "config", "-q"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        [
+            "docker-compose",
+            "--env-file",
+            str(tmp_path / ".env"),
+            "--profile",
+            "gpu",
+            "-f",
+            str(COMPOSE),
+            "config",
+            "-q",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -55,7 +55,10 @@ def test_the_strategy_example_plans_through_make_plan(register):
 
     assert plan.partitioning == "mps"
     assert [(a.device_id, a.task_id, a.batch_size, a.active_thread_percentage) for a in plan.assignments] == [
-        (1, 10, 64, 50), (1, 11, 30, 50), (2, 10, 64, 50)]
+        (1, 10, 64, 50),
+        (1, 11, 30, 50),
+        (2, 10, 64, 50),
+    ]
 
 
 def test_the_model_example_builds_trains_and_has_workload_features(register):
@@ -75,9 +78,9 @@ def test_the_model_example_builds_trains_and_has_workload_features(register):
 
 
 def test_the_dataset_example_loads_through_load_split(register):
-    from workers.training.datasets import load_split
     from workers.protocol.messages import DatasetRef
     from workers.registry.datasets import DATASET_REGISTRY
+    from workers.training.datasets import load_split
 
     register(DATASET_REGISTRY, _module("dataset").NOISE)
 
@@ -90,8 +93,8 @@ def test_the_dataset_example_loads_through_load_split(register):
 
 
 def test_the_partitioner_example_splits_through_shard_counts(register):
-    from workers.training.partition import shard_counts
     from workers.registry.partitioners import PARTITIONER_REGISTRY
+    from workers.training.partition import shard_counts
 
     register(PARTITIONER_REGISTRY, _module("partitioner").FIRST_HALF)
 

@@ -35,7 +35,6 @@ private *module* (``a/_impl.py``) is allowed from inside the package that holds 
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +142,9 @@ def _graph() -> nx.DiGraph:
         if imp.type_checking:
             continue
         for target in _targets(imp):
-            inside = set(_enclosing(imp.importer)) | ({imp.importer} if MODULES[imp.importer].name == "__init__.py" else set())
+            inside = set(_enclosing(imp.importer)) | (
+                {imp.importer} if MODULES[imp.importer].name == "__init__.py" else set()
+            )
             for node in [*_enclosing(target), target]:
                 if node == imp.importer or node not in MODULES:
                     continue
@@ -160,8 +161,12 @@ def test_the_walk_sees_every_layer_and_function_level_imports():
     graph = _graph()
     assert graph.number_of_edges() > 200
     # A function-level import (run_begin loads the model zoo on first use only) is an edge too.
-    nested = [imp for imp in IMPORTS if imp.target == "workers.training.zoo" and imp.importer.startswith("controlplane.")]
-    assert nested and all(graph.has_edge(imp.importer, "workers.training.zoo") for imp in nested if not imp.type_checking)
+    nested = [
+        imp for imp in IMPORTS if imp.target == "workers.training.zoo" and imp.importer.startswith("controlplane.")
+    ]
+    assert nested and all(
+        graph.has_edge(imp.importer, "workers.training.zoo") for imp in nested if not imp.type_checking
+    )
 
 
 def test_relative_imports_resolve_against_the_importers_package(tmp_path):
@@ -214,8 +219,10 @@ def _private_violations() -> list[str]:
             if part.startswith("_") and not part.startswith("__"):
                 holder = imp.target[: imp.target.index(part) - 1]
                 if not (imp.importer == holder or imp.importer.startswith(holder + ".")):
-                    bad.append(f"{MODULES[imp.importer].relative_to(ROOT)}:{imp.line}: import of the private "
-                               f"module {imp.target}")
+                    bad.append(
+                        f"{MODULES[imp.importer].relative_to(ROOT)}:{imp.line}: import of the private "
+                        f"module {imp.target}"
+                    )
     return bad
 
 
@@ -230,8 +237,7 @@ def test_layers_import_only_downwards(layer):
     bad = [
         f"{MODULES[imp.importer].relative_to(ROOT)}:{imp.line}: {imp.target}"
         for imp in IMPORTS
-        if (imp.importer == layer or imp.importer.startswith(layer + "."))
-        and imp.target.split(".")[0] in refused
+        if (imp.importer == layer or imp.importer.startswith(layer + ".")) and imp.target.split(".")[0] in refused
     ]
     assert not bad, f"{layer} imports what its layer must not ({', '.join(refused)}):\n" + "\n".join(bad)
 
@@ -248,8 +254,11 @@ def test_the_rules_catch_what_they_are_meant_to(tmp_path, monkeypatch):
     modules = {}
     for name, text in fake.items():
         is_package = name.count(".") == 1 and name != "controlplane.q"
-        path = tmp_path / Path(*name.split(".")) / "__init__.py" if is_package else tmp_path / (
-            name.replace(".", "/") + ".py")
+        path = (
+            tmp_path / Path(*name.split(".")) / "__init__.py"
+            if is_package
+            else tmp_path / (name.replace(".", "/") + ".py")
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         modules[name] = path
@@ -262,7 +271,9 @@ def test_the_rules_catch_what_they_are_meant_to(tmp_path, monkeypatch):
     # p/__init__ → p.a → p (a function-level import of a name of the package itself): a circle;
     # p.a → p.b (a sibling) closes none.
     assert circles == [{"controlplane.p", "controlplane.p.a"}]
-    assert not graph.has_edge("controlplane.p.a", "controlplane.p") or graph.edges[
-        "controlplane.p.a", "controlplane.p"]["implicit"] is False
+    assert (
+        not graph.has_edge("controlplane.p.a", "controlplane.p")
+        or graph.edges["controlplane.p.a", "controlplane.p"]["implicit"] is False
+    )
     assert graph.has_edge("controlplane.q", "controlplane.p")  # q runs p/__init__ to reach p.b
     assert _private_violations() == ["controlplane/q.py:1: from controlplane.p.b import _hidden"]

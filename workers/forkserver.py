@@ -79,14 +79,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Self
 
-PRELOAD: tuple[str, ...] = ("torch", "torchvision", "workers.training.zoo", "workers.training.trainer", "workers.profiling.child")
+PRELOAD: tuple[str, ...] = (
+    "torch",
+    "torchvision",
+    "workers.training.zoo",
+    "workers.training.trainer",
+    "workers.profiling.child",
+)
 """Modules every server imports before it serves: what a profiler process spends its start on."""
 
-LATE_ENV: frozenset[str] = frozenset({
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-    "CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-    "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "MTFL_TRAINER_DEVICE",
-})
+LATE_ENV: frozenset[str] = frozenset(
+    {
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "CUDA_MPS_LOG_DIRECTORY",
+        "MTFL_TRAINER_DEVICE",
+    }
+)
 """Environment variables a forked child may set for itself: read after the fork (thread counts
 are applied by the child with ``torch.set_num_threads``; CUDA reads its variables when the
 child creates its context). Any other difference in environment needs another server."""
@@ -185,8 +199,9 @@ class ForkServer:
     Use :meth:`start`, then :meth:`spawn`; :meth:`close` kills what is left.
     """
 
-    def __init__(self, env: Mapping[str, str], *, preload: Sequence[str] = PRELOAD,
-                 stderr_path: Path | None = None) -> None:
+    def __init__(
+        self, env: Mapping[str, str], *, preload: Sequence[str] = PRELOAD, stderr_path: Path | None = None
+    ) -> None:
         self.env = dict(env)
         self.preload = tuple(preload)
         self.stderr_path = stderr_path
@@ -229,8 +244,12 @@ class ForkServer:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "workers.forkserver", str(theirs.fileno()), *self.preload],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                env=env, pass_fds=(theirs.fileno(),), close_fds=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=env,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
             )
         finally:
             theirs.close()
@@ -252,8 +271,16 @@ class ForkServer:
             raise ForkServerError(f"fork server did not start: {reason}{self._stderr_tail()}")
         return self
 
-    def spawn(self, module: str, argv: Sequence[str], *, env: Mapping[str, str], stderr_path: Path,
-              pipes: bool = True, cwd: str | None = None) -> ForkedProcess:
+    def spawn(
+        self,
+        module: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        stderr_path: Path,
+        pipes: bool = True,
+        cwd: str | None = None,
+    ) -> ForkedProcess:
         """Fork a child that runs ``module.main(list(argv))`` and exits with what it returns.
 
         Args:
@@ -294,8 +321,14 @@ class ForkServer:
             pending = _Pending()
             with self._state:
                 self._pending[request_id] = pending
-            message = {"op": "spawn", "id": request_id, "module": module, "argv": list(argv), "env": dict(env),
-                       "cwd": cwd}
+            message = {
+                "op": "spawn",
+                "id": request_id,
+                "module": module,
+                "argv": list(argv),
+                "env": dict(env),
+                "cwd": cwd,
+            }
             self._send(message, fds=[child_in, child_out, child_err])
         except BaseException:
             for fd in (ours_in, ours_out):
@@ -460,13 +493,16 @@ class ForkServerPool:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self._count += 1
             base = {k: v for k, v in env.items() if k not in LATE_ENV}
-            server = ForkServer(base, preload=self.preload, stderr_path=self.state_dir / f"forkserver-{self._count}.log")
+            server = ForkServer(
+                base, preload=self.preload, stderr_path=self.state_dir / f"forkserver-{self._count}.log"
+            )
             self._servers[key] = server
             server.start()
         return server
 
-    def spawn(self, module: str, argv: Sequence[str], *, env: Mapping[str, str], stderr_path: Path,
-              pipes: bool = True) -> ForkedProcess:
+    def spawn(
+        self, module: str, argv: Sequence[str], *, env: Mapping[str, str], stderr_path: Path, pipes: bool = True
+    ) -> ForkedProcess:
         """:meth:`ForkServer.spawn` on the server for ``env``.
 
         Raises:

@@ -121,8 +121,9 @@ class Launcher(Protocol):
     ``env`` and stdin/stdout pipes when ``pipes``; it raises on failure (the dispatch then
     fails with fate ``"agent"``)."""
 
-    def spawn(self, module: str, argv: Sequence[str], *, env: Mapping[str, str], stderr_path: Path,
-              pipes: bool = True) -> ChildProcess:
+    def spawn(
+        self, module: str, argv: Sequence[str], *, env: Mapping[str, str], stderr_path: Path, pipes: bool = True
+    ) -> ChildProcess:
         """Start a process running ``module.main(argv)``; return it, running."""
 
 
@@ -332,20 +333,28 @@ class ProcessGroup:
             spec.result_path.unlink(missing_ok=True)
         if self.launcher is not None and spec.module is not None:
             head = list(spec.command)
-            argv = head[head.index(spec.module) + 1:] if spec.module in head else []
-            proc: ChildProcess = self.launcher.spawn(spec.module, [*argv, *spec.args], env=spec.env,
-                                                     stderr_path=spec.stderr_path, pipes=self.barrier)
+            argv = head[head.index(spec.module) + 1 :] if spec.module in head else []
+            proc: ChildProcess = self.launcher.spawn(
+                spec.module, [*argv, *spec.args], env=spec.env, stderr_path=spec.stderr_path, pipes=self.barrier
+            )
         else:
             pipe = subprocess.PIPE if self.barrier else subprocess.DEVNULL
             with open(spec.stderr_path, "wb") as stderr:
-                proc = subprocess.Popen([*spec.command, *spec.args], stdin=pipe, stdout=pipe,
-                                        stderr=stderr, env=dict(spec.env), close_fds=True)
+                proc = subprocess.Popen(
+                    [*spec.command, *spec.args],
+                    stdin=pipe,
+                    stdout=pipe,
+                    stderr=stderr,
+                    env=dict(spec.env),
+                    close_fds=True,
+                )
         child.proc = proc
         with _CHILDREN_LOCK:
             _CHILDREN[proc.pid] = proc
         if self.barrier:
-            child.reader = threading.Thread(target=self._read, args=(child,), daemon=True,
-                                            name=f"child-{proc.pid}-stdout")
+            child.reader = threading.Thread(
+                target=self._read, args=(child,), daemon=True, name=f"child-{proc.pid}-stdout"
+            )
             child.reader.start()
 
     def _read(self, child: Child) -> None:
@@ -359,8 +368,9 @@ class ProcessGroup:
                 try:
                     self.on_line(child, words)
                 except Exception:  # noqa: BLE001 - a bad line must not end the reader
-                    logger.warning("child %s wrote a line its parent could not read: %r",
-                                   child.proc.pid, raw, exc_info=True)
+                    logger.warning(
+                        "child %s wrote a line its parent could not read: %r", child.proc.pid, raw, exc_info=True
+                    )
 
     # -- barrier
 
@@ -406,8 +416,9 @@ class ProcessGroup:
 
     # -- watch
 
-    def wait_until(self, done: Callable[[float], bool], deadline: float, limit: str, *,
-                   phase: str = "while training") -> float | None:
+    def wait_until(
+        self, done: Callable[[float], bool], deadline: float, limit: str, *, phase: str = "while training"
+    ) -> float | None:
         """Poll ``done(now)`` (``now``: monotonic seconds) while every child trains; return
         ``now`` once it holds, or ``None`` if the dispatch was given up first. Here a child
         that exits, even with code 0, has failed: it was to train until told to stop."""
@@ -441,8 +452,9 @@ class ProcessGroup:
         """Decide whether the dispatch must stop now, and mark why. True = stop."""
         if self._interrupted():
             return True
-        exited = [c for c in self.children if c.proc is not None and not c.running
-                  and (c.returncode != 0 or not exit_ok)]
+        exited = [
+            c for c in self.children if c.proc is not None and not c.running and (c.returncode != 0 or not exit_ok)
+        ]
         if exited:
             for child in exited:
                 child.fate = "failed"

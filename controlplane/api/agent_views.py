@@ -45,8 +45,9 @@ class AgentDeviceApi(_AgentApi):
     def get(self, request: Request) -> Response:
         """The device this agent token belongs to, and the largest upload taken (bytes)."""
         device = request.auth.device
-        return Response({"id": device.id, "name": device.name,
-                         "max_artifact_bytes": int(mtfl_setting("MAX_ARTIFACT_BYTES"))})
+        return Response(
+            {"id": device.id, "name": device.name, "max_artifact_bytes": int(mtfl_setting("MAX_ARTIFACT_BYTES"))}
+        )
 
 
 class AgentArtifactApi(_AgentApi):
@@ -64,10 +65,15 @@ class AgentArtifactApi(_AgentApi):
 
     @extend_schema(
         request={"application/octet-stream": OpenApiTypes.BINARY},
-        parameters=[OpenApiParameter(SHA256_HEADER, str, OpenApiParameter.HEADER, required=True,
-                                     description="hex SHA-256 of the body")],
-        responses={201: OpenApiTypes.OBJECT,
-                   411: OpenApiResponse(description="No Content-Length: the body must declare its size.")},
+        parameters=[
+            OpenApiParameter(
+                SHA256_HEADER, str, OpenApiParameter.HEADER, required=True, description="hex SHA-256 of the body"
+            )
+        ],
+        responses={
+            201: OpenApiTypes.OBJECT,
+            411: OpenApiResponse(description="No Content-Length: the body must declare its size."),
+        },
     )
     def put(self, request: Request, key: str) -> Response:
         """Upload the weights this device trained for one of its assignments
@@ -81,7 +87,10 @@ class AgentArtifactApi(_AgentApi):
         body = request.stream if length else _EmptyBody()
         try:
             sha256, size = agent_artifacts.agent_artifact_upload(
-                device=request.auth.device, key=key, body=body, content_length=length,
+                device=request.auth.device,
+                key=key,
+                body=body,
+                content_length=length,
                 sha256=request.headers.get(SHA256_HEADER, ""),
             )
         except ApplicationError:

@@ -58,7 +58,9 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {
-            "type": "apiKey", "in": "header", "name": "Authorization",
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
             "description": f"A device agent's token: `{KEYWORD} <key>` (`mtfl device-token DEVICE`).",
         }
 

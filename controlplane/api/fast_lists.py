@@ -21,8 +21,7 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 from django.utils import timezone
 from rest_framework import fields as drf_fields
-from rest_framework import relations
-from rest_framework import serializers
+from rest_framework import relations, serializers
 
 _PLAIN: dict[type, Callable[[Any], Any]] = {
     drf_fields.IntegerField: int,
@@ -63,8 +62,13 @@ def _row_reader(field: serializers.Field, model: type[models.Model] | None, tz, 
             return None if value is None else convert(value)
 
         return read
-    if (type(field) is drf_fields.DateTimeField and tz is not None and not hasattr(field, "timezone")
-            and getattr(field, "format", drf_fields.empty) in (drf_fields.empty, drf_fields.ISO_8601) and iso):
+    if (
+        type(field) is drf_fields.DateTimeField
+        and tz is not None
+        and not hasattr(field, "timezone")
+        and getattr(field, "format", drf_fields.empty) in (drf_fields.empty, drf_fields.ISO_8601)
+        and iso
+    ):
 
         def read_datetime(row, get=get):
             value = get(row)
@@ -74,6 +78,7 @@ def _row_reader(field: serializers.Field, model: type[models.Model] | None, tz, 
 
         return read_datetime
     if type(field) is drf_fields.BooleanField:
+
         def read_bool(row, get=get):
             value = get(row)
             return None if value is None else bool(value)

@@ -22,8 +22,13 @@ class FilterSet(filters.FilterSet):
         **filters.FilterSet.FILTER_DEFAULTS,
         **{
             field: {"filter_class": IntegerFilter}
-            for field in (models.AutoField, models.SmallIntegerField, models.IntegerField, models.PositiveIntegerField,
-                          models.PositiveSmallIntegerField)
+            for field in (
+                models.AutoField,
+                models.SmallIntegerField,
+                models.IntegerField,
+                models.PositiveIntegerField,
+                models.PositiveSmallIntegerField,
+            )
         },
     }
 
@@ -44,7 +49,8 @@ class FilterBackend(filters.DjangoFilterBackend):
             return queryset
         names = filterset_class.base_filters
         # A range filter's parameters carry a suffix (name_min, name_after, ...).
-        if not any(param in names or any(param.startswith(f"{name}_") for name in names)
-                   for param in request.query_params):
+        if not any(
+            param in names or any(param.startswith(f"{name}_") for name in names) for param in request.query_params
+        ):
             return queryset
         return super().filter_queryset(request, queryset, view)

@@ -22,5 +22,4 @@ class FiniteJSONRenderer(JSONRenderer):
         except ValueError as exc:
             if "Out of range float values" not in str(exc):
                 raise
-        return super().render(finite_or_none(data, self.encoder_class().default), accepted_media_type,
-                              renderer_context)
+        return super().render(finite_or_none(data, self.encoder_class().default), accepted_media_type, renderer_context)

@@ -12,7 +12,7 @@ MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 ERROR_DESCRIPTIONS = {
     "400": "Invalid input: `errors` names every field at fault (`body` when the body cannot be parsed), "
-           "`message` the first.",
+    "`message` the first.",
     "401": "No or invalid credentials.",
     "403": "Not allowed for these credentials.",
     "404": "No such object, or one the caller may not see.",
@@ -29,7 +29,7 @@ class ErrorSerializer(serializers.Serializer):
     errors = serializers.DictField(
         child=serializers.ListField(child=serializers.CharField()),
         help_text="messages per field (`options.slack`, `plan[0].batch_size`, `body`); empty when no "
-                  "input field is at fault",
+        "input field is at fault",
     )
 
 
@@ -64,8 +64,10 @@ class ApiAutoSchema(AutoSchema):
     def _get_filter_parameters(self):
         # django-filter reads an empty value (``?status=``, what the browsable API's filter
         # form sends) as "no filter": say so.
-        return [{**parameter, "allowEmptyValue": True} if parameter.get("in") == "query" else parameter
-                for parameter in super()._get_filter_parameters()]
+        return [
+            {**parameter, "allowEmptyValue": True} if parameter.get("in") == "query" else parameter
+            for parameter in super()._get_filter_parameters()
+        ]
 
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)

@@ -114,7 +114,8 @@ def integer(lo: int, hi: int, **kwargs) -> serializers.IntegerField:
     schema its ``minimum``/``maximum``)."""
     allowed = f"allowed {lo} to {hi}"
     return serializers.IntegerField(
-        min_value=lo, max_value=hi,
+        min_value=lo,
+        max_value=hi,
         error_messages={
             "invalid": f"must be an integer: {allowed}",
             "min_value": f"must be at least {{min_value}}: {allowed}",
@@ -154,7 +155,8 @@ class StrictSerializer(serializers.Serializer):
     def to_internal_value(self, data):
         if hasattr(data, "keys"):
             errors = {
-                name: [self.fixed_fields[name]] if name in self.fixed_fields
+                name: [self.fixed_fields[name]]
+                if name in self.fixed_fields
                 else [f"unknown field; allowed: {', '.join(self.fields)}"]
                 for name in sorted(set(data.keys()) - set(self.fields))
             }
@@ -194,14 +196,26 @@ class DeviceUpdateSerializer(StrictSerializer):
 
 class TaskSerializer(serializers.ModelSerializer):
     workload = serializers.SerializerMethodField()
-    owner = serializers.SlugRelatedField(slug_field="username", read_only=True,
-                                         help_text="who defined it (only they may change it); null from the CLI")
+    owner = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, help_text="who defined it (only they may change it); null from the CLI"
+    )
 
     class Meta:
         model = Task
         fields = [
-            "id", "name", "architecture", "dataset", "dataset_root", "num_classes", "optimizer",
-            "learning_rate", "momentum", "weight_decay", "owner", "created_at", "workload",
+            "id",
+            "name",
+            "architecture",
+            "dataset",
+            "dataset_root",
+            "num_classes",
+            "optimizer",
+            "learning_rate",
+            "momentum",
+            "weight_decay",
+            "owner",
+            "created_at",
+            "workload",
         ]
         read_only_fields = fields
 
@@ -248,9 +262,22 @@ class ExperimentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Experiment
         fields = [
-            "id", "name", "description", "tasks", "devices", "rounds", "local_epochs",
-            "partition_rule", "dirichlet_alpha", "seed", "shards", "owner", "collaborators", "device_retries",
-            "deadline_factor", "created_at",
+            "id",
+            "name",
+            "description",
+            "tasks",
+            "devices",
+            "rounds",
+            "local_epochs",
+            "partition_rule",
+            "dirichlet_alpha",
+            "seed",
+            "shards",
+            "owner",
+            "collaborators",
+            "device_retries",
+            "deadline_factor",
+            "created_at",
         ]
         read_only_fields = fields
 
@@ -263,10 +290,14 @@ class SampleCountSerializer(StrictSerializer):
     )
 
 
-DEVICE_RETRIES_HELP = ("how many times a round re-sends a device's part when its agent is lost or its trainers "
-                       "fail (0: the round goes on without that device, as partial)")
-DEADLINE_FACTOR_HELP = ("a round's deadline as a multiple of its predicted round time, 1 to 100; null: "
-                        "MTFL_DEADLINE_FACTOR. Rounds without a prediction wait MTFL_ROUND_DEADLINE_S")
+DEVICE_RETRIES_HELP = (
+    "how many times a round re-sends a device's part when its agent is lost or its trainers "
+    "fail (0: the round goes on without that device, as partial)"
+)
+DEADLINE_FACTOR_HELP = (
+    "a round's deadline as a multiple of its predicted round time, 1 to 100; null: "
+    "MTFL_DEADLINE_FACTOR. Rounds without a prediction wait MTFL_ROUND_DEADLINE_S"
+)
 
 
 class ExperimentCreateSerializer(StrictSerializer):
@@ -292,9 +323,11 @@ class ExperimentUpdateSerializer(StrictSerializer):
     device_retries = integer(0, MAX_DEVICE_RETRIES, required=False, help_text=DEVICE_RETRIES_HELP)
     deadline_factor = number(required=False, allow_null=True, help_text=DEADLINE_FACTOR_HELP)
     collaborators = serializers.ListField(
-        child=StrictCharField(max_length=150), max_length=1000, required=False,
+        child=StrictCharField(max_length=150),
+        max_length=1000,
+        required=False,
         help_text="user names that replace the collaborators (owner only); they see the experiment and "
-                  "launch or cancel its runs",
+        "launch or cancel its runs",
     )
     fixed_fields = {
         name: "cannot change after creation (runs would no longer be comparable); create a new experiment"
@@ -308,7 +341,8 @@ class ExperimentTemplateSerializer(serializers.Serializer):
     description = serializers.CharField(read_only=True)
     architectures = serializers.ListField(child=RegisteredField(MODEL_REGISTRY.names), read_only=True)
     dataset = RegisteredField(
-        DATASET_REGISTRY.names, read_only=True,
+        DATASET_REGISTRY.names,
+        read_only=True,
         help_text="the data set an experiment from the template trains on unless one is asked for: cifar10 "
         "when MTFL_CIFAR10_ROOT holds it, digits otherwise",
     )
@@ -321,21 +355,34 @@ class ExperimentFromTemplateSerializer(StrictSerializer):
     template = StrictCharField(help_text=f"one of {', '.join(TEMPLATES)} (GET /api/experiment-templates/)")
     devices = serializers.ListField(child=integer(1, MAX_ID), max_length=MAX_LIST, help_text="device ids, at least one")
     name = StrictCharField(
-        required=False, allow_blank=True, allow_null=True,
+        required=False,
+        allow_blank=True,
+        allow_null=True,
         help_text=f"at most {MAX_NAME_LENGTH} characters; default (also when blank): '<template> mix', numbered if taken",
     )
-    rounds = serializers.IntegerField(required=False, error_messages={"invalid": "must be an integer"},
-                                      help_text=f"1 to 10000; default {DEFAULT_ROUNDS}")
-    local_epochs = serializers.IntegerField(required=False, error_messages={"invalid": "must be an integer"},
-                                            help_text=f"1 to 1000; default {DEFAULT_LOCAL_EPOCHS}")
-    dirichlet_alpha = number(required=False, help_text="Dirichlet concentration of the data volumes per task and "
-                             f"device, in (0, 1000]; smaller skews more; default {DEFAULT_DIRICHLET_ALPHA}")
-    seed = serializers.IntegerField(required=False, error_messages={"invalid": "must be an integer"},
-                                    help_text="0 to 2147483647; default 0")
+    rounds = serializers.IntegerField(
+        required=False,
+        error_messages={"invalid": "must be an integer"},
+        help_text=f"1 to 10000; default {DEFAULT_ROUNDS}",
+    )
+    local_epochs = serializers.IntegerField(
+        required=False,
+        error_messages={"invalid": "must be an integer"},
+        help_text=f"1 to 1000; default {DEFAULT_LOCAL_EPOCHS}",
+    )
+    dirichlet_alpha = number(
+        required=False,
+        help_text="Dirichlet concentration of the data volumes per task and "
+        f"device, in (0, 1000]; smaller skews more; default {DEFAULT_DIRICHLET_ALPHA}",
+    )
+    seed = serializers.IntegerField(
+        required=False, error_messages={"invalid": "must be an integer"}, help_text="0 to 2147483647; default 0"
+    )
     dataset = StrictCharField(
-        required=False, allow_null=True,
+        required=False,
+        allow_null=True,
         help_text="a registered data set (built-ins: digits, cifar10); default: cifar10 when MTFL_CIFAR10_ROOT holds "
-                  "it, digits otherwise",
+        "it, digits otherwise",
     )
 
 
@@ -349,9 +396,24 @@ class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "experiment", "strategy", "status", "simulated", "manual_plan", "options", "planned", "comparison",
-            "created_at", "started_at", "finished_at", "error", "raw_throughput_sps", "fair_throughput",
-            "fl_throughput_sps", "raw_speedup", "fair_speedup",
+            "id",
+            "experiment",
+            "strategy",
+            "status",
+            "simulated",
+            "manual_plan",
+            "options",
+            "planned",
+            "comparison",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "error",
+            "raw_throughput_sps",
+            "fair_throughput",
+            "fl_throughput_sps",
+            "raw_speedup",
+            "fair_speedup",
         ]
         read_only_fields = fields
 
@@ -382,10 +444,16 @@ class ManualPlanEntrySerializer(StrictSerializer):
 class PlannerOptionsSerializer(StrictSerializer):
     """Settings of the ``vres_*`` planners (controlplane.planning.planner)."""
 
-    objective = ChoiceField(choices=OBJECTIVES, required=False,
-                            help_text="vres_greedy's share objective: raw (Σ P) or fair (Σ P / P_alone); default raw")
-    slack = ChoiceField(choices=SLACK_POLICIES, required=False,
-                        help_text="what vres_sync gives devices that finish early; default smaller_batches")
+    objective = ChoiceField(
+        choices=OBJECTIVES,
+        required=False,
+        help_text="vres_greedy's share objective: raw (Σ P) or fair (Σ P / P_alone); default raw",
+    )
+    slack = ChoiceField(
+        choices=SLACK_POLICIES,
+        required=False,
+        help_text="what vres_sync gives devices that finish early; default smaller_batches",
+    )
 
 
 class RunCreateSerializer(StrictSerializer):
@@ -408,16 +476,33 @@ class ComparisonSerializer(serializers.ModelSerializer):
 
     def get_runs(self, comparison: Comparison) -> list[dict]:
         """The comparison's runs in start order: ``{id, strategy, status}``."""
-        return [{"id": r.id, "strategy": r.strategy, "status": r.status} for r in sorted(comparison.runs.all(), key=lambda r: r.id)]
+        return [
+            {"id": r.id, "strategy": r.strategy, "status": r.status}
+            for r in sorted(comparison.runs.all(), key=lambda r: r.id)
+        ]
 
 
 class RoundSerializer(serializers.ModelSerializer):
     class Meta:
         model = Round
         fields = [
-            "id", "run", "index", "status", "started_at", "finished_at", "round_time_s", "wall_time_s",
-            "samples_trained", "fl_throughput_sps", "raw_throughput_sps", "fair_throughput", "error", "flags",
-            "predicted_round_time_s", "deadline_s", "deadline_at",
+            "id",
+            "run",
+            "index",
+            "status",
+            "started_at",
+            "finished_at",
+            "round_time_s",
+            "wall_time_s",
+            "samples_trained",
+            "fl_throughput_sps",
+            "raw_throughput_sps",
+            "fair_throughput",
+            "error",
+            "flags",
+            "predicted_round_time_s",
+            "deadline_s",
+            "deadline_at",
         ]
         read_only_fields = fields
         list_serializer_class = FastReadListSerializer
@@ -435,11 +520,36 @@ class AssignmentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Assignment
         fields = [
-            "id", "run", "round", "round_index", "device", "device_name", "task", "task_name",
-            "batch_size", "active_thread_percentage", "samples", "samples_trained", "throughput_sps",
-            "predicted_throughput_sps", "standalone_throughput_sps", "simulated", "seconds", "train_loss", "started_at", "finished_at", "status",
-            "error", "weights_path", "weights_sha256", "peak_memory_bytes", "torch_device",
-            "mps_active_thread_percentage", "mps_verified", "mps_detail", "attempt",
+            "id",
+            "run",
+            "round",
+            "round_index",
+            "device",
+            "device_name",
+            "task",
+            "task_name",
+            "batch_size",
+            "active_thread_percentage",
+            "samples",
+            "samples_trained",
+            "throughput_sps",
+            "predicted_throughput_sps",
+            "standalone_throughput_sps",
+            "simulated",
+            "seconds",
+            "train_loss",
+            "started_at",
+            "finished_at",
+            "status",
+            "error",
+            "weights_path",
+            "weights_sha256",
+            "peak_memory_bytes",
+            "torch_device",
+            "mps_active_thread_percentage",
+            "mps_verified",
+            "mps_detail",
+            "attempt",
         ]
         read_only_fields = fields
         list_serializer_class = FastReadListSerializer
@@ -452,8 +562,15 @@ class DeviceTelemetrySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = DeviceTelemetry
-        fields = ["device", "device_name", "t", "gpu_util_percent", "memory_used_bytes", "memory_total_bytes",
-                  "mps_restarted"]
+        fields = [
+            "device",
+            "device_name",
+            "t",
+            "gpu_util_percent",
+            "memory_used_bytes",
+            "memory_total_bytes",
+            "mps_restarted",
+        ]
         read_only_fields = fields
 
 
@@ -464,8 +581,18 @@ class CheckpointSerializer(serializers.ModelSerializer):
     class Meta:
         model = Checkpoint
         fields = [
-            "id", "run", "task", "task_name", "round", "round_index", "artifact_path", "sha256",
-            "test_accuracy", "test_loss", "kept_previous", "created_at",
+            "id",
+            "run",
+            "task",
+            "task_name",
+            "round",
+            "round_index",
+            "artifact_path",
+            "sha256",
+            "test_accuracy",
+            "test_loss",
+            "kept_previous",
+            "created_at",
         ]
         read_only_fields = fields
         list_serializer_class = FastReadListSerializer
@@ -477,8 +604,17 @@ class CheckpointSerializer(serializers.ModelSerializer):
 class ModelWorkloadSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelWorkload
-        fields = ["architecture", "num_classes", "input_shape", "forward_flops_per_sample", "train_flops_per_sample",
-                  "params", "param_bytes", "activation_bytes_per_sample", "computed_at"]
+        fields = [
+            "architecture",
+            "num_classes",
+            "input_shape",
+            "forward_flops_per_sample",
+            "train_flops_per_sample",
+            "params",
+            "param_bytes",
+            "activation_bytes_per_sample",
+            "computed_at",
+        ]
         read_only_fields = fields
 
 
@@ -487,8 +623,23 @@ class ProfileSweepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ProfileSweep
-        fields = ["id", "device", "backend", "budget_s", "request", "status", "configs", "samples", "repeat_spread",
-                  "error", "created_at", "started_at", "last_record_at", "finished_at", "progress"]
+        fields = [
+            "id",
+            "device",
+            "backend",
+            "budget_s",
+            "request",
+            "status",
+            "configs",
+            "samples",
+            "repeat_spread",
+            "error",
+            "created_at",
+            "started_at",
+            "last_record_at",
+            "finished_at",
+            "progress",
+        ]
         read_only_fields = fields
 
     def get_progress(self, sweep: ProfileSweep) -> float:
@@ -500,8 +651,9 @@ class ProfileSweepSerializer(serializers.ModelSerializer):
 
 class ProfileSweepCreateSerializer(StrictSerializer):
     budget_s = number()
-    architectures = serializers.ListField(child=RegisteredField(MODEL_REGISTRY.names), required=False,
-                                          allow_empty=False, max_length=64)
+    architectures = serializers.ListField(
+        child=RegisteredField(MODEL_REGISTRY.names), required=False, allow_empty=False, max_length=64
+    )
     batch_sizes = serializers.ListField(child=integer(2, 4096), required=False, allow_empty=False, max_length=64)
     max_mix = integer(1, 8, required=False)
     seed = integer(0, 2**31 - 1, default=0)
@@ -510,10 +662,31 @@ class ProfileSweepCreateSerializer(StrictSerializer):
 class ProfileSampleSerializer(serializers.ModelSerializer):
     class Meta:
         model = ProfileSample
-        fields = ["id", "source", "sweep", "assignment", "device", "backend", "device_class", "config_key",
-                  "configuration", "mix_size", "task_index", "architecture", "batch_size", "active_thread_percentage",
-                  "throughput_sps", "standalone_sps", "peak_memory_bytes", "speed_index", "cross_core_rtt_ns",
-                  "simulated", "repeat_of", "started_at", "finished_at"]
+        fields = [
+            "id",
+            "source",
+            "sweep",
+            "assignment",
+            "device",
+            "backend",
+            "device_class",
+            "config_key",
+            "configuration",
+            "mix_size",
+            "task_index",
+            "architecture",
+            "batch_size",
+            "active_thread_percentage",
+            "throughput_sps",
+            "standalone_sps",
+            "peak_memory_bytes",
+            "speed_index",
+            "cross_core_rtt_ns",
+            "simulated",
+            "repeat_of",
+            "started_at",
+            "finished_at",
+        ]
         read_only_fields = fields
         list_serializer_class = FastReadListSerializer
 
@@ -521,9 +694,25 @@ class ProfileSampleSerializer(serializers.ModelSerializer):
 class PredictorSerializer(serializers.ModelSerializer):
     class Meta:
         model = Predictor
-        fields = ["id", "version", "backend", "device_class", "status", "feature_spec", "training_samples",
-                  "training_configurations", "kept_family", "heldout_rmsle", "heldout_mape", "metrics", "artifact_path",
-                  "sha256", "fit_seconds", "error", "created_at"]
+        fields = [
+            "id",
+            "version",
+            "backend",
+            "device_class",
+            "status",
+            "feature_spec",
+            "training_samples",
+            "training_configurations",
+            "kept_family",
+            "heldout_rmsle",
+            "heldout_mape",
+            "metrics",
+            "artifact_path",
+            "sha256",
+            "fit_seconds",
+            "error",
+            "created_at",
+        ]
         read_only_fields = fields
 
 

@@ -11,8 +11,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.api import serializers as s
-from controlplane.api.filters import FilterSet
 from controlplane.api.authentication import CanIssueAgentTokens
+from controlplane.api.filters import FilterSet
 from controlplane.experiments import selectors as exp_selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, Task
@@ -32,7 +32,8 @@ def _validated(serializer_class, request: Request, **kwargs) -> dict:
 
 class DeviceFilter(FilterSet):
     status = django_filters.ChoiceFilter(
-        choices=Device.Status.choices, method="filter_status",
+        choices=Device.Status.choices,
+        method="filter_status",
         help_text="online: heartbeat within MTFL_HEARTBEAT_OFFLINE_S; offline: older; unknown: never",
     )
 
@@ -47,7 +48,10 @@ class DeviceFilter(FilterSet):
 # PATCH takes the same fields as PUT (all optional); without this the schema shows no body.
 @extend_schema_view(partial_update=extend_schema(request=s.DeviceUpdateSerializer, responses={200: s.DeviceSerializer}))
 class DeviceViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
     """Devices of the federation; each is served by ``mtfl agent --device NAME``."""
@@ -73,7 +77,9 @@ class DeviceViewSet(
     def profile(self, request: Request, pk=None) -> Response:
         """Start a profiling sweep on the device for ``budget_s`` seconds; follow it at
         ``/api/profile-sweeps/{id}/`` (``progress``, ``configs``, ``samples``)."""
-        sweep = profiling_services.sweep_start(device=self.get_object(), **_validated(s.ProfileSweepCreateSerializer, request))
+        sweep = profiling_services.sweep_start(
+            device=self.get_object(), **_validated(s.ProfileSweepCreateSerializer, request)
+        )
         return Response(s.ProfileSweepSerializer(sweep).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={201: OpenApiTypes.OBJECT})
@@ -84,13 +90,18 @@ class DeviceViewSet(
         only: the control plane keeps its SHA-256. Needs ``fleet.add_devicetoken`` (superusers
         have it)."""
         token, key = fleet_services.device_token_issue(device=self.get_object(), issued_by=request.user)
-        return Response({"device": token.device_id, "device_name": token.device.name, "token": key,
-                         "created_at": token.created_at}, status=status.HTTP_201_CREATED)
+        return Response(
+            {"device": token.device_id, "device_name": token.device.name, "token": key, "created_at": token.created_at},
+            status=status.HTTP_201_CREATED,
+        )
 
 
 @extend_schema_view(partial_update=extend_schema(request=s.TaskWriteSerializer, responses={200: s.TaskSerializer}))
 class TaskViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
     """Learning tasks: a model architecture from the zoo trained on a data set."""
@@ -113,10 +124,14 @@ class TaskViewSet(
         return Response(s.TaskSerializer(task).data)
 
 
-@extend_schema_view(partial_update=extend_schema(request=s.ExperimentUpdateSerializer,
-                                                 responses={200: s.ExperimentSerializer}))
+@extend_schema_view(
+    partial_update=extend_schema(request=s.ExperimentUpdateSerializer, responses={200: s.ExperimentSerializer})
+)
 class ExperimentViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
     """Experiments: tasks × devices with each device's shard of each task's data."""
@@ -145,7 +160,9 @@ class ExperimentViewSet(
             device_retries=data["device_retries"],
             deadline_factor=data["deadline_factor"],
         )
-        return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED)
+        return Response(
+            s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED
+        )
 
     @extend_schema(request=s.ExperimentFromTemplateSerializer, responses={201: s.ExperimentSerializer})
     @action(detail=False, methods=["post"], url_path="from-template")
@@ -157,7 +174,9 @@ class ExperimentViewSet(
         experiment = exp_services.experiment_create_from_template(
             template=data.pop("template"), device_ids=data.pop("devices"), owner=request.user, **data
         )
-        return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED)
+        return Response(
+            s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED
+        )
 
     @extend_schema(request=s.ExperimentUpdateSerializer, responses={200: s.ExperimentSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
@@ -171,8 +190,9 @@ class ExperimentViewSet(
         """Launch a run of a strategy: a baseline (``temporal``, ``isolation``, ``sharing``), a
         planner (``vres_greedy``, ``vres_sync``; ``options`` set it up) or ``manual`` (``plan``)."""
         data = _validated(s.RunCreateSerializer, request)
-        run = exp_services.run_create(experiment=self.get_object(), strategy=data["strategy"], plan=data["plan"],
-                                      options=data["options"])
+        run = exp_services.run_create(
+            experiment=self.get_object(), strategy=data["strategy"], plan=data["plan"], options=data["options"]
+        )
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.ComparisonCreateSerializer, responses={201: s.ComparisonSerializer})
@@ -210,8 +230,13 @@ class ExperimentTemplateViewSet(viewsets.ViewSet):
     def list(self, request: Request) -> Response:
         dataset = template_dataset_default()
         rows = [
-            {"name": t.name, "title": t.title, "description": t.description, "architectures": list(t.architectures),
-             "dataset": dataset}
+            {
+                "name": t.name,
+                "title": t.title,
+                "description": t.description,
+                "architectures": list(t.architectures),
+                "dataset": dataset,
+            }
             for t in TEMPLATES.values()
         ]
         return Response(s.ExperimentTemplateSerializer(rows, many=True).data)
@@ -338,7 +363,9 @@ class ProfileSampleViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_fields = ["device", "backend", "device_class", "source", "sweep", "architecture", "mix_size"]
 
 
-class PredictorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+class PredictorViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet
+):
     """Throughput predictors. ``POST`` fits a new version on every profile sample of a backend
     and device class (in the control worker; ``status`` goes from ``fitting`` to ``ready``)."""
 

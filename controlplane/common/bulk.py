@@ -20,17 +20,32 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import Field, Model, NOT_PROVIDED
+from django.db.models import NOT_PROVIDED, Field, Model
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 # Internal types whose values the drivers (sqlite3, psycopg) take unconverted, and whose
 # get_db_prep_save only checks or casts a value that already has the right Python type.
-_PLAIN = frozenset({
-    "AutoField", "BigAutoField", "SmallAutoField", "IntegerField", "BigIntegerField", "SmallIntegerField",
-    "PositiveIntegerField", "PositiveBigIntegerField", "PositiveSmallIntegerField", "FloatField",
-    "CharField", "TextField", "SlugField", "BooleanField", "ForeignKey", "OneToOneField",
-})
+_PLAIN = frozenset(
+    {
+        "AutoField",
+        "BigAutoField",
+        "SmallAutoField",
+        "IntegerField",
+        "BigIntegerField",
+        "SmallIntegerField",
+        "PositiveIntegerField",
+        "PositiveBigIntegerField",
+        "PositiveSmallIntegerField",
+        "FloatField",
+        "CharField",
+        "TextField",
+        "SlugField",
+        "BooleanField",
+        "ForeignKey",
+        "OneToOneField",
+    }
+)
 
 
 def _converter(field: Field, connection) -> Callable[[Any], Any] | None:
@@ -56,6 +71,7 @@ def _datetime_converter(field: Field, connection) -> Callable[[Any], Any] | None
     checks around it (a third of a round's recording went there): psycopg takes them as they
     are; SQLite stores the naive time in the connection's zone as ``str()`` gives it. Anything
     else (naive, an expression) goes the ORM's way."""
+
     def slow(value):
         return field.get_db_prep_save(value, connection)
 
@@ -141,8 +157,9 @@ def bulk_set(model: type[Model], objects: Sequence[Model], fields: Sequence[str]
         f"UPDATE {quote(meta.db_table)} SET {', '.join(f'{quote(f.column)} = %s' for f in columns)} "
         f"WHERE {quote(meta.pk.column)} = %s"
     )
-    rows = _prepared([*columns, meta.pk], connection,
-                     ([getattr(obj, f.attname) for f in columns] + [obj.pk] for obj in objects))
+    rows = _prepared(
+        [*columns, meta.pk], connection, ([getattr(obj, f.attname) for f in columns] + [obj.pk] for obj in objects)
+    )
     with transaction.atomic(using=connection.alias, savepoint=False), connection.cursor() as cursor:
         cursor.executemany(sql, rows)
     return len(rows)

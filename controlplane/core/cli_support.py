@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import time
-
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,13 +48,25 @@ def comparison_tables(rows: list[dict], task_names: list[str]) -> list[Table]:
     """Two tables narrow enough for an 80-column terminal: throughput and speedups per run,
     then the final test accuracy of each task (rows) per run (columns)."""
     throughput = Table(title="Throughput (means over rounds and devices; speedups over temporal)")
-    for column, justify in (("run", "right"), ("strategy", "left"), ("status", "left"), ("raw samples/s", "right"),
-                            ("fair", "right"), ("raw ×", "right"), ("fair ×", "right")):
+    for column, justify in (
+        ("run", "right"),
+        ("strategy", "left"),
+        ("status", "left"),
+        ("raw samples/s", "right"),
+        ("fair", "right"),
+        ("raw ×", "right"),
+        ("fair ×", "right"),
+    ):
         throughput.add_column(column, justify=justify, no_wrap=True)
     for r in rows:
         throughput.add_row(
-            str(r["run"]), r["strategy"], r["status"], _num(r["raw_throughput_sps"], ".1f"),
-            _num(r["fair_throughput"], ".3f"), _num(r["raw_speedup"], ".2f", "×"), _num(r["fair_speedup"], ".2f", "×"),
+            str(r["run"]),
+            r["strategy"],
+            r["status"],
+            _num(r["raw_throughput_sps"], ".1f"),
+            _num(r["fair_throughput"], ".3f"),
+            _num(r["raw_speedup"], ".2f", "×"),
+            _num(r["fair_speedup"], ".2f", "×"),
         )
     accuracy = Table(title="Final test accuracy")
     accuracy.add_column("task", no_wrap=True)
@@ -106,8 +117,14 @@ def progress_detail(p: dict) -> str:
     return detail
 
 
-def follow_runs(start: Callable[[Any], Any], items: Sequence[Any], *, timeout_s: float,
-                check: Callable[[], None] | None = None, label: Callable[[Any], str] = str) -> list:
+def follow_runs(
+    start: Callable[[Any], Any],
+    items: Sequence[Any],
+    *,
+    timeout_s: float,
+    check: Callable[[], None] | None = None,
+    label: Callable[[Any], str] = str,
+) -> list:
     """One progress bar per run, the runs followed one after another until each ends.
 
     Args:
@@ -122,7 +139,10 @@ def follow_runs(start: Callable[[Any], Any], items: Sequence[Any], *, timeout_s:
     """
     ended = []
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
         console=console,
     ) as progress:
         for item in items:

@@ -39,7 +39,9 @@ def demo_user_ensure() -> Credentials:
         path.write_text(secrets.token_urlsafe(12))
         path.chmod(0o600)
     password = path.read_text().strip()
-    user, _ = get_user_model().objects.get_or_create(username=DEMO_USER, defaults={"is_staff": True, "is_superuser": True})
+    user, _ = get_user_model().objects.get_or_create(
+        username=DEMO_USER, defaults={"is_staff": True, "is_superuser": True}
+    )
     if not user.check_password(password):
         user.set_password(password)
         user.save()
@@ -70,8 +72,13 @@ def demo_experiment_create(
     tasks = []
     for arch in architectures:
         task = Task.objects.filter(name=f"digits-{arch}").first() or exp_services.task_create(
-            name=f"digits-{arch}", architecture=arch, dataset="digits", num_classes=10,
-            optimizer="adam", learning_rate=1e-3, weight_decay=0.0,
+            name=f"digits-{arch}",
+            architecture=arch,
+            dataset="digits",
+            num_classes=10,
+            optimizer="adam",
+            learning_rate=1e-3,
+            weight_decay=0.0,
         )
         tasks.append(task)
     name = f"demo {timezone.now():%Y-%m-%d %H:%M:%S}"
@@ -93,12 +100,18 @@ def demo_experiment_create(
     counts = [
         {"device": device_id, "task": task.id, "num_samples": n}
         for k, task in enumerate(tasks)
-        for device_id, n in zip(device_ids, shard_counts(total, len(device_ids), "dirichlet", alpha=alpha, seed=seed * 10007 + k), strict=True)
+        for device_id, n in zip(
+            device_ids,
+            shard_counts(total, len(device_ids), "dirichlet", alpha=alpha, seed=seed * 10007 + k),
+            strict=True,
+        )
     ]
     return exp_services.experiment_create(partition_rule="explicit", sample_counts=counts, **common)
 
 
-def run_wait(run: Run, *, timeout_s: float, on_progress: Callable[[dict], None] | None = None, poll_s: float = 0.5) -> Run:
+def run_wait(
+    run: Run, *, timeout_s: float, on_progress: Callable[[dict], None] | None = None, poll_s: float = 0.5
+) -> Run:
     """Poll a run until it ends, reporting its progress.
 
     Raises:

@@ -74,7 +74,7 @@ class EmbeddedBroker:
         self._server = None
         self._saved: dict | None = None
 
-    def __enter__(self) -> "EmbeddedBroker":
+    def __enter__(self) -> EmbeddedBroker:
         self._saved = _current_broker()
         configured = os.environ.get("CELERY_BROKER_URL", "").strip()
         if configured:

@@ -85,8 +85,9 @@ def redis_url(broker_url: str) -> str | None:
     return None
 
 
-def check_agent(*, state_dir: str, broker_url: str, locks_path: str = "/proc/locks",
-                timeout_s: float = TIMEOUT_S) -> str:
+def check_agent(
+    *, state_dir: str, broker_url: str, locks_path: str = "/proc/locks", timeout_s: float = TIMEOUT_S
+) -> str:
     """Check that an agent holds ``state_dir``'s device lock and that its Redis broker answers.
 
     Returns:
@@ -118,8 +119,9 @@ def check_agent(*, state_dir: str, broker_url: str, locks_path: str = "/proc/loc
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one check; return 0 (healthy) or 1 (one line on stderr)."""
-    parser = argparse.ArgumentParser(prog="python -m controlplane.core.healthcheck",
-                                     description="Container healthchecks for docker-compose.yml.")
+    parser = argparse.ArgumentParser(
+        prog="python -m controlplane.core.healthcheck", description="Container healthchecks for docker-compose.yml."
+    )
     sub = parser.add_subparsers(dest="service", required=True)
     web = sub.add_parser("web", help="GET the web app's /healthz")
     web.add_argument("url", nargs="?", default="http://127.0.0.1:8000/healthz")
@@ -129,8 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.service == "web":
             check_web(args.url, allowed_hosts=os.environ.get("ALLOWED_HOSTS", ""))
         else:
-            check_agent(state_dir=os.environ.get("MTFL_AGENT_STATE_DIR", "").strip(),
-                        broker_url=os.environ.get("CELERY_BROKER_URL", "").strip())
+            check_agent(
+                state_dir=os.environ.get("MTFL_AGENT_STATE_DIR", "").strip(),
+                broker_url=os.environ.get("CELERY_BROKER_URL", "").strip(),
+            )
     except Unhealthy as exc:
         print(f"unhealthy: {exc}", file=sys.stderr)
         return 1

@@ -51,8 +51,9 @@ class LocalStack:
             and tests, its numbers labelled simulated).
     """
 
-    def __init__(self, *, agents: Sequence[str] = (), cores: Sequence[int] | None = None, log=print,
-                 backend: str = "cpu") -> None:
+    def __init__(
+        self, *, agents: Sequence[str] = (), cores: Sequence[int] | None = None, log=print, backend: str = "cpu"
+    ) -> None:
         self.agent_names = list(agents)
         self.cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
         self.log = log
@@ -61,7 +62,7 @@ class LocalStack:
         self.agent_cores: dict[str, list[int]] = {}
         self.backend = backend
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         try:
             self.start()
         except BaseException:
@@ -79,9 +80,21 @@ class LocalStack:
         self.children.start(
             "control-worker",
             python_argv(
-                "-m", "celery", "-A", "controlplane.celery:app", "worker", "-Q", "control",
-                "--concurrency", "2", "-n", "control@%h", "--without-gossip", "--without-mingle",
-                "--loglevel", "INFO",
+                "-m",
+                "celery",
+                "-A",
+                "controlplane.celery:app",
+                "worker",
+                "-Q",
+                "control",
+                "--concurrency",
+                "2",
+                "-n",
+                "control@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "INFO",
             ),
             env=env,
         )
@@ -94,8 +107,14 @@ class LocalStack:
                 self.children.start(
                     f"agent-{name}",
                     python_argv(
-                        "-m", "workers.agent", "--device", name, "--backend", self.backend,
-                        "--cores", ",".join(map(str, cores)),
+                        "-m",
+                        "workers.agent",
+                        "--device",
+                        name,
+                        "--backend",
+                        self.backend,
+                        "--cores",
+                        ",".join(map(str, cores)),
                     ),
                     env=env,
                 )

@@ -37,10 +37,7 @@ def experiment_runs(experiment: Experiment) -> list[dict[str, Any]]:
     baseline = selectors.baseline_run(experiment)
     runs = list(experiment.runs.order_by("id"))
     accuracy = selectors.runs_final_accuracy([run.id for run in runs])
-    return [
-        {"run": run, **selectors.run_speedups(run, baseline), "accuracy": accuracy.get(run.id, {})}
-        for run in runs
-    ]
+    return [{"run": run, **selectors.run_speedups(run, baseline), "accuracy": accuracy.get(run.id, {})} for run in runs]
 
 
 def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> dict[str, dict]:
@@ -57,14 +54,24 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
             own_plan = run.strategy in STRATEGY_REGISTRY and STRATEGY_REGISTRY.get(run.strategy).takes_plan
             shown[f"{run.strategy} (run {run.id})" if own_plan else run.strategy] = row
     bars = figures.speedup_bars(
-        [{"label": label, "strategy": shown[label]["run"].strategy, "raw_speedup": shown[label]["raw_speedup"],
-          "fair_speedup": shown[label]["fair_speedup"]}
-         for label in sorted(shown, key=lambda label: (_strategy_rank(shown[label]["run"].strategy),
-                                                       shown[label]["run"].id))]
+        [
+            {
+                "label": label,
+                "strategy": shown[label]["run"].strategy,
+                "raw_speedup": shown[label]["raw_speedup"],
+                "fair_speedup": shown[label]["fair_speedup"],
+            }
+            for label in sorted(
+                shown, key=lambda label: (_strategy_rank(shown[label]["run"].strategy), shown[label]["run"].id)
+            )
+        ]
     )
     points: dict[tuple[int, str], list] = defaultdict(list)
-    checkpoints = (Checkpoint.objects.filter(run__experiment=experiment)
-                   .order_by("run_id", "created_at", "id").values_list("run_id", "task__name", "created_at", "test_accuracy"))
+    checkpoints = (
+        Checkpoint.objects.filter(run__experiment=experiment)
+        .order_by("run_id", "created_at", "id")
+        .values_list("run_id", "task__name", "created_at", "test_accuracy")
+    )
     for run_id, task, created_at, accuracy in checkpoints:
         points[(run_id, task)].append((created_at, accuracy))
     series = []
@@ -72,8 +79,14 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
         run = row["run"]
         for (run_id, task), mine in points.items():
             if run_id == run.id:
-                series.append({"strategy": run.strategy, "run": run.id, "task": task,
-                               "points": figures.seconds_since(run.started_at, mine)})
+                series.append(
+                    {
+                        "strategy": run.strategy,
+                        "run": run.id,
+                        "task": task,
+                        "points": figures.seconds_since(run.started_at, mine),
+                    }
+                )
     return {"speedup": figure_json(bars), "accuracy": figure_json(figures.accuracy_over_time(series))}
 
 
@@ -92,7 +105,9 @@ def compared_runs(experiment: Experiment) -> list[Run]:
     else:
         newest: dict[str, Run] = {}
         compared = compared_strategies()
-        for run in experiment.runs.filter(strategy__in=compared, rounds__finished_at__isnull=False).distinct().order_by("id"):
+        for run in (
+            experiment.runs.filter(strategy__in=compared, rounds__finished_at__isnull=False).distinct().order_by("id")
+        ):
             newest[run.strategy] = run
         runs = list(newest.values())
     return sorted(runs, key=lambda r: (_strategy_rank(r.strategy), r.id))
@@ -121,8 +136,10 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
             measured=Count("id", filter=measured),
             with_standalone=Count("id", filter=measured & Q(standalone_throughput_sps__gt=0)),
             raw=Sum("throughput_sps", filter=measured),
-            fair=Sum(F("throughput_sps") / F("standalone_throughput_sps"),
-                     filter=measured & Q(standalone_throughput_sps__gt=0)),
+            fair=Sum(
+                F("throughput_sps") / F("standalone_throughput_sps"),
+                filter=measured & Q(standalone_throughput_sps__gt=0),
+            ),
             samples=Sum("samples_trained"),
             first_start=Min("started_at", filter=timed),
             last_end=Max("finished_at", filter=timed),
@@ -132,8 +149,13 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     totals: dict[tuple[str, int], dict[str, metrics.DeviceTotals]] = defaultdict(dict)
     for g in groups:
         totals[(g["round__run__strategy"], g["round__index"])][g["device__name"]] = metrics.DeviceTotals(
-            tasks=g["tasks"], failed_tasks=g["failed_tasks"], measured=g["measured"],
-            with_standalone=g["with_standalone"], raw_sps=g["raw"], fair=g["fair"], samples_trained=g["samples"] or 0,
+            tasks=g["tasks"],
+            failed_tasks=g["failed_tasks"],
+            measured=g["measured"],
+            with_standalone=g["with_standalone"],
+            raw_sps=g["raw"],
+            fair=g["fair"],
+            samples_trained=g["samples"] or 0,
             started_at=g["first_start"].timestamp() if g["first_start"] else None,
             finished_at=g["last_end"].timestamp() if g["last_end"] else None,
         )
@@ -143,15 +165,22 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     predicted = (
         assignments.filter(predicted_throughput_sps__isnull=False, throughput_sps__isnull=False)
         .order_by("round__run_id", "round__index", "device__name", "task_id")
-        .values_list("round__run__strategy", "device__name", "task__name", "round__index", "throughput_sps",
-                     "predicted_throughput_sps")
+        .values_list(
+            "round__run__strategy",
+            "device__name",
+            "task__name",
+            "round__index",
+            "throughput_sps",
+            "predicted_throughput_sps",
+        )
     )
     by_strategy: dict[str, list[tuple]] = defaultdict(list)
     for row in predicted:
         by_strategy[row[0]].append(row)
     points = [
         {"strategy": s, "device": d, "task": t, "round_index": r, "throughput_sps": p, "predicted_throughput_sps": q}
-        for rows in by_strategy.values() for s, d, t, r, p, q in figures.spread(rows, figures.MAX_MARKS)
+        for rows in by_strategy.values()
+        for s, d, t, r, p, q in figures.spread(rows, figures.MAX_MARKS)
     ]
     final = {row["run"].id: row["accuracy"] for row in run_rows}
     accuracy = [{"strategy": r.strategy, "accuracy": final.get(r.id, {})} for r in runs]
@@ -168,15 +197,27 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
 
 
 _ROW_COLUMNS = {  # row key: the Assignment lookup it is read from
-    "round_index": "round__index", "device": "device__name", "task": "task__name", "batch_size": "batch_size",
-    "active_thread_percentage": "active_thread_percentage", "samples": "samples", "throughput_sps": "throughput_sps",
-    "standalone_throughput_sps": "standalone_throughput_sps", "train_loss": "train_loss", "started_at": "started_at",
-    "finished_at": "finished_at", "status": "status", "error": "error", "peak_memory_bytes": "peak_memory_bytes",
+    "round_index": "round__index",
+    "device": "device__name",
+    "task": "task__name",
+    "batch_size": "batch_size",
+    "active_thread_percentage": "active_thread_percentage",
+    "samples": "samples",
+    "throughput_sps": "throughput_sps",
+    "standalone_throughput_sps": "standalone_throughput_sps",
+    "train_loss": "train_loss",
+    "started_at": "started_at",
+    "finished_at": "finished_at",
+    "status": "status",
+    "error": "error",
+    "peak_memory_bytes": "peak_memory_bytes",
     "mps_verified": "mps_verified",
 }
 
 
-def run_assignment_rows(run: Run, *, devices: list[str] | None = None, from_round: int | None = None) -> list[dict[str, Any]]:
+def run_assignment_rows(
+    run: Run, *, devices: list[str] | None = None, from_round: int | None = None
+) -> list[dict[str, Any]]:
     """Assignments of a run as plain rows (one query), optionally only of some devices (by
     name) and from a round index on."""
     qs = Assignment.objects.filter(round__run=run)
@@ -201,9 +242,14 @@ def run_telemetry_series(run: Run, *, devices: list[str] | None = None) -> list[
     if devices is not None:
         qs = qs.filter(device__name__in=devices)
     return [
-        {"device": row.device.name, "round_index": row.round.index, "t": row.t,
-         "gpu_util_percent": row.gpu_util_percent, "memory_used_bytes": row.memory_used_bytes,
-         "memory_total_bytes": row.memory_total_bytes}
+        {
+            "device": row.device.name,
+            "round_index": row.round.index,
+            "t": row.t,
+            "gpu_util_percent": row.gpu_util_percent,
+            "memory_used_bytes": row.memory_used_bytes,
+            "memory_total_bytes": row.memory_total_bytes,
+        }
         for row in qs
     ]
 
@@ -217,23 +263,33 @@ def run_figures(run: Run) -> dict[str, dict]:
     newest rounds the plan and the timeline draw, and, for GPU runs, the telemetry of the
     devices drawn.
     """
-    round_indices = list(Round.objects.filter(run=run, assignments__isnull=False).distinct()
-                         .order_by("index").values_list("index", flat=True))
+    round_indices = list(
+        Round.objects.filter(run=run, assignments__isnull=False)
+        .distinct()
+        .order_by("index")
+        .values_list("index", flat=True)
+    )
     names = list(run.experiment.devices.order_by("name").values_list("name", flat=True))
     shown = figures.spread(names, figures.MAX_DEVICES)
     timeline_rounds = max(1, figures.MAX_MARKS // max(1, len(shown)))
-    kept = round_indices[-max(timeline_rounds, figures.MAX_ROUNDS):]
-    rows = run_assignment_rows(run, devices=shown if len(shown) < len(names) else None,
-                               from_round=kept[0] if len(kept) < len(round_indices) else None)
+    kept = round_indices[-max(timeline_rounds, figures.MAX_ROUNDS) :]
+    rows = run_assignment_rows(
+        run,
+        devices=shown if len(shown) < len(names) else None,
+        from_round=kept[0] if len(kept) < len(round_indices) else None,
+    )
     # A task's throughput in a round: Σ_j P_ij over the devices that count (the one rule of
     # controlplane.planning.metrics: a device with an assignment that did not succeed adds nothing).
-    failed_on_device = (Assignment.objects.filter(round_id=OuterRef("round_id"), device_id=OuterRef("device_id"))
-                        .exclude(status=Assignment.Status.SUCCEEDED))
+    failed_on_device = Assignment.objects.filter(
+        round_id=OuterRef("round_id"), device_id=OuterRef("device_id")
+    ).exclude(status=Assignment.Status.SUCCEEDED)
     totals = [
         {"round_index": r, "task": t, "throughput_sps": p}
         for r, t, p in Assignment.objects.filter(round__run=run, throughput_sps__isnull=False)
         .exclude(Exists(failed_on_device))
-        .values("round__index", "task__name").annotate(total=Sum("throughput_sps")).order_by()
+        .values("round__index", "task__name")
+        .annotate(total=Sum("throughput_sps"))
+        .order_by()
         .values_list("round__index", "task__name", "total")
     ]
     built = {
@@ -244,8 +300,9 @@ def run_figures(run: Run) -> dict[str, dict]:
     if run_has_gpu_devices(run):
         reporting = sorted(set(DeviceTelemetry.objects.filter(round__run=run).values_list("device__name", flat=True)))
         drawn = figures.spread(reporting, figures.TELEMETRY_DEVICES)
-        built["gpu"] = figure_json(figures.gpu_telemetry(run_telemetry_series(
-            run, devices=drawn if len(drawn) < len(reporting) else None)))
+        built["gpu"] = figure_json(
+            figures.gpu_telemetry(run_telemetry_series(run, devices=drawn if len(drawn) < len(reporting) else None))
+        )
     return built
 
 
@@ -269,9 +326,15 @@ def run_live(run: Run) -> dict[str, Any]:
     newest = list(run.rounds.order_by("-index")[:LIVE_ROUNDS])
     rounds = [
         {
-            "index": r.index, "status": r.status, "round_time_s": r.round_time_s, "wall_time_s": r.wall_time_s,
-            "fl_throughput_sps": r.fl_throughput_sps, "raw_throughput_sps": r.raw_throughput_sps,
-            "fair_throughput": r.fair_throughput, "error": r.error, "flags": _flags_shown(r.flags),
+            "index": r.index,
+            "status": r.status,
+            "round_time_s": r.round_time_s,
+            "wall_time_s": r.wall_time_s,
+            "fl_throughput_sps": r.fl_throughput_sps,
+            "raw_throughput_sps": r.raw_throughput_sps,
+            "fair_throughput": r.fair_throughput,
+            "error": r.error,
+            "flags": _flags_shown(r.flags),
         }
         for r in reversed(newest)
     ]
@@ -291,8 +354,12 @@ def predictor_figures(predictor: Predictor) -> dict[str, dict]:
     """Predicted-vs-measured scatter, error by mix size and by slice, and the learning curve of
     its class."""
     history = [
-        {"version": p.version, "training_samples": p.training_samples, "heldout_rmsle": p.heldout_rmsle,
-         "kept_family": p.kept_family}
+        {
+            "version": p.version,
+            "training_samples": p.training_samples,
+            "heldout_rmsle": p.heldout_rmsle,
+            "kept_family": p.kept_family,
+        }
         for p in predictor_history(backend=predictor.backend, device_class=predictor.device_class)
     ]
     return {

@@ -22,15 +22,26 @@ import plotly.graph_objects as go
 
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf"]
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 """Plotly's D3 qualitative palette: tasks, models and devices take colours in their order here."""
-STRATEGY_PALETTE = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-                    "#bcbd22", "#17becf"]
+STRATEGY_PALETTE = [
+    "#7f7f7f",
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+]
 """Strategy colours, by position in the strategy registry (the first, the baseline among the
 built-ins, in grey: the reference every speedup is taken against)."""
 LAYOUT = dict(
-    template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), height=380,
+    template="plotly_white",
+    margin=dict(l=60, r=20, t=50, b=50),
+    height=380,
     legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
 )
 BAR_LABELS = dict(uniformtext=dict(minsize=9, mode="hide"))
@@ -43,8 +54,9 @@ EMPTY = "mtfl-empty"
 def _empty(fig: go.Figure, message: str) -> go.Figure:
     """Say there is nothing to show instead of drawing empty axes (Plotly defaults a date axis
     without data to the year 2000); :func:`is_empty` recognises the result."""
-    fig.add_annotation(text=message, showarrow=False, font=dict(size=15, color="#6a737d"),
-                       xref="paper", yref="paper", x=0.5, y=0.5)
+    fig.add_annotation(
+        text=message, showarrow=False, font=dict(size=15, color="#6a737d"), xref="paper", yref="paper", x=0.5, y=0.5
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     fig.update_layout(meta=EMPTY)
@@ -75,8 +87,13 @@ def _value_labels(fig: go.Figure, suffix: str = "", digits: int = 2) -> None:
     labels apart (with :data:`BAR_LABELS`, one that does not fit is hidden)."""
     for trace in fig.data:
         if trace.type == "bar":
-            trace.update(texttemplate=f"%{{y:.{digits}f}}{suffix}", textposition="inside", textangle=-90,
-                         insidetextanchor="end", insidetextfont=dict(color="white"))
+            trace.update(
+                texttemplate=f"%{{y:.{digits}f}}{suffix}",
+                textposition="inside",
+                textangle=-90,
+                insidetextanchor="end",
+                insidetextfont=dict(color="white"),
+            )
 
 
 MAX_DEVICES = 50
@@ -99,7 +116,9 @@ def spread(items: Sequence, limit: int) -> list:
     return [items[round(k * (n - 1) / (limit - 1))] for k in range(limit)]
 
 
-def bucket_means(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -> tuple[list[tuple[float, float]], int]:
+def bucket_means(
+    points: Sequence[tuple[float, float]], limit: int = MAX_POINTS
+) -> tuple[list[tuple[float, float]], int]:
     """``points`` (sorted by x) averaged over runs of ``k`` consecutive points so that at most
     ``limit`` remain: ``(mean x, mean y)`` per run. Returns the points and ``k`` (1: unchanged)."""
     if len(points) <= limit:
@@ -107,7 +126,7 @@ def bucket_means(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS)
     k = -(-len(points) // limit)
     out = []
     for start in range(0, len(points), k):
-        chunk = points[start:start + k]
+        chunk = points[start : start + k]
         out.append((sum(p[0] for p in chunk) / len(chunk), sum(p[1] for p in chunk) / len(chunk)))
     return out, k
 
@@ -142,25 +161,42 @@ def speedup_bars(rows: Sequence[Mapping]) -> go.Figure:
     for metric, name, pattern in bars:
         # The legend says solid = raw, hatched = fair, in a neutral colour (the bars' own colours
         # are the strategies').
-        fig.add_bar(name=name, x=[None], y=[None], legendgroup=metric, offsetgroup=metric, hoverinfo="skip",
-                    marker=dict(color="#888", pattern=dict(shape=pattern, fgcolor="white")))
+        fig.add_bar(
+            name=name,
+            x=[None],
+            y=[None],
+            legendgroup=metric,
+            offsetgroup=metric,
+            hoverinfo="skip",
+            marker=dict(color="#888", pattern=dict(shape=pattern, fgcolor="white")),
+        )
     for metric, name, pattern in bars:
         values = [r.get(metric) for r in rows]
         fig.add_bar(
-            name=name, x=labels, y=values, marker=dict(color=colors, pattern=dict(shape=pattern, fgcolor="white")),
-            showlegend=False, legendgroup=metric, offsetgroup=metric,
+            name=name,
+            x=labels,
+            y=values,
+            marker=dict(color=colors, pattern=dict(shape=pattern, fgcolor="white")),
+            showlegend=False,
+            legendgroup=metric,
+            offsetgroup=metric,
             # upright inside the bar's top, so neighbouring labels never run together; a
             # missing speedup says so above the axis
-            text=[f"{v:.2f}×" if v is not None else "n/a" for v in values], textangle=-90,
-            textposition=["inside" if v is not None else "outside" for v in values], insidetextanchor="end",
+            text=[f"{v:.2f}×" if v is not None else "n/a" for v in values],
+            textangle=-90,
+            textposition=["inside" if v is not None else "outside" for v in values],
+            insidetextanchor="end",
             insidetextfont=dict(color="white"),
         )
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
     fig.update_layout(
         title=_note("Speedup over " + baseline, [f"mean over rounds and devices; dotted line: {baseline} = 1×"]),
         # categories, named: the legend's empty traces come first and would make the axis numeric
-        barmode="group", yaxis_title="speedup (×)", xaxis=dict(type="category", title="strategy"),
-        **LAYOUT, **BAR_LABELS,
+        barmode="group",
+        yaxis_title="speedup (×)",
+        xaxis=dict(type="category", title="strategy"),
+        **LAYOUT,
+        **BAR_LABELS,
     )
     return fig
 
@@ -182,30 +218,49 @@ def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
     for s in series:
         points = spread(s["points"], MAX_POINTS)
         fig.add_scatter(
-            x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
-            name=s["strategy"], legendgroup=s["strategy"], showlegend=s["strategy"] not in in_legend,
+            x=[p[0] for p in points],
+            y=[p[1] for p in points],
+            mode="lines+markers",
+            name=s["strategy"],
+            legendgroup=s["strategy"],
+            showlegend=s["strategy"] not in in_legend,
             line=dict(color=strategy_color(s["strategy"]), dash=dashes[tasks.index(s["task"]) % len(dashes)]),
             hovertemplate="%{x:.0f} s: %{y:.3f}<extra>" + f"{s['strategy']} · {s['task']} · run {s['run']}</extra>",
         )
         in_legend.add(s["strategy"])
     for task in tasks:  # the line styles' key: grey, no data
-        fig.add_scatter(x=[None], y=[None], mode="lines", name=task, legendgroup="tasks",
-                        legendgrouptitle_text="line style: task", hoverinfo="skip",
-                        line=dict(color="#555", dash=dashes[tasks.index(task) % len(dashes)]))
+        fig.add_scatter(
+            x=[None],
+            y=[None],
+            mode="lines",
+            name=task,
+            legendgroup="tasks",
+            legendgrouptitle_text="line style: task",
+            hoverinfo="skip",
+            line=dict(color="#555", dash=dashes[tasks.index(task) % len(dashes)]),
+        )
     fig.update_layout(
-        title=_note("Test accuracy against wall-clock time",
-                    [f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else ""]),
+        title=_note(
+            "Test accuracy against wall-clock time",
+            [f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else ""],
+        ),
         xaxis_title="seconds since the run started",
-        yaxis_title="test accuracy", yaxis_range=[0, 1],
-        **{**LAYOUT, "height": 460,
-           "legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", groupclick="togglegroup",
-                          tracegroupgap=10)},
+        yaxis_title="test accuracy",
+        yaxis_range=[0, 1],
+        **{
+            **LAYOUT,
+            "height": 460,
+            "legend": dict(
+                orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", groupclick="togglegroup", tracegroupgap=10
+            ),
+        },
     )
     return fig if series else _empty(fig, "no run yet")
 
 
-def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[int],
-                    devices_total: int | None = None) -> go.Figure:
+def allocation_plan(
+    assignments: Sequence[Mapping], *, round_indices: Sequence[int], devices_total: int | None = None
+) -> go.Figure:
     """The allocation plan of each round: per device, stacked bars of each task's share (%),
     batch sizes as labels, a line at 100 %; a menu switches between rounds (last one shown).
 
@@ -236,10 +291,18 @@ def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[i
         for t_i, task in enumerate(tasks):
             rows = by_round.get(r, {}).get(task, {})
             fig.add_bar(
-                name=task, legendgroup=task, showlegend=(r == last),
-                x=devices, y=[rows[d]["active_thread_percentage"] if d in rows else None for d in devices],
-                text=[f"{task}<br>{rows[d]['active_thread_percentage']}% · B={rows[d]['batch_size']}" if d in rows else "" for d in devices],
-                textposition="inside", marker_color=_color(t_i), visible=(r == last),
+                name=task,
+                legendgroup=task,
+                showlegend=(r == last),
+                x=devices,
+                y=[rows[d]["active_thread_percentage"] if d in rows else None for d in devices],
+                text=[
+                    f"{task}<br>{rows[d]['active_thread_percentage']}% · B={rows[d]['batch_size']}" if d in rows else ""
+                    for d in devices
+                ],
+                textposition="inside",
+                marker_color=_color(t_i),
+                visible=(r == last),
                 hovertemplate="%{x}<br>%{text}<extra></extra>",
             )
             traces_of_round[r].append(len(fig.data) - 1)
@@ -253,11 +316,16 @@ def allocation_plan(assignments: Sequence[Mapping], *, round_indices: Sequence[i
             buttons.append(dict(label=f"round {r}", method="update", args=[{"visible": visible}]))
         fig.update_layout(updatemenus=[dict(buttons=buttons, active=len(offered) - 1, x=1.0, xanchor="right", y=1.18)])
     fig.add_hline(y=100, line_dash="dash", line_color="#d62728", annotation_text="100 % of the device")
-    notes = [_devices_note(len(devices), max(devices_total or 0, len(all_devices))),
-             f"the newest {len(offered)} of {len(round_indices):,} rounds" if len(offered) < len(round_indices) else ""]
+    notes = [
+        _devices_note(len(devices), max(devices_total or 0, len(all_devices))),
+        f"the newest {len(offered)} of {len(round_indices):,} rounds" if len(offered) < len(round_indices) else "",
+    ]
     fig.update_layout(
-        title=_note("Allocation plan: each task's share of its device (B = batch size)", notes), barmode="stack",
-        xaxis_title="device", yaxis_title="share (active thread percentage, %)", **LAYOUT,
+        title=_note("Allocation plan: each task's share of its device (B = batch size)", notes),
+        barmode="stack",
+        xaxis_title="device",
+        yaxis_title="share (active thread percentage, %)",
+        **LAYOUT,
     )
     return fig if assignments else _empty(fig, "no round planned yet")
 
@@ -283,20 +351,29 @@ def throughput_per_round(rows: Sequence[Mapping]) -> go.Figure:
         points, k = bucket_means(sorted(totals[task].items()))
         merged = max(merged, k)
         fig.add_scatter(
-            x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers" if k == 1 else "lines",
-            name=task, line=dict(color=_color(i)),
+            x=[p[0] for p in points],
+            y=[p[1] for p in points],
+            mode="lines+markers" if k == 1 else "lines",
+            name=task,
+            line=dict(color=_color(i)),
         )
-    title = _note("Throughput per task per round (sum over devices)",
-                  [f"each point the mean of {merged} consecutive rounds" if merged > 1 else ""])
+    title = _note(
+        "Throughput per task per round (sum over devices)",
+        [f"each point the mean of {merged} consecutive rounds" if merged > 1 else ""],
+    )
     fig.update_layout(
-        title=title, xaxis_title="round", yaxis_title="throughput (samples/s)",
+        title=title,
+        xaxis_title="round",
+        yaxis_title="throughput (samples/s)",
         xaxis=dict(dtick=1) if merged == 1 and max((len(v) for v in totals.values()), default=0) <= 30 else {},
         **LAYOUT,
     )
     return fig if totals else _empty(fig, "no throughput measured yet")
 
 
-def timeline(rows: Sequence[Mapping], *, devices_total: int | None = None, rounds_total: int | None = None) -> go.Figure:
+def timeline(
+    rows: Sequence[Mapping], *, devices_total: int | None = None, rounds_total: int | None = None
+) -> go.Figure:
     """Gantt chart of every assignment's training span, one lane per device and task.
 
     At most :data:`MAX_DEVICES` devices (spread evenly by name), the newest rounds that fit in
@@ -315,7 +392,7 @@ def timeline(rows: Sequence[Mapping], *, devices_total: int | None = None, round
     all_rounds = sorted({r["round_index"] for r in rows})
     tasks = sorted({r["task"] for r in rows})
     lanes_per_round = max(1, len(devices))
-    keep_rounds = all_rounds[-max(1, MAX_MARKS // lanes_per_round):]
+    keep_rounds = all_rounds[-max(1, MAX_MARKS // lanes_per_round) :]
     if len(keep_rounds) < len(all_rounds):
         first = keep_rounds[0]
         rows = [r for r in rows if r["round_index"] >= first]
@@ -323,29 +400,40 @@ def timeline(rows: Sequence[Mapping], *, devices_total: int | None = None, round
     for i, task in enumerate(tasks):
         mine = [r for r in rows if r["task"] == task]
         fig.add_bar(
-            orientation="h", name=task,
+            orientation="h",
+            name=task,
             y=[f"{r['device']} · {r['task']}" for r in mine],
             base=[r["started_at"].isoformat() for r in mine],
             x=[(r["finished_at"] - r["started_at"]).total_seconds() * 1000.0 for r in mine],
             marker_color=_color(i),
-            customdata=[[r["round_index"], r["status"], (r["finished_at"] - r["started_at"]).total_seconds()] for r in mine],
+            customdata=[
+                [r["round_index"], r["status"], (r["finished_at"] - r["started_at"]).total_seconds()] for r in mine
+            ],
             hovertemplate="round %{customdata[0]} · %{customdata[1]}<br>%{customdata[2]:.2f} s<extra>%{y}</extra>",
         )
     lanes = sorted({f"{r['device']} · {r['task']}" for r in rows})
     total_rounds = max(rounds_total or 0, len(all_rounds))
-    notes = [_devices_note(len(devices), max(devices_total or 0, len(all_devices))),
-             f"the newest {len(keep_rounds)} of {total_rounds:,} rounds" if len(keep_rounds) < total_rounds else ""]
+    notes = [
+        _devices_note(len(devices), max(devices_total or 0, len(all_devices))),
+        f"the newest {len(keep_rounds)} of {total_rounds:,} rounds" if len(keep_rounds) < total_rounds else "",
+    ]
     fig.update_layout(
         title=_note("Timeline: each assignment's training span", notes),
         xaxis=dict(type="date", title="wall-clock time (UTC)"),
-        yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes)), title=""), barmode="overlay",
-        **{**LAYOUT, "height": max(260, min(40 * len(lanes), 4000) + 160),
-           "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1)},
+        yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes)), title=""),
+        barmode="overlay",
+        **{
+            **LAYOUT,
+            "height": max(260, min(40 * len(lanes), 4000) + 160),
+            "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
+        },
     )
     return fig if rows else _empty(fig, "no assignment has trained yet")
 
 
-def seconds_since(start: dt.datetime | None, points: Iterable[tuple[dt.datetime, float | None]]) -> list[tuple[float, float]]:
+def seconds_since(
+    start: dt.datetime | None, points: Iterable[tuple[dt.datetime, float | None]]
+) -> list[tuple[float, float]]:
     """``[(seconds since start, value)]`` for points with a value (for accuracy curves)."""
     if start is None:
         return []
@@ -367,7 +455,10 @@ def predicted_vs_measured(heldout: Sequence[Mapping]) -> go.Figure:
     for i, model in enumerate(models):
         mine = spread([h for h in heldout if h["architecture"] == model], MAX_MARKS)
         fig.add_scatter(
-            x=[h["measured_sps"] for h in mine], y=[h["predicted_sps"] for h in mine], mode="markers", name=model,
+            x=[h["measured_sps"] for h in mine],
+            y=[h["predicted_sps"] for h in mine],
+            mode="markers",
+            name=model,
             marker=dict(color=_color(i), size=7, opacity=0.75),
             customdata=[h["mix_size"] for h in mine],
             hovertemplate="measured %{x:.1f}<br>predicted %{y:.1f}<br>mix of %{customdata}<extra>" + model + "</extra>",
@@ -378,7 +469,8 @@ def predicted_vs_measured(heldout: Sequence[Mapping]) -> go.Figure:
     fig.update_layout(
         title="Predicted against measured throughput (held-out mixes)",
         xaxis=dict(type="log", title="measured throughput (samples/s)"),
-        yaxis=dict(type="log", title="predicted throughput (samples/s)"), **{**LAYOUT, "height": 480},
+        yaxis=dict(type="log", title="predicted throughput (samples/s)"),
+        **{**LAYOUT, "height": 480},
     )
     return fig
 
@@ -392,10 +484,19 @@ def error_by_mix_size(metrics: Mapping[str, Mapping]) -> go.Figure:
     fig = go.Figure()
     for i, (family, m) in enumerate(metrics.items()):
         sizes = sorted(m.get("by_mix_size", {}), key=int)
-        fig.add_bar(name=family, x=[f"{s} task{'s' if s != '1' else ''}" for s in sizes],
-                    y=[m["by_mix_size"][s] for s in sizes], marker_color=_color(i))
-    fig.update_layout(title="Held-out error by mix size", barmode="group", yaxis_title="RMSLE",
-                      xaxis_title="co-located tasks", **LAYOUT)
+        fig.add_bar(
+            name=family,
+            x=[f"{s} task{'s' if s != '1' else ''}" for s in sizes],
+            y=[m["by_mix_size"][s] for s in sizes],
+            marker_color=_color(i),
+        )
+    fig.update_layout(
+        title="Held-out error by mix size",
+        barmode="group",
+        yaxis_title="RMSLE",
+        xaxis_title="co-located tasks",
+        **LAYOUT,
+    )
     return fig if metrics else _empty(fig, "no metrics")
 
 
@@ -410,14 +511,25 @@ def error_by_slice(metrics: Mapping[str, Mapping]) -> go.Figure:
         metrics: ``{family: {"by_slice": {"1 unit, alone": rmsle, ...}}}``.
     """
     fig = go.Figure()
-    kinds = sorted({k for m in metrics.values() for k in m.get("by_slice", {})},
-                   key=lambda k: (int(k.split(" ", 1)[0]) if k[:1].isdigit() else 0, k))
+    kinds = sorted(
+        {k for m in metrics.values() for k in m.get("by_slice", {})},
+        key=lambda k: (int(k.split(" ", 1)[0]) if k[:1].isdigit() else 0, k),
+    )
     for i, (family, m) in enumerate(metrics.items()):
         if m.get("by_slice"):
-            fig.add_bar(name=family, x=[k for k in kinds if k in m["by_slice"]],
-                        y=[m["by_slice"][k] for k in kinds if k in m["by_slice"]], marker_color=_color(i))
-    fig.update_layout(title="Held-out error by the slice a task ran on", barmode="group", yaxis_title="RMSLE",
-                      xaxis_title="the task's slice", **LAYOUT)
+            fig.add_bar(
+                name=family,
+                x=[k for k in kinds if k in m["by_slice"]],
+                y=[m["by_slice"][k] for k in kinds if k in m["by_slice"]],
+                marker_color=_color(i),
+            )
+    fig.update_layout(
+        title="Held-out error by the slice a task ran on",
+        barmode="group",
+        yaxis_title="RMSLE",
+        xaxis_title="the task's slice",
+        **LAYOUT,
+    )
     return fig if kinds else _empty(fig, "no breakdown by slice (fitted before it was recorded)")
 
 
@@ -431,15 +543,22 @@ def learning_curve(history: Sequence[Mapping]) -> go.Figure:
     fig = go.Figure()
     if history:
         fig.add_scatter(
-            x=[h["training_samples"] for h in history], y=[h["heldout_rmsle"] for h in history], mode="lines+markers+text",
-            text=[f"v{h['version']}" for h in history], textposition="top center", name="kept model",
+            x=[h["training_samples"] for h in history],
+            y=[h["heldout_rmsle"] for h in history],
+            mode="lines+markers+text",
+            text=[f"v{h['version']}" for h in history],
+            textposition="top center",
+            name="kept model",
             customdata=[h["kept_family"] for h in history],
             hovertemplate="%{text}: %{customdata}<br>%{x} samples<br>RMSLE %{y:.4f}<extra></extra>",
         )
     # From zero and in whole samples: with one version the axis otherwise spans 125.5 samples.
-    fig.update_layout(title="Predictor error as it learns",
-                      xaxis=dict(title="training samples", rangemode="tozero", tickformat="d"),
-                      yaxis=dict(title="held-out RMSLE", rangemode="tozero"), **LAYOUT)
+    fig.update_layout(
+        title="Predictor error as it learns",
+        xaxis=dict(title="training samples", rangemode="tozero", tickformat="d"),
+        yaxis=dict(title="held-out RMSLE", rangemode="tozero"),
+        **LAYOUT,
+    )
     return fig if history else _empty(fig, "no fitted predictor yet")
 
 
@@ -473,16 +592,31 @@ def speedup_per_device(speedups: Mapping[str, dict], strategies: Sequence[str]) 
         for s in strategies:
             values = sp[metric].get(s, {})
             devices = sorted(d for d in values if d in shown)
-            fig.add_bar(name=s, x=devices, y=[values[d] for d in devices], marker_color=strategy_color(s),
-                        visible=(metric == "raw"), legendgroup=s, showlegend=(metric == "raw"))
+            fig.add_bar(
+                name=s,
+                x=devices,
+                y=[values[d] for d in devices],
+                marker_color=strategy_color(s),
+                visible=(metric == "raw"),
+                legendgroup=s,
+                showlegend=(metric == "raw"),
+            )
             traces_of[metric].append(len(fig.data) - 1)
     _value_labels(fig, "×")
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
     baseline = baseline_strategy().name
-    subtitle = "; ".join(n for n in (f"over {baseline}, mean over rounds", _devices_note(len(shown), len(all_devices))) if n)
-    fig.update_layout(title=f"Speedup inside each device<br><sup>{subtitle}</sup>", barmode="group",
-                      xaxis_title="device", yaxis_title="speedup (×)", **LAYOUT, **BAR_LABELS)
+    subtitle = "; ".join(
+        n for n in (f"over {baseline}, mean over rounds", _devices_note(len(shown), len(all_devices))) if n
+    )
+    fig.update_layout(
+        title=f"Speedup inside each device<br><sup>{subtitle}</sup>",
+        barmode="group",
+        xaxis_title="device",
+        yaxis_title="speedup (×)",
+        **LAYOUT,
+        **BAR_LABELS,
+    )
     has_data = any(sp["raw"].get(s) for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
 
@@ -503,19 +637,29 @@ def speedup_per_round(speedups: Mapping[str, dict], strategies: Sequence[str]) -
         for s in strategies:
             points, k = bucket_means(sorted(sp[metric].get(s, {}).items()))
             merged = max(merged, k)
-            fig.add_scatter(name=s, x=[p[0] for p in points], y=[p[1] for p in points],
-                            mode="lines+markers" if k == 1 else "lines",
-                            line=dict(color=strategy_color(s)), visible=(metric == "raw"), legendgroup=s,
-                            showlegend=(metric == "raw"))
+            fig.add_scatter(
+                name=s,
+                x=[p[0] for p in points],
+                y=[p[1] for p in points],
+                mode="lines+markers" if k == 1 else "lines",
+                line=dict(color=strategy_color(s)),
+                visible=(metric == "raw"),
+                legendgroup=s,
+                showlegend=(metric == "raw"),
+            )
             traces_of[metric].append(len(fig.data) - 1)
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    subtitle = (f"over {baseline_strategy().name}, mean over devices"
-                + (f"; each point the mean of {merged} rounds" if merged > 1 else ""))
+    subtitle = f"over {baseline_strategy().name}, mean over devices" + (
+        f"; each point the mean of {merged} rounds" if merged > 1 else ""
+    )
     rounds = max((len(v) for m in sp.values() for v in m.values()), default=0)
-    fig.update_layout(title=f"Speedup per round<br><sup>{subtitle}</sup>",
-                      xaxis=dict(dtick=1, title="round") if merged == 1 and rounds <= 30 else dict(title="round"),
-                      yaxis_title="speedup (×)", **LAYOUT)
+    fig.update_layout(
+        title=f"Speedup per round<br><sup>{subtitle}</sup>",
+        xaxis=dict(dtick=1, title="round") if merged == 1 and rounds <= 30 else dict(title="round"),
+        yaxis_title="speedup (×)",
+        **LAYOUT,
+    )
     has_data = any(sp["raw"].get(s) for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
 
@@ -535,13 +679,21 @@ def round_time_split(split: Mapping[tuple[str, str], tuple[float, float]], strat
     fig = go.Figure()
     x = [[s for s, _ in keys], [d for _, d in keys]]
     fig.add_bar(name="compute (own tasks)", x=x, y=[split[k][0] for k in keys], marker_color=PALETTE[0])
-    fig.add_bar(name="waiting for the slowest device", x=x, y=[split[k][1] for k in keys],
-                marker_color="#c7c7c7")
-    fig.update_layout(title=_note("Round time per device: compute and waiting (mean over rounds)",
-                                  [_devices_note(len(shown), len(all_devices))]), barmode="stack",
-                      yaxis_title="seconds",
-                      **{**LAYOUT, "height": 440, "margin": dict(l=60, r=20, t=80, b=90),
-                         "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1)})
+    fig.add_bar(name="waiting for the slowest device", x=x, y=[split[k][1] for k in keys], marker_color="#c7c7c7")
+    fig.update_layout(
+        title=_note(
+            "Round time per device: compute and waiting (mean over rounds)",
+            [_devices_note(len(shown), len(all_devices))],
+        ),
+        barmode="stack",
+        yaxis_title="seconds",
+        **{
+            **LAYOUT,
+            "height": 440,
+            "margin": dict(l=60, r=20, t=80, b=90),
+            "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
+        },
+    )
     return fig if keys else _empty(fig, "no round of the compared runs has finished yet")
 
 
@@ -563,8 +715,11 @@ def plan_predicted_vs_measured(rows: Sequence[Mapping]) -> go.Figure:
         mine = spread(every, MAX_MARKS)
         sampled = sampled or len(mine) < len(every)
         fig.add_scatter(
-            x=[r["throughput_sps"] for r in mine], y=[r["predicted_throughput_sps"] for r in mine], mode="markers",
-            name=s, marker=dict(color=strategy_color(s), size=8, opacity=0.8),
+            x=[r["throughput_sps"] for r in mine],
+            y=[r["predicted_throughput_sps"] for r in mine],
+            mode="markers",
+            name=s,
+            marker=dict(color=strategy_color(s), size=8, opacity=0.8),
             text=[f"{r['task']} on {r['device']}, round {r['round_index']}" for r in mine],
             hovertemplate="%{text}<br>measured %{x:.1f}<br>predicted %{y:.1f}<extra></extra>",
         )
@@ -572,10 +727,15 @@ def plan_predicted_vs_measured(rows: Sequence[Mapping]) -> go.Figure:
         values = [v for r in rows for v in (r["throughput_sps"], r["predicted_throughput_sps"])]
         lo, hi = min(values) / 1.3, max(values) * 1.3
         fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line=dict(color="#555", dash="dash"))
-    fig.update_layout(title=_note("Planned assignments: predicted against measured throughput",
-                                  [f"{MAX_MARKS:,} assignments a strategy, spread evenly" if sampled else ""]),
-                      xaxis=dict(type="log", title="measured throughput (samples/s)"),
-                      yaxis=dict(type="log", title="predicted throughput (samples/s)"), **LAYOUT)
+    fig.update_layout(
+        title=_note(
+            "Planned assignments: predicted against measured throughput",
+            [f"{MAX_MARKS:,} assignments a strategy, spread evenly" if sampled else ""],
+        ),
+        xaxis=dict(type="log", title="measured throughput (samples/s)"),
+        yaxis=dict(type="log", title="predicted throughput (samples/s)"),
+        **LAYOUT,
+    )
     return fig if rows else _empty(fig, "no planned (vres_*) assignment has finished yet")
 
 
@@ -593,8 +753,14 @@ def final_accuracy(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Fig
         acc = by_strategy.get(s, {})
         fig.add_bar(name=s, x=tasks, y=[acc.get(t) for t in tasks], marker_color=strategy_color(s))
     _value_labels(fig, digits=3)
-    fig.update_layout(title="Final test accuracy per task", barmode="group", yaxis=dict(range=[0, 1.05], title="accuracy"),
-                      xaxis_title="task", **LAYOUT, **BAR_LABELS)
+    fig.update_layout(
+        title="Final test accuracy per task",
+        barmode="group",
+        yaxis=dict(range=[0, 1.05], title="accuracy"),
+        xaxis_title="task",
+        **LAYOUT,
+        **BAR_LABELS,
+    )
     return fig if tasks else _empty(fig, "no run has finished yet")
 
 
@@ -625,8 +791,13 @@ def gpu_telemetry(series: Sequence[Mapping], *, max_points_per_device: int = 150
     """
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("GPU utilisation (%)", "GPU memory in use (GiB)"))
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=("GPU utilisation (%)", "GPU memory in use (GiB)"),
+    )
     all_devices = sorted({s["device"] for s in series})
     devices = spread(all_devices, TELEMETRY_DEVICES)
     per_device = max(1, min(max_points_per_device, TELEMETRY_POINTS // max(1, len(devices))))
@@ -645,18 +816,39 @@ def gpu_telemetry(series: Sequence[Mapping], *, max_points_per_device: int = 150
             util.append(None)
             mem.append(None)
         color = _color(i)
-        fig.add_scatter(x=x, y=util, name=device, legendgroup=device, mode="lines", line=dict(color=color),
-                        row=1, col=1, hovertemplate="%{y:.0f} %<extra>" + device + "</extra>")
-        fig.add_scatter(x=x, y=mem, name=device, legendgroup=device, showlegend=False, mode="lines",
-                        line=dict(color=color), row=2, col=1, hovertemplate="%{y:.2f} GiB<extra>" + device + "</extra>")
+        fig.add_scatter(
+            x=x,
+            y=util,
+            name=device,
+            legendgroup=device,
+            mode="lines",
+            line=dict(color=color),
+            row=1,
+            col=1,
+            hovertemplate="%{y:.0f} %<extra>" + device + "</extra>",
+        )
+        fig.add_scatter(
+            x=x,
+            y=mem,
+            name=device,
+            legendgroup=device,
+            showlegend=False,
+            mode="lines",
+            line=dict(color=color),
+            row=2,
+            col=1,
+            hovertemplate="%{y:.2f} GiB<extra>" + device + "</extra>",
+        )
         totals = [s["memory_total_bytes"] for s in mine if s.get("memory_total_bytes")]
         if totals:
             fig.add_hline(y=max(totals) / 2**30, line=dict(color=color, dash="dot", width=1), row=2, col=1)
     fig.update_yaxes(range=[0, 100], row=1, col=1)
     fig.update_yaxes(rangemode="tozero", row=2, col=1)
     fig.update_xaxes(type="date", title_text="wall-clock time (UTC)", row=2, col=1)
-    fig.update_layout(title=_note("GPU telemetry (NVML, whole device)", [_devices_note(len(devices), len(all_devices))]),
-                      **{**LAYOUT, "height": 460})
+    fig.update_layout(
+        title=_note("GPU telemetry (NVML, whole device)", [_devices_note(len(devices), len(all_devices))]),
+        **{**LAYOUT, "height": 460},
+    )
     if not any(s["t"] for s in series):
         return _empty(fig, "no GPU telemetry yet: it arrives with each round's results")
     return fig

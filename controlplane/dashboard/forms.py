@@ -88,8 +88,11 @@ class ApiCheckedForm(forms.Form):
                 for message in messages:
                     # Shown at its own field: the message alone, as under the API's ``errors``;
                     # elsewhere it keeps the name it is about (as the API's ``message`` does).
-                    shown = message if field == key or key in self.error_fields or key == "non_field_errors" \
+                    shown = (
+                        message
+                        if field == key or key in self.error_fields or key == "non_field_errors"
                         else f"{key}: {message}"
+                    )
                     self.add_error(field, shown)
         return cleaned
 
@@ -123,11 +126,16 @@ class DeviceForm(ApiCheckedForm):
     serializer_class = api.DeviceCreateSerializer
 
     name = _input(
-        forms.TextInput(attrs={"placeholder": "e.g. gpu-a", "maxlength": 63, "autocomplete": "off"}), "Name",
+        forms.TextInput(attrs={"placeholder": "e.g. gpu-a", "maxlength": 63, "autocomplete": "off"}),
+        "Name",
         help_text="lower-case letters, digits, '-' or '_' (1 to 63); it names the device's queue, device.<name>",
     )
-    backend = _input(_select([]), "Backend", initial="cpu",
-                     help_text="how the agent trains; numbers from simulated devices are labelled simulated")
+    backend = _input(
+        _select([]),
+        "Backend",
+        initial="cpu",
+        help_text="how the agent trains; numbers from simulated devices are labelled simulated",
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -139,13 +147,23 @@ class TaskForm(ApiCheckedForm):
 
     serializer_class = api.TaskWriteSerializer
 
-    name = _input(forms.TextInput(attrs={"placeholder": "e.g. digits-resnet18", "maxlength": 100,
-                                         "autocomplete": "off"}), "Name", help_text="unique in the lab")
+    name = _input(
+        forms.TextInput(attrs={"placeholder": "e.g. digits-resnet18", "maxlength": 100, "autocomplete": "off"}),
+        "Name",
+        help_text="unique in the lab",
+    )
     architecture = _input(_select([]), "Model", initial="resnet18")
-    dataset = _input(_select([]), "Data set", initial="digits",
-                     help_text="digits ships with scikit-learn; cifar10 needs its folder below")
-    dataset_root = _input(forms.TextInput(attrs={"placeholder": "/data/cifar10"}), "Data folder (cifar10)",
-                          help_text="the folder holding cifar-10-batches-py; nothing is downloaded")
+    dataset = _input(
+        _select([]),
+        "Data set",
+        initial="digits",
+        help_text="digits ships with scikit-learn; cifar10 needs its folder below",
+    )
+    dataset_root = _input(
+        forms.TextInput(attrs={"placeholder": "/data/cifar10"}),
+        "Data folder (cifar10)",
+        help_text="the folder holding cifar-10-batches-py; nothing is downloaded",
+    )
     num_classes = _input(_number(min=2, max=100_000, step=1), "Classes", initial=10)
     optimizer = _input(_select(OPTIMIZERS), "Optimizer", initial="sgd")
     learning_rate = _input(_number(min=0, max=10), "Learning rate", initial=0.05)
@@ -172,12 +190,14 @@ class ExperimentForm(ApiCheckedForm):
     tasks = _input(forms.SelectMultiple(), "Tasks", help_text="Ctrl or ⌘ to pick several")
     devices = _input(forms.SelectMultiple(), "Devices", help_text="Ctrl or ⌘ to pick several")
     rounds = _input(_number(min=1, max=10_000, step=1), "Rounds", initial=DEFAULT_ROUNDS)
-    local_epochs = _input(_number(min=1, max=1000, step=1), "Local epochs", initial=1,
-                          help_text="per device and round")
+    local_epochs = _input(_number(min=1, max=1000, step=1), "Local epochs", initial=1, help_text="per device and round")
     seed = _input(_number(min=0, step=1), "Seed", initial=0, help_text="of the split and the sample order")
     partition_rule = _input(_select([]), "Data split", initial="iid")
-    dirichlet_alpha = _input(_number(min=0, max=1000, placeholder=f"e.g. {DEFAULT_DIRICHLET_ALPHA}"),
-                             "Dirichlet α (dirichlet only)", help_text="in (0, 1000]; smaller skews more")
+    dirichlet_alpha = _input(
+        _number(min=0, max=1000, placeholder=f"e.g. {DEFAULT_DIRICHLET_ALPHA}"),
+        "Dirichlet α (dirichlet only)",
+        help_text="in (0, 1000]; smaller skews more",
+    )
     description = _input(forms.Textarea(attrs={"rows": 2}), "Description (optional)")
 
     def __init__(self, *args, **kwargs) -> None:
@@ -198,9 +218,15 @@ class ExperimentForm(ApiCheckedForm):
         """Keyword arguments of :func:`~controlplane.experiments.services.experiment_create`."""
         v = self.validated
         return {
-            "name": v["name"], "description": v["description"], "task_ids": v["tasks"], "device_ids": v["devices"],
-            "rounds": v["rounds"], "local_epochs": v["local_epochs"], "partition_rule": v["partition_rule"],
-            "dirichlet_alpha": v["dirichlet_alpha"], "seed": v["seed"],
+            "name": v["name"],
+            "description": v["description"],
+            "task_ids": v["tasks"],
+            "device_ids": v["devices"],
+            "rounds": v["rounds"],
+            "local_epochs": v["local_epochs"],
+            "partition_rule": v["partition_rule"],
+            "dirichlet_alpha": v["dirichlet_alpha"],
+            "seed": v["seed"],
         }
 
 
@@ -212,8 +238,10 @@ class ExperimentFromTemplateForm(ApiCheckedForm):
 
     template = _input(_select([(t.name, f"{t.name}: {t.title}") for t in TEMPLATES.values()]), "Template")
     devices = _input(forms.SelectMultiple(), "Devices", help_text="Ctrl or ⌘ to pick several")
-    name = _input(forms.TextInput(attrs={"placeholder": "default: <template> mix", "maxlength": MAX_NAME_LENGTH}),
-                  "Name (optional)")
+    name = _input(
+        forms.TextInput(attrs={"placeholder": "default: <template> mix", "maxlength": MAX_NAME_LENGTH}),
+        "Name (optional)",
+    )
     rounds = _input(_number(min=1, max=10_000, step=1, placeholder=f"default {DEFAULT_ROUNDS}"), "Rounds (optional)")
 
     def __init__(self, *args, **kwargs) -> None:
@@ -244,10 +272,14 @@ class RunForm(ApiCheckedForm):
     error_fields = {"options.objective": "objective", "options.slack": "slack", "options": "objective"}
 
     strategy = _input(_select([]), "Strategy", initial="sharing")
-    objective = _input(_select([("", "raw (default)"), ("raw", "raw: Σ P"), ("fair", "fair: Σ P / P_alone")]),
-                       "Objective (vres_greedy)")
-    slack = _input(_select([("", "smaller_batches (default)"), ("smaller_batches", "smaller_batches"),
-                            ("none", "none")]), "Slack (vres_sync)")
+    objective = _input(
+        _select([("", "raw (default)"), ("raw", "raw: Σ P"), ("fair", "fair: Σ P / P_alone")]),
+        "Objective (vres_greedy)",
+    )
+    slack = _input(
+        _select([("", "smaller_batches (default)"), ("smaller_batches", "smaller_batches"), ("none", "none")]),
+        "Slack (vres_sync)",
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -275,7 +307,8 @@ class CollaboratorsForm(ApiCheckedForm):
 
     collaborators = _input(
         forms.TextInput(attrs={"placeholder": "user names, e.g. carol, dave", "autocomplete": "off"}),
-        "Collaborators", help_text="user names, separated by commas or spaces; empty: shared with no one",
+        "Collaborators",
+        help_text="user names, separated by commas or spaces; empty: shared with no one",
     )
 
     @classmethod

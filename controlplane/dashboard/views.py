@@ -87,7 +87,9 @@ def experiment_from_template(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/index.html", _index_context(request, form), status=400)
 
 
-def _form_page(request: HttpRequest, form, template: str, context: dict | None = None, status: int = 200) -> HttpResponse:
+def _form_page(
+    request: HttpRequest, form, template: str, context: dict | None = None, status: int = 200
+) -> HttpResponse:
     return render(request, template, {"form": form, **(context or {})}, status=status)
 
 
@@ -131,7 +133,9 @@ def task_new(request: HttpRequest) -> HttpResponse:
             except ApplicationError as exc:
                 form.add_service_error(exc)
             else:
-                messages.success(request, f"Task {task.name} defined; the control worker computes its workload features.")
+                messages.success(
+                    request, f"Task {task.name} defined; the control worker computes its workload features."
+                )
                 return redirect("dashboard:task", pk=task.pk)
         return _form_page(request, form, "dashboard/task_new.html", status=400)
     return _form_page(request, form, "dashboard/task_new.html")
@@ -140,11 +144,15 @@ def task_new(request: HttpRequest) -> HttpResponse:
 @login_required
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     task = get_object_or_404(Task, pk=pk)
-    return render(request, "dashboard/task.html", {
-        "task": task,
-        "workload": workload_get(architecture=task.architecture, num_classes=task.num_classes),
-        "experiments": selectors.experiment_list(user=request.user).filter(tasks=task),
-    })
+    return render(
+        request,
+        "dashboard/task.html",
+        {
+            "task": task,
+            "workload": workload_get(architecture=task.architecture, num_classes=task.num_classes),
+            "experiments": selectors.experiment_list(user=request.user).filter(tasks=task),
+        },
+    )
 
 
 # --- experiments ------------------------------------------------------------------------------------
@@ -211,8 +219,9 @@ def _listing(names: tuple[str, ...]) -> str:
 
 
 def _experiment_page(request: HttpRequest, experiment: Experiment, status: int, **overrides) -> HttpResponse:
-    return render(request, "dashboard/experiment.html", _experiment_context(request, experiment, **overrides),
-                  status=status)
+    return render(
+        request, "dashboard/experiment.html", _experiment_context(request, experiment, **overrides), status=status
+    )
 
 
 @login_required
@@ -294,10 +303,18 @@ def _run_page(request: HttpRequest, run: Run, *, cancel_error: str = "", status:
     # its first round shows its error, not empty chart boxes); a run in progress keeps them all,
     # to fill in as rounds finish.
     shown = [name for name, fig in live["figures"].items() if not (run.is_finished and figures.is_empty(fig))]
-    return render(request, "dashboard/run.html", {
-        "run": run, "live": live, "cancel_error": cancel_error, "running_comparison": comparison,
-        "figures_shown": shown,
-    }, status=status)
+    return render(
+        request,
+        "dashboard/run.html",
+        {
+            "run": run,
+            "live": live,
+            "cancel_error": cancel_error,
+            "running_comparison": comparison,
+            "figures_shown": shown,
+        },
+        status=status,
+    )
 
 
 @login_required
@@ -329,6 +346,7 @@ def login_or_token_required(view: Callable[..., HttpResponse]) -> Callable[..., 
     A request with a session is served as before; a bad or inactive token gets 401 with the
     API's message (never the login page); no credentials at all redirect to the login page.
     """
+
     @functools.wraps(view)
     def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
         if not request.user.is_authenticated:
@@ -362,16 +380,20 @@ def run_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
     _check_table(table)
     run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
     runs = Run.objects.filter(pk=run.pk)
-    return _download(exports.csv_chunks(table, runs), "text/csv; charset=utf-8",
-                     f"run-{run.pk}-{run.strategy}-{table}.csv")
+    return _download(
+        exports.csv_chunks(table, runs), "text/csv; charset=utf-8", f"run-{run.pk}-{run.strategy}-{table}.csv"
+    )
 
 
 @login_or_token_required
 def run_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
     """A run with its rounds and assignments as JSON, streamed."""
     run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
-    return _download(exports.json_chunks(run.experiment, Run.objects.filter(pk=run.pk)), "application/json",
-                     f"run-{run.pk}-{run.strategy}.json")
+    return _download(
+        exports.json_chunks(run.experiment, Run.objects.filter(pk=run.pk)),
+        "application/json",
+        f"run-{run.pk}-{run.strategy}.json",
+    )
 
 
 @login_or_token_required
@@ -379,16 +401,22 @@ def experiment_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpRe
     """The ``rounds`` or ``assignments`` of every run of an experiment as CSV, streamed."""
     _check_table(table)
     experiment = _member_experiment(request, pk)
-    return _download(exports.csv_chunks(table, experiment.runs.all()), "text/csv; charset=utf-8",
-                     f"experiment-{experiment.pk}-{slugify(experiment.name)}-{table}.csv")
+    return _download(
+        exports.csv_chunks(table, experiment.runs.all()),
+        "text/csv; charset=utf-8",
+        f"experiment-{experiment.pk}-{slugify(experiment.name)}-{table}.csv",
+    )
 
 
 @login_or_token_required
 def experiment_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
     """An experiment, its runs, and all their rounds and assignments as JSON, streamed."""
     experiment = _member_experiment(request, pk)
-    return _download(exports.json_chunks(experiment, experiment.runs.all()), "application/json",
-                     f"experiment-{experiment.pk}-{slugify(experiment.name)}.json")
+    return _download(
+        exports.json_chunks(experiment, experiment.runs.all()),
+        "application/json",
+        f"experiment-{experiment.pk}-{slugify(experiment.name)}.json",
+    )
 
 
 # --- predictors -------------------------------------------------------------------------------------
@@ -396,17 +424,25 @@ def experiment_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
 
 @login_required
 def predictor_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/predictors.html", {
-        "predictors": Predictor.objects.order_by("-id")[:100],
-        "sweeps": ProfileSweep.objects.select_related("device").order_by("-id")[:20],
-    })
+    return render(
+        request,
+        "dashboard/predictors.html",
+        {
+            "predictors": Predictor.objects.order_by("-id")[:100],
+            "sweeps": ProfileSweep.objects.select_related("device").order_by("-id")[:20],
+        },
+    )
 
 
 @login_required
 def predictor_detail(request: HttpRequest, pk: int) -> HttpResponse:
     predictor = get_object_or_404(Predictor, pk=pk)
-    return render(request, "dashboard/predictor.html", {
-        "predictor": predictor,
-        "families": data.predictor_families(predictor),
-        "figures": data.predictor_figures(predictor),
-    })
+    return render(
+        request,
+        "dashboard/predictor.html",
+        {
+            "predictor": predictor,
+            "families": data.predictor_families(predictor),
+            "figures": data.predictor_figures(predictor),
+        },
+    )

@@ -45,7 +45,16 @@ class RoundAdmin(admin.ModelAdmin):
 
 @admin.register(Assignment)
 class AssignmentAdmin(admin.ModelAdmin):
-    list_display = ["id", "round", "device", "task", "batch_size", "active_thread_percentage", "throughput_sps", "status"]
+    list_display = [
+        "id",
+        "round",
+        "device",
+        "task",
+        "batch_size",
+        "active_thread_percentage",
+        "throughput_sps",
+        "status",
+    ]
     list_filter = ["status"]
     list_select_related = ["round", "device", "task"]
 

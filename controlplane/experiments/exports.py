@@ -178,9 +178,16 @@ def experiment_summary(experiment: Experiment) -> dict[str, Any]:
         "owner": experiment.owner.username if experiment.owner_id else None,
         "collaborators": sorted(u.username for u in experiment.collaborators.all()),
         "tasks": [
-            {"task": t.name, "architecture": t.architecture, "dataset": t.dataset, "num_classes": t.num_classes,
-             "optimizer": t.optimizer, "learning_rate": t.learning_rate, "momentum": t.momentum,
-             "weight_decay": t.weight_decay}
+            {
+                "task": t.name,
+                "architecture": t.architecture,
+                "dataset": t.dataset,
+                "num_classes": t.num_classes,
+                "optimizer": t.optimizer,
+                "learning_rate": t.learning_rate,
+                "momentum": t.momentum,
+                "weight_decay": t.weight_decay,
+            }
             for t in experiment.tasks.order_by("name")
         ],
         "devices": [{"device": d.name, "backend": d.backend} for d in experiment.devices.order_by("name")],

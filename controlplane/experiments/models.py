@@ -20,7 +20,6 @@ from django.db import models
 from controlplane.fleet.models import Device
 from workers.protocol.messages import OPTIMIZERS
 
-
 MAX_DEVICE_RETRIES = 10
 
 
@@ -29,8 +28,9 @@ class Task(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     architecture = models.CharField(max_length=64, help_text="a model of workers.registry.models.MODEL_REGISTRY")
-    dataset = models.CharField(max_length=32, default="digits",
-                               help_text="a data set of workers.registry.datasets.DATASET_REGISTRY")
+    dataset = models.CharField(
+        max_length=32, default="digits", help_text="a data set of workers.registry.datasets.DATASET_REGISTRY"
+    )
     dataset_root = models.CharField(
         max_length=1024, blank=True, default="", help_text="local folder of the data set (cifar10)"
     )
@@ -40,9 +40,13 @@ class Task(models.Model):
     momentum = models.FloatField(default=0.9)
     weight_decay = models.FloatField(default=5e-4)
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks",
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tasks",
         help_text="who defined it; only they (or a superuser) may change it. Tasks are the lab's "
-                  "shared catalogue: every researcher sees them and may use them",
+        "shared catalogue: every researcher sees them and may use them",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -68,34 +72,41 @@ class Experiment(models.Model):
     tasks = models.ManyToManyField(Task, related_name="experiments")
     devices = models.ManyToManyField(Device, related_name="experiments")
     rounds = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(10_000)])
-    local_epochs = models.PositiveIntegerField(
-        default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)]
-    )
+    local_epochs = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)])
     partition_rule = models.CharField(
-        max_length=32, default="iid",
+        max_length=32,
+        default="iid",
         help_text="a partition rule of workers.registry.partitioners.PARTITIONER_REGISTRY, or 'explicit'",
     )
     dirichlet_alpha = models.FloatField(null=True, blank=True)
     seed = models.PositiveIntegerField(default=0)
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="owned_experiments",
         help_text="sees and changes it and chooses its collaborators; without one (created from "
-                  "the command line without --owner) only superusers see it",
+        "the command line without --owner) only superusers see it",
     )
     collaborators = models.ManyToManyField(
-        settings.AUTH_USER_MODEL, blank=True, related_name="shared_experiments",
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="shared_experiments",
         help_text="see it and launch or cancel its runs and comparisons, like the owner",
     )
     device_retries = models.PositiveSmallIntegerField(
-        default=0, validators=[MaxValueValidator(MAX_DEVICE_RETRIES)],
+        default=0,
+        validators=[MaxValueValidator(MAX_DEVICE_RETRIES)],
         help_text="how many times a round re-sends a device's part when its agent is lost or its trainers fail "
-                  "(0: the round goes on without that device, as partial)",
+        "(0: the round goes on without that device, as partial)",
     )
     deadline_factor = models.FloatField(
-        null=True, blank=True, validators=[MinValueValidator(1.0), MaxValueValidator(100.0)],
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1.0), MaxValueValidator(100.0)],
         help_text="a round's deadline is this × its predicted round time (null: MTFL_DEADLINE_FACTOR); rounds "
-                  "without a prediction use MTFL_ROUND_DEADLINE_S",
+        "without a prediction use MTFL_ROUND_DEADLINE_S",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -166,7 +177,9 @@ class Run(models.Model):
         CANCELLED = "cancelled"
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
-    strategy = models.CharField(max_length=32, help_text="a strategy of controlplane.planning.strategies.STRATEGY_REGISTRY")
+    strategy = models.CharField(
+        max_length=32, help_text="a strategy of controlplane.planning.strategies.STRATEGY_REGISTRY"
+    )
     manual_plan = models.JSONField(null=True, blank=True)
     options = models.JSONField(default=dict, blank=True)
     planned = models.JSONField(null=True, blank=True)
@@ -176,7 +189,10 @@ class Run(models.Model):
         default=dict, blank=True, help_text="Celery task id of each device's P_alone measurement, by device name"
     )
     claimed_by = models.CharField(
-        max_length=200, blank=True, default="", help_text="the control worker that began the run (resume after a restart)"
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="the control worker that began the run (resume after a restart)",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -249,12 +265,16 @@ class Round(models.Model):
     flags = models.JSONField(default=list, blank=True)
     predicted_round_time_s = models.FloatField(null=True, blank=True)
     deadline_s = models.FloatField(
-        null=True, blank=True, help_text="how long the round waits for its devices (factor × predicted round time, "
-                                         "or MTFL_ROUND_DEADLINE_S; never below MTFL_ROUND_DEADLINE_FLOOR_S)"
+        null=True,
+        blank=True,
+        help_text="how long the round waits for its devices (factor × predicted round time, "
+        "or MTFL_ROUND_DEADLINE_S; never below MTFL_ROUND_DEADLINE_FLOOR_S)",
     )
     deadline_at = models.DateTimeField(
-        null=True, blank=True, help_text="when devices still without a result are failed (stragglers excluded); a "
-                                         "retry moves it to at least deadline_s after the retry"
+        null=True,
+        blank=True,
+        help_text="when devices still without a result are failed (stragglers excluded); a "
+        "retry moves it to at least deadline_s after the retry",
     )
     aggregating_at = models.DateTimeField(null=True, blank=True, help_text="when its aggregation was claimed")
     claimed_by = models.CharField(
@@ -301,20 +321,24 @@ class Assignment(models.Model):
     weights_path = models.CharField(max_length=512, blank=True, default="")
     weights_sha256 = models.CharField(max_length=64, blank=True, default="")
     peak_memory_bytes = models.PositiveBigIntegerField(
-        null=True, blank=True, help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, private (anonymous) resident memory on cpu"
+        null=True,
+        blank=True,
+        help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, private (anonymous) resident memory on cpu",
     )
     torch_device = models.CharField(max_length=16, blank=True, default="", help_text="cpu or cuda")
     mps_active_thread_percentage = models.FloatField(
         null=True, blank=True, help_text="the share the MPS server granted this client, as the agent read it"
     )
     mps_verified = models.BooleanField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="the agent's MPS server served this trainer with its share (null: not under MPS)",
     )
     mps_detail = models.TextField(blank=True, default="", help_text="what the agent found in the MPS server log")
     attempt = models.PositiveSmallIntegerField(
-        default=0, help_text="the dispatch of the device's part this row waits for or was recorded from (0: first, "
-                             "1 and up: retries); results of other attempts are ignored"
+        default=0,
+        help_text="the dispatch of the device's part this row waits for or was recorded from (0: first, "
+        "1 and up: retries); results of other attempts are ignored",
     )
     device_task_id = models.CharField(
         max_length=64, blank=True, default="", help_text="Celery id of that dispatch's train_round task"
@@ -356,9 +380,7 @@ class Checkpoint(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="checkpoints")
-    round = models.ForeignKey(
-        Round, on_delete=models.CASCADE, related_name="checkpoints", null=True, blank=True
-    )
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="checkpoints", null=True, blank=True)
     artifact_path = models.CharField(max_length=512)
     sha256 = models.CharField(max_length=64)
     test_accuracy = models.FloatField(null=True, blank=True)

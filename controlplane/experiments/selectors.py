@@ -77,7 +77,9 @@ def latest_checkpoints(run: Run) -> dict[int, Checkpoint]:
 
 def standalone_table(run: Run) -> dict[tuple[int, int, int], float | None]:
     """``{(device_id, task_id, batch_size): P_alone}`` measured for a run."""
-    rows = StandaloneThroughput.objects.filter(run=run).values_list("device_id", "task_id", "batch_size", "throughput_sps")
+    rows = StandaloneThroughput.objects.filter(run=run).values_list(
+        "device_id", "task_id", "batch_size", "throughput_sps"
+    )
     return {(device_id, task_id, batch_size): p for device_id, task_id, batch_size, p in rows}
 
 
@@ -157,8 +159,11 @@ def assignment_list(*, user=None, everyone: bool = False) -> QuerySet[Assignment
         return Subquery(model.objects.filter(pk=OuterRef(key)).values(column)[:1])
 
     queryset = Assignment.objects.annotate(
-        run=related(Round, "run_id", "round_id"), round_index=related(Round, "index", "round_id"),
-        device_name=related(Device, "name", "device_id"), task_name=related(Task, "name", "task_id"))
+        run=related(Round, "run_id", "round_id"),
+        round_index=related(Round, "index", "round_id"),
+        device_name=related(Device, "name", "device_id"),
+        task_name=related(Task, "name", "task_id"),
+    )
     runs = _visible_runs(user, everyone)
     if runs is not None:
         queryset = queryset.filter(round_id__in=Round.objects.filter(run_id__in=runs).values("id"))
@@ -181,8 +186,11 @@ def round_telemetry(rnd: Round) -> QuerySet[DeviceTelemetry]:
 
 def run_telemetry(run: Run) -> QuerySet[DeviceTelemetry]:
     """Every GPU telemetry series of a run, by round then device (one query)."""
-    return (DeviceTelemetry.objects.filter(round__run=run).select_related("device", "round")
-            .order_by("round__index", "device__name"))
+    return (
+        DeviceTelemetry.objects.filter(round__run=run)
+        .select_related("device", "round")
+        .order_by("round__index", "device__name")
+    )
 
 
 def baseline_run(experiment: Experiment) -> Run | None:
@@ -214,8 +222,12 @@ def run_final_accuracy(run: Run) -> dict[str, float | None]:
 def runs_final_accuracy(run_ids: list[int]) -> dict[int, dict[str, float | None]]:
     """:func:`run_final_accuracy` of many runs in one query: ``{run_id: {task name:
     accuracy}}`` (a run without a finished round is left out)."""
-    newest = (Checkpoint.objects.filter(run_id__in=run_ids, round__isnull=False)
-              .values("run_id", "task_id").annotate(last=Max("id")).values("last"))
+    newest = (
+        Checkpoint.objects.filter(run_id__in=run_ids, round__isnull=False)
+        .values("run_id", "task_id")
+        .annotate(last=Max("id"))
+        .values("last")
+    )
     out: dict[int, dict[str, float | None]] = defaultdict(dict)
     rows = Checkpoint.objects.filter(id__in=newest).order_by("run_id", "task__name")
     for run_id, task, accuracy in rows.values_list("run_id", "task__name", "test_accuracy"):

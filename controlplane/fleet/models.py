@@ -31,9 +31,10 @@ class Device(models.Model):
         ],
     )
     backend = models.CharField(
-        max_length=32, default="cpu",
+        max_length=32,
+        default="cpu",
         help_text="an execution backend of workers.registry.backends.BACKEND_REGISTRY (checked by the services, "
-                  "so a plug-in's backend needs no migration)",
+        "so a plug-in's backend needs no migration)",
     )
     inventory = models.JSONField(default=dict, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -66,7 +67,11 @@ class DeviceToken(models.Model):
     key_hash = models.CharField(max_length=64, unique=True, help_text="hex SHA-256 of the key")
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
         help_text="who issued it (empty when issued from the command line)",
     )
     last_used_at = models.DateTimeField(null=True, blank=True)

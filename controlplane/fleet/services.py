@@ -75,9 +75,7 @@ def device_report(*, inventory: dict, at: dt.datetime | None = None) -> Device:
     except PydanticValidationError as exc:
         raise ApplicationError(f"invalid device inventory: {exc}", field="inventory") from exc
     _check_name(inv.name)
-    device, _ = Device.objects.select_for_update().get_or_create(
-        name=inv.name, defaults={"backend": inv.backend}
-    )
+    device, _ = Device.objects.select_for_update().get_or_create(name=inv.name, defaults={"backend": inv.backend})
     device.backend = inv.backend
     device.inventory = inv.model_dump(mode="json")
     device.last_heartbeat_at = at or timezone.now()
@@ -113,8 +111,12 @@ def device_token_issue(*, device: Device, issued_by=None) -> tuple[DeviceToken, 
     key = secrets.token_urlsafe(AGENT_TOKEN_BYTES)
     token, _ = DeviceToken.objects.update_or_create(
         device=device,
-        defaults={"key_hash": agent_token_hash(key), "created_at": timezone.now(), "created_by": issued_by,
-                  "last_used_at": None},
+        defaults={
+            "key_hash": agent_token_hash(key),
+            "created_at": timezone.now(),
+            "created_by": issued_by,
+            "last_used_at": None,
+        },
     )
     return token, key
 

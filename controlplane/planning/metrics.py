@@ -175,8 +175,11 @@ class DeviceTotals:
         """
         tasks = list(tasks)
         measured = [t.throughput_sps for t in tasks if t.throughput_sps is not None]
-        pairs = [(t.throughput_sps, t.standalone_sps) for t in tasks
-                 if t.throughput_sps is not None and t.standalone_sps is not None and t.standalone_sps > 0]
+        pairs = [
+            (t.throughput_sps, t.standalone_sps)
+            for t in tasks
+            if t.throughput_sps is not None and t.standalone_sps is not None and t.standalone_sps > 0
+        ]
         spans = [(t.started_at, t.finished_at) for t in tasks if t.started_at is not None and t.finished_at is not None]
         return cls(
             tasks=len(tasks),
@@ -267,8 +270,11 @@ def round_metrics(devices: Mapping[str, DeviceTotals]) -> RoundMetrics:
         The round's :class:`RoundMetrics`, with each device's metrics.
     """
     counted = {name: t for name, t in devices.items() if t.counts}
-    spans = [(t.started_at, t.finished_at) for t in counted.values()
-             if t.started_at is not None and t.finished_at is not None]
+    spans = [
+        (t.started_at, t.finished_at)
+        for t in counted.values()
+        if t.started_at is not None and t.finished_at is not None
+    ]
     time_s = round_time(spans)
     first = min((s for s, _ in spans), default=None)
     last = max((e for _, e in spans), default=None)
@@ -383,8 +389,10 @@ def comparison_speedups(
         for s in strategies:
             per_device[s] = {}
             for d in devices:
-                ratio = speedup(mean_or_none(value(s, d, r, metric) for r in rounds),
-                                mean_or_none(value(baseline, d, r, metric) for r in rounds))
+                ratio = speedup(
+                    mean_or_none(value(s, d, r, metric) for r in rounds),
+                    mean_or_none(value(baseline, d, r, metric) for r in rounds),
+                )
                 if ratio is not None:
                     per_device[s][d] = ratio
             per_round[s] = {}
@@ -435,16 +443,20 @@ def comparison_from_assignments(
     """
     grouped: dict[tuple[str, int], dict[str, list[TaskMeasurement]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
-        grouped[(row["strategy"], row["round_index"])][row["device"]].append(TaskMeasurement(
-            succeeded=row.get("status", "succeeded") == "succeeded",
-            samples_trained=row.get("samples_trained") or 0,
-            throughput_sps=row.get("throughput_sps"),
-            standalone_sps=row.get("standalone_throughput_sps"),
-            started_at=_seconds(row.get("started_at")),
-            finished_at=_seconds(row.get("finished_at")),
-        ))
-    per_round = {key: round_metrics({d: DeviceTotals.from_tasks(t) for d, t in by_device.items()})
-                 for key, by_device in grouped.items()}
+        grouped[(row["strategy"], row["round_index"])][row["device"]].append(
+            TaskMeasurement(
+                succeeded=row.get("status", "succeeded") == "succeeded",
+                samples_trained=row.get("samples_trained") or 0,
+                throughput_sps=row.get("throughput_sps"),
+                standalone_sps=row.get("standalone_throughput_sps"),
+                started_at=_seconds(row.get("started_at")),
+                finished_at=_seconds(row.get("finished_at")),
+            )
+        )
+    per_round = {
+        key: round_metrics({d: DeviceTotals.from_tasks(t) for d, t in by_device.items()})
+        for key, by_device in grouped.items()
+    }
     device_rounds = {(s, d, r): m for (s, r), rm in per_round.items() for d, m in rm.devices.items()}
     return comparison_speedups(device_rounds, strategies, baseline=baseline), time_split(per_round)
 

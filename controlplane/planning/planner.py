@@ -232,7 +232,9 @@ def _groups(spec: PlanningInput, ctx: PlannerContext) -> list[_Group]:
             if a not in known:
                 raise PlanningError(
                     f"task {t}: model {a!r} is unknown to the predictor (it knows {', '.join(known)}); "
-                    "profile it first", field="tasks")
+                    "profile it first",
+                    field="tasks",
+                )
         for t in tasks:
             batch_options(spec.samples_of(device_id, t))
         group = groups.setdefault((id(capacity.predictor), archs), _Group(capacity.predictor, archs))
@@ -250,7 +252,9 @@ def _groups(spec: PlanningInput, ctx: PlannerContext) -> list[_Group]:
         for d in np.flatnonzero(smallest > g.mem_cap):
             raise PlanningError(
                 f"device {g.device_ids[d]}: its tasks need {smallest[d] / 2**30:.2f} GiB at their smallest batch "
-                f"sizes but the device has {g.mem_cap[d] / 2**30:.2f} GiB", field="batch_size")
+                f"sizes but the device has {g.mem_cap[d] / 2**30:.2f} GiB",
+                field="batch_size",
+            )
     return out
 
 
@@ -335,11 +339,16 @@ def _assignments(g: _Group, batch: np.ndarray, share: np.ndarray, P: np.ndarray)
     out = []
     for d, device_id in enumerate(g.device_ids):
         for i, task_id in enumerate(g.task_ids[d]):
-            out.append(PlannedAssignment(
-                device_id=device_id, task_id=task_id, batch_size=int(batch[d, i]),
-                active_thread_percentage=int(share[d, i]), samples=int(g.D[d, i]),
-                predicted_throughput_sps=float(P[d, i]),
-            ))
+            out.append(
+                PlannedAssignment(
+                    device_id=device_id,
+                    task_id=task_id,
+                    batch_size=int(batch[d, i]),
+                    active_thread_percentage=int(share[d, i]),
+                    samples=int(g.D[d, i]),
+                    predicted_throughput_sps=float(P[d, i]),
+                )
+            )
     return out
 
 
@@ -355,7 +364,9 @@ def plan_vres_greedy(spec: PlanningInput, ctx: PlannerContext) -> Plan:
         PlanningError: see :func:`_groups`; an unknown objective (``field="objective"``).
     """
     if ctx.objective not in OBJECTIVES:
-        raise PlanningError(f"objective {ctx.objective!r} is unknown; allowed: {', '.join(OBJECTIVES)}", field="objective")
+        raise PlanningError(
+            f"objective {ctx.objective!r} is unknown; allowed: {', '.join(OBJECTIVES)}", field="objective"
+        )
     assignments: list[PlannedAssignment] = []
     round_time = 0.0
     for g in _groups(spec, ctx):
@@ -374,8 +385,12 @@ def plan_vres_greedy(spec: PlanningInput, ctx: PlannerContext) -> Plan:
             best = np.maximum(best, score)
         assignments += _assignments(g, best_b, best_r, best_p)
         round_time = max(round_time, float(_round_time(g, best_p, spec.local_epochs).max()))
-    return Plan(strategy="vres_greedy", partitioning="mps", assignments=_ordered(spec, assignments),
-                predicted_round_time_s=round_time)
+    return Plan(
+        strategy="vres_greedy",
+        partitioning="mps",
+        assignments=_ordered(spec, assignments),
+        predicted_round_time_s=round_time,
+    )
 
 
 # ------------------------------------------------------------------------------------ vres_sync
@@ -403,8 +418,9 @@ def _pool(g: _Group, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return batch, share
 
 
-def _pool_round_times(g: _Group, rows: np.ndarray, epochs: int, batch: np.ndarray, P: np.ndarray,
-                      mem_total: np.ndarray) -> np.ndarray:
+def _pool_round_times(
+    g: _Group, rows: np.ndarray, epochs: int, batch: np.ndarray, P: np.ndarray, mem_total: np.ndarray
+) -> np.ndarray:
     """``(len(rows), m)`` round times of ``m`` shared configurations on each device, ``inf``
     where one does not fit (a batch outside the shard's options, or over the memory). Task by
     task, so no ``(rows, m, I)`` array is ever built."""
@@ -444,12 +460,15 @@ def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
     # Device-specific starts: data-matched batches at each scale with equal shares, and the
     # paper's baselines (batch 128 clipped, equal shares and 100 % each).
     equal = max(SHARE_STEP, (100 // k) // SHARE_STEP * SHARE_STEP)
-    starts = [(_fit_memory(g, np.minimum(data_matched_batches(g.D, g.flops, s), g.hi)), np.full((n, k), equal)) for s in SCALE_BATCHES]
+    starts = [
+        (_fit_memory(g, np.minimum(data_matched_batches(g.D, g.flops, s), g.hi)), np.full((n, k), equal))
+        for s in SCALE_BATCHES
+    ]
     base_b = _fit_memory(g, np.clip(np.full((n, k), 128), g.lo, g.hi))
     starts += [(base_b, np.full((n, k), equal)), (base_b, np.full((n, k), 100))]
     P_all = g.predict(np.vstack([b for b, _ in starts]), np.vstack([r for _, r in starts]))
     for s, (b, r) in enumerate(starts):
-        P = P_all[s * n:(s + 1) * n]
+        P = P_all[s * n : (s + 1) * n]
         T = _round_time(g, P, epochs)
         better = T < best_t
         best_b[better], best_r[better], best_p[better], best_t[better] = b[better], r[better], P[better], T[better]
@@ -459,7 +478,9 @@ def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
 def _sync_refine(g: _Group, state: _SyncState, epochs: int, max_iterations: int, rows: np.ndarray) -> None:
     """Local moves in lockstep over the group's devices ``rows`` until none improves ``T_j``."""
     k = state.batch.shape[1]
-    moves = [(i, db, 0) for i in range(k) for db in _BATCH_MOVES] + [(i, 0, dr) for i in range(k) for dr in _SHARE_MOVES]
+    moves = [(i, db, 0) for i in range(k) for db in _BATCH_MOVES] + [
+        (i, 0, dr) for i in range(k) for dr in _SHARE_MOVES
+    ]
     active = np.asarray(rows)
     for _ in range(max_iterations):
         if active.size == 0:
@@ -534,8 +555,12 @@ def plan_vres_sync(spec: PlanningInput, ctx: PlannerContext) -> Plan:
         if ctx.slack == "smaller_batches":
             _sync_slack(g, state, spec.local_epochs, round_time)
         assignments += _assignments(g, state.batch, state.share, state.P)
-    return Plan(strategy="vres_sync", partitioning="mps", assignments=_ordered(spec, assignments),
-                predicted_round_time_s=round_time)
+    return Plan(
+        strategy="vres_sync",
+        partitioning="mps",
+        assignments=_ordered(spec, assignments),
+        predicted_round_time_s=round_time,
+    )
 
 
 PLANNERS = {"vres_greedy": plan_vres_greedy, "vres_sync": plan_vres_sync}

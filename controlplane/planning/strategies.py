@@ -124,9 +124,7 @@ def plan_manual(spec: PlanningInput, *, entries: Iterable[Mapping[str, int]]) ->
         for task_id in spec.tasks_on(device_id):
             entry = given.get((device_id, task_id))
             if entry is None:
-                raise PlanningError(
-                    f"the plan has no entry for device {device_id} and task {task_id}", field="plan"
-                )
+                raise PlanningError(f"the plan has no entry for device {device_id} and task {task_id}", field="plan")
             assignments.append(
                 PlannedAssignment(
                     device_id=device_id,
@@ -203,14 +201,29 @@ def _manual(spec: PlanningInput, ctx: StrategyContext) -> Plan:
 
 
 for _strategy in (
-    Strategy("temporal", "temporal — time slicing, the speedups' baseline", "timeslice",
-             lambda spec, _ctx: plan_temporal(spec), baseline=True),
+    Strategy(
+        "temporal",
+        "temporal — time slicing, the speedups' baseline",
+        "timeslice",
+        lambda spec, _ctx: plan_temporal(spec),
+        baseline=True,
+    ),
     Strategy("isolation", "isolation — each of I tasks gets 100/I %", "mps", lambda spec, _ctx: plan_isolation(spec)),
     Strategy("sharing", "sharing — every task gets 100 % and competes", "mps", lambda spec, _ctx: plan_sharing(spec)),
-    Strategy("vres_greedy", "vres_greedy — the paper's planner (needs a predictor)", "mps", _planned("vres_greedy"),
-             needs_predictor=True),
-    Strategy("vres_sync", "vres_sync — plans the round time (needs a predictor)", "mps", _planned("vres_sync"),
-             needs_predictor=True),
+    Strategy(
+        "vres_greedy",
+        "vres_greedy — the paper's planner (needs a predictor)",
+        "mps",
+        _planned("vres_greedy"),
+        needs_predictor=True,
+    ),
+    Strategy(
+        "vres_sync",
+        "vres_sync — plans the round time (needs a predictor)",
+        "mps",
+        _planned("vres_sync"),
+        needs_predictor=True,
+    ),
     Strategy("manual", "manual — your own batch sizes and shares", "mps", _manual, compared=False, takes_plan=True),
 ):
     STRATEGY_REGISTRY.register(_strategy)

@@ -5,7 +5,14 @@ from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSampl
 
 @admin.register(ModelWorkload)
 class ModelWorkloadAdmin(admin.ModelAdmin):
-    list_display = ["architecture", "num_classes", "input_shape", "train_flops_per_sample", "params", "activation_bytes_per_sample"]
+    list_display = [
+        "architecture",
+        "num_classes",
+        "input_shape",
+        "train_flops_per_sample",
+        "params",
+        "activation_bytes_per_sample",
+    ]
 
 
 @admin.register(ProfileSweep)
@@ -16,11 +23,30 @@ class ProfileSweepAdmin(admin.ModelAdmin):
 
 @admin.register(ProfileSample)
 class ProfileSampleAdmin(admin.ModelAdmin):
-    list_display = ["id", "source", "device", "architecture", "batch_size", "active_thread_percentage", "mix_size", "throughput_sps"]
+    list_display = [
+        "id",
+        "source",
+        "device",
+        "architecture",
+        "batch_size",
+        "active_thread_percentage",
+        "mix_size",
+        "throughput_sps",
+    ]
     list_filter = ["source", "backend", "architecture", "mix_size"]
 
 
 @admin.register(Predictor)
 class PredictorAdmin(admin.ModelAdmin):
-    list_display = ["id", "backend", "device_class", "version", "status", "kept_family", "heldout_rmsle", "training_samples", "created_at"]
+    list_display = [
+        "id",
+        "backend",
+        "device_class",
+        "version",
+        "status",
+        "kept_family",
+        "heldout_rmsle",
+        "training_samples",
+        "created_at",
+    ]
     list_filter = ["backend", "status"]

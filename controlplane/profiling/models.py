@@ -80,7 +80,9 @@ class ProfileSample(models.Model):
         RUN = "run"
 
     source = models.CharField(max_length=8, choices=Source.choices)
-    sweep = models.ForeignKey(ProfileSweep, on_delete=models.CASCADE, null=True, blank=True, related_name="profile_samples")
+    sweep = models.ForeignKey(
+        ProfileSweep, on_delete=models.CASCADE, null=True, blank=True, related_name="profile_samples"
+    )
     assignment = models.OneToOneField(
         "experiments.Assignment", on_delete=models.CASCADE, null=True, blank=True, related_name="profile_sample"
     )
@@ -99,14 +101,16 @@ class ProfileSample(models.Model):
     simulated = models.BooleanField(default=False, help_text="from the simulated backend's model, not a measurement")
     peak_memory_bytes = models.BigIntegerField(null=True, blank=True)
     speed_index = models.FloatField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="how fast the device's cores ran while this was measured (speed probe, millions of "
-                  "probe-loop iterations per CPU-second; cpu backend only); the predictor normalises by it",
+        "probe-loop iterations per CPU-second; cpu backend only); the predictor normalises by it",
     )
     cross_core_rtt_ns = models.FloatField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="median round trip of a cache line between the task's cores while this was measured "
-                  "(core link probe, ns; cpu backend, tasks on 2+ cores); the predictor learns its effect",
+        "(core link probe, ns; cpu backend, tasks on 2+ cores); the predictor learns its effect",
     )
     repeat_of = models.CharField(max_length=64, blank=True, default="", help_text="config_key this one repeats")
     started_at = models.DateTimeField(null=True, blank=True)
@@ -138,7 +142,9 @@ class Predictor(models.Model):
     kept_family = models.CharField(max_length=32, blank=True, default="")
     heldout_rmsle = models.FloatField(null=True, blank=True)
     heldout_mape = models.FloatField(null=True, blank=True)
-    metrics = models.JSONField(default=dict, blank=True, help_text="{family: {rmsle, mape, fit_seconds, by_mix_size, by_slice}}")
+    metrics = models.JSONField(
+        default=dict, blank=True, help_text="{family: {rmsle, mape, fit_seconds, by_mix_size, by_slice}}"
+    )
     heldout = models.JSONField(default=list, blank=True, help_text="held-out predictions of the kept family")
     artifact_path = models.CharField(max_length=512, blank=True, default="")
     sha256 = models.CharField(max_length=64, blank=True, default="")
@@ -148,4 +154,6 @@ class Predictor(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        constraints = [models.UniqueConstraint(fields=["backend", "device_class", "version"], name="uniq_predictor_version")]
+        constraints = [
+            models.UniqueConstraint(fields=["backend", "device_class", "version"], name="uniq_predictor_version")
+        ]

@@ -18,5 +18,8 @@ def sweep_progress(sweep: ProfileSweep) -> float:
 
 def predictor_history(*, backend: str, device_class: str) -> list[Predictor]:
     """Ready predictors of a device class, oldest first (how the error changes as it learns)."""
-    return list(Predictor.objects.filter(backend=backend, device_class=device_class, status=Predictor.Status.READY)
-                .order_by("version"))
+    return list(
+        Predictor.objects.filter(backend=backend, device_class=device_class, status=Predictor.Status.READY).order_by(
+            "version"
+        )
+    )

@@ -33,31 +33,51 @@ def figures(path: Path, workloads: dict[str, ModelWorkload], bench: Any) -> dict
     predictor, report = fit_predictor(samples, workloads, cores=saved["cores"], placement="packed")
     space = predictor.space
     return {
-        "configurations": report.configurations, "groups": report.groups, "samples": report.samples,
-        "folds": report.folds, "partitions": report.partitions, "kept": report.kept,
-        "families": {f.family: {"rmsle": f.rmsle, "mape": f.mape, "by_mix_size": {str(k): v for k, v in f.by_mix_size.items()},
-                                "by_slice": f.by_slice} for f in report.families},
-        "physics": {"sharing_weight": space.sharing_weight, "escape_weight": space.escape_weight,
-                    "link_exponent": space.link_exponent, "passive_ratio": space.passive_ratio,
-                    "reference_speed_index": space.reference_speed_index,
-                    "reference_cross_core_rtt_ns": space.reference_cross_core_rtt_ns},
+        "configurations": report.configurations,
+        "groups": report.groups,
+        "samples": report.samples,
+        "folds": report.folds,
+        "partitions": report.partitions,
+        "kept": report.kept,
+        "families": {
+            f.family: {
+                "rmsle": f.rmsle,
+                "mape": f.mape,
+                "by_mix_size": {str(k): v for k, v in f.by_mix_size.items()},
+                "by_slice": f.by_slice,
+            }
+            for f in report.families
+        },
+        "physics": {
+            "sharing_weight": space.sharing_weight,
+            "escape_weight": space.escape_weight,
+            "link_exponent": space.link_exponent,
+            "passive_ratio": space.passive_ratio,
+            "reference_speed_index": space.reference_speed_index,
+            "reference_cross_core_rtt_ns": space.reference_cross_core_rtt_ns,
+        },
     }
 
 
 def main() -> int:
     bench = load_benchmark("predictor")
-    architectures = sorted({t["architecture"] for path in SWEEPS for r in json.loads(path.read_text())["results"]
-                            for t in r["tasks"]})
+    architectures = sorted(
+        {t["architecture"] for path in SWEEPS for r in json.loads(path.read_text())["results"] for t in r["tasks"]}
+    )
     workloads = bench.workloads_of(architectures)
     pins = {
         "command": COMMAND,
-        "workloads": {a: [w.train_flops_per_sample, w.activation_bytes_per_sample, w.params, w.param_bytes]
-                      for a, w in workloads.items()},
+        "workloads": {
+            a: [w.train_flops_per_sample, w.activation_bytes_per_sample, w.params, w.param_bytes]
+            for a, w in workloads.items()
+        },
         "sweeps": {},
     }
     for path in SWEEPS:
         pins["sweeps"][path.name] = figures(path, workloads, bench)
-        print(path.name, {f: round(v["rmsle"], 4) for f, v in pins["sweeps"][path.name]["families"].items()}, flush=True)
+        print(
+            path.name, {f: round(v["rmsle"], 4) for f, v in pins["sweeps"][path.name]["families"].items()}, flush=True
+        )
     PINS.write_text(json.dumps(pins, indent=1) + "\n")
     return 0
 

@@ -25,8 +25,15 @@ STRATEGIES = ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync"]
 def _run(args: list[str], out: Path, timeout: float) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH"}}
     env.update(OUT=str(out), PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _load_script():
@@ -47,8 +54,11 @@ def test_gpu_check_on_cpu_prints_the_speedup_table_and_writes_the_json(tmp_path)
     # One core: the check's processes then never spin on a core another process holds, so
     # the run takes about as long on a loaded machine as its configurations need.
     core = str(min(os.sched_getaffinity(0)))
-    done = _run(["--backend", "cpu", "--quick", "--budget", "20", "--cores", core,
-                 "--time-limit", "1500"], tmp_path, timeout=1700)
+    done = _run(
+        ["--backend", "cpu", "--quick", "--budget", "20", "--cores", core, "--time-limit", "1500"],
+        tmp_path,
+        timeout=1700,
+    )
 
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
@@ -56,8 +66,7 @@ def test_gpu_check_on_cpu_prints_the_speedup_table_and_writes_the_json(tmp_path)
     assert lines[-1].startswith("gpu_check: OK in "), lines[-1]
     rows = {}
     for line in lines:
-        match = re.match(r"^tiny\s+(\w+)\s+(timeslice|mps)\s+([\d.]+)\s+([\d.]+~?)\s+([\d.]+)×\s+([\d.]+)×~?\s+",
-                         line)
+        match = re.match(r"^tiny\s+(\w+)\s+(timeslice|mps)\s+([\d.]+)\s+([\d.]+~?)\s+([\d.]+)×\s+([\d.]+)×~?\s+", line)
         if match:
             rows[match.group(1)] = match.groups()[1:]
     assert list(rows) == STRATEGIES, output[-4000:]
@@ -68,8 +77,16 @@ def test_gpu_check_on_cpu_prints_the_speedup_table_and_writes_the_json(tmp_path)
     assert (report["schema"], report["status"], report["exit_code"]) == ("mtfl-gpu-check/1", "succeeded", 0)
     assert report["host"]["django_imported"] is False
     assert report["profile"]["succeeded"] >= 10 and report["predictor"]["configurations"] >= 10
-    assert [p["name"] for p in report["phases"]] == ["preflight", "features", "profile", "fit", "plan",
-                                                     "measure", "alone", "report"]
+    assert [p["name"] for p in report["phases"]] == [
+        "preflight",
+        "features",
+        "profile",
+        "fit",
+        "plan",
+        "measure",
+        "alone",
+        "report",
+    ]
     assert all(p["status"] == "succeeded" for p in report["phases"])
     (mix,) = report["mixes"]
     assert mix["name"] == "tiny" and mix["architectures"] == ["mobilenet_v3_small", "shufflenet_v2_x1_0"]
@@ -109,15 +126,27 @@ def test_gpu_check_without_a_gpu_fails_at_once_with_one_line(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["status"] == "failed" and report["exit_code"] == 2
     assert report["error"] == failures[0].removeprefix("gpu_check: FAILED: ")
-    assert report["phases"] == [{"name": "preflight", "started_s": report["phases"][0]["started_s"],
-                                 "elapsed_s": report["phases"][0]["elapsed_s"], "status": "failed"}]
+    assert report["phases"] == [
+        {
+            "name": "preflight",
+            "started_s": report["phases"][0]["started_s"],
+            "elapsed_s": report["phases"][0]["elapsed_s"],
+            "status": "failed",
+        }
+    ]
 
 
 def test_gpu_check_stops_on_sigterm_with_one_line_and_the_json(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OUT=str(tmp_path), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--backend", "cpu", "--quick"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--backend", "cpu", "--quick"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         first = proc.stdout.readline()  # printed once the signal handlers are installed
         proc.send_signal(signal.SIGTERM)
@@ -137,8 +166,9 @@ def test_gpu_check_stops_on_sigterm_with_one_line_and_the_json(tmp_path):
 def test_gpu_check_names_a_missing_package_in_one_line(monkeypatch, capsys, tmp_path):
     gpu_check = _load_script()
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(gpu_check.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "pydantic" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        gpu_check.importlib.util, "find_spec", lambda name, *a: None if name == "pydantic" else real_find_spec(name, *a)
+    )
     monkeypatch.setenv("OUT", str(tmp_path))
 
     code = gpu_check.main(["--backend", "cpu"])

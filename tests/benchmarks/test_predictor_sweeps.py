@@ -52,8 +52,13 @@ def fitted(bench, workloads):
             samples = bench.to_samples(saved["results"])
             if not link:
                 samples = [replace(s, cross_core_rtt_ns=None) for s in samples]
-            cache[path, link] = fit_predictor(samples, workloads, cores=saved["cores"], placement="packed",
-                                              families=ALL_FAMILIES if link else FAMILIES)
+            cache[path, link] = fit_predictor(
+                samples,
+                workloads,
+                cores=saved["cores"],
+                placement="packed",
+                families=ALL_FAMILIES if link else FAMILIES,
+            )
         return cache[path, link]
 
     return fit
@@ -82,7 +87,13 @@ def test_held_out_figures_on_a_kept_sweep_are_the_pinned_ones(fitted, path):
     predictor, report = fitted(path)
     exact = {"rel": 1e-9, "abs": 1e-12}
     assert (report.configurations, report.groups, report.samples, report.folds, report.partitions, report.kept) == (
-        pin["configurations"], pin["groups"], pin["samples"], pin["folds"], pin["partitions"], pin["kept"])
+        pin["configurations"],
+        pin["groups"],
+        pin["samples"],
+        pin["folds"],
+        pin["partitions"],
+        pin["kept"],
+    )
     assert [f.family for f in report.families] == list(pin["families"])
     for family in report.families:
         want = pin["families"][family.family]
@@ -174,12 +185,27 @@ def test_the_benchmark_refits_a_kept_sweep_and_ends_with_the_kept_familys_heldou
     import sys
 
     sweep = BENCHMARKS / "sweeps" / "cpu-2cores-2026-12-01-fork-window-4s.json"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "predictor.py"), "--load", str(sweep)],
-                          cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "predictor.py"), "--load", str(sweep)],
+        cwd=BENCHMARKS.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
     assert lines[-1].startswith("heldout_rmsle=")
     assert float(lines[-1].split("=")[1]) <= 0.10
-    for expected in ("extra_trees", "random_forest", "gradient_boosting", "baseline", "2 units, shared",
-                     "passive-wait ratio κ = ", "link exponent γ = ", "fit_5000_samples_s=", "predict_100000_configs_s="):
+    for expected in (
+        "extra_trees",
+        "random_forest",
+        "gradient_boosting",
+        "baseline",
+        "2 units, shared",
+        "passive-wait ratio κ = ",
+        "link exponent γ = ",
+        "fit_5000_samples_s=",
+        "predict_100000_configs_s=",
+    ):
         assert expected in done.stdout, expected

@@ -39,7 +39,10 @@ def test_a_clone_gets_the_reference_data():
     wanted = sorted(str(p.relative_to(REPOSITORY)) for p in REFERENCE.rglob("*") if p.is_file())
     tracked = subprocess.run(
         ["git", "ls-files", "--", str(REFERENCE.relative_to(REPOSITORY))],
-        cwd=REPOSITORY, capture_output=True, text=True, check=True,
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
 
     assert sorted(tracked) == wanted

@@ -36,7 +36,11 @@ def synthetic(n: int, seed: int = 0, noise: float = 0.02) -> list[ProfiledTask]:
     for i in range(n):
         k = int(rng.integers(1, MAX_MIX + 1))
         mix = tuple(
-            MixTask(ARCHS[rng.integers(len(ARCHS))], int(rng.choice([16, 32, 64, 128, 256])), int(rng.choice(range(10, 101, 5))))
+            MixTask(
+                ARCHS[rng.integers(len(ARCHS))],
+                int(rng.choice([16, 32, 64, 128, 256])),
+                int(rng.choice(range(10, 101, 5))),
+            )
             for _ in range(k)
         )
         for j, t in enumerate(mix):
@@ -54,17 +58,36 @@ def store_synthetic_samples(device, n: int = 120) -> None:
 
     for arch, w in WORKLOADS.items():
         ModelWorkloadRow.objects.get_or_create(
-            architecture=arch, num_classes=10,
-            defaults=dict(input_shape=[3, 32, 32], forward_flops_per_sample=w.train_flops_per_sample / 3,
-                          train_flops_per_sample=w.train_flops_per_sample, params=w.params,
-                          param_bytes=w.param_bytes, activation_bytes_per_sample=w.activation_bytes_per_sample),
+            architecture=arch,
+            num_classes=10,
+            defaults=dict(
+                input_shape=[3, 32, 32],
+                forward_flops_per_sample=w.train_flops_per_sample / 3,
+                train_flops_per_sample=w.train_flops_per_sample,
+                params=w.params,
+                param_bytes=w.param_bytes,
+                activation_bytes_per_sample=w.activation_bytes_per_sample,
+            ),
         )
     ProfileSample.objects.bulk_create(
-        ProfileSample(source="sweep", device=device, backend="cpu", device_class="cpu-2cores", config_key=s.config_key,
-                      configuration=[{"architecture": t.architecture, "batch_size": t.batch_size,
-                                      "active_thread_percentage": t.share} for t in s.mix],
-                      mix_size=len(s.mix), task_index=s.task_index, architecture=s.mix[s.task_index].architecture,
-                      batch_size=s.mix[s.task_index].batch_size, active_thread_percentage=s.mix[s.task_index].share,
-                      throughput_sps=s.throughput_sps, standalone_sps=s.standalone_sps, peak_memory_bytes=s.peak_memory_bytes)
+        ProfileSample(
+            source="sweep",
+            device=device,
+            backend="cpu",
+            device_class="cpu-2cores",
+            config_key=s.config_key,
+            configuration=[
+                {"architecture": t.architecture, "batch_size": t.batch_size, "active_thread_percentage": t.share}
+                for t in s.mix
+            ],
+            mix_size=len(s.mix),
+            task_index=s.task_index,
+            architecture=s.mix[s.task_index].architecture,
+            batch_size=s.mix[s.task_index].batch_size,
+            active_thread_percentage=s.mix[s.task_index].share,
+            throughput_sps=s.throughput_sps,
+            standalone_sps=s.standalone_sps,
+            peak_memory_bytes=s.peak_memory_bytes,
+        )
         for s in synthetic(n)
     )

@@ -51,8 +51,12 @@ def _researcher(user) -> APIClient:
 
 
 def _put(client: APIClient, key: str, body: bytes, sha256: str | None = None):
-    return client.put(f"/api/agent/artifacts/{key}", data=body, content_type="application/octet-stream",
-                      HTTP_X_CONTENT_SHA256=sha256 if sha256 is not None else hashlib.sha256(body).hexdigest())
+    return client.put(
+        f"/api/agent/artifacts/{key}",
+        data=body,
+        content_type="application/octet-stream",
+        HTTP_X_CONTENT_SHA256=sha256 if sha256 is not None else hashlib.sha256(body).hexdigest(),
+    )
 
 
 @pytest.fixture
@@ -71,12 +75,21 @@ def world(tmp_path, monkeypatch, make_device, make_task, make_experiment):
     Checkpoint.objects.create(run=run, task=task, round=None, artifact_path=initial, sha256=sha)
     rnd = Round.objects.create(run=run, index=0, status=Round.Status.RUNNING)
     for device in devices:
-        Assignment.objects.create(round=rnd, device=device, task=task, batch_size=8, active_thread_percentage=100,
-                                  samples=40)
+        Assignment.objects.create(
+            round=rnd, device=device, task=task, batch_size=8, active_thread_percentage=100, samples=40
+        )
     keys = {d.name: device_token_issue(device=d)[1] for d in devices}
-    return {"run": run, "round": rnd, "task": task, "devices": devices, "keys": keys, "initial": initial,
-            "initial_sha": sha, "store": tmp_path / "store",
-            "output": {d.name: device_weights_key(run.id, 0, d.name, task.id) for d in devices}}
+    return {
+        "run": run,
+        "round": rnd,
+        "task": task,
+        "devices": devices,
+        "keys": keys,
+        "initial": initial,
+        "initial_sha": sha,
+        "store": tmp_path / "store",
+        "output": {d.name: device_weights_key(run.id, 0, d.name, task.id) for d in devices},
+    }
 
 
 # ----------------------------------------------------------------------------- round trip
@@ -114,8 +127,11 @@ def test_a_repeated_upload_replaces_the_first(world):
 def test_post_works_like_put(world):
     body = _weights(2.0)
     response = _agent(world["keys"]["dev-b"]).post(
-        f"/api/agent/artifacts/{world['output']['dev-b']}", data=body, content_type="application/octet-stream",
-        HTTP_X_CONTENT_SHA256=hashlib.sha256(body).hexdigest())
+        f"/api/agent/artifacts/{world['output']['dev-b']}",
+        data=body,
+        content_type="application/octet-stream",
+        HTTP_X_CONTENT_SHA256=hashlib.sha256(body).hexdigest(),
+    )
 
     assert response.status_code == 201
 
@@ -253,8 +269,13 @@ def test_a_body_longer_than_its_content_length_is_cut_off_at_the_limit(world, se
     assert len(body) > 100
 
     with pytest.raises(ApplicationError) as caught:
-        agent_artifact_upload(device=world["devices"][0], key=world["output"]["dev-a"], body=io.BytesIO(body),
-                              content_length=50, sha256=hashlib.sha256(body).hexdigest())
+        agent_artifact_upload(
+            device=world["devices"][0],
+            key=world["output"]["dev-a"],
+            body=io.BytesIO(body),
+            content_length=50,
+            sha256=hashlib.sha256(body).hexdigest(),
+        )
 
     assert caught.value.status_code == 413
     assert list((world["store"] / world["output"]["dev-a"]).parent.iterdir()) == []  # no temporary file left
@@ -281,11 +302,16 @@ def _malformed() -> dict[str, bytes]:
         "truncated": (good[: len(good) - 7], "truncated or trailing bytes"),
         "too short": (good[:5], "shorter than the 8-byte header length"),
         "bad header length": (struct.pack("<Q", len(good)) + good[8:], "runs past the end"),
-        "header not JSON": (struct.pack("<Q", header_len) + b"{not json" + b" " * (header_len - 9) + good[8 + header_len:],
-                            "invalid JSON in header"),
+        "header not JSON": (
+            struct.pack("<Q", header_len) + b"{not json" + b" " * (header_len - 9) + good[8 + header_len :],
+            "invalid JSON in header",
+        ),
         "pickle renamed": (pickle.dumps(_state()), "not a safetensors file"),
         "wrong tensors": (save({"other": np.zeros(2, dtype=np.float32)}), "do not fit task"),
-        "wrong shape": (save({**_state(), "fc.weight": np.zeros((3, 4), dtype=np.float32)}), "'fc.weight' is F32 [3, 4]"),
+        "wrong shape": (
+            save({**_state(), "fc.weight": np.zeros((3, 4), dtype=np.float32)}),
+            "'fc.weight' is F32 [3, 4]",
+        ),
     }
 
 
@@ -318,8 +344,13 @@ def test_mtfl_agent_passes_the_transfer_options_to_the_agent(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "MTFL_CONTROL_URL", "MTFL_AGENT_TOKEN"}}
     env.update(MTFL_HOME=str(tmp_path), CELERY_BROKER_URL="redis://127.0.0.1:1/0")
 
-    out = subprocess.run([sys.executable, "-m", "controlplane.cli", "agent", "--device", "dev-a", "--agent-token", "k"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "controlplane.cli", "agent", "--device", "dev-a", "--agent-token", "k"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("mtfl agent:") and "MTFL_CONTROL_URL is not" in out.stderr

@@ -12,8 +12,18 @@ from workers.protocol.queues import CONTROL_QUEUE, TaskName
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.parametrize("path", ["/api/devices/", "/api/tasks/", "/api/experiments/", "/api/runs/", "/api/rounds/",
-                                  "/api/assignments/", "/api/checkpoints/"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/devices/",
+        "/api/tasks/",
+        "/api/experiments/",
+        "/api/runs/",
+        "/api/rounds/",
+        "/api/assignments/",
+        "/api/checkpoints/",
+    ],
+)
 def test_anonymous_requests_are_refused(path):
     response = APIClient().get(path)
     assert response.status_code in (401, 403)
@@ -77,7 +87,9 @@ def test_task_create_and_update(api):
 
 def test_experiment_with_missing_device_is_refused(api, make_task):
     task = make_task()
-    response = api.post("/api/experiments/", {"name": "e", "tasks": [task.id], "devices": [999], "rounds": 1}, format="json")
+    response = api.post(
+        "/api/experiments/", {"name": "e", "tasks": [task.id], "devices": [999], "rounds": 1}, format="json"
+    )
     assert response.status_code == 400
     assert "999" in response.json()["errors"]["devices"][0]
 
@@ -86,8 +98,14 @@ def test_experiment_negative_sample_count_is_refused(api, make_task, make_device
     task, device = make_task(), make_device()
     response = api.post(
         "/api/experiments/",
-        {"name": "e", "tasks": [task.id], "devices": [device.id], "rounds": 1, "partition_rule": "explicit",
-         "sample_counts": [{"device": device.id, "task": task.id, "num_samples": -5}]},
+        {
+            "name": "e",
+            "tasks": [task.id],
+            "devices": [device.id],
+            "rounds": 1,
+            "partition_rule": "explicit",
+            "sample_counts": [{"device": device.id, "task": task.id, "num_samples": -5}],
+        },
         format="json",
     )
     assert response.status_code == 400
@@ -100,8 +118,9 @@ def test_experiment_rounds_and_alpha_ranges(api, make_task, make_device):
     base = {"name": "e", "tasks": [task.id], "devices": [device.id]}
     rounds = api.post("/api/experiments/", {**base, "rounds": 0}, format="json")
     assert rounds.status_code == 400 and "rounds" in rounds.json()["errors"]
-    alpha = api.post("/api/experiments/", {**base, "rounds": 1, "partition_rule": "dirichlet", "dirichlet_alpha": 0},
-                     format="json")
+    alpha = api.post(
+        "/api/experiments/", {**base, "rounds": 1, "partition_rule": "dirichlet", "dirichlet_alpha": 0}, format="json"
+    )
     assert alpha.status_code == 400 and "(0, 1000]" in alpha.json()["errors"]["dirichlet_alpha"][0]
 
 
@@ -110,8 +129,15 @@ def test_dirichlet_experiment_derives_skewed_shards_covering_the_split(api, make
     devices = [make_device("d1"), make_device("d2"), make_device("d3")]
     response = api.post(
         "/api/experiments/",
-        {"name": "e", "tasks": [t.id for t in tasks], "devices": [d.id for d in devices], "rounds": 2,
-         "partition_rule": "dirichlet", "dirichlet_alpha": 0.5, "seed": 3},
+        {
+            "name": "e",
+            "tasks": [t.id for t in tasks],
+            "devices": [d.id for d in devices],
+            "rounds": 2,
+            "partition_rule": "dirichlet",
+            "dirichlet_alpha": 0.5,
+            "seed": 3,
+        },
         format="json",
     )
     assert response.status_code == 201, response.json()
@@ -124,8 +150,15 @@ def test_dirichlet_experiment_derives_skewed_shards_covering_the_split(api, make
     first = {(s["device"], s["task"]): s["num_samples"] for s in shards}
     again = api.post(
         "/api/experiments/",
-        {"name": "e2", "tasks": [t.id for t in tasks], "devices": [d.id for d in devices], "rounds": 2,
-         "partition_rule": "dirichlet", "dirichlet_alpha": 0.5, "seed": 3},
+        {
+            "name": "e2",
+            "tasks": [t.id for t in tasks],
+            "devices": [d.id for d in devices],
+            "rounds": 2,
+            "partition_rule": "dirichlet",
+            "dirichlet_alpha": 0.5,
+            "seed": 3,
+        },
         format="json",
     ).json()["shards"]
     assert {(s["device"], s["task"]): s["num_samples"] for s in again} == first
@@ -197,8 +230,14 @@ def test_lists_filter_by_experiment_run_and_round(api, make_experiment):
     rounds = [Round.objects.create(run=r, index=0) for r in runs]
     for rnd in rounds:
         for shard in rnd.run.experiment.shards.all():
-            Assignment.objects.create(round=rnd, device=shard.device, task=shard.task, batch_size=8,
-                                      active_thread_percentage=100, samples=shard.num_samples)
+            Assignment.objects.create(
+                round=rnd,
+                device=shard.device,
+                task=shard.task,
+                batch_size=8,
+                active_thread_percentage=100,
+                samples=shard.num_samples,
+            )
     assert api.get(f"/api/runs/?experiment={e1.id}").json()["count"] == 2
     assert api.get(f"/api/rounds/?run={runs[2].id}").json()["count"] == 1
     assert api.get(f"/api/rounds/?experiment={e1.id}").json()["count"] == 2
@@ -229,12 +268,18 @@ def test_openapi_schema_and_docs_are_served(api):
 def test_huge_ids_and_deep_json_are_400_not_500(api, make_device, make_task):
     device, task = make_device(), make_task()
     huge = 99999999999999999999999
-    for body in ({"name": "e", "tasks": [huge], "devices": [device.id], "rounds": 1},
-                 {"name": "e", "tasks": [task.id], "devices": [huge], "rounds": 1}):
+    for body in (
+        {"name": "e", "tasks": [huge], "devices": [device.id], "rounds": 1},
+        {"name": "e", "tasks": [task.id], "devices": [huge], "rounds": 1},
+    ):
         response = api.post("/api/experiments/", body, format="json")
         assert response.status_code == 400 and "allowed 1 to" in response.json()["message"]
-    for url in (f"/api/rounds/?experiment={huge}", f"/api/assignments/?run={huge}",
-                f"/api/assignments/?experiment={huge}", f"/api/runs/?experiment={huge}"):
+    for url in (
+        f"/api/rounds/?experiment={huge}",
+        f"/api/assignments/?run={huge}",
+        f"/api/assignments/?experiment={huge}",
+        f"/api/runs/?experiment={huge}",
+    ):
         assert api.get(url).status_code == 400, url
     deep = "[" * 5000 + "]" * 5000
     response = api.post("/api/devices/", deep, content_type="application/json")
@@ -244,7 +289,9 @@ def test_huge_ids_and_deep_json_are_400_not_500(api, make_device, make_task):
 def test_unknown_and_fixed_fields_are_refused(api, make_device, make_task, make_experiment):
     device = make_device("dev-z")
     unknown = api.post("/api/devices/", {"name": "dev-x", "extra": 1}, format="json")
-    assert unknown.status_code == 400 and "unknown field; allowed: name, backend" in unknown.json()["errors"]["extra"][0]
+    assert (
+        unknown.status_code == 400 and "unknown field; allowed: name, backend" in unknown.json()["errors"]["extra"][0]
+    )
     rename = api.patch(f"/api/devices/{device.id}/", {"name": "renamed"}, format="json")
     assert rename.status_code == 400 and "Celery queue" in rename.json()["errors"]["name"][0]
     number_name = api.post("/api/devices/", {"name": 123}, format="json")
@@ -258,12 +305,16 @@ def test_unknown_and_fixed_fields_are_refused(api, make_device, make_task, make_
 
 def test_ranges_are_named_for_bad_types(api, make_task, make_device):
     task, device = make_task(), make_device()
-    response = api.post("/api/experiments/", {"name": "e", "tasks": [task.id], "devices": [device.id], "rounds": "many"},
-                        format="json")
+    response = api.post(
+        "/api/experiments/", {"name": "e", "tasks": [task.id], "devices": [device.id], "rounds": "many"}, format="json"
+    )
     assert response.status_code == 400
     assert response.json()["errors"]["rounds"] == ["must be an integer: allowed 1 to 10000"]
-    seed = api.post("/api/experiments/", {"name": "e", "tasks": [task.id], "devices": [device.id], "rounds": 1,
-                                          "seed": -1}, format="json")
+    seed = api.post(
+        "/api/experiments/",
+        {"name": "e", "tasks": [task.id], "devices": [device.id], "rounds": 1, "seed": -1},
+        format="json",
+    )
     assert "allowed 0 to 2147483647" in seed.json()["errors"]["seed"][0]
     nan = api.post("/api/tasks/", {"name": "t", "architecture": "resnet18", "learning_rate": "NaN"}, format="json")
     assert nan.status_code == 400 and "learning_rate" in nan.json()["errors"]
@@ -311,8 +362,10 @@ def test_device_status_filter_uses_the_heartbeat(api, make_device):
     make_device("never", connected=False)
     stale = make_device("stale")
     Device.objects.filter(id=stale.id).update(last_heartbeat_at=stale.last_heartbeat_at - dt.timedelta(hours=1))
-    names = {s: {d["name"] for d in api.get(f"/api/devices/?status={s}").json()["results"]}
-             for s in ("online", "offline", "unknown")}
+    names = {
+        s: {d["name"] for d in api.get(f"/api/devices/?status={s}").json()["results"]}
+        for s in ("online", "offline", "unknown")
+    }
     assert names == {"online": {"fresh"}, "offline": {"stale"}, "unknown": {"never"}}
     listed = {d["name"]: d["status"] for d in api.get("/api/devices/").json()["results"]}
     assert listed == {"fresh": "online", "stale": "offline", "never": "unknown"}

@@ -27,6 +27,7 @@ def _post_raw(api, url: str, body: str, method: str = "POST"):
 
 def _strict_json(raw: bytes):
     """Parse as a strict client would: NaN and Infinity are not JSON."""
+
     def refuse(token):
         raise ValueError(f"{token} is not JSON")
 
@@ -46,22 +47,40 @@ def targets(make_experiment, make_device):
         ("POST", "/api/tasks/", '{"name": "t", "architecture": "resnet18", "momentum": @}', "momentum"),
         ("POST", "/api/tasks/", '{"name": "t", "architecture": "resnet18", "weight_decay": @}', "weight_decay"),
         ("PATCH", f"/api/tasks/{task.id}/", '{"learning_rate": @}', "learning_rate"),
-        ("POST", "/api/experiments/",
-         f'{{"name": "e", "tasks": [{task.id}], "devices": [{device.id}], "rounds": 1, '
-         f'"partition_rule": "dirichlet", "dirichlet_alpha": @}}', "dirichlet_alpha"),
-        ("POST", "/api/experiments/",
-         f'{{"name": "e", "tasks": [{task.id}], "devices": [{device.id}], "rounds": 1, "partition_rule": "explicit", '
-         f'"sample_counts": [{{"device": {device.id}, "task": {task.id}, "num_samples": @}}]}}',
-         "sample_counts[0].num_samples"),
-        ("POST", "/api/experiments/from-template/", f'{{"template": "light", "devices": [{device.id}], '
-         '"dirichlet_alpha": @}', "dirichlet_alpha"),
-        ("POST", f"/api/experiments/{experiment.id}/runs/", '{"strategy": "vres_sync", "options": {"slack": @}}',
-         "options.slack"),
-        ("POST", f"/api/experiments/{experiment.id}/runs/",
-         f'{{"strategy": "manual", "plan": [{{"device": {device.id}, "task": {task.id}, "batch_size": 8, '
-         '"active_thread_percentage": 50}, '
-         f'{{"device": {device.id}, "task": {task.id}, "batch_size": @, "active_thread_percentage": 50}}]}}',
-         "plan[1].batch_size"),
+        (
+            "POST",
+            "/api/experiments/",
+            f'{{"name": "e", "tasks": [{task.id}], "devices": [{device.id}], "rounds": 1, '
+            f'"partition_rule": "dirichlet", "dirichlet_alpha": @}}',
+            "dirichlet_alpha",
+        ),
+        (
+            "POST",
+            "/api/experiments/",
+            f'{{"name": "e", "tasks": [{task.id}], "devices": [{device.id}], "rounds": 1, "partition_rule": "explicit", '
+            f'"sample_counts": [{{"device": {device.id}, "task": {task.id}, "num_samples": @}}]}}',
+            "sample_counts[0].num_samples",
+        ),
+        (
+            "POST",
+            "/api/experiments/from-template/",
+            f'{{"template": "light", "devices": [{device.id}], "dirichlet_alpha": @}}',
+            "dirichlet_alpha",
+        ),
+        (
+            "POST",
+            f"/api/experiments/{experiment.id}/runs/",
+            '{"strategy": "vres_sync", "options": {"slack": @}}',
+            "options.slack",
+        ),
+        (
+            "POST",
+            f"/api/experiments/{experiment.id}/runs/",
+            f'{{"strategy": "manual", "plan": [{{"device": {device.id}, "task": {task.id}, "batch_size": 8, '
+            '"active_thread_percentage": 50}, '
+            f'{{"device": {device.id}, "task": {task.id}, "batch_size": @, "active_thread_percentage": 50}}]}}',
+            "plan[1].batch_size",
+        ),
         ("POST", f"/api/experiments/{experiment.id}/compare/", '{"options": {"objective": @}}', "options.objective"),
         ("POST", f"/api/devices/{device.id}/profile/", '{"budget_s": @}', "budget_s"),
         ("PATCH", f"/api/experiments/{experiment.id}/", '{"deadline_factor": @}', "deadline_factor"),
@@ -81,8 +100,9 @@ def test_non_finite_numbers_are_refused_naming_the_field(api, targets, token):
 
 
 def test_every_non_finite_number_of_a_body_is_named(api):
-    response = _post_raw(api, "/api/tasks/", '{"name": "t", "architecture": "resnet18", "learning_rate": NaN, '
-                                             '"momentum": Infinity}')
+    response = _post_raw(
+        api, "/api/tasks/", '{"name": "t", "architecture": "resnet18", "learning_rate": NaN, "momentum": Infinity}'
+    )
 
     assert response.status_code == 400
     assert set(response.json()["errors"]) == {"learning_rate", "momentum"}
@@ -96,8 +116,11 @@ def test_a_body_that_is_only_a_non_finite_number_names_body(api):
 
 
 def test_finite_numbers_still_parse(api):
-    response = _post_raw(api, "/api/tasks/", '{"name": "t", "architecture": "resnet18", "learning_rate": 1e-2, '
-                                             '"momentum": 0.5, "weight_decay": 0}')
+    response = _post_raw(
+        api,
+        "/api/tasks/",
+        '{"name": "t", "architecture": "resnet18", "learning_rate": 1e-2, "momentum": 0.5, "weight_decay": 0}',
+    )
 
     assert response.status_code == 201, response.json()
     assert response.json()["learning_rate"] == 0.01
@@ -109,28 +132,72 @@ def test_finite_numbers_still_parse(api):
 def _stored_non_finite_run(experiment) -> Run:
     """A run whose stored floats are NaN and ±inf (an agent reported them)."""
     nan, inf = float("nan"), float("inf")
-    run = Run.objects.create(experiment=experiment, strategy="sharing", status=Run.Status.SUCCEEDED, started_at=T0,
-                             finished_at=T0 + dt.timedelta(seconds=9), raw_throughput_sps=nan, fair_throughput=inf,
-                             fl_throughput_sps=-inf)
-    rnd = Round.objects.create(run=run, index=0, status=Round.Status.SUCCEEDED, started_at=T0,
-                               finished_at=T0 + dt.timedelta(seconds=9), round_time_s=inf, wall_time_s=nan,
-                               fl_throughput_sps=nan, raw_throughput_sps=inf, fair_throughput=nan)
+    run = Run.objects.create(
+        experiment=experiment,
+        strategy="sharing",
+        status=Run.Status.SUCCEEDED,
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(seconds=9),
+        raw_throughput_sps=nan,
+        fair_throughput=inf,
+        fl_throughput_sps=-inf,
+    )
+    rnd = Round.objects.create(
+        run=run,
+        index=0,
+        status=Round.Status.SUCCEEDED,
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(seconds=9),
+        round_time_s=inf,
+        wall_time_s=nan,
+        fl_throughput_sps=nan,
+        raw_throughput_sps=inf,
+        fair_throughput=nan,
+    )
     for shard in experiment.shards.select_related("device", "task"):
         Assignment.objects.create(
-            round=rnd, device=shard.device, task=shard.task, batch_size=8, active_thread_percentage=100,
-            samples=shard.num_samples, samples_trained=shard.num_samples, throughput_sps=nan, seconds=inf,
-            predicted_throughput_sps=inf, standalone_throughput_sps=nan, train_loss=nan, started_at=T0,
-            finished_at=T0 + dt.timedelta(seconds=3), status=Assignment.Status.SUCCEEDED,
+            round=rnd,
+            device=shard.device,
+            task=shard.task,
+            batch_size=8,
+            active_thread_percentage=100,
+            samples=shard.num_samples,
+            samples_trained=shard.num_samples,
+            throughput_sps=nan,
+            seconds=inf,
+            predicted_throughput_sps=inf,
+            standalone_throughput_sps=nan,
+            train_loss=nan,
+            started_at=T0,
+            finished_at=T0 + dt.timedelta(seconds=3),
+            status=Assignment.Status.SUCCEEDED,
         )
-        Checkpoint.objects.get_or_create(run=run, task=shard.task, round=None,
-                                         defaults={"artifact_path": "x", "sha256": "0" * 64})
-    Checkpoint.objects.create(run=run, task=experiment.tasks.first(), round=rnd, artifact_path="y", sha256="1" * 64,
-                              test_accuracy=nan, test_loss=inf)
+        Checkpoint.objects.get_or_create(
+            run=run, task=shard.task, round=None, defaults={"artifact_path": "x", "sha256": "0" * 64}
+        )
+    Checkpoint.objects.create(
+        run=run,
+        task=experiment.tasks.first(),
+        round=rnd,
+        artifact_path="y",
+        sha256="1" * 64,
+        test_accuracy=nan,
+        test_loss=inf,
+    )
     return run
 
 
-@pytest.mark.parametrize("path", ["/api/runs/{run}/", "/api/runs/", "/api/rounds/", "/api/assignments/",
-                                  "/api/checkpoints/", "/api/runs/{run}/progress/"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/runs/{run}/",
+        "/api/runs/",
+        "/api/rounds/",
+        "/api/assignments/",
+        "/api/checkpoints/",
+        "/api/runs/{run}/progress/",
+    ],
+)
 def test_stored_non_finite_floats_are_rendered_as_null(api, make_experiment, path):
     run = _stored_non_finite_run(make_experiment())
 
@@ -221,8 +288,9 @@ def test_an_oversized_body_is_413_with_a_message(api, settings, content_type):
 def test_an_oversized_multipart_body_is_413(api, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
 
-    response = api.post("/api/tasks/", {"name": "t", "architecture": "resnet18", "dataset_root": "x" * 5000},
-                        format="multipart")
+    response = api.post(
+        "/api/tasks/", {"name": "t", "architecture": "resnet18", "dataset_root": "x" * 5000}, format="multipart"
+    )
 
     assert response.status_code == 413
     assert "at most 1000 bytes" in response.json()["message"]
@@ -255,19 +323,28 @@ def test_agent_uploads_are_not_held_to_the_request_body_limit(settings, tmp_path
     initial = tmp_path / "store" / global_weights_key(run.id, task.id, None)
     initial.parent.mkdir(parents=True)
     save_file(state, str(initial))
-    Checkpoint.objects.create(run=run, task=task, round=None, artifact_path=global_weights_key(run.id, task.id, None),
-                              sha256=hashlib.sha256(initial.read_bytes()).hexdigest())
+    Checkpoint.objects.create(
+        run=run,
+        task=task,
+        round=None,
+        artifact_path=global_weights_key(run.id, task.id, None),
+        sha256=hashlib.sha256(initial.read_bytes()).hexdigest(),
+    )
     rnd = Round.objects.create(run=run, index=0, status=Round.Status.RUNNING)
-    Assignment.objects.create(round=rnd, device=device, task=task, batch_size=8, active_thread_percentage=100,
-                              samples=40)
+    Assignment.objects.create(
+        round=rnd, device=device, task=task, batch_size=8, active_thread_percentage=100, samples=40
+    )
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Agent {device_token_issue(device=device)[1]}")
     body = save(state)
     assert len(body) > 1000
 
-    response = agent.put(f"/api/agent/artifacts/{device_weights_key(run.id, 0, device.name, task.id)}", data=body,
-                         content_type="application/octet-stream",
-                         HTTP_X_CONTENT_SHA256=hashlib.sha256(body).hexdigest())
+    response = agent.put(
+        f"/api/agent/artifacts/{device_weights_key(run.id, 0, device.name, task.id)}",
+        data=body,
+        content_type="application/octet-stream",
+        HTTP_X_CONTENT_SHA256=hashlib.sha256(body).hexdigest(),
+    )
 
     assert response.status_code == 201, response.content
 
@@ -291,8 +368,16 @@ def test_an_unknown_dashboard_url_is_still_a_page(browser_client):
     assert "text/html" in response["Content-Type"]
 
 
-@pytest.mark.parametrize(("query", "field"), [("limit=abc", "limit"), ("limit=0", "limit"), ("limit=1001", "limit"),
-                                              ("offset=-1", "offset"), ("offset=x", "offset")])
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("limit=abc", "limit"),
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("offset=-1", "offset"),
+        ("offset=x", "offset"),
+    ],
+)
 def test_bad_pagination_is_400_naming_the_parameter(api, query, field):
     response = api.get(f"/api/tasks/?{query}")
 

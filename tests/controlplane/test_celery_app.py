@@ -33,15 +33,23 @@ def _queue_in_a_fresh_process(home, code: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a new Python process with no broker configured and ``MTFL_HOME=home``."""
     env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")}
     env.update(MTFL_HOME=str(home), DJANGO_SETTINGS_MODULE="controlplane.settings")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2])
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
 
 
 def test_queueing_with_no_broker_fails_at_once_instead_of_reaching_a_local_amqp(tmp_path):
     """With ``CELERY_BROKER_URL`` unset and no embedded broker running, Celery's default is
     ``amqp://guest@localhost//``: on a host running RabbitMQ a message queued from ``mtfl shell``
     went there and was never seen again. Queueing now fails before any connection, in one line."""
-    result = _queue_in_a_fresh_process(tmp_path, textwrap.dedent("""
+    result = _queue_in_a_fresh_process(
+        tmp_path,
+        textwrap.dedent("""
         import time
         import django
         django.setup()
@@ -55,7 +63,8 @@ def test_queueing_with_no_broker_fails_at_once_instead_of_reaching_a_local_amqp(
                 print(f"refused in {time.monotonic() - started:.3f} s: {exc}")
             else:
                 print("sent to", app.connection_for_write().as_uri())
-    """))
+    """),
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 2 and all(line.startswith("refused in ") for line in lines), result.stdout
@@ -74,11 +83,14 @@ def test_with_no_broker_url_the_embedded_broker_running_on_this_machine_is_used(
     try:
         url = f"redis+socket://{server.socket_file}"
         (tmp_path / "broker_url").write_text(url + "\n")
-        result = _queue_in_a_fresh_process(tmp_path, textwrap.dedent("""
+        result = _queue_in_a_fresh_process(
+            tmp_path,
+            textwrap.dedent("""
             from controlplane.celery import app
             app.send_task("mtfl.test.nothing", queue="test-embedded-adopted")
             print(app.conf.broker_url)
-        """))
+        """),
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == url
         assert server.llen("test-embedded-adopted") == 1

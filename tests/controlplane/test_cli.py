@@ -11,10 +11,13 @@ import pytest
 
 def _mtfl(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     # The embedded defaults of a fresh MTFL_HOME: its own SQLite file, not the suite's database.
-    env = {k: v for k, v in os.environ.items() if k not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL"}}
+    env = {
+        k: v for k, v in os.environ.items() if k not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL"}
+    }
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "controlplane.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.mark.parametrize(
@@ -37,7 +40,10 @@ def _mtfl(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProc
         (["agent", "--device", "x"], "CELERY_BROKER_URL is not set and no embedded broker is running"),
         (["compare", "light mix", "--timeout", "0"], "--timeout=0 is out of range: allowed 10 to 604800"),
         (["compare", "light mix"], "cannot read experiments from the database (no such table"),
-        (["compare", "light mix", "--objective", "fastest"], "--objective='fastest' is not allowed; allowed: raw, fair"),
+        (
+            ["compare", "light mix", "--objective", "fastest"],
+            "--objective='fastest' is not allowed; allowed: raw, fair",
+        ),
         (["fit-predictor", "--families", "svm"], "--families: 'svm' is not allowed; allowed: baseline, random_forest"),
     ],
 )
@@ -50,7 +56,12 @@ def test_bad_input_is_one_line_without_traceback(args, message, tmp_path):
 
 
 def test_agent_with_an_invalid_device_name_says_so(tmp_path):
-    out = _mtfl("agent", "--device", "Bad Name", env_extra={"MTFL_HOME": str(tmp_path), "CELERY_BROKER_URL": "redis://127.0.0.1:1/0"})
+    out = _mtfl(
+        "agent",
+        "--device",
+        "Bad Name",
+        env_extra={"MTFL_HOME": str(tmp_path), "CELERY_BROKER_URL": "redis://127.0.0.1:1/0"},
+    )
     assert out.returncode != 0
     assert "Bad Name" in out.stderr and "Traceback" not in out.stderr
 
@@ -63,8 +74,13 @@ def test_agent_with_an_invalid_device_name_says_so(tmp_path):
     ],
 )
 def test_agent_options_are_checked_before_it_starts(args, message, tmp_path):
-    out = _mtfl("agent", "--device", "dev-a", *args,
-                env_extra={"MTFL_HOME": str(tmp_path), "CELERY_BROKER_URL": "redis://127.0.0.1:1/0"})
+    out = _mtfl(
+        "agent",
+        "--device",
+        "dev-a",
+        *args,
+        env_extra={"MTFL_HOME": str(tmp_path), "CELERY_BROKER_URL": "redis://127.0.0.1:1/0"},
+    )
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
     assert out.stderr.startswith("mtfl agent:")

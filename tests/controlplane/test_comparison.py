@@ -41,8 +41,9 @@ def test_the_way_out_names_commands_that_run(api, make_experiment, monkeypatch):
     checks and the device look-up to where it needs the running stack; ``mtfl fit-predictor``
     to where it finds no samples yet."""
     experiment = make_experiment()
-    message = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "vres_sync"},
-                       format="json").json()["errors"]["strategy"][0]
+    message = api.post(f"/api/experiments/{experiment.id}/runs/", {"strategy": "vres_sync"}, format="json").json()[
+        "errors"
+    ]["strategy"][0]
     commands = [shlex.split(c) for c in re.findall(r"`(mtfl [^`]+)`", message)]
     assert [c[1] for c in commands] == ["profile", "fit-predictor"]
 
@@ -56,12 +57,16 @@ def test_the_way_out_names_commands_that_run(api, make_experiment, monkeypatch):
         call_command(commands[1][1].replace("-", "_"), *commands[1][2:])
 
 
-def test_a_planned_run_stores_its_plan_and_rounds_carry_the_predictions(api, make_experiment, predictor,
-                                                                        django_capture_on_commit_callbacks):
+def test_a_planned_run_stores_its_plan_and_rounds_carry_the_predictions(
+    api, make_experiment, predictor, django_capture_on_commit_callbacks
+):
     experiment = make_experiment()
     with django_capture_on_commit_callbacks(execute=True):
-        response = api.post(f"/api/experiments/{experiment.id}/runs/",
-                            {"strategy": "vres_greedy", "options": {"objective": "fair"}}, format="json")
+        response = api.post(
+            f"/api/experiments/{experiment.id}/runs/",
+            {"strategy": "vres_greedy", "options": {"objective": "fair"}},
+            format="json",
+        )
     assert response.status_code == 201, response.json()
     body = response.json()
     assert body["options"] == {"objective": "fair", "slack": "smaller_batches"}
@@ -79,7 +84,10 @@ def test_a_planned_run_stores_its_plan_and_rounds_carry_the_predictions(api, mak
     by_pair = {(a["device_id"], a["task_id"]): a for a in planned["assignments"]}
     for a in rnd.assignments.all():
         expected = by_pair[(a.device_id, a.task_id)]
-        assert (a.batch_size, a.active_thread_percentage) == (expected["batch_size"], expected["active_thread_percentage"])
+        assert (a.batch_size, a.active_thread_percentage) == (
+            expected["batch_size"],
+            expected["active_thread_percentage"],
+        )
         assert a.predicted_throughput_sps == pytest.approx(expected["predicted_throughput_sps"])
     listed = api.get(f"/api/assignments/?run={run.id}").json()
     rows = listed["results"] if isinstance(listed, dict) else listed
@@ -102,8 +110,9 @@ def test_planner_options_are_checked(api, make_experiment, predictor, body, fiel
     assert field in response.json()["errors"]
 
 
-def test_compare_runs_the_five_strategies_one_after_another(api, make_experiment, predictor,
-                                                           django_capture_on_commit_callbacks):
+def test_compare_runs_the_five_strategies_one_after_another(
+    api, make_experiment, predictor, django_capture_on_commit_callbacks
+):
     experiment = make_experiment()
     _queued_control_messages()
     with django_capture_on_commit_callbacks(execute=True):
@@ -131,7 +140,12 @@ def test_compare_runs_the_five_strategies_one_after_another(api, make_experiment
     cancelled = api.post(f"/api/comparisons/{body['id']}/cancel/")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     assert [r.status for r in Run.objects.filter(comparison_id=body["id"]).order_by("id")] == [
-        "succeeded", "failed", "cancelled", "cancelled", "cancelled"]
+        "succeeded",
+        "failed",
+        "cancelled",
+        "cancelled",
+        "cancelled",
+    ]
     assert _queued_control_messages() == []
     again = api.post(f"/api/comparisons/{body['id']}/cancel/")
     assert again.status_code == 409
@@ -157,8 +171,9 @@ def test_compare_without_a_predictor_creates_nothing(api, make_experiment):
     assert not Round.objects.exists()
 
 
-def test_the_experiment_page_button_launches_a_comparison(browser_client, make_experiment, predictor,
-                                                          django_capture_on_commit_callbacks):
+def test_the_experiment_page_button_launches_a_comparison(
+    browser_client, make_experiment, predictor, django_capture_on_commit_callbacks
+):
     experiment = make_experiment()
     _queued_control_messages()
     with django_capture_on_commit_callbacks(execute=True):

@@ -27,21 +27,47 @@ def finished_runs(make_experiment):
     experiment = make_experiment(name="dash")
     runs = {}
     for strategy, p, share in (("temporal", 20.0, 100), ("sharing", 45.0, 100)):
-        run = Run.objects.create(experiment=experiment, strategy=strategy, status=Run.Status.SUCCEEDED,
-                                 started_at=T0, finished_at=T0 + dt.timedelta(seconds=30))
-        rnd = Round.objects.create(run=run, index=0, status=Round.Status.SUCCEEDED, started_at=T0,
-                                   finished_at=T0 + dt.timedelta(seconds=20), round_time_s=12.5,
-                                   raw_throughput_sps=2 * p, fair_throughput=0.8 if strategy == "sharing" else 0.5)
+        run = Run.objects.create(
+            experiment=experiment,
+            strategy=strategy,
+            status=Run.Status.SUCCEEDED,
+            started_at=T0,
+            finished_at=T0 + dt.timedelta(seconds=30),
+        )
+        rnd = Round.objects.create(
+            run=run,
+            index=0,
+            status=Round.Status.SUCCEEDED,
+            started_at=T0,
+            finished_at=T0 + dt.timedelta(seconds=20),
+            round_time_s=12.5,
+            raw_throughput_sps=2 * p,
+            fair_throughput=0.8 if strategy == "sharing" else 0.5,
+        )
         for k, shard in enumerate(experiment.shards.select_related("device", "task")):
             Assignment.objects.create(
-                round=rnd, device=shard.device, task=shard.task, batch_size=shard.num_samples,
-                active_thread_percentage=share, samples=shard.num_samples, samples_trained=shard.num_samples,
-                throughput_sps=p + k, status=Assignment.Status.SUCCEEDED,
-                started_at=T0 + dt.timedelta(seconds=1), finished_at=T0 + dt.timedelta(seconds=5 + k),
+                round=rnd,
+                device=shard.device,
+                task=shard.task,
+                batch_size=shard.num_samples,
+                active_thread_percentage=share,
+                samples=shard.num_samples,
+                samples_trained=shard.num_samples,
+                throughput_sps=p + k,
+                status=Assignment.Status.SUCCEEDED,
+                started_at=T0 + dt.timedelta(seconds=1),
+                finished_at=T0 + dt.timedelta(seconds=5 + k),
             )
         for task in experiment.tasks.all():
-            Checkpoint.objects.create(run=run, task=task, round=rnd, artifact_path="x", sha256="0" * 64,
-                                      test_accuracy=0.42 if strategy == "sharing" else 0.3, test_loss=1.0)
+            Checkpoint.objects.create(
+                run=run,
+                task=task,
+                round=rnd,
+                artifact_path="x",
+                sha256="0" * 64,
+                test_accuracy=0.42 if strategy == "sharing" else 0.3,
+                test_loss=1.0,
+            )
         run.raw_throughput_sps = 2 * p
         run.fair_throughput = 0.8 if strategy == "sharing" else 0.5
         run.save()
@@ -102,8 +128,9 @@ def test_run_page_figures_carry_plan_throughput_and_timeline(browser_client, fin
     assert {name: ys[0] for name, ys in throughput.items()} == pytest.approx(expected)
     timeline = live["figures"]["timeline"]["data"]
     durations = sorted(x for trace in timeline for x in trace["x"])
-    assert durations == sorted((a.finished_at - a.started_at).total_seconds() * 1000 for a in
-                               Assignment.objects.filter(round__run=run))
+    assert durations == sorted(
+        (a.finished_at - a.started_at).total_seconds() * 1000 for a in Assignment.objects.filter(round__run=run)
+    )
 
 
 def test_run_live_json_reports_progress_of_a_round_in_flight(browser_client, make_experiment):
@@ -112,9 +139,15 @@ def test_run_live_json_reports_progress_of_a_round_in_flight(browser_client, mak
     rnd = Round.objects.create(run=run, index=0, status=Round.Status.RUNNING, started_at=T0)
     shards = list(experiment.shards.all())
     for k, shard in enumerate(shards):
-        Assignment.objects.create(round=rnd, device=shard.device, task=shard.task, batch_size=8,
-                                  active_thread_percentage=50, samples=shard.num_samples,
-                                  status=Assignment.Status.SUCCEEDED if k == 0 else Assignment.Status.RUNNING)
+        Assignment.objects.create(
+            round=rnd,
+            device=shard.device,
+            task=shard.task,
+            batch_size=8,
+            active_thread_percentage=50,
+            samples=shard.num_samples,
+            status=Assignment.Status.SUCCEEDED if k == 0 else Assignment.Status.RUNNING,
+        )
     live = browser_client.get(f"/runs/{run.id}/live/").json()
     current = live["progress"]["current_round"]
     assert current["assignments_total"] == 4 and current["assignments_finished"] == 1
@@ -126,8 +159,9 @@ def test_a_run_cancelled_before_any_round_shows_no_progress_and_no_result(browse
     experiment = make_experiment(name="cancelled", rounds=2)
     run = Run.objects.create(experiment=experiment, strategy="sharing", status=Run.Status.CANCELLED, started_at=T0)
     for task in experiment.tasks.all():  # the initial model is evaluated before round 0
-        Checkpoint.objects.create(run=run, task=task, round=None, artifact_path="x", sha256="0" * 64,
-                                  test_accuracy=0.1, test_loss=2.3)
+        Checkpoint.objects.create(
+            run=run, task=task, round=None, artifact_path="x", sha256="0" * 64, test_accuracy=0.1, test_loss=2.3
+        )
     live = browser_client.get(f"/runs/{run.id}/live/").json()
     assert live["progress"]["fraction"] == 0.0 and live["progress"]["rounds_done"] == 0
     for name in ("plan", "throughput", "timeline"):
@@ -146,7 +180,9 @@ def test_experiment_page_compares_strategies_inside_devices_per_round_and_in_tim
     html = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
     assert 'id="compare-button"' in html
     figures = _json_script(html, "experiment-figures")
-    per_device = {t["name"]: dict(zip(t["x"], t["y"], strict=True)) for t in figures["per_device"]["data"] if t["visible"]}
+    per_device = {
+        t["name"]: dict(zip(t["x"], t["y"], strict=True)) for t in figures["per_device"]["data"] if t["visible"]
+    }
     # dev-a holds tasks 0 and 1: sharing measured 45+46 against temporal's 20+21.
     assert per_device["temporal"]["dev-a"] == pytest.approx(1.0)
     assert per_device["sharing"]["dev-a"] == pytest.approx(91 / 41)
@@ -174,7 +210,9 @@ def test_compare_button_without_a_predictor_says_how_to_make_one(browser_client,
 def test_the_learning_curve_counts_training_samples_from_zero_in_whole_samples():
     from controlplane.dashboard.figures import learning_curve
 
-    fig = learning_curve([{"version": 1, "training_samples": 126, "heldout_rmsle": 0.1376, "kept_family": "random_forest"}])
+    fig = learning_curve(
+        [{"version": 1, "training_samples": 126, "heldout_rmsle": 0.1376, "kept_family": "random_forest"}]
+    )
     assert (fig.layout.xaxis.rangemode, fig.layout.xaxis.tickformat) == ("tozero", "d")
     assert list(fig.data[0].x) == [126] and list(fig.data[0].text) == ["v1"]
 
@@ -185,8 +223,12 @@ def test_the_learning_curve_counts_training_samples_from_zero_in_whole_samples()
 def test_downloads_take_the_api_token_instead_of_sending_it_to_the_login_page(client, api, finished_runs):
     experiment, runs = finished_runs
     token = api._credentials["HTTP_AUTHORIZATION"]
-    urls = [f"/runs/{runs['sharing'].id}/rounds.csv", f"/runs/{runs['sharing'].id}/results.json",
-            f"/experiments/{experiment.id}/assignments.csv", f"/experiments/{experiment.id}/results.json"]
+    urls = [
+        f"/runs/{runs['sharing'].id}/rounds.csv",
+        f"/runs/{runs['sharing'].id}/results.json",
+        f"/experiments/{experiment.id}/assignments.csv",
+        f"/experiments/{experiment.id}/results.json",
+    ]
 
     responses = {url: client.get(url, HTTP_AUTHORIZATION=token) for url in urls}
 
@@ -235,8 +277,10 @@ def test_a_strategy_keeps_its_colour_in_every_chart_of_the_experiment_page(brows
 def test_bar_values_are_written_upright_inside_their_bars_and_hidden_when_they_do_not_fit():
     from controlplane.dashboard.figures import final_accuracy
 
-    rows = [{"strategy": s, "accuracy": {"t1": 0.95, "t2": 0.95}}
-            for s in ("temporal", "isolation", "sharing", "vres_greedy", "vres_sync")]
+    rows = [
+        {"strategy": s, "accuracy": {"t1": 0.95, "t2": 0.95}}
+        for s in ("temporal", "isolation", "sharing", "vres_greedy", "vres_sync")
+    ]
 
     fig = final_accuracy(rows, [r["strategy"] for r in rows])
 
@@ -247,8 +291,12 @@ def test_bar_values_are_written_upright_inside_their_bars_and_hidden_when_they_d
 def test_the_baseline_note_is_in_the_subtitle_not_over_a_bar():
     from controlplane.dashboard.figures import speedup_bars
 
-    fig = speedup_bars([{"label": "temporal", "strategy": "temporal", "raw_speedup": 1.0, "fair_speedup": 1.0},
-                        {"label": "sharing", "strategy": "sharing", "raw_speedup": 2.0, "fair_speedup": None}])
+    fig = speedup_bars(
+        [
+            {"label": "temporal", "strategy": "temporal", "raw_speedup": 1.0, "fair_speedup": 1.0},
+            {"label": "sharing", "strategy": "sharing", "raw_speedup": 2.0, "fair_speedup": None},
+        ]
+    )
 
     assert not fig.layout.annotations  # no text drawn inside the plotting area
     assert "temporal = 1×" in fig.layout.title.text
@@ -257,9 +305,11 @@ def test_the_baseline_note_is_in_the_subtitle_not_over_a_bar():
 def test_the_accuracy_legend_stands_beside_the_plot_clear_of_the_axis_title():
     from controlplane.dashboard.figures import accuracy_over_time
 
-    series = [{"strategy": s, "run": k, "task": t, "points": [(0.0, 0.1), (10.0, 0.5)]}
-              for k, s in enumerate(("temporal", "isolation", "sharing", "vres_greedy", "vres_sync"))
-              for t in ("t1", "t2", "t3")]
+    series = [
+        {"strategy": s, "run": k, "task": t, "points": [(0.0, 0.1), (10.0, 0.5)]}
+        for k, s in enumerate(("temporal", "isolation", "sharing", "vres_greedy", "vres_sync"))
+        for t in ("t1", "t2", "t3")
+    ]
 
     fig = accuracy_over_time(series)
 
@@ -271,8 +321,13 @@ def test_the_accuracy_legend_stands_beside_the_plot_clear_of_the_axis_title():
 
 def test_a_failed_runs_page_shows_its_error_and_no_empty_chart(browser_client, make_experiment):
     experiment = make_experiment(name="broken")
-    run = Run.objects.create(experiment=experiment, strategy="sharing", status=Run.Status.FAILED, started_at=T0,
-                             error="round 0 failed on every device: dev-a: CUDA out of memory")
+    run = Run.objects.create(
+        experiment=experiment,
+        strategy="sharing",
+        status=Run.Status.FAILED,
+        started_at=T0,
+        error="round 0 failed on every device: dev-a: CUDA out of memory",
+    )
 
     html = browser_client.get(f"/runs/{run.id}/").content.decode()
 

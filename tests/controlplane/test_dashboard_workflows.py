@@ -50,8 +50,11 @@ def _shows_above_form(response, message: str) -> bool:
 def people(user):
     """The ``user`` fixture (an experiment's owner), ``carol`` (its collaborator), ``oscar`` (an outsider)."""
     User = get_user_model()
-    return {"owner": user, "collaborator": User.objects.create_user("carol", password="carol-pass-1"),
-            "outsider": User.objects.create_user("oscar", password="oscar-pass-1")}
+    return {
+        "owner": user,
+        "collaborator": User.objects.create_user("carol", password="carol-pass-1"),
+        "outsider": User.objects.create_user("oscar", password="oscar-pass-1"),
+    }
 
 
 def _browser(user) -> Client:
@@ -69,23 +72,48 @@ def experiment(people, make_experiment):
 
 def _finished_run(experiment, strategy: str, *, rounds: int = 2, throughput: float = 40.0) -> Run:
     """A succeeded run with measured rounds and one assignment per shard in each."""
-    run = Run.objects.create(experiment=experiment, strategy=strategy, status=Run.Status.SUCCEEDED, started_at=T0,
-                             finished_at=T0 + dt.timedelta(minutes=1), raw_throughput_sps=2 * throughput,
-                             fair_throughput=0.75, fl_throughput_sps=throughput / 2)
+    run = Run.objects.create(
+        experiment=experiment,
+        strategy=strategy,
+        status=Run.Status.SUCCEEDED,
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(minutes=1),
+        raw_throughput_sps=2 * throughput,
+        fair_throughput=0.75,
+        fl_throughput_sps=throughput / 2,
+    )
     shards = list(experiment.shards.select_related("device", "task").order_by("device__name", "task__name"))
     for index in range(rounds):
         start = T0 + dt.timedelta(seconds=20 * index)
-        rnd = Round.objects.create(run=run, index=index, status=Round.Status.SUCCEEDED, started_at=start,
-                                   finished_at=start + dt.timedelta(seconds=15), round_time_s=12.5 + index,
-                                   wall_time_s=14.0 + index, samples_trained=100 * (index + 1),
-                                   fl_throughput_sps=8.0 + index, raw_throughput_sps=2 * throughput + index,
-                                   fair_throughput=0.75, flags=["slow device"] if index else [])
+        rnd = Round.objects.create(
+            run=run,
+            index=index,
+            status=Round.Status.SUCCEEDED,
+            started_at=start,
+            finished_at=start + dt.timedelta(seconds=15),
+            round_time_s=12.5 + index,
+            wall_time_s=14.0 + index,
+            samples_trained=100 * (index + 1),
+            fl_throughput_sps=8.0 + index,
+            raw_throughput_sps=2 * throughput + index,
+            fair_throughput=0.75,
+            flags=["slow device"] if index else [],
+        )
         for k, shard in enumerate(shards):
             Assignment.objects.create(
-                round=rnd, device=shard.device, task=shard.task, batch_size=16 + k, active_thread_percentage=50,
-                samples=shard.num_samples, samples_trained=shard.num_samples, throughput_sps=throughput + k + index / 4,
-                seconds=1.5 + k, train_loss=0.5 - index / 10, status=Assignment.Status.SUCCEEDED,
-                started_at=start + dt.timedelta(seconds=1), finished_at=start + dt.timedelta(seconds=5 + k),
+                round=rnd,
+                device=shard.device,
+                task=shard.task,
+                batch_size=16 + k,
+                active_thread_percentage=50,
+                samples=shard.num_samples,
+                samples_trained=shard.num_samples,
+                throughput_sps=throughput + k + index / 4,
+                seconds=1.5 + k,
+                train_loss=0.5 - index / 10,
+                status=Assignment.Status.SUCCEEDED,
+                started_at=start + dt.timedelta(seconds=1),
+                finished_at=start + dt.timedelta(seconds=5 + k),
             )
     return run
 
@@ -99,10 +127,14 @@ def test_new_pages_need_login(client, url):
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
 
 
-@pytest.mark.parametrize("url,button", [
-    ("/devices/new/", "Register the device"), ("/tasks/new/", "Define the task"),
-    ("/experiments/new/", "Create the experiment"),
-])
+@pytest.mark.parametrize(
+    "url,button",
+    [
+        ("/devices/new/", "Register the device"),
+        ("/tasks/new/", "Define the task"),
+        ("/experiments/new/", "Create the experiment"),
+    ],
+)
 def test_form_pages_render_a_post_form_with_a_csrf_token(browser_client, url, button):
     html = browser_client.get(url).content.decode()
     assert f'method="post" action="{url}"' in html and "csrfmiddlewaretoken" in html and button in html
@@ -112,8 +144,14 @@ def test_every_new_form_refuses_a_post_without_a_csrf_token(user, experiment):
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(user)
     run = _finished_run(experiment, "temporal")
-    for url in ["/devices/new/", "/tasks/new/", "/experiments/new/", f"/experiments/{experiment.id}/runs/",
-                f"/experiments/{experiment.id}/collaborators/", f"/runs/{run.id}/cancel/"]:
+    for url in [
+        "/devices/new/",
+        "/tasks/new/",
+        "/experiments/new/",
+        f"/experiments/{experiment.id}/runs/",
+        f"/experiments/{experiment.id}/collaborators/",
+        f"/runs/{run.id}/cancel/",
+    ]:
         assert strict.post(url, {"name": "x"}).status_code == 403, url
 
 
@@ -130,11 +168,14 @@ def test_registering_a_device_lists_it_and_says_how_to_start_its_agent(browser_c
     assert "device.gpu-a" in html and "mtfl agent --device gpu-a --backend cuda-mps" in html
 
 
-@pytest.mark.parametrize("form,field", [
-    ({"name": "GPU A", "backend": "cpu"}, "name"),  # the service's rule
-    ({"name": "gpu-a", "backend": "tpu"}, "backend"),  # the serializer's choice
-    ({"name": "", "backend": "cpu"}, "name"),  # left empty: required
-])
+@pytest.mark.parametrize(
+    "form,field",
+    [
+        ({"name": "GPU A", "backend": "cpu"}, "name"),  # the service's rule
+        ({"name": "gpu-a", "backend": "tpu"}, "backend"),  # the serializer's choice
+        ({"name": "", "backend": "cpu"}, "name"),  # left empty: required
+    ],
+)
 def test_device_form_shows_the_apis_message(browser_client, api, form, field):
     api_body = {k: v for k, v in form.items() if v != ""}
     message = _api_message(api.post("/api/devices/", api_body, format="json"), field)
@@ -158,8 +199,17 @@ def test_device_form_refuses_a_taken_name_with_the_services_message(browser_clie
 # ------------------------------------------------------------------------------- tasks
 
 
-TASK = {"name": "digits-r18", "architecture": "resnet18", "dataset": "digits", "dataset_root": "", "num_classes": "10",
-        "optimizer": "sgd", "learning_rate": "0.1", "momentum": "0.9", "weight_decay": "0.0005"}
+TASK = {
+    "name": "digits-r18",
+    "architecture": "resnet18",
+    "dataset": "digits",
+    "dataset_root": "",
+    "num_classes": "10",
+    "optimizer": "sgd",
+    "learning_rate": "0.1",
+    "momentum": "0.9",
+    "weight_decay": "0.0005",
+}
 
 
 def test_defining_a_task_makes_it_the_researchers_and_opens_its_page(browser_client, user):
@@ -171,13 +221,16 @@ def test_defining_a_task_makes_it_the_researchers_and_opens_its_page(browser_cli
     assert "digits-r18" in browser_client.get("/tasks/").content.decode()
 
 
-@pytest.mark.parametrize("change,api_change,field", [
-    ({"learning_rate": "fast"}, {"learning_rate": "fast"}, "learning_rate"),  # serializer: a number
-    ({"learning_rate": "0"}, {"learning_rate": 0}, "learning_rate"),  # service: out of range
-    ({"num_classes": "1"}, {"num_classes": 1}, "num_classes"),  # serializer: range
-    ({"architecture": "alexnet"}, {"architecture": "alexnet"}, "architecture"),
-    ({"dataset": "cifar10"}, {"dataset": "cifar10"}, "dataset_root"),  # service: needs its folder
-])
+@pytest.mark.parametrize(
+    "change,api_change,field",
+    [
+        ({"learning_rate": "fast"}, {"learning_rate": "fast"}, "learning_rate"),  # serializer: a number
+        ({"learning_rate": "0"}, {"learning_rate": 0}, "learning_rate"),  # service: out of range
+        ({"num_classes": "1"}, {"num_classes": 1}, "num_classes"),  # serializer: range
+        ({"architecture": "alexnet"}, {"architecture": "alexnet"}, "architecture"),
+        ({"dataset": "cifar10"}, {"dataset": "cifar10"}, "dataset_root"),  # service: needs its folder
+    ],
+)
 def test_task_form_shows_the_apis_message(browser_client, api, change, api_change, field):
     body = {"name": "t", "architecture": "resnet18", **api_change}
     message = _api_message(api.post("/api/tasks/", body, format="json"), field)
@@ -193,14 +246,25 @@ def test_task_form_shows_the_apis_message(browser_client, api, change, api_chang
 
 @pytest.fixture
 def catalogue(make_device, make_task):
-    return ([make_device("dev-a"), make_device("dev-b")],
-            [make_task("t-mobilenet", "mobilenet_v3_small"), make_task("t-shufflenet", "shufflenet_v2_x1_0")])
+    return (
+        [make_device("dev-a"), make_device("dev-b")],
+        [make_task("t-mobilenet", "mobilenet_v3_small"), make_task("t-shufflenet", "shufflenet_v2_x1_0")],
+    )
 
 
 def _experiment_form(devices, tasks_, **change) -> dict:
-    return {"name": "mine", "description": "", "tasks": [t.id for t in tasks_], "devices": [d.id for d in devices],
-            "rounds": "2", "local_epochs": "1", "partition_rule": "dirichlet", "dirichlet_alpha": "0.5", "seed": "3",
-            **change}
+    return {
+        "name": "mine",
+        "description": "",
+        "tasks": [t.id for t in tasks_],
+        "devices": [d.id for d in devices],
+        "rounds": "2",
+        "local_epochs": "1",
+        "partition_rule": "dirichlet",
+        "dirichlet_alpha": "0.5",
+        "seed": "3",
+        **change,
+    }
 
 
 def test_creating_an_experiment_from_tasks_and_devices(browser_client, user, catalogue):
@@ -217,19 +281,29 @@ def test_creating_an_experiment_from_tasks_and_devices(browser_client, user, cat
     assert 'id="launch-run"' in page and 'id="save-collaborators"' in page
 
 
-@pytest.mark.parametrize("change,api_change,field", [
-    ({"rounds": "0"}, {"rounds": 0}, "rounds"),
-    ({"rounds": "many"}, {"rounds": "many"}, "rounds"),
-    ({"tasks": []}, {"tasks": []}, "tasks"),
-    ({"dirichlet_alpha": ""}, {}, "dirichlet_alpha"),  # dirichlet needs α (the service)
-    ({"partition_rule": "iid"}, {"partition_rule": "iid"}, "dirichlet_alpha"),  # α only with dirichlet
-    ({"dirichlet_alpha": "-1"}, {"dirichlet_alpha": -1}, "dirichlet_alpha"),
-    ({"name": ""}, {"name": None}, "name"),  # a blank input is a field left out: required
-])
+@pytest.mark.parametrize(
+    "change,api_change,field",
+    [
+        ({"rounds": "0"}, {"rounds": 0}, "rounds"),
+        ({"rounds": "many"}, {"rounds": "many"}, "rounds"),
+        ({"tasks": []}, {"tasks": []}, "tasks"),
+        ({"dirichlet_alpha": ""}, {}, "dirichlet_alpha"),  # dirichlet needs α (the service)
+        ({"partition_rule": "iid"}, {"partition_rule": "iid"}, "dirichlet_alpha"),  # α only with dirichlet
+        ({"dirichlet_alpha": "-1"}, {"dirichlet_alpha": -1}, "dirichlet_alpha"),
+        ({"name": ""}, {"name": None}, "name"),  # a blank input is a field left out: required
+    ],
+)
 def test_experiment_form_shows_the_apis_message(browser_client, api, catalogue, change, api_change, field):
     devices, tasks = catalogue
-    body = {"name": "mine", "tasks": [t.id for t in tasks], "devices": [d.id for d in devices], "rounds": 2,
-            "partition_rule": "dirichlet", "dirichlet_alpha": 0.5, **api_change}
+    body = {
+        "name": "mine",
+        "tasks": [t.id for t in tasks],
+        "devices": [d.id for d in devices],
+        "rounds": 2,
+        "partition_rule": "dirichlet",
+        "dirichlet_alpha": 0.5,
+        **api_change,
+    }
     if field == "dirichlet_alpha" and not api_change:
         body.pop("dirichlet_alpha")
     body = {k: v for k, v in body.items() if v is not None}
@@ -251,8 +325,9 @@ def test_experiment_form_keeps_what_was_typed_after_an_error(browser_client, cat
 
 
 def test_launching_a_run_goes_to_its_page(browser_client, experiment):
-    response = browser_client.post(f"/experiments/{experiment.id}/runs/", {"strategy": "sharing", "objective": "",
-                                                                           "slack": ""})
+    response = browser_client.post(
+        f"/experiments/{experiment.id}/runs/", {"strategy": "sharing", "objective": "", "slack": ""}
+    )
 
     run = Run.objects.get(experiment=experiment)
     assert response.status_code == 302 and response["Location"] == f"/runs/{run.id}/"
@@ -265,13 +340,30 @@ def test_a_collaborator_launches_runs_too(people, experiment):
     assert response.status_code == 302 and Run.objects.filter(experiment=experiment).count() == 1
 
 
-@pytest.mark.parametrize("form,api_body,field,where", [
-    ({"strategy": "fastest"}, {"strategy": "fastest"}, "strategy", "field"),  # serializer
-    ({"strategy": "vres_greedy", "objective": "speed"}, {"strategy": "vres_greedy", "options": {"objective": "speed"}},
-     "options.objective", "objective"),
-    ({"strategy": "vres_greedy"}, {"strategy": "vres_greedy"}, "non_field_errors", "field"),  # no predictor: service
-    ({"strategy": "sharing", "slack": "none"}, {"strategy": "sharing", "options": {"slack": "none"}}, "options", "field"),
-])
+@pytest.mark.parametrize(
+    "form,api_body,field,where",
+    [
+        ({"strategy": "fastest"}, {"strategy": "fastest"}, "strategy", "field"),  # serializer
+        (
+            {"strategy": "vres_greedy", "objective": "speed"},
+            {"strategy": "vres_greedy", "options": {"objective": "speed"}},
+            "options.objective",
+            "objective",
+        ),
+        (
+            {"strategy": "vres_greedy"},
+            {"strategy": "vres_greedy"},
+            "non_field_errors",
+            "field",
+        ),  # no predictor: service
+        (
+            {"strategy": "sharing", "slack": "none"},
+            {"strategy": "sharing", "options": {"slack": "none"}},
+            "options",
+            "field",
+        ),
+    ],
+)
 def test_run_form_shows_the_apis_message(browser_client, api, experiment, form, api_body, field, where):
     api_response = api.post(f"/api/experiments/{experiment.id}/runs/", api_body, format="json")
     errors = api_response.json()["errors"]
@@ -319,8 +411,9 @@ def test_an_outsider_cannot_cancel_a_run(people, experiment):
 
 def _running_comparison(experiment) -> Comparison:
     comparison = Comparison.objects.create(experiment=experiment, strategies=["temporal", "isolation"])
-    Run.objects.create(experiment=experiment, strategy="temporal", status=Run.Status.RUNNING, started_at=T0,
-                       comparison=comparison)
+    Run.objects.create(
+        experiment=experiment, strategy="temporal", status=Run.Status.RUNNING, started_at=T0, comparison=comparison
+    )
     Run.objects.create(experiment=experiment, strategy="isolation", comparison=comparison)
     return comparison
 
@@ -344,7 +437,10 @@ def test_cancelling_an_ended_comparison_shows_the_apis_message(browser_client, a
 
     response = browser_client.post(f"/comparisons/{comparison.id}/cancel/")
 
-    assert response.status_code == 409 and f'<p class="error" id="compare-error">{escape(message)}</p>' in response.content.decode()
+    assert (
+        response.status_code == 409
+        and f'<p class="error" id="compare-error">{escape(message)}</p>' in response.content.decode()
+    )
 
 
 def test_an_outsider_cannot_cancel_a_comparison(people, experiment):
@@ -375,8 +471,9 @@ def test_the_owner_can_share_with_no_one(browser_client, experiment):
 
 @pytest.mark.parametrize("names,api_names", [("carol zed", ["carol", "zed"]), ("researcher", ["researcher"])])
 def test_collaborators_form_shows_the_apis_message(browser_client, api, experiment, names, api_names):
-    message = _api_message(api.patch(f"/api/experiments/{experiment.id}/", {"collaborators": api_names}, format="json"),
-                           "collaborators")
+    message = _api_message(
+        api.patch(f"/api/experiments/{experiment.id}/", {"collaborators": api_names}, format="json"), "collaborators"
+    )
 
     response = browser_client.post(f"/experiments/{experiment.id}/collaborators/", {"collaborators": names})
 
@@ -388,8 +485,12 @@ def test_a_collaborator_sees_the_members_but_no_form_and_is_refused_with_the_api
     carol = _browser(people["collaborator"])
     page = carol.get(f"/experiments/{experiment.id}/").content.decode()
     assert 'id="members"' in page and 'id="save-collaborators"' not in page and "Only the owner" in page
-    message = _api_message(_api_for(people["collaborator"]).patch(
-        f"/api/experiments/{experiment.id}/", {"collaborators": []}, format="json"), "collaborators")
+    message = _api_message(
+        _api_for(people["collaborator"]).patch(
+            f"/api/experiments/{experiment.id}/", {"collaborators": []}, format="json"
+        ),
+        "collaborators",
+    )
 
     response = carol.post(f"/experiments/{experiment.id}/collaborators/", {"collaborators": ""})
 
@@ -399,8 +500,9 @@ def test_a_collaborator_sees_the_members_but_no_form_and_is_refused_with_the_api
 
 
 def test_an_outsider_cannot_change_the_collaborators(people, experiment):
-    response = _browser(people["outsider"]).post(f"/experiments/{experiment.id}/collaborators/",
-                                                 {"collaborators": "oscar"})
+    response = _browser(people["outsider"]).post(
+        f"/experiments/{experiment.id}/collaborators/", {"collaborators": "oscar"}
+    )
     assert response.status_code == 404
     assert [u.username for u in experiment.collaborators.all()] == ["carol"]
 
@@ -437,9 +539,18 @@ def test_run_rounds_csv_has_the_rounds_of_the_database(browser_client, experimen
     expected = list(Round.objects.filter(run=run).order_by("index"))
     assert len(rows) == len(expected) == 2
     for row, rnd in zip(rows, expected, strict=True):
-        assert (int(row["run"]), row["strategy"], int(row["round_index"]), row["status"]) == (run.id, "sharing", rnd.index, rnd.status)
-        assert _num(row["round_time_s"]) == rnd.round_time_s and _num(row["raw_throughput_sps"]) == rnd.raw_throughput_sps
-        assert _num(row["fair_throughput"]) == rnd.fair_throughput and int(row["samples_trained"]) == rnd.samples_trained
+        assert (int(row["run"]), row["strategy"], int(row["round_index"]), row["status"]) == (
+            run.id,
+            "sharing",
+            rnd.index,
+            rnd.status,
+        )
+        assert (
+            _num(row["round_time_s"]) == rnd.round_time_s and _num(row["raw_throughput_sps"]) == rnd.raw_throughput_sps
+        )
+        assert (
+            _num(row["fair_throughput"]) == rnd.fair_throughput and int(row["samples_trained"]) == rnd.samples_trained
+        )
         assert row["started_at"] == rnd.started_at.isoformat() and row["predicted_round_time_s"] == ""
         assert row["flags"] == ";".join(rnd.flags)
 
@@ -447,7 +558,8 @@ def test_run_rounds_csv_has_the_rounds_of_the_database(browser_client, experimen
 def test_run_assignments_csv_has_one_row_per_assignment_of_the_database(browser_client, experiment):
     run = _finished_run(experiment, "sharing")
     Assignment.objects.filter(round__run=run, round__index=1).update(  # as a GPU agent under MPS reports
-        torch_device="cuda", peak_memory_bytes=123_456_789, mps_active_thread_percentage=50.0, mps_verified=True)
+        torch_device="cuda", peak_memory_bytes=123_456_789, mps_active_thread_percentage=50.0, mps_verified=True
+    )
 
     header, rows = _csv(browser_client.get(f"/runs/{run.id}/assignments.csv"))
 
@@ -458,14 +570,18 @@ def test_run_assignments_csv_has_one_row_per_assignment_of_the_database(browser_
     assert len(rows) == len(by_key) == 8
     for row in rows:
         a = by_key[(int(row["round_index"]), row["device"], row["task"])]
-        assert int(row["batch_size"]) == a.batch_size and int(row["active_thread_percentage"]) == a.active_thread_percentage
+        assert (
+            int(row["batch_size"]) == a.batch_size
+            and int(row["active_thread_percentage"]) == a.active_thread_percentage
+        )
         assert _num(row["throughput_sps"]) == a.throughput_sps and _num(row["train_loss"]) == a.train_loss
         assert row["status"] == a.status and row["simulated"] == "false" and row["predicted_throughput_sps"] == ""
         gpu = a.round.index == 1
         assert row["torch_device"] == a.torch_device and row["mps_verified"] == ("true" if gpu else "")
         assert row["peak_memory_bytes"] == ("123456789" if gpu else "")
     assert [(r["round_index"], r["device"], r["task"]) for r in rows] == sorted(
-        (r["round_index"], r["device"], r["task"]) for r in rows)
+        (r["round_index"], r["device"], r["task"]) for r in rows
+    )
 
 
 def test_run_json_parses_and_carries_the_same_rows(browser_client, experiment):
@@ -482,13 +598,29 @@ def test_run_json_parses_and_carries_the_same_rows(browser_client, experiment):
     assert len(body["assignments"]) == 8
     first = Assignment.objects.filter(round__run=run).order_by("round__index", "device__name", "task__name").first()
     assert body["assignments"][0] == {
-        "run": run.id, "strategy": "sharing", "round_index": 0, "device": first.device.name, "task": first.task.name,
-        "status": "succeeded", "batch_size": first.batch_size, "active_thread_percentage": 50,
-        "samples": first.samples, "samples_trained": first.samples_trained, "throughput_sps": first.throughput_sps,
-        "predicted_throughput_sps": None, "standalone_throughput_sps": None, "seconds": first.seconds,
-        "train_loss": first.train_loss, "started_at": first.started_at.isoformat(),
-        "finished_at": first.finished_at.isoformat(), "simulated": False, "torch_device": "",
-        "peak_memory_bytes": None, "mps_active_thread_percentage": None, "mps_verified": None, "error": "",
+        "run": run.id,
+        "strategy": "sharing",
+        "round_index": 0,
+        "device": first.device.name,
+        "task": first.task.name,
+        "status": "succeeded",
+        "batch_size": first.batch_size,
+        "active_thread_percentage": 50,
+        "samples": first.samples,
+        "samples_trained": first.samples_trained,
+        "throughput_sps": first.throughput_sps,
+        "predicted_throughput_sps": None,
+        "standalone_throughput_sps": None,
+        "seconds": first.seconds,
+        "train_loss": first.train_loss,
+        "started_at": first.started_at.isoformat(),
+        "finished_at": first.finished_at.isoformat(),
+        "simulated": False,
+        "torch_device": "",
+        "peak_memory_bytes": None,
+        "mps_active_thread_percentage": None,
+        "mps_verified": None,
+        "error": "",
     }
 
 
@@ -499,7 +631,9 @@ def test_experiment_downloads_hold_every_run(browser_client, experiment):
     _, assignments = _csv(browser_client.get(f"/experiments/{experiment.id}/assignments.csv"))
     body = json.loads(_body(browser_client.get(f"/experiments/{experiment.id}/results.json")))
 
-    assert [(int(r["run"]), r["strategy"]) for r in rounds] == [(runs[0].id, "temporal")] * 2 + [(runs[1].id, "sharing")] * 2
+    assert [(int(r["run"]), r["strategy"]) for r in rounds] == [(runs[0].id, "temporal")] * 2 + [
+        (runs[1].id, "sharing")
+    ] * 2
     assert len(assignments) == Assignment.objects.filter(round__run__experiment=experiment).count() == 16
     assert [r["strategy"] for r in body["runs"]] == ["temporal", "sharing"]
     assert body["runs"][1]["raw_speedup"] == pytest.approx(2.0)  # over the temporal run
@@ -531,9 +665,14 @@ def test_the_pages_link_the_downloads(browser_client, experiment):
 
 
 def _download_urls(experiment, run) -> list[str]:
-    return [f"/runs/{run.id}/rounds.csv", f"/runs/{run.id}/assignments.csv", f"/runs/{run.id}/results.json",
-            f"/experiments/{experiment.id}/rounds.csv", f"/experiments/{experiment.id}/assignments.csv",
-            f"/experiments/{experiment.id}/results.json"]
+    return [
+        f"/runs/{run.id}/rounds.csv",
+        f"/runs/{run.id}/assignments.csv",
+        f"/runs/{run.id}/results.json",
+        f"/experiments/{experiment.id}/rounds.csv",
+        f"/experiments/{experiment.id}/assignments.csv",
+        f"/experiments/{experiment.id}/results.json",
+    ]
 
 
 def test_members_download_and_an_outsider_gets_404(people, experiment):

@@ -48,21 +48,67 @@ def rows(make_experiment, user):
     run = Run.objects.create(experiment=experiment, strategy="sharing", status="succeeded", started_at=T0)
     devices = list(experiment.devices.order_by("id"))
     tasks = list(experiment.tasks.order_by("id"))
-    r0 = Round.objects.create(run=run, index=0, status="succeeded", started_at=T0, finished_at=T0 + dt.timedelta(seconds=3),
-                              round_time_s=2.5, raw_throughput_sps=float("nan"), flags=["straggler dev-b"])
+    r0 = Round.objects.create(
+        run=run,
+        index=0,
+        status="succeeded",
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(seconds=3),
+        round_time_s=2.5,
+        raw_throughput_sps=float("nan"),
+        flags=["straggler dev-b"],
+    )
     r1 = Round.objects.create(run=run, index=1, status="running", started_at=None)
-    Assignment.objects.create(round=r0, device=devices[0], task=tasks[0], batch_size=32, active_thread_percentage=50,
-                              samples=40, samples_trained=40, throughput_sps=12.5, status="succeeded",
-                              started_at=T0, finished_at=T0 + dt.timedelta(microseconds=1), train_loss=float("inf"))
-    Assignment.objects.create(round=r1, device=devices[1], task=tasks[1], batch_size=16, active_thread_percentage=150,
-                              samples=10, status="failed", error="CUDA error: out of memory")
+    Assignment.objects.create(
+        round=r0,
+        device=devices[0],
+        task=tasks[0],
+        batch_size=32,
+        active_thread_percentage=50,
+        samples=40,
+        samples_trained=40,
+        throughput_sps=12.5,
+        status="succeeded",
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(microseconds=1),
+        train_loss=float("inf"),
+    )
+    Assignment.objects.create(
+        round=r1,
+        device=devices[1],
+        task=tasks[1],
+        batch_size=16,
+        active_thread_percentage=150,
+        samples=10,
+        status="failed",
+        error="CUDA error: out of memory",
+    )
     Checkpoint.objects.create(run=run, task=tasks[0], round=None, artifact_path="runs/1/initial", sha256="0" * 64)
-    Checkpoint.objects.create(run=run, task=tasks[0], round=r0, artifact_path="runs/1/r0", sha256="1" * 64,
-                              test_accuracy=0.75, test_loss=0.5, kept_previous=True)
-    ProfileSample.objects.create(source="run", device=devices[0], backend="cpu", device_class="cpu-2cores",
-                                 config_key="k", configuration=[{"architecture": "resnet18", "batch_size": 32}],
-                                 mix_size=1, task_index=0, architecture="resnet18", batch_size=32,
-                                 active_thread_percentage=100, throughput_sps=3.0, started_at=T0)
+    Checkpoint.objects.create(
+        run=run,
+        task=tasks[0],
+        round=r0,
+        artifact_path="runs/1/r0",
+        sha256="1" * 64,
+        test_accuracy=0.75,
+        test_loss=0.5,
+        kept_previous=True,
+    )
+    ProfileSample.objects.create(
+        source="run",
+        device=devices[0],
+        backend="cpu",
+        device_class="cpu-2cores",
+        config_key="k",
+        configuration=[{"architecture": "resnet18", "batch_size": 32}],
+        mix_size=1,
+        task_index=0,
+        architecture="resnet18",
+        batch_size=32,
+        active_thread_percentage=100,
+        throughput_sps=3.0,
+        started_at=T0,
+    )
     return {
         s.RoundSerializer: selectors.round_list(user=user),
         s.AssignmentSerializer: selectors.assignment_list(user=user),

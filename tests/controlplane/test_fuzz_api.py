@@ -97,20 +97,22 @@ def _load_schema():
     """The app's own OpenAPI schema, loaded through its WSGI handler (no database needed)."""
     from django.core.wsgi import get_wsgi_application
 
-    config = schemathesis.Config.from_dict({
-        "seed": FUZZ_SEED,
-        "generation": {
-            "max-examples": MAX_EXAMPLES,
-            "deterministic": True,
-            "no-shrink": True,
-            "database": "none",
-        },
-        "phases": {
-            # One 405 per path shows the error format of every method DRF refuses.
-            "coverage": {"unexpected-methods": ["DELETE", "PATCH"]},
-            "stateful": {"enabled": False},
-        },
-    })
+    config = schemathesis.Config.from_dict(
+        {
+            "seed": FUZZ_SEED,
+            "generation": {
+                "max-examples": MAX_EXAMPLES,
+                "deterministic": True,
+                "no-shrink": True,
+                "database": "none",
+            },
+            "phases": {
+                # One 405 per path shows the error format of every method DRF refuses.
+                "coverage": {"unexpected-methods": ["DELETE", "PATCH"]},
+                "stateful": {"enabled": False},
+            },
+        }
+    )
     return schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application(), config=config)
 
 
@@ -153,41 +155,92 @@ def fuzz_world(user, make_experiment, make_device):
     devices = list(experiment.devices.order_by("id"))
     tasks = list(experiment.tasks.order_by("id"))
     spare = make_device("dev-spare")
-    run = Run.objects.create(experiment=experiment, strategy="sharing", status=Run.Status.SUCCEEDED, started_at=T0,
-                             finished_at=T0 + dt.timedelta(seconds=30), raw_throughput_sps=120.0, fair_throughput=1.5,
-                             fl_throughput_sps=40.0)
-    rnd = Round.objects.create(run=run, index=0, status=Round.Status.SUCCEEDED, started_at=T0,
-                               finished_at=T0 + dt.timedelta(seconds=20), round_time_s=12.5, wall_time_s=20.0,
-                               samples_trained=200, fl_throughput_sps=16.0, raw_throughput_sps=120.0,
-                               fair_throughput=1.5)
+    run = Run.objects.create(
+        experiment=experiment,
+        strategy="sharing",
+        status=Run.Status.SUCCEEDED,
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(seconds=30),
+        raw_throughput_sps=120.0,
+        fair_throughput=1.5,
+        fl_throughput_sps=40.0,
+    )
+    rnd = Round.objects.create(
+        run=run,
+        index=0,
+        status=Round.Status.SUCCEEDED,
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(seconds=20),
+        round_time_s=12.5,
+        wall_time_s=20.0,
+        samples_trained=200,
+        fl_throughput_sps=16.0,
+        raw_throughput_sps=120.0,
+        fair_throughput=1.5,
+    )
     assignments = [
         Assignment.objects.create(
-            round=rnd, device=shard.device, task=shard.task, batch_size=16, active_thread_percentage=100,
-            samples=shard.num_samples, samples_trained=shard.num_samples, throughput_sps=30.0, seconds=2.0,
-            train_loss=1.2, started_at=T0, finished_at=T0 + dt.timedelta(seconds=2), status=Assignment.Status.SUCCEEDED,
+            round=rnd,
+            device=shard.device,
+            task=shard.task,
+            batch_size=16,
+            active_thread_percentage=100,
+            samples=shard.num_samples,
+            samples_trained=shard.num_samples,
+            throughput_sps=30.0,
+            seconds=2.0,
+            train_loss=1.2,
+            started_at=T0,
+            finished_at=T0 + dt.timedelta(seconds=2),
+            status=Assignment.Status.SUCCEEDED,
         )
         for shard in experiment.shards.select_related("device", "task").order_by("id")
     ]
     for task in tasks:
         Checkpoint.objects.create(run=run, task=task, round=None, artifact_path=f"init-{task.id}", sha256="0" * 64)
-    checkpoint = Checkpoint.objects.create(run=run, task=tasks[0], round=rnd, artifact_path="x", sha256="0" * 64,
-                                           test_accuracy=0.5, test_loss=1.1)
-    DeviceTelemetry.objects.create(round=rnd, device=devices[0], t=[0.0, 1.0], gpu_util_percent=[50, 60],
-                                   memory_used_bytes=[10, 20], memory_total_bytes=100)
+    checkpoint = Checkpoint.objects.create(
+        run=run, task=tasks[0], round=rnd, artifact_path="x", sha256="0" * 64, test_accuracy=0.5, test_loss=1.1
+    )
+    DeviceTelemetry.objects.create(
+        round=rnd,
+        device=devices[0],
+        t=[0.0, 1.0],
+        gpu_util_percent=[50, 60],
+        memory_used_bytes=[10, 20],
+        memory_total_bytes=100,
+    )
     comparison = Comparison.objects.create(experiment=experiment, strategies=["temporal", "isolation"])
     pending = Run.objects.create(experiment=experiment, strategy="temporal", comparison=comparison)
-    sweep = ProfileSweep.objects.create(device=devices[0], backend="cpu", budget_s=30.0, request={},
-                                        status=ProfileSweep.Status.SUCCEEDED)
-    sample = ProfileSample.objects.create(
-        source=ProfileSample.Source.SWEEP, sweep=sweep, device=devices[0], backend="cpu", device_class="cpu-2cores",
-        config_key="k", configuration={}, mix_size=1, task_index=0, architecture="resnet18", batch_size=16,
-        active_thread_percentage=100, throughput_sps=50.0,
+    sweep = ProfileSweep.objects.create(
+        device=devices[0], backend="cpu", budget_s=30.0, request={}, status=ProfileSweep.Status.SUCCEEDED
     )
-    predictor = Predictor.objects.create(version=1, backend="cpu", device_class="cpu-2cores",
-                                         status=Predictor.Status.READY, heldout_rmsle=0.2)
+    sample = ProfileSample.objects.create(
+        source=ProfileSample.Source.SWEEP,
+        sweep=sweep,
+        device=devices[0],
+        backend="cpu",
+        device_class="cpu-2cores",
+        config_key="k",
+        configuration={},
+        mix_size=1,
+        task_index=0,
+        architecture="resnet18",
+        batch_size=16,
+        active_thread_percentage=100,
+        throughput_sps=50.0,
+    )
+    predictor = Predictor.objects.create(
+        version=1, backend="cpu", device_class="cpu-2cores", status=Predictor.Status.READY, heldout_rmsle=0.2
+    )
     workload = ModelWorkload.objects.create(
-        architecture="resnet18", num_classes=10, input_shape=[3, 32, 32], forward_flops_per_sample=1e6,
-        train_flops_per_sample=3e6, params=1000, param_bytes=4000, activation_bytes_per_sample=1e4,
+        architecture="resnet18",
+        num_classes=10,
+        input_shape=[3, 32, 32],
+        forward_flops_per_sample=1e6,
+        train_flops_per_sample=3e6,
+        params=1000,
+        param_bytes=4000,
+        activation_bytes_per_sample=1e4,
     )
     _, agent_key = device_token_issue(device=devices[0])
     token, _ = Token.objects.get_or_create(user=user)
@@ -210,8 +263,14 @@ def fuzz_world(user, make_experiment, make_device):
 
 # Body and query fields that hold ids of a resource, and which.
 ID_FIELDS = {
-    "device": "devices", "devices": "devices", "task": "tasks", "tasks": "tasks", "experiment": "experiments",
-    "run": "runs", "round": "rounds", "sweep": "profile-sweeps",
+    "device": "devices",
+    "devices": "devices",
+    "task": "tasks",
+    "tasks": "tasks",
+    "experiment": "experiments",
+    "run": "runs",
+    "round": "rounds",
+    "sweep": "profile-sweeps",
 }
 
 
@@ -236,8 +295,13 @@ def _aim_at_real_objects(case, world) -> None:
             if name in case.query:
                 case.query[name] = _real(case.query[name], ids[kind])
     body = case.body if isinstance(case.body, dict) else {}
-    entries = [body] + [e for key in ("plan", "sample_counts") if isinstance(body.get(key), list)
-                        for e in body[key] if isinstance(e, dict)]
+    entries = [body] + [
+        e
+        for key in ("plan", "sample_counts")
+        if isinstance(body.get(key), list)
+        for e in body[key]
+        if isinstance(e, dict)
+    ]
     for entry in entries:
         for name, kind in ID_FIELDS.items():
             if isinstance(entry.get(name), list):
@@ -256,7 +320,10 @@ def _operation_test(label: str):
 
     @schema.include(name=label).parametrize()
     @hypothesis.settings(
-        max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
+        max_examples=MAX_EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
         suppress_health_check=list(HealthCheck),
     )
@@ -277,4 +344,3 @@ def _test_name(label: str) -> str:
 OPERATION_LABELS = [result.ok().label for result in schema.get_all_operations()]
 for _label in OPERATION_LABELS:
     globals()[_test_name(_label)] = _operation_test(_label)
-

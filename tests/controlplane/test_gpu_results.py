@@ -31,14 +31,23 @@ def _gpu_results(rnd: Round, *, failed: set[str] = frozenset()) -> list[dict]:
     for k, device in enumerate(results):
         n = 5 if device["device"] == "dev-a" else 3
         device["telemetry"] = [
-            {"t": 1000.0 + i, "gpu_util_percent": 40 + 10 * i, "memory_used_bytes": (2 + i) * GIB,
-             "memory_total_bytes": 141 * GIB}
+            {
+                "t": 1000.0 + i,
+                "gpu_util_percent": 40 + 10 * i,
+                "memory_used_bytes": (2 + i) * GIB,
+                "memory_total_bytes": 141 * GIB,
+            }
             for i in range(n)
         ]
         device["mps_restarted"] = device["status"] == "failed"
         for a in device["assignments"]:
-            a.update(torch_device="cuda", peak_memory_bytes=(3 + k) * GIB, mps_active_thread_percentage=100.0,
-                     mps_verified=True, mps_detail="client pid 4242 connected to this agent's MPS server")
+            a.update(
+                torch_device="cuda",
+                peak_memory_bytes=(3 + k) * GIB,
+                mps_active_thread_percentage=100.0,
+                mps_verified=True,
+                mps_detail="client pid 4242 connected to this agent's MPS server",
+            )
     return results
 
 
@@ -47,8 +56,12 @@ def test_gpu_measurements_and_telemetry_are_recorded_and_served(started_round, a
     services.round_finish(round_id=rnd.id, results=_gpu_results(rnd))
 
     a = Assignment.objects.get(round=rnd, device__name="dev-a")
-    assert (a.torch_device, a.peak_memory_bytes, a.mps_verified, a.mps_active_thread_percentage) == \
-        ("cuda", 3 * GIB, True, 100.0)
+    assert (a.torch_device, a.peak_memory_bytes, a.mps_verified, a.mps_active_thread_percentage) == (
+        "cuda",
+        3 * GIB,
+        True,
+        100.0,
+    )
     assert "MPS server" in a.mps_detail
     series = {t.device.name: t for t in DeviceTelemetry.objects.filter(round=rnd)}
     assert series["dev-a"].gpu_util_percent == [40, 50, 60, 70, 80]
@@ -87,7 +100,9 @@ def test_mps_strategies_are_refused_on_a_cuda_timeslice_device_before_dispatch(m
         with pytest.raises(ApplicationError) as err:
             services.run_create(experiment=experiment, strategy=strategy)
         assert err.value.field == "strategy"
-        assert "gpu-ts" in err.value.message and "cuda-timeslice" in err.value.message and "temporal" in err.value.message
+        assert (
+            "gpu-ts" in err.value.message and "cuda-timeslice" in err.value.message and "temporal" in err.value.message
+        )
     assert services.run_create(experiment=experiment, strategy="temporal").strategy == "temporal"
 
 
@@ -117,8 +132,14 @@ def test_the_run_page_of_cpu_devices_has_no_gpu_figure(started_round, browser_cl
 
 def test_gpu_telemetry_is_thinned_to_a_bounded_number_of_points_per_device():
     series = [
-        {"device": "gpu-a", "round_index": r, "t": [r * 10_000.0 + i for i in range(5000)],
-         "gpu_util_percent": [50] * 5000, "memory_used_bytes": [GIB] * 5000, "memory_total_bytes": 80 * GIB}
+        {
+            "device": "gpu-a",
+            "round_index": r,
+            "t": [r * 10_000.0 + i for i in range(5000)],
+            "gpu_util_percent": [50] * 5000,
+            "memory_used_bytes": [GIB] * 5000,
+            "memory_total_bytes": 80 * GIB,
+        }
         for r in range(4)
     ]
     fig = figures.gpu_telemetry(series, max_points_per_device=1000)

@@ -24,8 +24,10 @@ def test_healthz_answers_ok_without_login_when_the_database_answers(client, db):
 
 
 def test_healthz_is_503_naming_the_error_when_the_database_fails(client, db):
-    with mock.patch("django.db.backends.utils.CursorWrapper.execute",
-                    side_effect=OperationalError("connection refused\nmore detail")):
+    with mock.patch(
+        "django.db.backends.utils.CursorWrapper.execute",
+        side_effect=OperationalError("connection refused\nmore detail"),
+    ):
         response = client.get("/healthz")
 
     assert response.status_code == 503
@@ -36,13 +38,16 @@ def test_healthz_refuses_writes(client, db):
     assert client.post("/healthz").status_code == 405
 
 
-@pytest.mark.parametrize("allowed,expected", [
-    ("mtfl.lab.example,localhost", "mtfl.lab.example"),
-    (" .lab.example ", "lab.example"),
-    ("*,other", "other"),
-    ("*", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "allowed,expected",
+    [
+        ("mtfl.lab.example,localhost", "mtfl.lab.example"),
+        (" .lab.example ", "lab.example"),
+        ("*,other", "other"),
+        ("*", None),
+        ("", None),
+    ],
+)
 def test_the_web_check_sends_a_host_that_allowed_hosts_accepts(allowed, expected):
     assert host_header(allowed) == expected
 
@@ -79,8 +84,10 @@ def redis_server(tmp_path):
 
 def _hold_lock(path: Path) -> subprocess.Popen:
     """Another process holding ``path`` as the agent does (flock LOCK_EX), until killed."""
-    code = ("import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
-            "print('held', flush=True); time.sleep(120)")
+    code = (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "print('held', flush=True); time.sleep(120)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
@@ -122,18 +129,33 @@ def test_the_agent_check_fails_before_the_agent_started(tmp_path):
 
 def test_the_check_command_is_one_line_and_exit_status_1_when_unhealthy(tmp_path):
     env = {**os.environ, "MTFL_AGENT_STATE_DIR": str(tmp_path), "CELERY_BROKER_URL": "redis://127.0.0.1:9/0"}
-    out = subprocess.run([sys.executable, "-m", "controlplane.core.healthcheck", "agent"], capture_output=True,
-                         text=True, env=env, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-m", "controlplane.core.healthcheck", "agent"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
 
     assert out.returncode == 1
-    assert out.stderr.strip().splitlines() == [f"unhealthy: no agent has started here yet ({tmp_path}/agent.lock does not exist)"]
+    assert out.stderr.strip().splitlines() == [
+        f"unhealthy: no agent has started here yet ({tmp_path}/agent.lock does not exist)"
+    ]
 
 
 def test_the_check_command_imports_no_django():
-    code = ("import sys, controlplane.core.healthcheck; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'django', 'torch', 'celery'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys, controlplane.core.healthcheck; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'django', 'torch', 'celery'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
 
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

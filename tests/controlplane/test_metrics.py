@@ -11,8 +11,14 @@ from controlplane.planning.metrics import DeviceMetrics, DeviceTotals, TaskMeasu
 
 
 def _ok(p: float, alone: float | None, start: float, end: float, samples: int = 100) -> TaskMeasurement:
-    return TaskMeasurement(succeeded=True, samples_trained=samples, throughput_sps=p, standalone_sps=alone,
-                           started_at=start, finished_at=end)
+    return TaskMeasurement(
+        succeeded=True,
+        samples_trained=samples,
+        throughput_sps=p,
+        standalone_sps=alone,
+        started_at=start,
+        finished_at=end,
+    )
 
 
 def test_a_device_sums_raw_and_fair_throughput_of_its_tasks():
@@ -46,8 +52,9 @@ def test_a_round_of_two_healthy_devices_averages_them_and_times_the_slowest():
 def test_a_failed_device_adds_nothing_to_the_round_even_its_finished_tasks():
     healthy = DeviceTotals.from_tasks([_ok(40.0, 80.0, 0.0, 5.0)])
     # One task finished (fast, long span), the other crashed: the device's round failed.
-    failed = DeviceTotals.from_tasks([_ok(500.0, 500.0, 0.0, 50.0, samples=900),
-                                      TaskMeasurement(succeeded=False, started_at=0.0, finished_at=1.0)])
+    failed = DeviceTotals.from_tasks(
+        [_ok(500.0, 500.0, 0.0, 50.0, samples=900), TaskMeasurement(succeeded=False, started_at=0.0, finished_at=1.0)]
+    )
 
     m = metrics.round_metrics({"ok": healthy, "broken": failed})
 
@@ -71,19 +78,27 @@ def test_a_device_that_reported_failure_does_not_count_even_if_every_task_succee
 
 def test_a_failed_round_reports_no_metrics_and_a_run_ignores_it():
     failed = metrics.round_metrics({"a": DeviceTotals.from_tasks([TaskMeasurement(succeeded=False)])})
-    partial = metrics.round_metrics({
-        "a": DeviceTotals.from_tasks([_ok(40.0, 80.0, 0.0, 4.0)]),
-        "b": DeviceTotals.from_tasks([TaskMeasurement(succeeded=False)]),
-    })
-    whole = metrics.round_metrics({
-        "a": DeviceTotals.from_tasks([_ok(60.0, 80.0, 0.0, 2.0)]),
-        "b": DeviceTotals.from_tasks([_ok(20.0, 40.0, 0.0, 2.0)]),
-    })
+    partial = metrics.round_metrics(
+        {
+            "a": DeviceTotals.from_tasks([_ok(40.0, 80.0, 0.0, 4.0)]),
+            "b": DeviceTotals.from_tasks([TaskMeasurement(succeeded=False)]),
+        }
+    )
+    whole = metrics.round_metrics(
+        {
+            "a": DeviceTotals.from_tasks([_ok(60.0, 80.0, 0.0, 2.0)]),
+            "b": DeviceTotals.from_tasks([_ok(20.0, 40.0, 0.0, 2.0)]),
+        }
+    )
 
     run = metrics.run_metrics([failed, partial, whole])
 
     assert (failed.round_time_s, failed.fl_throughput_sps, failed.raw_throughput_sps, failed.fair_throughput) == (
-        None, None, None, None)
+        None,
+        None,
+        None,
+        None,
+    )
     assert failed.samples_trained == 0
     # The partial round reports device a alone: 40 sps raw, 0.5 fair, 100 samples in 4 s.
     assert (partial.raw_throughput_sps, partial.fair_throughput, partial.fl_throughput_sps) == (40.0, 0.5, 25.0)
@@ -96,9 +111,12 @@ def test_a_failed_round_reports_no_metrics_and_a_run_ignores_it():
 
 def test_fair_throughput_needs_every_task_measured_with_a_standalone_speed():
     no_alone = DeviceTotals.from_tasks([_ok(50.0, 100.0, 0.0, 1.0), _ok(30.0, None, 0.0, 1.0)])
-    unmeasured = DeviceTotals.from_tasks([_ok(50.0, 100.0, 0.0, 1.0),
-                                          TaskMeasurement(succeeded=True, samples_trained=10, started_at=0.0,
-                                                          finished_at=1.0)])
+    unmeasured = DeviceTotals.from_tasks(
+        [
+            _ok(50.0, 100.0, 0.0, 1.0),
+            TaskMeasurement(succeeded=True, samples_trained=10, started_at=0.0, finished_at=1.0),
+        ]
+    )
     with_fair = DeviceTotals.from_tasks([_ok(10.0, 20.0, 0.0, 1.0)])
 
     m = metrics.round_metrics({"no_alone": no_alone, "unmeasured": unmeasured, "with_fair": with_fair})
@@ -113,8 +131,16 @@ def test_fair_throughput_needs_every_task_measured_with_a_standalone_speed():
 
 def test_totals_a_database_computes_give_the_same_round_as_the_tasks():
     tasks = [_ok(50.0, 100.0, 0.0, 4.0), _ok(30.0, 60.0, 1.0, 5.0)]
-    summed = DeviceTotals(tasks=2, measured=2, with_standalone=2, raw_sps=80.0, fair=1.0, samples_trained=200,
-                          started_at=0.0, finished_at=5.0)
+    summed = DeviceTotals(
+        tasks=2,
+        measured=2,
+        with_standalone=2,
+        raw_sps=80.0,
+        fair=1.0,
+        samples_trained=200,
+        started_at=0.0,
+        finished_at=5.0,
+    )
 
     assert metrics.round_metrics({"a": summed}) == metrics.round_metrics({"a": DeviceTotals.from_tasks(tasks)})
 
@@ -151,18 +177,50 @@ def test_a_device_that_failed_under_the_baseline_has_no_speedup_in_that_round():
 def test_comparison_from_assignment_rows_applies_the_same_rule_as_a_round():
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     rows = [
-        {"strategy": "base", "device": "d", "round_index": 0, "status": "succeeded", "samples_trained": 10,
-         "throughput_sps": 10.0, "standalone_throughput_sps": 20.0, "started_at": t0,
-         "finished_at": t0 + dt.timedelta(seconds=4)},
-        {"strategy": "base", "device": "e", "round_index": 0, "status": "succeeded", "samples_trained": 10,
-         "throughput_sps": 10.0, "standalone_throughput_sps": 20.0, "started_at": t0,
-         "finished_at": t0 + dt.timedelta(seconds=6)},
-        {"strategy": "new", "device": "d", "round_index": 0, "status": "succeeded", "samples_trained": 10,
-         "throughput_sps": 30.0, "standalone_throughput_sps": 20.0, "started_at": t0,
-         "finished_at": t0 + dt.timedelta(seconds=2)},
-        {"strategy": "new", "device": "e", "round_index": 0, "status": "failed", "samples_trained": 0,
-         "throughput_sps": 99.0, "standalone_throughput_sps": 20.0, "started_at": t0,
-         "finished_at": t0 + dt.timedelta(seconds=60)},
+        {
+            "strategy": "base",
+            "device": "d",
+            "round_index": 0,
+            "status": "succeeded",
+            "samples_trained": 10,
+            "throughput_sps": 10.0,
+            "standalone_throughput_sps": 20.0,
+            "started_at": t0,
+            "finished_at": t0 + dt.timedelta(seconds=4),
+        },
+        {
+            "strategy": "base",
+            "device": "e",
+            "round_index": 0,
+            "status": "succeeded",
+            "samples_trained": 10,
+            "throughput_sps": 10.0,
+            "standalone_throughput_sps": 20.0,
+            "started_at": t0,
+            "finished_at": t0 + dt.timedelta(seconds=6),
+        },
+        {
+            "strategy": "new",
+            "device": "d",
+            "round_index": 0,
+            "status": "succeeded",
+            "samples_trained": 10,
+            "throughput_sps": 30.0,
+            "standalone_throughput_sps": 20.0,
+            "started_at": t0,
+            "finished_at": t0 + dt.timedelta(seconds=2),
+        },
+        {
+            "strategy": "new",
+            "device": "e",
+            "round_index": 0,
+            "status": "failed",
+            "samples_trained": 0,
+            "throughput_sps": 99.0,
+            "standalone_throughput_sps": 20.0,
+            "started_at": t0,
+            "finished_at": t0 + dt.timedelta(seconds=60),
+        },
     ]
 
     speedups, split = metrics.comparison_from_assignments(rows, ["base", "new"], baseline="base")

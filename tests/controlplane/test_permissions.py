@@ -34,20 +34,38 @@ def world(user, make_experiment, client):
     experiment = make_experiment(name="private-exp")
     experiment.collaborators.add(carol)
     comparison = Comparison.objects.create(experiment=experiment, strategies=["temporal"])
-    run = Run.objects.create(experiment=experiment, strategy="temporal", status=Run.Status.RUNNING,
-                             started_at=T0, comparison=comparison)
-    rnd = Round.objects.create(run=run, index=0, status=Round.Status.SUCCEEDED, started_at=T0,
-                               finished_at=T0 + dt.timedelta(seconds=20), round_time_s=12.5)
+    run = Run.objects.create(
+        experiment=experiment, strategy="temporal", status=Run.Status.RUNNING, started_at=T0, comparison=comparison
+    )
+    rnd = Round.objects.create(
+        run=run,
+        index=0,
+        status=Round.Status.SUCCEEDED,
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(seconds=20),
+        round_time_s=12.5,
+    )
     shard = experiment.shards.select_related("device", "task").first()
     assignment = Assignment.objects.create(
-        round=rnd, device=shard.device, task=shard.task, batch_size=8, active_thread_percentage=100,
-        samples=shard.num_samples, status=Assignment.Status.SUCCEEDED,
+        round=rnd,
+        device=shard.device,
+        task=shard.task,
+        batch_size=8,
+        active_thread_percentage=100,
+        samples=shard.num_samples,
+        status=Assignment.Status.SUCCEEDED,
     )
     checkpoint = Checkpoint.objects.create(run=run, task=shard.task, round=rnd, artifact_path="x", sha256="0" * 64)
     return {
         "users": {"owner": user, "collaborator": carol, "outsider": oscar},
-        "experiment": experiment, "comparison": comparison, "run": run, "round": rnd,
-        "assignment": assignment, "checkpoint": checkpoint, "task": shard.task, "device": shard.device,
+        "experiment": experiment,
+        "comparison": comparison,
+        "run": run,
+        "round": rnd,
+        "assignment": assignment,
+        "checkpoint": checkpoint,
+        "task": shard.task,
+        "device": shard.device,
     }
 
 
@@ -64,8 +82,12 @@ def _detail_urls(w) -> dict[str, str]:
 
 
 LISTS = {
-    "/api/experiments/": "experiment", "/api/runs/": "run", "/api/rounds/": "round",
-    "/api/assignments/": "assignment", "/api/checkpoints/": "checkpoint", "/api/comparisons/": "comparison",
+    "/api/experiments/": "experiment",
+    "/api/runs/": "run",
+    "/api/rounds/": "round",
+    "/api/assignments/": "assignment",
+    "/api/checkpoints/": "checkpoint",
+    "/api/comparisons/": "comparison",
 }
 
 
@@ -109,8 +131,12 @@ def test_an_outsider_sees_nothing_and_others_objects_are_404_not_403(world):
 
 def test_an_outsider_cannot_filter_by_others_experiments_or_runs(world):
     api = _api_for(world["users"]["outsider"])
-    for url in [f"/api/runs/?experiment={world['experiment'].id}", f"/api/rounds/?run={world['run'].id}",
-                f"/api/assignments/?experiment={world['experiment'].id}", f"/api/checkpoints/?run={world['run'].id}"]:
+    for url in [
+        f"/api/runs/?experiment={world['experiment'].id}",
+        f"/api/rounds/?run={world['run'].id}",
+        f"/api/assignments/?experiment={world['experiment'].id}",
+        f"/api/checkpoints/?run={world['run'].id}",
+    ]:
         response = api.get(url)
         # the filter refuses an id it does not offer this user; either way no row leaks
         assert response.status_code in (200, 400), url
@@ -142,9 +168,16 @@ def test_a_collaborator_launches_and_cancels_but_only_the_owner_shares(world):
 def test_an_experiment_created_through_the_api_belongs_to_its_creator(world, make_task):
     oscar = _api_for(world["users"]["outsider"])
     device = world["device"]
-    response = oscar.post("/api/experiments/", {
-        "name": "oscar-exp", "tasks": [world["task"].id], "devices": [device.id], "rounds": 1,
-    }, format="json")
+    response = oscar.post(
+        "/api/experiments/",
+        {
+            "name": "oscar-exp",
+            "tasks": [world["task"].id],
+            "devices": [device.id],
+            "rounds": 1,
+        },
+        format="json",
+    )
     assert response.status_code == 201, response.content
     assert response.json()["owner"] == "oscar" and response.json()["collaborators"] == []
     assert _api_for(world["users"]["owner"]).get(f"/api/experiments/{response.json()['id']}/").status_code == 404
@@ -202,10 +235,19 @@ def test_an_outsider_gets_404_on_every_dashboard_page_of_the_experiment(world, c
 
 def test_an_experiment_created_from_the_dashboard_template_form_belongs_to_its_creator(world, client):
     browser = _browser(client, world["users"]["outsider"])
-    response = browser.post("/experiments/from-template/", {
-        "template": "light", "devices": [world["device"].id], "rounds": 1, "local_epochs": 1,
-        "dirichlet_alpha": 0.5, "seed": 0, "dataset": "digits", "name": "oscar-light",
-    })
+    response = browser.post(
+        "/experiments/from-template/",
+        {
+            "template": "light",
+            "devices": [world["device"].id],
+            "rounds": 1,
+            "local_epochs": 1,
+            "dirichlet_alpha": 0.5,
+            "seed": 0,
+            "dataset": "digits",
+            "name": "oscar-light",
+        },
+    )
     assert response.status_code == 302, response.content.decode()[:2000]
     from controlplane.experiments.models import Experiment
 

@@ -51,8 +51,17 @@ def _true_round_time(plan, spec) -> float:
     return worst
 
 
-SKEWED = {(10, 1): 2400, (10, 2): 300, (10, 3): 900, (11, 1): 200, (11, 2): 1800, (11, 3): 600,
-          (12, 1): 800, (12, 2): 800, (12, 3): 3000}
+SKEWED = {
+    (10, 1): 2400,
+    (10, 2): 300,
+    (10, 3): 900,
+    (11, 1): 200,
+    (11, 2): 1800,
+    (11, 3): 600,
+    (12, 1): 800,
+    (12, 2): 800,
+    (12, 3): 3000,
+}
 
 
 def test_batch_options_are_multiples_of_eight_within_the_shard():
@@ -92,7 +101,9 @@ def test_vres_greedy_beats_the_equal_split_it_starts_from(predictor):
     # Step 2 never ends below where it starts: the equal split at the same batches.
     for device_id in spec.device_ids:
         mine = plan.on_device(device_id)
-        chosen = predictor.predict([tuple(MixTask(ARCH[a.task_id], a.batch_size, a.active_thread_percentage) for a in mine)])[0]
+        chosen = predictor.predict(
+            [tuple(MixTask(ARCH[a.task_id], a.batch_size, a.active_thread_percentage) for a in mine)]
+        )[0]
         equal = predictor.predict([tuple(MixTask(ARCH[a.task_id], a.batch_size, 30) for a in mine)])[0]
         assert sum(chosen) >= sum(equal) * 0.999
 
@@ -106,7 +117,10 @@ def test_vres_greedy_fair_objective_weighs_each_task_by_its_alone_speed(predicto
         total = 0.0
         for device_id in spec.device_ids:
             for a in plan.on_device(device_id):
-                total += a.predicted_throughput_sps / predictor.predict([(MixTask(ARCH[a.task_id], a.batch_size, 100),)])[0][0]
+                total += (
+                    a.predicted_throughput_sps
+                    / predictor.predict([(MixTask(ARCH[a.task_id], a.batch_size, 100),)])[0][0]
+                )
         return total
 
     assert fair_value(fair) >= fair_value(raw) * 0.999
@@ -120,7 +134,8 @@ def test_vres_sync_shortens_the_true_round_time_over_the_baselines_and_the_greed
     ctx = _ctx(predictor, spec.device_ids, slack="none")
     sync = plan_vres_sync(spec, ctx)
     assert sync.predicted_round_time_s == pytest.approx(
-        max(a.samples / a.predicted_throughput_sps for a in sync.assignments))
+        max(a.samples / a.predicted_throughput_sps for a in sync.assignments)
+    )
     true_sync = _true_round_time(sync, spec)
     for other in (plan_isolation(spec), plan_sharing(spec), plan_vres_greedy(spec, ctx)):
         assert true_sync < _true_round_time(other, spec), other.strategy

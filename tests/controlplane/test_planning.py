@@ -59,15 +59,16 @@ def test_tasks_without_data_on_a_device_are_not_planned_there(spec):
 
 
 def test_unknown_strategy_names_the_allowed_ones(spec):
-    with pytest.raises(PlanningError, match="allowed: temporal, isolation, sharing, vres_greedy, vres_sync, manual") as info:
+    with pytest.raises(
+        PlanningError, match="allowed: temporal, isolation, sharing, vres_greedy, vres_sync, manual"
+    ) as info:
         make_plan("fastest", spec)
     assert info.value.field == "strategy"
 
 
 def test_manual_plan_is_checked(spec):
     entries = [
-        {"device_id": d, "task_id": t, "batch_size": 16, "active_thread_percentage": 50}
-        for (d, t) in spec.samples
+        {"device_id": d, "task_id": t, "batch_size": 16, "active_thread_percentage": 50} for (d, t) in spec.samples
     ]
     plan = make_plan("manual", spec, manual_entries=entries)
     assert len(plan.assignments) == 5 and plan.partitioning == "mps"

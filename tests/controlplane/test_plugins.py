@@ -44,13 +44,15 @@ def installed_plugin(tmp_path):
     info = tmp_path / "fake_mtfl_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-mtfl-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(textwrap.dedent("""\
+    (info / "entry_points.txt").write_text(
+        textwrap.dedent("""\
         [mtfl.strategies]
         half_batch = fake_mtfl_plugin:STRATEGY
 
         [mtfl.backends]
         plugin-sim = fake_mtfl_plugin:BACKEND
-        """))
+        """)
+    )
     sys.path.insert(0, str(tmp_path))
     importlib.invalidate_caches()
     STRATEGY_REGISTRY.reload_plugins()

@@ -41,8 +41,9 @@ from tests.controlplane.contention_law import ARCHS, WORKLOADS, alone, law, synt
 @pytest.fixture(scope="module")
 def fitted():
     # 100 allocation units: shares are granted almost continuously, as SMs under MPS
-    return fit_predictor(synthetic(220), WORKLOADS, cores=100, families=("baseline", "random_forest", "extra_trees"),
-                         folds=4)
+    return fit_predictor(
+        synthetic(220), WORKLOADS, cores=100, families=("baseline", "random_forest", "extra_trees"), folds=4
+    )
 
 
 def test_learned_models_beat_the_baseline_on_held_out_mixes(fitted):
@@ -131,11 +132,15 @@ def test_solo_table_interpolates_in_log_space_and_learns_how_a_model_scales_with
 
 
 def test_memory_model_fits_a_line_per_model_and_falls_back_to_workloads():
-    samples = [ProfiledTask(f"m{b}", (MixTask("resnet18", b, 100),), 0, 1.0, None, int(4e8 + 2e6 * b)) for b in (16, 32, 128)]
+    samples = [
+        ProfiledTask(f"m{b}", (MixTask("resnet18", b, 100),), 0, 1.0, None, int(4e8 + 2e6 * b)) for b in (16, 32, 128)
+    ]
     memory = MemoryModel.fit(samples, WORKLOADS)
     assert memory.predict("resnet18", 64) == pytest.approx(4e8 + 2e6 * 64, rel=1e-6)
     w = WORKLOADS["shufflenet_v2_x1_0"]
-    assert memory.predict("shufflenet_v2_x1_0", 10) == pytest.approx(4e8 + 4 * w.param_bytes + w.activation_bytes_per_sample * 10)
+    assert memory.predict("shufflenet_v2_x1_0", 10) == pytest.approx(
+        4e8 + 4 * w.param_bytes + w.activation_bytes_per_sample * 10
+    )
 
 
 def test_a_model_faster_on_one_core_gets_a_negative_exponent_also_from_tasks_alone_on_their_core_in_mixes():
@@ -151,13 +156,15 @@ def test_a_model_faster_on_one_core_gets_a_negative_exponent_also_from_tasks_alo
     # resnet18 was never measured alone: inferred from its task in the mix (alone on its core)
     # with the median exponent of the measured models
     assert table.exponent("resnet18") == pytest.approx(alpha)
-    assert table.alone("resnet18", np.array([64]), WORKLOADS)[0] == pytest.approx(400.0 / 0.5 ** alpha)
+    assert table.alone("resnet18", np.array([64]), WORKLOADS)[0] == pytest.approx(400.0 / 0.5**alpha)
 
 
 def test_a_standalone_speed_growing_faster_than_the_batch_is_repaired():
     # 1/P = t0/B + t1 with t0 = 0.02 s, t1 = 1 ms; the B = 16 point disturbed (a third of the law)
     law_p = {b: 1.0 / (0.02 / b + 0.001) for b in (16, 32, 64, 128, 256)}
-    samples = [ProfiledTask(f"s{b}", (MixTask("resnet18", b, 100),), 0, p / 3 if b == 16 else p) for b, p in law_p.items()]
+    samples = [
+        ProfiledTask(f"s{b}", (MixTask("resnet18", b, 100),), 0, p / 3 if b == 16 else p) for b, p in law_p.items()
+    ]
     table = SoloTable.from_samples(samples, WORKLOADS, units=2)
     assert table.alone("resnet18", np.array([16]), WORKLOADS)[0] == pytest.approx(law_p[16], rel=1e-6)
     assert table.alone("resnet18", np.array([64]), WORKLOADS)[0] == pytest.approx(law_p[64], rel=1e-9)
@@ -204,7 +211,10 @@ def test_slice_labels_name_each_tasks_units_and_whether_another_task_shares_them
     ]
     pooled = FeatureSpace(("a", "b"), {}, SoloTable(curves={}, exponents={}, flop_rate=1.0), 2, "pooled")
     assert slice_labels(pooled, enc)[:, :2].tolist() == [
-        ["within the device", ""], ["within the device", "within the device"], ["oversubscribed", "oversubscribed"]]
+        ["within the device", ""],
+        ["within the device", "within the device"],
+        ["oversubscribed", "oversubscribed"],
+    ]
 
 
 def test_held_out_error_by_slice_recombines_to_the_overall_figure(fitted):
@@ -221,18 +231,28 @@ def test_held_out_standalone_speeds_do_not_reach_the_baseline():
     # measurement (the SoloTable is refitted in every fold from the training mixes only)
     samples = synthetic(220)
     _predictor, report = fit_predictor(samples, WORKLOADS, cores=100, families=("baseline",), folds=4)
-    solo_full = {(s.mix[0].architecture, round(s.throughput_sps, 6)) for s in samples
-                 if len(s.mix) == 1 and s.mix[0].share == 100}
+    solo_full = {
+        (s.mix[0].architecture, round(s.throughput_sps, 6))
+        for s in samples
+        if len(s.mix) == 1 and s.mix[0].share == 100
+    }
     assert solo_full
-    held = [h for h in report.heldout
-            if h["mix_size"] == 1 and (h["architecture"], round(h["measured_sps"], 6)) in solo_full]
+    held = [
+        h
+        for h in report.heldout
+        if h["mix_size"] == 1 and (h["architecture"], round(h["measured_sps"], 6)) in solo_full
+    ]
     assert held and all(h["predicted_sps"] != pytest.approx(h["measured_sps"], rel=1e-9) for h in held)
 
 
 def test_normalise_speed_scales_each_sample_to_the_median_host_speed():
     mix = (MixTask("resnet18", 64, 100),)
-    samples = [ProfiledTask("a", mix, 0, 100.0, 90.0, None, 2.0), ProfiledTask("b", mix, 0, 150.0, 90.0, None, 3.0),
-               ProfiledTask("c", mix, 0, 130.0, 90.0, None, 2.5), ProfiledTask("run", mix, 0, 80.0, 90.0)]
+    samples = [
+        ProfiledTask("a", mix, 0, 100.0, 90.0, None, 2.0),
+        ProfiledTask("b", mix, 0, 150.0, 90.0, None, 3.0),
+        ProfiledTask("c", mix, 0, 130.0, 90.0, None, 2.5),
+        ProfiledTask("run", mix, 0, 80.0, 90.0),
+    ]
     normalised, reference = normalise_speed(samples)
     assert reference == pytest.approx(2.5)
     # the same configuration at two host speeds agrees once each is put at the reference speed
@@ -249,10 +269,21 @@ def test_speed_probe_readings_take_the_host_speed_out_of_the_held_out_error():
     rng = np.random.default_rng(3)
     clean = synthetic(220)
     speeds = {key: float(np.exp(rng.normal(0, 0.3))) for key in {s.config_key for s in clean}}
-    measured = [ProfiledTask(s.config_key, s.mix, s.task_index, s.throughput_sps * speeds[s.config_key], None,
-                             s.peak_memory_bytes, 5.0 * speeds[s.config_key]) for s in clean]
-    raw = [ProfiledTask(s.config_key, s.mix, s.task_index, s.throughput_sps, None, s.peak_memory_bytes)
-           for s in measured]
+    measured = [
+        ProfiledTask(
+            s.config_key,
+            s.mix,
+            s.task_index,
+            s.throughput_sps * speeds[s.config_key],
+            None,
+            s.peak_memory_bytes,
+            5.0 * speeds[s.config_key],
+        )
+        for s in clean
+    ]
+    raw = [
+        ProfiledTask(s.config_key, s.mix, s.task_index, s.throughput_sps, None, s.peak_memory_bytes) for s in measured
+    ]
     families = ("baseline", "extra_trees")
     predictor, report = fit_predictor(measured, WORKLOADS, cores=100, families=families, folds=4)
     _p, raw_report = fit_predictor(raw, WORKLOADS, cores=100, families=families, folds=4)
@@ -281,8 +312,12 @@ def test_the_physical_model_is_refitted_jointly_on_every_measured_task():
     rng = np.random.default_rng(0)
     mixes = [(MixTask("mobilenet_v3_small", b, 100),) for b in (16, 64, 256)]
     for _ in range(60):
-        mixes.append(tuple(MixTask(archs[rng.integers(2)], int(rng.choice([16, 32, 64, 128, 256])),
-                                   int(rng.choice([25, 50, 100]))) for _ in range(int(rng.integers(1, 4)))))
+        mixes.append(
+            tuple(
+                MixTask(archs[rng.integers(2)], int(rng.choice([16, 32, 64, 128, 256])), int(rng.choice([25, 50, 100])))
+                for _ in range(int(rng.integers(1, 4)))
+            )
+        )
     mixes = [m for m in mixes if not (len(m) == 1 and m[0].architecture == "resnet18" and m[0].share == 100)]
     enc = encode_mixes(mixes, archs)
     truth = SoloTable(exponents=alphas, laws=laws, overhead_exponents=betas)
@@ -302,8 +337,9 @@ def test_the_physical_model_is_refitted_jointly_on_every_measured_task():
 def test_with_a_fitted_law_a_slice_speeds_up_the_per_sample_work_more_than_the_overhead():
     # B / (t0·g^-β + t1·B·g^-α): a larger batch is mostly per-sample work, so doubling the
     # slice speeds it up by nearly 2^α; a small batch is mostly overhead, nearer 2^β.
-    table = SoloTable(exponents={"resnet18": 1.0}, laws={"resnet18": (0.02, 0.001)},
-                      overhead_exponents={"resnet18": 0.0})
+    table = SoloTable(
+        exponents={"resnet18": 1.0}, laws={"resnet18": (0.02, 0.001)}, overhead_exponents={"resnet18": 0.0}
+    )
     batch = np.array([4.0, 4096.0])
     half = table.lookup("resnet18", batch, np.array([0.5, 0.5]), WORKLOADS)
     whole = table.lookup("resnet18", batch, np.array([1.0, 1.0]), WORKLOADS)
@@ -329,22 +365,36 @@ def test_the_link_exponent_is_fitted_from_tasks_measured_at_both_placements():
     laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001)}
     archs = tuple(sorted(laws))
     rng = np.random.default_rng(1)
-    mixes = [tuple(MixTask(archs[rng.integers(2)], int(rng.choice([16, 32, 64, 128, 256])),
-                           int(rng.choice([25, 50, 100]))) for _ in range(int(rng.integers(1, 4))))
-             for _ in range(80)]
+    mixes = [
+        tuple(
+            MixTask(archs[rng.integers(2)], int(rng.choice([16, 32, 64, 128, 256])), int(rng.choice([25, 50, 100])))
+            for _ in range(int(rng.integers(1, 4)))
+        )
+        for _ in range(80)
+    ]
     enc = encode_mixes(mixes, archs)
     enc = replace(enc, rtt=_two_placements(enc, rng))
     truth = SoloTable(exponents={a: 0.8 for a in archs}, laws=laws, overhead_exponents={a: 0.4 for a in archs})
-    truth_space = FeatureSpace(archs, WORKLOADS, truth, 2, "packed", 0.5, escape_weight=0.2,
-                               reference_cross_core_rtt_ns=230.0, link_exponent=0.5)
+    truth_space = FeatureSpace(
+        archs,
+        WORKLOADS,
+        truth,
+        2,
+        "packed",
+        0.5,
+        escape_weight=0.2,
+        reference_cross_core_rtt_ns=230.0,
+        link_exponent=0.5,
+    )
     measured = np.where(enc.present, truth_space.slot_arrays(enc)["baseline"], np.nan)
     x = truth_space.link_log_ratio(enc)
     alone_on_both = (enc.present.sum(axis=1) == 1)[:, None] & ~np.isnan(enc.rtt)
     assert (x[~alone_on_both] == 0).all()  # one core, or beside another task: no link term
     assert set(np.round(x[alone_on_both], 6)) == {0.0, round(math.log(500 / 230), 6)}
     start = SoloTable(curves={a: [(16, 50.0), (256, 100.0)] for a in archs}, exponents={a: 1.0 for a in archs})
-    fitted = fit_physical(FeatureSpace(archs, WORKLOADS, start, 2, "packed", 1.0, reference_cross_core_rtt_ns=230.0),
-                          enc, measured)
+    fitted = fit_physical(
+        FeatureSpace(archs, WORKLOADS, start, 2, "packed", 1.0, reference_cross_core_rtt_ns=230.0), enc, measured
+    )
     assert fitted.link_exponent == pytest.approx(0.5, abs=0.05)
     assert rmsle(fitted.slot_arrays(enc)["baseline"][enc.present], measured[enc.present]) < 0.01
     # without a reference (samples never probed) there is no link term and nothing to fit
@@ -360,18 +410,41 @@ def test_a_predictor_fitted_on_probed_links_predicts_at_the_near_placement():
     laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001), "shufflenet_v2_x1_0": (0.025, 0.0008)}
     archs = tuple(sorted(laws))
     rng = np.random.default_rng(5)
-    mixes = [tuple(MixTask(archs[rng.integers(3)], int(rng.choice([16, 32, 64, 128, 256])),
-                           int(rng.choice([25, 50, 75, 100]))) for _ in range(int(rng.integers(1, 4))))
-             for _ in range(120)]
+    mixes = [
+        tuple(
+            MixTask(archs[rng.integers(3)], int(rng.choice([16, 32, 64, 128, 256])), int(rng.choice([25, 50, 75, 100])))
+            for _ in range(int(rng.integers(1, 4)))
+        )
+        for _ in range(120)
+    ]
     enc = encode_mixes(mixes, archs)
     enc = replace(enc, rtt=_two_placements(enc, rng))
-    truth = FeatureSpace(archs, WORKLOADS, SoloTable(exponents={a: 0.8 for a in archs}, laws=laws,
-                                                     overhead_exponents={a: 0.4 for a in archs}),
-                         2, "packed", 0.5, escape_weight=0.2, reference_cross_core_rtt_ns=230.0, link_exponent=0.6)
+    truth = FeatureSpace(
+        archs,
+        WORKLOADS,
+        SoloTable(exponents={a: 0.8 for a in archs}, laws=laws, overhead_exponents={a: 0.4 for a in archs}),
+        2,
+        "packed",
+        0.5,
+        escape_weight=0.2,
+        reference_cross_core_rtt_ns=230.0,
+        link_exponent=0.6,
+    )
     speed = truth.slot_arrays(enc)["baseline"] * np.exp(rng.normal(0, 0.02, enc.arch.shape))
-    measured = [ProfiledTask(f"c{r}", mix, j, float(speed[r, j]), None, None, None,
-                             None if np.isnan(enc.rtt[r, j]) else float(enc.rtt[r, j]))
-                for r, mix in enumerate(mixes) for j in range(len(mix))]
+    measured = [
+        ProfiledTask(
+            f"c{r}",
+            mix,
+            j,
+            float(speed[r, j]),
+            None,
+            None,
+            None,
+            None if np.isnan(enc.rtt[r, j]) else float(enc.rtt[r, j]),
+        )
+        for r, mix in enumerate(mixes)
+        for j in range(len(mix))
+    ]
     unprobed = [replace(s, cross_core_rtt_ns=None) for s in measured]
     # One mix held out at a time: with three models, folds of several mixes can hold out every
     # 1-task mix together, and only those put a 2-core task alone on its cores to fit γ from.
@@ -388,8 +461,9 @@ def test_a_predictor_fitted_on_probed_links_predicts_at_the_near_placement():
     # a configuration to predict has no round trip: the near placement, the law's own speed
     alone = [(MixTask(a, 64, 100),) for a in archs]
     near = replace(encode_mixes(alone, archs), rtt=np.full((len(alone), MAX_MIX), 230.0))
-    assert rmsle(np.array([row[0] for row in predictor.predict(alone)]),
-                 truth.slot_arrays(near)["baseline"][:, 0]) < 0.05
+    assert (
+        rmsle(np.array([row[0] for row in predictor.predict(alone)]), truth.slot_arrays(near)["baseline"][:, 0]) < 0.05
+    )
 
 
 def test_the_physical_fit_jacobian_is_the_derivative_of_its_residuals(monkeypatch):
@@ -403,19 +477,37 @@ def test_the_physical_fit_jacobian_is_the_derivative_of_its_residuals(monkeypatc
     laws = {"resnet18": (0.02, 0.004), "mobilenet_v3_small": (0.03, 0.001), "shufflenet_v2_x1_0": (0.025, 0.0008)}
     archs = tuple(sorted(laws))
     rng = np.random.default_rng(11)
-    mixes = [tuple(MixTask(archs[rng.integers(3)], int(rng.choice([16, 64, 256])), int(rng.choice([25, 50, 100])))
-                   for _ in range(int(rng.integers(1, 4)))) for _ in range(60)]
+    mixes = [
+        tuple(
+            MixTask(archs[rng.integers(3)], int(rng.choice([16, 64, 256])), int(rng.choice([25, 50, 100])))
+            for _ in range(int(rng.integers(1, 4)))
+        )
+        for _ in range(60)
+    ]
     enc = encode_mixes(mixes, archs)
     enc = replace(enc, rtt=_two_placements(enc, rng))
-    truth = FeatureSpace(archs, WORKLOADS, SoloTable(exponents={a: 0.8 for a in archs}, laws=laws,
-                                                     overhead_exponents={a: 0.4 for a in archs}),
-                         2, "packed", 0.5, escape_weight=0.2, reference_cross_core_rtt_ns=230.0, link_exponent=0.6,
-                         passive_ratio=0.8)
-    measured = np.where(enc.present, truth.slot_arrays(enc)["baseline"] * np.exp(rng.normal(0, 0.05, enc.arch.shape)),
-                        np.nan)
-    start = replace(truth, solo=SoloTable(exponents={a: 1.0 for a in archs},
-                                          laws={a: (2 * t0, 0.5 * t1) for a, (t0, t1) in laws.items()}),
-                    sharing_weight=0.8, escape_weight=0.5, link_exponent=0.0)
+    truth = FeatureSpace(
+        archs,
+        WORKLOADS,
+        SoloTable(exponents={a: 0.8 for a in archs}, laws=laws, overhead_exponents={a: 0.4 for a in archs}),
+        2,
+        "packed",
+        0.5,
+        escape_weight=0.2,
+        reference_cross_core_rtt_ns=230.0,
+        link_exponent=0.6,
+        passive_ratio=0.8,
+    )
+    measured = np.where(
+        enc.present, truth.slot_arrays(enc)["baseline"] * np.exp(rng.normal(0, 0.05, enc.arch.shape)), np.nan
+    )
+    start = replace(
+        truth,
+        solo=SoloTable(exponents={a: 1.0 for a in archs}, laws={a: (2 * t0, 0.5 * t1) for a, (t0, t1) in laws.items()}),
+        sharing_weight=0.8,
+        escape_weight=0.5,
+        link_exponent=0.0,
+    )
     seen = []
     real = scipy.optimize.least_squares
 
@@ -452,18 +544,19 @@ def test_passive_wait_marks_the_trainers_the_cpu_backend_starts_with_a_passive_w
     from workers.backends.base import AgentContext
     from workers.backends.cpu import CpuBackend
 
-    ctx = AgentContext(device="d", cores=list(range(cores)), state_dir=Path("/nonexistent"),
-                       artifact_root=Path("/nonexistent"))
+    ctx = AgentContext(
+        device="d", cores=list(range(cores)), state_dir=Path("/nonexistent"), artifact_root=Path("/nonexistent")
+    )
     rng = np.random.default_rng(3)
     for _ in range(200):
         shares = [int(rng.choice([10, 25, 40, 50, 60, 75, 90, 100])) for _ in range(int(rng.integers(1, MAX_MIX + 1)))]
         share = np.zeros((1, MAX_MIX))
         present = np.zeros((1, MAX_MIX), dtype=bool)
-        share[0, :len(shares)], present[0, :len(shares)] = shares, True
+        share[0, : len(shares)], present[0, : len(shares)] = shares, True
         resources = CpuBackend().resources_for_shares(shares, "mps", ctx)
         expected = [r.threads > 1 and r.env.get("OMP_WAIT_POLICY") == "PASSIVE" for r in resources]
-        assert passive_wait(share, present, cores)[0, :len(shares)].tolist() == expected, shares
-        assert not passive_wait(share, present, cores)[0, len(shares):].any()
+        assert passive_wait(share, present, cores)[0, : len(shares)].tolist() == expected, shares
+        assert not passive_wait(share, present, cores)[0, len(shares) :].any()
 
 
 def test_without_a_task_waiting_passively_the_passive_wait_ratio_is_not_set():
@@ -476,14 +569,23 @@ def test_without_a_task_waiting_passively_the_passive_wait_ratio_is_not_set():
     rng = np.random.default_rng(2)
     for cores, shares in ((2, (25, 50)), (1, (25, 50, 100))):
         mixes = [(MixTask(a, b, 100),) for a in archs for b in (16, 64, 256)]
-        mixes += [tuple(MixTask(archs[rng.integers(2)], int(rng.choice([16, 64, 256])), int(rng.choice(shares)))
-                        for _ in range(int(rng.integers(2, 4)))) for _ in range(30)]
+        mixes += [
+            tuple(
+                MixTask(archs[rng.integers(2)], int(rng.choice([16, 64, 256])), int(rng.choice(shares)))
+                for _ in range(int(rng.integers(2, 4)))
+            )
+            for _ in range(30)
+        ]
         enc = encode_mixes(mixes, archs)
         space = FeatureSpace(archs, WORKLOADS, truth, cores, "packed", 0.5, escape_weight=0.2)
         assert not passive_wait(enc.share, enc.present, cores).any()
         measured = np.where(enc.present, space.slot_arrays(enc)["baseline"], np.nan)
-        start = replace(space, solo=SoloTable(exponents={a: 1.0 for a in archs},
-                                              laws={a: (2 * t0, 0.5 * t1) for a, (t0, t1) in laws.items()}))
+        start = replace(
+            space,
+            solo=SoloTable(
+                exponents={a: 1.0 for a in archs}, laws={a: (2 * t0, 0.5 * t1) for a, (t0, t1) in laws.items()}
+            ),
+        )
         fitted = fit_physical(start, enc, measured)
         assert fitted.passive_ratio == 0.0 and fitted.spec()["passive_ratio"] == 0.0
 

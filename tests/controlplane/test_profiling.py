@@ -15,9 +15,9 @@ from controlplane.dashboard import figures as dashboard_figures
 from controlplane.experiments.models import Assignment, Round, Run
 from controlplane.planning.predictor import MAX_MIX, MixTask, passive_wait
 from controlplane.profiling import services
-from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
-from tests.controlplane.test_api import _queued_control_messages
+from controlplane.profiling.models import Predictor, ProfileSample, ProfileSweep
 from tests.controlplane.contention_law import store_synthetic_samples
+from tests.controlplane.test_api import _queued_control_messages
 from workers.protocol.queues import TaskName
 
 pytestmark = pytest.mark.django_db
@@ -25,15 +25,28 @@ pytestmark = pytest.mark.django_db
 
 def _config_result(sweep: ProfileSweep, index: int, mix: list[tuple[str, int, int]], throughputs: list[float]) -> dict:
     return {
-        "sweep_id": sweep.id, "device": sweep.device.name, "config_index": index,
+        "sweep_id": sweep.id,
+        "device": sweep.device.name,
+        "config_index": index,
         "tasks": [{"architecture": a, "batch_size": b, "active_thread_percentage": r} for a, b, r in mix],
         "measurements": [
-            {"task_index": i, "architecture": a, "batch_size": b, "active_thread_percentage": r, "throughput_sps": p,
-             "standalone_sps": 2 * p, "peak_memory_bytes": 400_000_000, "timed_iterations": 4,
-             "speed_index": 14.0 + index, "cross_core_rtt_ns": 230.0 if r > 50 else None}
+            {
+                "task_index": i,
+                "architecture": a,
+                "batch_size": b,
+                "active_thread_percentage": r,
+                "throughput_sps": p,
+                "standalone_sps": 2 * p,
+                "peak_memory_bytes": 400_000_000,
+                "timed_iterations": 4,
+                "speed_index": 14.0 + index,
+                "cross_core_rtt_ns": 230.0 if r > 50 else None,
+            }
             for i, ((a, b, r), p) in enumerate(zip(mix, throughputs, strict=True))
         ],
-        "started_at": 1000.0 + index, "finished_at": 1001.0 + index, "status": "succeeded",
+        "started_at": 1000.0 + index,
+        "finished_at": 1001.0 + index,
+        "status": "succeeded",
     }
 
 
@@ -51,12 +64,15 @@ def test_a_sweep_is_sent_to_the_device_with_a_watchdog(sweep):
     assert [name for name, _ in _queued_control_messages()] == [TaskName.PROFILE_SWEEP_WATCHDOG]
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"budget_s": 1}, "budget_s"),
-    ({"budget_s": 60, "architectures": ["alexnet"]}, "architectures"),
-    ({"budget_s": 60, "max_mix": 9}, "max_mix"),
-    ({"budget_s": 60, "batch_sizes": [1]}, "batch_sizes"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"budget_s": 1}, "budget_s"),
+        ({"budget_s": 60, "architectures": ["alexnet"]}, "architectures"),
+        ({"budget_s": 60, "max_mix": 9}, "max_mix"),
+        ({"budget_s": 60, "batch_sizes": [1]}, "batch_sizes"),
+    ],
+)
 def test_sweep_input_is_checked(make_device, kwargs, field):
     with pytest.raises(ApplicationError) as info:
         services.sweep_start(device=make_device("prof-b"), **kwargs)
@@ -81,8 +97,16 @@ def test_measured_configurations_become_samples_once(sweep):
     assert sample.speed_index == 14.0
     assert sample.cross_core_rtt_ns == 230.0  # 70 % of 2 cores: both cores, the link probed
     assert ProfileSample.objects.get(task_index=0).cross_core_rtt_ns is None  # 50 %: one core
-    services.profile_done(summary={"sweep_id": sweep.id, "device": "prof-a", "status": "succeeded", "configs": 1,
-                                   "samples": 2, "repeat_spread": [0.02, 0.05]})
+    services.profile_done(
+        summary={
+            "sweep_id": sweep.id,
+            "device": "prof-a",
+            "status": "succeeded",
+            "configs": 1,
+            "samples": 2,
+            "repeat_spread": [0.02, 0.05],
+        }
+    )
     sweep.refresh_from_db()
     assert sweep.status == "succeeded" and sweep.max_repeat_spread == 0.05
 
@@ -91,8 +115,16 @@ def test_a_record_handled_after_the_end_of_its_sweep_keeps_the_sweep_ended(sweep
     # The control worker handles messages concurrently: the last configuration's record can be
     # stored after the agent's summary closed the sweep (seen in a clean clone's test run).
     services.profile_record(result=_config_result(sweep, 0, [("resnet18", 32, 100)], [90.0]))
-    services.profile_done(summary={"sweep_id": sweep.id, "device": "prof-a", "status": "succeeded", "configs": 2,
-                                   "samples": 2, "repeat_spread": []})
+    services.profile_done(
+        summary={
+            "sweep_id": sweep.id,
+            "device": "prof-a",
+            "status": "succeeded",
+            "configs": 2,
+            "samples": 2,
+            "repeat_spread": [],
+        }
+    )
     assert services.profile_record(result=_config_result(sweep, 1, [("resnet18", 64, 100)], [120.0])) == 1
     sweep.refresh_from_db()
     assert (sweep.status, sweep.configs, sweep.samples) == ("succeeded", 2, 2)
@@ -112,9 +144,17 @@ def test_measured_assignments_of_shared_rounds_become_samples(make_experiment):
         run = Run.objects.create(experiment=experiment, strategy=strategy, status="running")
         rnd = Round.objects.create(run=run, index=0, status="succeeded")
         for shard in experiment.shards.all():
-            Assignment.objects.create(round=rnd, device=shard.device, task=shard.task, batch_size=16,
-                                      active_thread_percentage=100, samples=shard.num_samples,
-                                      throughput_sps=55.0, standalone_throughput_sps=80.0, status="succeeded")
+            Assignment.objects.create(
+                round=rnd,
+                device=shard.device,
+                task=shard.task,
+                batch_size=16,
+                active_thread_percentage=100,
+                samples=shard.num_samples,
+                throughput_sps=55.0,
+                standalone_throughput_sps=80.0,
+                status="succeeded",
+            )
         stored = services.samples_from_round(round_id=rnd.id)
         assert stored == (4 if strategy == "sharing" else 0)  # time-sliced tasks do not run at their shares
     samples = ProfileSample.objects.filter(source="run")
@@ -144,7 +184,7 @@ def test_a_predictor_fitted_on_probed_samples_predicts_at_their_median_speed(mak
     store_synthetic_samples(make_device("prof-s"), n=40)
     ids = list(ProfileSample.objects.order_by("id").values_list("id", flat=True))
     ProfileSample.objects.filter(id__in=ids[: len(ids) // 3]).update(speed_index=10.0)
-    ProfileSample.objects.filter(id__in=ids[len(ids) // 3:]).update(speed_index=20.0)
+    ProfileSample.objects.filter(id__in=ids[len(ids) // 3 :]).update(speed_index=20.0)
     ProfileSample.objects.filter(id=ids[-1]).update(speed_index=30.0)
     predictor = services.predictor_fit(backend="cpu", families=("baseline",))
     assert predictor.status == "ready", predictor.error
@@ -177,8 +217,9 @@ def test_a_predictor_fitted_on_probed_links_says_which_placement_it_predicts(mak
     assert re.search(r"near\s+placement\s+\(cross-core\s+round\s+trip\s+230\s+ns", capsys.readouterr().out)
 
 
-def test_the_predictor_page_and_the_cli_state_the_passive_wait_ratio_when_one_was_seen(make_device, browser_client,
-                                                                                     capsys):
+def test_the_predictor_page_and_the_cli_state_the_passive_wait_ratio_when_one_was_seen(
+    make_device, browser_client, capsys
+):
     # Synthetic samples from the contention law, with every multi-threaded task on shared cores
     # (those the cpu backend starts with OMP_WAIT_POLICY=PASSIVE) 40 % slower: the fit sees a
     # passive-wait cost, says so on the page and in `mtfl fit-predictor`; a ratio at its floor
@@ -224,7 +265,9 @@ def test_workload_features_are_computed_once_and_shown_with_the_task(api, make_t
 
 def test_profile_and_predictor_api(api, make_device):
     device = make_device("prof-d")
-    started = api.post(f"/api/devices/{device.id}/profile/", {"budget_s": 30, "architectures": ["resnet18"]}, format="json")
+    started = api.post(
+        f"/api/devices/{device.id}/profile/", {"budget_s": 30, "architectures": ["resnet18"]}, format="json"
+    )
     assert started.status_code == 202 and started.json()["status"] == "pending" and started.json()["progress"] == 0.0
     bad = api.post(f"/api/devices/{device.id}/profile/", {"budget_s": 1}, format="json")
     assert bad.status_code == 400 and "budget_s" in bad.json()["errors"]
@@ -237,15 +280,18 @@ def test_profile_and_predictor_api(api, make_device):
     assert fitting.status_code == 202 and fitting.json()["status"] == "fitting"
     listed = api.get("/api/profile-samples/?mix_size=1").json()
     assert listed["count"] == ProfileSample.objects.filter(mix_size=1).count()
-    assert all(row["speed_index"] is None and row["cross_core_rtt_ns"] is None
-               for row in listed["results"])  # synthetic: no probe
+    assert all(
+        row["speed_index"] is None and row["cross_core_rtt_ns"] is None for row in listed["results"]
+    )  # synthetic: no probe
 
 
 def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):
     store_synthetic_samples(make_device("prof-e"), n=60)
     predictor = services.predictor_fit(backend="cpu", families=("baseline", "random_forest"))
     html = browser_client.get(f"/predictors/{predictor.id}/").content.decode()
-    figures = json.loads(re.search(r'<script id="predictor-figures" type="application/json">(.*?)</script>', html, re.S).group(1))
+    figures = json.loads(
+        re.search(r'<script id="predictor-figures" type="application/json">(.*?)</script>', html, re.S).group(1)
+    )
     points = sum(len(t["x"]) for t in figures["scatter"]["data"] if t["name"] != "y = x")
     assert points == len(predictor.heldout) == predictor.training_samples
     assert figures["scatter"]["layout"]["xaxis"]["type"] == "log"
@@ -261,7 +307,8 @@ def test_predictor_page_draws_the_held_out_scatter(browser_client, make_device):
 def test_error_by_slice_says_so_for_a_predictor_fitted_before_the_breakdown():
     old = dashboard_figures.error_by_slice({"baseline": {"rmsle": 0.2, "by_mix_size": {"1": 0.2}}})
     assert not old.data and "before it was recorded" in old.layout.annotations[0].text
-    new = dashboard_figures.error_by_slice({"baseline": {"by_slice": {"10 units, shared": 0.3, "1 unit, alone": 0.05,
-                                                                       "2 units, shared": 0.2}}})
+    new = dashboard_figures.error_by_slice(
+        {"baseline": {"by_slice": {"10 units, shared": 0.3, "1 unit, alone": 0.05, "2 units, shared": 0.2}}}
+    )
     assert list(new.data[0].x) == ["1 unit, alone", "2 units, shared", "10 units, shared"]  # by units, not by text
     assert list(new.data[0].y) == [0.05, 0.2, 0.3]

@@ -42,37 +42,100 @@ def _experiment(name: str, owner, devices, tasks) -> Experiment:
     experiment = Experiment.objects.create(name=name, rounds=ROUNDS_PER_RUN, owner=owner, partition_rule="explicit")
     experiment.devices.set(devices)
     experiment.tasks.set(tasks)
-    Shard.objects.bulk_create(Shard(experiment=experiment, device=d, task=t, num_samples=50, offset=50 * k)
-                              for k, (d, t) in enumerate((d, t) for d in devices for t in tasks))
+    Shard.objects.bulk_create(
+        Shard(experiment=experiment, device=d, task=t, num_samples=50, offset=50 * k)
+        for k, (d, t) in enumerate((d, t) for d in devices for t in tasks)
+    )
     return experiment
 
 
 def _runs(experiment: Experiment, runs: int, rounds: int, devices, tasks) -> list[Run]:
     comparison = Comparison.objects.create(experiment=experiment, strategies=STRATEGIES, status="succeeded")
     made = Run.objects.bulk_create(
-        Run(experiment=experiment, strategy=STRATEGIES[k % len(STRATEGIES)], status=Run.Status.SUCCEEDED,
-            started_at=T0, finished_at=T0, raw_throughput_sps=100.0 + k, fair_throughput=1.0 + k,
-            fl_throughput_sps=10.0, comparison=comparison if k < len(STRATEGIES) else None, simulated=True)
-        for k in range(runs))
+        Run(
+            experiment=experiment,
+            strategy=STRATEGIES[k % len(STRATEGIES)],
+            status=Run.Status.SUCCEEDED,
+            started_at=T0,
+            finished_at=T0,
+            raw_throughput_sps=100.0 + k,
+            fair_throughput=1.0 + k,
+            fl_throughput_sps=10.0,
+            comparison=comparison if k < len(STRATEGIES) else None,
+            simulated=True,
+        )
+        for k in range(runs)
+    )
     made = list(experiment.runs.order_by("id"))
-    bulk_insert(Round, [dict(run_id=run.id, index=r, status="succeeded", started_at=T0, finished_at=T0,
-                             round_time_s=1.0, raw_throughput_sps=100.0, fair_throughput=1.0, flags=["a flag"])
-                        for run in made for r in range(rounds)])
-    round_ids = list(Round.objects.filter(run__in=made).order_by("run_id", "index").values_list("id", "run_id", "index"))
-    bulk_insert(Assignment, [
-        dict(round_id=rid, device_id=d.id, task_id=t.id, batch_size=50, active_thread_percentage=50, samples=50,
-             samples_trained=50, status="succeeded", throughput_sps=40.0 + k, standalone_throughput_sps=80.0,
-             predicted_throughput_sps=45.0, started_at=T0 + dt.timedelta(seconds=index),
-             finished_at=T0 + dt.timedelta(seconds=index + 1 + k % 3), simulated=True)
-        for rid, _run, index in round_ids for k, (d, t) in enumerate((d, t) for d in devices for t in tasks)
-    ])
-    bulk_insert(Checkpoint, [
-        dict(run_id=run_id, task_id=t.id, round_id=rid, artifact_path=f"runs/{run_id}/x", sha256="0" * 64,
-             test_accuracy=0.5, test_loss=1.0)
-        for rid, run_id, _index in round_ids for t in tasks
-    ])
-    bulk_insert(StandaloneThroughput, [dict(run_id=run.id, device_id=d.id, task_id=t.id, batch_size=50,
-                                            throughput_sps=80.0) for run in made for d in devices for t in tasks])
+    bulk_insert(
+        Round,
+        [
+            dict(
+                run_id=run.id,
+                index=r,
+                status="succeeded",
+                started_at=T0,
+                finished_at=T0,
+                round_time_s=1.0,
+                raw_throughput_sps=100.0,
+                fair_throughput=1.0,
+                flags=["a flag"],
+            )
+            for run in made
+            for r in range(rounds)
+        ],
+    )
+    round_ids = list(
+        Round.objects.filter(run__in=made).order_by("run_id", "index").values_list("id", "run_id", "index")
+    )
+    bulk_insert(
+        Assignment,
+        [
+            dict(
+                round_id=rid,
+                device_id=d.id,
+                task_id=t.id,
+                batch_size=50,
+                active_thread_percentage=50,
+                samples=50,
+                samples_trained=50,
+                status="succeeded",
+                throughput_sps=40.0 + k,
+                standalone_throughput_sps=80.0,
+                predicted_throughput_sps=45.0,
+                started_at=T0 + dt.timedelta(seconds=index),
+                finished_at=T0 + dt.timedelta(seconds=index + 1 + k % 3),
+                simulated=True,
+            )
+            for rid, _run, index in round_ids
+            for k, (d, t) in enumerate((d, t) for d in devices for t in tasks)
+        ],
+    )
+    bulk_insert(
+        Checkpoint,
+        [
+            dict(
+                run_id=run_id,
+                task_id=t.id,
+                round_id=rid,
+                artifact_path=f"runs/{run_id}/x",
+                sha256="0" * 64,
+                test_accuracy=0.5,
+                test_loss=1.0,
+            )
+            for rid, run_id, _index in round_ids
+            for t in tasks
+        ],
+    )
+    bulk_insert(
+        StandaloneThroughput,
+        [
+            dict(run_id=run.id, device_id=d.id, task_id=t.id, batch_size=50, throughput_sps=80.0)
+            for run in made
+            for d in devices
+            for t in tasks
+        ],
+    )
     return made
 
 
@@ -83,9 +146,14 @@ def dataset(django_db_setup, django_db_blocker):
         users = get_user_model().objects
         owner = users.create_user("load-owner", password="unused-pass")
         other = users.create_user("load-other", password="unused-pass")
-        devices = list(Device.objects.bulk_create(
-            Device(name=f"load-{k}", backend="simulated", last_heartbeat_at=T0, inventory={"accelerator": "titan-v"})
-            for k in range(DEVICES)))
+        devices = list(
+            Device.objects.bulk_create(
+                Device(
+                    name=f"load-{k}", backend="simulated", last_heartbeat_at=T0, inventory={"accelerator": "titan-v"}
+                )
+                for k in range(DEVICES)
+            )
+        )
         devices = list(Device.objects.filter(name__startswith="load-").order_by("name"))
         tasks = [Task.objects.create(name=f"load-task-{k}", architecture="resnet18", owner=owner) for k in range(TASKS)]
         big = _experiment("load big", owner, devices, tasks)
@@ -94,19 +162,46 @@ def dataset(django_db_setup, django_db_blocker):
         _runs(small, 2, 3, devices[:2], tasks[:1])
         theirs = _experiment("load theirs", other, devices[:2], tasks[:1])
         _runs(theirs, 1, 3, devices[:2], tasks[:1])
-        samples = list(Assignment.objects.filter(round__run=runs[2]).order_by("id").values_list(
-            "id", "device_id", "round_id", "task_id")[:5000])
-        bulk_insert(ProfileSample, [
-            dict(source="run", assignment_id=aid, device_id=did, backend="simulated", device_class="simulated-titan-v",
-                 config_key=f"round-{rid}-{did}", configuration=[{"architecture": "resnet18"}], mix_size=2,
-                 task_index=tid % 2, architecture="resnet18", batch_size=50, active_thread_percentage=50,
-                 throughput_sps=40.0, simulated=True)
-            for aid, did, rid, tid in samples
-        ], ignore_conflicts=True)
+        samples = list(
+            Assignment.objects.filter(round__run=runs[2])
+            .order_by("id")
+            .values_list("id", "device_id", "round_id", "task_id")[:5000]
+        )
+        bulk_insert(
+            ProfileSample,
+            [
+                dict(
+                    source="run",
+                    assignment_id=aid,
+                    device_id=did,
+                    backend="simulated",
+                    device_class="simulated-titan-v",
+                    config_key=f"round-{rid}-{did}",
+                    configuration=[{"architecture": "resnet18"}],
+                    mix_size=2,
+                    task_index=tid % 2,
+                    architecture="resnet18",
+                    batch_size=50,
+                    active_thread_percentage=50,
+                    throughput_sps=40.0,
+                    simulated=True,
+                )
+                for aid, did, rid, tid in samples
+            ],
+            ignore_conflicts=True,
+        )
         token, _ = Token.objects.get_or_create(user=owner)
         assert Round.objects.count() >= 10_000 and Assignment.objects.count() >= 100_000
-    yield {"owner": owner, "token": token.key, "big": big, "small": small, "theirs": theirs, "runs": runs,
-           "devices": devices, "tasks": tasks}
+    yield {
+        "owner": owner,
+        "token": token.key,
+        "big": big,
+        "small": small,
+        "theirs": theirs,
+        "runs": runs,
+        "devices": devices,
+        "tasks": tasks,
+    }
     with django_db_blocker.unblock():
         for experiment in (big, small, theirs):
             experiment.delete()
@@ -134,13 +229,26 @@ def _paths(dataset) -> list[str]:
     run, big = dataset["runs"][3], dataset["big"]
     first_round = Round.objects.filter(run=run).order_by("index").values_list("id", flat=True).first()
     return [
-        "/api/runs/", f"/api/runs/?experiment={big.id}", "/api/runs/?limit=1000",
-        "/api/rounds/", f"/api/rounds/?run={run.id}", "/api/rounds/?limit=1000&offset=5000",
-        "/api/assignments/", f"/api/assignments/?run={run.id}", f"/api/assignments/?experiment={big.id}&limit=1000",
-        f"/api/assignments/?round={first_round}", "/api/assignments/?limit=1000&offset=90000",
-        "/api/checkpoints/", f"/api/checkpoints/?run={run.id}&limit=1000",
-        "/api/experiments/", "/api/devices/", "/api/comparisons/", "/api/profile-samples/?limit=1000",
-        "/api/tasks/", "/api/profile-sweeps/", "/api/predictors/",
+        "/api/runs/",
+        f"/api/runs/?experiment={big.id}",
+        "/api/runs/?limit=1000",
+        "/api/rounds/",
+        f"/api/rounds/?run={run.id}",
+        "/api/rounds/?limit=1000&offset=5000",
+        "/api/assignments/",
+        f"/api/assignments/?run={run.id}",
+        f"/api/assignments/?experiment={big.id}&limit=1000",
+        f"/api/assignments/?round={first_round}",
+        "/api/assignments/?limit=1000&offset=90000",
+        "/api/checkpoints/",
+        f"/api/checkpoints/?run={run.id}&limit=1000",
+        "/api/experiments/",
+        "/api/devices/",
+        "/api/comparisons/",
+        "/api/profile-samples/?limit=1000",
+        "/api/tasks/",
+        "/api/profile-sweeps/",
+        "/api/predictors/",
     ]
 
 
@@ -162,11 +270,16 @@ def test_list_pages_are_bounded_and_hold_only_the_owners_rows(owner_api, dataset
 
 
 @pytest.mark.parametrize("page", ["index", "experiment", "run", "run-live"])
-def test_dashboard_pages_answer_in_a_bounded_number_of_queries(owner_browser, dataset, page,
-                                                               django_assert_max_num_queries):
+def test_dashboard_pages_answer_in_a_bounded_number_of_queries(
+    owner_browser, dataset, page, django_assert_max_num_queries
+):
     run = dataset["runs"][4]
-    path = {"index": "/", "experiment": f"/experiments/{dataset['big'].id}/", "run": f"/runs/{run.id}/",
-            "run-live": f"/runs/{run.id}/live/"}[page]
+    path = {
+        "index": "/",
+        "experiment": f"/experiments/{dataset['big'].id}/",
+        "run": f"/runs/{run.id}/",
+        "run-live": f"/runs/{run.id}/live/",
+    }[page]
 
     with django_assert_max_num_queries(MAX_PAGE_QUERIES, info=path):
         response = owner_browser.get(path)

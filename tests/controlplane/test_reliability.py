@@ -36,15 +36,23 @@ pytestmark = pytest.mark.django_db
 def sent(monkeypatch):
     """What the control plane sends through :mod:`dispatch`, captured instead of queued."""
     log: dict[str, list] = {"watchdog": [], "device_round": [], "round_start": [], "round": [], "run_begin": []}
-    monkeypatch.setattr(dispatch, "send_round_watchdog",
-                        lambda round_id, *, countdown_s: log["watchdog"].append((round_id, countdown_s)))
-    monkeypatch.setattr(dispatch, "send_device_round",
-                        lambda request, *, task_id: log["device_round"].append((request, task_id)))
+    monkeypatch.setattr(
+        dispatch,
+        "send_round_watchdog",
+        lambda round_id, *, countdown_s: log["watchdog"].append((round_id, countdown_s)),
+    )
+    monkeypatch.setattr(
+        dispatch, "send_device_round", lambda request, *, task_id: log["device_round"].append((request, task_id))
+    )
     monkeypatch.setattr(dispatch, "send_round_start", lambda run_id, index: log["round_start"].append((run_id, index)))
     monkeypatch.setattr(dispatch, "send_run_begin", lambda run_id: log["run_begin"].append(run_id))
-    monkeypatch.setattr(dispatch, "send_round",
-                        lambda round_id, requests, *, task_ids, check_after_s:
-                        log["round"].append((round_id, requests, task_ids, check_after_s)))
+    monkeypatch.setattr(
+        dispatch,
+        "send_round",
+        lambda round_id, requests, *, task_ids, check_after_s: log["round"].append(
+            (round_id, requests, task_ids, check_after_s)
+        ),
+    )
     return log
 
 
@@ -56,16 +64,30 @@ def running_round(make_experiment, make_device, make_task, django_capture_on_com
     def start(*, rounds: int = 1, device_retries: int = 0):
         devices = [make_device("dev-a"), make_device("dev-b")]
         task = make_task("t-mobilenet", "mobilenet_v3_small")
-        counts = [{"device": devices[0].id, "task": task.id, "num_samples": 30},
-                  {"device": devices[1].id, "task": task.id, "num_samples": 10}]
-        experiment = make_experiment(devices=devices, tasks=[task], counts=counts, partition_rule="explicit",
-                                     rounds=rounds, device_retries=device_retries)
+        counts = [
+            {"device": devices[0].id, "task": task.id, "num_samples": 30},
+            {"device": devices[1].id, "task": task.id, "num_samples": 10},
+        ]
+        experiment = make_experiment(
+            devices=devices,
+            tasks=[task],
+            counts=counts,
+            partition_rule="explicit",
+            rounds=rounds,
+            device_retries=device_retries,
+        )
         with django_capture_on_commit_callbacks(execute=True):
             run = services.run_create(experiment=experiment, strategy="sharing")
         services.run_begin(run_id=run.id)
-        standalone = [{"run_id": run.id, "device": d.name, "status": "succeeded",
-                       "measurements": [{"task_id": task.id, "batch_size": n, "throughput_sps": 100.0}]}
-                      for d, n in zip(devices, (30, 10), strict=True)]
+        standalone = [
+            {
+                "run_id": run.id,
+                "device": d.name,
+                "status": "succeeded",
+                "measurements": [{"task_id": task.id, "batch_size": n, "throughput_sps": 100.0}],
+            }
+            for d, n in zip(devices, (30, 10), strict=True)
+        ]
         with django_capture_on_commit_callbacks(execute=True):
             services.standalone_record(run_id=run.id, results=standalone)
         return run, Round.objects.get(run=run, index=0)
@@ -84,18 +106,31 @@ def _result(rnd: Round, device: str, *, scale: float = 1.0, attempt: int = 0, fa
     a = Assignment.objects.select_related("task").get(round=rnd, device__name=device)
     initial = load_state(store.path(Checkpoint.objects.get(run=rnd.run, task=a.task, round=None).artifact_path))
     key = device_weights_key(rnd.run_id, rnd.index, device, a.task_id)
-    sha = save_state({k: (v * scale).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in initial.items()},
-                     store.path(key))
+    sha = save_state(
+        {k: (v * scale).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in initial.items()}, store.path(key)
+    )
     return {
-        "run_id": rnd.run_id, "round_id": rnd.id, "device": device, "status": "failed" if failed else "succeeded",
-        "error": "RuntimeError: boom" if failed else "", "attempt": attempt,
+        "run_id": rnd.run_id,
+        "round_id": rnd.id,
+        "device": device,
+        "status": "failed" if failed else "succeeded",
+        "error": "RuntimeError: boom" if failed else "",
+        "attempt": attempt,
         "idempotency_key": round_idempotency_key(rnd.id, device, attempt),
-        "assignments": [{
-            "assignment_id": a.id, "task_id": a.task_id, "status": "failed" if failed else "succeeded",
-            "samples_trained": 0 if failed else a.samples, "seconds": 2.0, "throughput_sps": None if failed else 50.0,
-            "started_at": 1000.0, "finished_at": 1002.0, "weights": None if failed else key,
-            "weights_sha256": None if failed else sha,
-        }],
+        "assignments": [
+            {
+                "assignment_id": a.id,
+                "task_id": a.task_id,
+                "status": "failed" if failed else "succeeded",
+                "samples_trained": 0 if failed else a.samples,
+                "seconds": 2.0,
+                "throughput_sps": None if failed else 50.0,
+                "started_at": 1000.0,
+                "finished_at": 1002.0,
+                "weights": None if failed else key,
+                "weights_sha256": None if failed else sha,
+            }
+        ],
     }
 
 
@@ -121,8 +156,12 @@ def _heartbeat(name: str, seconds_ago: float, *, pid: int | None = None) -> None
 
 
 def test_deadline_is_the_factor_times_the_predicted_round_time_never_below_the_floor(settings):
-    settings.MTFL = {**settings.MTFL, "DEADLINE_FACTOR": 3.0, "ROUND_DEADLINE_FLOOR_S": 60.0,
-                     "ROUND_DEADLINE_S": 1800.0}
+    settings.MTFL = {
+        **settings.MTFL,
+        "DEADLINE_FACTOR": 3.0,
+        "ROUND_DEADLINE_FLOOR_S": 60.0,
+        "ROUND_DEADLINE_S": 1800.0,
+    }
     assert services.round_deadline_s(predicted_round_time_s=100.0) == 300.0
     assert services.round_deadline_s(predicted_round_time_s=100.0, factor=1.5) == 150.0
     assert services.round_deadline_s(predicted_round_time_s=5.0) == 60.0  # the floor
@@ -133,12 +172,14 @@ def test_round_start_stores_the_deadline_and_one_task_id_per_device(running_roun
     run, rnd = running_round()
     assert rnd.deadline_s == 1800.0  # a baseline: no predicted round time
     assert rnd.deadline_at == rnd.started_at + dt.timedelta(seconds=1800)
-    (round_id, requests, task_ids, check_after_s), = sent["round"]
+    ((round_id, requests, task_ids, check_after_s),) = sent["round"]
     assert round_id == rnd.id and check_after_s == 30.0
     assert task_ids == {"dev-a": _task_id(rnd, "dev-a"), "dev-b": _task_id(rnd, "dev-b")}
     assert len(set(task_ids.values())) == 2
     assert {(r.device, r.attempt, r.idempotency_key) for r in requests} == {
-        ("dev-a", 0, f"round-{rnd.id}/dev-a/attempt-0"), ("dev-b", 0, f"round-{rnd.id}/dev-b/attempt-0")}
+        ("dev-a", 0, f"round-{rnd.id}/dev-a/attempt-0"),
+        ("dev-b", 0, f"round-{rnd.id}/dev-b/attempt-0"),
+    }
 
 
 # ---------------------------------------------------------------------------- agent loss
@@ -174,8 +215,9 @@ def test_a_silent_agent_is_failed_with_the_cause_and_the_round_is_partial(runnin
     assert run.status == Run.Status.SUCCEEDED  # the run went on (and ended: one round)
 
 
-def test_a_restarted_agent_is_lost_and_its_device_is_retried_within_the_budget(running_round, sent,
-                                                                               django_capture_on_commit_callbacks):
+def test_a_restarted_agent_is_lost_and_its_device_is_retried_within_the_budget(
+    running_round, sent, django_capture_on_commit_callbacks
+):
     run, rnd = running_round(device_retries=1)
     old_id = _task_id(rnd, "dev-b")
     app.backend.store_result(old_id, {"pid": 111, "hostname": "host-b"}, "STARTED")
@@ -186,11 +228,16 @@ def test_a_restarted_agent_is_lost_and_its_device_is_retried_within_the_budget(r
 
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.RUNNING
-    assert any("dev-b: attempt 0 failed (agent lost: the agent process that started this round on device dev-b "
-               "(pid 111 on host-b) is gone" in f and f.endswith("retried as attempt 1") for f in rnd.flags)
+    assert any(
+        "dev-b: attempt 0 failed (agent lost: the agent process that started this round on device dev-b "
+        "(pid 111 on host-b) is gone"
+        in f
+        and f.endswith("retried as attempt 1")
+        for f in rnd.flags
+    )
     retried = Assignment.objects.get(round=rnd, device__name="dev-b")
     assert retried.attempt == 1 and retried.device_task_id not in ("", old_id)
-    (request, task_id), = sent["device_round"]
+    ((request, task_id),) = sent["device_round"]
     assert task_id == retried.device_task_id
     assert (request.device, request.attempt, request.idempotency_key) == ("dev-b", 1, f"round-{rnd.id}/dev-b/attempt-1")
     assert [a.assignment_id for a in request.assignments] == [retried.id]
@@ -201,8 +248,9 @@ def test_a_restarted_agent_is_lost_and_its_device_is_retried_within_the_budget(r
     assert len(sent["device_round"]) == 1
 
 
-def test_results_are_recorded_once_per_device_and_only_from_its_current_attempt(running_round, sent,
-                                                                               django_capture_on_commit_callbacks):
+def test_results_are_recorded_once_per_device_and_only_from_its_current_attempt(
+    running_round, sent, django_capture_on_commit_callbacks
+):
     run, rnd = running_round(device_retries=1)
     app.backend.store_result(_task_id(rnd, "dev-b"), _result(rnd, "dev-b", failed=True), "SUCCESS")
     with django_capture_on_commit_callbacks(execute=True):
@@ -221,8 +269,9 @@ def test_results_are_recorded_once_per_device_and_only_from_its_current_attempt(
     assert rnd.samples_trained == 40
 
 
-def test_a_straggler_past_the_deadline_is_excluded_flagged_and_stopped(running_round, sent,
-                                                                      django_capture_on_commit_callbacks):
+def test_a_straggler_past_the_deadline_is_excluded_flagged_and_stopped(
+    running_round, sent, django_capture_on_commit_callbacks
+):
     run, rnd = running_round()
     app.backend.store_result(_task_id(rnd, "dev-a"), _result(rnd, "dev-a"), "SUCCESS")
     services.round_progress(round_id=rnd.id, device="dev-b", phase="started")  # dev-b trains, alive
@@ -235,10 +284,14 @@ def test_a_straggler_past_the_deadline_is_excluded_flagged_and_stopped(running_r
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.PARTIAL
     straggler = Assignment.objects.get(round=rnd, device__name="dev-b")
-    assert straggler.error == ("straggler: device dev-b was still training at the round deadline (1800 s, "
-                               "MTFL_ROUND_DEADLINE_S); excluded from this round's aggregate")
-    assert "straggler: dev-b missed the deadline (1800 s, MTFL_ROUND_DEADLINE_S) and was left out of the aggregate" \
+    assert straggler.error == (
+        "straggler: device dev-b was still training at the round deadline (1800 s, "
+        "MTFL_ROUND_DEADLINE_S); excluded from this round's aggregate"
+    )
+    assert (
+        "straggler: dev-b missed the deadline (1800 s, MTFL_ROUND_DEADLINE_S) and was left out of the aggregate"
         in rnd.flags
+    )
     marker = app.backend.get_task_meta(cancel_marker_id(straggler.device_task_id))
     assert marker["status"] == CANCELLED_STATE and "passed its deadline" in marker["result"]["reason"]
     assert rnd.samples_trained == 30  # dev-a only
@@ -247,8 +300,9 @@ def test_a_straggler_past_the_deadline_is_excluded_flagged_and_stopped(running_r
 # ------------------------------------------------------------------------ cancel and resume
 
 
-def test_cancelling_a_run_cancels_its_round_and_marks_its_device_tasks(running_round,
-                                                                      django_capture_on_commit_callbacks):
+def test_cancelling_a_run_cancels_its_round_and_marks_its_device_tasks(
+    running_round, django_capture_on_commit_callbacks
+):
     run, rnd = running_round(rounds=2)
     with django_capture_on_commit_callbacks(execute=True):
         services.run_cancel(run=run)
@@ -261,11 +315,15 @@ def test_cancelling_a_run_cancels_its_round_and_marks_its_device_tasks(running_r
 
 
 def test_resume_redoes_an_aggregation_its_worker_abandoned_and_rechecks_running_rounds(
-        running_round, sent, django_capture_on_commit_callbacks):
+    running_round, sent, django_capture_on_commit_callbacks
+):
     run, rnd = running_round()
     booted = time.time()
-    Round.objects.filter(id=rnd.id).update(status=Round.Status.AGGREGATING, claimed_by="control@host",
-                                           aggregating_at=timezone.now() - dt.timedelta(seconds=5))
+    Round.objects.filter(id=rnd.id).update(
+        status=Round.Status.AGGREGATING,
+        claimed_by="control@host",
+        aggregating_at=timezone.now() - dt.timedelta(seconds=5),
+    )
     with django_capture_on_commit_callbacks(execute=True):
         counts = services.runs_resume(nodename="control@other", booted_at=booted)
     assert counts["reclaimed"] == 0  # another worker's, and recent: it may still be at work
@@ -283,8 +341,9 @@ def test_resume_redoes_an_aggregation_its_worker_abandoned_and_rechecks_running_
     assert rnd.status == Round.Status.SUCCEEDED
 
 
-def test_resume_sends_the_next_round_of_a_run_whose_round_start_was_lost(running_round, sent,
-                                                                          django_capture_on_commit_callbacks):
+def test_resume_sends_the_next_round_of_a_run_whose_round_start_was_lost(
+    running_round, sent, django_capture_on_commit_callbacks
+):
     run, rnd = running_round(rounds=2)
     services.round_finish(round_id=rnd.id, results=[_result(rnd, "dev-a"), _result(rnd, "dev-b")])
     sent["round_start"].clear()  # ROUND_START was lost with the worker
@@ -296,8 +355,12 @@ def test_resume_sends_the_next_round_of_a_run_whose_round_start_was_lost(running
 
 def test_the_visibility_timeout_must_exceed_the_round_deadline():
     env = {**os.environ, "MTFL_ROUND_DEADLINE_S": "30000", "MTFL_BROKER_VISIBILITY_TIMEOUT_S": "21600"}
-    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"],
-                          env={**env, "DJANGO_SETTINGS_MODULE": "controlplane.settings"},
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**env, "DJANGO_SETTINGS_MODULE": "controlplane.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert "MTFL_BROKER_VISIBILITY_TIMEOUT_S (21600 s) must exceed MTFL_ROUND_DEADLINE_S (30000 s)" in done.stderr

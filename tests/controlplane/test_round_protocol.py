@@ -34,17 +34,30 @@ def _device_results(rnd: Round, *, failed: set[str] = frozenset(), scale: dict[s
         ok = a.device.name not in failed
         entry = results.setdefault(
             a.device.name,
-            {"run_id": rnd.run_id, "round_id": rnd.id, "device": a.device.name,
-             "status": "succeeded" if ok else "failed",
-             "error": "" if ok else f"task {a.task.name} failed: RuntimeError: boom", "assignments": []},
+            {
+                "run_id": rnd.run_id,
+                "round_id": rnd.id,
+                "device": a.device.name,
+                "status": "succeeded" if ok else "failed",
+                "error": "" if ok else f"task {a.task.name} failed: RuntimeError: boom",
+                "assignments": [],
+            },
         )
         entry["assignments"].append(
-            {"assignment_id": a.id, "task_id": a.task_id, "status": "succeeded" if ok else "failed",
-             "error": "" if ok else "RuntimeError: boom", "samples_trained": a.samples if ok else 0,
-             "seconds": 2.0, "throughput_sps": 50.0 if ok else None, "train_loss": 1.5,
-             "started_at": 1000.0 + (0.5 if a.device.name == "dev-b" else 0.0),
-             "finished_at": 1003.0 + (1.0 if a.device.name == "dev-b" else 0.0),
-             "weights": key if ok else None, "weights_sha256": sha if ok else None}
+            {
+                "assignment_id": a.id,
+                "task_id": a.task_id,
+                "status": "succeeded" if ok else "failed",
+                "error": "" if ok else "RuntimeError: boom",
+                "samples_trained": a.samples if ok else 0,
+                "seconds": 2.0,
+                "throughput_sps": 50.0 if ok else None,
+                "train_loss": 1.5,
+                "started_at": 1000.0 + (0.5 if a.device.name == "dev-b" else 0.0),
+                "finished_at": 1003.0 + (1.0 if a.device.name == "dev-b" else 0.0),
+                "weights": key if ok else None,
+                "weights_sha256": sha if ok else None,
+            }
         )
     return list(results.values())
 
@@ -173,16 +186,18 @@ def test_cancelled_run_starts_no_further_round(started_round):
     assert run.status == Run.Status.CANCELLED
 
 
-def test_standalone_watchdog_starts_round_zero_and_flags_missing_p_alone(make_experiment,
-                                                                           django_capture_on_commit_callbacks):
+def test_standalone_watchdog_starts_round_zero_and_flags_missing_p_alone(
+    make_experiment, django_capture_on_commit_callbacks
+):
     experiment = make_experiment()
     with django_capture_on_commit_callbacks(execute=True):
         run = services.run_create(experiment=experiment, strategy="isolation")
     services.run_begin(run_id=run.id)
     device_a = experiment.devices.get(name="dev-a")
     for shard in experiment.shards.filter(device=device_a):  # only dev-a answered before the deadline
-        StandaloneThroughput.objects.create(run=run, device=device_a, task=shard.task,
-                                            batch_size=shard.num_samples, throughput_sps=80.0)
+        StandaloneThroughput.objects.create(
+            run=run, device=device_a, task=shard.task, batch_size=shard.num_samples, throughput_sps=80.0
+        )
     services.standalone_watchdog(run_id=run.id)
     rnd = Round.objects.get(run=run, index=0)
     assert rnd.status == Round.Status.RUNNING

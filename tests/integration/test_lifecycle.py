@@ -31,8 +31,13 @@ def test_a_second_agent_for_a_device_is_refused(up_with_agent, tmp_path):
     same_host = subprocess.run(mtfl("agent", "--device", "solo"), env=env, capture_output=True, text=True, timeout=60)
     assert same_host.returncode == 2
     assert "an agent for device 'solo' already runs with state dir" in same_host.stderr
-    elsewhere = subprocess.run(mtfl("agent", "--device", "solo", "--state-dir", str(tmp_path / "other")),
-                               env=env, capture_output=True, text=True, timeout=60)
+    elsewhere = subprocess.run(
+        mtfl("agent", "--device", "solo", "--state-dir", str(tmp_path / "other")),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert elsewhere.returncode == 2
     assert "is already serving device.solo: agent.solo@" in elsewhere.stderr
 

@@ -21,9 +21,9 @@ from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Run
 from controlplane.fleet.models import Device, DeviceToken
 from controlplane.fleet.services import device_create, device_token_issue
+from workers.agent.lifecycle import PARENT_PID_ENV
 from workers.fl.artifacts import device_weights_key, sha256_file
 from workers.fl.fedavg import fedavg, load_state
-from workers.agent.lifecycle import PARENT_PID_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +59,28 @@ def test_two_agents_with_no_shared_disk_complete_a_round(child_env, live_server,
             home = homes[name]
             stack.children.start(
                 f"agent-{name}",
-                python_argv("-m", "workers.agent", "--device", name, "--backend", "cpu",
-                            "--cores", ",".join(map(str, cores)), "--state-dir", str(home / "state"),
-                            "--control-url", live_server.url),
+                python_argv(
+                    "-m",
+                    "workers.agent",
+                    "--device",
+                    name,
+                    "--backend",
+                    "cpu",
+                    "--cores",
+                    ",".join(map(str, cores)),
+                    "--state-dir",
+                    str(home / "state"),
+                    "--control-url",
+                    live_server.url,
+                ),
                 env={
-                    "CELERY_BROKER_URL": stack.broker.url, "CELERY_RESULT_BACKEND": stack.broker.url,
-                    "MTFL_HOME": str(home / "home"), "ARTIFACT_ROOT": str(home / "own-artifact-root"),
-                    "MTFL_AGENT_TOKEN": keys[name], "DATABASE_URL": "", PARENT_PID_ENV: str(os.getpid()),
+                    "CELERY_BROKER_URL": stack.broker.url,
+                    "CELERY_RESULT_BACKEND": stack.broker.url,
+                    "MTFL_HOME": str(home / "home"),
+                    "ARTIFACT_ROOT": str(home / "own-artifact-root"),
+                    "MTFL_AGENT_TOKEN": keys[name],
+                    "DATABASE_URL": "",
+                    PARENT_PID_ENV: str(os.getpid()),
                 },
             )
         stack.agent_names = names
@@ -75,7 +90,10 @@ def test_two_agents_with_no_shared_disk_complete_a_round(child_env, live_server,
         devices = list(Device.objects.filter(name__in=names).order_by("name"))
         task = services.task_create(name=f"mobilenet-{suffix}", architecture="mobilenet_v3_small")
         experiment = services.experiment_create(
-            name=f"remote-{suffix}", task_ids=[task.id], device_ids=[d.id for d in devices], rounds=1,
+            name=f"remote-{suffix}",
+            task_ids=[task.id],
+            device_ids=[d.id for d in devices],
+            rounds=1,
             partition_rule="explicit",
             sample_counts=[{"device": d.id, "task": task.id, "num_samples": SAMPLES} for d in devices],
         )
@@ -113,6 +131,8 @@ def test_two_agents_with_no_shared_disk_complete_a_round(child_env, live_server,
         for spec in specs:
             assert json.loads(spec.read_text())["artifact_root"] == str(homes[name] / "state" / "artifacts")
         assert _files(homes[name] / "state" / "artifacts") == []  # cleaned up after the round
-    inodes = [{(p.stat().st_dev, p.stat().st_ino) for p in _files(root)}
-              for root in (homes[names[0]], homes[names[1]], control_root)]
+    inodes = [
+        {(p.stat().st_dev, p.stat().st_ino) for p in _files(root)}
+        for root in (homes[names[0]], homes[names[1]], control_root)
+    ]
     assert not (inodes[0] & inodes[1]) and not (inodes[0] & inodes[2]) and not (inodes[1] & inodes[2])

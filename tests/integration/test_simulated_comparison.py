@@ -34,17 +34,39 @@ def test_a_comparison_on_simulated_devices(child_env, monkeypatch):
         # `mtfl profile` (a progress bar until the agent's sweep ends), then `mtfl fit-predictor`.
         env = {**os.environ, **stack._child_env()}
         profiled = subprocess.run(
-            [sys.executable, "-m", "controlplane.cli", "profile", "--device", "sim-a", "--budget", "1800",
-             "--architectures", "resnet18,mobilenet_v3_large,shufflenet_v2_x1_0", "--batch-sizes", "16,32,64,128,256",
-             "--max-mix", "3"],
-            env=env, capture_output=True, text=True, timeout=600)  # 14-19 s idle; minutes on a loaded 2-core machine
+            [
+                sys.executable,
+                "-m",
+                "controlplane.cli",
+                "profile",
+                "--device",
+                "sim-a",
+                "--budget",
+                "1800",
+                "--architectures",
+                "resnet18,mobilenet_v3_large,shufflenet_v2_x1_0",
+                "--batch-sizes",
+                "16,32,64,128,256",
+                "--max-mix",
+                "3",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )  # 14-19 s idle; minutes on a loaded 2-core machine
         assert profiled.returncode == 0, profiled.stdout[-3000:] + profiled.stderr[-3000:]
         sweep = ProfileSweep.objects.get(device=devices[0])
         assert f"sweep {sweep.id} succeeded: {sweep.configs} configurations, {sweep.samples} samples" in profiled.stdout
         assert sweep.samples > 100 and ProfileSample.objects.filter(sweep=sweep, simulated=False).count() == 0
         stack.children.check_alive()
-        fitted = subprocess.run([sys.executable, "-m", "controlplane.cli", "fit-predictor", "--backend", "simulated"],
-                                env=env, capture_output=True, text=True, timeout=600)
+        fitted = subprocess.run(
+            [sys.executable, "-m", "controlplane.cli", "fit-predictor", "--backend", "simulated"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert fitted.returncode == 0, fitted.stdout[-3000:] + fitted.stderr[-3000:]
         predictor = Predictor.objects.get(backend="simulated")
         assert predictor.status == "ready" and predictor.device_class == "simulated-titan-v"
@@ -52,11 +74,17 @@ def test_a_comparison_on_simulated_devices(child_env, monkeypatch):
         assert "median speed" not in fitted.stdout  # the simulated backend has no speed probe
 
         experiment = services.experiment_create_from_template(
-            template="light", device_ids=[d.id for d in devices], rounds=1, dataset="digits")
+            template="light", device_ids=[d.id for d in devices], rounds=1, dataset="digits"
+        )
         # What a researcher types: `mtfl compare EXPERIMENT`, in its own process against the
         # running stack, follows every run to its end and prints the tables.
-        done = subprocess.run([sys.executable, "-m", "controlplane.cli", "compare", experiment.name, "--timeout", "600"],
-                              env={**os.environ, **stack._child_env()}, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [sys.executable, "-m", "controlplane.cli", "compare", experiment.name, "--timeout", "600"],
+            env={**os.environ, **stack._child_env()},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         assert "vres_sync" in done.stdout and "Final test accuracy" in done.stdout
         comparison = Comparison.objects.get(experiment=experiment)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.fl.artifacts import LocalArtifactStore, device_weights_key, global_weights_key
 from workers.backends import AgentContext
+from workers.fl.artifacts import LocalArtifactStore, device_weights_key, global_weights_key
 from workers.protocol.messages import (
     AssignmentSpec,
     DatasetRef,
@@ -157,11 +157,14 @@ def start_agent(tmp_path: Path, monkeypatch) -> Callable[..., AgentProcess]:
         # Celery reads these variables before its constructor arguments, so the client needs them.
         monkeypatch.setenv("CELERY_BROKER_URL", broker)
         monkeypatch.setenv("CELERY_RESULT_BACKEND", broker)
-        env = dict(os.environ, MTFL_HOME=str(tmp_path / "home"), ARTIFACT_ROOT=str(tmp_path / "artifacts"),
-                   **env_extra)
+        env = dict(os.environ, MTFL_HOME=str(tmp_path / "home"), ARTIFACT_ROOT=str(tmp_path / "artifacts"), **env_extra)
         proc = subprocess.Popen(
             [sys.executable, "-m", "workers.agent", *args, "--loglevel", "WARNING"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         started.append(AgentProcess(server, Celery("test-client", broker=broker, backend=broker), proc))
         return started[-1]

@@ -14,7 +14,6 @@ from workers.agent import app as agent
 from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id
 
 
-
 def test_parse_and_format_cores_round_trip():
     assert agent.parse_cores("0-3, 6") == [0, 1, 2, 3, 6]
     assert agent.format_cores([6, 0, 1, 2, 3]) == "0-3,6"
@@ -35,8 +34,7 @@ def agent_env(monkeypatch, tmp_path):
 
 
 def _round_request(device: str) -> dict:
-    return {"run_id": 4, "round_id": 9, "round_index": 0, "device": device,
-            "partitioning": "mps", "assignments": []}
+    return {"run_id": 4, "round_id": 9, "round_index": 0, "device": device, "partitioning": "mps", "assignments": []}
 
 
 def test_train_round_refuses_another_device_as_data(agent_env):
@@ -61,8 +59,9 @@ def test_train_round_with_no_assignments_succeeds(agent_env):
 
 
 def test_a_round_cancelled_before_it_starts_is_not_run(agent_env):
-    agent.app.backend.store_result(cancel_marker_id("t-cancelled"), {"reason": "cancelled: run 4 was cancelled"},
-                                   CANCELLED_STATE)
+    agent.app.backend.store_result(
+        cancel_marker_id("t-cancelled"), {"reason": "cancelled: run 4 was cancelled"}, CANCELLED_STATE
+    )
     request = {**_round_request("dev-a"), "attempt": 1, "idempotency_key": "round-9/dev-a/attempt-1"}
 
     result = agent.train_round.apply(args=[request], task_id="t-cancelled").get()
@@ -88,13 +87,27 @@ def test_a_round_cancelled_while_it_runs_stops_and_says_why(agent_env, monkeypat
     (tmp_path / "artifacts").mkdir()
     (tmp_path / "artifacts" / "global.safetensors").write_bytes(b"weights")
     task = make_task_ref(1, "mobilenet_v3_small").model_dump(mode="json")
-    request = {**_round_request("dev-a"), "backend": "simulated", "idempotency_key": "round-9/dev-a/attempt-0",
-               "assignments": [{"assignment_id": 5, "task": task, "batch_size": 32, "active_thread_percentage": 100,
-                                "shard": {"permutation_seed": 0, "offset": 0, "count": 200}, "local_epochs": 1,
-                                "global_weights": "global.safetensors", "output_weights": "out.safetensors"}]}
+    request = {
+        **_round_request("dev-a"),
+        "backend": "simulated",
+        "idempotency_key": "round-9/dev-a/attempt-0",
+        "assignments": [
+            {
+                "assignment_id": 5,
+                "task": task,
+                "batch_size": 32,
+                "active_thread_percentage": 100,
+                "shard": {"permutation_seed": 0, "offset": 0, "count": 200},
+                "local_epochs": 1,
+                "global_weights": "global.safetensors",
+                "output_weights": "out.safetensors",
+            }
+        ],
+    }
     reason = "cancelled: the run was cancelled by a user"
-    timer = threading.Timer(1.0, lambda: agent.app.backend.store_result(
-        cancel_marker_id("t-running"), {"reason": reason}, CANCELLED_STATE))
+    timer = threading.Timer(
+        1.0, lambda: agent.app.backend.store_result(cancel_marker_id("t-running"), {"reason": reason}, CANCELLED_STATE)
+    )
     timer.start()
     started = time.monotonic()
 
@@ -116,25 +129,32 @@ def test_unconfigured_agent_fails_as_data(monkeypatch):
 
 
 def _sweep_request(device: str, **overrides) -> dict:
-    request = {"sweep_id": 7, "device": device, "budget_s": 5,
-               "architectures": ["mobilenet_v3_small"], "batch_sizes": [8], "max_mix": 2,
-               "warmup_iterations": 1, "min_timed_iterations": 2, "min_window_s": 0.3,
-               "config_timeout_s": 60, "repeat_every": 0}
+    request = {
+        "sweep_id": 7,
+        "device": device,
+        "budget_s": 5,
+        "architectures": ["mobilenet_v3_small"],
+        "batch_sizes": [8],
+        "max_mix": 2,
+        "warmup_iterations": 1,
+        "min_timed_iterations": 2,
+        "min_window_s": 0.3,
+        "config_timeout_s": 60,
+        "repeat_every": 0,
+    }
     request.update(overrides)
     return request
 
 
 def test_profile_sweep_refused_as_data_still_reports_done(agent_env, monkeypatch):
     sent = []
-    monkeypatch.setattr(agent.app, "send_task",
-                        lambda name, args, **kwargs: sent.append((name, args, kwargs)))
+    monkeypatch.setattr(agent.app, "send_task", lambda name, args, **kwargs: sent.append((name, args, kwargs)))
 
     result = agent.profile_sweep(_sweep_request("dev-b"))
 
     assert result["status"] == "failed" and "dev-b" in result["error"]
     assert (result["sweep_id"], result["device"], result["configs"]) == (7, "dev-a", 0)
-    assert sent == [(TaskName.PROFILE_DONE, [result], {"queue": CONTROL_QUEUE,
-                                                       "ignore_result": True})]
+    assert sent == [(TaskName.PROFILE_DONE, [result], {"queue": CONTROL_QUEUE, "ignore_result": True})]
 
 
 def test_profile_sweep_reports_an_invalid_request_as_data(agent_env, monkeypatch):
@@ -146,12 +166,15 @@ def test_profile_sweep_reports_an_invalid_request_as_data(agent_env, monkeypatch
     assert result["sweep_id"] == 7
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--device", "Bad Name"], "invalid"),
-    (["--device", "a", "--cores", "100000"], "100000"),
-    (["--device", "a", "--cores", "x"], "--cores"),
-    (["--device", "a", "--heartbeat-s", "0"], "heartbeat"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--device", "Bad Name"], "invalid"),
+        (["--device", "a", "--cores", "100000"], "100000"),
+        (["--device", "a", "--cores", "x"], "--cores"),
+        (["--device", "a", "--heartbeat-s", "0"], "heartbeat"),
+    ],
+)
 def test_main_refuses_bad_arguments_with_exit_code_2(argv, message, capsys):
     code = agent.main(argv)
 
@@ -179,13 +202,21 @@ def test_agent_process_registers_and_serves_its_queue(start_agent, make_task_ref
     server = agent_process.server
     try:
         request = {
-            "run_id": 2, "device": "e2e", "warmup_iterations": 1, "timed_iterations": 1,
-            "items": [{"task": make_task_ref(1, "shufflenet_v2_x1_0").model_dump(mode="json"),
-                       "batch_size": 8,
-                       "shard": {"permutation_seed": 0, "offset": 0, "count": 16}}],
+            "run_id": 2,
+            "device": "e2e",
+            "warmup_iterations": 1,
+            "timed_iterations": 1,
+            "items": [
+                {
+                    "task": make_task_ref(1, "shufflenet_v2_x1_0").model_dump(mode="json"),
+                    "batch_size": 8,
+                    "shard": {"permutation_seed": 0, "offset": 0, "count": 16},
+                }
+            ],
         }
-        result = agent_process.client.send_task(TaskName.MEASURE_STANDALONE, args=[request],
-                                                queue="device.e2e").get(timeout=90)
+        result = agent_process.client.send_task(TaskName.MEASURE_STANDALONE, args=[request], queue="device.e2e").get(
+            timeout=90
+        )
 
         assert result["status"] == "succeeded", result
         assert result["measurements"][0]["throughput_sps"] > 0
@@ -204,8 +235,7 @@ def test_agent_process_registers_and_serves_its_queue(start_agent, make_task_ref
 def _control_messages(server) -> list[tuple[str, dict]]:
     """The control queue's messages, oldest first: (task name, first positional argument)."""
     bodies = [json.loads(m) for m in reversed(server.lrange(CONTROL_QUEUE, 0, -1))]
-    return [(b["headers"]["task"], json.loads(base64.b64decode(b["body"]))[0][0])
-            for b in bodies]
+    return [(b["headers"]["task"], json.loads(base64.b64decode(b["body"]))[0][0]) for b in bodies]
 
 
 @pytest.mark.integration
@@ -213,13 +243,17 @@ def test_agent_process_runs_a_profile_sweep_and_streams_records(start_agent):
     agent_process = start_agent("--device", "prof", "--heartbeat-s", "600")
     server, client = agent_process.server, agent_process.client
     try:
-        summary = client.send_task(TaskName.PROFILE_SWEEP, args=[_sweep_request("prof")],
-                                   queue="device.prof").get(timeout=120)
+        summary = client.send_task(TaskName.PROFILE_SWEEP, args=[_sweep_request("prof")], queue="device.prof").get(
+            timeout=120
+        )
 
         assert summary["status"] == "succeeded", summary
         assert summary["configs"] >= 1 and summary["samples"] >= 1
-        messages = [(name, args) for name, args in _control_messages(server)
-                    if name in (TaskName.PROFILE_RECORD, TaskName.PROFILE_DONE)]
+        messages = [
+            (name, args)
+            for name, args in _control_messages(server)
+            if name in (TaskName.PROFILE_RECORD, TaskName.PROFILE_DONE)
+        ]
         records = [args for name, args in messages if name == TaskName.PROFILE_RECORD]
         assert len(records) == summary["configs"]
         assert messages[-1] == (TaskName.PROFILE_DONE, summary)

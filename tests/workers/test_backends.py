@@ -10,19 +10,18 @@ import time
 import pytest
 
 from workers import launch
-from workers.fl.artifacts import load_model_weights
 from workers.backends import (
     BackendUnavailableError,
     CpuBackend,
     TrainerProcessBackend,
 )
+from workers.fl.artifacts import load_model_weights
 from workers.protocol.messages import ShardRef, StandaloneItem, StandaloneRequest
 from workers.registry.backends import BACKEND_REGISTRY, get_backend
 from workers.training.zoo import build_model
 
 BACKENDS = BACKEND_REGISTRY.names()
-PROCESS_BACKENDS = [name for name in BACKENDS
-                    if isinstance(get_backend(name), TrainerProcessBackend)]
+PROCESS_BACKENDS = [name for name in BACKENDS if isinstance(get_backend(name), TrainerProcessBackend)]
 
 
 def _available(name: str):
@@ -52,8 +51,7 @@ def two_task_round(make_task_ref, make_assignment, make_round, initial_weights):
         mobilenet = make_task_ref(1, "mobilenet_v3_small")
         shufflenet = make_task_ref(2, "shufflenet_v2_x1_0")
         first = make_assignment(mobilenet, initial_weights(mobilenet), assignment_id=11, offset=0)
-        second_key = "runs/1/tasks/2/global/missing.safetensors" if break_second \
-            else initial_weights(shufflenet)
+        second_key = "runs/1/tasks/2/global/missing.safetensors" if break_second else initial_weights(shufflenet)
         second = make_assignment(shufflenet, second_key, assignment_id=12, offset=64)
         return make_round([first, second], partitioning)
 
@@ -64,8 +62,7 @@ class TestExecutionBackendContract:
     """What every execution backend must do."""
 
     @pytest.mark.parametrize("partitioning", ["timeslice", "mps"])
-    def test_round_trains_both_tasks_concurrently(self, backend, partitioning, two_task_round,
-                                                  agent_context, store):
+    def test_round_trains_both_tasks_concurrently(self, backend, partitioning, two_task_round, agent_context, store):
         request = two_task_round(partitioning)
 
         result = backend.run_round(request, agent_context)
@@ -80,13 +77,11 @@ class TestExecutionBackendContract:
             # a model trains nothing, so it has no loss; a real trainer always has one
             assert (outcome.train_loss is None) == outcome.simulated
             assert outcome.weights_sha256 == store.sha256(spec.output_weights)
-            load_model_weights(build_model(spec.task.architecture, 10, 0),
-                               store.path(spec.output_weights))
+            load_model_weights(build_model(spec.task.architecture, 10, 0), store.path(spec.output_weights))
         a, b = result.assignments
         assert a.started_at < b.finished_at and b.started_at < a.finished_at  # spans overlap
 
-    def test_failing_trainer_fails_the_device_and_kills_the_other(self, backend, two_task_round,
-                                                                  agent_context):
+    def test_failing_trainer_fails_the_device_and_kills_the_other(self, backend, two_task_round, agent_context):
         request = two_task_round("mps", break_second=True)
 
         result = backend.run_round(request, agent_context)
@@ -108,17 +103,23 @@ class TestExecutionBackendContract:
 
         assert result.status == "failed" and "'other'" in result.error
 
-    def test_measure_standalone_reports_positive_throughput(self, backend, make_task_ref,
-                                                            agent_context):
+    def test_measure_standalone_reports_positive_throughput(self, backend, make_task_ref, agent_context):
         items = [
-            StandaloneItem(task=make_task_ref(1, "mobilenet_v3_small"), batch_size=16,
-                           shard=ShardRef(permutation_seed=7, offset=0, count=40)),
+            StandaloneItem(
+                task=make_task_ref(1, "mobilenet_v3_small"),
+                batch_size=16,
+                shard=ShardRef(permutation_seed=7, offset=0, count=40),
+            ),
             # shard smaller than the batch: the whole shard is the batch
-            StandaloneItem(task=make_task_ref(2, "shufflenet_v2_x1_0"), batch_size=64,
-                           shard=ShardRef(permutation_seed=7, offset=40, count=20)),
+            StandaloneItem(
+                task=make_task_ref(2, "shufflenet_v2_x1_0"),
+                batch_size=64,
+                shard=ShardRef(permutation_seed=7, offset=40, count=20),
+            ),
         ]
-        request = StandaloneRequest(run_id=1, device=agent_context.device, warmup_iterations=1,
-                                    timed_iterations=2, items=items)
+        request = StandaloneRequest(
+            run_id=1, device=agent_context.device, warmup_iterations=1, timed_iterations=2, items=items
+        )
 
         result = backend.measure_standalone(request, agent_context)
 
@@ -130,9 +131,9 @@ class TestExecutionBackendContract:
 class TestTrainerProcessBackendContract:
     """What every backend that runs trainer processes must also do."""
 
-    def test_shutdown_hook_kills_a_running_round(self, process_backend, make_task_ref,
-                                                 make_assignment, make_round, initial_weights,
-                                                 agent_context):
+    def test_shutdown_hook_kills_a_running_round(
+        self, process_backend, make_task_ref, make_assignment, make_round, initial_weights, agent_context
+    ):
         backend = process_backend
         task = make_task_ref(2, "shufflenet_v2_x1_0")
         request = make_round(
@@ -140,9 +141,7 @@ class TestTrainerProcessBackendContract:
             "timeslice",
         )
         outcome = {}
-        runner = threading.Thread(
-            target=lambda: outcome.update(result=backend.run_round(request, agent_context))
-        )
+        runner = threading.Thread(target=lambda: outcome.update(result=backend.run_round(request, agent_context)))
         try:
             runner.start()
             deadline = time.monotonic() + 60
@@ -203,7 +202,9 @@ def test_cpu_trainers_keep_freed_memory_so_iterations_do_not_page_fault(agent_co
 
 
 def test_get_backend_rejects_unknown_name():
-    with pytest.raises(ValueError, match="backend: 'rocm' is not allowed; allowed: cpu, simulated, cuda-mps, cuda-timeslice"):
+    with pytest.raises(
+        ValueError, match="backend: 'rocm' is not allowed; allowed: cpu, simulated, cuda-mps, cuda-timeslice"
+    ):
         get_backend("rocm")
 
 
@@ -219,10 +220,13 @@ def test_cpu_resources_for_shares_is_the_one_share_mapping(agent_context):
     assert [r.threads for r in timeslice] == [4, 4] and timeslice[0].lock_path is not None
 
 
-@pytest.mark.parametrize("shares,partitioning,message", [
-    ([50, 0], "mps", r"shares\[1\]"),
-    ([50], "spatial", "'timeslice', 'mps'"),
-])
+@pytest.mark.parametrize(
+    "shares,partitioning,message",
+    [
+        ([50, 0], "mps", r"shares\[1\]"),
+        ([50], "spatial", "'timeslice', 'mps'"),
+    ],
+)
 def test_cpu_resources_for_shares_refuses_bad_input(agent_context, shares, partitioning, message):
     with pytest.raises(ValueError, match=message):
         CpuBackend().resources_for_shares(shares, partitioning, agent_context)

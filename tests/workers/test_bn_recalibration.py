@@ -33,7 +33,8 @@ def test_models_without_batchnorm_and_single_samples_are_left_alone():
 
 
 def test_trailing_single_sample_batch_is_merged():
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 2, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                                torch.nn.BatchNorm1d(2))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 2, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.BatchNorm1d(2)
+    )
     recalibrate_batchnorm(model, torch.randn(11, 3, 4, 4), batch_size=5)  # 5 + 6, not 5 + 5 + 1
     assert torch.isfinite(model[3].running_var).all()

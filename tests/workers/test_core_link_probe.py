@@ -52,12 +52,15 @@ def test_ring_pairs_are_neighbours_closing_the_ring_beyond_two():
     assert ring_pairs([5]) == [] and ring_pairs([]) == []
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"cores": [0]}, "at least 2 CPU ids"),
-    ({"cores": [3, 3]}, "at least 2 CPU ids"),
-    ({"cores": [0, 1], "period_s": 0}, "period_s must be > 0 seconds, got 0"),
-    ({"cores": [0, 1], "round_trips": 4}, "round_trips must be >= 5, got 4"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"cores": [0]}, "at least 2 CPU ids"),
+        ({"cores": [3, 3]}, "at least 2 CPU ids"),
+        ({"cores": [0, 1], "period_s": 0}, "period_s must be > 0 seconds, got 0"),
+        ({"cores": [0, 1], "round_trips": 4}, "round_trips must be >= 5, got 4"),
+    ],
+)
 def test_bad_arguments_name_the_argument_and_its_range(kwargs, message):
     cores = kwargs.pop("cores")
     with pytest.raises(ValueError, match=message):
@@ -65,18 +68,27 @@ def test_bad_arguments_name_the_argument_and_its_range(kwargs, message):
 
 
 def test_the_probe_command_refuses_one_core_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "workers.profiling.core_link_probe", "--cores", "0"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.profiling.core_link_probe", "--cores", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        "core_link_probe: cores must list at least 2 CPU ids to probe the link between them, got [0]"]
+        "core_link_probe: cores must list at least 2 CPU ids to probe the link between them, got [0]"
+    ]
 
 
 def test_rtt_is_the_median_of_the_readings_of_the_tasks_pairs_in_the_window():
     probe = CoreLinkProbe([0, 1, 2])
-    probe._readings = [LinkReading(1.0, 0, 1, 200.0), LinkReading(2.0, 1, 2, 900.0),
-                       LinkReading(3.0, 0, 1, 260.0), LinkReading(4.0, 0, 1, 240.0),
-                       LinkReading(9.0, 0, 1, 5000.0)]
+    probe._readings = [
+        LinkReading(1.0, 0, 1, 200.0),
+        LinkReading(2.0, 1, 2, 900.0),
+        LinkReading(3.0, 0, 1, 260.0),
+        LinkReading(4.0, 0, 1, 240.0),
+        LinkReading(9.0, 0, 1, 5000.0),
+    ]
     assert probe.rtt_ns([0, 1], 0.0, 5.0) == 240.0  # (1, 2) is not the task's pair; t = 9 is outside
     assert probe.rtt_ns([0, 1, 2], 0.0, 5.0) == pytest.approx(250.0)
     assert probe.rtt_ns([1], 0.0, 5.0) is None  # one core: no link to wait on
@@ -130,14 +142,20 @@ def test_probe_keeps_reading_beside_busy_processes_on_both_cores():
 def test_probe_processes_exit_when_the_agent_that_started_them_is_killed(tmp_path):
     cores = _two_cores()
     pid_file = tmp_path / "probe.pid"
-    agent = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\n"
-        f"sys.path.insert(0, {str(Path(core_link_probe.__file__).parents[1])!r})\n"
-        "from workers.profiling.core_link_probe import CoreLinkProbe\n"
-        f"p = CoreLinkProbe({cores!r}, period_s=0.05).start()\n"
-        f"open({str(pid_file)!r}, 'w').write(str(p._proc.pid))\n"
-        "time.sleep(60)\n"
-    )])
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\n"
+                f"sys.path.insert(0, {str(Path(core_link_probe.__file__).parents[1])!r})\n"
+                "from workers.profiling.core_link_probe import CoreLinkProbe\n"
+                f"p = CoreLinkProbe({cores!r}, period_s=0.05).start()\n"
+                f"open({str(pid_file)!r}, 'w').write(str(p._proc.pid))\n"
+                "time.sleep(60)\n"
+            ),
+        ]
+    )
     try:
         deadline = time.monotonic() + 30
         while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:

@@ -21,17 +21,14 @@ from pathlib import Path
 import pytest
 
 from workers import launch
-
 from workers.agent import app as agent
-
-from workers.backends import gpu
-
-from workers.backends import gpu_mps
 from workers.backends import (
     BackendUnavailableError,
     CudaMpsBackend,
     CudaTimesliceBackend,
     base,
+    gpu,
+    gpu_mps,
 )
 from workers.protocol.messages import DeviceInventory, ShardRef, StandaloneItem, StandaloneRequest
 from workers.protocol.queues import CONTROL_QUEUE, TaskName
@@ -42,10 +39,22 @@ REPO = Path(__file__).resolve().parents[2]
 GPU_UUID = "GPU-5f2c0a1e-7b3d-4c2a-9e61-0123456789ab"
 H200_BYTES = 150_000_000_000
 NVML_CONFIG = {
-    "driver": True, "driver_version": "550.54.15", "cuda_version": 12040,
-    "gpus": [{"uuid": GPU_UUID, "name": "NVIDIA H200", "memory_total": H200_BYTES,
-              "memory_used": 600_000_000, "util": 37, "sm_count": 132, "capability": [9, 0],
-              "compute_mode": 0, "attributes": True}],
+    "driver": True,
+    "driver_version": "550.54.15",
+    "cuda_version": 12040,
+    "gpus": [
+        {
+            "uuid": GPU_UUID,
+            "name": "NVIDIA H200",
+            "memory_total": H200_BYTES,
+            "memory_used": 600_000_000,
+            "util": 37,
+            "sm_count": 132,
+            "capability": [9, 0],
+            "compute_mode": 0,
+            "attributes": True,
+        }
+    ],
 }
 
 
@@ -104,8 +113,10 @@ class FakeMps:
 
     def timeline(self) -> list[str]:
         """Daemon calls and trainer launches (``trainer:<assignment>``) in order."""
-        return [(" ".join(e["argv"]) or e["command"]) if "argv" in e
-                else f"trainer:{e['assignment']}" for e in self.entries()]
+        return [
+            (" ".join(e["argv"]) or e["command"]) if "argv" in e else f"trainer:{e['assignment']}"
+            for e in self.entries()
+        ]
 
     def trainers(self) -> dict[int, dict]:
         """Each launched trainer's recorded environment, by assignment id (last launch)."""
@@ -125,8 +136,12 @@ def fake_mps(tmp_path, monkeypatch) -> FakeMps:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_MPS_RECORD", str(tmp_path / "mps-record.jsonl"))
     monkeypatch.setenv(gpu_mps.ENV_MPS_TIMEOUT_S, "5")
-    for name in (gpu_mps.ENV_MPS_CONTROL, "FAKE_MPS_MODE", "FAKE_MPS_SERVER_SHARE",
-                 *[k for k in os.environ if k.startswith("CUDA_")]):
+    for name in (
+        gpu_mps.ENV_MPS_CONTROL,
+        "FAKE_MPS_MODE",
+        "FAKE_MPS_SERVER_SHARE",
+        *[k for k in os.environ if k.startswith("CUDA_")],
+    ):
         monkeypatch.delenv(name, raising=False)
     return FakeMps(tmp_path / "mps-record.jsonl", monkeypatch)
 
@@ -147,13 +162,16 @@ def mps_backend(fake_nvml, fake_mps):
 def gpu_round(make_task_ref, make_assignment, make_round):
     """A round request for the GPU device: tasks named by the fake trainer's behaviour."""
 
-    def build(names: list[str], shares: list[int], partitioning: str = "mps",
-              updates: dict[int, dict] | None = None):
+    def build(names: list[str], shares: list[int], partitioning: str = "mps", updates: dict[int, dict] | None = None):
         updates = updates or {}
         assignments = [
-            make_assignment(make_task_ref(k + 1, "resnet18").model_copy(update={"name": name}),
-                            "runs/1/tasks/global.safetensors", assignment_id=11 + k,
-                            offset=64 * k, share=share).model_copy(update=updates.get(k, {}))
+            make_assignment(
+                make_task_ref(k + 1, "resnet18").model_copy(update={"name": name}),
+                "runs/1/tasks/global.safetensors",
+                assignment_id=11 + k,
+                offset=64 * k,
+                share=share,
+            ).model_copy(update=updates.get(k, {}))
             for k, (name, share) in enumerate(zip(names, shares, strict=True))
         ]
         return make_round(assignments, partitioning)
@@ -164,8 +182,7 @@ def gpu_round(make_task_ref, make_assignment, make_round):
 # ----------------------------------------------------------------- trainer environments
 
 
-def test_mps_trainers_get_their_own_share_gpu_uuid_and_pinned_limit(mps_backend, gpu_round,
-                                                                    agent_context, monkeypatch):
+def test_mps_trainers_get_their_own_share_gpu_uuid_and_pinned_limit(mps_backend, gpu_round, agent_context, monkeypatch):
     request = gpu_round(["a", "b"], [30, 70], updates={0: {"memory_limit_bytes": 2 * 2**30}})
     # What an agent may inherit must not leak into a trainer behind the plan's back.
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "5")
@@ -184,8 +201,9 @@ def test_mps_trainers_get_their_own_share_gpu_uuid_and_pinned_limit(mps_backend,
 
 
 @pytest.mark.parametrize("backend_class", [CudaMpsBackend, CudaTimesliceBackend])
-def test_timeslice_trainers_never_reach_an_mps_daemon(backend_class, fake_nvml, fake_mps, gpu_round,
-                                                      agent_context, monkeypatch):
+def test_timeslice_trainers_never_reach_an_mps_daemon(
+    backend_class, fake_nvml, fake_mps, gpu_round, agent_context, monkeypatch
+):
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")  # a system daemon's
     backend = backend_class()
     request = gpu_round(["a", "b"], [30, 70], "timeslice", {0: {"memory_limit_bytes": 2**30}})
@@ -215,8 +233,7 @@ def test_bad_share_is_refused_naming_it(mps_backend, agent_context, shares, mess
 # ------------------------------------------------------------------------ daemon lifecycle
 
 
-def test_start_runs_a_private_daemon_without_a_daemon_wide_share(mps_backend, fake_mps,
-                                                                 agent_context, monkeypatch):
+def test_start_runs_a_private_daemon_without_a_daemon_wide_share(mps_backend, fake_mps, agent_context, monkeypatch):
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40")
 
     mps_backend.start(agent_context)
@@ -240,8 +257,7 @@ def test_agent_stops_the_daemon_on_exit(mps_backend, fake_mps, agent_context, mo
     assert not (agent_context.state_dir / "mps" / "pipe" / "control").exists()
 
 
-def test_sigterm_hook_terminates_trainers_then_quits_the_daemon(mps_backend, fake_mps,
-                                                                agent_context, monkeypatch):
+def test_sigterm_hook_terminates_trainers_then_quits_the_daemon(mps_backend, fake_mps, agent_context, monkeypatch):
     monkeypatch.setitem(agent._BACKEND_CACHE, "cuda-mps", mps_backend)
     mps_backend.start(agent_context)
     try:
@@ -253,8 +269,7 @@ def test_sigterm_hook_terminates_trainers_then_quits_the_daemon(mps_backend, fak
         launch.clear_shutdown()
 
 
-def test_daemon_not_answering_is_a_clear_error_within_the_timeout(fake_nvml, fake_mps,
-                                                                   agent_context, monkeypatch):
+def test_daemon_not_answering_is_a_clear_error_within_the_timeout(fake_nvml, fake_mps, agent_context, monkeypatch):
     monkeypatch.setenv(gpu_mps.ENV_MPS_TIMEOUT_S, "1")
     fake_mps.mode("hang")
     backend = CudaMpsBackend()
@@ -292,14 +307,14 @@ def test_stale_daemon_of_this_user_is_replaced(mps_backend, fake_mps, agent_cont
 
     fresh.start(agent_context)
 
-    assert fake_mps.calls() == ["-d", "get_server_list", "get_server_list", "quit", "-d",
-                                "get_server_list"]
+    assert fake_mps.calls() == ["-d", "get_server_list", "get_server_list", "quit", "-d", "get_server_list"]
     fresh.stop()
 
 
 def test_too_long_pipe_directory_is_refused(fake_nvml, fake_mps, tmp_path):
-    daemon = gpu_mps.MpsDaemon(binary="unused", pipe_dir=tmp_path / ("x" * 100),
-                               log_dir=tmp_path / "log", gpu_uuid=GPU_UUID)
+    daemon = gpu_mps.MpsDaemon(
+        binary="unused", pipe_dir=tmp_path / ("x" * 100), log_dir=tmp_path / "log", gpu_uuid=GPU_UUID
+    )
 
     with pytest.raises(gpu_mps.MpsError, match="too long for unix sockets"):
         daemon.start()
@@ -315,9 +330,9 @@ def test_bad_mps_timeout_names_the_variable(fake_nvml, monkeypatch):
 # ------------------------------------------------------------------- refusal before launch
 
 
-def test_more_trainers_than_mps_clients_are_refused_before_launch(mps_backend, fake_mps,
-                                                                  fake_trainer, gpu_round,
-                                                                  agent_context):
+def test_more_trainers_than_mps_clients_are_refused_before_launch(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context
+):
     count = gpu_mps.MPS_MAX_CLIENTS + 1
     request = gpu_round([f"t{k}" for k in range(count)], [2] * count)
 
@@ -328,11 +343,14 @@ def test_more_trainers_than_mps_clients_are_refused_before_launch(mps_backend, f
     assert fake_mps.entries() == []  # nothing started, not even the daemon
 
 
-def test_trainers_that_cannot_fit_in_memory_are_refused_before_launch(mps_backend, fake_mps,
-                                                                      fake_trainer, gpu_round,
-                                                                      agent_context):
-    request = gpu_round(["a", "b"], [50, 50], updates={0: {"predicted_memory_bytes": 100 * 2**30},
-                                                       1: {"memory_limit_bytes": 60 * 2**30}})
+def test_trainers_that_cannot_fit_in_memory_are_refused_before_launch(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context
+):
+    request = gpu_round(
+        ["a", "b"],
+        [50, 50],
+        updates={0: {"predicted_memory_bytes": 100 * 2**30}, 1: {"memory_limit_bytes": 60 * 2**30}},
+    )
 
     result = mps_backend.run_round(request, agent_context)
 
@@ -341,12 +359,12 @@ def test_trainers_that_cannot_fit_in_memory_are_refused_before_launch(mps_backen
     assert fake_mps.entries() == []
 
 
-def test_time_slicing_on_an_exclusive_process_gpu_is_refused(fake_nvml, fake_mps, fake_trainer,
-                                                             gpu_round, agent_context):
+def test_time_slicing_on_an_exclusive_process_gpu_is_refused(
+    fake_nvml, fake_mps, fake_trainer, gpu_round, agent_context
+):
     fake_nvml.set_gpu(compute_mode=3)
 
-    result = CudaTimesliceBackend().run_round(gpu_round(["a", "b"], [50, 50], "timeslice"),
-                                              agent_context)
+    result = CudaTimesliceBackend().run_round(gpu_round(["a", "b"], [50, 50], "timeslice"), agent_context)
 
     assert result.status == "failed" and "Exclusive_Process" in result.error
     assert fake_mps.entries() == []
@@ -355,8 +373,9 @@ def test_time_slicing_on_an_exclusive_process_gpu_is_refused(fake_nvml, fake_mps
 # ----------------------------------------------------------------------------------- rounds
 
 
-def test_mps_round_verifies_each_share_from_the_server_log(mps_backend, fake_mps, fake_trainer,
-                                                           gpu_round, agent_context):
+def test_mps_round_verifies_each_share_from_the_server_log(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context
+):
     mps_backend.start(agent_context)
 
     result = mps_backend.run_round(gpu_round(["a", "b"], [30, 70]), agent_context)
@@ -372,9 +391,9 @@ def test_mps_round_verifies_each_share_from_the_server_log(mps_backend, fake_mps
     assert result.telemetry[0].memory_total_bytes == H200_BYTES
 
 
-def test_a_server_capped_below_the_share_is_reported_unverified(mps_backend, fake_mps,
-                                                                fake_trainer, gpu_round,
-                                                                agent_context, monkeypatch):
+def test_a_server_capped_below_the_share_is_reported_unverified(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context, monkeypatch
+):
     monkeypatch.setenv("FAKE_MPS_SERVER_SHARE", "50.0")
 
     result = mps_backend.run_round(gpu_round(["a", "b"], [30, 70]), agent_context)
@@ -386,16 +405,16 @@ def test_a_server_capped_below_the_share_is_reported_unverified(mps_backend, fak
     assert "not the 70 % requested" in high.mps_detail
 
 
-def test_mps_round_starts_the_daemon_when_the_agent_did_not(mps_backend, fake_mps, fake_trainer,
-                                                            gpu_round, agent_context):
+def test_mps_round_starts_the_daemon_when_the_agent_did_not(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context
+):
     result = mps_backend.run_round(gpu_round(["a"], [40]), agent_context)
 
     assert result.status == "succeeded", result.error
     assert fake_mps.timeline() == ["-d", "get_server_list", "trainer:11"]
 
 
-def test_timeslice_round_on_cuda_mps_has_no_mps_clients(mps_backend, fake_mps, fake_trainer,
-                                                        gpu_round, agent_context):
+def test_timeslice_round_on_cuda_mps_has_no_mps_clients(mps_backend, fake_mps, fake_trainer, gpu_round, agent_context):
     result = mps_backend.run_round(gpu_round(["a", "b"], [30, 70], "timeslice"), agent_context)
 
     assert result.status == "succeeded", result.error
@@ -404,13 +423,17 @@ def test_timeslice_round_on_cuda_mps_has_no_mps_clients(mps_backend, fake_mps, f
     assert not list((agent_context.state_dir / "mps").rglob("server.log"))
 
 
-@pytest.mark.parametrize("crash,reason", [
-    ("crash-cuda", "CUDA error: an illegal memory access"),
-    ("crash-oom", "CUDA out of memory"),
-    ("crash-killed", "exited with code -9"),
-])
+@pytest.mark.parametrize(
+    "crash,reason",
+    [
+        ("crash-cuda", "CUDA error: an illegal memory access"),
+        ("crash-oom", "CUDA out of memory"),
+        ("crash-killed", "exited with code -9"),
+    ],
+)
 def test_a_crashing_trainer_stops_the_round_names_it_and_mps_restarts_before_the_next(
-        mps_backend, fake_mps, fake_trainer, gpu_round, agent_context, crash, reason):
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context, crash, reason
+):
     mps_backend.start(agent_context)
 
     failed = mps_backend.run_round(gpu_round(["slow", crash], [50, 50]), agent_context)
@@ -433,11 +456,18 @@ def test_a_crashing_trainer_stops_the_round_names_it_and_mps_restarts_before_the
     assert all(a.mps_verified for a in again.assignments)
 
 
-def test_standalone_runs_outside_mps_on_the_whole_gpu(mps_backend, fake_mps, fake_trainer,
-                                                      make_task_ref, agent_context):
-    request = StandaloneRequest(run_id=1, device=agent_context.device, items=[StandaloneItem(
-        task=make_task_ref(1, "resnet18"), batch_size=16,
-        shard=ShardRef(permutation_seed=0, offset=0, count=32))])
+def test_standalone_runs_outside_mps_on_the_whole_gpu(
+    mps_backend, fake_mps, fake_trainer, make_task_ref, agent_context
+):
+    request = StandaloneRequest(
+        run_id=1,
+        device=agent_context.device,
+        items=[
+            StandaloneItem(
+                task=make_task_ref(1, "resnet18"), batch_size=16, shard=ShardRef(permutation_seed=0, offset=0, count=32)
+            )
+        ],
+    )
 
     result = mps_backend.measure_standalone(request, agent_context)
 
@@ -469,7 +499,10 @@ def test_server_log_parser_reads_the_documented_lines():
     assert log.server_share == {4428: 100.0}
     assert log.client_server == {4267: 4428, 4281: 4428, 14781: 13929}
     assert gpu_mps.verify_client_share(log, 4267, 25) == (
-        25.0, True, "client of MPS server 4428 at 25 % (its env share under server 4428's 100 %)")
+        25.0,
+        True,
+        "client of MPS server 4428 at 25 % (its env share under server 4428's 100 %)",
+    )
     applied, verified, detail = gpu_mps.verify_client_share(log, 999, 25)
     assert (applied, verified) == (None, False) and "pid 999" in detail
 
@@ -477,7 +510,8 @@ def test_server_log_parser_reads_the_documented_lines():
 def test_a_client_share_line_wins_over_the_env_share():
     log = gpu_mps.parse_server_log(
         REAL_FORMAT_LOG + "[2026-04-28 18:20:42.000 Server 4428] Client {PID: 4267, Context ID: 0} "
-                          "active thread percentage 20.0\n")
+        "active thread percentage 20.0\n"
+    )
 
     assert gpu_mps.verify_client_share(log, 4267, 25)[:2] == (20.0, False)
 
@@ -578,8 +612,7 @@ def _run_cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("backend", ["cuda-mps", "cuda-timeslice"])
 def test_agent_without_a_gpu_exits_at_once_with_one_line(backend, tmp_path):
     started = time.monotonic()
-    done = _run_cli([sys.executable, "-m", "workers.agent", "--device", "gpu-a", "--backend", backend],
-                    tmp_path)
+    done = _run_cli([sys.executable, "-m", "workers.agent", "--device", "gpu-a", "--backend", backend], tmp_path)
 
     assert done.returncode == agent.EXIT_CONFIG
     lines = done.stderr.strip().splitlines()
@@ -590,8 +623,9 @@ def test_agent_without_a_gpu_exits_at_once_with_one_line(backend, tmp_path):
 
 @no_gpu
 def test_mtfl_agent_without_a_gpu_exits_with_one_line(tmp_path):
-    done = _run_cli([sys.executable, "-m", "controlplane.cli", "agent", "--device", "gpu-a",
-                     "--backend", "cuda-mps"], tmp_path)
+    done = _run_cli(
+        [sys.executable, "-m", "controlplane.cli", "agent", "--device", "gpu-a", "--backend", "cuda-mps"], tmp_path
+    )
 
     assert done.returncode == agent.EXIT_CONFIG
     lines = done.stderr.strip().splitlines()
@@ -614,8 +648,7 @@ def test_agent_and_backends_never_initialise_cuda():
         "import torch\n"
         "assert not torch.cuda.is_initialized()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
 
     assert done.returncode == 0, done.stderr
 
@@ -624,13 +657,18 @@ def test_agent_and_backends_never_initialise_cuda():
 
 
 @pytest.mark.integration
-def test_agent_process_starts_mps_registers_the_gpu_and_quits_mps_on_sigterm(start_agent, fake_mps,
-                                                                            tmp_path):
+def test_agent_process_starts_mps_registers_the_gpu_and_quits_mps_on_sigterm(start_agent, fake_mps, tmp_path):
     nvml_config = tmp_path / "nvml-agent.json"
     nvml_config.write_text(json.dumps(NVML_CONFIG))
     agent_process = start_agent(
-        "--device", "gpu-a", "--backend", "cuda-mps", "--heartbeat-s", "600",
-        "--state-dir", str(tmp_path / "st"),  # its MPS sockets' paths must stay short
+        "--device",
+        "gpu-a",
+        "--backend",
+        "cuda-mps",
+        "--heartbeat-s",
+        "600",
+        "--state-dir",
+        str(tmp_path / "st"),  # its MPS sockets' paths must stay short
         PYTHONPATH=os.pathsep.join([str(FAKES / "nvml"), str(REPO)]),
         FAKE_NVML_CONFIG=str(nvml_config),
     )
@@ -640,8 +678,9 @@ def test_agent_process_starts_mps_registers_the_gpu_and_quits_mps_on_sigterm(sta
         time.sleep(0.1)
     registered = []
     while not registered and time.monotonic() < deadline:
-        registered = [args for name, args in _control_messages(agent_process.server)
-                      if name == TaskName.DEVICE_REGISTER]
+        registered = [
+            args for name, args in _control_messages(agent_process.server) if name == TaskName.DEVICE_REGISTER
+        ]
         time.sleep(0.1)
     # SIGTERM once the worker serves, so it goes through Celery's shutdown hook.
     while not agent_process.client.control.ping(timeout=0.5) and time.monotonic() < deadline:
@@ -666,7 +705,12 @@ def test_agent_stopped_while_starting_still_quits_mps(start_agent, fake_mps, tmp
     nvml_config = tmp_path / "nvml-agent.json"
     nvml_config.write_text(json.dumps(NVML_CONFIG))
     agent_process = start_agent(
-        "--device", "gpu-b", "--backend", "cuda-mps", "--state-dir", str(tmp_path / "st"),
+        "--device",
+        "gpu-b",
+        "--backend",
+        "cuda-mps",
+        "--state-dir",
+        str(tmp_path / "st"),
         PYTHONPATH=os.pathsep.join([str(FAKES / "nvml"), str(REPO)]),
         FAKE_NVML_CONFIG=str(nvml_config),
     )

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.training.datasets import DatasetNotFoundError, dataset_info, load_split
 from workers.protocol.messages import DatasetRef
+from workers.training.datasets import DatasetNotFoundError, dataset_info, load_split
 
 DIGITS = DatasetRef(name="digits")
 

@@ -60,13 +60,16 @@ def test_features_are_cached():
     assert workload_features("resnet18") is workload_features("resnet18", 10, [3, 32, 32])
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"architecture": "alexnet"}, "architecture"),
-    ({"architecture": "resnet18", "num_classes": 1}, "num_classes"),
-    ({"architecture": "resnet18", "input_shape": (1, 32, 32)}, "input_shape"),
-    ({"architecture": "resnet18", "input_shape": (3, 16, 16)}, r"\[32, 1024\]"),
-    ({"architecture": "resnet18", "input_shape": (3, 32)}, "input_shape"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"architecture": "alexnet"}, "architecture"),
+        ({"architecture": "resnet18", "num_classes": 1}, "num_classes"),
+        ({"architecture": "resnet18", "input_shape": (1, 32, 32)}, "input_shape"),
+        ({"architecture": "resnet18", "input_shape": (3, 16, 16)}, r"\[32, 1024\]"),
+        ({"architecture": "resnet18", "input_shape": (3, 32)}, "input_shape"),
+    ],
+)
 def test_bad_input_is_refused_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         workload_features(**kwargs)

@@ -68,11 +68,14 @@ def test_result_does_not_depend_on_order():
     np.testing.assert_allclose(forward["w"], shuffled["w"], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("mutate,key", [
-    (lambda s: s.pop("bn.running_mean"), "keys"),
-    (lambda s: s.update({"conv.weight": np.zeros((3, 2), np.float32)}), "conv.weight"),
-    (lambda s: s.update({"conv.weight": np.zeros((2, 3), np.float64)}), "conv.weight"),
-])
+@pytest.mark.parametrize(
+    "mutate,key",
+    [
+        (lambda s: s.pop("bn.running_mean"), "keys"),
+        (lambda s: s.update({"conv.weight": np.zeros((3, 2), np.float32)}), "conv.weight"),
+        (lambda s: s.update({"conv.weight": np.zeros((2, 3), np.float64)}), "conv.weight"),
+    ],
+)
 def test_mismatched_states_are_rejected_naming_the_key(mutate, key):
     other = _state(1.0, 0)
     mutate(other)
@@ -112,8 +115,9 @@ def test_fedavg_of_real_models_loads_strict_into_a_model(tmp_path, architecture)
     load_model_weights(target, tmp_path / "global.safetensors")
 
     loaded = target.state_dict()
-    key = min((k for k, v in averaged.items() if v.dtype == np.float32 and v.ndim > 1),
-              key=lambda k: averaged[k].size)  # small, so checking it stays fast
+    key = min(
+        (k for k, v in averaged.items() if v.dtype == np.float32 and v.ndim > 1), key=lambda k: averaged[k].size
+    )  # small, so checking it stays fast
     expected = (100 * states[0][key].astype(np.float64) + 300 * states[1][key]) / 400
     np.testing.assert_allclose(loaded[key].numpy(), expected, rtol=1e-6, atol=1e-7)
     integer_keys = [k for k, v in loaded.items() if not v.is_floating_point()]

@@ -103,12 +103,16 @@ def test_signals_reach_the_child_and_its_return_code_says_which(server, tmp_path
 def test_the_child_gets_the_environment_it_was_sent(server, tmp_path):
     # OMP_NUM_THREADS is read after the fork (LATE_ENV): one server serves every thread count.
     assert "OMP_NUM_THREADS" in LATE_ENV
-    child = server.spawn(CHILD, ["env", "OMP_NUM_THREADS"], env=_env(OMP_NUM_THREADS="7"),
-                         stderr_path=tmp_path / "child.log")
+    child = server.spawn(
+        CHILD, ["env", "OMP_NUM_THREADS"], env=_env(OMP_NUM_THREADS="7"), stderr_path=tmp_path / "child.log"
+    )
     assert child.stdout.read() == b"7\n"
-    child = server.spawn(CHILD, ["env", "OMP_NUM_THREADS"], env={k: v for k, v in _env().items()
-                                                                 if k != "OMP_NUM_THREADS"},
-                         stderr_path=tmp_path / "child.log")
+    child = server.spawn(
+        CHILD,
+        ["env", "OMP_NUM_THREADS"],
+        env={k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"},
+        stderr_path=tmp_path / "child.log",
+    )
     assert child.stdout.read() == b"<unset>\n"
 
 
@@ -144,8 +148,13 @@ def test_children_die_with_a_killed_server(tmp_path):
 
 
 def test_nothing_outlives_a_killed_agent(tmp_path):
-    owner = subprocess.Popen([sys.executable, "-m", "tests.workers.fakes.forkserver_owner"], cwd=REPO,
-                             env=_env(), stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "tests.workers.fakes.forkserver_owner"],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         server_pid, child_pid = map(int, owner.stdout.readline().split())
         owner.kill()
@@ -175,8 +184,9 @@ def test_the_pool_keeps_a_server_per_load_time_environment_and_restarts_a_dead_o
         assert pool.server_for(_env(OMP_NUM_THREADS="2")) is plain
         passive = pool.server_for(_env(OMP_WAIT_POLICY="PASSIVE"))
         assert passive is not plain and passive.pid != plain.pid
-        child = pool.spawn(CHILD, ["env", "OMP_WAIT_POLICY"], env=_env(OMP_WAIT_POLICY="PASSIVE"),
-                           stderr_path=tmp_path / "child.log")
+        child = pool.spawn(
+            CHILD, ["env", "OMP_WAIT_POLICY"], env=_env(OMP_WAIT_POLICY="PASSIVE"), stderr_path=tmp_path / "child.log"
+        )
         assert child.stdout.read() == b"PASSIVE\n" and child.wait(10) == 0
         os.kill(plain.pid, signal.SIGKILL)
         assert _gone(plain.pid)
@@ -188,7 +198,10 @@ def test_the_pool_keeps_a_server_per_load_time_environment_and_restarts_a_dead_o
         assert pool.server_for(_env()).pid not in (plain.pid, passive.pid)
     assert not passive.alive
     assert sorted(p.name for p in tmp_path.glob("forkserver-*.log")) == [
-        "forkserver-1.log", "forkserver-2.log", "forkserver-3.log"]
+        "forkserver-1.log",
+        "forkserver-2.log",
+        "forkserver-3.log",
+    ]
 
 
 # ---------------------------------------------------------------- real profiler processes
@@ -204,19 +217,27 @@ def torch_pool(tmp_path_factory):
 
 def test_a_forked_profiler_measures_what_a_new_interpreter_measures(torch_pool, agent_context):
     from workers.backends import CpuBackend
-    from workers.protocol.messages import ProfileSweepRequest, ProfileTaskSpec
     from workers.profiling.sweep import measure_configuration
+    from workers.protocol.messages import ProfileSweepRequest, ProfileTaskSpec
 
-    request = ProfileSweepRequest(sweep_id=9, device=agent_context.device, budget_s=5,
-                                  architectures=["mobilenet_v3_small"], batch_sizes=[8],
-                                  warmup_iterations=1, min_timed_iterations=3, min_window_s=0.5)
+    request = ProfileSweepRequest(
+        sweep_id=9,
+        device=agent_context.device,
+        budget_s=5,
+        architectures=["mobilenet_v3_small"],
+        batch_sizes=[8],
+        warmup_iterations=1,
+        min_timed_iterations=3,
+        min_window_s=0.5,
+    )
     tasks = [ProfileTaskSpec(architecture="mobilenet_v3_small", batch_size=8, active_thread_percentage=50)]
     backend = CpuBackend()
     results = {}
     for name, launcher in (("forked", torch_pool), ("new interpreter", None), ("forked again", torch_pool)):
         started = time.monotonic()
-        result = measure_configuration(tasks, request, agent_context, backend, config_index=len(results),
-                                       launcher=launcher)
+        result = measure_configuration(
+            tasks, request, agent_context, backend, config_index=len(results), launcher=launcher
+        )
         assert result.status == "succeeded", result.error
         results[name] = (result.measurements[0], time.monotonic() - started)
     forked, _ = results["forked again"]
@@ -226,23 +247,38 @@ def test_a_forked_profiler_measures_what_a_new_interpreter_measures(torch_pool, 
     # the forked one: the server's library pages are not mapped in its child).
     assert forked.peak_memory_bytes == pytest.approx(fresh.peak_memory_bytes, rel=0.15)
     assert forked.peak_memory_bytes > 100 * 2**20  # torch's own objects alone are more
-    print("\n" + "\n".join(f"{name}: {m.throughput_sps:.0f} samples/s, {m.peak_memory_bytes / 2**20:.0f} MiB, "
-                           f"configuration measured in {s:.1f} s" for name, (m, s) in results.items()))
+    print(
+        "\n"
+        + "\n".join(
+            f"{name}: {m.throughput_sps:.0f} samples/s, {m.peak_memory_bytes / 2**20:.0f} MiB, "
+            f"configuration measured in {s:.1f} s"
+            for name, (m, s) in results.items()
+        )
+    )
 
 
 def test_a_sweep_forks_its_profilers_and_leaves_no_server_behind(agent_context):
     import psutil
 
     from workers.backends import CpuBackend
-    from workers.protocol.messages import ProfileSweepRequest
     from workers.profiling.sweep import run_sweep
+    from workers.protocol.messages import ProfileSweepRequest
 
     # The sweep ends after two configurations, not at a budget: on a loaded machine the first
     # one alone has taken longer than a short budget (CI: 7.7 s against 5 s, one configuration).
-    request = ProfileSweepRequest(sweep_id=10, device=agent_context.device, budget_s=300,
-                                  architectures=["mobilenet_v3_small"], batch_sizes=[8], max_mix=1,
-                                  warmup_iterations=1, min_timed_iterations=2, min_window_s=0.3,
-                                  repeat_every=0)
+    request = ProfileSweepRequest(
+        sweep_id=10,
+        device=agent_context.device,
+        budget_s=300,
+        architectures=["mobilenet_v3_small"],
+        batch_sizes=[8],
+        max_mix=1,
+        warmup_iterations=1,
+        min_timed_iterations=2,
+        min_window_s=0.3,
+        repeat_every=0,
+    )
+
     def servers() -> set[int]:
         found = set()
         for process in psutil.Process().children():
@@ -262,8 +298,7 @@ def test_a_sweep_forks_its_profilers_and_leaves_no_server_behind(agent_context):
         parents.update(servers() - before)
         emitted.append(result)
 
-    summary = run_sweep(request, agent_context, CpuBackend(), emit,
-                        should_stop=lambda: len(emitted) >= 2)
+    summary = run_sweep(request, agent_context, CpuBackend(), emit, should_stop=lambda: len(emitted) >= 2)
     assert summary.configs == 2 and "stopped after 2 configurations" in summary.error, summary
     assert [r.status for r in emitted] == ["succeeded", "succeeded"]
     assert parents, "no fork server ran during the sweep"

@@ -53,17 +53,15 @@ def test_importing_worker_modules_does_not_import_torch():
         "assert not [m for m in sys.modules if m.startswith('controlplane')], "
         "'controlplane imported'"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=Path(workers.__file__).parents[1], timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(workers.__file__).parents[1], timeout=60
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_worker_sources_never_import_django_or_controlplane():
     pattern = re.compile(r"^\s*(from|import)\s+(django|controlplane)\b", re.MULTILINE)
-    offenders = [
-        str(path) for path in Path(workers.__file__).parent.rglob("*.py")
-        if pattern.search(path.read_text())
-    ]
+    offenders = [str(path) for path in Path(workers.__file__).parent.rglob("*.py") if pattern.search(path.read_text())]
     assert offenders == []
 
 

@@ -44,9 +44,14 @@ if mode == "iter":
 
 def _specs(tmp_path: Path, *modes: str) -> list[ProcessSpec]:
     return [
-        ProcessSpec(command=[sys.executable, "-c", CHILD], args=[mode], env={"PATH": "/usr/bin:/bin"},
-                    stderr_path=tmp_path / f"{k}.stderr.log", label=f"{mode}-{k}",
-                    result_path=tmp_path / f"{k}.result.json")
+        ProcessSpec(
+            command=[sys.executable, "-c", CHILD],
+            args=[mode],
+            env={"PATH": "/usr/bin:/bin"},
+            stderr_path=tmp_path / f"{k}.stderr.log",
+            label=f"{mode}-{k}",
+            result_path=tmp_path / f"{k}.result.json",
+        )
         for k, mode in enumerate(modes)
     ]
 
@@ -144,8 +149,9 @@ def test_shutdown_and_a_callers_interrupt(tmp_path):
     launch.clear_shutdown()
 
     stop = threading.Event()
-    with ProcessGroup(_specs(tmp_path, "hang"),
-                      interrupt=lambda: ("stopped", "sweep stopped") if stop.is_set() else None) as group:
+    with ProcessGroup(
+        _specs(tmp_path, "hang"), interrupt=lambda: ("stopped", "sweep stopped") if stop.is_set() else None
+    ) as group:
         group.launch()
         assert group.wait_ready(_deadline(), "config_timeout_s") and group.go(close=False)
         stop.set()
@@ -155,8 +161,9 @@ def test_shutdown_and_a_callers_interrupt(tmp_path):
 
 def test_protocol_lines_reach_on_line_and_stop_ends_the_child(tmp_path):
     lines: list[tuple[str, list[str]]] = []
-    with ProcessGroup(_specs(tmp_path, "iter"), on_line=lambda c, words: lines.append((c.label, words)),
-                      poll_s=0.01) as group:
+    with ProcessGroup(
+        _specs(tmp_path, "iter"), on_line=lambda c, words: lines.append((c.label, words)), poll_s=0.01
+    ) as group:
         group.launch()
         assert group.wait_ready(_deadline(), "config_timeout_s") and group.go(close=False)
         stop_at = group.wait_until(lambda now: bool(lines), _deadline(), "config_timeout_s")
@@ -194,6 +201,5 @@ def test_a_parent_failure_marks_the_children_without_a_fate(tmp_path):
         group.children[1].fate = "failed"
         group.fail_all("RuntimeError: disk full")
 
-    assert [(c.fate, c.fate_detail) for c in group.children] == [("agent", "RuntimeError: disk full"),
-                                                                   ("failed", "")]
+    assert [(c.fate, c.fate_detail) for c in group.children] == [("agent", "RuntimeError: disk full"), ("failed", "")]
     assert all(c.returncode is not None for c in group.children)

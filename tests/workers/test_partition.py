@@ -33,9 +33,7 @@ def test_dirichlet_counts_are_deterministic_per_seed():
 
 def test_small_alpha_skews_volumes_more_than_large_alpha():
     def spread(alpha: float) -> float:
-        return float(np.mean([
-            np.std(shard_counts(10_000, 5, "dirichlet", alpha=alpha, seed=s)) for s in range(20)
-        ]))
+        return float(np.mean([np.std(shard_counts(10_000, 5, "dirichlet", alpha=alpha, seed=s)) for s in range(20)]))
 
     assert spread(0.1) > 5 * spread(100.0)
 
@@ -46,10 +44,13 @@ def test_dirichlet_rejects_bad_alpha(alpha):
         shard_counts(100, 3, "dirichlet", alpha=alpha)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"train_size": -1, "num_devices": 2}, "train_size"),
-    ({"train_size": 10, "num_devices": 0}, "num_devices"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"train_size": -1, "num_devices": 2}, "train_size"),
+        ({"train_size": 10, "num_devices": 0}, "num_devices"),
+    ],
+)
 def test_shard_counts_rejects_bad_sizes(kwargs, field):
     with pytest.raises(ValueError, match=field):
         shard_counts(rule="iid", **kwargs)
@@ -72,10 +73,7 @@ def test_shard_offsets_reject_negative_count():
 def test_shard_indices_are_disjoint_and_cover_the_split():
     train_size = 1437
     counts = shard_counts(train_size, 4, "dirichlet", alpha=0.5, seed=3)
-    shards = [
-        shard_indices(train_size, 9, offset, count)
-        for offset, count in zip(shard_offsets(counts), counts)
-    ]
+    shards = [shard_indices(train_size, 9, offset, count) for offset, count in zip(shard_offsets(counts), counts)]
 
     joined = np.concatenate(shards)
     assert all(s.dtype == np.int64 for s in shards)

@@ -7,7 +7,6 @@ import itertools
 import os
 import shlex
 import sys
-import textwrap
 import threading
 import time
 from types import SimpleNamespace
@@ -16,17 +15,10 @@ import pytest
 from pydantic import ValidationError
 
 from workers import launch
-
-from workers.profiling import sweep as profiling
 from workers.backends import CpuBackend
 from workers.backends.base import ExecutionBackend, TrainerResources
 from workers.forkserver import ForkServerPool
-from workers.protocol.messages import (
-    ProfileConfigResult,
-    ProfileMeasurement,
-    ProfileSweepRequest,
-    ProfileTaskSpec,
-)
+from workers.profiling import sweep as profiling
 from workers.profiling.sweep import (
     Iteration,
     common_window,
@@ -38,6 +30,12 @@ from workers.profiling.sweep import (
     window_complete,
     window_throughput,
 )
+from workers.protocol.messages import (
+    ProfileConfigResult,
+    ProfileMeasurement,
+    ProfileSweepRequest,
+    ProfileTaskSpec,
+)
 
 LIGHT = ["mobilenet_v3_small", "shufflenet_v2_x1_0"]
 PAPER_MIX = ["resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0", "mobilenet_v3_large"]
@@ -46,17 +44,24 @@ PAPER_MIX = ["resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0", "mobilenet_
 def _request(**overrides) -> ProfileSweepRequest:
     """A quick sweep of light models on the test device."""
     fields = dict(
-        sweep_id=5, device="dev-a", budget_s=5, architectures=LIGHT, batch_sizes=[8, 16],
-        max_mix=2, warmup_iterations=1, min_timed_iterations=2, min_window_s=0.3,
-        config_timeout_s=60, repeat_every=0,
+        sweep_id=5,
+        device="dev-a",
+        budget_s=5,
+        architectures=LIGHT,
+        batch_sizes=[8, 16],
+        max_mix=2,
+        warmup_iterations=1,
+        min_timed_iterations=2,
+        min_window_s=0.3,
+        config_timeout_s=60,
+        repeat_every=0,
     )
     fields.update(overrides)
     return ProfileSweepRequest(**fields)
 
 
 def _task(architecture: str = "mobilenet_v3_small", batch_size: int = 8, share: int = 50):
-    return ProfileTaskSpec(architecture=architecture, batch_size=batch_size,
-                           active_thread_percentage=share)
+    return ProfileTaskSpec(architecture=architecture, batch_size=batch_size, active_thread_percentage=share)
 
 
 def _key(config: list[ProfileTaskSpec]) -> tuple:
@@ -187,15 +192,19 @@ def test_two_task_configuration_is_measured_while_both_train(agent_context, monk
     assert not (agent_context.state_dir / "work" / "sweep-5" / "config-3").exists()
 
 
-_NEEDS_TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
-                                      reason="a link needs 2 cores (CI and the lab machines have them)")
+_NEEDS_TWO_CORES = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="a link needs 2 cores (CI and the lab machines have them)"
+)
 
 
 def _late_link_probe(monkeypatch, delay_s: float) -> None:
     """Start the core link probe's process ``delay_s`` late, as a loaded host can."""
     command = profiling.CoreLinkProbe.command
-    monkeypatch.setattr(profiling.CoreLinkProbe, "command",
-                        lambda self: ["sh", "-c", f"sleep {delay_s}; exec {shlex.join(command(self))}"])
+    monkeypatch.setattr(
+        profiling.CoreLinkProbe,
+        "command",
+        lambda self: ["sh", "-c", f"sleep {delay_s}; exec {shlex.join(command(self))}"],
+    )
 
 
 @_NEEDS_TWO_CORES
@@ -207,8 +216,9 @@ def test_a_short_window_waits_for_the_first_link_reading_of_a_multicore_task(age
         pool.server_for(backend.trainer_env(backend.standalone_resources(agent_context)))
         _late_link_probe(monkeypatch, 1.5)
         started = time.monotonic()
-        result = measure_configuration([_task(share=100)], _request(), agent_context, backend, config_index=0,
-                                       launcher=pool)
+        result = measure_configuration(
+            [_task(share=100)], _request(), agent_context, backend, config_index=0, launcher=pool
+        )
     finally:
         pool.close()
     assert result.status == "succeeded", result.error
@@ -238,8 +248,7 @@ class _BadCoreBackend(CpuBackend):
 def test_crashing_profiler_fails_the_configuration_and_kills_the_others(agent_context):
     tasks = [_task(share=50), _task("shufflenet_v2_x1_0", share=50)]
 
-    result = measure_configuration(tasks, _request(), agent_context, _BadCoreBackend(),
-                                   config_index=0)
+    result = measure_configuration(tasks, _request(), agent_context, _BadCoreBackend(), config_index=0)
 
     assert result.status == "failed"
     assert "task 1 (shufflenet_v2_x1_0, batch 8, 50 %)" in result.error
@@ -252,19 +261,16 @@ def test_crashing_profiler_fails_the_configuration_and_kills_the_others(agent_co
 
 
 def test_configuration_past_its_timeout_fails_and_is_killed(agent_context):
-    result = measure_configuration([_task()], _request(config_timeout_s=1), agent_context,
-                                   CpuBackend(), config_index=0)
+    result = measure_configuration([_task()], _request(config_timeout_s=1), agent_context, CpuBackend(), config_index=0)
 
     assert result.status == "failed" and "config_timeout_s" in result.error
     assert launch.live_children() == []
 
 
 def test_configuration_with_a_share_out_of_range_fails_as_data(agent_context):
-    task = ProfileTaskSpec.model_construct(architecture="mobilenet_v3_small", batch_size=8,
-                                           active_thread_percentage=0)
+    task = ProfileTaskSpec.model_construct(architecture="mobilenet_v3_small", batch_size=8, active_thread_percentage=0)
 
-    result = measure_configuration([task], _request(), agent_context, CpuBackend(),
-                                   config_index=0)
+    result = measure_configuration([task], _request(), agent_context, CpuBackend(), config_index=0)
 
     assert result.status == "failed" and "shares[0]" in result.error
 
@@ -300,8 +306,9 @@ def test_configuration_is_measured_under_mps_partitioning_by_default(agent_conte
 
 
 def test_configuration_with_an_unknown_partitioning_fails_as_data(agent_context):
-    result = measure_configuration([_task()], _request(), agent_context, CpuBackend(),
-                                   config_index=0, partitioning="mig")
+    result = measure_configuration(
+        [_task()], _request(), agent_context, CpuBackend(), config_index=0, partitioning="mig"
+    )
 
     assert result.status == "failed" and "partitioning 'mig' is unknown" in result.error
 
@@ -310,8 +317,7 @@ def test_time_sliced_configuration_takes_turns_on_the_whole_device(agent_context
     backend = _RecordingBackend()
     tasks = [_task("mobilenet_v3_small", 8, 30), _task("shufflenet_v2_x1_0", 8, 30)]
 
-    result = measure_configuration(tasks, _request(), agent_context, backend, config_index=0,
-                                   partitioning="timeslice")
+    result = measure_configuration(tasks, _request(), agent_context, backend, config_index=0, partitioning="timeslice")
 
     assert result.status == "succeeded", result.error
     assert backend.allocated == backend.dispatched == ["timeslice"]
@@ -330,11 +336,9 @@ def test_sweep_emits_results_with_standalone_throughput_and_a_repeat(agent_conte
     # Two configurations, the second the repeat, then stop: a configuration takes 3 to 6 s
     # (process start, torch import) on an idle 2-core machine and up to 25 s on a heavily loaded
     # one, so a budget short enough for a quick test could end the sweep after the first.
-    request = _request(architectures=["mobilenet_v3_small"], batch_sizes=[8], budget_s=300,
-                       repeat_every=2)
+    request = _request(architectures=["mobilenet_v3_small"], batch_sizes=[8], budget_s=300, repeat_every=2)
 
-    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append,
-                        should_stop=lambda: len(emitted) >= 2)
+    summary = run_sweep(request, agent_context, CpuBackend(), emitted.append, should_stop=lambda: len(emitted) >= 2)
 
     assert "stopped after 2 configurations" in summary.error
     assert summary.configs == len(emitted) == 2
@@ -375,8 +379,9 @@ def test_sweep_goes_on_after_a_crashing_profiler(agent_context, monkeypatch, for
 def test_agent_shutdown_stops_a_running_sweep(agent_context):
     outcome = {}
     request = _request(architectures=["mobilenet_v3_small"], batch_sizes=[8], budget_s=600)
-    runner = threading.Thread(target=lambda: outcome.update(
-        summary=run_sweep(request, agent_context, CpuBackend(), lambda r: None)))
+    runner = threading.Thread(
+        target=lambda: outcome.update(summary=run_sweep(request, agent_context, CpuBackend(), lambda r: None))
+    )
     try:
         runner.start()
         deadline = time.monotonic() + 60
@@ -409,8 +414,7 @@ class _FakeDevice:
     def clock(self) -> float:
         return self.now
 
-    def measure(self, tasks, request, ctx, backend, *, config_index, repeat_of=None,
-                should_stop=None, launcher=None):
+    def measure(self, tasks, request, ctx, backend, *, config_index, repeat_of=None, should_stop=None, launcher=None):
         assert launcher is None  # the fixture turns the fork server off: nothing real runs
         self.calls.append((list(tasks), config_index, repeat_of))
         start = self.now
@@ -418,15 +422,22 @@ class _FakeDevice:
         failed = self.fail(tasks)
         factor = 1.1 if repeat_of is not None else 1.0
         return ProfileConfigResult(
-            sweep_id=request.sweep_id, device=ctx.device, config_index=config_index,
-            repeat_of=repeat_of, tasks=list(tasks), started_at=start, finished_at=self.now,
-            status="failed" if failed else "succeeded", error="boom" if failed else "",
+            sweep_id=request.sweep_id,
+            device=ctx.device,
+            config_index=config_index,
+            repeat_of=repeat_of,
+            tasks=list(tasks),
+            started_at=start,
+            finished_at=self.now,
+            status="failed" if failed else "succeeded",
+            error="boom" if failed else "",
             measurements=[
                 ProfileMeasurement(
-                    task_index=k, architecture=t.architecture, batch_size=t.batch_size,
+                    task_index=k,
+                    architecture=t.architecture,
+                    batch_size=t.batch_size,
                     active_thread_percentage=t.active_thread_percentage,
-                    throughput_sps=None if failed
-                    else factor * t.active_thread_percentage / len(tasks),
+                    throughput_sps=None if failed else factor * t.active_thread_percentage / len(tasks),
                     error="boom" if failed else "",
                 )
                 for k, t in enumerate(tasks)
@@ -439,8 +450,7 @@ def fake_device(monkeypatch):
     device = _FakeDevice()
     monkeypatch.setenv(profiling.FORK_SERVER_ENV, "0")
     monkeypatch.setattr(profiling, "measure_configuration", device.measure)
-    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
-                                                           time=device.clock))
+    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock, time=device.clock))
     return device
 
 
@@ -466,7 +476,7 @@ def test_sweep_measures_each_pair_alone_before_it_is_needed(fake_device, agent_c
     measured = [_key(r.tasks) for r in emitted if r.repeat_of is None]
     design = [_key(c) for c in itertools.islice(sweep_design(request), 40)]
     done = [key for key in design if key in measured]
-    assert done == design[:len(done)] and len(done) >= 10
+    assert done == design[: len(done)] and len(done) >= 10
     assert _is_subsequence(done, measured)
 
 
@@ -478,8 +488,7 @@ def _is_subsequence(short: list, long: list) -> bool:
 def test_sweep_repeats_every_nth_configuration_and_reports_the_spread(fake_device, agent_context):
     emitted: list[ProfileConfigResult] = []
 
-    summary = run_sweep(_request(budget_s=12, repeat_every=4), agent_context, CpuBackend(),
-                        emitted.append)
+    summary = run_sweep(_request(budget_s=12, repeat_every=4), agent_context, CpuBackend(), emitted.append)
 
     repeats = [r for r in emitted if r.repeat_of is not None]
     assert [r.config_index for r in repeats] == [3, 7, 11]
@@ -494,8 +503,7 @@ def test_sweep_continues_after_failed_configurations(monkeypatch, agent_context)
     device = _FakeDevice(fail=lambda tasks: len(tasks) == 2)
     monkeypatch.setenv(profiling.FORK_SERVER_ENV, "0")
     monkeypatch.setattr(profiling, "measure_configuration", device.measure)
-    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
-                                                           time=device.clock))
+    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock, time=device.clock))
     emitted: list[ProfileConfigResult] = []
 
     summary = run_sweep(_request(budget_s=20), agent_context, CpuBackend(), emitted.append)
@@ -509,8 +517,7 @@ def test_sweep_whose_configurations_all_fail_is_failed(monkeypatch, agent_contex
     device = _FakeDevice(fail=lambda tasks: True)
     monkeypatch.setenv(profiling.FORK_SERVER_ENV, "0")
     monkeypatch.setattr(profiling, "measure_configuration", device.measure)
-    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock,
-                                                           time=device.clock))
+    monkeypatch.setattr(profiling, "time", SimpleNamespace(monotonic=device.clock, time=device.clock))
 
     summary = run_sweep(_request(budget_s=5), agent_context, CpuBackend(), lambda r: None)
 
@@ -530,8 +537,9 @@ def test_sweep_survives_an_emit_that_raises(fake_device, agent_context):
 def test_sweep_stops_when_asked(fake_device, agent_context):
     emitted: list[ProfileConfigResult] = []
 
-    summary = run_sweep(_request(budget_s=100), agent_context, CpuBackend(), emitted.append,
-                        should_stop=lambda: len(emitted) >= 2)
+    summary = run_sweep(
+        _request(budget_s=100), agent_context, CpuBackend(), emitted.append, should_stop=lambda: len(emitted) >= 2
+    )
 
     assert summary.status == "failed" and "stopped after 2 configurations" in summary.error
     assert summary.configs == 2

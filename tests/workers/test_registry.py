@@ -71,7 +71,8 @@ def plugin_dir(tmp_path):
 
 
 def _install(folder, entry_points: str) -> None:
-    (folder / "widget_plugin.py").write_text(textwrap.dedent("""\
+    (folder / "widget_plugin.py").write_text(
+        textwrap.dedent("""\
         from tests.workers.test_registry import Widget
 
         BIG = Widget("big", 10)
@@ -82,7 +83,8 @@ def _install(folder, entry_points: str) -> None:
 
 
         NOT_A_WIDGET = "big"
-        """))
+        """)
+    )
     info = folder / "widget_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: widget-plugin\nVersion: 0.1\n")
@@ -91,10 +93,13 @@ def _install(folder, entry_points: str) -> None:
 
 
 def test_entry_points_give_records_or_callables_returning_them(plugin_dir):
-    _install(plugin_dir, """\
+    _install(
+        plugin_dir,
+        """\
         big = widget_plugin:BIG
         small = widget_plugin:make_small
-        """)
+        """,
+    )
     registry = widgets()
     registry.register(Widget("builtin"))
     assert registry.names() == ("builtin", "big", "small")  # built-ins first, then plug-ins
@@ -103,12 +108,15 @@ def test_entry_points_give_records_or_callables_returning_them(plugin_dir):
 
 
 def test_a_broken_plugin_is_reported_and_the_others_still_load(plugin_dir):
-    _install(plugin_dir, """\
+    _install(
+        plugin_dir,
+        """\
         big = widget_plugin:BIG
         missing = widget_plugin_that_is_not_installed:THING
         wrong = widget_plugin:NOT_A_WIDGET
         renamed = widget_plugin:BIG
-        """)
+        """,
+    )
     registry = widgets()
     assert registry.names() == ("big",)
     failures = {f.name: f for f in registry.failures}
@@ -116,7 +124,9 @@ def test_a_broken_plugin_is_reported_and_the_others_still_load(plugin_dir):
     assert failures["missing"].error.startswith("ModuleNotFoundError")
     assert failures["wrong"].error.startswith(PluginLoadError.__name__) and "gave str" in failures["wrong"].error
     assert "gave a record named 'big'" in failures["renamed"].error
-    assert failures["missing"].group == GROUP and failures["missing"].value == "widget_plugin_that_is_not_installed:THING"
+    assert (
+        failures["missing"].group == GROUP and failures["missing"].value == "widget_plugin_that_is_not_installed:THING"
+    )
 
 
 def test_reload_plugins_sees_a_plugin_installed_after_the_first_read(plugin_dir):
@@ -129,8 +139,16 @@ def test_reload_plugins_sees_a_plugin_installed_after_the_first_read(plugin_dir)
 
 
 def test_the_builtins_are_registered():
-    assert MODEL_REGISTRY.names() == ("resnet18", "resnet50", "resnet101", "vgg16", "mobilenet_v3_small",
-                                      "mobilenet_v3_large", "shufflenet_v2_x1_0", "densenet121")
+    assert MODEL_REGISTRY.names() == (
+        "resnet18",
+        "resnet50",
+        "resnet101",
+        "vgg16",
+        "mobilenet_v3_small",
+        "mobilenet_v3_large",
+        "shufflenet_v2_x1_0",
+        "densenet121",
+    )
     assert DATASET_REGISTRY.names() == ("digits", "cifar10")
     assert DATASET_REGISTRY.get("cifar10").needs_root and not DATASET_REGISTRY.get("digits").needs_root
     assert PARTITIONER_REGISTRY.names() == ("iid", "dirichlet")

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from workers import launch
-
 from workers.agent import app as agent
-from workers.fl.artifacts import LocalArtifactStore, global_weights_key
 from workers.backends import SimulatedBackend
 from workers.backends import simulated as sim
+from workers.fl.artifacts import LocalArtifactStore, global_weights_key
+from workers.profiling.sweep import run_sweep, sweep_design
 from workers.protocol.messages import (
     ProfileConfigResult,
     ProfileSweepRequest,
@@ -24,7 +24,6 @@ from workers.protocol.messages import (
     StandaloneItem,
     StandaloneRequest,
 )
-from workers.profiling.sweep import run_sweep, sweep_design
 from workers.registry.backends import get_backend
 from workers.training.zoo import write_initial_weights
 
@@ -34,14 +33,17 @@ TITAN_V = sim.device_spec("titan-v")
 def _columns(architectures: list[str]) -> list[np.ndarray]:
     """Workload columns of ``simulate_throughput`` for a mix, shape ``(I,)`` each."""
     loads = [sim.simulation_workload(a) for a in architectures]
-    return [np.array([getattr(w, f) for w in loads], dtype=float)
-            for f in ("flops_per_sample", "activation_bytes_per_sample", "param_bytes", "layers")]
+    return [
+        np.array([getattr(w, f) for w in loads], dtype=float)
+        for f in ("flops_per_sample", "activation_bytes_per_sample", "param_bytes", "layers")
+    ]
 
 
 def _mix(architecture: str, batch: int, shares: list[int], **kwargs) -> sim.MixPrediction:
     """``len(shares)`` copies of one model co-located on the Titan V."""
-    return sim.simulate_throughput(*_columns([architecture] * len(shares)), batch, shares,
-                                   kwargs.pop("device", TITAN_V), **kwargs)
+    return sim.simulate_throughput(
+        *_columns([architecture] * len(shares)), batch, shares, kwargs.pop("device", TITAN_V), **kwargs
+    )
 
 
 def _alone(architecture: str, batch: int, device: sim.DeviceSpec = TITAN_V) -> float:
@@ -80,8 +82,7 @@ def test_throughput_grows_with_the_share_with_diminishing_returns():
 def test_per_process_throughput_falls_and_the_total_stays_between_one_and_k_times():
     for architecture, batch in itertools.product(("resnet50", "mobilenet_v3_small"), (8, 64, 512)):
         single = _alone(architecture, batch)
-        per_process = [float(_mix(architecture, batch, [100] * k).throughput_sps[0])
-                       for k in range(1, 6)]
+        per_process = [float(_mix(architecture, batch, [100] * k).throughput_sps[0]) for k in range(1, 6)]
 
         assert per_process[0] == pytest.approx(single)
         assert all(b <= a for a, b in zip(per_process, per_process[1:])), per_process
@@ -130,13 +131,15 @@ def test_timeslice_gives_each_task_its_turn_and_mps_overlaps_them():
 def test_tasks_that_do_not_fit_are_out_of_memory_in_order():
     small = dataclasses.replace(TITAN_V, memory_bytes=2 * sim.GIB)
 
-    prediction = sim.simulate_throughput(*_columns(["resnet50", "vgg16", "resnet18"]), 256,
-                                         [50, 50, 50], small)
+    prediction = sim.simulate_throughput(*_columns(["resnet50", "vgg16", "resnet18"]), 256, [50, 50, 50], small)
 
     assert prediction.oom.tolist() == [False, True, False]  # the third fits beside the first
     assert np.isnan(prediction.throughput_sps[1]) and np.all(prediction.throughput_sps[[0, 2]] > 0)
-    expected = small.context_bytes + 4 * sim.simulation_workload("resnet50").param_bytes \
+    expected = (
+        small.context_bytes
+        + 4 * sim.simulation_workload("resnet50").param_bytes
         + 256 * sim.simulation_workload("resnet50").activation_bytes_per_sample
+    )
     assert prediction.peak_memory_bytes[0] == pytest.approx(expected)
 
 
@@ -156,8 +159,7 @@ def test_many_configurations_at_once_equal_one_at_a_time():
     for n in range(20):
         device = sim.device_spec("titan-v" if n % 2 == 0 else "t4")
         keep = present[n]
-        one = sim.simulate_throughput(*(c[n][keep] for c in columns), batches[n][keep],
-                                      shares[n][keep], device)
+        one = sim.simulate_throughput(*(c[n][keep] for c in columns), batches[n][keep], shares[n][keep], device)
         np.testing.assert_allclose(together.throughput_sps[n][keep], one.throughput_sps, rtol=1e-9)
         assert np.all(np.isnan(together.throughput_sps[n][~keep]))
 
@@ -166,9 +168,11 @@ def test_noise_is_deterministic_per_seed_round_device_and_task():
     factors = sim.noise_factors(3, 7, "dev-a", np.arange(20_000))
 
     assert np.array_equal(factors, sim.noise_factors(3, 7, "dev-a", np.arange(20_000)))
-    for other in (sim.noise_factors(4, 7, "dev-a", np.arange(20_000)),
-                  sim.noise_factors(3, 8, "dev-a", np.arange(20_000)),
-                  sim.noise_factors(3, 7, "dev-b", np.arange(20_000))):
+    for other in (
+        sim.noise_factors(4, 7, "dev-a", np.arange(20_000)),
+        sim.noise_factors(3, 8, "dev-a", np.arange(20_000)),
+        sim.noise_factors(3, 7, "dev-b", np.arange(20_000)),
+    ):
         assert abs(np.corrcoef(np.log(factors), np.log(other))[0, 1]) < 0.05
     assert np.std(np.log(factors)) == pytest.approx(sim.NOISE_SIGMA, rel=0.05)
     assert np.median(factors) == pytest.approx(1.0, abs=0.002)
@@ -224,22 +228,23 @@ def test_agent_refuses_a_bad_simulated_device_with_exit_code_2(monkeypatch, caps
 @pytest.fixture
 def sim_round(make_task_ref, make_assignment, make_round, initial_weights):
     """A resnet18 + mobilenet round; the mobilenet has a quarter of the samples."""
+
     def build(partitioning: str = "mps", *, seed: int = 3, epochs: int = 2):
         resnet = make_task_ref(1, "resnet18")
         mobilenet = make_task_ref(2, "mobilenet_v3_small")
-        first = make_assignment(resnet, initial_weights(resnet), assignment_id=21, offset=0,
-                                count=4001, batch_size=64, share=60)
-        second = make_assignment(mobilenet, initial_weights(mobilenet), assignment_id=22,
-                                 offset=0, count=1000, batch_size=32, share=60)
-        first, second = (a.model_copy(update={"seed": seed, "local_epochs": epochs})
-                         for a in (first, second))
+        first = make_assignment(
+            resnet, initial_weights(resnet), assignment_id=21, offset=0, count=4001, batch_size=64, share=60
+        )
+        second = make_assignment(
+            mobilenet, initial_weights(mobilenet), assignment_id=22, offset=0, count=1000, batch_size=32, share=60
+        )
+        first, second = (a.model_copy(update={"seed": seed, "local_epochs": epochs}) for a in (first, second))
         return make_round([first, second], partitioning)
 
     return build
 
 
-def test_round_reports_virtual_training_labelled_simulated(backend, sim_round, agent_context,
-                                                           store):
+def test_round_reports_virtual_training_labelled_simulated(backend, sim_round, agent_context, store):
     request = sim_round()
     tick = time.monotonic()
 
@@ -248,8 +253,7 @@ def test_round_reports_virtual_training_labelled_simulated(backend, sim_round, a
     assert time.monotonic() - tick < 5  # nothing slept, although minutes were simulated
     assert result.status == "succeeded" and result.simulated
     first, second = result.assignments
-    assert all(a.simulated and a.status == "succeeded" and a.train_loss is None
-               for a in result.assignments)
+    assert all(a.simulated and a.status == "succeeded" and a.train_loss is None for a in result.assignments)
     assert (first.samples_trained, second.samples_trained) == (8002, 2000)
     # 4001 = 62·64 + 33 → 63 batches; 1000 = 31·32 + 8 → 32; warm-up 1
     assert (first.iterations, second.iterations) == (126, 64)
@@ -268,14 +272,16 @@ def test_round_passes_the_global_weights_through(backend, sim_round, agent_conte
     for spec, outcome in zip(request.assignments, result.assignments, strict=True):
         assert outcome.weights == spec.output_weights
         assert outcome.weights_sha256 == store.sha256(spec.global_weights)
-        assert store.path(spec.output_weights).read_bytes() == \
-            store.path(spec.global_weights).read_bytes()
+        assert store.path(spec.output_weights).read_bytes() == store.path(spec.global_weights).read_bytes()
 
 
 def test_a_task_speeds_up_when_its_neighbour_finishes(backend, sim_round, agent_context):
     request = sim_round("timeslice")
     together = sim.simulate_throughput(
-        *_columns(["resnet18", "mobilenet_v3_small"]), [64, 32], [60, 60], TITAN_V,
+        *_columns(["resnet18", "mobilenet_v3_small"]),
+        [64, 32],
+        [60, 60],
+        TITAN_V,
         partitioning="timeslice",
         noise=[sim.noise_factors(3, 0, agent_context.device, [t])[0] for t in (1, 2)],
     ).throughput_sps
@@ -312,15 +318,14 @@ def test_round_that_does_not_fit_fails_as_out_of_memory(sim_round, agent_context
     assert result.status == "failed" and result.simulated
     first, second = result.assignments  # the first fits alone, the second not beside it
     assert second.status == "failed" and "CUDA out of memory (simulated)" in second.error
-    assert first.status == "failed" and \
-        "stopped because task 2 (mobilenet_v3_small-digits)" in first.error
+    assert first.status == "failed" and "stopped because task 2 (mobilenet_v3_small-digits)" in first.error
     assert "task 2 (mobilenet_v3_small-digits): CUDA out of memory" in result.error
     assert not any(store.exists(a.output_weights) for a in request.assignments)
 
 
-def test_empty_shard_trains_nothing_and_copies_the_weights(backend, make_task_ref,
-                                                           make_assignment, make_round,
-                                                           initial_weights, agent_context, store):
+def test_empty_shard_trains_nothing_and_copies_the_weights(
+    backend, make_task_ref, make_assignment, make_round, initial_weights, agent_context, store
+):
     task = make_task_ref(1, "resnet18")
     spec = make_assignment(task, initial_weights(task), assignment_id=5, offset=0, count=0)
 
@@ -333,8 +338,7 @@ def test_empty_shard_trains_nothing_and_copies_the_weights(backend, make_task_re
 
 def test_time_scale_makes_a_round_take_real_time(sim_round, agent_context):
     request = sim_round(epochs=1)
-    simulated_s = max(a.seconds for a in SimulatedBackend(device=TITAN_V)
-                      .run_round(request, agent_context).assignments)
+    simulated_s = max(a.seconds for a in SimulatedBackend(device=TITAN_V).run_round(request, agent_context).assignments)
     scale = 0.4 / simulated_s
     tick = time.monotonic()
 
@@ -355,10 +359,12 @@ def test_shutdown_refuses_a_round(backend, sim_round, agent_context):
 
 def test_standalone_measurements_are_the_model_alone(backend, make_task_ref, agent_context):
     items = [
-        StandaloneItem(task=make_task_ref(1, "resnet18"), batch_size=128,
-                       shard=ShardRef(permutation_seed=7, offset=0, count=1000)),
-        StandaloneItem(task=make_task_ref(2, "vgg16"), batch_size=64,
-                       shard=ShardRef(permutation_seed=7, offset=0, count=0)),
+        StandaloneItem(
+            task=make_task_ref(1, "resnet18"), batch_size=128, shard=ShardRef(permutation_seed=7, offset=0, count=1000)
+        ),
+        StandaloneItem(
+            task=make_task_ref(2, "vgg16"), batch_size=64, shard=ShardRef(permutation_seed=7, offset=0, count=0)
+        ),
     ]
     request = StandaloneRequest(run_id=8, device=agent_context.device, items=items)
 
@@ -376,9 +382,15 @@ def test_standalone_measurements_are_the_model_alone(backend, make_task_ref, age
 
 def _sweep(**overrides) -> ProfileSweepRequest:
     fields = dict(
-        sweep_id=5, device="dev-a", backend="simulated", budget_s=600,
-        architectures=["resnet18", "mobilenet_v3_small", "vgg16"], batch_sizes=[16, 64, 256],
-        max_mix=3, repeat_every=5, seed=2,
+        sweep_id=5,
+        device="dev-a",
+        backend="simulated",
+        budget_s=600,
+        architectures=["resnet18", "mobilenet_v3_small", "vgg16"],
+        batch_sizes=[16, 64, 256],
+        max_mix=3,
+        repeat_every=5,
+        seed=2,
     )
     fields.update(overrides)
     return ProfileSweepRequest(**fields)
@@ -398,26 +410,24 @@ def test_profile_sweep_spends_its_budget_in_simulated_seconds(backend, agent_con
     assert summary.elapsed_s == pytest.approx(emitted[-1].finished_at - emitted[0].started_at)
     for before, after in zip(emitted, emitted[1:]):
         assert after.started_at == pytest.approx(before.finished_at)  # one virtual clock
-    assert all(r.simulated and r.backend == "simulated" and all(m.simulated for m in r.measurements)
-               for r in emitted)
+    assert all(r.simulated and r.backend == "simulated" and all(m.simulated for m in r.measurements) for r in emitted)
 
 
-def test_profile_sweep_on_the_model_follows_the_design_with_standalones_and_repeats(
-        backend, agent_context):
+def test_profile_sweep_on_the_model_follows_the_design_with_standalones_and_repeats(backend, agent_context):
     emitted: list[ProfileConfigResult] = []
     request = _sweep()
 
     summary = run_sweep(request, agent_context, backend, emitted.append)
 
     measured = [r for r in emitted if r.repeat_of is None]
-    design = [[(t.architecture, t.batch_size, t.active_thread_percentage) for t in c]
-              for c in itertools.islice(sweep_design(request), 5)]
-    keys = [[(t.architecture, t.batch_size, t.active_thread_percentage) for t in r.tasks]
-            for r in measured]
+    design = [
+        [(t.architecture, t.batch_size, t.active_thread_percentage) for t in c]
+        for c in itertools.islice(sweep_design(request), 5)
+    ]
+    keys = [[(t.architecture, t.batch_size, t.active_thread_percentage) for t in r.tasks] for r in measured]
     assert all(d in keys for d in design[:3])
     succeeded = [r for r in emitted if r.status == "succeeded"]
-    assert all(m.standalone_sps and m.throughput_sps and m.peak_memory_bytes
-               for r in succeeded for m in r.measurements)
+    assert all(m.standalone_sps and m.throughput_sps and m.peak_memory_bytes for r in succeeded for m in r.measurements)
     repeats = [r for r in emitted if r.repeat_of is not None]
     assert repeats and all(0 < s < 0.25 for s in summary.repeat_spread)
 
@@ -425,14 +435,15 @@ def test_profile_sweep_on_the_model_follows_the_design_with_standalones_and_repe
 def test_profile_configuration_out_of_memory_or_too_slow_fails_as_data(agent_context):
     tiny = SimulatedBackend(device=dataclasses.replace(TITAN_V, memory_bytes=1 * sim.GIB))
     request = _sweep(config_timeout_s=30)
-    tasks = [ProfileTaskSpec(architecture="resnet18", batch_size=16, active_thread_percentage=50),
-             ProfileTaskSpec(architecture="vgg16", batch_size=512, active_thread_percentage=50)]
+    tasks = [
+        ProfileTaskSpec(architecture="resnet18", batch_size=16, active_thread_percentage=50),
+        ProfileTaskSpec(architecture="vgg16", batch_size=512, active_thread_percentage=50),
+    ]
 
-    oom = tiny.profile_configuration(tasks, request, agent_context, config_index=0,
-                                     repeat_of=None, started_at=100.0)
-    slow = SimulatedBackend(device=dataclasses.replace(TITAN_V, peak_flops=1e9)) \
-        .profile_configuration(tasks, request, agent_context, config_index=0, repeat_of=None,
-                               started_at=100.0)
+    oom = tiny.profile_configuration(tasks, request, agent_context, config_index=0, repeat_of=None, started_at=100.0)
+    slow = SimulatedBackend(device=dataclasses.replace(TITAN_V, peak_flops=1e9)).profile_configuration(
+        tasks, request, agent_context, config_index=0, repeat_of=None, started_at=100.0
+    )
 
     assert oom.status == "failed" and oom.simulated
     assert "CUDA out of memory (simulated)" in oom.measurements[1].error
@@ -441,8 +452,7 @@ def test_profile_configuration_out_of_memory_or_too_slow_fails_as_data(agent_con
     assert slow.finished_at - slow.started_at == request.config_timeout_s
 
 
-def test_simulated_agent_serves_rounds_and_sweeps(monkeypatch, tmp_path, make_task_ref,
-                                                  make_assignment, make_round):
+def test_simulated_agent_serves_rounds_and_sweeps(monkeypatch, tmp_path, make_task_ref, make_assignment, make_round):
     monkeypatch.setenv(agent.ENV_DEVICE, "dev-a")
     monkeypatch.setenv(agent.ENV_BACKEND, "simulated")
     monkeypatch.setenv(agent.ENV_STATE_DIR, str(tmp_path / "state"))
@@ -453,8 +463,9 @@ def test_simulated_agent_serves_rounds_and_sweeps(monkeypatch, tmp_path, make_ta
     task = make_task_ref(1, "resnet18")
     key = global_weights_key(1, 1, None)
     write_initial_weights("resnet18", 10, 1, LocalArtifactStore(tmp_path / "artifacts").path(key))
-    request = make_round([make_assignment(task, key, assignment_id=3, offset=0)], "mps") \
-        .model_copy(update={"backend": "simulated"})
+    request = make_round([make_assignment(task, key, assignment_id=3, offset=0)], "mps").model_copy(
+        update={"backend": "simulated"}
+    )
 
     round_result = agent.train_round(request.model_dump(mode="json"))
     summary = agent.profile_sweep(_sweep(budget_s=60).model_dump(mode="json"))
@@ -466,19 +477,22 @@ def test_simulated_agent_serves_rounds_and_sweeps(monkeypatch, tmp_path, make_ta
 
 
 @pytest.mark.integration
-def test_agent_process_with_the_simulated_backend_serves_a_round(tmp_path, start_agent, make_task_ref,
-                                                                 make_assignment, make_round):
+def test_agent_process_with_the_simulated_backend_serves_a_round(
+    tmp_path, start_agent, make_task_ref, make_assignment, make_round
+):
     task = make_task_ref(1, "resnet50")
     key = global_weights_key(1, 1, None)
     write_initial_weights("resnet50", 10, 1, LocalArtifactStore(tmp_path / "artifacts").path(key))
-    request = make_round([make_assignment(task, key, assignment_id=3, offset=0, count=50_000)],
-                         "mps").model_copy(update={"device": "sim", "backend": "simulated"})
-    agent_process = start_agent("--device", "sim", "--backend", "simulated", "--heartbeat-s", "600",
-                                MTFL_SIM_DEVICE="a100-40gb")
+    request = make_round([make_assignment(task, key, assignment_id=3, offset=0, count=50_000)], "mps").model_copy(
+        update={"device": "sim", "backend": "simulated"}
+    )
+    agent_process = start_agent(
+        "--device", "sim", "--backend", "simulated", "--heartbeat-s", "600", MTFL_SIM_DEVICE="a100-40gb"
+    )
     try:
-        result = agent_process.client.send_task(agent.TaskName.TRAIN_ROUND,
-                                                args=[request.model_dump(mode="json")],
-                                                queue="device.sim").get(timeout=90)
+        result = agent_process.client.send_task(
+            agent.TaskName.TRAIN_ROUND, args=[request.model_dump(mode="json")], queue="device.sim"
+        ).get(timeout=90)
     finally:
         agent_process.stop()
 

@@ -43,8 +43,9 @@ def test_steady_state_falls_back_when_run_is_short(samples, expected_timed):
     assert (throughput is None) == (expected_timed == 0)
 
 
-@pytest.mark.parametrize("n,batch,sizes", [(64, 16, [16] * 4), (70, 16, [16] * 4 + [6]),
-                                           (65, 16, [16, 16, 16, 17]), (1, 16, [1])])
+@pytest.mark.parametrize(
+    "n,batch,sizes", [(64, 16, [16] * 4), (70, 16, [16] * 4 + [6]), (65, 16, [16, 16, 16, 17]), (1, 16, [1])]
+)
 def test_epoch_batches_drop_nothing_and_fold_a_single_leftover(n, batch, sizes):
     import torch
 
@@ -59,14 +60,13 @@ def _spec(make_task_ref, make_assignment, initial_weights, store, **shard) -> Tr
 
     task = make_task_ref(1, "shufflenet_v2_x1_0")
     assignment = make_assignment(task, initial_weights(task), assignment_id=5, **shard)
-    return TrainerSpec(**assignment.model_dump(), artifact_root=str(store.root),
-                       threads=torch.get_num_threads(), warmup_iterations=1)
+    return TrainerSpec(
+        **assignment.model_dump(), artifact_root=str(store.root), threads=torch.get_num_threads(), warmup_iterations=1
+    )
 
 
-def test_train_waits_for_go_and_reports_the_shard(make_task_ref, make_assignment, initial_weights,
-                                                  store):
-    spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=33,
-                 batch_size=16)
+def test_train_waits_for_go_and_reports_the_shard(make_task_ref, make_assignment, initial_weights, store):
+    spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=33, batch_size=16)
     out = io.StringIO()
 
     before = time.time()
@@ -79,8 +79,7 @@ def test_train_waits_for_go_and_reports_the_shard(make_task_ref, make_assignment
     assert result.weights_sha256 == store.sha256(spec.output_weights)
 
 
-def test_train_on_empty_shard_keeps_global_weights(make_task_ref, make_assignment, initial_weights,
-                                                   store):
+def test_train_on_empty_shard_keeps_global_weights(make_task_ref, make_assignment, initial_weights, store):
     spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=0)
 
     result = train(spec, io.StringIO(), io.StringIO("GO\n"))
@@ -106,7 +105,10 @@ def test_bad_spec_exits_2_with_a_failed_result(tmp_path):
 
     proc = subprocess.run(
         [sys.executable, "-m", "workers.training.trainer", "train", str(spec), str(result)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
     assert proc.returncode == EXIT_BAD_SPEC
@@ -133,8 +135,12 @@ for _ in range(6):
 def test_iteration_lock_makes_trainers_take_turns(tmp_path):
     start = time.time() + 8.0  # both must be waiting on the lock by then, even on a loaded machine
     procs = [
-        subprocess.Popen([sys.executable, "-c", _LOCK_SCRIPT, str(tmp_path / "device.lock"),
-                          str(start)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _LOCK_SCRIPT, str(tmp_path / "device.lock"), str(start)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     stamps = [[float(line) for line in proc.communicate(timeout=60)[0].split()] for proc in procs]

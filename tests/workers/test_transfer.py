@@ -27,7 +27,6 @@ from workers.fl.artifacts import (
     read_safetensors_header,
     tensors_mismatch,
 )
-from workers.protocol.messages import AssignmentResult, DeviceRoundResult
 from workers.fl.transfer import (
     ArtifactClient,
     TransferError,
@@ -35,6 +34,7 @@ from workers.fl.transfer import (
     run_round_remote,
     transfer_settings,
 )
+from workers.protocol.messages import AssignmentResult, DeviceRoundResult
 
 WEIGHTS = save({"w": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.array(1, dtype=np.int64)})
 SHA = hashlib.sha256(WEIGHTS).hexdigest()
@@ -56,8 +56,14 @@ class ControlPlane:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                plane.requests.append({"method": self.command, "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                       "body": body})
+                plane.requests.append(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "body": body,
+                    }
+                )
                 status, payload, headers = plane.script.pop(0) if plane.script else (500, b"{}", {})
                 self.send_response(status)
                 for name, value in {"Content-Length": str(len(payload)), **headers}.items():
@@ -118,12 +124,15 @@ def test_without_a_control_url_the_agent_shares_artifact_root(monkeypatch):
     assert transfer_settings() is None
 
 
-@pytest.mark.parametrize("env,message", [
-    ({"MTFL_AGENT_TOKEN": "k"}, "MTFL_CONTROL_URL is not"),
-    ({"MTFL_CONTROL_URL": "http://cp:8000"}, "set MTFL_AGENT_TOKEN"),
-    ({"MTFL_CONTROL_URL": "cp:8000", "MTFL_AGENT_TOKEN": "k"}, "is not an http(s) URL"),
-    ({"MTFL_CONTROL_URL": "http://cp", "MTFL_AGENT_TOKEN_FILE": "/nonexistent/token"}, "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"MTFL_AGENT_TOKEN": "k"}, "MTFL_CONTROL_URL is not"),
+        ({"MTFL_CONTROL_URL": "http://cp:8000"}, "set MTFL_AGENT_TOKEN"),
+        ({"MTFL_CONTROL_URL": "cp:8000", "MTFL_AGENT_TOKEN": "k"}, "is not an http(s) URL"),
+        ({"MTFL_CONTROL_URL": "http://cp", "MTFL_AGENT_TOKEN_FILE": "/nonexistent/token"}, "cannot be read"),
+    ],
+)
 def test_half_or_bad_transfer_settings_are_refused_in_one_line(monkeypatch, env, message):
     for name in ("MTFL_CONTROL_URL", "MTFL_AGENT_TOKEN", "MTFL_AGENT_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
@@ -296,9 +305,21 @@ def remote_round(make_task_ref, make_assignment, make_round, tmp_path):
         (root / spec.output_weights).parent.mkdir(parents=True, exist_ok=True)
         (root / spec.output_weights).write_bytes(WEIGHTS + b"")
         return DeviceRoundResult(
-            run_id=req.run_id, round_id=req.round_id, device=req.device, status="succeeded",
-            assignments=[AssignmentResult(assignment_id=3, task_id=7, status="succeeded", samples_trained=64,
-                                          weights=spec.output_weights, weights_sha256=SHA)])
+            run_id=req.run_id,
+            round_id=req.round_id,
+            device=req.device,
+            status="succeeded",
+            assignments=[
+                AssignmentResult(
+                    assignment_id=3,
+                    task_id=7,
+                    status="succeeded",
+                    samples_trained=64,
+                    weights=spec.output_weights,
+                    weights_sha256=SHA,
+                )
+            ],
+        )
 
     return request, root, run_round, seen
 
@@ -405,38 +426,56 @@ def test_a_well_formed_file_lists_its_tensors(tmp_path):
 
 
 # The reasons are the safetensors library's own words (the tensor or the value at fault).
-@pytest.mark.parametrize("header,data,reason", [
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, "(?i)offset"),
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
-      "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0" * 8, "(?i)offset.*b"),
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "(?i)offset.*a"),
-    ({"a": {"dtype": "OBJ", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, "OBJ"),
-    ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "-1"),
-    ({"__metadata__": {"k": 1}}, b"", "(?i)string"),
-    ([1, 2], b"", "(?i)sequence"),
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 6, "trailing"),
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 2, "truncated"),
-    (b"{not json}", b"", "(?i)json"),
-    # offsets that add up past 2**64 (the library's sums are 64-bit)
-    ({"a": {"dtype": "U8", "shape": [2**64 - 1], "data_offsets": [0, 2**64 - 1]}}, b"", "(?i)overflow|covered"),
-    ({f"t{i}": {"dtype": "U8", "shape": [2**61 - 1], "data_offsets": [i * (2**61 - 1), (i + 1) * (2**61 - 1)]}
-      for i in range(8)} | {"t8": {"dtype": "U8", "shape": [7], "data_offsets": [2**64 - 8, 2**64 - 1]}}, b"",
-     "(?i)covered"),
-])
+@pytest.mark.parametrize(
+    "header,data,reason",
+    [
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, "(?i)offset"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]},
+            },
+            b"\0" * 8,
+            "(?i)offset.*b",
+        ),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "(?i)offset.*a"),
+        ({"a": {"dtype": "OBJ", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, "OBJ"),
+        ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "-1"),
+        ({"__metadata__": {"k": 1}}, b"", "(?i)string"),
+        ([1, 2], b"", "(?i)sequence"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 6, "trailing"),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 2, "truncated"),
+        (b"{not json}", b"", "(?i)json"),
+        # offsets that add up past 2**64 (the library's sums are 64-bit)
+        ({"a": {"dtype": "U8", "shape": [2**64 - 1], "data_offsets": [0, 2**64 - 1]}}, b"", "(?i)overflow|covered"),
+        (
+            {
+                f"t{i}": {"dtype": "U8", "shape": [2**61 - 1], "data_offsets": [i * (2**61 - 1), (i + 1) * (2**61 - 1)]}
+                for i in range(8)
+            }
+            | {"t8": {"dtype": "U8", "shape": [7], "data_offsets": [2**64 - 8, 2**64 - 1]}},
+            b"",
+            "(?i)covered",
+        ),
+    ],
+)
 def test_inconsistent_headers_are_refused_with_the_reason(tmp_path, header, data, reason):
     with pytest.raises(InvalidSafetensorsError, match=reason) as caught:
         read_safetensors_header(_header_file(tmp_path, header, data))
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize(("content", "reason"), [
-    (b"", "shorter than the 8-byte header length"),
-    (WEIGHTS[:5], "shorter than the 8-byte header length"),
-    (WEIGHTS[:20], "runs past the end"),
-    (b"<!doctype html><html><body>502 Bad Gateway</body></html>", "not a safetensors file"),
-    (pickle.dumps({"w": [1.0, 2.0, 3.0]}), "not a safetensors file"),
-    (struct.pack("<Q", 2**40) + b"{}", "out of range"),  # a header bomb: never read, never allocated
-])
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "shorter than the 8-byte header length"),
+        (WEIGHTS[:5], "shorter than the 8-byte header length"),
+        (WEIGHTS[:20], "runs past the end"),
+        (b"<!doctype html><html><body>502 Bad Gateway</body></html>", "not a safetensors file"),
+        (pickle.dumps({"w": [1.0, 2.0, 3.0]}), "not a safetensors file"),
+        (struct.pack("<Q", 2**40) + b"{}", "out of range"),  # a header bomb: never read, never allocated
+    ],
+)
 def test_files_of_another_kind_are_named_before_the_library_reads_them(tmp_path, content, reason):
     path = tmp_path / "f.safetensors"
     path.write_bytes(content)
@@ -464,7 +503,12 @@ def test_artifact_keys_parse_back_only_in_their_own_spelling():
     assert parse_global_weights_key(global_weights_key(3, 4, None)) == (3, 4, None)
     assert parse_global_weights_key(global_weights_key(3, 4, 12)) == (3, 4, 12)
     assert parse_device_weights_key(device_weights_key(3, 12, "dev-a", 7)) == (3, 12, "dev-a", 7)
-    for bad in ("runs/03/tasks/4/global/initial.safetensors", "runs/3/tasks/4/global/round-1.safetensors",
-                "runs/3/rounds/00012/dev-a/task-07.safetensors", "runs/3/rounds/00012/Dev A/task-7.safetensors",
-                "../runs/3/tasks/4/global/initial.safetensors", "secret_key"):
+    for bad in (
+        "runs/03/tasks/4/global/initial.safetensors",
+        "runs/3/tasks/4/global/round-1.safetensors",
+        "runs/3/rounds/00012/dev-a/task-07.safetensors",
+        "runs/3/rounds/00012/Dev A/task-7.safetensors",
+        "../runs/3/tasks/4/global/initial.safetensors",
+        "secret_key",
+    ):
         assert parse_global_weights_key(bad) is None and parse_device_weights_key(bad) is None

@@ -94,6 +94,16 @@ from workers.backends import (
     shutdown_requested,
     terminate_children,
 )
+from workers.fl.transfer import (
+    ENV_AGENT_TOKEN,
+    ENV_CONTROL_URL,
+    ArtifactClient,
+    TransferError,
+    TransferSettings,
+    run_round_remote,
+    transfer_settings,
+)
+from workers.profiling.sweep import run_sweep
 from workers.protocol.messages import (
     DeviceInventory,
     DeviceRoundResult,
@@ -104,18 +114,8 @@ from workers.protocol.messages import (
     StandaloneResult,
     TrainRoundRequest,
 )
-from workers.profiling.sweep import run_sweep
 from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
 from workers.registry.backends import BACKEND_REGISTRY, get_backend
-from workers.fl.transfer import (
-    ENV_AGENT_TOKEN,
-    ENV_CONTROL_URL,
-    ArtifactClient,
-    TransferError,
-    TransferSettings,
-    run_round_remote,
-    transfer_settings,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -324,7 +324,9 @@ def _report_progress(round_id: int, device: str, phase: str) -> None:
     """
     try:
         app.send_task(
-            TaskName.ROUND_PROGRESS, args=[round_id, device, phase, time.time()], queue=CONTROL_QUEUE,
+            TaskName.ROUND_PROGRESS,
+            args=[round_id, device, phase, time.time()],
+            queue=CONTROL_QUEUE,
             ignore_result=True,
         )
     except Exception:  # noqa: BLE001 - see docstring: display only
@@ -410,7 +412,7 @@ class _CancelWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "_CancelWatch":
+    def __enter__(self) -> _CancelWatch:
         clear_cancel()
         if self.task_id:
             self._thread = threading.Thread(target=self._run, daemon=True, name="mtfl-cancel-watch")
@@ -429,8 +431,12 @@ class _CancelWatch:
             reason = _cancel_reason(self.task_id)
             if reason is not None:
                 killed = request_cancel(reason)
-                logger.warning("task %s cancelled by the control plane (%s): %d trainer(s) terminated",
-                               self.task_id, reason, killed)
+                logger.warning(
+                    "task %s cancelled by the control plane (%s): %d trainer(s) terminated",
+                    self.task_id,
+                    reason,
+                    killed,
+                )
                 return
 
 
@@ -453,8 +459,9 @@ def _mark_started(task) -> None:
     if not task.request.id:  # called directly, not as a Celery task
         return
     try:
-        task.update_state(state="STARTED", meta={"pid": os.getpid(), "hostname": socket.gethostname(),
-                                                   "started_at": time.time()})
+        task.update_state(
+            state="STARTED", meta={"pid": os.getpid(), "hostname": socket.gethostname(), "started_at": time.time()}
+        )
     except Exception:  # noqa: BLE001 - bookkeeping only; the round goes on
         logger.warning("could not record that task %s started", task.request.id, exc_info=True)
 
@@ -502,15 +509,17 @@ def train_round(self, request: dict) -> dict:
         if settings.transfer is None:
             result = backend.run_round(parsed, ctx)
         else:
-            result = run_round_remote(lambda r: backend.run_round(r, ctx), parsed, ctx.artifact_root,
-                                      ArtifactClient(settings.transfer))
+            result = run_round_remote(
+                lambda r: backend.run_round(r, ctx), parsed, ctx.artifact_root, ArtifactClient(settings.transfer)
+            )
         return result.model_copy(update={"attempt": parsed.attempt, "idempotency_key": parsed.idempotency_key})
 
     task_id = self.request.id
     done = _already_done(task_id)
     if done is not None:
-        logger.warning("task %s (%s) was redelivered after it finished; its stored result is returned",
-                       task_id, key or "no key")
+        logger.warning(
+            "task %s (%s) was redelivered after it finished; its stored result is returned", task_id, key or "no key"
+        )
         return done
     reason = _cancel_reason(task_id)
     if reason is not None:
@@ -599,8 +608,7 @@ def profile_sweep(request: dict) -> dict:
         _send_to_control(TaskName.PROFILE_RECORD, result.model_dump(mode="json"))
 
     def work(parsed: ProfileSweepRequest, settings: AgentSettings) -> ProfileSweepSummary:
-        return run_sweep(parsed, _context(settings), _backend(settings.backend), emit,
-                         should_stop=shutdown_requested)
+        return run_sweep(parsed, _context(settings), _backend(settings.backend), emit, should_stop=shutdown_requested)
 
     summary = _serve(request, ProfileSweepRequest, failed, work)
     _send_to_control(TaskName.PROFILE_DONE, summary)
@@ -675,8 +683,7 @@ def _heartbeat_loop(payload: dict, interval_s: float, stop: threading.Event) -> 
     expires = max(60.0, 4 * interval_s)
     while not stop.wait(interval_s):
         try:
-            app.send_task(TaskName.DEVICE_HEARTBEAT, args=[payload], queue=CONTROL_QUEUE,
-                          expires=expires)
+            app.send_task(TaskName.DEVICE_HEARTBEAT, args=[payload], queue=CONTROL_QUEUE, expires=expires)
         except Exception:  # noqa: BLE001 - a missed heartbeat is logged; the next one retries
             logger.exception("heartbeat for device %s could not be sent", payload.get("name"))
 
@@ -716,26 +723,35 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", required=True, help="device name (lower-case, digits, - _)")
     parser.add_argument("--backend", default="cpu", choices=BACKEND_REGISTRY.names(), help="execution backend")
-    parser.add_argument("--cores", default=None,
-                        help="CPU ids the device may use, e.g. '0-3,6' "
-                             "(default: this process's affinity)")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="work folder (default: $MTFL_HOME/agents/<device>)")
-    parser.add_argument("--loglevel", default="INFO",
-                        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
-    parser.add_argument("--heartbeat-s", type=float, default=None,
-                        help=f"seconds between heartbeats (> 0; default ${ENV_HEARTBEAT_S} or "
-                             f"{DEFAULT_HEARTBEAT_S:g})")
-    parser.add_argument("--gpu", default=None,
-                        help=f"GPU backends: the GPU, an NVML index or a UUID (default: "
-                             f"${ENV_GPU} or 0)")
-    parser.add_argument("--control-url", default=None,
-                        help=f"no shared disk: the control plane's URL to fetch and send weights "
-                             f"through (default: ${ENV_CONTROL_URL}; unset: shared ARTIFACT_ROOT)")
-    parser.add_argument("--agent-token", default=None,
-                        help=f"the device's agent token from `mtfl device-token DEVICE` (default: "
-                             f"${ENV_AGENT_TOKEN}; prefer the variable or MTFL_AGENT_TOKEN_FILE, "
-                             f"options show in the process list)")
+    parser.add_argument(
+        "--cores", default=None, help="CPU ids the device may use, e.g. '0-3,6' (default: this process's affinity)"
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, default=None, help="work folder (default: $MTFL_HOME/agents/<device>)"
+    )
+    parser.add_argument("--loglevel", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+    parser.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=None,
+        help=f"seconds between heartbeats (> 0; default ${ENV_HEARTBEAT_S} or {DEFAULT_HEARTBEAT_S:g})",
+    )
+    parser.add_argument(
+        "--gpu", default=None, help=f"GPU backends: the GPU, an NVML index or a UUID (default: ${ENV_GPU} or 0)"
+    )
+    parser.add_argument(
+        "--control-url",
+        default=None,
+        help=f"no shared disk: the control plane's URL to fetch and send weights "
+        f"through (default: ${ENV_CONTROL_URL}; unset: shared ARTIFACT_ROOT)",
+    )
+    parser.add_argument(
+        "--agent-token",
+        default=None,
+        help=f"the device's agent token from `mtfl device-token DEVICE` (default: "
+        f"${ENV_AGENT_TOKEN}; prefer the variable or MTFL_AGENT_TOKEN_FILE, "
+        f"options show in the process list)",
+    )
     return parser
 
 
@@ -752,8 +768,10 @@ def _check_control_plane(device: str, refuse: Callable[..., int]) -> int | None:
         owner = ArtifactClient(transfer, attempts=3).whoami()
     except TransferError as exc:
         if exc.status in (401, 403):
-            return refuse(f"the control plane at {transfer.control_url} refused the agent token: issue one with "
-                          f"`mtfl device-token {device}`")
+            return refuse(
+                f"the control plane at {transfer.control_url} refused the agent token: issue one with "
+                f"`mtfl device-token {device}`"
+            )
         if exc.status is None:
             return refuse(str(exc), EXIT_CONTROL_PLANE)
         return refuse(str(exc))
@@ -851,25 +869,37 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
         _backend(args.backend).start(_context(settings))
     except BackendUnavailableError as exc:
         stop_backends()
-        return refuse(f"backend {args.backend!r} could not prepare device {args.device!r}: {exc}",
-                      EXIT_DEVICE)
+        return refuse(f"backend {args.backend!r} could not prepare device {args.device!r}: {exc}", EXIT_DEVICE)
     try:
         app.send_task(TaskName.DEVICE_REGISTER, args=[payload], queue=CONTROL_QUEUE)
     except Exception as exc:  # noqa: BLE001 - one clear line instead of a kombu traceback
         stop_backends()
-        return refuse(f"cannot register with the broker at {app.conf.broker_url}: {_describe(exc)}",
-                      EXIT_BROKER)
+        return refuse(f"cannot register with the broker at {app.conf.broker_url}: {_describe(exc)}", EXIT_BROKER)
     _STOP_HEARTBEAT.clear()
     threading.Thread(
-        target=_heartbeat_loop, args=(payload, args.heartbeat_s, _STOP_HEARTBEAT),
-        daemon=True, name="mtfl-heartbeat",
+        target=_heartbeat_loop,
+        args=(payload, args.heartbeat_s, _STOP_HEARTBEAT),
+        daemon=True,
+        name="mtfl-heartbeat",
     ).start()
 
-    app.worker_main([
-        "worker", "-Q", queue, "--pool", "solo", "--concurrency", "1",
-        "-n", f"agent.{args.device}@%h", "--without-gossip", "--without-mingle",
-        "--loglevel", args.loglevel,
-    ])
+    app.worker_main(
+        [
+            "worker",
+            "-Q",
+            queue,
+            "--pool",
+            "solo",
+            "--concurrency",
+            "1",
+            "-n",
+            f"agent.{args.device}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            args.loglevel,
+        ]
+    )
     _STOP_HEARTBEAT.set()
     stop_backends()
     return EXIT_OK

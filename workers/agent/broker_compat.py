@@ -44,7 +44,9 @@ def patch_kombu_redis_restore() -> bool:
         except AttributeError as exc:
             logger.warning(
                 "could not put %d unacknowledged message(s) back after the broker connection was lost (%s); Redis "
-                "delivers them again after the visibility timeout", len(self._delivered), exc,
+                "delivers them again after the visibility timeout",
+                len(self._delivered),
+                exc,
             )
             self._delivered.clear()
             return []

@@ -227,16 +227,23 @@ def round_request_problem(
     if len(ids) != len(set(ids)):
         return f"duplicate assignment_id in request: {ids}"
     if max_processes is not None and len(request.assignments) > max_processes:
-        return (f"round refused before launch: {len(request.assignments)} co-located trainers, "
-                f"but device {ctx.device!r} runs at most {max_processes} at once")
+        return (
+            f"round refused before launch: {len(request.assignments)} co-located trainers, "
+            f"but device {ctx.device!r} runs at most {max_processes} at once"
+        )
     if memory_bytes is not None:
         needs = [a.memory_limit_bytes or a.predicted_memory_bytes or 0 for a in request.assignments]
         if sum(needs) > memory_bytes:
-            parts = ", ".join(f"task {a.task.task_id}: {n / 2**30:.2f} GiB"
-                              for a, n in zip(request.assignments, needs, strict=True) if n)
-            return (f"round refused before launch: the trainers need {sum(needs) / 2**30:.2f} GiB "
-                    f"of device memory ({parts}) but device {ctx.device!r} has "
-                    f"{memory_bytes / 2**30:.2f} GiB")
+            parts = ", ".join(
+                f"task {a.task.task_id}: {n / 2**30:.2f} GiB"
+                for a, n in zip(request.assignments, needs, strict=True)
+                if n
+            )
+            return (
+                f"round refused before launch: the trainers need {sum(needs) / 2**30:.2f} GiB "
+                f"of device memory ({parts}) but device {ctx.device!r} has "
+                f"{memory_bytes / 2**30:.2f} GiB"
+            )
     return None
 
 
@@ -279,9 +286,7 @@ class TrainerProcessBackend(ExecutionBackend):
                 partitioning, or a device that cannot host the processes.
         """
 
-    def trainer_resources(
-        self, request: TrainRoundRequest, ctx: AgentContext
-    ) -> list[TrainerResources]:
+    def trainer_resources(self, request: TrainRoundRequest, ctx: AgentContext) -> list[TrainerResources]:
         """Return the resources of each assignment's trainer, in assignment order.
 
         Raises:
@@ -345,12 +350,9 @@ class TrainerProcessBackend(ExecutionBackend):
         threads = str(resources.threads)
         # Set before the child imports torch, so OpenMP/MKL size their pools to the share.
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
         env.update(resources.env)
         return env
-
 
     def _process(self, mode: str, stem: Path, resources: TrainerResources, label: str) -> ProcessSpec:
         """The launch engine's description of one ``workers.training.trainer`` process whose files are
@@ -358,8 +360,10 @@ class TrainerProcessBackend(ExecutionBackend):
         return ProcessSpec(
             command=TRAINER_COMMAND,
             args=[mode, str(stem.with_suffix(".spec.json")), str(stem.with_suffix(".result.json"))],
-            env=self.trainer_env(resources), stderr_path=stem.with_suffix(".stderr.log"),
-            label=label, result_path=stem.with_suffix(".result.json"),
+            env=self.trainer_env(resources),
+            stderr_path=stem.with_suffix(".stderr.log"),
+            label=label,
+            result_path=stem.with_suffix(".result.json"),
         )
 
     # ----------------------------------------------------------------------------- rounds
@@ -375,10 +379,15 @@ class TrainerProcessBackend(ExecutionBackend):
             ``error`` naming each task that failed and why (its stderr tail included), and the
             per-assignment results (killed ones say so).
         """
+
         def failed(error: str, results: list[AssignmentResult] | None = None) -> DeviceRoundResult:
             return DeviceRoundResult(
-                run_id=request.run_id, round_id=request.round_id, device=ctx.device,
-                status="failed", error=error, host=socket.gethostname(),
+                run_id=request.run_id,
+                round_id=request.round_id,
+                device=ctx.device,
+                status="failed",
+                error=error,
+                host=socket.gethostname(),
                 assignments=results or [],
             )
 
@@ -405,23 +414,26 @@ class TrainerProcessBackend(ExecutionBackend):
                 if group.wait_ready(ready_deadline, "ready_timeout_s") and group.go():
                     group.wait_exit(time.monotonic() + ctx.trainer_timeout_s, "trainer_timeout_s")
             except Exception as exc:  # noqa: BLE001 - the round is reported, never raised
-                logger.exception("round %s of run %s crashed in the agent", request.round_index,
-                                 request.run_id)
+                logger.exception("round %s of run %s crashed in the agent", request.round_index, request.run_id)
                 group.fail_all(f"{type(exc).__name__}: {exc}")
 
         children = group.children
-        results = [self._collect(assignment, resources, child) for assignment, resources, child
-                   in zip(request.assignments, allocations, children, strict=True)]
+        results = [
+            self._collect(assignment, resources, child)
+            for assignment, resources, child in zip(request.assignments, allocations, children, strict=True)
+        ]
         causes = group.causes()
-        causes += [c for c, r in zip(children, results, strict=True)
-                   if r.status == "failed" and c.fate is None]
+        causes += [c for c, r in zip(children, results, strict=True) if r.status == "failed" and c.fate is None]
         self.finish_dispatch(ctx, failed=bool(causes))
-        results = self.review_round(request, ctx, [c.proc.pid if c.proc else None for c in children],
-                                    results)
+        results = self.review_round(request, ctx, [c.proc.pid if c.proc else None for c in children], results)
         if not causes:
             return DeviceRoundResult(
-                run_id=request.run_id, round_id=request.round_id, device=ctx.device,
-                status="succeeded", host=socket.gethostname(), assignments=results,
+                run_id=request.run_id,
+                round_id=request.round_id,
+                device=ctx.device,
+                status="succeeded",
+                host=socket.gethostname(),
+                assignments=results,
             )
         errors = {id(c): r.error for c, r in zip(children, results, strict=True)}
         return failed("; ".join(f"{c.label}: {errors[id(c)]}" for c in causes), results)
@@ -432,8 +444,7 @@ class TrainerProcessBackend(ExecutionBackend):
         """Write one spec file per assignment; return the trainers to launch, in order."""
         if len(allocations) != len(request.assignments):
             raise ValueError(
-                f"backend allocated {len(allocations)} trainers for "
-                f"{len(request.assignments)} assignments"
+                f"backend allocated {len(allocations)} trainers for {len(request.assignments)} assignments"
             )
         work = ctx.state_dir / "work" / f"run-{request.run_id}" / f"round-{request.round_index}"
         work.mkdir(parents=True, exist_ok=True)
@@ -495,9 +506,9 @@ class TrainerProcessBackend(ExecutionBackend):
             The trainer's :class:`StandaloneResult`, or ``status="failed"`` with the reason
             (timeout, crash with its stderr tail, shutdown, cancellation).
         """
+
         def failed(error: str) -> StandaloneResult:
-            return StandaloneResult(run_id=request.run_id, device=ctx.device, status="failed",
-                                    error=error)
+            return StandaloneResult(run_id=request.run_id, device=ctx.device, status="failed", error=error)
 
         if shutdown_requested():
             return failed("agent shutting down: measurement refused")
@@ -514,24 +525,27 @@ class TrainerProcessBackend(ExecutionBackend):
             work = ctx.state_dir / "work" / f"run-{request.run_id}" / "standalone"
             work.mkdir(parents=True, exist_ok=True)
             spec = StandaloneSpec(
-                run_id=request.run_id, device=ctx.device, items=request.items,
-                threads=resources.threads, cores=resources.cores,
+                run_id=request.run_id,
+                device=ctx.device,
+                items=request.items,
+                threads=resources.threads,
+                cores=resources.cores,
                 warmup_iterations=request.warmup_iterations,
                 timed_iterations=request.timed_iterations,
             )
             stem = work / "standalone"
             stem.with_suffix(".spec.json").write_text(spec.model_dump_json(indent=2))
             measured = self._run_standalone(
-                request, ctx,
-                self._process("standalone", stem, resources, "standalone measurement"),
-                failed)
+                request, ctx, self._process("standalone", stem, resources, "standalone measurement"), failed
+            )
         finally:
             self.finish_dispatch(ctx, failed=measured is None or measured.status != "succeeded")
         return measured
 
     @staticmethod
-    def _run_standalone(request: StandaloneRequest, ctx: AgentContext, spec: ProcessSpec,
-                        failed: Callable[[str], StandaloneResult]) -> StandaloneResult:
+    def _run_standalone(
+        request: StandaloneRequest, ctx: AgentContext, spec: ProcessSpec, failed: Callable[[str], StandaloneResult]
+    ) -> StandaloneResult:
         """Launch the standalone trainer, wait for it, read its result (never raises)."""
         with ProcessGroup([spec], barrier=False) as group:
             try:

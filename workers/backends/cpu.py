@@ -105,13 +105,9 @@ class CpuBackend(TrainerProcessBackend):
             BackendUnavailableError: naming what is missing.
         """
         if not hasattr(os, "sched_setaffinity"):
-            raise BackendUnavailableError(
-                "cpu backend needs os.sched_setaffinity (Linux) to pin trainers to cores"
-            )
+            raise BackendUnavailableError("cpu backend needs os.sched_setaffinity (Linux) to pin trainers to cores")
         if importlib.util.find_spec("fcntl") is None:
-            raise BackendUnavailableError(
-                "cpu backend needs fcntl.flock (POSIX) for time-slicing trainers"
-            )
+            raise BackendUnavailableError("cpu backend needs fcntl.flock (POSIX) for time-slicing trainers")
         if importlib.util.find_spec("torch") is None:
             raise BackendUnavailableError("cpu backend needs torch: pip install torch torchvision")
 
@@ -135,14 +131,12 @@ class CpuBackend(TrainerProcessBackend):
             lock = ctx.state_dir / "device.lock"
             env = _env(shared_cores=len(shares) > 1)
             return [
-                TrainerResources(threads=len(ctx.cores), cores=list(ctx.cores), lock_path=lock, env=env)
-                for _ in shares
+                TrainerResources(threads=len(ctx.cores), cores=list(ctx.cores), lock_path=lock, env=env) for _ in shares
             ]
         if partitioning == "mps":
             windows = cpu_allocation(list(shares), ctx.cores)
             return [
-                TrainerResources(threads=len(window), cores=window,
-                                 env=_env(shared_cores=_overlaps(k, windows)))
+                TrainerResources(threads=len(window), cores=window, env=_env(shared_cores=_overlaps(k, windows)))
                 for k, window in enumerate(windows)
             ]
         raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")

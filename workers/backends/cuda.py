@@ -173,7 +173,8 @@ class CudaBackend(TrainerProcessBackend):
         except BackendUnavailableError as exc:
             return str(exc)
         problem = round_request_problem(
-            request, ctx,
+            request,
+            ctx,
             max_processes=MPS_MAX_CLIENTS if request.partitioning == "mps" and self.uses_mps else None,
             memory_bytes=info.memory_bytes,
         )
@@ -183,9 +184,11 @@ class CudaBackend(TrainerProcessBackend):
             return f"GPU {info.uuid} is in compute mode Prohibited: no process may use it"
         exclusive = info.compute_mode in ("Exclusive_Process", "Exclusive_Thread")
         if exclusive and request.partitioning == "timeslice" and len(request.assignments) > 1:
-            return (f"round refused before launch: GPU {info.uuid} is in compute mode "
-                    f"{info.compute_mode}, which allows one CUDA context, but time slicing runs "
-                    f"{len(request.assignments)}; set it to Default (nvidia-smi -c DEFAULT)")
+            return (
+                f"round refused before launch: GPU {info.uuid} is in compute mode "
+                f"{info.compute_mode}, which allows one CUDA context, but time slicing runs "
+                f"{len(request.assignments)}; set it to Default (nvidia-smi -c DEFAULT)"
+            )
         return None
 
     def _plain_env(self, ctx: AgentContext) -> dict[str, str]:
@@ -209,8 +212,7 @@ class CudaBackend(TrainerProcessBackend):
     def _timeslice_resources(self, count: int, ctx: AgentContext) -> list[TrainerResources]:
         env = self._plain_env(ctx)
         threads = self._threads(ctx, count)
-        return [TrainerResources(threads=threads, cores=list(ctx.cores) or None, env=env)
-                for _ in range(count)]
+        return [TrainerResources(threads=threads, cores=list(ctx.cores) or None, env=env) for _ in range(count)]
 
     def standalone_resources(self, ctx: AgentContext) -> TrainerResources:
         """The whole GPU, outside MPS, with all the device's cores."""
@@ -400,35 +402,43 @@ class CudaMpsBackend(CudaBackend):
         Raises:
             ValueError: as :meth:`resources_for_shares`.
         """
-        return self._resources([a.active_thread_percentage for a in request.assignments],
-                               [a.memory_limit_bytes for a in request.assignments],
-                               request.partitioning, ctx)
+        return self._resources(
+            [a.active_thread_percentage for a in request.assignments],
+            [a.memory_limit_bytes for a in request.assignments],
+            request.partitioning,
+            ctx,
+        )
 
-    def _resources(self, shares: Sequence[int], limits: Sequence[int | None],
-                   partitioning: Partitioning, ctx: AgentContext) -> list[TrainerResources]:
+    def _resources(
+        self, shares: Sequence[int], limits: Sequence[int | None], partitioning: Partitioning, ctx: AgentContext
+    ) -> list[TrainerResources]:
         self._check_shares(shares)
         if partitioning == "timeslice":
             return self._timeslice_resources(len(shares), ctx)
         if partitioning != "mps":
             raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
         if len(shares) > MPS_MAX_CLIENTS:
-            raise ValueError(f"{len(shares)} MPS clients requested; a GPU serves at most "
-                             f"{MPS_MAX_CLIENTS}")
+            raise ValueError(f"{len(shares)} MPS clients requested; a GPU serves at most {MPS_MAX_CLIENTS}")
         try:
             daemon = self.daemon(ctx)
         except BackendUnavailableError as exc:
             raise ValueError(str(exc)) from None
         threads = self._threads(ctx, len(shares))
-        base = {"CUDA_VISIBLE_DEVICES": self.gpu_info().uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                ENV_TRAINER_DEVICE: "cuda"}
+        base = {
+            "CUDA_VISIBLE_DEVICES": self.gpu_info().uuid,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            ENV_TRAINER_DEVICE: "cuda",
+        }
         return [
-            TrainerResources(threads=threads, cores=list(ctx.cores) or None,
-                             env={**base, **daemon.client_env(share, limit)})
+            TrainerResources(
+                threads=threads, cores=list(ctx.cores) or None, env={**base, **daemon.client_env(share, limit)}
+            )
             for share, limit in zip(shares, limits, strict=True)
         ]
 
-    def review_round(self, request: TrainRoundRequest, ctx: AgentContext,
-                     pids: Sequence[int | None], results: list[AssignmentResult]) -> list[AssignmentResult]:
+    def review_round(
+        self, request: TrainRoundRequest, ctx: AgentContext, pids: Sequence[int | None], results: list[AssignmentResult]
+    ) -> list[AssignmentResult]:
         """Under ``mps``: record, from the MPS server log, whether each trainer connected to
         this agent's server and which share it got (``mps_verified``,
         ``mps_active_thread_percentage``, ``mps_detail``)."""
@@ -438,10 +448,15 @@ class CudaMpsBackend(CudaBackend):
         reviewed = []
         for assignment, pid, result in zip(request.assignments, pids, results, strict=True):
             applied, verified, detail = verify_client_share(log, pid, assignment.active_thread_percentage)
-            reviewed.append(result.model_copy(update={
-                "mps_active_thread_percentage": applied, "mps_verified": verified,
-                "mps_detail": detail,
-            }))
+            reviewed.append(
+                result.model_copy(
+                    update={
+                        "mps_active_thread_percentage": applied,
+                        "mps_verified": verified,
+                        "mps_detail": detail,
+                    }
+                )
+            )
         return reviewed
 
     def run_round(self, request: TrainRoundRequest, ctx: AgentContext) -> DeviceRoundResult:

@@ -69,9 +69,7 @@ def nvml() -> ModuleType:
         try:
             module = importlib.import_module("pynvml")
         except ImportError:
-            raise GpuUnavailableError(
-                "the Python NVML bindings are missing: pip install nvidia-ml-py"
-            ) from None
+            raise GpuUnavailableError("the Python NVML bindings are missing: pip install nvidia-ml-py") from None
         try:
             module.nvmlInit()
         except module.NVMLError as exc:
@@ -122,8 +120,7 @@ def parse_gpu_selector(text: str | None) -> str:
     if value.isdigit() or _UUID.match(value):
         return value
     raise ValueError(
-        f"{ENV_GPU}={value!r} is not a GPU: use an NVML index (0, 1, …) or a UUID "
-        "(GPU-…, as `nvidia-smi -L` prints it)"
+        f"{ENV_GPU}={value!r} is not a GPU: use an NVML index (0, 1, …) or a UUID (GPU-…, as `nvidia-smi -L` prints it)"
     )
 
 
@@ -233,21 +230,28 @@ def gpu_inventory(selector: str, *, probe: bool = False) -> GpuInfo:
     cuda_raw = optional("CUDA version", lambda: int(lib.nvmlSystemGetCudaDriverVersion()), 0)
     # NVML encodes CUDA 12.4 as 12040.
     cuda = f"{cuda_raw // 1000}.{cuda_raw % 1000 // 10}" if cuda_raw else ""
-    mode = optional("compute mode",
-                    lambda: _COMPUTE_MODES.get(int(lib.nvmlDeviceGetComputeMode(handle)), ""), "")
-    sm_count = optional("SM count (device attributes)",
-                        lambda: int(lib.nvmlDeviceGetAttributes_v2(handle).multiprocessorCount),
-                        None)
-    capability = optional("compute capability",
-                          lambda: "%d.%d" % tuple(lib.nvmlDeviceGetCudaComputeCapability(handle)),
-                          "")
+    mode = optional("compute mode", lambda: _COMPUTE_MODES.get(int(lib.nvmlDeviceGetComputeMode(handle)), ""), "")
+    sm_count = optional(
+        "SM count (device attributes)", lambda: int(lib.nvmlDeviceGetAttributes_v2(handle).multiprocessorCount), None
+    )
+    capability = optional(
+        "compute capability", lambda: "%d.%d" % tuple(lib.nvmlDeviceGetCudaComputeCapability(handle)), ""
+    )
     if probe and not sm_count:
         probed_sms, probed_capability = probe_cuda_device(uuid)
         sm_count = probed_sms
         capability = capability or probed_capability
-    return GpuInfo(index=index, uuid=uuid, name=name, memory_bytes=memory, driver_version=driver,
-                   cuda_version=cuda, compute_mode=mode, sm_count=sm_count or None,
-                   compute_capability=capability)
+    return GpuInfo(
+        index=index,
+        uuid=uuid,
+        name=name,
+        memory_bytes=memory,
+        driver_version=driver,
+        cuda_version=cuda,
+        compute_mode=mode,
+        sm_count=sm_count or None,
+        compute_capability=capability,
+    )
 
 
 _PROBE_CODE = """
@@ -278,8 +282,14 @@ def probe_cuda_device(uuid: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[in
         with tempfile.TemporaryDirectory(prefix="mtfl-probe-") as empty:
             env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
             env.update(CUDA_VISIBLE_DEVICES=uuid, CUDA_MPS_PIPE_DIRECTORY=empty)
-            done = subprocess.run([sys.executable, "-c", _PROBE_CODE], env=env,
-                                  capture_output=True, text=True, timeout=timeout_s, check=False)
+            done = subprocess.run(
+                [sys.executable, "-c", _PROBE_CODE],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
         lines = done.stdout.strip().splitlines()
         reply = json.loads(lines[-1]) if lines else {"error": done.stderr.strip()[-300:]}
         if "sm_count" in reply:
@@ -305,8 +315,12 @@ def sample_gpu(uuid: str) -> GpuSample:
         memory = lib.nvmlDeviceGetMemoryInfo(handle)
     except lib.NVMLError as exc:
         raise GpuUnavailableError(f"NVML cannot sample GPU {uuid} ({_nvml_text(exc)})") from None
-    return GpuSample(t=time.time(), gpu_util_percent=max(0, min(100, int(util.gpu))),
-                     memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total))
+    return GpuSample(
+        t=time.time(),
+        gpu_util_percent=max(0, min(100, int(util.gpu))),
+        memory_used_bytes=int(memory.used),
+        memory_total_bytes=int(memory.total),
+    )
 
 
 class GpuTelemetry:

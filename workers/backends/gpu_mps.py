@@ -192,9 +192,7 @@ class MpsDaemon:
         """
         share = active_thread_percentage
         if isinstance(share, bool) or not isinstance(share, int) or not 1 <= share <= 100:
-            raise ValueError(
-                f"active_thread_percentage must be an integer in [1, 100] (percent), got {share!r}"
-            )
+            raise ValueError(f"active_thread_percentage must be an integer in [1, 100] (percent), got {share!r}")
         env = {
             "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
             "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
@@ -219,13 +217,17 @@ class MpsDaemon:
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
             done = subprocess.run(
-                [self.binary], input=f"{command}\n", env=self.daemon_env(), capture_output=True,
-                text=True, timeout=limit, check=False,
+                [self.binary],
+                input=f"{command}\n",
+                env=self.daemon_env(),
+                capture_output=True,
+                text=True,
+                timeout=limit,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             raise MpsNoAnswerError(
-                f"the MPS control daemon at {self.pipe_dir} did not answer `{command}` within "
-                f"{limit:g} s"
+                f"the MPS control daemon at {self.pipe_dir} did not answer `{command}` within {limit:g} s"
             ) from None
         except OSError as exc:
             raise MpsError(f"cannot run {self.binary}: {exc.strerror or exc}") from None
@@ -297,8 +299,9 @@ class MpsDaemon:
             if self._control_socket.exists():
                 try:
                     if self.answers():
-                        logger.warning("an MPS control daemon of this user already runs in %s; "
-                                       "restarting it", self.pipe_dir)
+                        logger.warning(
+                            "an MPS control daemon of this user already runs in %s; restarting it", self.pipe_dir
+                        )
                         self._quit()
                     else:
                         self._control_socket.unlink(missing_ok=True)
@@ -316,14 +319,17 @@ class MpsDaemon:
                 with open(stderr_path, "wb") as stderr:
                     # No pipes: the daemon forks into the background and would hold them open.
                     done = subprocess.run(
-                        [self.binary, "-d"], env=self.daemon_env(), stdin=subprocess.DEVNULL,
-                        stdout=stderr, stderr=stderr, timeout=self.timeout_s, check=False,
+                        [self.binary, "-d"],
+                        env=self.daemon_env(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=stderr,
+                        stderr=stderr,
+                        timeout=self.timeout_s,
+                        check=False,
                         start_new_session=True,
                     )
             except subprocess.TimeoutExpired:
-                raise MpsNoAnswerError(
-                    f"`{self.binary} -d` did not return within {self.timeout_s:g} s"
-                ) from None
+                raise MpsNoAnswerError(f"`{self.binary} -d` did not return within {self.timeout_s:g} s") from None
             except OSError as exc:
                 self.started = False
                 raise MpsError(f"cannot run {self.binary}: {exc.strerror or exc}") from None
@@ -331,8 +337,7 @@ class MpsDaemon:
                 self.started = False
                 said = " ".join((_tail(stderr_path) or _tail(self.log_dir / "control.log")).split())
                 raise MpsError(
-                    f"`{self.binary} -d` failed (exit {done.returncode})"
-                    f"{': ' + said[-300:] if said else ''}"
+                    f"`{self.binary} -d` failed (exit {done.returncode}){': ' + said[-300:] if said else ''}"
                 )
             deadline = time.monotonic() + self.timeout_s
             last = "its control socket never appeared"
@@ -352,8 +357,7 @@ class MpsDaemon:
                         last = str(exc)
                     else:
                         self.answering = True
-                        logger.info("MPS control daemon answering in %s (GPU %s)", self.pipe_dir,
-                                    self.gpu_uuid)
+                        logger.info("MPS control daemon answering in %s (GPU %s)", self.pipe_dir, self.gpu_uuid)
                         return
                 time.sleep(0.05)
 
@@ -428,9 +432,7 @@ _CLIENT_CONNECTED = (
     re.compile(r"^Client \{PID:\s*(?P<cpid>\d+),\s*Context ID:\s*\d+\} connected", re.I),
     re.compile(r"^New client (?P<cpid>\d+) connected", re.I),
 )
-_CLIENT_SHARE = re.compile(
-    r"client\b\D*?(?P<cpid>\d+).*?active threads? percentage\D*?(?P<pct>\d+(?:\.\d+)?)", re.I
-)
+_CLIENT_SHARE = re.compile(r"client\b\D*?(?P<cpid>\d+).*?active threads? percentage\D*?(?P<pct>\d+(?:\.\d+)?)", re.I)
 
 
 @dataclass
@@ -525,9 +527,13 @@ def verify_client_share(log: MpsServerLog, client_pid: int | None, requested: in
         equals ``requested``; ``detail`` says what was seen.
     """
     if client_pid is None or client_pid not in log.client_server:
-        return None, False, (
-            f"the MPS server log does not show trainer pid {client_pid} as a client: it did not "
-            "reach CUDA, or ran without MPS"
+        return (
+            None,
+            False,
+            (
+                f"the MPS server log does not show trainer pid {client_pid} as a client: it did not "
+                "reach CUDA, or ran without MPS"
+            ),
         )
     server = log.client_server[client_pid]
     if client_pid in log.client_share:
@@ -538,7 +544,9 @@ def verify_client_share(log: MpsServerLog, client_pid: int | None, requested: in
         applied = min(float(requested), cap)
         source = f"its env share under server {server}'s {cap:g} %"
     verified = abs(applied - requested) < 0.5
-    detail = (f"client of MPS server {server} at {applied:g} % ({source})" if verified else
-              f"client of MPS server {server} at {applied:g} % ({source}), not the "
-              f"{requested} % requested")
+    detail = (
+        f"client of MPS server {server} at {applied:g} % ({source})"
+        if verified
+        else f"client of MPS server {server} at {applied:g} % ({source}), not the {requested} % requested"
+    )
     return applied, verified, detail

@@ -38,9 +38,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workers.fl.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
 from workers.backends.base import AgentContext, AnalyticBackend, round_request_problem
+from workers.fl.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
 from workers.launch import cancel_requested, shutdown_requested
+from workers.profiling.child import INPUT_SHAPE as PROFILE_INPUT_SHAPE
 from workers.protocol.messages import (
     AssignmentResult,
     AssignmentSpec,
@@ -54,7 +55,6 @@ from workers.protocol.messages import (
     StandaloneResult,
     TrainRoundRequest,
 )
-from workers.profiling.child import INPUT_SHAPE as PROFILE_INPUT_SHAPE
 
 ENV_DEVICE = "MTFL_SIM_DEVICE"
 ENV_TIME_SCALE = "MTFL_SIM_TIME_SCALE"
@@ -164,9 +164,7 @@ def device_spec(name: str) -> DeviceSpec:
         ValueError: for an unknown name, listing the presets.
     """
     if name not in DEVICE_PRESETS:
-        raise ValueError(
-            f"simulated device {name!r} is unknown; allowed: {', '.join(sorted(DEVICE_PRESETS))}"
-        )
+        raise ValueError(f"simulated device {name!r} is unknown; allowed: {', '.join(sorted(DEVICE_PRESETS))}")
     return DEVICE_PRESETS[name]
 
 
@@ -179,8 +177,7 @@ def device_from_env() -> DeviceSpec:
     name = os.environ.get(ENV_DEVICE, "").strip() or DEFAULT_DEVICE
     if name not in DEVICE_PRESETS:
         raise ValueError(
-            f"{ENV_DEVICE}={name!r} is not a simulated device; allowed: "
-            f"{', '.join(sorted(DEVICE_PRESETS))}"
+            f"{ENV_DEVICE}={name!r} is not a simulated device; allowed: {', '.join(sorted(DEVICE_PRESETS))}"
         )
     return DEVICE_PRESETS[name]
 
@@ -292,7 +289,10 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def noise_factors(
-    seed: int, round_index: int, device: str, task_ids: Sequence[int] | np.ndarray,
+    seed: int,
+    round_index: int,
+    device: str,
+    task_ids: Sequence[int] | np.ndarray,
     sigma: float = NOISE_SIGMA,
 ) -> np.ndarray:
     """Multiplicative lognormal noise ``exp(σ·z)``, ``z ~ N(0, 1)``, one factor per task.
@@ -380,8 +380,7 @@ def _check_inputs(present: np.ndarray, **arrays: np.ndarray) -> None:
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ValueError(
-                f"{name} must be finite and {text} for every present task; got "
-                f"{values[where]!r} at index {where}"
+                f"{name} must be finite and {text} for every present task; got {values[where]!r} at index {where}"
             )
 
 
@@ -476,20 +475,21 @@ def simulate_throughput(
     if partitioning not in ("mps", "timeslice"):
         raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
     try:
-        F, A, P, N, B, R = np.broadcast_arrays(*(
-            np.asarray(x, dtype=float)
-            for x in (flops_per_sample, activation_bytes_per_sample, param_bytes, layers,
-                      batch_size, share)
-        ))
+        F, A, P, N, B, R = np.broadcast_arrays(
+            *(
+                np.asarray(x, dtype=float)
+                for x in (flops_per_sample, activation_bytes_per_sample, param_bytes, layers, batch_size, share)
+            )
+        )
     except ValueError as exc:
         raise ValueError(f"simulate_throughput inputs do not broadcast: {exc}") from None
     if F.ndim == 0:
         raise ValueError("simulate_throughput needs a task axis: pass arrays of shape (..., I)")
     shape = F.shape
-    present = (np.ones(shape, dtype=bool) if present is None
-               else np.broadcast_to(np.asarray(present, dtype=bool), shape))
-    _check_inputs(present, flops_per_sample=F, activation_bytes_per_sample=A, param_bytes=P,
-                  layers=N, batch_size=B, share=R)
+    present = np.ones(shape, dtype=bool) if present is None else np.broadcast_to(np.asarray(present, dtype=bool), shape)
+    _check_inputs(
+        present, flops_per_sample=F, activation_bytes_per_sample=A, param_bytes=P, layers=N, batch_size=B, share=R
+    )
     lead = shape[:-1]
     dev = {f: _device_field(device, f, lead) for f in _NUMERIC_FIELDS}
 
@@ -513,8 +513,7 @@ def simulate_throughput(
     kernels = 1.0 if inference else TRAIN_KERNELS_PER_LAYER
     with np.errstate(divide="ignore", invalid="ignore"):
         intensity = np.where(A > 0, F / (kernels * A / 4.0), np.inf)
-        kernel_efficiency = np.where(np.isinf(intensity), 1.0,
-                                     intensity / (intensity + INTENSITY_HALF))
+        kernel_efficiency = np.where(np.isinf(intensity), 1.0, intensity / (intensity + INTENSITY_HALF))
     rate = dev["flops_efficiency"] * kernel_efficiency * dev["peak_flops"]
     launch = kernels * N * dev["kernel_s"]
     elements = A * B / (4.0 * N)
@@ -524,8 +523,7 @@ def simulate_throughput(
     def device_time(r: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             # No activations says nothing about parallelism: treat the slice as filled.
-            efficiency = np.where(elements > 0, elements / (elements + WIDTH_HALF * r * slots),
-                                  1.0)
+            efficiency = np.where(elements > 0, elements / (elements + WIDTH_HALF * r * slots), 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             compute = np.where(work > 0, work / (rate * r * efficiency), 0.0)
         bandwidth = dev["memory_bandwidth"] * np.minimum(1.0, r / BANDWIDTH_SATURATING_SHARE)
@@ -563,8 +561,9 @@ def simulate_throughput(
     )
 
 
-def _stretch(v: np.ndarray, launch: np.ndarray, D: np.ndarray, run: np.ndarray,
-             cap: np.ndarray, busy: np.ndarray) -> np.ndarray:
+def _stretch(
+    v: np.ndarray, launch: np.ndarray, D: np.ndarray, run: np.ndarray, cap: np.ndarray, busy: np.ndarray
+) -> np.ndarray:
     """Smallest ``σ >= 1`` with ``Σ_run v / smooth_max(L, σ·D) <= cap``, shape ``(...)``.
 
     The demand falls monotonically in ``σ`` and is at most ``Σ a / σ``, so the root lies in
@@ -600,16 +599,20 @@ def _stretch(v: np.ndarray, launch: np.ndarray, D: np.ndarray, run: np.ndarray,
     return sigma.reshape(lead)
 
 
-def alone_throughput(workload: SimWorkload, batch_size: int, device: DeviceSpec,
-                     noise: float = 1.0) -> float | None:
+def alone_throughput(workload: SimWorkload, batch_size: int, device: DeviceSpec, noise: float = 1.0) -> float | None:
     """Samples/s of one task alone on the whole device (``P_alone``, share 100).
 
     Returns:
         The throughput, or ``None`` if the task does not fit in the device's memory.
     """
     prediction = simulate_throughput(
-        [workload.flops_per_sample], [workload.activation_bytes_per_sample],
-        [workload.param_bytes], [workload.layers], [batch_size], [100], device,
+        [workload.flops_per_sample],
+        [workload.activation_bytes_per_sample],
+        [workload.param_bytes],
+        [workload.layers],
+        [batch_size],
+        [100],
+        device,
         noise=[noise],
     )
     return None if prediction.oom[0] else float(prediction.throughput_sps[0])
@@ -667,8 +670,11 @@ class SimulatedBackend(AnalyticBackend):
 
     def describe(self) -> dict:
         """The simulated GPU: its preset name, memory and SMs (its allocation units)."""
-        return {"accelerator": self.device.name, "memory_bytes": int(self.device.memory_bytes),
-                "allocation_units": int(self.device.sms)}
+        return {
+            "accelerator": self.device.name,
+            "memory_bytes": int(self.device.memory_bytes),
+            "allocation_units": int(self.device.sms),
+        }
 
     def check_available(self) -> None:
         """Nothing to check: the model needs only NumPy, which importing this module already
@@ -698,11 +704,17 @@ class SimulatedBackend(AnalyticBackend):
         Returns:
             The :class:`DeviceRoundResult`, ``simulated=True`` on it and every assignment.
         """
+
         def failed(error: str, results: list[AssignmentResult] | None = None) -> DeviceRoundResult:
             return DeviceRoundResult(
-                run_id=request.run_id, round_id=request.round_id, device=ctx.device,
-                status="failed", error=error, host=socket.gethostname(),
-                assignments=results or [], simulated=True,
+                run_id=request.run_id,
+                round_id=request.round_id,
+                device=ctx.device,
+                status="failed",
+                error=error,
+                host=socket.gethostname(),
+                assignments=results or [],
+                simulated=True,
             )
 
         problem = round_request_problem(request, ctx)
@@ -710,8 +722,12 @@ class SimulatedBackend(AnalyticBackend):
             return failed(problem)
         if not request.assignments:
             return DeviceRoundResult(
-                run_id=request.run_id, round_id=request.round_id, device=ctx.device,
-                status="succeeded", host=socket.gethostname(), simulated=True,
+                run_id=request.run_id,
+                round_id=request.round_id,
+                device=ctx.device,
+                status="succeeded",
+                host=socket.gethostname(),
+                simulated=True,
             )
 
         assignments = request.assignments
@@ -723,8 +739,7 @@ class SimulatedBackend(AnalyticBackend):
             try:
                 path = store.path(assignment.global_weights)
                 if not path.is_file():
-                    raise FileNotFoundError(
-                        f"global_weights {assignment.global_weights!r} not found at {path}")
+                    raise FileNotFoundError(f"global_weights {assignment.global_weights!r} not found at {path}")
                 workload = _assignment_workload(assignment)
             except (OSError, ValueError) as exc:
                 errors[k] = f"{type(exc).__name__}: {exc}"
@@ -734,68 +749,77 @@ class SimulatedBackend(AnalyticBackend):
 
         counts = np.array([a.shard.count for a in assignments])
         batches = np.array([_effective_batch(a.batch_size, a.shard.count) for a in assignments])
-        noise = np.array([
-            noise_factors(a.seed, request.round_index, ctx.device, [a.task.task_id])[0]
-            for a in assignments
-        ])
+        noise = np.array(
+            [noise_factors(a.seed, request.round_index, ctx.device, [a.task.task_id])[0] for a in assignments]
+        )
         arrays = dict(
             flops_per_sample=np.array([w.flops_per_sample for w in workloads]),
-            activation_bytes_per_sample=np.array(
-                [w.activation_bytes_per_sample for w in workloads]),
+            activation_bytes_per_sample=np.array([w.activation_bytes_per_sample for w in workloads]),
             param_bytes=np.array([w.param_bytes for w in workloads]),
             layers=np.array([w.layers for w in workloads]),
             batch_size=batches,
             share=np.array([a.active_thread_percentage for a in assignments]),
         )
-        first = simulate_throughput(**arrays, device=self.device,
-                                    partitioning=request.partitioning, noise=noise)
+        first = simulate_throughput(**arrays, device=self.device, partitioning=request.partitioning, noise=noise)
         if first.oom.any():
             return _failed_round(failed, assignments, _oom_errors(first, self.device))
 
         samples = counts * np.array([a.local_epochs for a in assignments])
-        seconds = _phased_seconds(samples.astype(float), arrays, self.device,
-                                  request.partitioning, noise)
+        seconds = _phased_seconds(samples.astype(float), arrays, self.device, request.partitioning, noise)
         started_at = time.time()
         if self.time_scale > 0 and not self._sleep(float(seconds.max()) * self.time_scale):
             why = "agent shutting down" if shutdown_requested() else cancel_requested() or "cancelled"
-            return failed(why, [
-                AssignmentResult(assignment_id=a.assignment_id, task_id=a.task.task_id,
-                                 status="failed", error=why, simulated=True)
-                for a in assignments
-            ])
+            return failed(
+                why,
+                [
+                    AssignmentResult(
+                        assignment_id=a.assignment_id,
+                        task_id=a.task.task_id,
+                        status="failed",
+                        error=why,
+                        simulated=True,
+                    )
+                    for a in assignments
+                ],
+            )
 
         results = []
         for k, assignment in enumerate(assignments):
             try:
-                sha = self._pass_through(store, assignment.output_weights,
-                                         store.path(assignment.global_weights))
+                sha = self._pass_through(store, assignment.output_weights, store.path(assignment.global_weights))
             except (OSError, ValueError) as exc:
                 errors[k] = f"cannot write output_weights: {type(exc).__name__}: {exc}"
                 continue
             iterations = epoch_iterations(int(counts[k]), int(batches[k])) * assignment.local_epochs
             trained = samples[k] > 0
-            results.append(AssignmentResult(
-                assignment_id=assignment.assignment_id,
-                task_id=assignment.task.task_id,
-                status="succeeded",
-                samples_trained=int(samples[k]),
-                iterations=iterations if trained else 0,
-                timed_iterations=_timed_iterations(iterations, request.warmup_iterations)
-                if trained else 0,
-                seconds=float(seconds[k]),
-                throughput_sps=float(samples[k] / seconds[k]) if trained else None,
-                train_loss=None,
-                started_at=started_at,
-                finished_at=started_at + float(seconds[k]),
-                weights=assignment.output_weights,
-                weights_sha256=sha,
-                simulated=True,
-            ))
+            results.append(
+                AssignmentResult(
+                    assignment_id=assignment.assignment_id,
+                    task_id=assignment.task.task_id,
+                    status="succeeded",
+                    samples_trained=int(samples[k]),
+                    iterations=iterations if trained else 0,
+                    timed_iterations=_timed_iterations(iterations, request.warmup_iterations) if trained else 0,
+                    seconds=float(seconds[k]),
+                    throughput_sps=float(samples[k] / seconds[k]) if trained else None,
+                    train_loss=None,
+                    started_at=started_at,
+                    finished_at=started_at + float(seconds[k]),
+                    weights=assignment.output_weights,
+                    weights_sha256=sha,
+                    simulated=True,
+                )
+            )
         if errors:
             return _failed_round(failed, assignments, errors)
         return DeviceRoundResult(
-            run_id=request.run_id, round_id=request.round_id, device=ctx.device,
-            status="succeeded", host=socket.gethostname(), assignments=results, simulated=True,
+            run_id=request.run_id,
+            round_id=request.round_id,
+            device=ctx.device,
+            status="succeeded",
+            host=socket.gethostname(),
+            assignments=results,
+            simulated=True,
         )
 
     def _pass_through(self, store: LocalArtifactStore, key: str, source) -> str:
@@ -849,9 +873,11 @@ class SimulatedBackend(AnalyticBackend):
         Returns:
             The :class:`StandaloneResult`, ``simulated=True`` on it and every measurement.
         """
+
         def failed(error: str) -> StandaloneResult:
-            return StandaloneResult(run_id=request.run_id, device=ctx.device, status="failed",
-                                    error=error, simulated=True)
+            return StandaloneResult(
+                run_id=request.run_id, device=ctx.device, status="failed", error=error, simulated=True
+            )
 
         if shutdown_requested():
             return failed("agent shutting down: measurement refused")
@@ -867,29 +893,38 @@ class SimulatedBackend(AnalyticBackend):
                 error = "ValueError: shard.count is 0: nothing to measure"
             else:
                 try:
-                    workload = _task_workload(task.architecture, task.num_classes,
-                                              task.dataset.name)
+                    workload = _task_workload(task.architecture, task.num_classes, task.dataset.name)
                 except ValueError as exc:
                     error = f"ValueError: {exc}"
                 else:
                     noise = noise_factors(request.run_id, -1, ctx.device, [task.task_id])[0]
                     throughput = alone_throughput(
-                        workload, _effective_batch(item.batch_size, item.shard.count),
-                        self.device, float(noise))
+                        workload, _effective_batch(item.batch_size, item.shard.count), self.device, float(noise)
+                    )
                     if throughput is None:
-                        error = (f"CUDA out of memory (simulated): batch {item.batch_size} "
-                                 f"does not fit in {self.device.name}'s "
-                                 f"{_gib(self.device.memory_bytes)}")
+                        error = (
+                            f"CUDA out of memory (simulated): batch {item.batch_size} "
+                            f"does not fit in {self.device.name}'s "
+                            f"{_gib(self.device.memory_bytes)}"
+                        )
             if error:
                 errors.append(f"task {task.task_id} ({task.name}): {error}")
-            measurements.append(StandaloneMeasurement(
-                task_id=task.task_id, batch_size=item.batch_size, throughput_sps=throughput,
-                error=error, simulated=True,
-            ))
+            measurements.append(
+                StandaloneMeasurement(
+                    task_id=task.task_id,
+                    batch_size=item.batch_size,
+                    throughput_sps=throughput,
+                    error=error,
+                    simulated=True,
+                )
+            )
         return StandaloneResult(
-            run_id=request.run_id, device=ctx.device,
-            status="failed" if errors else "succeeded", error="; ".join(errors),
-            measurements=measurements, simulated=True,
+            run_id=request.run_id,
+            device=ctx.device,
+            status="failed" if errors else "succeeded",
+            error="; ".join(errors),
+            measurements=measurements,
+            simulated=True,
         )
 
     # --------------------------------------------------------------------------- profiling
@@ -922,29 +957,41 @@ class SimulatedBackend(AnalyticBackend):
             See :meth:`AnalyticBackend.profile_configuration`; ``peak_memory_bytes`` is the
             modelled device memory.
         """
-        def result(status: str, measurements: list[ProfileMeasurement], cost: float,
-                   error: str = "") -> ProfileConfigResult:
+
+        def result(
+            status: str, measurements: list[ProfileMeasurement], cost: float, error: str = ""
+        ) -> ProfileConfigResult:
             return ProfileConfigResult(
-                sweep_id=request.sweep_id, device=ctx.device, backend=request.backend,
-                config_index=config_index, repeat_of=repeat_of, tasks=list(tasks),
-                measurements=measurements, started_at=started_at,
-                finished_at=started_at + cost, status=status, error=error, simulated=True,
+                sweep_id=request.sweep_id,
+                device=ctx.device,
+                backend=request.backend,
+                config_index=config_index,
+                repeat_of=repeat_of,
+                tasks=list(tasks),
+                measurements=measurements,
+                started_at=started_at,
+                finished_at=started_at + cost,
+                status=status,
+                error=error,
+                simulated=True,
             )
 
         def measurement(k: int, **values) -> ProfileMeasurement:
             task = tasks[k]
             return ProfileMeasurement(
-                task_index=k, architecture=task.architecture, batch_size=task.batch_size,
-                active_thread_percentage=task.active_thread_percentage, simulated=True, **values,
+                task_index=k,
+                architecture=task.architecture,
+                batch_size=task.batch_size,
+                active_thread_percentage=task.active_thread_percentage,
+                simulated=True,
+                **values,
             )
 
         # Every answer costs virtual time, failures too: a sweep's clock must always advance.
         if not tasks:
-            return result("failed", [], PROFILE_STARTUP_S,
-                          "a configuration needs at least one task")
+            return result("failed", [], PROFILE_STARTUP_S, "a configuration needs at least one task")
         try:
-            workloads = [simulation_workload(t.architecture, request.num_classes,
-                                             PROFILE_INPUT_SHAPE) for t in tasks]
+            workloads = [simulation_workload(t.architecture, request.num_classes, PROFILE_INPUT_SHAPE) for t in tasks]
             prediction = simulate_throughput(
                 [w.flops_per_sample for w in workloads],
                 [w.activation_bytes_per_sample for w in workloads],
@@ -957,8 +1004,7 @@ class SimulatedBackend(AnalyticBackend):
             )
         except ValueError as exc:
             error = f"cannot simulate the configuration: {exc}"
-            return result("failed", [measurement(k, error=error) for k in range(len(tasks))],
-                          PROFILE_STARTUP_S, error)
+            return result("failed", [measurement(k, error=error) for k in range(len(tasks))], PROFILE_STARTUP_S, error)
 
         peaks = [int(p) for p in prediction.peak_memory_bytes]
         if prediction.oom.any():
@@ -966,11 +1012,13 @@ class SimulatedBackend(AnalyticBackend):
             errors = {k: oom.get(k, "not measured: another task failed") for k in range(len(tasks))}
             return result(
                 "failed",
-                [measurement(k, peak_memory_bytes=peaks[k], error=errors[k])
-                 for k in range(len(tasks))],
+                [measurement(k, peak_memory_bytes=peaks[k], error=errors[k]) for k in range(len(tasks))],
                 PROFILE_STARTUP_S,
-                "; ".join(f"task {k} ({tasks[k].architecture}, batch {tasks[k].batch_size}, "
-                          f"{tasks[k].active_thread_percentage} %): {oom[k]}" for k in sorted(oom)),
+                "; ".join(
+                    f"task {k} ({tasks[k].architecture}, batch {tasks[k].batch_size}, "
+                    f"{tasks[k].active_thread_percentage} %): {oom[k]}"
+                    for k in sorted(oom)
+                ),
             )
 
         iteration = prediction.iteration_s
@@ -981,20 +1029,26 @@ class SimulatedBackend(AnalyticBackend):
             error = "timed out while training (config_timeout_s exceeded)"
             return result(
                 "failed",
-                [measurement(k, peak_memory_bytes=peaks[k], error=error)
-                 for k in range(len(tasks))],
+                [measurement(k, peak_memory_bytes=peaks[k], error=error) for k in range(len(tasks))],
                 request.config_timeout_s,
-                "; ".join(f"task {k} ({t.architecture}, batch {t.batch_size}, "
-                          f"{t.active_thread_percentage} %): {error}" for k, t in enumerate(tasks)),
+                "; ".join(
+                    f"task {k} ({t.architecture}, batch {t.batch_size}, {t.active_thread_percentage} %): {error}"
+                    for k, t in enumerate(tasks)
+                ),
             )
-        return result("succeeded", [
-            measurement(
-                k, throughput_sps=float(prediction.throughput_sps[k]),
-                peak_memory_bytes=peaks[k],
-                timed_iterations=max(request.min_timed_iterations, int(window // iteration[k])),
-            )
-            for k in range(len(tasks))
-        ], cost)
+        return result(
+            "succeeded",
+            [
+                measurement(
+                    k,
+                    throughput_sps=float(prediction.throughput_sps[k]),
+                    peak_memory_bytes=peaks[k],
+                    timed_iterations=max(request.min_timed_iterations, int(window // iteration[k])),
+                )
+                for k in range(len(tasks))
+            ],
+            cost,
+        )
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -1018,36 +1072,40 @@ def _oom_errors(prediction: MixPrediction, device: DeviceSpec) -> dict[int, str]
     held = 0.0
     for k, (peak, refused) in enumerate(zip(peaks, prediction.oom, strict=True)):
         if refused:
-            errors[k] = (f"CUDA out of memory (simulated): needs {_gib(peak)} with {_gib(held)} "
-                         f"held by the tasks before it; {device.name} has "
-                         f"{_gib(device.memory_bytes)}")
+            errors[k] = (
+                f"CUDA out of memory (simulated): needs {_gib(peak)} with {_gib(held)} "
+                f"held by the tasks before it; {device.name} has "
+                f"{_gib(device.memory_bytes)}"
+            )
         else:
             held += float(peak)
     return errors
 
 
-def _failed_round(failed, assignments: Sequence[AssignmentSpec],
-                  errors: dict[int, str]) -> DeviceRoundResult:
+def _failed_round(failed, assignments: Sequence[AssignmentSpec], errors: dict[int, str]) -> DeviceRoundResult:
     """The device's round failed because of ``errors`` (by assignment index): those tasks
     fail with their error, the others are stopped, as a real device kills them."""
+
     def label(assignment: AssignmentSpec) -> str:
         return f"task {assignment.task.task_id} ({assignment.task.name})"
 
     culprits = ", ".join(label(assignments[k]) for k in sorted(errors))
     results = [
         AssignmentResult(
-            assignment_id=a.assignment_id, task_id=a.task.task_id, status="failed",
+            assignment_id=a.assignment_id,
+            task_id=a.task.task_id,
+            status="failed",
             error=errors.get(k, f"stopped because {culprits} failed on this device"),
             simulated=True,
         )
         for k, a in enumerate(assignments)
     ]
-    return failed("; ".join(f"{label(assignments[k])}: {errors[k]}" for k in sorted(errors)),
-                  results)
+    return failed("; ".join(f"{label(assignments[k])}: {errors[k]}" for k in sorted(errors)), results)
 
 
-def _phased_seconds(samples: np.ndarray, arrays: dict[str, np.ndarray], device: DeviceSpec,
-                    partitioning: str, noise: np.ndarray) -> np.ndarray:
+def _phased_seconds(
+    samples: np.ndarray, arrays: dict[str, np.ndarray], device: DeviceSpec, partitioning: str, noise: np.ndarray
+) -> np.ndarray:
     """Seconds until each task has trained its ``samples``, the mix shrinking as tasks finish.
 
     Tasks with nothing to train take 0 s and never join the mix.
@@ -1057,8 +1115,9 @@ def _phased_seconds(samples: np.ndarray, arrays: dict[str, np.ndarray], device: 
     active = left > 0
     now = 0.0
     while active.any():
-        rate = simulate_throughput(**arrays, device=device, partitioning=partitioning,
-                                   present=active, noise=noise).throughput_sps
+        rate = simulate_throughput(
+            **arrays, device=device, partitioning=partitioning, present=active, noise=noise
+        ).throughput_sps
         step = np.min(np.where(active, left / np.where(active, rate, 1.0), np.inf))
         now += step
         left = np.where(active, left - rate * step, left)

@@ -89,9 +89,7 @@ def validate_key(key: str) -> str:
         raise ValueError(f"artifact key {key!r} must be relative, not absolute")
     parts = key.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise ValueError(
-            f"artifact key {key!r} must not contain empty, '.' or '..' path components"
-        )
+        raise ValueError(f"artifact key {key!r} must not contain empty, '.' or '..' path components")
     return str(PurePosixPath(key))
 
 
@@ -268,10 +266,7 @@ def save_model_weights(model: torch.nn.Module, path: Path | str) -> str:
     """
     from safetensors.torch import save_file
 
-    tensors = {
-        name: tensor.detach().to("cpu").clone().contiguous()
-        for name, tensor in model.state_dict().items()
-    }
+    tensors = {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in model.state_dict().items()}
     with atomic_write_path(path) as tmp:
         save_file(tensors, str(tmp))
         digest = sha256_file(tmp)
@@ -351,10 +346,12 @@ def read_safetensors_header(path: Path | str) -> dict[str, TensorInfo]:
     if not 2 <= header_len <= MAX_SAFETENSORS_HEADER_BYTES:
         raise InvalidSafetensorsError(
             f"header length {header_len} is out of range (2 to {MAX_SAFETENSORS_HEADER_BYTES} bytes): "
-            "not a safetensors file (a pickle, zip or HTML page?)")
+            "not a safetensors file (a pickle, zip or HTML page?)"
+        )
     if 8 + header_len > size:
         raise InvalidSafetensorsError(
-            f"header length {header_len} runs past the end of the {size}-byte file (truncated?)")
+            f"header length {header_len} runs past the end of the {size}-byte file (truncated?)"
+        )
     try:
         with safe_open(str(path), framework="numpy") as handle:
             tensors: dict[str, TensorInfo] = {}
@@ -391,6 +388,5 @@ def tensors_mismatch(expected: dict[str, TensorInfo], actual: dict[str, TensorIn
     for name in sorted(expected):
         if expected[name] != actual[name]:
             want, got = expected[name], actual[name]
-            return (f"tensor {name!r} is {got.dtype} {list(got.shape)}, the model has "
-                    f"{want.dtype} {list(want.shape)}")
+            return f"tensor {name!r} is {got.dtype} {list(got.shape)}, the model has {want.dtype} {list(want.shape)}"
     return None

@@ -17,7 +17,6 @@ import numpy as np
 
 from workers.fl.artifacts import atomic_write_path, sha256_file
 
-
 _CHUNK = 1 << 20  # elements per float64 work buffer (8 MiB)
 
 
@@ -28,9 +27,7 @@ class NoSamplesError(ValueError):
     """
 
 
-def fedavg(
-    states: Sequence[Mapping[str, np.ndarray]], sample_counts: Sequence[int]
-) -> dict[str, np.ndarray]:
+def fedavg(states: Sequence[Mapping[str, np.ndarray]], sample_counts: Sequence[int]) -> dict[str, np.ndarray]:
     """Average device state dicts weighted by sample count (FedAvg).
 
     For every key, ``W ← Σ_j n_j W_j / Σ_j n_j`` accumulated in float64 and cast back to the
@@ -59,9 +56,7 @@ def fedavg(
     if len(states) == 0:
         raise ValueError("fedavg needs at least one state dict, got none")
     if len(states) != len(sample_counts):
-        raise ValueError(
-            f"fedavg got {len(states)} state dicts but {len(sample_counts)} sample_counts"
-        )
+        raise ValueError(f"fedavg got {len(states)} state dicts but {len(sample_counts)} sample_counts")
     counts = []
     for j, count in enumerate(sample_counts):
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
@@ -71,8 +66,7 @@ def fedavg(
     total = sum(counts)
     if total == 0:
         raise NoSamplesError(
-            f"all {len(states)} devices report 0 samples: nothing to average "
-            "(keep the previous global model)"
+            f"all {len(states)} devices report 0 samples: nothing to average (keep the previous global model)"
         )
     accumulator = FedAvgAccumulator()
     for state, n in zip(states, counts, strict=True):
@@ -123,8 +117,9 @@ class FedAvgAccumulator:
         if self._reference is None:
             _check_compatible([state])
             self._reference = {key: (np.asarray(v).shape, np.asarray(v).dtype) for key, v in state.items()}
-            self._sums = {key: np.zeros(int(np.prod(shape)), dtype=np.float64)
-                          for key, (shape, _) in self._reference.items()}
+            self._sums = {
+                key: np.zeros(int(np.prod(shape)), dtype=np.float64) for key, (shape, _) in self._reference.items()
+            }
         else:
             self._check(state, j)
         self._added += 1
@@ -146,8 +141,7 @@ class FedAvgAccumulator:
             missing = sorted(set(reference) - set(state))
             extra = sorted(set(state) - set(reference))
             raise ValueError(
-                f"state dict {j} has different keys than state dict 0: "
-                f"missing {missing[:5]}, extra {extra[:5]}"
+                f"state dict {j} has different keys than state dict 0: missing {missing[:5]}, extra {extra[:5]}"
             )
         for key, (shape, dtype) in reference.items():
             b = np.asarray(state[key])
@@ -170,8 +164,7 @@ class FedAvgAccumulator:
             raise ValueError("fedavg needs at least one state dict, got none")
         if self._total == 0:
             raise NoSamplesError(
-                f"all {self._added} devices report 0 samples: nothing to average "
-                "(keep the previous global model)"
+                f"all {self._added} devices report 0 samples: nothing to average (keep the previous global model)"
             )
         averaged: dict[str, np.ndarray] = {}
         for key, (shape, dtype) in self._reference.items():
@@ -196,30 +189,24 @@ def _check_compatible(states: Sequence[Mapping[str, np.ndarray]]) -> None:
     for key, value in reference.items():
         dtype = np.asarray(value).dtype
         if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)):
-            raise ValueError(
-                f"state key {key!r} has dtype {dtype}; fedavg supports floating and integer "
-                "tensors only"
-            )
+            raise ValueError(f"state key {key!r} has dtype {dtype}; fedavg supports floating and integer tensors only")
     for j, state in enumerate(states[1:], start=1):
         other_keys = set(state)
         if other_keys != keys:
             missing = sorted(keys - other_keys)
             extra = sorted(other_keys - keys)
             raise ValueError(
-                f"state dict {j} has different keys than state dict 0: "
-                f"missing {missing[:5]}, extra {extra[:5]}"
+                f"state dict {j} has different keys than state dict 0: missing {missing[:5]}, extra {extra[:5]}"
             )
         for key, value in reference.items():
             a, b = np.asarray(value), np.asarray(state[key])
             if a.shape != b.shape:
                 raise ValueError(
-                    f"state key {key!r} has shape {b.shape} in state dict {j} "
-                    f"but {a.shape} in state dict 0"
+                    f"state key {key!r} has shape {b.shape} in state dict {j} but {a.shape} in state dict 0"
                 )
             if a.dtype != b.dtype:
                 raise ValueError(
-                    f"state key {key!r} has dtype {b.dtype} in state dict {j} "
-                    f"but {a.dtype} in state dict 0"
+                    f"state key {key!r} has dtype {b.dtype} in state dict {j} but {a.dtype} in state dict 0"
                 )
 
 

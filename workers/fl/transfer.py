@@ -117,15 +117,19 @@ def transfer_settings() -> TransferSettings | None:
             raise RuntimeError(f"{ENV_AGENT_TOKEN_FILE}={token_file!r} cannot be read: {exc.strerror or exc}") from None
     if not url:
         if token:
-            raise RuntimeError(f"an agent token is set but {ENV_CONTROL_URL} is not: set both (agents on other "
-                               "hosts) or neither (shared ARTIFACT_ROOT)")
+            raise RuntimeError(
+                f"an agent token is set but {ENV_CONTROL_URL} is not: set both (agents on other "
+                "hosts) or neither (shared ARTIFACT_ROOT)"
+            )
         return None
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise RuntimeError(f"{ENV_CONTROL_URL}={url!r} is not an http(s) URL like https://mtfl.lab.example")
     if not token:
-        raise RuntimeError(f"{ENV_CONTROL_URL} is set but the agent token is not: set {ENV_AGENT_TOKEN} (or "
-                           f"{ENV_AGENT_TOKEN_FILE}) to the key `mtfl device-token DEVICE` printed")
+        raise RuntimeError(
+            f"{ENV_CONTROL_URL} is set but the agent token is not: set {ENV_AGENT_TOKEN} (or "
+            f"{ENV_AGENT_TOKEN_FILE}) to the key `mtfl device-token DEVICE` printed"
+        )
     return TransferSettings(url.rstrip("/"), token)
 
 
@@ -141,9 +145,16 @@ class ArtifactClient:
         sleep: how to wait (tests pass a recorder).
     """
 
-    def __init__(self, settings: TransferSettings, *, attempts: int = 5, backoff_s: float = 1.0,
-                 max_backoff_s: float = 30.0, timeout_s: float = 60.0,
-                 sleep: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: TransferSettings,
+        *,
+        attempts: int = 5,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        timeout_s: float = 60.0,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be >= 1, got {attempts}")
         self.settings = settings
@@ -171,6 +182,7 @@ class ArtifactClient:
             TransferError: the control plane refused the token (``status`` 401) or could not
                 be reached, or answered something else than the agent API.
         """
+
         def read(response: HTTPResponse) -> str:
             try:
                 answer = json.loads(response.read().decode("utf-8"))
@@ -215,8 +227,9 @@ class ArtifactClient:
                     raise ConnectionError(f"the body ended after {received} of {announced} bytes")
                 got = digest.hexdigest()
                 if expected and got != expected:
-                    raise TransferError(f"download {key}: sha256 mismatch: got {got}, the control plane "
-                                        f"announced {expected}")
+                    raise TransferError(
+                        f"download {key}: sha256 mismatch: got {got}, the control plane announced {expected}"
+                    )
                 try:
                     read_safetensors_header(tmp)
                 except InvalidSafetensorsError as exc:
@@ -250,8 +263,11 @@ class ArtifactClient:
         # Refused before sending: a server that answers 413 mid-body cuts the connection, which
         # would read as a network failure here.
         if self.max_artifact_bytes is not None and size > self.max_artifact_bytes:
-            raise TransferError(f"upload {key}: the file is {size} bytes; the control plane takes at most "
-                                f"{self.max_artifact_bytes} (MTFL_MAX_ARTIFACT_BYTES)", 413)
+            raise TransferError(
+                f"upload {key}: the file is {size} bytes; the control plane takes at most "
+                f"{self.max_artifact_bytes} (MTFL_MAX_ARTIFACT_BYTES)",
+                413,
+            )
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size), SHA256_HEADER: actual}
 
         def read(response: HTTPResponse) -> str:
@@ -261,12 +277,19 @@ class ArtifactClient:
 
     # ---------------------------------------------------------------------------- plumbing
 
-    def _call(self, method: str, path: str, what: str, read: Callable[[HTTPResponse], T], *,
-              headers: dict[str, str] | None = None, body_path: Path | None = None) -> T:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        read: Callable[[HTTPResponse], T],
+        *,
+        headers: dict[str, str] | None = None,
+        body_path: Path | None = None,
+    ) -> T:
         """Send one request, retrying transient failures; ``read(response)`` makes the result."""
         url = self.url(path)
-        all_headers = {"Authorization": f"Agent {self.settings.token}", "Accept": "application/json",
-                       **(headers or {})}
+        all_headers = {"Authorization": f"Agent {self.settings.token}", "Accept": "application/json", **(headers or {})}
         last = ""
         for attempt in range(1, self.attempts + 1):
             body = open(body_path, "rb") if body_path is not None else None  # noqa: SIM115 - closed below
@@ -289,8 +312,9 @@ class ArtifactClient:
                 wait = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (1 + random.random() / 2)
                 logger.warning("%s failed (%s); try %d of %d in %.1f s", what, last, attempt + 1, self.attempts, wait)
                 self._sleep(wait)
-        raise TransferError(f"{what}: control plane at {self.settings.control_url} unreachable after "
-                            f"{self.attempts} tries: {last}")
+        raise TransferError(
+            f"{what}: control plane at {self.settings.control_url} unreachable after {self.attempts} tries: {last}"
+        )
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:
@@ -309,9 +333,12 @@ def _error_message(exc: urllib.error.HTTPError) -> str:
 # ---------------------------------------------------------------------------------- rounds
 
 
-def run_round_remote(run_round: Callable[[TrainRoundRequest], DeviceRoundResult],
-                     request: TrainRoundRequest, artifact_root: Path,
-                     client: ArtifactClient) -> DeviceRoundResult:
+def run_round_remote(
+    run_round: Callable[[TrainRoundRequest], DeviceRoundResult],
+    request: TrainRoundRequest,
+    artifact_root: Path,
+    client: ArtifactClient,
+) -> DeviceRoundResult:
     """Run a device's round with its weights fetched from and sent to the control plane.
 
     1. Download every distinct ``global_weights`` of the request into ``artifact_root``.
@@ -330,10 +357,17 @@ def run_round_remote(run_round: Callable[[TrainRoundRequest], DeviceRoundResult]
         artifact_root: this agent's own artifact folder (``<state-dir>/artifacts``).
         client: the control plane.
     """
+
     def failed(error: str, assignments: list[AssignmentResult] | None = None) -> DeviceRoundResult:
-        return DeviceRoundResult(run_id=request.run_id, round_id=request.round_id, device=request.device,
-                                 status="failed", error=error, host=socket.gethostname(),
-                                 assignments=assignments or [])
+        return DeviceRoundResult(
+            run_id=request.run_id,
+            round_id=request.round_id,
+            device=request.device,
+            status="failed",
+            error=error,
+            host=socket.gethostname(),
+            assignments=assignments or [],
+        )
 
     local: set[Path] = set()
     try:

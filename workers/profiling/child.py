@@ -255,9 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code: 0 success, 1 profiling error, 2 bad spec.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m workers.profiling.child", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m workers.profiling.child", description=__doc__.split("\n")[0])
     parser.add_argument("spec", type=Path, help="spec JSON file")
     parser.add_argument("result", type=Path, help="where the result JSON is written")
     args = parser.parse_args(argv)
@@ -279,14 +277,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         iterations = profile(spec, protocol_out, StdinCommands(sys.stdin.fileno()))
     except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
         traceback.print_exc(file=sys.stderr)
-        _write_result(args.result, ProfileChildResult(
-            status="failed", error=f"{type(exc).__name__}: {exc}",
-            peak_memory_bytes=peak_memory_bytes(),
-        ))
+        _write_result(
+            args.result,
+            ProfileChildResult(
+                status="failed",
+                error=f"{type(exc).__name__}: {exc}",
+                peak_memory_bytes=peak_memory_bytes(),
+            ),
+        )
         return EXIT_PROFILE_ERROR
-    _write_result(args.result, ProfileChildResult(
-        status="succeeded", iterations=iterations, peak_memory_bytes=peak_memory_bytes(),
-    ))
+    _write_result(
+        args.result,
+        ProfileChildResult(
+            status="succeeded",
+            iterations=iterations,
+            peak_memory_bytes=peak_memory_bytes(),
+        ),
+    )
     return EXIT_OK
 
 

@@ -103,15 +103,26 @@ class CoreLinkProbe(BackgroundProbe):
 
     def command(self) -> list[str]:
         """The probe process's command line."""
-        return [sys.executable, "-m", "workers.profiling.core_link_probe", "--cores", ",".join(map(str, self.cores)),
-                "--period", repr(self.period_s), "--round-trips", str(self.round_trips)]
+        return [
+            sys.executable,
+            "-m",
+            "workers.profiling.core_link_probe",
+            "--cores",
+            ",".join(map(str, self.cores)),
+            "--period",
+            repr(self.period_s),
+            "--round-trips",
+            str(self.round_trips),
+        ]
 
     def start(self) -> CoreLinkProbe:
         """Start the probe process (readings begin at its first wake-up, within ~0.2 s)."""
-        self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, close_fds=True)
-        self._reader = threading.Thread(target=self._read, args=(self._proc,), daemon=True,
-                                        name=f"core-link-probe-{self._proc.pid}")
+        self._proc = subprocess.Popen(
+            self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True
+        )
+        self._reader = threading.Thread(
+            target=self._read, args=(self._proc,), daemon=True, name=f"core-link-probe-{self._proc.pid}"
+        )
         self._reader.start()
         return self
 
@@ -150,8 +161,9 @@ class CoreLinkProbe(BackgroundProbe):
         wanted = set(cores)
         if len(wanted) < 2:
             return None
-        values = [r.rtt_ns for r in self.readings()
-                  if r.core_a in wanted and r.core_b in wanted and start <= r.at <= end]
+        values = [
+            r.rtt_ns for r in self.readings() if r.core_a in wanted and r.core_b in wanted and start <= r.at <= end
+        ]
         return float(statistics.median(values)) if values else None
 
 
@@ -206,8 +218,15 @@ def _initiate(mv: memoryview, base: int, tick: int, round_trips: int, deadline: 
     return float(statistics.median(trips))
 
 
-def _serve(core: int, pairs: list[tuple[int, int]], mv: memoryview, period_s: float, round_trips: int,
-           t_first: float, parent: int) -> None:
+def _serve(
+    core: int,
+    pairs: list[tuple[int, int]],
+    mv: memoryview,
+    period_s: float,
+    round_trips: int,
+    t_first: float,
+    parent: int,
+) -> None:
     """One pinned process's loop: at wake-up ``k`` pair ``k mod len(pairs)`` is measured. It
     returns when its parent (``parent``: the probe process for a helper, the agent for the
     probe process) is gone, so no probe outlives an agent that was killed."""

@@ -87,9 +87,7 @@ def workload_features(
 
 
 @functools.lru_cache(maxsize=64)
-def _measure(
-    architecture: str, num_classes: int, input_shape: tuple[int, int, int]
-) -> WorkloadFeatures:
+def _measure(architecture: str, num_classes: int, input_shape: tuple[int, int, int]) -> WorkloadFeatures:
     import torch
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode

@@ -46,7 +46,6 @@ from workers.backends.base import (
     TrainerProcessBackend,
     TrainerResources,
 )
-from workers.profiling.core_link_probe import CoreLinkProbe
 from workers.forkserver import ForkServerError, ForkServerPool
 from workers.launch import (
     FATES_CAUSING,
@@ -55,6 +54,14 @@ from workers.launch import (
     ProcessSpec,
     shutdown_requested,
 )
+from workers.profiling.child import (
+    ITER_PREFIX,
+    STOP_LINE,
+    ProfileChildResult,
+    ProfileChildSpec,
+)
+from workers.profiling.core_link_probe import CoreLinkProbe
+from workers.profiling.speed_probe import SpeedProbe
 from workers.protocol.messages import (
     Partitioning,
     ProfileConfigResult,
@@ -63,13 +70,6 @@ from workers.protocol.messages import (
     ProfileSweepSummary,
     ProfileTaskSpec,
 )
-from workers.profiling.child import (
-    ITER_PREFIX,
-    STOP_LINE,
-    ProfileChildResult,
-    ProfileChildSpec,
-)
-from workers.profiling.speed_probe import SpeedProbe
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +249,7 @@ def _label(index: int, task: ProfileTaskSpec) -> str:
 def _record_iteration(profilers: dict[int, _Profiler]) -> Callable[[Child, list[str]], None]:
     """The launch engine's ``on_line``: ``ITER <start> <end> <samples>`` lines become
     :class:`Iteration` records of the profiler that wrote them."""
+
     def on_line(child: Child, words: list[str]) -> None:
         if len(words) == 4 and words[0] == ITER_PREFIX:
             profilers[id(child)].iterations.append(Iteration(float(words[1]), float(words[2]), int(words[3])))
@@ -320,28 +321,35 @@ def measure_configuration(
     started_at = time.time()
     deadline = time.monotonic() + request.config_timeout_s
 
-    def failed(
-        error: str, measurements: list[ProfileMeasurement] | None = None
-    ) -> ProfileConfigResult:
+    def failed(error: str, measurements: list[ProfileMeasurement] | None = None) -> ProfileConfigResult:
         return ProfileConfigResult(
-            sweep_id=request.sweep_id, device=ctx.device, backend=request.backend,
-            config_index=config_index, repeat_of=repeat_of, tasks=list(tasks),
-            measurements=measurements or [
-                ProfileMeasurement(task_index=k, architecture=t.architecture,
-                                   batch_size=t.batch_size,
-                                   active_thread_percentage=t.active_thread_percentage,
-                                   error=error)
+            sweep_id=request.sweep_id,
+            device=ctx.device,
+            backend=request.backend,
+            config_index=config_index,
+            repeat_of=repeat_of,
+            tasks=list(tasks),
+            measurements=measurements
+            or [
+                ProfileMeasurement(
+                    task_index=k,
+                    architecture=t.architecture,
+                    batch_size=t.batch_size,
+                    active_thread_percentage=t.active_thread_percentage,
+                    error=error,
+                )
                 for k, t in enumerate(tasks)
             ],
-            started_at=started_at, finished_at=time.time(), status="failed", error=error,
+            started_at=started_at,
+            finished_at=time.time(),
+            status="failed",
+            error=error,
         )
 
     if not tasks:
         return failed("a configuration needs at least one task")
     try:
-        allocations = backend.resources_for_shares(
-            [t.active_thread_percentage for t in tasks], partitioning, ctx
-        )
+        allocations = backend.resources_for_shares([t.active_thread_percentage for t in tasks], partitioning, ctx)
     except ValueError as exc:
         return failed(f"cannot allocate the device: {exc}")
     try:
@@ -357,12 +365,12 @@ def measure_configuration(
     def interrupt() -> tuple[str, str] | None:
         if not should_stop():
             return None
-        return "stopped", ("agent shutting down" if shutdown_requested()
-                           else "sweep stopped (agent shutting down?)")
+        return "stopped", ("agent shutting down" if shutdown_requested() else "sweep stopped (agent shutting down?)")
 
     profilers: dict[int, _Profiler] = {}
-    group = ProcessGroup(specs, interrupt=interrupt, on_line=_record_iteration(profilers),
-                         launcher=launcher, poll_s=_POLL_S)
+    group = ProcessGroup(
+        specs, interrupt=interrupt, on_line=_record_iteration(profilers), launcher=launcher, poll_s=_POLL_S
+    )
     for k, (task, resources, child) in enumerate(zip(tasks, allocations, group.children, strict=True)):
         profilers[id(child)] = _Profiler(k, task, resources, child)
     ordered = list(profilers.values())
@@ -381,8 +389,9 @@ def measure_configuration(
                 if probe is not None:
                     probe.start()
                 if group.go(close=False):
-                    stop_at = group.wait_until(_window_done(ordered, request, deadline, link), deadline,
-                                               "config_timeout_s")
+                    stop_at = group.wait_until(
+                        _window_done(ordered, request, deadline, link), deadline, "config_timeout_s"
+                    )
                 if stop_at is not None:
                     phases.append(stop_at)
                     if probe is not None:
@@ -390,18 +399,20 @@ def measure_configuration(
                     if link is not None:
                         link.stop()
                     group.broadcast(STOP_LINE, close=True)
-                    group.wait_exit(min(deadline, time.monotonic() + _EXIT_GRACE_S), "config_timeout_s",
-                                    phase="after STOP")
+                    group.wait_exit(
+                        min(deadline, time.monotonic() + _EXIT_GRACE_S), "config_timeout_s", phase="after STOP"
+                    )
                     phases.append(time.monotonic())
                     logger.debug(
                         "sweep %s config %s: start %.1f s, warm-up + window %.1f s, stop %.1f s",
-                        request.sweep_id, config_index, *(b - a for a, b in itertools.pairwise(phases)),
+                        request.sweep_id,
+                        config_index,
+                        *(b - a for a, b in itertools.pairwise(phases)),
                     )
         except ForkServerError as exc:
             group.fail_all(str(exc))
         except Exception as exc:  # noqa: BLE001 - the configuration is reported, never raised
-            logger.exception("configuration %s of sweep %s crashed in the agent", config_index,
-                             request.sweep_id)
+            logger.exception("configuration %s of sweep %s crashed in the agent", config_index, request.sweep_id)
             group.fail_all(f"{type(exc).__name__}: {exc}")
         finally:
             if probe is not None:
@@ -411,43 +422,62 @@ def measure_configuration(
 
     outcomes = [_child_result(p) for p in ordered]
     causes = [p for p in ordered if p.child.fate in FATES_CAUSING]
-    causes += [p for p, r in zip(ordered, outcomes, strict=True)
-               if p.child.fate is None and (r is None or r.status != "succeeded")]
+    causes += [
+        p
+        for p, r in zip(ordered, outcomes, strict=True)
+        if p.child.fate is None and (r is None or r.status != "succeeded")
+    ]
     backend.finish_dispatch(ctx, failed=bool(causes) or stop_at is None)
     if causes or stop_at is None:
         errors = [_failure(p, outcome) for p, outcome in zip(ordered, outcomes, strict=True)]
         error = "; ".join(f"{p.child.label}: {errors[p.index]}" for p in causes) or "not measured"
-        return failed(error, [
-            ProfileMeasurement(
-                task_index=p.index, architecture=p.task.architecture,
-                batch_size=p.task.batch_size,
-                active_thread_percentage=p.task.active_thread_percentage,
-                peak_memory_bytes=outcome.peak_memory_bytes if outcome else None,
-                error=errors[p.index],
-            )
-            for p, outcome in zip(ordered, outcomes, strict=True)
-        ])
+        return failed(
+            error,
+            [
+                ProfileMeasurement(
+                    task_index=p.index,
+                    architecture=p.task.architecture,
+                    batch_size=p.task.batch_size,
+                    active_thread_percentage=p.task.active_thread_percentage,
+                    peak_memory_bytes=outcome.peak_memory_bytes if outcome else None,
+                    error=errors[p.index],
+                )
+                for p, outcome in zip(ordered, outcomes, strict=True)
+            ],
+        )
 
     _, counted = common_window([p.iterations for p in ordered], stop_at)
     measurements = [
         ProfileMeasurement(
-            task_index=p.index, architecture=p.task.architecture, batch_size=p.task.batch_size,
+            task_index=p.index,
+            architecture=p.task.architecture,
+            batch_size=p.task.batch_size,
             active_thread_percentage=p.task.active_thread_percentage,
             throughput_sps=window_throughput(its),
             peak_memory_bytes=outcome.peak_memory_bytes if outcome is not None else None,
-            speed_index=(probe.speed_index(p.resources.cores or [], its[0].start, its[-1].end)
-                         if probe is not None and its else None),
-            cross_core_rtt_ns=(link.rtt_ns(p.resources.cores or [], its[0].start, its[-1].end)
-                               if link is not None and its else None),
+            speed_index=(
+                probe.speed_index(p.resources.cores or [], its[0].start, its[-1].end)
+                if probe is not None and its
+                else None
+            ),
+            cross_core_rtt_ns=(
+                link.rtt_ns(p.resources.cores or [], its[0].start, its[-1].end) if link is not None and its else None
+            ),
             timed_iterations=len(its),
         )
         for p, its, outcome in zip(ordered, counted, outcomes, strict=True)
     ]
     shutil.rmtree(work, ignore_errors=True)
     return ProfileConfigResult(
-        sweep_id=request.sweep_id, device=ctx.device, backend=request.backend,
-        config_index=config_index, repeat_of=repeat_of, tasks=list(tasks),
-        measurements=measurements, started_at=started_at, finished_at=time.time(),
+        sweep_id=request.sweep_id,
+        device=ctx.device,
+        backend=request.backend,
+        config_index=config_index,
+        repeat_of=repeat_of,
+        tasks=list(tasks),
+        measurements=measurements,
+        started_at=started_at,
+        finished_at=time.time(),
         status="succeeded",
     )
 
@@ -467,23 +497,33 @@ def _write_specs(
     for k, (task, resources) in enumerate(zip(tasks, allocations, strict=True)):
         stem = work / f"task-{k}"
         spec = ProfileChildSpec(
-            architecture=task.architecture, batch_size=task.batch_size,
-            num_classes=request.num_classes, threads=resources.threads, cores=resources.cores,
+            architecture=task.architecture,
+            batch_size=task.batch_size,
+            num_classes=request.num_classes,
+            threads=resources.threads,
+            cores=resources.cores,
             lock_path=None if resources.lock_path is None else str(resources.lock_path),
             warmup_iterations=request.warmup_iterations,
         )
         spec_path = stem.with_suffix(".spec.json")
         spec_path.write_text(spec.model_dump_json(indent=2))
-        specs.append(ProcessSpec(
-            command=PROFILER_COMMAND, args=[str(spec_path), str(stem.with_suffix(".result.json"))],
-            env=backend.trainer_env(resources), stderr_path=stem.with_suffix(".stderr.log"),
-            label=_label(k, task), module=PROFILER_MODULE, result_path=stem.with_suffix(".result.json"),
-        ))
+        specs.append(
+            ProcessSpec(
+                command=PROFILER_COMMAND,
+                args=[str(spec_path), str(stem.with_suffix(".result.json"))],
+                env=backend.trainer_env(resources),
+                stderr_path=stem.with_suffix(".stderr.log"),
+                label=_label(k, task),
+                module=PROFILER_MODULE,
+                result_path=stem.with_suffix(".result.json"),
+            )
+        )
     return specs
 
 
-def _window_done(profilers: list[_Profiler], request: ProfileSweepRequest, deadline: float,
-                 link: CoreLinkProbe | None) -> Callable[[float], bool]:
+def _window_done(
+    profilers: list[_Profiler], request: ProfileSweepRequest, deadline: float, link: CoreLinkProbe | None
+) -> Callable[[float], bool]:
     """When to send STOP: once the common window is complete (:func:`window_complete`).
 
     With a core link probe, a complete window also waits (up to :data:`_LINK_WAIT_S` more, never
@@ -500,18 +540,24 @@ def _window_done(profilers: list[_Profiler], request: ProfileSweepRequest, deadl
         if not complete_at:
             complete_at.append(now)
         # Never past the configuration's deadline: a missing link reading is no failure.
-        return (link is None or now - complete_at[0] >= _LINK_WAIT_S or deadline - now <= 2 * _POLL_S
-                or _links_read(profilers, snapshot, now, link))
+        return (
+            link is None
+            or now - complete_at[0] >= _LINK_WAIT_S
+            or deadline - now <= 2 * _POLL_S
+            or _links_read(profilers, snapshot, now, link)
+        )
 
     return done
 
 
-def _links_read(profilers: list[_Profiler], snapshot: list[list[Iteration]], now: float,
-                link: CoreLinkProbe) -> bool:
+def _links_read(profilers: list[_Profiler], snapshot: list[list[Iteration]], now: float, link: CoreLinkProbe) -> bool:
     """Whether every task on 2 or more cores has a link reading within its counted iterations."""
     _, counted = common_window(snapshot, now)
-    return all(link.rtt_ns(p.resources.cores or [], its[0].start, its[-1].end) is not None
-               for p, its in zip(profilers, counted, strict=True) if len(set(p.resources.cores or [])) > 1 and its)
+    return all(
+        link.rtt_ns(p.resources.cores or [], its[0].start, its[-1].end) is not None
+        for p, its in zip(profilers, counted, strict=True)
+        if len(set(p.resources.cores or [])) > 1 and its
+    )
 
 
 def _child_result(profiler: _Profiler) -> ProfileChildResult | None:
@@ -581,8 +627,9 @@ def fork_server_wanted(backend: ExecutionBackend) -> bool:
     return bool(getattr(backend, "forks_profilers", False)) and os.environ.get(FORK_SERVER_ENV, "1").strip() != "0"
 
 
-def _start_fork_servers(request: ProfileSweepRequest, ctx: AgentContext,
-                        backend: TrainerProcessBackend) -> ForkServerPool | None:
+def _start_fork_servers(
+    request: ProfileSweepRequest, ctx: AgentContext, backend: TrainerProcessBackend
+) -> ForkServerPool | None:
     """A fork server pool for the sweep, its first server (the whole-device environment of the
     standalone measurements) started now; ``None``, with a warning, if that server cannot
     start: the sweep then starts a new interpreter per profiler, slower but the same
@@ -592,8 +639,11 @@ def _start_fork_servers(request: ProfileSweepRequest, ctx: AgentContext,
         pool.server_for(backend.trainer_env(backend.standalone_resources(ctx)))
     except (ForkServerError, OSError) as exc:
         pool.close()
-        logger.warning("sweep %s: profiler fork server unavailable, starting a new interpreter per "
-                       "profiler instead: %s", request.sweep_id, exc)
+        logger.warning(
+            "sweep %s: profiler fork server unavailable, starting a new interpreter per profiler instead: %s",
+            request.sweep_id,
+            exc,
+        )
         return None
     return pool
 
@@ -672,19 +722,26 @@ def run_sweep(
 
     def summary(status: Literal["succeeded", "failed"], error: str = "") -> ProfileSweepSummary:
         return ProfileSweepSummary(
-            sweep_id=request.sweep_id, device=ctx.device, status=status, error=error,
-            configs=configs, samples=samples, elapsed_s=elapsed(),
-            repeat_spread=spreads, simulated=analytic,
+            sweep_id=request.sweep_id,
+            device=ctx.device,
+            status=status,
+            error=error,
+            configs=configs,
+            samples=samples,
+            elapsed_s=elapsed(),
+            repeat_spread=spreads,
+            simulated=analytic,
         )
 
     if request.device != ctx.device:
-        return summary("failed", f"request for device {request.device!r} reached agent "
-                                 f"{ctx.device!r}")
+        return summary("failed", f"request for device {request.device!r} reached agent {ctx.device!r}")
     if model is None and processes is None:
         return summary("failed", f"backend {backend.name!r} cannot run profiling sweeps")
     if should_stop():
-        return summary("failed", "agent shutting down: sweep refused" if shutdown_requested()
-                       else "sweep stopped before it started")
+        return summary(
+            "failed",
+            "agent shutting down: sweep refused" if shutdown_requested() else "sweep stopped before it started",
+        )
 
     standalone: dict[tuple[str, int], float | None] = {}
     measured: list[_Measured] = []
@@ -698,23 +755,38 @@ def run_sweep(
         index = configs
         if model is not None:
             result = model.profile_configuration(
-                tasks, request, ctx, config_index=index, repeat_of=repeat_of,
+                tasks,
+                request,
+                ctx,
+                config_index=index,
+                repeat_of=repeat_of,
                 started_at=virtual_start + virtual_elapsed,
             )
             virtual_elapsed += result.finished_at - result.started_at
         else:
             assert processes is not None  # a sweep with neither was refused above
-            result = measure_configuration(tasks, request, ctx, processes, config_index=index,
-                                           repeat_of=repeat_of, should_stop=should_stop,
-                                           launcher=launcher)
+            result = measure_configuration(
+                tasks,
+                request,
+                ctx,
+                processes,
+                config_index=index,
+                repeat_of=repeat_of,
+                should_stop=should_stop,
+                launcher=launcher,
+            )
         alone = is_standalone or (len(tasks) == 1 and tasks[0].active_thread_percentage == 100)
         key = (tasks[0].architecture, tasks[0].batch_size)
         if alone and repeat_of is None and key not in standalone:
             standalone[key] = result.measurements[0].throughput_sps
-        result = result.model_copy(update={"measurements": [
-            m.model_copy(update={"standalone_sps": standalone.get((m.architecture, m.batch_size))})
-            for m in result.measurements
-        ]})
+        result = result.model_copy(
+            update={
+                "measurements": [
+                    m.model_copy(update={"standalone_sps": standalone.get((m.architecture, m.batch_size))})
+                    for m in result.measurements
+                ]
+            }
+        )
         configs += 1
         samples += sum(m.throughput_sps is not None for m in result.measurements)
         if result.status == "succeeded":
@@ -731,11 +803,13 @@ def run_sweep(
         try:
             emit(result)
         except Exception:  # noqa: BLE001 - a lost record must not end the sweep
-            logger.exception("could not emit configuration %s of sweep %s", index,
-                             request.sweep_id)
+            logger.exception("could not emit configuration %s of sweep %s", index, request.sweep_id)
 
-    launcher = _start_fork_servers(request, ctx, processes) if processes is not None and (
-        fork_server if fork_server is not None else fork_server_wanted(backend)) else None
+    launcher = (
+        _start_fork_servers(request, ctx, processes)
+        if processes is not None and (fork_server if fork_server is not None else fork_server_wanted(backend))
+        else None
+    )
     started = time.monotonic()  # the budget is for measuring: the fork server's start is not charged
     try:
         while True:
@@ -754,15 +828,13 @@ def run_sweep(
             if not queue:
                 tasks = next(design)
                 single_full = len(tasks) == 1 and tasks[0].active_thread_percentage == 100
-                missing = _unique([
-                    (t.architecture, t.batch_size) for t in tasks
-                    if (t.architecture, t.batch_size) not in standalone
-                ])
+                missing = _unique(
+                    [(t.architecture, t.batch_size) for t in tasks if (t.architecture, t.batch_size) not in standalone]
+                )
                 if single_full:
                     missing = []  # the configuration is its own standalone measurement
                 queue = [
-                    ([ProfileTaskSpec(architecture=a, batch_size=b, active_thread_percentage=100)],
-                     True)
+                    ([ProfileTaskSpec(architecture=a, batch_size=b, active_thread_percentage=100)], True)
                     for a, b in missing
                 ] + [(tasks, False)]
             tasks, is_standalone = queue.pop(0)
@@ -776,8 +848,10 @@ def run_sweep(
 
     if stopped:
         reason = "agent shutting down" if shutdown_requested() else "stopped"
-        return summary("failed", f"sweep {reason} after {configs} configurations, before its "
-                                 f"budget of {request.budget_s:g} s was spent")
+        return summary(
+            "failed",
+            f"sweep {reason} after {configs} configurations, before its budget of {request.budget_s:g} s was spent",
+        )
     if configs and not any_succeeded:
         return summary("failed", f"all {configs} configurations failed; first: {first_error}")
     return summary("succeeded")

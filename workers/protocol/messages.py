@@ -64,7 +64,7 @@ def _simulated_field():
     return Field(
         default=False,
         description="True when the numbers come from the simulated backend's model, not from a "
-                    "measurement (timestamps and durations are then virtual)",
+        "measurement (timestamps and durations are then virtual)",
     )
 
 
@@ -124,14 +124,18 @@ class AssignmentSpec(_Message):
     output_weights: str = Field(description="artifact key the trained weights are written to")
     seed: int = Field(default=0, ge=0, description="seeds data shuffling and dropout")
     memory_limit_bytes: int | None = Field(
-        default=None, ge=MIB, le=1 << 50,
+        default=None,
+        ge=MIB,
+        le=1 << 50,
         description="device memory the trainer may pin, bytes (MPS: "
-                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, rounded up to MiB); None: no limit",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, rounded up to MiB); None: no limit",
     )
     predicted_memory_bytes: int | None = Field(
-        default=None, ge=0, le=1 << 50,
+        default=None,
+        ge=0,
+        le=1 << 50,
         description="the planner's estimate of the trainer's peak device memory, bytes; a GPU "
-                    "device refuses a round whose trainers cannot fit together",
+        "device refuses a round whose trainers cannot fit together",
     )
 
 
@@ -193,28 +197,35 @@ class AssignmentResult(_Message):
     weights_sha256: str | None = None
     threads: int | None = None
     cores: list[int] | None = None
-    torch_device: str | None = Field(
-        default=None, description="where the trainer computed: 'cpu' or 'cuda'")
+    torch_device: str | None = Field(default=None, description="where the trainer computed: 'cpu' or 'cuda'")
     peak_memory_bytes: int | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="the trainer's peak memory, bytes: torch.cuda.max_memory_allocated on a "
-                    "GPU, private (anonymous) resident memory on CPU")
+        "GPU, private (anonymous) resident memory on CPU",
+    )
     visible_sm_count: int | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="streaming multiprocessors the trainer's CUDA context reported "
-                    "(torch.cuda.get_device_properties().multi_processor_count); None on CPU")
+        "(torch.cuda.get_device_properties().multi_processor_count); None on CPU",
+    )
     mps_active_thread_percentage: float | None = Field(
-        default=None, ge=0, le=100,
+        default=None,
+        ge=0,
+        le=100,
         description="the share MPS applied to this trainer according to the MPS server log "
-                    "(the client's own value when the log records one, else the smaller of "
-                    "the requested share and the server's active thread percentage); None "
-                    "when the trainer did not run under MPS or the log does not show it")
+        "(the client's own value when the log records one, else the smaller of "
+        "the requested share and the server's active thread percentage); None "
+        "when the trainer did not run under MPS or the log does not show it",
+    )
     mps_verified: bool | None = Field(
         default=None,
         description="under MPS partitioning: True when the MPS server log shows this trainer "
-                    "connected as a client of the agent's own MPS server with "
-                    "mps_active_thread_percentage equal to active_thread_percentage; None "
-                    "when not under MPS")
+        "connected as a client of the agent's own MPS server with "
+        "mps_active_thread_percentage equal to active_thread_percentage; None "
+        "when not under MPS",
+    )
     mps_detail: str = Field(default="", description="why mps_verified is False (or what was seen)")
     simulated: bool = _simulated_field()
 
@@ -318,18 +329,23 @@ class DeviceInventory(_Message):
     python: str = ""
     torch_version: str = ""
     agent_version: str = ""
-    gpu_uuid: str = Field(default="", description="the GPU's UUID (GPU-…), how trainers name it in CUDA_VISIBLE_DEVICES")
+    gpu_uuid: str = Field(
+        default="", description="the GPU's UUID (GPU-…), how trainers name it in CUDA_VISIBLE_DEVICES"
+    )
     gpu_index: int | None = Field(default=None, ge=0, description="the GPU's NVML index on its host")
     driver_version: str = Field(default="", description="NVIDIA driver version, e.g. '550.54.15'")
     cuda_version: str = Field(default="", description="highest CUDA version the driver supports, e.g. '12.4'")
     sm_count: int | None = Field(default=None, ge=1, description="streaming multiprocessors of the GPU")
     compute_capability: str = Field(default="", description="e.g. '9.0'; empty when it could not be probed")
     compute_mode: str = Field(default="", description="NVML compute mode: Default, Exclusive_Process, Prohibited")
-    mps_available: bool | None = Field(default=None, description="nvidia-cuda-mps-control is installed (None: not a GPU backend)")
+    mps_available: bool | None = Field(
+        default=None, description="nvidia-cuda-mps-control is installed (None: not a GPU backend)"
+    )
     agent_pid: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="the agent process's id on its host: a new one means the agent restarted (and lost the "
-                    "device task it was running)",
+        "device task it was running)",
     )
 
 

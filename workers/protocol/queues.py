@@ -22,9 +22,7 @@ def device_queue(device_name: str) -> str:
         ValueError: if ``device_name`` does not match :data:`DEVICE_NAME_RE`.
     """
     if not DEVICE_NAME_RE.match(device_name):
-        raise ValueError(
-            f"device name {device_name!r} is invalid: use 1-63 lower-case letters, digits, '-' or '_'"
-        )
+        raise ValueError(f"device name {device_name!r} is invalid: use 1-63 lower-case letters, digits, '-' or '_'")
     return f"device.{device_name}"
 
 

@@ -91,11 +91,19 @@ def _builtin(reference: str) -> Callable[[], Any]:
 
 for _backend in (
     Backend("cpu", "cpu — trains on the host's cores", _builtin("workers.backends.cpu:CpuBackend")),
-    Backend("simulated", "simulated — an analytic GPU model; trains nothing",
-            _builtin("workers.backends.simulated:SimulatedBackend"), simulated=True),
+    Backend(
+        "simulated",
+        "simulated — an analytic GPU model; trains nothing",
+        _builtin("workers.backends.simulated:SimulatedBackend"),
+        simulated=True,
+    ),
     Backend("cuda-mps", "cuda-mps — one NVIDIA GPU shared with MPS", _builtin("workers.backends.cuda:CudaMpsBackend")),
-    Backend("cuda-timeslice", "cuda-timeslice — one NVIDIA GPU without MPS (temporal only)",
-            _builtin("workers.backends.cuda:CudaTimesliceBackend"), partitionings=("timeslice",)),
+    Backend(
+        "cuda-timeslice",
+        "cuda-timeslice — one NVIDIA GPU without MPS (temporal only)",
+        _builtin("workers.backends.cuda:CudaTimesliceBackend"),
+        partitionings=("timeslice",),
+    ),
 ):
     BACKEND_REGISTRY.register(_backend)
 

@@ -90,11 +90,20 @@ def _load_cifar10(root: str | None, split: str, indices: np.ndarray) -> tuple[An
 _DIGITS_SAMPLES = 1797
 _DIGITS_TEST = 360  # ceil(0.2 * 1797): scikit-learn's rounding of test_size=0.2
 
-DATASET_REGISTRY.register(Dataset(
-    "digits", "digits — scikit-learn's 8×8 handwritten digits at 32×32 (offline)",
-    DatasetInfo("digits", 10, _DIGITS_SAMPLES - _DIGITS_TEST, _DIGITS_TEST), _load_digits,
-))
-DATASET_REGISTRY.register(Dataset(
-    "cifar10", "cifar10 — CIFAR-10 from a local folder (never downloaded)",
-    DatasetInfo("cifar10", 10, 50_000, 10_000), _load_cifar10, needs_root=True,
-))
+DATASET_REGISTRY.register(
+    Dataset(
+        "digits",
+        "digits — scikit-learn's 8×8 handwritten digits at 32×32 (offline)",
+        DatasetInfo("digits", 10, _DIGITS_SAMPLES - _DIGITS_TEST, _DIGITS_TEST),
+        _load_digits,
+    )
+)
+DATASET_REGISTRY.register(
+    Dataset(
+        "cifar10",
+        "cifar10 — CIFAR-10 from a local folder (never downloaded)",
+        DatasetInfo("cifar10", 10, 50_000, 10_000),
+        _load_cifar10,
+        needs_root=True,
+    )
+)

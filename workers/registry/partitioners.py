@@ -88,6 +88,11 @@ def _largest_remainder(proportions: np.ndarray, total: int) -> list[int]:
 
 
 PARTITIONER_REGISTRY.register(Partitioner("iid", "iid — even shares of every task", iid_counts))
-PARTITIONER_REGISTRY.register(Partitioner(
-    "dirichlet", "dirichlet — skewed volumes per task and device, Dir(α)", dirichlet_counts, uses_alpha=True,
-))
+PARTITIONER_REGISTRY.register(
+    Partitioner(
+        "dirichlet",
+        "dirichlet — skewed volumes per task and device, Dir(α)",
+        dirichlet_counts,
+        uses_alpha=True,
+    )
+)

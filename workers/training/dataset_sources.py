@@ -106,7 +106,9 @@ def _digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
         with np.load(cache) as data:
             return {split: (data[f"{split}_x"], data[f"{split}_y"]) for split in ("train", "test")}
     arrays = _build_digits_arrays()
-    columns = {f"{split}_{name}": value for split, pair in arrays.items() for name, value in zip("xy", pair, strict=True)}
+    columns = {
+        f"{split}_{name}": value for split, pair in arrays.items() for name, value in zip("xy", pair, strict=True)
+    }
     with atomic_write_path(cache) as tmp, open(tmp, "wb") as handle:
         np.savez(handle, **columns)
     return arrays
@@ -120,9 +122,7 @@ def _build_digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
     digits = load_digits()
     positions = np.arange(len(digits.target))
-    train_pos, test_pos = train_test_split(
-        positions, test_size=0.2, stratify=digits.target, random_state=0
-    )
+    train_pos, test_pos = train_test_split(positions, test_size=0.2, stratify=digits.target, random_state=0)
     arrays = {}
     for split, chosen in (("train", train_pos), ("test", test_pos)):
         small = torch.from_numpy(digits.images[chosen].astype(np.float32) / 16.0).unsqueeze(1)
@@ -166,7 +166,6 @@ def _cifar10_split(root: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     except RuntimeError as exc:
         # torchvision reports missing or corrupt batches as a bare RuntimeError.
         raise DatasetNotFoundError(
-            f"cifar10 files under {Path(root) / _CIFAR10_FOLDER} are missing or corrupt "
-            f"({exc}); nothing is downloaded"
+            f"cifar10 files under {Path(root) / _CIFAR10_FOLDER} are missing or corrupt ({exc}); nothing is downloaded"
         ) from exc
     return np.asarray(data.data), np.asarray(data.targets, dtype=np.int64)

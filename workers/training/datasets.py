@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from workers.training.dataset_sources import DatasetNotFoundError
 from workers.protocol.messages import DatasetRef
 from workers.registry.datasets import DATASET_REGISTRY, SPLITS, DatasetInfo
+from workers.training.dataset_sources import DatasetNotFoundError
 
 if TYPE_CHECKING:
     import torch
@@ -35,9 +35,7 @@ def dataset_info(name: str) -> DatasetInfo:
     return DATASET_REGISTRY.get(name, field="dataset").info
 
 
-def load_split(
-    ref: DatasetRef, split: Split, indices: np.ndarray | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def load_split(ref: DatasetRef, split: Split, indices: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Load a split (or some of its samples) as normalised tensors.
 
     Args:

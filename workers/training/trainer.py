@@ -60,7 +60,6 @@ from workers.fl.artifacts import (
     load_model_weights,
     save_model_weights,
 )
-from workers.training.datasets import dataset_info, load_split
 from workers.launch import GO_LINE, READY_LINE
 from workers.protocol.messages import (
     AssignmentResult,
@@ -72,6 +71,7 @@ from workers.protocol.messages import (
     StandaloneResult,
     TaskRef,
 )
+from workers.training.datasets import dataset_info, load_split
 from workers.training.partition import shard_indices
 from workers.training.zoo import build_model
 
@@ -265,9 +265,7 @@ def steady_state(
     return timed, (samples / seconds if seconds > 0 else None)
 
 
-def epoch_batches(
-    num_samples: int, batch_size: int, generator: torch.Generator
-) -> list[torch.Tensor]:
+def epoch_batches(num_samples: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """Shuffle ``range(num_samples)`` and cut it into batches of ``batch_size``.
 
     Nothing is dropped: the last batch may be smaller. A trailing batch of a single sample is
@@ -305,9 +303,7 @@ def build_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.op
             weight_decay=config.weight_decay,
         )
     if config.name == "adam":
-        return torch.optim.Adam(
-            model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-        )
+        return torch.optim.Adam(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     raise ValueError(f"optimizer.name must be 'sgd' or 'adam', got {config.name!r}")
 
 
@@ -383,8 +379,7 @@ def _load_shard(task: TaskRef, shard: ShardRef) -> tuple[torch.Tensor, torch.Ten
     info = dataset_info(task.dataset.name)
     if task.num_classes < info.num_classes:
         raise ValueError(
-            f"task.num_classes={task.num_classes} is smaller than the {info.name} data set's "
-            f"{info.num_classes} classes"
+            f"task.num_classes={task.num_classes} is smaller than the {info.name} data set's {info.num_classes} classes"
         )
     indices = shard_indices(info.train_size, shard.permutation_seed, shard.offset, shard.count)
     return load_split(task.dataset, "train", indices)
@@ -479,9 +474,7 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
     model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed)
     global_path = store.path(spec.global_weights)
     if not global_path.is_file():
-        raise FileNotFoundError(
-            f"global_weights {spec.global_weights!r} not found at {global_path}"
-        )
+        raise FileNotFoundError(f"global_weights {spec.global_weights!r} not found at {global_path}")
     load_model_weights(model, global_path)
     # Model and data go to the device once, before the barrier: no copies inside the timing.
     model.to(device)
@@ -512,9 +505,7 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
                     with hold:
                         loss = train_step(model, optimizer, x[idx], y[idx])
                         synchronize(device)
-                    records.append(
-                        IterationRecord(epoch, len(idx), time.perf_counter() - tick, loss)
-                    )
+                    records.append(IterationRecord(epoch, len(idx), time.perf_counter() - tick, loss))
             with hold:
                 recalibrate_batchnorm(model, x, spec.batch_size)
         finally:
@@ -525,9 +516,7 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
     timed, throughput = steady_state(records, spec.warmup_iterations)
     last_epoch = [r for r in records if r.epoch == spec.local_epochs - 1]
     train_loss = (
-        sum(r.loss * r.samples for r in last_epoch) / sum(r.samples for r in last_epoch)
-        if last_epoch
-        else None
+        sum(r.loss * r.samples for r in last_epoch) / sum(r.samples for r in last_epoch) if last_epoch else None
     )
     return AssignmentResult(
         assignment_id=spec.assignment_id,
@@ -592,9 +581,9 @@ def measure_item(
     generator = torch.Generator().manual_seed(0)
     steps = warmup_iterations + timed_iterations
     needed = steps * batch
-    order = torch.cat(
-        [torch.randperm(num_samples, generator=generator) for _ in range(-(-needed // num_samples))]
-    ).to(device)
+    order = torch.cat([torch.randperm(num_samples, generator=generator) for _ in range(-(-needed // num_samples))]).to(
+        device
+    )
     samples = 0
     seconds = 0.0
     for step in range(steps):
@@ -626,17 +615,13 @@ def standalone(spec: StandaloneSpec) -> StandaloneResult:
     errors = []
     for item in spec.items:
         try:
-            measurements.append(
-                measure_item(item, spec.warmup_iterations, spec.timed_iterations, device)
-            )
+            measurements.append(measure_item(item, spec.warmup_iterations, spec.timed_iterations, device))
         except Exception as exc:  # noqa: BLE001 - one task's failure must not hide the others'
             error = _describe(exc)
             traceback.print_exc(file=sys.stderr)
             errors.append(f"task {item.task.task_id} ({item.task.name}): {error}")
             measurements.append(
-                StandaloneMeasurement(
-                    task_id=item.task.task_id, batch_size=item.batch_size, error=error
-                )
+                StandaloneMeasurement(task_id=item.task.task_id, batch_size=item.batch_size, error=error)
             )
     return StandaloneResult(
         run_id=spec.run_id,
@@ -662,9 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code: 0 success, 1 training error, 2 bad spec.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m workers.training.trainer", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m workers.training.trainer", description=__doc__.split("\n")[0])
     parser.add_argument("mode", choices=("train", "standalone"))
     parser.add_argument("spec", type=Path, help="spec JSON file")
     parser.add_argument("result", type=Path, help="where the result JSON is written")
@@ -689,9 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = standalone(spec)
         except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
             traceback.print_exc(file=sys.stderr)
-            result = StandaloneResult(
-                run_id=spec.run_id, device=spec.device, status="failed", error=_describe(exc)
-            )
+            result = StandaloneResult(run_id=spec.run_id, device=spec.device, status="failed", error=_describe(exc))
         _write_json(args.result, result.model_dump(mode="json"))
         return EXIT_OK if result.status == "succeeded" else EXIT_TRAINING_ERROR
 

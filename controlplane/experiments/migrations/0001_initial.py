@@ -6,183 +6,372 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('fleet', '0001_initial'),
+        ("fleet", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Task',
+            name="Task",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('architecture', models.CharField(choices=[('resnet18', 'resnet18'), ('resnet50', 'resnet50'), ('resnet101', 'resnet101'), ('vgg16', 'vgg16'), ('mobilenet_v3_small', 'mobilenet_v3_small'), ('mobilenet_v3_large', 'mobilenet_v3_large'), ('shufflenet_v2_x1_0', 'shufflenet_v2_x1_0'), ('densenet121', 'densenet121')], max_length=64)),
-                ('dataset', models.CharField(choices=[('digits', 'digits'), ('cifar10', 'cifar10')], default='digits', max_length=32)),
-                ('dataset_root', models.CharField(blank=True, default='', help_text='local folder of the data set (cifar10)', max_length=1024)),
-                ('num_classes', models.PositiveIntegerField(default=10)),
-                ('optimizer', models.CharField(choices=[('sgd', 'sgd'), ('adam', 'adam')], default='sgd', max_length=16)),
-                ('learning_rate', models.FloatField(default=0.05)),
-                ('momentum', models.FloatField(default=0.9)),
-                ('weight_decay', models.FloatField(default=0.0005)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100, unique=True)),
+                (
+                    "architecture",
+                    models.CharField(
+                        choices=[
+                            ("resnet18", "resnet18"),
+                            ("resnet50", "resnet50"),
+                            ("resnet101", "resnet101"),
+                            ("vgg16", "vgg16"),
+                            ("mobilenet_v3_small", "mobilenet_v3_small"),
+                            ("mobilenet_v3_large", "mobilenet_v3_large"),
+                            ("shufflenet_v2_x1_0", "shufflenet_v2_x1_0"),
+                            ("densenet121", "densenet121"),
+                        ],
+                        max_length=64,
+                    ),
+                ),
+                (
+                    "dataset",
+                    models.CharField(
+                        choices=[("digits", "digits"), ("cifar10", "cifar10")], default="digits", max_length=32
+                    ),
+                ),
+                (
+                    "dataset_root",
+                    models.CharField(
+                        blank=True, default="", help_text="local folder of the data set (cifar10)", max_length=1024
+                    ),
+                ),
+                ("num_classes", models.PositiveIntegerField(default=10)),
+                (
+                    "optimizer",
+                    models.CharField(choices=[("sgd", "sgd"), ("adam", "adam")], default="sgd", max_length=16),
+                ),
+                ("learning_rate", models.FloatField(default=0.05)),
+                ("momentum", models.FloatField(default=0.9)),
+                ("weight_decay", models.FloatField(default=0.0005)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.CreateModel(
-            name='Experiment',
+            name="Experiment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200, unique=True)),
-                ('description', models.TextField(blank=True, default='')),
-                ('rounds', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(10000)])),
-                ('local_epochs', models.PositiveIntegerField(default=1, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(1000)])),
-                ('partition_rule', models.CharField(choices=[('iid', 'Iid'), ('dirichlet', 'Dirichlet'), ('explicit', 'Explicit')], default='iid', max_length=16)),
-                ('dirichlet_alpha', models.FloatField(blank=True, null=True)),
-                ('seed', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('devices', models.ManyToManyField(related_name='experiments', to='fleet.device')),
-                ('tasks', models.ManyToManyField(related_name='experiments', to='experiments.task')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200, unique=True)),
+                ("description", models.TextField(blank=True, default="")),
+                (
+                    "rounds",
+                    models.PositiveIntegerField(
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(10000),
+                        ]
+                    ),
+                ),
+                (
+                    "local_epochs",
+                    models.PositiveIntegerField(
+                        default=1,
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(1000),
+                        ],
+                    ),
+                ),
+                (
+                    "partition_rule",
+                    models.CharField(
+                        choices=[("iid", "Iid"), ("dirichlet", "Dirichlet"), ("explicit", "Explicit")],
+                        default="iid",
+                        max_length=16,
+                    ),
+                ),
+                ("dirichlet_alpha", models.FloatField(blank=True, null=True)),
+                ("seed", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("devices", models.ManyToManyField(related_name="experiments", to="fleet.device")),
+                ("tasks", models.ManyToManyField(related_name="experiments", to="experiments.task")),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('strategy', models.CharField(choices=[('temporal', 'temporal'), ('isolation', 'isolation'), ('sharing', 'sharing'), ('manual', 'manual')], max_length=32)),
-                ('manual_plan', models.JSONField(blank=True, null=True)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='pending', max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
-                ('raw_throughput_sps', models.FloatField(blank=True, null=True)),
-                ('fair_throughput', models.FloatField(blank=True, null=True)),
-                ('fl_throughput_sps', models.FloatField(blank=True, null=True)),
-                ('experiment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='experiments.experiment')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "strategy",
+                    models.CharField(
+                        choices=[
+                            ("temporal", "temporal"),
+                            ("isolation", "isolation"),
+                            ("sharing", "sharing"),
+                            ("manual", "manual"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("manual_plan", models.JSONField(blank=True, null=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
+                ("raw_throughput_sps", models.FloatField(blank=True, null=True)),
+                ("fair_throughput", models.FloatField(blank=True, null=True)),
+                ("fl_throughput_sps", models.FloatField(blank=True, null=True)),
+                (
+                    "experiment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="runs", to="experiments.experiment"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
         migrations.CreateModel(
-            name='Round',
+            name="Round",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('aggregating', 'Aggregating'), ('succeeded', 'Succeeded'), ('partial', 'Partial'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='pending', max_length=16)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('round_time_s', models.FloatField(blank=True, null=True)),
-                ('wall_time_s', models.FloatField(blank=True, null=True)),
-                ('samples_trained', models.PositiveBigIntegerField(default=0)),
-                ('fl_throughput_sps', models.FloatField(blank=True, null=True)),
-                ('raw_throughput_sps', models.FloatField(blank=True, null=True)),
-                ('fair_throughput', models.FloatField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
-                ('flags', models.JSONField(blank=True, default=list)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='rounds', to='experiments.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("index", models.PositiveIntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("aggregating", "Aggregating"),
+                            ("succeeded", "Succeeded"),
+                            ("partial", "Partial"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("round_time_s", models.FloatField(blank=True, null=True)),
+                ("wall_time_s", models.FloatField(blank=True, null=True)),
+                ("samples_trained", models.PositiveBigIntegerField(default=0)),
+                ("fl_throughput_sps", models.FloatField(blank=True, null=True)),
+                ("raw_throughput_sps", models.FloatField(blank=True, null=True)),
+                ("fair_throughput", models.FloatField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
+                ("flags", models.JSONField(blank=True, default=list)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="rounds", to="experiments.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'index'],
+                "ordering": ["run", "index"],
             },
         ),
         migrations.CreateModel(
-            name='StandaloneThroughput',
+            name="StandaloneThroughput",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('batch_size', models.PositiveIntegerField()),
-                ('throughput_sps', models.FloatField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
-                ('measured_at', models.DateTimeField(auto_now_add=True)),
-                ('device', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='fleet.device')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='standalone_throughputs', to='experiments.run')),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='experiments.task')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("batch_size", models.PositiveIntegerField()),
+                ("throughput_sps", models.FloatField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
+                ("measured_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "device",
+                    models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name="+", to="fleet.device"),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="standalone_throughputs",
+                        to="experiments.run",
+                    ),
+                ),
+                (
+                    "task",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="experiments.task"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Shard',
+            name="Shard",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('num_samples', models.PositiveIntegerField()),
-                ('offset', models.PositiveIntegerField()),
-                ('device', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='shards', to='fleet.device')),
-                ('experiment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='shards', to='experiments.experiment')),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='shards', to='experiments.task')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("num_samples", models.PositiveIntegerField()),
+                ("offset", models.PositiveIntegerField()),
+                (
+                    "device",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="shards", to="fleet.device"
+                    ),
+                ),
+                (
+                    "experiment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="shards", to="experiments.experiment"
+                    ),
+                ),
+                (
+                    "task",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="shards", to="experiments.task"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['experiment', 'device', 'task'],
+                "ordering": ["experiment", "device", "task"],
             },
         ),
         migrations.CreateModel(
-            name='Checkpoint',
+            name="Checkpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('artifact_path', models.CharField(max_length=512)),
-                ('sha256', models.CharField(max_length=64)),
-                ('test_accuracy', models.FloatField(blank=True, null=True)),
-                ('test_loss', models.FloatField(blank=True, null=True)),
-                ('kept_previous', models.BooleanField(default=False, help_text='no device had samples of this task: the previous model was kept')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('round', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='experiments.round')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='experiments.run')),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='experiments.task')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("artifact_path", models.CharField(max_length=512)),
+                ("sha256", models.CharField(max_length=64)),
+                ("test_accuracy", models.FloatField(blank=True, null=True)),
+                ("test_loss", models.FloatField(blank=True, null=True)),
+                (
+                    "kept_previous",
+                    models.BooleanField(
+                        default=False, help_text="no device had samples of this task: the previous model was kept"
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "round",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="checkpoints",
+                        to="experiments.round",
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="checkpoints", to="experiments.run"
+                    ),
+                ),
+                (
+                    "task",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="checkpoints", to="experiments.task"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'task', 'created_at'],
+                "ordering": ["run", "task", "created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Assignment',
+            name="Assignment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('batch_size', models.PositiveIntegerField()),
-                ('active_thread_percentage', models.PositiveSmallIntegerField(validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(100)])),
-                ('samples', models.PositiveIntegerField(help_text='|D_ij|: the shard size')),
-                ('samples_trained', models.PositiveIntegerField(default=0)),
-                ('throughput_sps', models.FloatField(blank=True, null=True)),
-                ('standalone_throughput_sps', models.FloatField(blank=True, null=True)),
-                ('seconds', models.FloatField(blank=True, null=True)),
-                ('train_loss', models.FloatField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('error', models.TextField(blank=True, default='')),
-                ('weights_path', models.CharField(blank=True, default='', max_length=512)),
-                ('weights_sha256', models.CharField(blank=True, default='', max_length=64)),
-                ('device', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='assignments', to='fleet.device')),
-                ('round', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='assignments', to='experiments.round')),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='assignments', to='experiments.task')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("batch_size", models.PositiveIntegerField()),
+                (
+                    "active_thread_percentage",
+                    models.PositiveSmallIntegerField(
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(100),
+                        ]
+                    ),
+                ),
+                ("samples", models.PositiveIntegerField(help_text="|D_ij|: the shard size")),
+                ("samples_trained", models.PositiveIntegerField(default=0)),
+                ("throughput_sps", models.FloatField(blank=True, null=True)),
+                ("standalone_throughput_sps", models.FloatField(blank=True, null=True)),
+                ("seconds", models.FloatField(blank=True, null=True)),
+                ("train_loss", models.FloatField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("error", models.TextField(blank=True, default="")),
+                ("weights_path", models.CharField(blank=True, default="", max_length=512)),
+                ("weights_sha256", models.CharField(blank=True, default="", max_length=64)),
+                (
+                    "device",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="assignments", to="fleet.device"
+                    ),
+                ),
+                (
+                    "round",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="assignments", to="experiments.round"
+                    ),
+                ),
+                (
+                    "task",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="assignments", to="experiments.task"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['round', 'device', 'task'],
+                "ordering": ["round", "device", "task"],
             },
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['experiment', 'strategy', 'status'], name='experiments_experim_60e790_idx'),
+            model_name="run",
+            index=models.Index(fields=["experiment", "strategy", "status"], name="experiments_experim_60e790_idx"),
         ),
         migrations.AddConstraint(
-            model_name='round',
-            constraint=models.UniqueConstraint(fields=('run', 'index'), name='uniq_round_index'),
+            model_name="round",
+            constraint=models.UniqueConstraint(fields=("run", "index"), name="uniq_round_index"),
         ),
         migrations.AddConstraint(
-            model_name='standalonethroughput',
-            constraint=models.UniqueConstraint(fields=('run', 'device', 'task', 'batch_size'), name='uniq_standalone'),
+            model_name="standalonethroughput",
+            constraint=models.UniqueConstraint(fields=("run", "device", "task", "batch_size"), name="uniq_standalone"),
         ),
         migrations.AddConstraint(
-            model_name='shard',
-            constraint=models.UniqueConstraint(fields=('experiment', 'device', 'task'), name='uniq_shard'),
+            model_name="shard",
+            constraint=models.UniqueConstraint(fields=("experiment", "device", "task"), name="uniq_shard"),
         ),
         migrations.AddConstraint(
-            model_name='assignment',
-            constraint=models.UniqueConstraint(fields=('round', 'device', 'task'), name='uniq_assignment'),
+            model_name="assignment",
+            constraint=models.UniqueConstraint(fields=("round", "device", "task"), name="uniq_assignment"),
         ),
     ]

@@ -5,54 +5,83 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0001_initial'),
+        ("experiments", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='assignment',
-            name='predicted_throughput_sps',
+            model_name="assignment",
+            name="predicted_throughput_sps",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='round',
-            name='predicted_round_time_s',
+            model_name="round",
+            name="predicted_round_time_s",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='run',
-            name='options',
+            model_name="run",
+            name="options",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='run',
-            name='planned',
+            model_name="run",
+            name="planned",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AlterField(
-            model_name='run',
-            name='strategy',
-            field=models.CharField(choices=[('temporal', 'temporal'), ('isolation', 'isolation'), ('sharing', 'sharing'), ('vres_greedy', 'vres_greedy'), ('vres_sync', 'vres_sync'), ('manual', 'manual')], max_length=32),
+            model_name="run",
+            name="strategy",
+            field=models.CharField(
+                choices=[
+                    ("temporal", "temporal"),
+                    ("isolation", "isolation"),
+                    ("sharing", "sharing"),
+                    ("vres_greedy", "vres_greedy"),
+                    ("vres_sync", "vres_sync"),
+                    ("manual", "manual"),
+                ],
+                max_length=32,
+            ),
         ),
         migrations.CreateModel(
-            name='Comparison',
+            name="Comparison",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('strategies', models.JSONField(help_text='strategy names in the order their runs start')),
-                ('status', models.CharField(choices=[('running', 'Running'), ('succeeded', 'Succeeded'), ('cancelled', 'Cancelled')], default='running', max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('experiment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='comparisons', to='experiments.experiment')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("strategies", models.JSONField(help_text="strategy names in the order their runs start")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("running", "Running"), ("succeeded", "Succeeded"), ("cancelled", "Cancelled")],
+                        default="running",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "experiment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="comparisons",
+                        to="experiments.experiment",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
         migrations.AddField(
-            model_name='run',
-            name='comparison',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='runs', to='experiments.comparison'),
+            model_name="run",
+            name="comparison",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="runs",
+                to="experiments.comparison",
+            ),
         ),
     ]

@@ -4,25 +4,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0002_planners_and_comparisons'),
+        ("experiments", "0002_planners_and_comparisons"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='assignment',
-            name='simulated',
-            field=models.BooleanField(default=False, help_text="measured by the simulated backend's model, not a device"),
+            model_name="assignment",
+            name="simulated",
+            field=models.BooleanField(
+                default=False, help_text="measured by the simulated backend's model, not a device"
+            ),
         ),
         migrations.AddField(
-            model_name='run',
-            name='simulated',
+            model_name="run",
+            name="simulated",
             field=models.BooleanField(default=False, help_text="its devices' numbers come from the simulated backend"),
         ),
         migrations.AddField(
-            model_name='standalonethroughput',
-            name='simulated',
+            model_name="standalonethroughput",
+            name="simulated",
             field=models.BooleanField(default=False),
         ),
     ]

@@ -6,26 +6,44 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0003_simulated_backend'),
+        ("experiments", "0003_simulated_backend"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='experiment',
-            name='collaborators',
-            field=models.ManyToManyField(blank=True, help_text='see it and launch or cancel its runs and comparisons, like the owner', related_name='shared_experiments', to=settings.AUTH_USER_MODEL),
+            model_name="experiment",
+            name="collaborators",
+            field=models.ManyToManyField(
+                blank=True,
+                help_text="see it and launch or cancel its runs and comparisons, like the owner",
+                related_name="shared_experiments",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='experiment',
-            name='owner',
-            field=models.ForeignKey(blank=True, help_text='sees and changes it and chooses its collaborators; without one (created from the command line without --owner) only superusers see it', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='owned_experiments', to=settings.AUTH_USER_MODEL),
+            model_name="experiment",
+            name="owner",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="sees and changes it and chooses its collaborators; without one (created from the command line without --owner) only superusers see it",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="owned_experiments",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='task',
-            name='owner',
-            field=models.ForeignKey(blank=True, help_text="who defined it; only they (or a superuser) may change it. Tasks are the lab's shared catalogue: every researcher sees them and may use them", null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='tasks', to=settings.AUTH_USER_MODEL),
+            model_name="task",
+            name="owner",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="who defined it; only they (or a superuser) may change it. Tasks are the lab's shared catalogue: every researcher sees them and may use them",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="tasks",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
     ]

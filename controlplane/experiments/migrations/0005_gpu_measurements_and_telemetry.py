@@ -5,53 +5,78 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0004_owners_and_collaborators'),
-        ('fleet', '0003_gpu_backends'),
+        ("experiments", "0004_owners_and_collaborators"),
+        ("fleet", "0003_gpu_backends"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='assignment',
-            name='mps_active_thread_percentage',
-            field=models.FloatField(blank=True, help_text='the share the MPS server granted this client, as the agent read it', null=True),
+            model_name="assignment",
+            name="mps_active_thread_percentage",
+            field=models.FloatField(
+                blank=True, help_text="the share the MPS server granted this client, as the agent read it", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='assignment',
-            name='mps_detail',
-            field=models.TextField(blank=True, default='', help_text='what the agent found in the MPS server log'),
+            model_name="assignment",
+            name="mps_detail",
+            field=models.TextField(blank=True, default="", help_text="what the agent found in the MPS server log"),
         ),
         migrations.AddField(
-            model_name='assignment',
-            name='mps_verified',
-            field=models.BooleanField(blank=True, help_text="the agent's MPS server served this trainer with its share (null: not under MPS)", null=True),
+            model_name="assignment",
+            name="mps_verified",
+            field=models.BooleanField(
+                blank=True,
+                help_text="the agent's MPS server served this trainer with its share (null: not under MPS)",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='assignment',
-            name='peak_memory_bytes',
-            field=models.PositiveBigIntegerField(blank=True, help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, RSS on cpu", null=True),
+            model_name="assignment",
+            name="peak_memory_bytes",
+            field=models.PositiveBigIntegerField(
+                blank=True,
+                help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, RSS on cpu",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='assignment',
-            name='torch_device',
-            field=models.CharField(blank=True, default='', help_text='cpu or cuda', max_length=16),
+            model_name="assignment",
+            name="torch_device",
+            field=models.CharField(blank=True, default="", help_text="cpu or cuda", max_length=16),
         ),
         migrations.CreateModel(
-            name='DeviceTelemetry',
+            name="DeviceTelemetry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('t', models.JSONField(default=list, help_text='sample times, Unix seconds')),
-                ('gpu_util_percent', models.JSONField(default=list, help_text='0-100 per sample')),
-                ('memory_used_bytes', models.JSONField(default=list, help_text='bytes per sample')),
-                ('memory_total_bytes', models.PositiveBigIntegerField(blank=True, null=True)),
-                ('mps_restarted', models.BooleanField(default=False, help_text='the agent restarted its MPS server after a trainer of this round failed')),
-                ('device', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='telemetry', to='fleet.device')),
-                ('round', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='telemetry', to='experiments.round')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("t", models.JSONField(default=list, help_text="sample times, Unix seconds")),
+                ("gpu_util_percent", models.JSONField(default=list, help_text="0-100 per sample")),
+                ("memory_used_bytes", models.JSONField(default=list, help_text="bytes per sample")),
+                ("memory_total_bytes", models.PositiveBigIntegerField(blank=True, null=True)),
+                (
+                    "mps_restarted",
+                    models.BooleanField(
+                        default=False,
+                        help_text="the agent restarted its MPS server after a trainer of this round failed",
+                    ),
+                ),
+                (
+                    "device",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="telemetry", to="fleet.device"
+                    ),
+                ),
+                (
+                    "round",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="telemetry", to="experiments.round"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['round', 'device'],
-                'constraints': [models.UniqueConstraint(fields=('round', 'device'), name='uniq_device_telemetry')],
+                "ordering": ["round", "device"],
+                "constraints": [models.UniqueConstraint(fields=("round", "device"), name="uniq_device_telemetry")],
             },
         ),
     ]

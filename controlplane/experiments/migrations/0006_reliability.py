@@ -5,60 +5,98 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0005_gpu_measurements_and_telemetry'),
+        ("experiments", "0005_gpu_measurements_and_telemetry"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='assignment',
-            name='attempt',
-            field=models.PositiveSmallIntegerField(default=0, help_text="the dispatch of the device's part this row waits for or was recorded from (0: first, 1 and up: retries); results of other attempts are ignored"),
+            model_name="assignment",
+            name="attempt",
+            field=models.PositiveSmallIntegerField(
+                default=0,
+                help_text="the dispatch of the device's part this row waits for or was recorded from (0: first, 1 and up: retries); results of other attempts are ignored",
+            ),
         ),
         migrations.AddField(
-            model_name='assignment',
-            name='device_task_id',
-            field=models.CharField(blank=True, default='', help_text="Celery id of that dispatch's train_round task", max_length=64),
+            model_name="assignment",
+            name="device_task_id",
+            field=models.CharField(
+                blank=True, default="", help_text="Celery id of that dispatch's train_round task", max_length=64
+            ),
         ),
         migrations.AddField(
-            model_name='experiment',
-            name='deadline_factor',
-            field=models.FloatField(blank=True, help_text="a round's deadline is this × its predicted round time (null: MTFL_DEADLINE_FACTOR); rounds without a prediction use MTFL_ROUND_DEADLINE_S", null=True, validators=[django.core.validators.MinValueValidator(1.0), django.core.validators.MaxValueValidator(100.0)]),
+            model_name="experiment",
+            name="deadline_factor",
+            field=models.FloatField(
+                blank=True,
+                help_text="a round's deadline is this × its predicted round time (null: MTFL_DEADLINE_FACTOR); rounds without a prediction use MTFL_ROUND_DEADLINE_S",
+                null=True,
+                validators=[
+                    django.core.validators.MinValueValidator(1.0),
+                    django.core.validators.MaxValueValidator(100.0),
+                ],
+            ),
         ),
         migrations.AddField(
-            model_name='experiment',
-            name='device_retries',
-            field=models.PositiveSmallIntegerField(default=0, help_text="how many times a round re-sends a device's part when its agent is lost or its trainers fail (0: the round goes on without that device, as partial)", validators=[django.core.validators.MaxValueValidator(10)]),
+            model_name="experiment",
+            name="device_retries",
+            field=models.PositiveSmallIntegerField(
+                default=0,
+                help_text="how many times a round re-sends a device's part when its agent is lost or its trainers fail (0: the round goes on without that device, as partial)",
+                validators=[django.core.validators.MaxValueValidator(10)],
+            ),
         ),
         migrations.AddField(
-            model_name='round',
-            name='aggregating_at',
-            field=models.DateTimeField(blank=True, help_text='when its aggregation was claimed', null=True),
+            model_name="round",
+            name="aggregating_at",
+            field=models.DateTimeField(blank=True, help_text="when its aggregation was claimed", null=True),
         ),
         migrations.AddField(
-            model_name='round',
-            name='claimed_by',
-            field=models.CharField(blank=True, default='', help_text='the control worker aggregating it (resume after a restart)', max_length=200),
+            model_name="round",
+            name="claimed_by",
+            field=models.CharField(
+                blank=True,
+                default="",
+                help_text="the control worker aggregating it (resume after a restart)",
+                max_length=200,
+            ),
         ),
         migrations.AddField(
-            model_name='round',
-            name='deadline_at',
-            field=models.DateTimeField(blank=True, help_text='when devices still without a result are failed (stragglers excluded); a retry moves it to at least deadline_s after the retry', null=True),
+            model_name="round",
+            name="deadline_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="when devices still without a result are failed (stragglers excluded); a retry moves it to at least deadline_s after the retry",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='round',
-            name='deadline_s',
-            field=models.FloatField(blank=True, help_text='how long the round waits for its devices (factor × predicted round time, or MTFL_ROUND_DEADLINE_S; never below MTFL_ROUND_DEADLINE_FLOOR_S)', null=True),
+            model_name="round",
+            name="deadline_s",
+            field=models.FloatField(
+                blank=True,
+                help_text="how long the round waits for its devices (factor × predicted round time, or MTFL_ROUND_DEADLINE_S; never below MTFL_ROUND_DEADLINE_FLOOR_S)",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='run',
-            name='claimed_by',
-            field=models.CharField(blank=True, default='', help_text='the control worker that began the run (resume after a restart)', max_length=200),
+            model_name="run",
+            name="claimed_by",
+            field=models.CharField(
+                blank=True,
+                default="",
+                help_text="the control worker that began the run (resume after a restart)",
+                max_length=200,
+            ),
         ),
         migrations.AddField(
-            model_name='run',
-            name='standalone_task_ids',
-            field=models.JSONField(blank=True, default=dict, help_text="Celery task id of each device's P_alone measurement, by device name"),
+            model_name="run",
+            name="standalone_task_ids",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="Celery task id of each device's P_alone measurement, by device name",
+            ),
         ),
     ]

@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0006_reliability'),
+        ("experiments", "0006_reliability"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='assignment',
-            name='peak_memory_bytes',
-            field=models.PositiveBigIntegerField(blank=True, help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, private (anonymous) resident memory on cpu", null=True),
+            model_name="assignment",
+            name="peak_memory_bytes",
+            field=models.PositiveBigIntegerField(
+                blank=True,
+                help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, private (anonymous) resident memory on cpu",
+                null=True,
+            ),
         ),
     ]

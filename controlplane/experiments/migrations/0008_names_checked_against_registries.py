@@ -4,30 +4,37 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0007_peak_memory_is_private_memory_on_cpu'),
+        ("experiments", "0007_peak_memory_is_private_memory_on_cpu"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='experiment',
-            name='partition_rule',
-            field=models.CharField(default='iid', help_text="a partition rule of workers.registry.partitioners.PARTITIONER_REGISTRY, or 'explicit'", max_length=32),
+            model_name="experiment",
+            name="partition_rule",
+            field=models.CharField(
+                default="iid",
+                help_text="a partition rule of workers.registry.partitioners.PARTITIONER_REGISTRY, or 'explicit'",
+                max_length=32,
+            ),
         ),
         migrations.AlterField(
-            model_name='run',
-            name='strategy',
-            field=models.CharField(help_text='a strategy of controlplane.planning.strategies.STRATEGY_REGISTRY', max_length=32),
+            model_name="run",
+            name="strategy",
+            field=models.CharField(
+                help_text="a strategy of controlplane.planning.strategies.STRATEGY_REGISTRY", max_length=32
+            ),
         ),
         migrations.AlterField(
-            model_name='task',
-            name='architecture',
-            field=models.CharField(help_text='a model of workers.registry.models.MODEL_REGISTRY', max_length=64),
+            model_name="task",
+            name="architecture",
+            field=models.CharField(help_text="a model of workers.registry.models.MODEL_REGISTRY", max_length=64),
         ),
         migrations.AlterField(
-            model_name='task',
-            name='dataset',
-            field=models.CharField(default='digits', help_text='a data set of workers.registry.datasets.DATASET_REGISTRY', max_length=32),
+            model_name="task",
+            name="dataset",
+            field=models.CharField(
+                default="digits", help_text="a data set of workers.registry.datasets.DATASET_REGISTRY", max_length=32
+            ),
         ),
     ]

@@ -68,8 +68,9 @@ def agent_artifact_for_download(*, device: Device, key: str) -> tuple[Path, str]
         raise _not_found(key)
     path = get_store().path(key)
     if not path.is_file():
-        raise ApplicationError(f"artifact {key!r} is missing from the control plane's store", field="key",
-                               status_code=404)
+        raise ApplicationError(
+            f"artifact {key!r} is missing from the control plane's store", field="key", status_code=404
+        )
     return path, checkpoint.sha256
 
 
@@ -91,7 +92,8 @@ def _open_assignment(device: Device, key: str) -> Assignment:
     if assignment.round.status != Round.Status.RUNNING:
         raise ApplicationError(
             f"round {round_index} of run {run_id} is {assignment.round.status}: it no longer takes weights",
-            field="key", status_code=409,
+            field="key",
+            status_code=409,
         )
     return assignment
 
@@ -127,8 +129,9 @@ def agent_artifact_upload(
     assignment = _open_assignment(device, key)
     expected_sha = (sha256 or "").strip().lower()
     if not _SHA256_RE.fullmatch(expected_sha):
-        raise ApplicationError("send the file's hex SHA-256 in the X-Content-SHA256 header (64 hex digits)",
-                               field="sha256")
+        raise ApplicationError(
+            "send the file's hex SHA-256 in the X-Content-SHA256 header (64 hex digits)", field="sha256"
+        )
     limit = int(mtfl_setting("MAX_ARTIFACT_BYTES"))
     if content_length is None:
         raise ApplicationError("a Content-Length header is required", field="body", status_code=411)
@@ -140,8 +143,7 @@ def agent_artifact_upload(
     with atomic_write_path(store.path(key)) as tmp:
         digest, size = _receive(body, tmp, limit)
         if size != content_length:
-            raise ApplicationError(f"the body ended after {size} of the {content_length} bytes declared",
-                                   field="body")
+            raise ApplicationError(f"the body ended after {size} of the {content_length} bytes declared", field="body")
         if digest != expected_sha:
             raise ApplicationError(
                 f"sha256 mismatch: the body's SHA-256 is {digest}, the request declared {expected_sha}",
@@ -153,22 +155,22 @@ def agent_artifact_upload(
             raise ApplicationError(f"not a valid safetensors file: {exc}", field="body") from None
         problem = tensors_mismatch(reference, tensors)
         if problem:
-            raise ApplicationError(f"the weights do not fit task {assignment.task_id}'s model: {problem}",
-                                   field="body")
+            raise ApplicationError(f"the weights do not fit task {assignment.task_id}'s model: {problem}", field="body")
         # The round may have closed while the body streamed in: then nobody will read it.
         if not Round.objects.filter(id=assignment.round_id, status=Round.Status.RUNNING).exists():
             raise ApplicationError(
                 f"round {assignment.round.index} of run {assignment.round.run_id} closed during the upload",
-                field="key", status_code=409,
+                field="key",
+                status_code=409,
             )
     return digest, size
 
 
 def _too_large(size: int, limit: int) -> ApplicationError:
     return ApplicationError(
-        f"the weights file is {size} bytes; the control plane takes at most {limit} "
-        "(MTFL_MAX_ARTIFACT_BYTES)",
-        field="body", status_code=413,
+        f"the weights file is {size} bytes; the control plane takes at most {limit} (MTFL_MAX_ARTIFACT_BYTES)",
+        field="body",
+        status_code=413,
     )
 
 
@@ -200,8 +202,9 @@ def _model_tensors(assignment: Assignment) -> dict[str, TensorInfo]:
     Raises:
         ApplicationError: 409 when the run has no readable initial model of the task.
     """
-    initial = Checkpoint.objects.filter(run_id=assignment.round.run_id, task_id=assignment.task_id,
-                                        round__isnull=True).first()
+    initial = Checkpoint.objects.filter(
+        run_id=assignment.round.run_id, task_id=assignment.task_id, round__isnull=True
+    ).first()
     try:
         if initial is None:
             raise FileNotFoundError("no initial checkpoint")
@@ -210,5 +213,6 @@ def _model_tensors(assignment: Assignment) -> dict[str, TensorInfo]:
         raise ApplicationError(
             f"run {assignment.round.run_id} has no readable initial model of task {assignment.task_id} to check "
             f"the weights against: {exc}",
-            field="key", status_code=409,
+            field="key",
+            status_code=409,
         ) from None

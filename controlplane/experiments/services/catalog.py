@@ -15,12 +15,12 @@ from controlplane.experiments.models import Experiment, Shard, Task
 from controlplane.experiments.selectors import can_manage_experiment
 from controlplane.fleet.models import Device
 from controlplane.profiling.services import workload_request
-from workers.training.datasets import dataset_info
 from workers.protocol.messages import OPTIMIZERS
-from workers.training.partition import shard_counts, shard_offsets
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
 from workers.registry.partitioners import PARTITIONER_REGISTRY, Partitioner
+from workers.training.datasets import dataset_info
+from workers.training.partition import shard_counts, shard_offsets
 
 
 def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
@@ -48,7 +48,9 @@ def partition_rule_get(name: object) -> Partitioner:
     return PARTITIONER_REGISTRY.get(name)
 
 
-def check_finite_range(field: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> float:
+def check_finite_range(
+    field: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
+) -> float:
     """``value`` as a float when it is a finite number in the interval from ``lo`` to ``hi``
     (each end open or closed).
 
@@ -82,8 +84,9 @@ def _check_reliability(**values: Any) -> None:
     if "device_retries" in values:
         retries = values["device_retries"]
         if isinstance(retries, bool) or not isinstance(retries, int):
-            raise ApplicationError(f"device_retries must be an integer: allowed 0 to {MAX_DEVICE_RETRIES}",
-                                   field="device_retries")
+            raise ApplicationError(
+                f"device_retries must be an integer: allowed 0 to {MAX_DEVICE_RETRIES}", field="device_retries"
+            )
         check_finite_range("device_retries", retries, 0, MAX_DEVICE_RETRIES)
     if values.get("deadline_factor") is not None:
         check_finite_range("deadline_factor", values["deadline_factor"], 1.0, 100.0)
@@ -118,8 +121,7 @@ def _check_dataset_consistency(task: Task) -> None:
         )
     if DATASET_REGISTRY.get(task.dataset).needs_root and not task.dataset_root:
         raise ApplicationError(
-            f"dataset_root is required for {task.dataset}: the local folder it is read from "
-            "(nothing is downloaded)",
+            f"dataset_root is required for {task.dataset}: the local folder it is read from (nothing is downloaded)",
             field="dataset_root",
         )
 
@@ -184,8 +186,17 @@ def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
             "only the task's owner or a superuser can change it; define a new task instead",
             status_code=403,
         )
-    allowed = {"name", "architecture", "dataset", "dataset_root", "num_classes", "optimizer",
-               "learning_rate", "momentum", "weight_decay"}
+    allowed = {
+        "name",
+        "architecture",
+        "dataset",
+        "dataset_root",
+        "num_classes",
+        "optimizer",
+        "learning_rate",
+        "momentum",
+        "weight_decay",
+    }
     unknown = set(fields) - allowed
     if unknown:
         raise ApplicationError(f"cannot update {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
@@ -236,9 +247,13 @@ def _shard_table(
                     f"sample_counts[{k}] needs integer device, task and num_samples", field="sample_counts"
                 ) from None
             if device_id not in device_by_id:
-                raise ApplicationError(f"sample_counts[{k}].device={device_id} is not a device of this experiment", field="sample_counts")
+                raise ApplicationError(
+                    f"sample_counts[{k}].device={device_id} is not a device of this experiment", field="sample_counts"
+                )
             if task_id not in task_by_id:
-                raise ApplicationError(f"sample_counts[{k}].task={task_id} is not a task of this experiment", field="sample_counts")
+                raise ApplicationError(
+                    f"sample_counts[{k}].task={task_id} is not a task of this experiment", field="sample_counts"
+                )
             if n < 0 or n == 1:
                 raise ApplicationError(
                     f"sample_counts[{k}].num_samples={n} is not allowed: allowed 0 or 2 and more "
@@ -246,7 +261,9 @@ def _shard_table(
                     field="num_samples",
                 )
             if (device_id, task_id) in given:
-                raise ApplicationError(f"sample_counts[{k}] repeats device {device_id} and task {task_id}", field="sample_counts")
+                raise ApplicationError(
+                    f"sample_counts[{k}] repeats device {device_id} and task {task_id}", field="sample_counts"
+                )
             given[(device_id, task_id)] = n
         for task in tasks:
             train_size = dataset_info(task.dataset).train_size
@@ -338,12 +355,16 @@ def experiment_create(
     uses_alpha = partition_rule != Experiment.EXPLICIT and partition_rule_get(partition_rule).uses_alpha
     if uses_alpha:
         if dirichlet_alpha is None:
-            raise ApplicationError(f"dirichlet_alpha is required with partition_rule {partition_rule!r}: allowed (0, 1000]",
-                                   field="dirichlet_alpha")
+            raise ApplicationError(
+                f"dirichlet_alpha is required with partition_rule {partition_rule!r}: allowed (0, 1000]",
+                field="dirichlet_alpha",
+            )
         check_finite_range("dirichlet_alpha", dirichlet_alpha, 0.0, 1000.0, lo_open=True)
     elif dirichlet_alpha is not None:
         with_alpha = " or ".join(repr(p.name) for p in PARTITIONER_REGISTRY if p.uses_alpha)
-        raise ApplicationError(f"dirichlet_alpha is only allowed with partition_rule {with_alpha}", field="dirichlet_alpha")
+        raise ApplicationError(
+            f"dirichlet_alpha is only allowed with partition_rule {with_alpha}", field="dirichlet_alpha"
+        )
     rows = _shard_table(
         tasks=tasks,
         devices=devices,
@@ -375,8 +396,9 @@ def experiment_create(
 
 
 @transaction.atomic
-def experiment_update(*, experiment: Experiment, actor=None, collaborators: Iterable[str] | None = None,
-                      **fields: Any) -> Experiment:
+def experiment_update(
+    *, experiment: Experiment, actor=None, collaborators: Iterable[str] | None = None, **fields: Any
+) -> Experiment:
     """Change an experiment's name or description, its rounds or local epochs until it has
     runs, and (its owner only) its collaborators.
 
@@ -394,8 +416,9 @@ def experiment_update(*, experiment: Experiment, actor=None, collaborators: Iter
     new_collaborators = None
     if collaborators is not None:
         if actor is not None and not can_manage_experiment(actor, experiment):
-            raise ApplicationError("only the experiment's owner can change its collaborators",
-                                   field="collaborators", status_code=403)
+            raise ApplicationError(
+                "only the experiment's owner can change its collaborators", field="collaborators", status_code=403
+            )
         new_collaborators = _resolve_users(collaborators, experiment)
     # The reliability policy may change at any time: it decides how rounds wait, not what they train.
     allowed = {"name", "description", "rounds", "local_epochs", "device_retries", "deadline_factor"}

@@ -42,15 +42,17 @@ def _fan_out(device_task: str, requests, callback: str, key: int, task_ids: Mapp
     """One ``device_task`` per device request on its ``device.<name>`` queue, with the id
     ``task_ids[device]``, joined by a chord into ``callback(results, key)`` on ``control``."""
     header = [
-        app.signature(device_task, args=[r.model_dump(mode="json")], queue=device_queue(r.device),
-                      task_id=task_ids[r.device])
+        app.signature(
+            device_task, args=[r.model_dump(mode="json")], queue=device_queue(r.device), task_id=task_ids[r.device]
+        )
         for r in requests
     ]
     chord(header)(app.signature(callback, args=[key], queue=CONTROL_QUEUE))
 
 
-def send_standalone(run_id: int, requests: list[StandaloneRequest], *, deadline_s: float,
-                    task_ids: Mapping[str, str]) -> None:
+def send_standalone(
+    run_id: int, requests: list[StandaloneRequest], *, deadline_s: float, task_ids: Mapping[str, str]
+) -> None:
     """Measure ``P_alone`` on every device (``MEASURE_STANDALONE``, ids ``task_ids[device]``),
     then call back ``STANDALONE_RECORDED``; ``STANDALONE_WATCHDOG`` at the deadline."""
     _fan_out(TaskName.MEASURE_STANDALONE, requests, TaskName.STANDALONE_RECORDED, run_id, task_ids)
@@ -62,8 +64,9 @@ def send_standalone_watchdog(run_id: int, *, countdown_s: float) -> None:
     app.send_task(TaskName.STANDALONE_WATCHDOG, args=[run_id], queue=CONTROL_QUEUE, countdown=max(0.0, countdown_s))
 
 
-def send_round(round_id: int, requests: list[TrainRoundRequest], *, task_ids: Mapping[str, str],
-               check_after_s: float) -> None:
+def send_round(
+    round_id: int, requests: list[TrainRoundRequest], *, task_ids: Mapping[str, str], check_after_s: float
+) -> None:
     """Dispatch a round: ``TRAIN_ROUND`` per device (ids ``task_ids[device]``) → ``ROUND_FINISH``;
     the first ``ROUND_WATCHDOG`` check after ``check_after_s`` (each check re-arms the next until
     the round ends, so a round never waits for ever)."""
@@ -74,8 +77,12 @@ def send_round(round_id: int, requests: list[TrainRoundRequest], *, task_ids: Ma
 def send_device_round(request: TrainRoundRequest, *, task_id: str) -> None:
     """Send one device's part of a round again (a retry, outside the round's chord: the round
     watchdog collects its result by ``task_id``)."""
-    app.send_task(TaskName.TRAIN_ROUND, args=[request.model_dump(mode="json")], queue=device_queue(request.device),
-                  task_id=task_id)
+    app.send_task(
+        TaskName.TRAIN_ROUND,
+        args=[request.model_dump(mode="json")],
+        queue=device_queue(request.device),
+        task_id=task_id,
+    )
 
 
 def send_round_watchdog(round_id: int, *, countdown_s: float) -> None:

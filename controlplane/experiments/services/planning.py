@@ -41,8 +41,9 @@ def planner_options(options: Mapping[str, Any] | None) -> dict[str, str]:
     merged = {**DEFAULT_OPTIONS, **given}
     for key, allowed in (("objective", OBJECTIVES), ("slack", SLACK_POLICIES)):
         if merged[key] not in allowed:
-            raise ApplicationError(f"options.{key}={merged[key]!r} is not allowed; allowed: {', '.join(allowed)}",
-                                   field="options")
+            raise ApplicationError(
+                f"options.{key}={merged[key]!r} is not allowed; allowed: {', '.join(allowed)}", field="options"
+            )
     return merged
 
 

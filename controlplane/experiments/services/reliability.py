@@ -110,9 +110,13 @@ def _device_slots(rnd: Round) -> dict[str, _Slot]:
         current = [p for p in parts if p[1] == attempt]
         pid = (device.inventory or {}).get("agent_pid")
         slots[device.name] = _Slot(
-            name=device.name, device_id=device.id, attempt=attempt, task_id=current[0][2],
+            name=device.name,
+            device_id=device.id,
+            attempt=attempt,
+            task_id=current[0][2],
             started=any(p[3] == Assignment.Status.RUNNING for p in current),
-            last_heartbeat_at=device.last_heartbeat_at, agent_pid=pid if isinstance(pid, int) else None,
+            last_heartbeat_at=device.last_heartbeat_at,
+            agent_pid=pid if isinstance(pid, int) else None,
         )
     return slots
 
@@ -132,8 +136,9 @@ def _current_result(raw: Any, rnd: Round, slots: Mapping[str, _Slot]) -> tuple[s
     return result.device, result.model_dump(mode="json")
 
 
-def _lost_cause(slot: _Slot, state: dispatch.TaskState | None, slots: Mapping[str, _Slot],
-                now: dt.datetime) -> str | None:
+def _lost_cause(
+    slot: _Slot, state: dispatch.TaskState | None, slots: Mapping[str, _Slot], now: dt.datetime
+) -> str | None:
     """Why a device that has not answered is taken as lost, or ``None`` while it may still.
 
     Lost: the agent process that started the task is no longer the device's agent (it
@@ -144,8 +149,10 @@ def _lost_cause(slot: _Slot, state: dispatch.TaskState | None, slots: Mapping[st
     """
     if state is not None and state.status == "STARTED" and state.pid and slot.agent_pid and state.pid != slot.agent_pid:
         where = f" on {state.hostname}" if state.hostname else ""
-        return (f"agent lost: the agent process that started this round on device {slot.name} (pid {state.pid}{where}) "
-                f"is gone; the device's agent is now pid {slot.agent_pid}")
+        return (
+            f"agent lost: the agent process that started this round on device {slot.name} (pid {state.pid}{where}) "
+            f"is gone; the device's agent is now pid {slot.agent_pid}"
+        )
     if slot.last_heartbeat_at is None:
         return None
     others = [s.last_heartbeat_at for s in slots.values() if s.name != slot.name and s.last_heartbeat_at]
@@ -153,8 +160,10 @@ def _lost_cause(slot: _Slot, state: dispatch.TaskState | None, slots: Mapping[st
     silent_s = (reference - slot.last_heartbeat_at).total_seconds()
     offline_s = float(mtfl_setting("HEARTBEAT_OFFLINE_S"))
     if silent_s > offline_s:
-        return (f"agent lost: no heartbeat from device {slot.name} for {silent_s:.0f} s (MTFL_HEARTBEAT_OFFLINE_S="
-                f"{offline_s:g}) while its part of the round was running")
+        return (
+            f"agent lost: no heartbeat from device {slot.name} for {silent_s:.0f} s (MTFL_HEARTBEAT_OFFLINE_S="
+            f"{offline_s:g}) while its part of the round was running"
+        )
     return None
 
 
@@ -214,10 +223,14 @@ def round_check(
             causes[slot.name] = cause
 
     if rnd.run.status == Run.Status.RUNNING:
-        failed = {name: result.get("error") or "the device reported a failure"
-                  for name, result in known.items() if result.get("status") == "failed"}
-        candidates = [slots[name] for name in sorted({*causes, *failed})
-                      if slots[name].attempt < experiment.device_retries]
+        failed = {
+            name: result.get("error") or "the device reported a failure"
+            for name, result in known.items()
+            if result.get("status") == "failed"
+        }
+        candidates = [
+            slots[name] for name in sorted({*causes, *failed}) if slots[name].attempt < experiment.device_retries
+        ]
         retried = _retry_devices(rnd, candidates, {**failed, **causes}, now)
         for name in retried:
             known.pop(name, None)
@@ -227,28 +240,37 @@ def round_check(
     else:
         retried = []
 
-    deadline_at = rnd.deadline_at or (rnd.started_at or now) + dt.timedelta(seconds=float(
-        rnd.deadline_s or mtfl_setting("ROUND_DEADLINE_S")))
+    deadline_at = rnd.deadline_at or (rnd.started_at or now) + dt.timedelta(
+        seconds=float(rnd.deadline_s or mtfl_setting("ROUND_DEADLINE_S"))
+    )
     pending = [s for s in slots.values() if s.name not in known and s.name not in causes and s.name not in retried]
     if not pending and not retried:
-        device_tasks_cancel_on_commit([slots[name].task_id for name in causes], f"round {rnd.index} of run {rnd.run_id} "
-                                                                   "went on without this device")
+        device_tasks_cancel_on_commit(
+            [slots[name].task_id for name in causes],
+            f"round {rnd.index} of run {rnd.run_id} went on without this device",
+        )
         return round_finish(round_id=round_id, results=list(known.values()), causes=causes, claimant=claimant)
     if not retried and now >= deadline_at:
         basis = _deadline_basis(rnd, experiment)
         notes = []
         for slot in pending:
             if slot.started:
-                causes[slot.name] = (f"straggler: device {slot.name} was still training at the round deadline ({basis}); "
-                                     "excluded from this round's aggregate")
+                causes[slot.name] = (
+                    f"straggler: device {slot.name} was still training at the round deadline ({basis}); "
+                    "excluded from this round's aggregate"
+                )
                 notes.append(f"straggler: {slot.name} missed the deadline ({basis}) and was left out of the aggregate")
             else:
-                causes[slot.name] = (f"no result from device {slot.name} within the round deadline ({basis}): its agent "
-                                     "never started this round (offline, or busy with other work)")
-        device_tasks_cancel_on_commit([slots[name].task_id for name in causes],
-                      f"round {rnd.index} of run {rnd.run_id} passed its deadline")
-        return round_finish(round_id=round_id, results=list(known.values()), causes=causes, notes=notes,
-                            claimant=claimant)
+                causes[slot.name] = (
+                    f"no result from device {slot.name} within the round deadline ({basis}): its agent "
+                    "never started this round (offline, or busy with other work)"
+                )
+        device_tasks_cancel_on_commit(
+            [slots[name].task_id for name in causes], f"round {rnd.index} of run {rnd.run_id} passed its deadline"
+        )
+        return round_finish(
+            round_id=round_id, results=list(known.values()), causes=causes, notes=notes, claimant=claimant
+        )
     if rearm:
         countdown = round_check_after_s(max(0.0, (deadline_at - now).total_seconds()))
         transaction.on_commit(lambda: dispatch.send_round_watchdog(round_id, countdown_s=countdown))
@@ -268,7 +290,10 @@ def _retry_devices(rnd: Round, slots: list[_Slot], why: Mapping[str, str], now: 
         new_id = dispatch.new_task_id()
         with transaction.atomic():
             claimed = Assignment.objects.filter(round=rnd, device_id=slot.device_id, attempt=slot.attempt).update(
-                attempt=slot.attempt + 1, device_task_id=new_id, status=Assignment.Status.PENDING, started_at=None,
+                attempt=slot.attempt + 1,
+                device_task_id=new_id,
+                status=Assignment.Status.PENDING,
+                started_at=None,
                 error="",
             )
             if not claimed:
@@ -278,8 +303,11 @@ def _retry_devices(rnd: Round, slots: list[_Slot], why: Mapping[str, str], now: 
             later = now + dt.timedelta(seconds=deadline_s)
             current.deadline_at = max(current.deadline_at, later) if current.deadline_at else later
             reason = why.get(slot.name, "failed")
-            current.flags = [*current.flags, f"{slot.name}: attempt {slot.attempt} failed ({reason.splitlines()[0]}); "
-                                             f"retried as attempt {slot.attempt + 1}"]
+            current.flags = [
+                *current.flags,
+                f"{slot.name}: attempt {slot.attempt} failed ({reason.splitlines()[0]}); "
+                f"retried as attempt {slot.attempt + 1}",
+            ]
             current.save(update_fields=["deadline_at", "flags"])
             request = round_device_request_load(rnd=rnd, device_id=slot.device_id, attempt=slot.attempt + 1)
             old_id = slot.task_id
@@ -289,8 +317,13 @@ def _retry_devices(rnd: Round, slots: list[_Slot], why: Mapping[str, str], now: 
                 dispatch.send_device_round(request, task_id=new_id)
 
             transaction.on_commit(send)
-        log.warning("round %s: device %s retried as attempt %d (%s)", rnd.id, slot.name, slot.attempt + 1,
-                    why.get(slot.name, ""))
+        log.warning(
+            "round %s: device %s retried as attempt %d (%s)",
+            rnd.id,
+            slot.name,
+            slot.attempt + 1,
+            why.get(slot.name, ""),
+        )
         retried.append(slot.name)
     return retried
 
@@ -304,7 +337,9 @@ def _stale_after_s() -> float:
     return float(getattr(settings, "CELERY_TASK_TIME_LIMIT", None) or 900)
 
 
-def runs_resume(*, nodename: str = "", booted_at: float | None = None, now: dt.datetime | None = None) -> dict[str, int]:
+def runs_resume(
+    *, nodename: str = "", booted_at: float | None = None, now: dt.datetime | None = None
+) -> dict[str, int]:
     """Pick up every run in flight after a control worker (re)connected to the broker.
 
     - An aggregation claimed by a worker that is gone — this same worker before it started
@@ -340,8 +375,9 @@ def runs_resume(*, nodename: str = "", booted_at: float | None = None, now: dt.d
         if abandoned(rnd.claimed_by, rnd.aggregating_at) and Round.objects.filter(
             id=rnd.id, status=Round.Status.AGGREGATING, aggregating_at=rnd.aggregating_at
         ).update(status=Round.Status.RUNNING, claimed_by=""):
-            log.warning("round %s: its aggregation was abandoned by %s; it will be redone", rnd.id,
-                        rnd.claimed_by or "a worker")
+            log.warning(
+                "round %s: its aggregation was abandoned by %s; it will be redone", rnd.id, rnd.claimed_by or "a worker"
+            )
             counts["reclaimed"] += 1
 
     for round_id in Round.objects.filter(status=Round.Status.RUNNING).values_list("id", flat=True):
@@ -359,15 +395,17 @@ def runs_resume(*, nodename: str = "", booted_at: float | None = None, now: dt.d
             counts["advanced"] += 1
         elif run.standalone_task_ids:
             left = (run.started_at + dt.timedelta(seconds=deadline_s) - now).total_seconds() if run.started_at else 0
-            transaction.on_commit(lambda run_id=run.id, left=left: dispatch.send_standalone_watchdog(
-                run_id, countdown_s=max(0.0, left)))
+            transaction.on_commit(
+                lambda run_id=run.id, left=left: dispatch.send_standalone_watchdog(run_id, countdown_s=max(0.0, left))
+            )
             counts["standalone"] += 1
         elif abandoned(run.claimed_by, run.started_at) and Run.objects.filter(
             id=run.id, status=Run.Status.RUNNING, standalone_task_ids={}, started_at=run.started_at
         ).update(status=Run.Status.PENDING, started_at=None, claimed_by=""):
             Checkpoint.objects.filter(run=run, round__isnull=True).delete()
-            log.warning("run %s: its initial models were being written by a worker that is gone; beginning again",
-                        run.id)
+            log.warning(
+                "run %s: its initial models were being written by a worker that is gone; beginning again", run.id
+            )
             transaction.on_commit(lambda run_id=run.id: dispatch.send_run_begin(run_id))
             counts["restarted"] += 1
     if any(counts.values()):

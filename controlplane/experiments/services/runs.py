@@ -117,8 +117,9 @@ def _run_new(
         options = planning.planner_options(options)
         planner = planner or planning.planner_context(experiment=experiment, options=options)
     elif options:
-        raise ApplicationError(f"options apply to {', '.join(planned_strategies())} only, not to {strategy!r}",
-                               field="options")
+        raise ApplicationError(
+            f"options apply to {', '.join(planned_strategies())} only, not to {strategy!r}", field="options"
+        )
     try:
         made = make_plan(strategy, selectors.planning_input(experiment), manual_entries=manual, planner=planner)
     except PlanningError as exc:
@@ -134,9 +135,13 @@ def _run_new(
                 field="strategy",
             )
     return Run.objects.create(
-        experiment=experiment, strategy=strategy, manual_plan=manual, options=dict(options or {}),
+        experiment=experiment,
+        strategy=strategy,
+        manual_plan=manual,
+        options=dict(options or {}),
         simulated=experiment.devices.filter(backend__in=[b.name for b in BACKEND_REGISTRY if b.simulated]).exists(),
-        planned=planning.plan_to_json(made) if record.needs_predictor else None, comparison=comparison,
+        planned=planning.plan_to_json(made) if record.needs_predictor else None,
+        comparison=comparison,
     )
 
 
@@ -164,8 +169,15 @@ def comparison_create(*, experiment: Experiment, options: Mapping[str, Any] | No
     runs = []
     for strategy in strategies:
         planned = get_strategy(strategy).needs_predictor
-        runs.append(_run_new(experiment=experiment, strategy=strategy, options=options if planned else None,
-                             comparison=comparison, planner=planner if planned else None))
+        runs.append(
+            _run_new(
+                experiment=experiment,
+                strategy=strategy,
+                options=options if planned else None,
+                comparison=comparison,
+                planner=planner if planned else None,
+            )
+        )
     first = runs[0].id
     transaction.on_commit(lambda: dispatch.send_run_begin(first))
     return comparison
@@ -181,8 +193,9 @@ def comparison_cancel(*, comparison: Comparison) -> Comparison:
         status=Comparison.Status.CANCELLED, finished_at=timezone.now()
     )
     if not updated:
-        raise ApplicationError(f"comparison {comparison.id} has already ended ({comparison.status})", field="status",
-                               status_code=409)
+        raise ApplicationError(
+            f"comparison {comparison.id} has already ended ({comparison.status})", field="status", status_code=409
+        )
     stopping = list(Run.objects.filter(comparison=comparison, status=Run.Status.RUNNING).values_list("id", flat=True))
     Run.objects.filter(comparison=comparison, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).update(
         status=Run.Status.CANCELLED, finished_at=timezone.now(), error="comparison cancelled by a user"

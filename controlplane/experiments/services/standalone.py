@@ -127,8 +127,10 @@ def _standalone_rows_save(run: Run, results: Iterable[Any] | None) -> None:
         device = devices.get(result.device)
         if device is None:
             continue
-        measurements = [(m.task_id, m.batch_size, m.throughput_sps, m.error or result.error, m.simulated)
-                        for m in result.measurements]
+        measurements = [
+            (m.task_id, m.batch_size, m.throughput_sps, m.error or result.error, m.simulated)
+            for m in result.measurements
+        ]
         if not measurements:  # the whole device failed: record why against each of its tasks
             plan = plan or run_plan(run)
             measurements = [(a.task_id, a.batch_size, None, result.error, False) for a in plan.on_device(device.id)]
@@ -137,8 +139,9 @@ def _standalone_rows_save(run: Run, results: Iterable[Any] | None) -> None:
             values = {"throughput_sps": throughput, "error": error, "simulated": simulated or result.simulated}
             row = created.get(key) or stored.get(key)
             if row is None:
-                created[key] = StandaloneThroughput(run=run, device=device, task_id=task_id, batch_size=batch_size,
-                                                    **values)
+                created[key] = StandaloneThroughput(
+                    run=run, device=device, task_id=task_id, batch_size=batch_size, **values
+                )
                 continue
             for field, value in values.items():
                 setattr(row, field, value)
@@ -164,8 +167,12 @@ def standalone_watchdog(*, run_id: int) -> None:
     measured |= {r.get("device") for r in answered}
     missing = [d.name for d in run.experiment.devices.order_by("name") if d.name not in measured]
     results = answered + [
-        {"run_id": run.id, "device": name, "status": "failed",
-         "error": f"no standalone measurement within the round deadline ({deadline_s:g} s)"}
+        {
+            "run_id": run.id,
+            "device": name,
+            "status": "failed",
+            "error": f"no standalone measurement within the round deadline ({deadline_s:g} s)",
+        }
         for name in missing
     ]
     log.warning("run %s: no P_alone from %s within %g s; starting round 0", run_id, ", ".join(missing), deadline_s)

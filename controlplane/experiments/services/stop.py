@@ -34,7 +34,8 @@ def run_work_stop(*, run_ids: Iterable[int], reason: str) -> int:
     now = timezone.now()
     round_ids = list(Round.objects.filter(run_id__in=run_ids, status=Round.Status.RUNNING).values_list("id", flat=True))
     task_ids = set(
-        Assignment.objects.filter(round_id__in=round_ids).exclude(device_task_id="")
+        Assignment.objects.filter(round_id__in=round_ids)
+        .exclude(device_task_id="")
         .values_list("device_task_id", flat=True)
     )
     Round.objects.filter(id__in=round_ids, status=Round.Status.RUNNING).update(

@@ -168,8 +168,10 @@ def _require_int(field: str, value: Any) -> int:
 
 
 def _require_number(field: str, value: Any) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-        isinstance(value, float) and not math.isfinite(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not math.isfinite(value))
     ):
         raise ApplicationError(f"{field} must be a finite number, got {value!r}", field=field)
     return value
@@ -290,8 +292,10 @@ def experiment_create_from_template(
     dataset, dataset_root = _resolve_dataset(dataset)
     name = _experiment_name(spec, name)
     device_ids = list(device_ids or [])
-    tasks = [_template_task(architecture=a, dataset=dataset, dataset_root=dataset_root, owner=owner)
-             for a in spec.architectures]
+    tasks = [
+        _template_task(architecture=a, dataset=dataset, dataset_root=dataset_root, owner=owner)
+        for a in spec.architectures
+    ]
     return experiment_create(
         name=name,
         description=(

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('fleet', '0001_initial'),
+        ("fleet", "0001_initial"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='device',
-            name='backend',
-            field=models.CharField(choices=[('cpu', 'cpu'), ('simulated', 'simulated')], default='cpu', max_length=32),
+            model_name="device",
+            name="backend",
+            field=models.CharField(choices=[("cpu", "cpu"), ("simulated", "simulated")], default="cpu", max_length=32),
         ),
     ]

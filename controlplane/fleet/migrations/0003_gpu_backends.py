@@ -4,15 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('fleet', '0002_simulated_backend'),
+        ("fleet", "0002_simulated_backend"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='device',
-            name='backend',
-            field=models.CharField(choices=[('cpu', 'cpu'), ('simulated', 'simulated'), ('cuda-mps', 'cuda-mps'), ('cuda-timeslice', 'cuda-timeslice')], default='cpu', max_length=32),
+            model_name="device",
+            name="backend",
+            field=models.CharField(
+                choices=[
+                    ("cpu", "cpu"),
+                    ("simulated", "simulated"),
+                    ("cuda-mps", "cuda-mps"),
+                    ("cuda-timeslice", "cuda-timeslice"),
+                ],
+                default="cpu",
+                max_length=32,
+            ),
         ),
     ]

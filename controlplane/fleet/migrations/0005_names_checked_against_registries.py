@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('fleet', '0004_device_tokens'),
+        ("fleet", "0004_device_tokens"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='device',
-            name='backend',
-            field=models.CharField(default='cpu', help_text="an execution backend of workers.registry.backends.BACKEND_REGISTRY (checked by the services, so a plug-in's backend needs no migration)", max_length=32),
+            model_name="device",
+            name="backend",
+            field=models.CharField(
+                default="cpu",
+                help_text="an execution backend of workers.registry.backends.BACKEND_REGISTRY (checked by the services, so a plug-in's backend needs no migration)",
+                max_length=32,
+            ),
         ),
     ]

@@ -37,8 +37,18 @@ from controlplane.planning.predictor.samples import (
 )
 from controlplane.planning.predictor.solo import SoloTable
 
-SLOT_FEATURES = ("present", "log_flops_per_iter", "log_bytes_per_iter", "log_params", "share", "granted",
-                 "contention", "worst_contention", "log_solo", "log_baseline")
+SLOT_FEATURES = (
+    "present",
+    "log_flops_per_iter",
+    "log_bytes_per_iter",
+    "log_params",
+    "share",
+    "granted",
+    "contention",
+    "worst_contention",
+    "log_solo",
+    "log_baseline",
+)
 """The columns of each slot in the design matrix (:meth:`FeatureSpace.features`)."""
 MIX_FEATURES = ("mix_size", "share_sum", "granted_sum", "log_flops_sum", "log_bytes_sum", "cores")
 """The mix-level columns after the slots."""
@@ -63,8 +73,13 @@ class EncodedMixes:
 
     def rows(self, rows: IntArray | BoolArray) -> EncodedMixes:
         """The configurations ``rows`` (an index or boolean array) only."""
-        return EncodedMixes(self.architectures, self.arch[rows], self.batch[rows], self.share[rows],
-                            None if self.rtt is None else self.rtt[rows])
+        return EncodedMixes(
+            self.architectures,
+            self.arch[rows],
+            self.batch[rows],
+            self.share[rows],
+            None if self.rtt is None else self.rtt[rows],
+        )
 
     @property
     def present(self) -> BoolArray:
@@ -90,7 +105,9 @@ def encode_mixes(mixes: Sequence[Sequence[MixTask]], architectures: Sequence[str
             raise PredictorError(f"a configuration holds 1 to {MAX_MIX} tasks, got {len(mix)}")
         for s, task in enumerate(mix):
             if task.architecture not in index:
-                raise PredictorError(f"model {task.architecture!r} is unknown to the predictor; known: {', '.join(architectures)}")
+                raise PredictorError(
+                    f"model {task.architecture!r} is unknown to the predictor; known: {', '.join(architectures)}"
+                )
             arch[r, s], batch[r, s], share[r, s] = index[task.architecture], task.batch_size, task.share
     return EncodedMixes(tuple(architectures), arch, batch, share)
 
@@ -180,21 +197,33 @@ class FeatureSpace:
         for i, name in enumerate(self.architectures):
             mask = enc.arch == i
             if mask.any():
-                solo[mask] = self.solo.lookup(name, enc.batch[mask], granted[mask], self.workloads, terms.passive[mask],
-                                              passive_ratio)
+                solo[mask] = self.solo.lookup(
+                    name, enc.batch[mask], granted[mask], self.workloads, terms.passive[mask], passive_ratio
+                )
         escape: float | None = getattr(self, "escape_weight", None)  # getattr: spaces pickled before it existed
         rate = physics.sharing_rate(enc.share, present, self.cores, self.sharing_weight, escape)
         gamma: float = getattr(self, "link_exponent", 0.0)  # getattr: spaces pickled before it existed
         baseline = solo * rate * np.exp(-gamma * self.link_log_ratio(enc))
-        return {"present": present, "flops": flops, "bytes": bytes_, "params": params, "solo": solo,
-                "granted": granted, "contention": terms.contention, "worst": terms.worst, "rate": rate,
-                "baseline": np.where(present, baseline, 0.0)}
+        return {
+            "present": present,
+            "flops": flops,
+            "bytes": bytes_,
+            "params": params,
+            "solo": solo,
+            "granted": granted,
+            "contention": terms.contention,
+            "worst": terms.worst,
+            "rate": rate,
+            "baseline": np.where(present, baseline, 0.0),
+        }
 
     def link_log_ratio(self, enc: EncodedMixes) -> FloatArray:
         """``x`` per slot, ``(n, MAX_MIX)``: the physics' placement term
         (:meth:`Physics.link_log_ratio`) of ``enc``'s measured ``rtt`` against
         :attr:`reference_cross_core_rtt_ns`; 0 for every configuration to predict."""
-        reference: float | None = getattr(self, "reference_cross_core_rtt_ns", None)  # getattr: pickled before it existed
+        reference: float | None = getattr(
+            self, "reference_cross_core_rtt_ns", None
+        )  # getattr: pickled before it existed
         return self.physics.link_log_ratio(enc.share, enc.present, self.cores, enc.rtt, reference)
 
     def contention(self, share: FloatArray, present: BoolArray) -> tuple[FloatArray, FloatArray]:

@@ -45,17 +45,21 @@ def make_model(family: str, seed: int) -> Regressor:
 
     model: Regressor
     if family == "random_forest":
-        model = RandomForestRegressor(n_estimators=150, min_samples_leaf=2, max_features=0.5, n_jobs=-1,
-                                      random_state=seed)
+        model = RandomForestRegressor(
+            n_estimators=150, min_samples_leaf=2, max_features=0.5, n_jobs=-1, random_state=seed
+        )
     elif family == "extra_trees":
         # Leaves of 4 (not 2) and 150 trees (not 200): as accurate on the nine kept sweeps (mean
         # held-out RMSLE 0.1390 against 0.1398) with a third of the nodes, so 100,000
         # configurations are predicted in about half the time (0.48 s of trees was 1.0 s in all).
-        model = ExtraTreesRegressor(n_estimators=150, min_samples_leaf=4, max_features=0.7, n_jobs=-1, random_state=seed)
+        model = ExtraTreesRegressor(
+            n_estimators=150, min_samples_leaf=4, max_features=0.7, n_jobs=-1, random_state=seed
+        )
     elif family == "gradient_boosting":
         model = MultiOutputRegressor(
-            HistGradientBoostingRegressor(max_iter=300, learning_rate=0.06, min_samples_leaf=8, l2_regularization=1e-3,
-                                          random_state=seed)
+            HistGradientBoostingRegressor(
+                max_iter=300, learning_rate=0.06, min_samples_leaf=8, l2_regularization=1e-3, random_state=seed
+            )
         )
     else:
         raise PredictorError(f"unknown model family {family!r}; allowed: {', '.join(FAMILIES)}")

@@ -101,7 +101,9 @@ class FitReport:
     """How many random partitions into ``folds`` folds the held-out figures are taken over."""
 
 
-def _training_matrix(samples: Sequence[ProfiledTask]) -> tuple[list[tuple[MixTask, ...]], FloatArray, list[str], FloatArray]:
+def _training_matrix(
+    samples: Sequence[ProfiledTask],
+) -> tuple[list[tuple[MixTask, ...]], FloatArray, list[str], FloatArray]:
     """Group samples into configurations: ``(mixes, Y (n, MAX_MIX) with nan where not
     measured, config keys, RTT (n, MAX_MIX) placement measurements with nan where unknown)``.
     Repeated measurements of a task average in log space, throughputs and round trips alike."""
@@ -178,17 +180,27 @@ class TrainingSet:
         train_keys = {self.keys[r] for r in train}
         train_groups = set(self.groups[train].tolist())
         fold_samples = [
-            s if s.standalone_sps is None or s.mix[s.task_index].architecture in train_groups
+            s
+            if s.standalone_sps is None or s.mix[s.task_index].architecture in train_groups
             else ProfiledTask(s.config_key, s.mix, s.task_index, s.throughput_sps, None, s.peak_memory_bytes)
-            for s in self.samples if s.config_key in train_keys
+            for s in self.samples
+            if s.config_key in train_keys
         ]
         sp = self.space
         rows = np.asarray(train)
         train_enc = self.enc.rows(rows)
         Y = np.empty_like(self.measured)
         np.put_along_axis(Y, self.order, self.measured, axis=1)
-        space = fit_space(fold_samples, sp.architectures, sp.workloads, sp.cores, sp.placement, train_enc, Y[rows],
-                          sp.reference_cross_core_rtt_ns)
+        space = fit_space(
+            fold_samples,
+            sp.architectures,
+            sp.workloads,
+            sp.cores,
+            sp.placement,
+            train_enc,
+            Y[rows],
+            sp.reference_cross_core_rtt_ns,
+        )
         X, order, baseline = space.features(self.enc)
         if not (order == self.order).all():  # the canonical order does not depend on the tables
             raise AssertionError("the canonical slot order changed with the physical tables")
@@ -196,8 +208,9 @@ class TrainingSet:
         return X, fold_baseline
 
 
-def training_set(samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload], cores: int,
-                 placement: str) -> TrainingSet:
+def training_set(
+    samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload], cores: int, placement: str
+) -> TrainingSet:
     """Samples speed-normalised (:func:`normalise_speed`), grouped into configurations and
     encoded, with the physical tables fitted on all of them.
 
@@ -226,17 +239,29 @@ def training_set(samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelW
     space.reference_speed_index = reference_speed
     X, order, baseline = space.features(enc)
     return TrainingSet(
-        samples=samples, keys=keys, mixes=mixes, space=space, enc=enc, X=X, order=order,
+        samples=samples,
+        keys=keys,
+        mixes=mixes,
+        space=space,
+        enc=enc,
+        X=X,
+        order=order,
         measured=np.take_along_axis(Y, order, axis=1),
-        baseline=np.take_along_axis(baseline, order, axis=1), groups=groups,
+        baseline=np.take_along_axis(baseline, order, axis=1),
+        groups=groups,
         memory=MemoryModel.fit(samples, known),
     )
 
 
 @one_native_thread
 def fit_family(
-    samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload], *, cores: int, family: str,
-    placement: str = "pooled", seed: int = 0,
+    samples: Sequence[ProfiledTask],
+    workloads: Mapping[str, ModelWorkload],
+    *,
+    cores: int,
+    family: str,
+    placement: str = "pooled",
+    seed: int = 0,
 ) -> ThroughputPredictor:
     """Fit one model family on every sample, without cross-validation.
 
@@ -304,7 +329,9 @@ def fit_predictor(
     started = time.perf_counter()
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not families:
-        raise PredictorError(f"unknown model family {unknown[0] if unknown else None!r}; allowed: {', '.join(FAMILIES)}")
+        raise PredictorError(
+            f"unknown model family {unknown[0] if unknown else None!r}; allowed: {', '.join(FAMILIES)}"
+        )
     ts = training_set(samples, workloads, cores, placement)
     mask, target = ts.mask, ts.target
     mix_size = ts.enc.present.sum(axis=1)
@@ -315,8 +342,12 @@ def fit_predictor(
     heldout_by_family: dict[str, FloatArray] = {}
     # The physical tables (SoloTable) are refitted inside every fold from its training rows.
     splits = [
-        [(train, test, *ts.fold(train))
-         for train, test in GroupKFold(n_splits=n_folds, shuffle=True, random_state=seed + p).split(ts.X, groups=ts.groups)]
+        [
+            (train, test, *ts.fold(train))
+            for train, test in GroupKFold(n_splits=n_folds, shuffle=True, random_state=seed + p).split(
+                ts.X, groups=ts.groups
+            )
+        ]
         for p in range(partitions)
     ]
     measured = np.broadcast_to(ts.measured, (partitions, *ts.measured.shape))
@@ -331,7 +362,9 @@ def fit_predictor(
                     continue
                 learned = residual(np.nan_to_num(ts.measured[train]), baseline[train], mask[train])
                 model = make_model(family, seed).fit(X[train], learned)
-                pred[p, test] = unresidual(np.asarray(model.predict(X[test])).reshape(len(test), MAX_MIX), baseline[test])
+                pred[p, test] = unresidual(
+                    np.asarray(model.predict(X[test])).reshape(len(test), MAX_MIX), baseline[test]
+                )
         pred = np.clip(pred, 1e-9, None)
         every = np.broadcast_to(mask, measured.shape)
         by_size = {}
@@ -339,10 +372,20 @@ def fit_predictor(
             sel = every & (mix_size[None, :, None] == k)
             if sel.any():
                 by_size[int(k)] = rmsle(pred[sel], measured[sel])
-        by_slice = {kind: rmsle(pred[every & (slices == kind)], measured[every & (slices == kind)])
-                    for kind in sorted(set(slices[0][mask].tolist()))}
-        reports.append(FamilyReport(family, rmsle(pred[every], measured[every]), mape(pred[every], measured[every]),
-                                    time.perf_counter() - t0, by_size, by_slice))
+        by_slice = {
+            kind: rmsle(pred[every & (slices == kind)], measured[every & (slices == kind)])
+            for kind in sorted(set(slices[0][mask].tolist()))
+        }
+        reports.append(
+            FamilyReport(
+                family,
+                rmsle(pred[every], measured[every]),
+                mape(pred[every], measured[every]),
+                time.perf_counter() - t0,
+                by_size,
+                by_slice,
+            )
+        )
         heldout_by_family[family] = pred[0]  # the scatter shows one held-out prediction per sample
         say(f"{family}: held-out RMSLE {reports[-1].rmsle:.4f}, MAPE {100 * reports[-1].mape:.1f} %")
     kept = min(reports, key=lambda r: r.rmsle).family
@@ -354,12 +397,24 @@ def fit_predictor(
     pred = heldout_by_family[kept]
     canonical_arch = np.take_along_axis(ts.enc.arch, ts.order, axis=1)
     heldout = [
-        {"architecture": ts.space.architectures[canonical_arch[r, s]], "mix_size": int(mix_size[r]),
-         "measured_sps": float(ts.measured[r, s]), "predicted_sps": float(pred[r, s]), "slice": str(slices[0, r, s])}
+        {
+            "architecture": ts.space.architectures[canonical_arch[r, s]],
+            "mix_size": int(mix_size[r]),
+            "measured_sps": float(ts.measured[r, s]),
+            "predicted_sps": float(pred[r, s]),
+            "slice": str(slices[0, r, s]),
+        }
         for r, s in zip(*np.nonzero(mask), strict=True)
     ]
     report = FitReport(
-        samples=int(mask.sum()), configurations=len(ts.mixes), groups=n_groups, folds=n_folds, partitions=partitions,
-        families=reports, kept=kept, heldout=heldout, fit_seconds=time.perf_counter() - started,
+        samples=int(mask.sum()),
+        configurations=len(ts.mixes),
+        groups=n_groups,
+        folds=n_folds,
+        partitions=partitions,
+        families=reports,
+        kept=kept,
+        heldout=heldout,
+        fit_seconds=time.perf_counter() - started,
     )
     return predictor, report

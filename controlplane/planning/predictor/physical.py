@@ -136,19 +136,30 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
         else:
             p = float(space.solo.alone(name, np.array([32.0]), space.workloads)[0])
             start.append((16.0 / p, 0.5 / p))
-    theta0 = np.concatenate([
-        np.log([t for t, _ in start]), np.log([t for _, t in start]),
-        [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # α
-        [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # β starts at α
-        [np.clip(space.sharing_weight, 0.05, 1.0)],
-        [ESCAPE_PRIOR[0] if space.escape_weight is None else np.clip(space.escape_weight, 0.01, 1.0)],
-        [space.link_exponent],  # γ
-        [math.log(space.passive_ratio) if space.passive_ratio > 0 else PASSIVE_START],  # log κ
-    ])
+    theta0 = np.concatenate(
+        [
+            np.log([t for t, _ in start]),
+            np.log([t for _, t in start]),
+            [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # α
+            [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # β starts at α
+            [np.clip(space.sharing_weight, 0.05, 1.0)],
+            [ESCAPE_PRIOR[0] if space.escape_weight is None else np.clip(space.escape_weight, 0.01, 1.0)],
+            [space.link_exponent],  # γ
+            [math.log(space.passive_ratio) if space.passive_ratio > 0 else PASSIVE_START],  # log κ
+        ]
+    )
 
     def unpack(theta: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, float, float, float, float]:
-        return (np.exp(theta[:k]), np.exp(theta[k:2 * k]), theta[2 * k:3 * k], theta[3 * k:4 * k],
-                float(theta[4 * k]), float(theta[4 * k + 1]), float(theta[4 * k + 2]), math.exp(theta[4 * k + 3]))
+        return (
+            np.exp(theta[:k]),
+            np.exp(theta[k : 2 * k]),
+            theta[2 * k : 3 * k],
+            theta[3 * k : 4 * k],
+            float(theta[4 * k]),
+            float(theta[4 * k + 1]),
+            float(theta[4 * k + 2]),
+            math.exp(theta[4 * k + 3]),
+        )
 
     def log_rate(w: float, escape: float) -> FloatArray:
         rate: FloatArray = np.log(physics.sharing_rate(enc.share, enc.present, space.cores, w, escape))
@@ -164,9 +175,15 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
         beta_mean, beta_weight = BETA_PRIOR
         escape_mean, escape_weight = ESCAPE_PRIOR
         link_mean, link_weight = LINK_PRIOR
-        out: FloatArray = np.concatenate([(log_p - log_measured)[mask], alpha_weight * (alpha - alpha_mean),
-                                          beta_weight * (beta - beta_mean), [escape_weight * (escape - escape_mean)],
-                                          [link_weight * (gamma - link_mean)]])
+        out: FloatArray = np.concatenate(
+            [
+                (log_p - log_measured)[mask],
+                alpha_weight * (alpha - alpha_mean),
+                beta_weight * (beta - beta_mean),
+                [escape_weight * (escape - escape_mean)],
+                [link_weight * (gamma - link_mean)],
+            ]
+        )
         return out
 
     lower = np.concatenate([np.full(2 * k, -np.inf), np.full(2 * k, -1.0), [0.05, 0.01, -0.5, math.log(1e-4)]])
@@ -222,24 +239,41 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
         lower[4 * k + 3], upper[4 * k + 3] = theta0[4 * k + 3] - 1e-9, theta0[4 * k + 3] + 1e-9
     if not link:  # no measured placement away from the reference: γ stays where it is
         lower[4 * k + 2], upper[4 * k + 2] = theta0[4 * k + 2] - 1e-9, theta0[4 * k + 2] + 1e-9
-    solution = least_squares(residuals, theta0, jac=jacobian, bounds=(lower, upper), loss="soft_l1",
-                             f_scale=LOSS_SCALE)
+    solution = least_squares(residuals, theta0, jac=jacobian, bounds=(lower, upper), loss="soft_l1", f_scale=LOSS_SCALE)
     t0, t1, alpha, beta, w, escape, gamma, kappa = unpack(solution.x)
     solo = SoloTable(
-        curves=dict(space.solo.curves), exponents={**space.solo.exponents, **dict(zip(names, map(float, alpha), strict=True))},
-        flop_rate=space.solo.flop_rate, default_exponent=space.solo.default_exponent,
+        curves=dict(space.solo.curves),
+        exponents={**space.solo.exponents, **dict(zip(names, map(float, alpha), strict=True))},
+        flop_rate=space.solo.flop_rate,
+        default_exponent=space.solo.default_exponent,
         laws={**space.solo.laws, **{n: (float(a), float(b)) for n, a, b in zip(names, t0, t1, strict=True)}},
         overhead_exponents={**space.solo.overhead_exponents, **dict(zip(names, map(float, beta), strict=True))},
     )
-    return FeatureSpace(space.architectures, space.workloads, solo, space.cores, space.placement,
-                        w if weighted else space.sharing_weight, escape if weighted else space.escape_weight,
-                        space.reference_speed_index, space.reference_cross_core_rtt_ns,
-                        gamma if link else space.link_exponent, kappa if passive.any() else space.passive_ratio)
+    return FeatureSpace(
+        space.architectures,
+        space.workloads,
+        solo,
+        space.cores,
+        space.placement,
+        w if weighted else space.sharing_weight,
+        escape if weighted else space.escape_weight,
+        space.reference_speed_index,
+        space.reference_cross_core_rtt_ns,
+        gamma if link else space.link_exponent,
+        kappa if passive.any() else space.passive_ratio,
+    )
 
 
-def fit_space(samples: Sequence[ProfiledTask], architectures: tuple[str, ...], workloads: dict[str, ModelWorkload],
-              cores: int, placement: str, enc: EncodedMixes, measured: FloatArray,
-              reference_rtt: float | None = None) -> FeatureSpace:
+def fit_space(
+    samples: Sequence[ProfiledTask],
+    architectures: tuple[str, ...],
+    workloads: dict[str, ModelWorkload],
+    cores: int,
+    placement: str,
+    enc: EncodedMixes,
+    measured: FloatArray,
+    reference_rtt: float | None = None,
+) -> FeatureSpace:
     """The feature space with its physical tables fitted on ``samples`` / the configurations
     ``enc`` (measured throughputs ``measured``, ``enc``'s order): the :class:`SoloTable`, then
     the sharing weight on it, then the SoloTable again with that weight (it only changes the
@@ -255,6 +289,7 @@ def fit_space(samples: Sequence[ProfiledTask], architectures: tuple[str, ...], w
     weight = fit_sharing_weight(space, enc, measured)
     if weight != 1.0:
         solo = SoloTable.from_samples(samples, workloads, cores, placement=placement, sharing_weight=weight)
-    space = FeatureSpace(architectures, workloads, solo, cores, placement, weight,
-                         reference_cross_core_rtt_ns=reference_rtt)
+    space = FeatureSpace(
+        architectures, workloads, solo, cores, placement, weight, reference_cross_core_rtt_ns=reference_rtt
+    )
     return fit_physical(space, enc, measured)

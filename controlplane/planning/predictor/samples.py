@@ -98,7 +98,8 @@ def normalise_speed(samples: Sequence[ProfiledTask]) -> tuple[list[ProfiledTask]
     reference = float(np.median([s.speed_index for s, p in zip(samples, probed, strict=True) if p]))
     out = [
         replace(s, throughput_sps=s.throughput_sps * reference / s.speed_index, standalone_sps=None)
-        if p and s.speed_index is not None else s
+        if p and s.speed_index is not None
+        else s
         for s, p in zip(samples, probed, strict=True)
     ]
     return out, reference

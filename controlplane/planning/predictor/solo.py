@@ -26,9 +26,15 @@ from controlplane.planning.predictor.samples import (
 )
 
 
-def slice_throughput(batch: FloatArray | float, granted: FloatArray | float, t0: FloatArray | float,
-                     t1: FloatArray | float, alpha: FloatArray | float, beta: FloatArray | float,
-                     delta: FloatArray | float = 0.0) -> FloatArray:
+def slice_throughput(
+    batch: FloatArray | float,
+    granted: FloatArray | float,
+    t0: FloatArray | float,
+    t1: FloatArray | float,
+    alpha: FloatArray | float,
+    beta: FloatArray | float,
+    delta: FloatArray | float = 0.0,
+) -> FloatArray:
     """Throughput (samples/s) of a task on a granted fraction ``g`` of the device, before what
     co-located tasks take from it: ``B / (t_0·g^(−β) + t_1·B·g^(−α) + δ)``, per-iteration
     overhead ``t_0`` and per-sample time ``t_1`` (seconds at ``g = 1``), each scaled by its own
@@ -36,7 +42,7 @@ def slice_throughput(batch: FloatArray | float, granted: FloatArray | float, t0:
     intra-op barriers (0 unless the task's threads wait passively,
     :attr:`controlplane.planning.predictor.physics.SlotTerms.passive`). Broadcasts over NumPy
     arrays."""
-    return np.asarray(batch / (t0 * granted ** -beta + t1 * batch * granted ** -alpha + delta), dtype=float)
+    return np.asarray(batch / (t0 * granted**-beta + t1 * batch * granted**-alpha + delta), dtype=float)
 
 
 def _sample_arrays(samples: Sequence[ProfiledTask]) -> tuple[FloatArray, BoolArray]:
@@ -134,8 +140,14 @@ class SoloTable:
     ``α`` (:meth:`lookup`)."""
 
     @classmethod
-    def from_samples(cls, samples: Iterable[ProfiledTask], workloads: Mapping[str, ModelWorkload], units: int,
-                     placement: str = "pooled", sharing_weight: float = 1.0) -> SoloTable:
+    def from_samples(
+        cls,
+        samples: Iterable[ProfiledTask],
+        workloads: Mapping[str, ModelWorkload],
+        units: int,
+        placement: str = "pooled",
+        sharing_weight: float = 1.0,
+    ) -> SoloTable:
         """Build the table from profile samples of a device of ``units`` allocation units whose
         shares land as the physics ``placement`` lays them (see the class docstring).
 
@@ -227,9 +239,15 @@ class SoloTable:
         out: FloatArray = np.exp(y)
         return out
 
-    def lookup(self, architecture: str, batch: FloatArray, granted: FloatArray,
-               workloads: Mapping[str, ModelWorkload], passive: BoolArray | None = None,
-               passive_ratio: float = 0.0) -> FloatArray:
+    def lookup(
+        self,
+        architecture: str,
+        batch: FloatArray,
+        granted: FloatArray,
+        workloads: Mapping[str, ModelWorkload],
+        passive: BoolArray | None = None,
+        passive_ratio: float = 0.0,
+    ) -> FloatArray:
         """``P_solo`` (samples/s) at arrays of batch sizes and granted fractions ``g``.
 
         ``passive`` (bool, ``batch``'s shape; ``None``: none) marks the tasks whose threads
@@ -258,5 +276,6 @@ class SoloTable:
             scaled: FloatArray = self.alone(architecture, batch, workloads) * granted ** self.exponent(architecture)
             return scaled
         delta: FloatArray | float = 0.0 if passive is None else np.where(passive, passive_ratio * law[0], 0.0)
-        return slice_throughput(np.asarray(batch, dtype=float), granted, law[0], law[1], self.exponent(architecture), beta,
-                                delta)
+        return slice_throughput(
+            np.asarray(batch, dtype=float), granted, law[0], law[1], self.exponent(architecture), beta, delta
+        )

@@ -5,111 +5,215 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('experiments', '0001_initial'),
-        ('fleet', '0001_initial'),
+        ("experiments", "0001_initial"),
+        ("fleet", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ModelWorkload',
+            name="ModelWorkload",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('architecture', models.CharField(choices=[('resnet18', 'resnet18'), ('resnet50', 'resnet50'), ('resnet101', 'resnet101'), ('vgg16', 'vgg16'), ('mobilenet_v3_small', 'mobilenet_v3_small'), ('mobilenet_v3_large', 'mobilenet_v3_large'), ('shufflenet_v2_x1_0', 'shufflenet_v2_x1_0'), ('densenet121', 'densenet121')], max_length=64)),
-                ('num_classes', models.PositiveIntegerField()),
-                ('input_shape', models.JSONField(default=list)),
-                ('forward_flops_per_sample', models.FloatField()),
-                ('train_flops_per_sample', models.FloatField()),
-                ('params', models.BigIntegerField()),
-                ('param_bytes', models.BigIntegerField()),
-                ('activation_bytes_per_sample', models.FloatField()),
-                ('computed_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "architecture",
+                    models.CharField(
+                        choices=[
+                            ("resnet18", "resnet18"),
+                            ("resnet50", "resnet50"),
+                            ("resnet101", "resnet101"),
+                            ("vgg16", "vgg16"),
+                            ("mobilenet_v3_small", "mobilenet_v3_small"),
+                            ("mobilenet_v3_large", "mobilenet_v3_large"),
+                            ("shufflenet_v2_x1_0", "shufflenet_v2_x1_0"),
+                            ("densenet121", "densenet121"),
+                        ],
+                        max_length=64,
+                    ),
+                ),
+                ("num_classes", models.PositiveIntegerField()),
+                ("input_shape", models.JSONField(default=list)),
+                ("forward_flops_per_sample", models.FloatField()),
+                ("train_flops_per_sample", models.FloatField()),
+                ("params", models.BigIntegerField()),
+                ("param_bytes", models.BigIntegerField()),
+                ("activation_bytes_per_sample", models.FloatField()),
+                ("computed_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('architecture', 'num_classes', 'input_shape'), name='uniq_workload')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("architecture", "num_classes", "input_shape"), name="uniq_workload")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Predictor',
+            name="Predictor",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('version', models.PositiveIntegerField()),
-                ('backend', models.CharField(choices=[('cpu', 'cpu')], max_length=32)),
-                ('device_class', models.CharField(help_text='e.g. cpu-2cores: devices it applies to', max_length=64)),
-                ('status', models.CharField(choices=[('fitting', 'Fitting'), ('ready', 'Ready'), ('failed', 'Failed')], default='fitting', max_length=16)),
-                ('feature_spec', models.JSONField(blank=True, default=dict)),
-                ('training_samples', models.PositiveIntegerField(default=0)),
-                ('training_configurations', models.PositiveIntegerField(default=0)),
-                ('kept_family', models.CharField(blank=True, default='', max_length=32)),
-                ('heldout_rmsle', models.FloatField(blank=True, null=True)),
-                ('heldout_mape', models.FloatField(blank=True, null=True)),
-                ('metrics', models.JSONField(blank=True, default=dict, help_text='{family: {rmsle, mape, fit_seconds, by_mix_size}}')),
-                ('heldout', models.JSONField(blank=True, default=list, help_text='held-out predictions of the kept family')),
-                ('artifact_path', models.CharField(blank=True, default='', max_length=512)),
-                ('sha256', models.CharField(blank=True, default='', max_length=64)),
-                ('fit_seconds', models.FloatField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("version", models.PositiveIntegerField()),
+                ("backend", models.CharField(choices=[("cpu", "cpu")], max_length=32)),
+                ("device_class", models.CharField(help_text="e.g. cpu-2cores: devices it applies to", max_length=64)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("fitting", "Fitting"), ("ready", "Ready"), ("failed", "Failed")],
+                        default="fitting",
+                        max_length=16,
+                    ),
+                ),
+                ("feature_spec", models.JSONField(blank=True, default=dict)),
+                ("training_samples", models.PositiveIntegerField(default=0)),
+                ("training_configurations", models.PositiveIntegerField(default=0)),
+                ("kept_family", models.CharField(blank=True, default="", max_length=32)),
+                ("heldout_rmsle", models.FloatField(blank=True, null=True)),
+                ("heldout_mape", models.FloatField(blank=True, null=True)),
+                (
+                    "metrics",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="{family: {rmsle, mape, fit_seconds, by_mix_size}}"
+                    ),
+                ),
+                (
+                    "heldout",
+                    models.JSONField(blank=True, default=list, help_text="held-out predictions of the kept family"),
+                ),
+                ("artifact_path", models.CharField(blank=True, default="", max_length=512)),
+                ("sha256", models.CharField(blank=True, default="", max_length=64)),
+                ("fit_seconds", models.FloatField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['-id'],
-                'constraints': [models.UniqueConstraint(fields=('backend', 'device_class', 'version'), name='uniq_predictor_version')],
+                "ordering": ["-id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("backend", "device_class", "version"), name="uniq_predictor_version"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ProfileSweep',
+            name="ProfileSweep",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('backend', models.CharField(choices=[('cpu', 'cpu')], max_length=32)),
-                ('budget_s', models.FloatField()),
-                ('request', models.JSONField(help_text='the ProfileSweepRequest sent to the agent')),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('configs', models.PositiveIntegerField(default=0)),
-                ('samples', models.PositiveIntegerField(default=0)),
-                ('repeat_spread', models.JSONField(blank=True, default=list)),
-                ('error', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('last_record_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('device', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='profile_sweeps', to='fleet.device')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("backend", models.CharField(choices=[("cpu", "cpu")], max_length=32)),
+                ("budget_s", models.FloatField()),
+                ("request", models.JSONField(help_text="the ProfileSweepRequest sent to the agent")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("configs", models.PositiveIntegerField(default=0)),
+                ("samples", models.PositiveIntegerField(default=0)),
+                ("repeat_spread", models.JSONField(blank=True, default=list)),
+                ("error", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("last_record_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "device",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="profile_sweeps", to="fleet.device"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
         migrations.CreateModel(
-            name='ProfileSample',
+            name="ProfileSample",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('source', models.CharField(choices=[('sweep', 'Sweep'), ('run', 'Run')], max_length=8)),
-                ('backend', models.CharField(choices=[('cpu', 'cpu')], max_length=32)),
-                ('device_class', models.CharField(help_text="the device's class when measured (e.g. cpu-2cores)", max_length=64)),
-                ('config_key', models.CharField(help_text='same for every task of one measured configuration', max_length=64)),
-                ('configuration', models.JSONField()),
-                ('mix_size', models.PositiveSmallIntegerField()),
-                ('task_index', models.PositiveSmallIntegerField()),
-                ('architecture', models.CharField(choices=[('resnet18', 'resnet18'), ('resnet50', 'resnet50'), ('resnet101', 'resnet101'), ('vgg16', 'vgg16'), ('mobilenet_v3_small', 'mobilenet_v3_small'), ('mobilenet_v3_large', 'mobilenet_v3_large'), ('shufflenet_v2_x1_0', 'shufflenet_v2_x1_0'), ('densenet121', 'densenet121')], max_length=64)),
-                ('batch_size', models.PositiveIntegerField()),
-                ('active_thread_percentage', models.PositiveSmallIntegerField()),
-                ('throughput_sps', models.FloatField()),
-                ('standalone_sps', models.FloatField(blank=True, null=True)),
-                ('peak_memory_bytes', models.BigIntegerField(blank=True, null=True)),
-                ('repeat_of', models.CharField(blank=True, default='', help_text='config_key this one repeats', max_length=64)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('assignment', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='profile_sample', to='experiments.assignment')),
-                ('device', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='profile_samples', to='fleet.device')),
-                ('sweep', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='profile_samples', to='profiling.profilesweep')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("source", models.CharField(choices=[("sweep", "Sweep"), ("run", "Run")], max_length=8)),
+                ("backend", models.CharField(choices=[("cpu", "cpu")], max_length=32)),
+                (
+                    "device_class",
+                    models.CharField(help_text="the device's class when measured (e.g. cpu-2cores)", max_length=64),
+                ),
+                (
+                    "config_key",
+                    models.CharField(help_text="same for every task of one measured configuration", max_length=64),
+                ),
+                ("configuration", models.JSONField()),
+                ("mix_size", models.PositiveSmallIntegerField()),
+                ("task_index", models.PositiveSmallIntegerField()),
+                (
+                    "architecture",
+                    models.CharField(
+                        choices=[
+                            ("resnet18", "resnet18"),
+                            ("resnet50", "resnet50"),
+                            ("resnet101", "resnet101"),
+                            ("vgg16", "vgg16"),
+                            ("mobilenet_v3_small", "mobilenet_v3_small"),
+                            ("mobilenet_v3_large", "mobilenet_v3_large"),
+                            ("shufflenet_v2_x1_0", "shufflenet_v2_x1_0"),
+                            ("densenet121", "densenet121"),
+                        ],
+                        max_length=64,
+                    ),
+                ),
+                ("batch_size", models.PositiveIntegerField()),
+                ("active_thread_percentage", models.PositiveSmallIntegerField()),
+                ("throughput_sps", models.FloatField()),
+                ("standalone_sps", models.FloatField(blank=True, null=True)),
+                ("peak_memory_bytes", models.BigIntegerField(blank=True, null=True)),
+                (
+                    "repeat_of",
+                    models.CharField(blank=True, default="", help_text="config_key this one repeats", max_length=64),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "assignment",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="profile_sample",
+                        to="experiments.assignment",
+                    ),
+                ),
+                (
+                    "device",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="profile_samples", to="fleet.device"
+                    ),
+                ),
+                (
+                    "sweep",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="profile_samples",
+                        to="profiling.profilesweep",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
-                'indexes': [models.Index(fields=['backend', 'device_class'], name='profiling_p_backend_823621_idx'), models.Index(fields=['config_key'], name='profiling_p_config__88c4f4_idx')],
-                'constraints': [models.UniqueConstraint(fields=('config_key', 'task_index'), name='uniq_profile_sample')],
+                "ordering": ["id"],
+                "indexes": [
+                    models.Index(fields=["backend", "device_class"], name="profiling_p_backend_823621_idx"),
+                    models.Index(fields=["config_key"], name="profiling_p_config__88c4f4_idx"),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("config_key", "task_index"), name="uniq_profile_sample")
+                ],
             },
         ),
     ]

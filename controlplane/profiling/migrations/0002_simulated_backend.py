@@ -4,30 +4,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('profiling', '0001_initial'),
+        ("profiling", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='profilesample',
-            name='simulated',
+            model_name="profilesample",
+            name="simulated",
             field=models.BooleanField(default=False, help_text="from the simulated backend's model, not a measurement"),
         ),
         migrations.AlterField(
-            model_name='predictor',
-            name='backend',
-            field=models.CharField(choices=[('cpu', 'cpu'), ('simulated', 'simulated')], max_length=32),
+            model_name="predictor",
+            name="backend",
+            field=models.CharField(choices=[("cpu", "cpu"), ("simulated", "simulated")], max_length=32),
         ),
         migrations.AlterField(
-            model_name='profilesample',
-            name='backend',
-            field=models.CharField(choices=[('cpu', 'cpu'), ('simulated', 'simulated')], max_length=32),
+            model_name="profilesample",
+            name="backend",
+            field=models.CharField(choices=[("cpu", "cpu"), ("simulated", "simulated")], max_length=32),
         ),
         migrations.AlterField(
-            model_name='profilesweep',
-            name='backend',
-            field=models.CharField(choices=[('cpu', 'cpu'), ('simulated', 'simulated')], max_length=32),
+            model_name="profilesweep",
+            name="backend",
+            field=models.CharField(choices=[("cpu", "cpu"), ("simulated", "simulated")], max_length=32),
         ),
     ]

@@ -4,25 +4,48 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('profiling', '0002_simulated_backend'),
+        ("profiling", "0002_simulated_backend"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='predictor',
-            name='backend',
-            field=models.CharField(choices=[('cpu', 'cpu'), ('simulated', 'simulated'), ('cuda-mps', 'cuda-mps'), ('cuda-timeslice', 'cuda-timeslice')], max_length=32),
+            model_name="predictor",
+            name="backend",
+            field=models.CharField(
+                choices=[
+                    ("cpu", "cpu"),
+                    ("simulated", "simulated"),
+                    ("cuda-mps", "cuda-mps"),
+                    ("cuda-timeslice", "cuda-timeslice"),
+                ],
+                max_length=32,
+            ),
         ),
         migrations.AlterField(
-            model_name='profilesample',
-            name='backend',
-            field=models.CharField(choices=[('cpu', 'cpu'), ('simulated', 'simulated'), ('cuda-mps', 'cuda-mps'), ('cuda-timeslice', 'cuda-timeslice')], max_length=32),
+            model_name="profilesample",
+            name="backend",
+            field=models.CharField(
+                choices=[
+                    ("cpu", "cpu"),
+                    ("simulated", "simulated"),
+                    ("cuda-mps", "cuda-mps"),
+                    ("cuda-timeslice", "cuda-timeslice"),
+                ],
+                max_length=32,
+            ),
         ),
         migrations.AlterField(
-            model_name='profilesweep',
-            name='backend',
-            field=models.CharField(choices=[('cpu', 'cpu'), ('simulated', 'simulated'), ('cuda-mps', 'cuda-mps'), ('cuda-timeslice', 'cuda-timeslice')], max_length=32),
+            model_name="profilesweep",
+            name="backend",
+            field=models.CharField(
+                choices=[
+                    ("cpu", "cpu"),
+                    ("simulated", "simulated"),
+                    ("cuda-mps", "cuda-mps"),
+                    ("cuda-timeslice", "cuda-timeslice"),
+                ],
+                max_length=32,
+            ),
         ),
     ]

@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('profiling', '0003_gpu_backends'),
+        ("profiling", "0003_gpu_backends"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='profilesample',
-            name='speed_index',
-            field=models.FloatField(blank=True, help_text="how fast the device's cores ran while this was measured (speed probe, millions of probe-loop iterations per CPU-second; cpu backend only); the predictor normalises by it", null=True),
+            model_name="profilesample",
+            name="speed_index",
+            field=models.FloatField(
+                blank=True,
+                help_text="how fast the device's cores ran while this was measured (speed probe, millions of probe-loop iterations per CPU-second; cpu backend only); the predictor normalises by it",
+                null=True,
+            ),
         ),
     ]

@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('profiling', '0004_speed_index'),
+        ("profiling", "0004_speed_index"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='profilesample',
-            name='cross_core_rtt_ns',
-            field=models.FloatField(blank=True, help_text="median round trip of a cache line between the task's cores while this was measured (core link probe, ns; cpu backend, tasks on 2+ cores); the predictor learns its effect", null=True),
+            model_name="profilesample",
+            name="cross_core_rtt_ns",
+            field=models.FloatField(
+                blank=True,
+                help_text="median round trip of a cache line between the task's cores while this was measured (core link probe, ns; cpu backend, tasks on 2+ cores); the predictor learns its effect",
+                null=True,
+            ),
         ),
     ]

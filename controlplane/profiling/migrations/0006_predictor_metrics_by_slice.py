@@ -4,15 +4,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('profiling', '0005_cross_core_rtt'),
+        ("profiling", "0005_cross_core_rtt"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='predictor',
-            name='metrics',
-            field=models.JSONField(blank=True, default=dict, help_text='{family: {rmsle, mape, fit_seconds, by_mix_size, by_slice}}'),
+            model_name="predictor",
+            name="metrics",
+            field=models.JSONField(
+                blank=True, default=dict, help_text="{family: {rmsle, mape, fit_seconds, by_mix_size, by_slice}}"
+            ),
         ),
     ]

@@ -4,35 +4,34 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('profiling', '0006_predictor_metrics_by_slice'),
+        ("profiling", "0006_predictor_metrics_by_slice"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='modelworkload',
-            name='architecture',
+            model_name="modelworkload",
+            name="architecture",
             field=models.CharField(max_length=64),
         ),
         migrations.AlterField(
-            model_name='predictor',
-            name='backend',
+            model_name="predictor",
+            name="backend",
             field=models.CharField(max_length=32),
         ),
         migrations.AlterField(
-            model_name='profilesample',
-            name='architecture',
+            model_name="profilesample",
+            name="architecture",
             field=models.CharField(max_length=64),
         ),
         migrations.AlterField(
-            model_name='profilesample',
-            name='backend',
+            model_name="profilesample",
+            name="backend",
             field=models.CharField(max_length=32),
         ),
         migrations.AlterField(
-            model_name='profilesweep',
-            name='backend',
+            model_name="profilesweep",
+            name="backend",
             field=models.CharField(max_length=32),
         ),
     ]

@@ -2,7 +2,12 @@
 features), :mod:`.sweeps` (profiling sweeps and their samples, and the closed loop from FL
 rounds), :mod:`.predictors` (fitting and loading predictors)."""
 
-from controlplane.profiling.services.predictors import predictor_current, predictor_fit, predictor_load, predictor_request
+from controlplane.profiling.services.predictors import (
+    predictor_current,
+    predictor_fit,
+    predictor_load,
+    predictor_request,
+)
 from controlplane.profiling.services.sweeps import (
     profile_done,
     profile_record,

@@ -50,16 +50,20 @@ def _resolve_class(backend: str, device_class: str | None) -> str:
     if not classes:
         raise ApplicationError(
             f"no profile samples for backend {backend!r} yet: profile a device first (POST /api/devices/{{id}}/profile/ "
-            "or `mtfl profile --device NAME --budget 600`)", field="backend", status_code=409,
+            "or `mtfl profile --device NAME --budget 600`)",
+            field="backend",
+            status_code=409,
         )
     if device_class is None:
         if len(classes) > 1:
-            raise ApplicationError(f"several device classes have samples; choose one of {', '.join(classes)}",
-                                   field="device_class")
+            raise ApplicationError(
+                f"several device classes have samples; choose one of {', '.join(classes)}", field="device_class"
+            )
         return classes[0]
     if device_class not in classes:
-        raise ApplicationError(f"device_class {device_class!r} has no samples; allowed: {', '.join(classes)}",
-                               field="device_class")
+        raise ApplicationError(
+            f"device_class {device_class!r} has no samples; allowed: {', '.join(classes)}", field="device_class"
+        )
     return device_class
 
 
@@ -83,9 +87,22 @@ def _new_version(backend: str, device_class: str) -> Predictor:
 def _training_samples(backend: str, device_class: str) -> list[ProfiledTask]:
     out = []
     for s in ProfileSample.objects.filter(backend=backend, device_class=device_class).order_by("id").iterator():
-        mix = tuple(MixTask(t["architecture"], int(t["batch_size"]), int(t["active_thread_percentage"])) for t in s.configuration)
-        out.append(ProfiledTask(s.config_key, mix, s.task_index, s.throughput_sps, s.standalone_sps, s.peak_memory_bytes,
-                                s.speed_index, s.cross_core_rtt_ns))
+        mix = tuple(
+            MixTask(t["architecture"], int(t["batch_size"]), int(t["active_thread_percentage"]))
+            for t in s.configuration
+        )
+        out.append(
+            ProfiledTask(
+                s.config_key,
+                mix,
+                s.task_index,
+                s.throughput_sps,
+                s.standalone_sps,
+                s.peak_memory_bytes,
+                s.speed_index,
+                s.cross_core_rtt_ns,
+            )
+        )
     return out
 
 
@@ -97,8 +114,14 @@ def _workloads(architectures: set[str]) -> dict[str, ModelWorkload]:
     return out
 
 
-def predictor_fit(*, predictor_id: int | None = None, backend: str = "cpu", device_class: str | None = None,
-                  families: Sequence[str] = FAMILIES, progress: Callable[[str], None] | None = None) -> Predictor:
+def predictor_fit(
+    *,
+    predictor_id: int | None = None,
+    backend: str = "cpu",
+    device_class: str | None = None,
+    families: Sequence[str] = FAMILIES,
+    progress: Callable[[str], None] | None = None,
+) -> Predictor:
     """Fit a predictor on every profile sample of its backend and device class.
 
     With ``predictor_id`` it fits that (``fitting``) row; otherwise it creates the next version.
@@ -114,15 +137,22 @@ def predictor_fit(*, predictor_id: int | None = None, backend: str = "cpu", devi
     else:
         predictor = Predictor.objects.get(id=predictor_id)
     from controlplane.fleet.models import Device
-    from controlplane.fleet.selectors import device_cores, device_class as class_of
+    from controlplane.fleet.selectors import device_class as class_of
+    from controlplane.fleet.selectors import device_cores
 
     samples = _training_samples(predictor.backend, predictor.device_class)
     devices = [d for d in Device.objects.filter(backend=predictor.backend) if class_of(d) == predictor.device_class]
     cores = device_cores(devices[0]) if devices else 1
     try:
         workloads = _workloads({t.architecture for s in samples for t in s.mix})
-        model, report = fit_predictor(samples, workloads, cores=cores, placement=PLACEMENT.get(predictor.backend, "pooled"),
-                                      families=families, progress=progress)
+        model, report = fit_predictor(
+            samples,
+            workloads,
+            cores=cores,
+            placement=PLACEMENT.get(predictor.backend, "pooled"),
+            families=families,
+            progress=progress,
+        )
     except (PredictorError, ValueError) as exc:
         Predictor.objects.filter(id=predictor.id).update(status=Predictor.Status.FAILED, error=str(exc))
         predictor.refresh_from_db()
@@ -133,13 +163,27 @@ def predictor_fit(*, predictor_id: int | None = None, backend: str = "cpu", devi
         tmp.write_bytes(pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL))
     kept = next(f for f in report.families if f.family == report.kept)
     Predictor.objects.filter(id=predictor.id).update(
-        status=Predictor.Status.READY, feature_spec=model.space.spec(), training_samples=report.samples,
-        training_configurations=report.configurations, kept_family=report.kept, heldout_rmsle=kept.rmsle,
-        heldout_mape=kept.mape, fit_seconds=report.fit_seconds, heldout=report.heldout,
-        metrics={f.family: {"rmsle": f.rmsle, "mape": f.mape, "fit_seconds": f.fit_seconds,
-                            "by_mix_size": {str(k): v for k, v in f.by_mix_size.items()},
-                            "by_slice": f.by_slice} for f in report.families},
-        artifact_path=key, sha256=sha256_file(path),
+        status=Predictor.Status.READY,
+        feature_spec=model.space.spec(),
+        training_samples=report.samples,
+        training_configurations=report.configurations,
+        kept_family=report.kept,
+        heldout_rmsle=kept.rmsle,
+        heldout_mape=kept.mape,
+        fit_seconds=report.fit_seconds,
+        heldout=report.heldout,
+        metrics={
+            f.family: {
+                "rmsle": f.rmsle,
+                "mape": f.mape,
+                "fit_seconds": f.fit_seconds,
+                "by_mix_size": {str(k): v for k, v in f.by_mix_size.items()},
+                "by_slice": f.by_slice,
+            }
+            for f in report.families
+        },
+        artifact_path=key,
+        sha256=sha256_file(path),
     )
     predictor.refresh_from_db()
     return predictor
@@ -155,17 +199,28 @@ def predictor_load(predictor: Predictor) -> ThroughputPredictor:
         ApplicationError: the predictor is not ready, or its artifact is missing or altered.
     """
     if predictor.status != Predictor.Status.READY:
-        raise ApplicationError(f"predictor {predictor.id} is {predictor.status}, not ready", field="predictor", status_code=409)
+        raise ApplicationError(
+            f"predictor {predictor.id} is {predictor.status}, not ready", field="predictor", status_code=409
+        )
     path = settings.ARTIFACT_ROOT / predictor.artifact_path
     if not path.is_file():
-        raise ApplicationError(f"predictor {predictor.id}'s artifact {path} is missing", field="predictor", status_code=409)
+        raise ApplicationError(
+            f"predictor {predictor.id}'s artifact {path} is missing", field="predictor", status_code=409
+        )
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != predictor.sha256:
-        raise ApplicationError(f"predictor {predictor.id}'s artifact does not match its sha256; refusing to load it",
-                               field="predictor", status_code=409)
+        raise ApplicationError(
+            f"predictor {predictor.id}'s artifact does not match its sha256; refusing to load it",
+            field="predictor",
+            status_code=409,
+        )
     return pickle.loads(data)  # noqa: S301 - our own artifact, integrity checked above
 
 
 def predictor_current(*, backend: str, device_class: str) -> Predictor | None:
     """The newest ready predictor of a backend and device class."""
-    return Predictor.objects.filter(backend=backend, device_class=device_class, status=Predictor.Status.READY).order_by("-version").first()
+    return (
+        Predictor.objects.filter(backend=backend, device_class=device_class, status=Predictor.Status.READY)
+        .order_by("-version")
+        .first()
+    )

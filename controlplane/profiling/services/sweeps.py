@@ -71,11 +71,18 @@ def sweep_start(
     if device.last_heartbeat_at is None:
         raise ApplicationError(
             f"device {device.name} has never connected an agent: start `mtfl agent --device {device.name}` first",
-            field="device", status_code=409,
+            field="device",
+            status_code=409,
         )
     sweep = ProfileSweep.objects.create(device=device, backend=device.backend, budget_s=budget_s, request={})
-    fields = {"sweep_id": sweep.id, "device": device.name, "backend": device.backend, "budget_s": budget_s,
-              "architectures": architectures, "seed": seed}
+    fields = {
+        "sweep_id": sweep.id,
+        "device": device.name,
+        "backend": device.backend,
+        "budget_s": budget_s,
+        "architectures": architectures,
+        "seed": seed,
+    }
     if batch_sizes is not None:
         fields["batch_sizes"] = list(batch_sizes)
     if max_mix is not None:
@@ -116,15 +123,27 @@ def profile_record(*, result: dict) -> int:
     configuration = [t.model_dump(mode="json") for t in r.tasks]
     rows = [
         ProfileSample(
-            source=ProfileSample.Source.SWEEP, sweep=sweep, device=sweep.device, backend=r.backend,
-            device_class=device_class(sweep.device), config_key=key,
-            configuration=configuration, mix_size=len(r.tasks), task_index=m.task_index, architecture=m.architecture,
-            batch_size=m.batch_size, active_thread_percentage=m.active_thread_percentage,
-            throughput_sps=m.throughput_sps, standalone_sps=m.standalone_sps, peak_memory_bytes=m.peak_memory_bytes,
-            speed_index=m.speed_index, cross_core_rtt_ns=m.cross_core_rtt_ns,
+            source=ProfileSample.Source.SWEEP,
+            sweep=sweep,
+            device=sweep.device,
+            backend=r.backend,
+            device_class=device_class(sweep.device),
+            config_key=key,
+            configuration=configuration,
+            mix_size=len(r.tasks),
+            task_index=m.task_index,
+            architecture=m.architecture,
+            batch_size=m.batch_size,
+            active_thread_percentage=m.active_thread_percentage,
+            throughput_sps=m.throughput_sps,
+            standalone_sps=m.standalone_sps,
+            peak_memory_bytes=m.peak_memory_bytes,
+            speed_index=m.speed_index,
+            cross_core_rtt_ns=m.cross_core_rtt_ns,
             simulated=m.simulated or r.simulated,
             repeat_of=config_key(sweep.id, r.repeat_of) if r.repeat_of is not None else "",
-            started_at=_ts(r.started_at), finished_at=_ts(r.finished_at),
+            started_at=_ts(r.started_at),
+            finished_at=_ts(r.finished_at),
         )
         for m in r.measurements
         if m.throughput_sps is not None and m.throughput_sps > 0 and not m.error
@@ -134,12 +153,15 @@ def profile_record(*, result: dict) -> int:
             return 0
         ProfileSample.objects.bulk_create(rows)
         ProfileSweep.objects.filter(id=sweep.id).update(
-            configs=F("configs") + 1, samples=F("samples") + len(rows), last_record_at=timezone.now(),
+            configs=F("configs") + 1,
+            samples=F("samples") + len(rows),
+            last_record_at=timezone.now(),
         )
         # Only a pending sweep becomes running: the control worker runs records and the end of
         # the sweep concurrently, so a record handled after profile_done must not reopen it.
         ProfileSweep.objects.filter(id=sweep.id, status=ProfileSweep.Status.PENDING).update(
-            status=ProfileSweep.Status.RUNNING, started_at=sweep.started_at or _ts(r.started_at),
+            status=ProfileSweep.Status.RUNNING,
+            started_at=sweep.started_at or _ts(r.started_at),
         )
     return len(rows)
 
@@ -155,7 +177,9 @@ def profile_done(*, summary: dict) -> ProfileSweep | None:
         id=s.sweep_id, status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]
     ).update(
         status=ProfileSweep.Status.SUCCEEDED if s.status == "succeeded" else ProfileSweep.Status.FAILED,
-        error=s.error[:10_000], repeat_spread=s.repeat_spread, finished_at=timezone.now(),
+        error=s.error[:10_000],
+        repeat_spread=s.repeat_spread,
+        finished_at=timezone.now(),
     )
     return ProfileSweep.objects.filter(id=s.sweep_id).first() if updated else None
 
@@ -165,7 +189,8 @@ def sweep_watchdog(*, sweep_id: int) -> None:
     ProfileSweep.objects.filter(
         id=sweep_id, status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]
     ).update(
-        status=ProfileSweep.Status.FAILED, finished_at=timezone.now(),
+        status=ProfileSweep.Status.FAILED,
+        finished_at=timezone.now(),
         error="the agent did not report the end of the sweep within its budget and timeouts; samples received are kept",
     )
 
@@ -186,8 +211,19 @@ def samples_from_round(*, round_id: int) -> int:
         return 0
     # A round of 1,000 devices has 3,000 assignments: plain values, and each device and task
     # once, rather than a model instance per assignment with its device and task joined on.
-    columns = ("id", "device_id", "task_id", "status", "throughput_sps", "batch_size", "active_thread_percentage",
-               "standalone_throughput_sps", "started_at", "finished_at", "simulated")
+    columns = (
+        "id",
+        "device_id",
+        "task_id",
+        "status",
+        "throughput_sps",
+        "batch_size",
+        "active_thread_percentage",
+        "standalone_throughput_sps",
+        "started_at",
+        "finished_at",
+        "simulated",
+    )
     by_device: dict[int, list[dict]] = {}
     for values in rnd.assignments.order_by("device_id", "task_id").values_list(*columns):
         a = dict(zip(columns, values, strict=True))
@@ -202,18 +238,34 @@ def samples_from_round(*, round_id: int) -> int:
         device = devices[device_id]
         klass = device_class(device)
         configuration = [
-            {"architecture": architecture[a["task_id"]], "batch_size": a["batch_size"],
-             "active_thread_percentage": a["active_thread_percentage"]}
+            {
+                "architecture": architecture[a["task_id"]],
+                "batch_size": a["batch_size"],
+                "active_thread_percentage": a["active_thread_percentage"],
+            }
             for a in assignments
         ]
         for index, a in enumerate(assignments):
-            rows.append(dict(
-                source=ProfileSample.Source.RUN, assignment_id=a["id"], device_id=device_id, backend=device.backend,
-                device_class=klass, config_key=f"round-{rnd.id}-{device_id}", configuration=configuration,
-                mix_size=len(assignments), task_index=index, architecture=architecture[a["task_id"]],
-                batch_size=a["batch_size"], active_thread_percentage=a["active_thread_percentage"],
-                throughput_sps=a["throughput_sps"], standalone_sps=a["standalone_throughput_sps"],
-                started_at=a["started_at"], finished_at=a["finished_at"], simulated=a["simulated"],
-            ))
+            rows.append(
+                dict(
+                    source=ProfileSample.Source.RUN,
+                    assignment_id=a["id"],
+                    device_id=device_id,
+                    backend=device.backend,
+                    device_class=klass,
+                    config_key=f"round-{rnd.id}-{device_id}",
+                    configuration=configuration,
+                    mix_size=len(assignments),
+                    task_index=index,
+                    architecture=architecture[a["task_id"]],
+                    batch_size=a["batch_size"],
+                    active_thread_percentage=a["active_thread_percentage"],
+                    throughput_sps=a["throughput_sps"],
+                    standalone_sps=a["standalone_throughput_sps"],
+                    started_at=a["started_at"],
+                    finished_at=a["finished_at"],
+                    simulated=a["simulated"],
+                )
+            )
     bulk_insert(ProfileSample, rows, ignore_conflicts=True)
     return len(rows)

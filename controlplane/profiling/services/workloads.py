@@ -13,7 +13,9 @@ INPUT_SHAPE = [3, 32, 32]
 
 def workload_get(*, architecture: str, num_classes: int) -> ModelWorkload | None:
     """The cached features of a model at the zoo's 3×32×32 input, or ``None`` if not computed."""
-    return ModelWorkload.objects.filter(architecture=architecture, num_classes=num_classes, input_shape=INPUT_SHAPE).first()
+    return ModelWorkload.objects.filter(
+        architecture=architecture, num_classes=num_classes, input_shape=INPUT_SHAPE
+    ).first()
 
 
 def workload_ensure(*, architecture: str, num_classes: int) -> ModelWorkload:
@@ -31,9 +33,14 @@ def workload_ensure(*, architecture: str, num_classes: int) -> ModelWorkload:
     try:
         with transaction.atomic():
             return ModelWorkload.objects.create(
-                architecture=architecture, num_classes=num_classes, input_shape=INPUT_SHAPE,
-                forward_flops_per_sample=f.forward_flops_per_sample, train_flops_per_sample=f.train_flops_per_sample,
-                params=f.params, param_bytes=f.param_bytes, activation_bytes_per_sample=f.activation_bytes_per_sample,
+                architecture=architecture,
+                num_classes=num_classes,
+                input_shape=INPUT_SHAPE,
+                forward_flops_per_sample=f.forward_flops_per_sample,
+                train_flops_per_sample=f.train_flops_per_sample,
+                params=f.params,
+                param_bytes=f.param_bytes,
+                activation_bytes_per_sample=f.activation_bytes_per_sample,
             )
     except IntegrityError:  # computed concurrently by another worker: keep theirs
         return workload_get(architecture=architecture, num_classes=num_classes)

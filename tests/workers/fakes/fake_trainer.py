@@ -25,8 +25,10 @@ env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "MTFL_"))}
 record = os.environ.get("FAKE_MPS_RECORD")
 if record:
     with open(record, "a") as handle:
-        handle.write(json.dumps({"trainer": os.getpid(), "mode": mode,
-                                 "assignment": spec.get("assignment_id"), "env": env}) + "\n")
+        handle.write(
+            json.dumps({"trainer": os.getpid(), "mode": mode, "assignment": spec.get("assignment_id"), "env": env})
+            + "\n"
+        )
 
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
 log = os.environ.get("CUDA_MPS_LOG_DIRECTORY")
@@ -37,18 +39,28 @@ if pipe and log and (Path(pipe) / "control").exists():
     lines = []
     if f"Server {server}]" not in (server_log.read_text() if server_log.exists() else ""):
         share = os.environ.get("FAKE_MPS_SERVER_SHARE", "100.0")
-        lines += [f"[{stamp} Server {server}] Creating server context on device 0 (Fake GPU)",
-                  f"[{stamp} Server {server}] Active Threads Percentage set to {share}",
-                  f"[{stamp} Server {server}] Server has started"]
-    lines += [f"[{stamp} Server {server}] Received new client request for {{PID: {os.getpid()}, Context ID: 0}}",
-              f"[{stamp} Server {server}] Client {{PID: {os.getpid()}, Context ID: 0}} connected"]
+        lines += [
+            f"[{stamp} Server {server}] Creating server context on device 0 (Fake GPU)",
+            f"[{stamp} Server {server}] Active Threads Percentage set to {share}",
+            f"[{stamp} Server {server}] Server has started",
+        ]
+    lines += [
+        f"[{stamp} Server {server}] Received new client request for {{PID: {os.getpid()}, Context ID: 0}}",
+        f"[{stamp} Server {server}] Client {{PID: {os.getpid()}, Context ID: 0}} connected",
+    ]
     with open(server_log, "a") as handle:
         handle.write("\n".join(lines) + "\n")
 
 if mode == "standalone":
-    result = {"run_id": spec["run_id"], "device": spec["device"], "status": "succeeded",
-              "measurements": [{"task_id": item["task"]["task_id"], "batch_size": item["batch_size"],
-                                "throughput_sps": 100.0} for item in spec["items"]]}
+    result = {
+        "run_id": spec["run_id"],
+        "device": spec["device"],
+        "status": "succeeded",
+        "measurements": [
+            {"task_id": item["task"]["task_id"], "batch_size": item["batch_size"], "throughput_sps": 100.0}
+            for item in spec["items"]
+        ],
+    }
     Path(result_path).write_text(json.dumps(result))
     sys.exit(0)
 
@@ -56,14 +68,23 @@ print("READY", flush=True)
 if sys.stdin.readline().strip() != "GO":
     sys.exit(1)
 name = spec["task"]["name"]
-failure = {"crash-cuda": "RuntimeError: CUDA error: an illegal memory access was encountered",
-           "crash-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}
+failure = {
+    "crash-cuda": "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "crash-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+}
 if name in failure:
     time.sleep(0.2)
     print(failure[name], file=sys.stderr)
-    Path(result_path).write_text(json.dumps({
-        "assignment_id": spec["assignment_id"], "task_id": spec["task"]["task_id"],
-        "status": "failed", "error": failure[name]}))
+    Path(result_path).write_text(
+        json.dumps(
+            {
+                "assignment_id": spec["assignment_id"],
+                "task_id": spec["task"]["task_id"],
+                "status": "failed",
+                "error": failure[name],
+            }
+        )
+    )
     sys.exit(1)
 if name == "crash-killed":
     time.sleep(0.2)
@@ -72,10 +93,25 @@ started = time.time()
 time.sleep(60 if name == "slow" else 0.3)
 finished = time.time()
 count = spec["shard"]["count"]
-Path(result_path).write_text(json.dumps({
-    "assignment_id": spec["assignment_id"], "task_id": spec["task"]["task_id"],
-    "status": "succeeded", "samples_trained": count, "iterations": 4, "timed_iterations": 3,
-    "seconds": finished - started, "throughput_sps": count / (finished - started),
-    "started_at": started, "finished_at": finished, "weights": spec["output_weights"],
-    "threads": spec["threads"], "cores": spec["cores"], "torch_device": "cuda",
-    "peak_memory_bytes": 123456789, "visible_sm_count": 132}))
+Path(result_path).write_text(
+    json.dumps(
+        {
+            "assignment_id": spec["assignment_id"],
+            "task_id": spec["task"]["task_id"],
+            "status": "succeeded",
+            "samples_trained": count,
+            "iterations": 4,
+            "timed_iterations": 3,
+            "seconds": finished - started,
+            "throughput_sps": count / (finished - started),
+            "started_at": started,
+            "finished_at": finished,
+            "weights": spec["output_weights"],
+            "threads": spec["threads"],
+            "cores": spec["cores"],
+            "torch_device": "cuda",
+            "peak_memory_bytes": 123456789,
+            "visible_sm_count": 132,
+        }
+    )
+)

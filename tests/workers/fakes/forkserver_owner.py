@@ -11,8 +11,9 @@ from workers.forkserver import ForkServer
 
 folder = Path(tempfile.mkdtemp(prefix="mtfl-fs-owner-"))
 server = ForkServer(dict(os.environ), preload=("json",), stderr_path=folder / "server.log").start()
-child = server.spawn("tests.workers.fakes.forked_child", ["sleep", "120"], env=dict(os.environ),
-                     stderr_path=folder / "child.log")
+child = server.spawn(
+    "tests.workers.fakes.forked_child", ["sleep", "120"], env=dict(os.environ), stderr_path=folder / "child.log"
+)
 child.stdout.readline()
 print(server.pid, child.pid, flush=True)
 time.sleep(120)

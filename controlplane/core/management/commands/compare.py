@@ -25,16 +25,25 @@ from controlplane.planning.strategies import compared_strategies, planned_strate
 
 
 class Command(BaseCommand):
-    help = (f"Compare {', '.join(compared_strategies())} on an experiment: one run after another on the same "
-            "devices (a control worker and the devices' agents must be running, e.g. `mtfl up`).")
+    help = (
+        f"Compare {', '.join(compared_strategies())} on an experiment: one run after another on the same "
+        "devices (a control worker and the devices' agents must be running, e.g. `mtfl up`)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("experiment", help="the experiment's id or name")
-        parser.add_argument("--objective", default="raw", help=f"the planners' ({', '.join(planned_strategies())}) objective: "
-                                 f"{' or '.join(OBJECTIVES)} (default raw)")
-        parser.add_argument("--slack", default="smaller_batches",
-                            help=f"what vres_sync gives devices that finish early: {' or '.join(SLACK_POLICIES)} "
-                                 "(default smaller_batches)")
+        parser.add_argument(
+            "--objective",
+            default="raw",
+            help=f"the planners' ({', '.join(planned_strategies())}) objective: "
+            f"{' or '.join(OBJECTIVES)} (default raw)",
+        )
+        parser.add_argument(
+            "--slack",
+            default="smaller_batches",
+            help=f"what vres_sync gives devices that finish early: {' or '.join(SLACK_POLICIES)} "
+            "(default smaller_batches)",
+        )
         parser.add_argument("--timeout", default="21600", help="seconds allowed per run (default 21600)")
         parser.add_argument("--no-wait", action="store_true", help="launch and exit; follow it on the dashboard")
 
@@ -50,23 +59,28 @@ class Command(BaseCommand):
             experiment = experiment or Experiment.objects.filter(name=key).first()
         except DatabaseError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise CommandError(f"cannot read experiments from the database ({first}): if it is new, start `mtfl up` "
-                               "or run `mtfl migrate`, then create one") from exc
+            raise CommandError(
+                f"cannot read experiments from the database ({first}): if it is new, start `mtfl up` "
+                "or run `mtfl migrate`, then create one"
+            ) from exc
         if experiment is None:
-            raise CommandError(f"experiment {key!r} does not exist (give its id or name; `GET /api/experiments/` lists them)")
+            raise CommandError(
+                f"experiment {key!r} does not exist (give its id or name; `GET /api/experiments/` lists them)"
+            )
         try:
             use_running_broker()
         except RuntimeError as exc:
             raise CommandError(str(exc)) from exc
         require_control_worker("it runs the rounds")
         try:
-            comparison = services.comparison_create(
-                experiment=experiment, options=options)
+            comparison = services.comparison_create(experiment=experiment, options=options)
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
         runs = list(comparison.runs.order_by("id"))
-        console.print(f"comparison {comparison.id} on [bold]{experiment.name}[/bold]: "
-                      + " → ".join(f"{r.strategy} (run {r.id})" for r in runs))
+        console.print(
+            f"comparison {comparison.id} on [bold]{experiment.name}[/bold]: "
+            + " → ".join(f"{r.strategy} (run {r.id})" for r in runs)
+        )
         if opts["no_wait"]:
             console.print(f"follow it on the experiment page: /experiments/{experiment.id}/")
             return
@@ -74,8 +88,10 @@ class Command(BaseCommand):
         try:
             ended = follow_runs(lambda run: run, runs, timeout_s=timeout_s, label=lambda run: run.strategy)
         except KeyboardInterrupt:
-            console.print(f"stopped following: comparison {comparison.id} goes on (POST /api/comparisons/"
-                          f"{comparison.id}/cancel/ stops it)")
+            console.print(
+                f"stopped following: comparison {comparison.id} goes on (POST /api/comparisons/"
+                f"{comparison.id}/cancel/ stops it)"
+            )
             raise SystemExit(130) from None
         except TimeoutError as exc:
             raise CommandError(str(exc)) from exc

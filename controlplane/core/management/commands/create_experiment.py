@@ -61,15 +61,23 @@ class Command(BaseCommand):
         parser.add_argument("--devices", help="comma-separated names of registered devices")
         parser.add_argument("--name", help="default: '<template> mix', numbered if taken")
         parser.add_argument("--rounds", help=f"FL rounds, 1 to 10000 (default {DEFAULT_ROUNDS})")
-        parser.add_argument("--local-epochs",
-                            help=f"local epochs per round, 1 to 1000 (default {DEFAULT_LOCAL_EPOCHS})")
-        parser.add_argument("--alpha", "--dirichlet-alpha", dest="alpha",
-                            help="Dirichlet concentration of the data volumes, (0, 1000]; smaller skews more "
-                            f"(default {DEFAULT_DIRICHLET_ALPHA})")
+        parser.add_argument(
+            "--local-epochs", help=f"local epochs per round, 1 to 1000 (default {DEFAULT_LOCAL_EPOCHS})"
+        )
+        parser.add_argument(
+            "--alpha",
+            "--dirichlet-alpha",
+            dest="alpha",
+            help="Dirichlet concentration of the data volumes, (0, 1000]; smaller skews more "
+            f"(default {DEFAULT_DIRICHLET_ALPHA})",
+        )
         parser.add_argument("--seed", help="seed of the partition, 0 to 2147483647 (default 0)")
         parser.add_argument("--dataset", help="digits or cifar10 (default: cifar10 when MTFL_CIFAR10_ROOT holds it)")
-        parser.add_argument("--owner", help="user name of the researcher who owns it (sees and shares it on the "
-                            "dashboard and the API); default: none, so only superusers see it")
+        parser.add_argument(
+            "--owner",
+            help="user name of the researcher who owns it (sees and shares it on the "
+            "dashboard and the API); default: none, so only superusers see it",
+        )
 
     def handle(self, *args, **opts):
         if not opts["template"]:
@@ -147,5 +155,8 @@ class Command(BaseCommand):
         totals = [sum(shards[(d.id, t.id)].num_samples for d in devices) for t in tasks]
         table.add_row("total", *map(str, totals), str(sum(totals)))
         console.print(table)
-        console.print(f"experiment page: /experiments/{experiment.id}/ · launch a run: "
-                      f"POST /api/experiments/{experiment.id}/runs/", soft_wrap=True)
+        console.print(
+            f"experiment page: /experiments/{experiment.id}/ · launch a run: "
+            f"POST /api/experiments/{experiment.id}/runs/",
+            soft_wrap=True,
+        )

@@ -7,6 +7,7 @@ import time
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.common.errors import ApplicationError
 from controlplane.core.cli_support import (
     comparison_tables,
     console,
@@ -17,14 +18,13 @@ from controlplane.core.cli_support import (
     serve_until_interrupted,
 )
 from controlplane.core.demo import DEMO_ARCHITECTURES, comparison_rows, demo_experiment_create
-from controlplane.common.errors import ApplicationError
 from controlplane.core.options import addr_option, float_option, int_option, list_option
 from controlplane.core.stack import LocalStack
 from controlplane.experiments import services as exp_services
 from controlplane.fleet.models import Device
 from controlplane.planning.strategies import STRATEGY_REGISTRY
-from workers.training.datasets import dataset_info
 from workers.registry.models import MODEL_REGISTRY
+from workers.training.datasets import dataset_info
 
 
 def _plan_free_strategies() -> list[str]:
@@ -52,8 +52,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--architectures", default=",".join(DEMO_ARCHITECTURES), help="comma-separated models of the zoo"
         )
-        parser.add_argument("--strategies", default=",".join(_plan_free_strategies()),
-                            help="comma-separated strategies that plan without a predictor or a given plan")
+        parser.add_argument(
+            "--strategies",
+            default=",".join(_plan_free_strategies()),
+            help="comma-separated strategies that plan without a predictor or a given plan",
+        )
         parser.add_argument("--timeout", default="1800", help="seconds allowed per run (default 1800)")
 
     def handle(self, *args, **opts):
@@ -78,11 +81,17 @@ class Command(BaseCommand):
                 stack.wait_ready()
                 devices = list(Device.objects.filter(name__in=agent_names))
                 experiment = demo_experiment_create(
-                    devices=devices, architectures=architectures, rounds=rounds, local_epochs=local_epochs,
-                    alpha=alpha, samples=samples,
+                    devices=devices,
+                    architectures=architectures,
+                    rounds=rounds,
+                    local_epochs=local_epochs,
+                    alpha=alpha,
+                    samples=samples,
                     owner=get_user_model().objects.filter(username=creds.username).first(),
                 )
-                console.print(f"experiment [bold]{experiment.name}[/bold] (id {experiment.id}): {experiment.description}")
+                console.print(
+                    f"experiment [bold]{experiment.name}[/bold] (id {experiment.id}): {experiment.description}"
+                )
                 self._run_all(experiment, strategies, timeout_s, stack)
                 rows = comparison_rows(experiment)
                 for table in comparison_tables(rows, [t.name for t in experiment.tasks.order_by("id")]):
@@ -106,5 +115,7 @@ class Command(BaseCommand):
     def _run_all(self, experiment, strategies, timeout_s, stack) -> None:
         follow_runs(
             lambda strategy: exp_services.run_create(experiment=experiment, strategy=strategy),
-            strategies, timeout_s=timeout_s, check=stack.children.check_alive,
+            strategies,
+            timeout_s=timeout_s,
+            check=stack.children.check_alive,
         )

@@ -20,8 +20,10 @@ from workers.registry.models import MODEL_REGISTRY
 
 
 class Command(BaseCommand):
-    help = ("Profile co-located mixes on a device for a time budget (the device's agent and a control worker must be "
-            "running, e.g. under `mtfl up`).")
+    help = (
+        "Profile co-located mixes on a device for a time budget (the device's agent and a control worker must be "
+        "running, e.g. under `mtfl up`)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--device", required=True, help="the device to profile")
@@ -47,21 +49,32 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self._require_control_worker()
         try:
-            sweep = services.sweep_start(device=device, budget_s=budget, architectures=architectures,
-                                         batch_sizes=batch_sizes, max_mix=max_mix, seed=seed)
+            sweep = services.sweep_start(
+                device=device,
+                budget_s=budget,
+                architectures=architectures,
+                batch_sizes=batch_sizes,
+                max_mix=max_mix,
+                seed=seed,
+            )
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
-        console.print(f"sweep {sweep.id} on {device.name}: {budget:g} s of co-located mixes of "
-                      f"{', '.join(architectures)}")
+        console.print(
+            f"sweep {sweep.id} on {device.name}: {budget:g} s of co-located mixes of {', '.join(architectures)}"
+        )
         interrupt_on_signals()
         try:
             sweep = self._follow(sweep)
         except KeyboardInterrupt:
-            console.print(f"stopped following: sweep {sweep.id} goes on on the agent (GET /api/profile-sweeps/{sweep.id}/)")
+            console.print(
+                f"stopped following: sweep {sweep.id} goes on on the agent (GET /api/profile-sweeps/{sweep.id}/)"
+            )
             raise SystemExit(130) from None
         spread = sweep.max_repeat_spread
-        console.print(f"sweep {sweep.id} {sweep.status}: {sweep.configs} configurations, {sweep.samples} samples"
-                      + (f", largest repeat spread {100 * spread:.1f} %" if spread is not None else ""))
+        console.print(
+            f"sweep {sweep.id} {sweep.status}: {sweep.configs} configurations, {sweep.samples} samples"
+            + (f", largest repeat spread {100 * spread:.1f} %" if spread is not None else "")
+        )
         if sweep.error:
             console.print(f"[red]{sweep.error}[/red]")
         if sweep.status == ProfileSweep.Status.FAILED:
@@ -72,13 +85,21 @@ class Command(BaseCommand):
         require_control_worker("it records the measurements")
 
     def _follow(self, sweep: ProfileSweep) -> ProfileSweep:
-        with Progress(TextColumn("profiling"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-                      console=console) as progress:
+        with Progress(
+            TextColumn("profiling"),
+            BarColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
             bar = progress.add_task("sweep", total=1.0, detail="waiting for the agent")
             while True:
                 sweep.refresh_from_db()
-                progress.update(bar, completed=sweep_progress(sweep),
-                                detail=f"{sweep.configs} configurations · {sweep.samples} samples · {sweep.status}")
+                progress.update(
+                    bar,
+                    completed=sweep_progress(sweep),
+                    detail=f"{sweep.configs} configurations · {sweep.samples} samples · {sweep.status}",
+                )
                 if sweep.status in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
                     return sweep
                 time.sleep(1.0)

@@ -20,7 +20,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--addr", default="127.0.0.1:8000", help="where to serve (default 127.0.0.1:8000)")
         parser.add_argument(
-            "--agents", default="local-a,local-b",
+            "--agents",
+            default="local-a,local-b",
             help="comma-separated local cpu device agents to start ('' for none; default local-a,local-b)",
         )
 

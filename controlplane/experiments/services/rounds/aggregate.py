@@ -61,11 +61,16 @@ def task_model_aggregate(
     groups: dict[str, list[Assignment]] = {}
     for a in contributions:
         groups.setdefault(a.weights_sha256 or f"path:{a.weights_path}", []).append(a)
-    if (not record.uses_previous and len(groups) == 1 and contributions[0].weights_sha256
-            and contributions[0].weights_sha256 == previous.sha256):
+    if (
+        not record.uses_previous
+        and len(groups) == 1
+        and contributions[0].weights_sha256
+        and contributions[0].weights_sha256 == previous.sha256
+    ):
         return previous.artifact_path, previous.sha256
-    aggregation = record.start(AggregationContext(previous=lambda: load_state(store.path(previous.artifact_path)),
-                                                  options=dict(options or {})))
+    aggregation = record.start(
+        AggregationContext(previous=lambda: load_state(store.path(previous.artifact_path)), options=dict(options or {}))
+    )
     for members in groups.values():
         aggregation.add(load_state(store.path(members[0].weights_path)), sum(a.samples for a in members))
     return key, save_state(aggregation.result(), store.path(key))
@@ -99,16 +104,26 @@ def round_models_aggregate(
     for task in run.experiment.tasks.order_by("id"):
         previous = latest[task.id]
         try:
-            path, sha = task_model_aggregate(store=store, contributions=contributions_of[task.id], previous=previous,
-                                             key=global_weights_key(run.id, task.id, rnd.index))
+            path, sha = task_model_aggregate(
+                store=store,
+                contributions=contributions_of[task.id],
+                previous=previous,
+                key=global_weights_key(run.id, task.id, rnd.index),
+            )
         except NoSamplesError:
             flags.append(
                 f"task {task.name}: no device that succeeded trained it this round; the previous global model was kept"
             )
             checkpoints.append(
                 Checkpoint(
-                    run=run, task=task, round=rnd, artifact_path=previous.artifact_path, sha256=previous.sha256,
-                    test_accuracy=previous.test_accuracy, test_loss=previous.test_loss, kept_previous=True,
+                    run=run,
+                    task=task,
+                    round=rnd,
+                    artifact_path=previous.artifact_path,
+                    sha256=previous.sha256,
+                    test_accuracy=previous.test_accuracy,
+                    test_loss=previous.test_loss,
+                    kept_previous=True,
                 )
             )
             continue
@@ -117,7 +132,8 @@ def round_models_aggregate(
         else:
             accuracy, loss = model_evaluate(selectors.task_ref(task), store.path(path))
         checkpoints.append(
-            Checkpoint(run=run, task=task, round=rnd, artifact_path=path, sha256=sha, test_accuracy=accuracy,
-                       test_loss=loss)
+            Checkpoint(
+                run=run, task=task, round=rnd, artifact_path=path, sha256=sha, test_accuracy=accuracy, test_loss=loss
+            )
         )
     return checkpoints, flags

@@ -54,8 +54,9 @@ def round_progress(*, round_id: int, device: str, phase: str, at: float | None =
     connection = connections[router.db_for_write(Assignment)]
     started_at = db_value(Assignment, "started_at", _ts(at) or timezone.now(), connection)
     with connection.cursor() as cursor:
-        sql = _PROGRESS_SQL.get(connection.vendor) or _PROGRESS_SQL.setdefault(connection.vendor,
-                                                                               _progress_sql(connection))
+        sql = _PROGRESS_SQL.get(connection.vendor) or _PROGRESS_SQL.setdefault(
+            connection.vendor, _progress_sql(connection)
+        )
         cursor.execute(sql, [Assignment.Status.RUNNING, started_at, round_id, Assignment.Status.PENDING, device])
         return cursor.rowcount
 
@@ -100,10 +101,19 @@ def _parse_device_results(
         if attempts is not None:
             expected = attempts.get(result.device)
             key = round_idempotency_key(round_id, result.device, result.attempt) if round_id is not None else ""
-            if (expected is None or result.attempt != expected or (round_id is not None and result.round_id != round_id)
-                    or (result.idempotency_key and key and result.idempotency_key != key)):
-                log.warning("round %s: result of device %s attempt %s ignored (current attempt %s)", round_id,
-                            result.device, result.attempt, expected)
+            if (
+                expected is None
+                or result.attempt != expected
+                or (round_id is not None and result.round_id != round_id)
+                or (result.idempotency_key and key and result.idempotency_key != key)
+            ):
+                log.warning(
+                    "round %s: result of device %s attempt %s ignored (current attempt %s)",
+                    round_id,
+                    result.device,
+                    result.attempt,
+                    expected,
+                )
                 continue
         parsed[result.device] = result
     return parsed, problems
@@ -150,7 +160,8 @@ def round_finish(
     except Exception as exc:  # noqa: BLE001 - the round must end, with its cause, whatever broke
         log.exception("round %s: aggregation failed", round_id)
         Round.objects.filter(id=round_id).update(
-            status=Round.Status.FAILED, error=f"aggregation failed: {type(exc).__name__}: {exc}",
+            status=Round.Status.FAILED,
+            error=f"aggregation failed: {type(exc).__name__}: {exc}",
             finished_at=timezone.now(),
         )
         run_fail(run_id=rnd.run_id, error=f"round {rnd.index} could not be aggregated: {type(exc).__name__}: {exc}")
@@ -164,8 +175,13 @@ def round_finish(
     return rnd
 
 
-def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: str,
-                          causes: Mapping[str, str] | None = None, notes: Iterable[str] = ()) -> None:
+def _record_and_aggregate(
+    rnd: Round,
+    raw_results: Iterable[Any] | None,
+    cause: str,
+    causes: Mapping[str, str] | None = None,
+    notes: Iterable[str] = (),
+) -> None:
     run = rnd.run
     # Devices once (not joined onto each of 3,000 assignments, with their inventories).
     devices = {d.id: d for d in Device.objects.filter(id__in=rnd.assignments.values("device_id")).only("id", "name")}
@@ -224,8 +240,11 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
 
     # Aggregate only over devices whose whole round succeeded: a failed device's weights never
     # enter the global model, even the tasks that finished before the failure.
-    usable = [a for a in assignments
-              if a.status == Assignment.Status.SUCCEEDED and devices[a.device_id].name not in failed_devices]
+    usable = [
+        a
+        for a in assignments
+        if a.status == Assignment.Status.SUCCEEDED and devices[a.device_id].name not in failed_devices
+    ]
     store = get_store()
     latest = selectors.latest_checkpoints(run)
     # A weights file the aggregation cannot use (truncated, not safetensors, another model's)
@@ -244,18 +263,25 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
 
     # One rule for every metric (controlplane.planning.metrics): a device counts only when its
     # whole round succeeded, the same devices whose weights entered the aggregate.
-    measured = metrics.round_metrics({
-        device_name: metrics.DeviceTotals.from_tasks(
-            [metrics.TaskMeasurement(
-                succeeded=a.status == Assignment.Status.SUCCEEDED, samples_trained=a.samples_trained,
-                throughput_sps=a.throughput_sps, standalone_sps=a.standalone_throughput_sps,
-                started_at=a.started_at.timestamp() if a.started_at else None,
-                finished_at=a.finished_at.timestamp() if a.finished_at else None,
-            ) for a in rows],
-            device_failed=device_name in failed_devices,
-        )
-        for device_name, rows in by_device.items()
-    })
+    measured = metrics.round_metrics(
+        {
+            device_name: metrics.DeviceTotals.from_tasks(
+                [
+                    metrics.TaskMeasurement(
+                        succeeded=a.status == Assignment.Status.SUCCEEDED,
+                        samples_trained=a.samples_trained,
+                        throughput_sps=a.throughput_sps,
+                        standalone_sps=a.standalone_throughput_sps,
+                        started_at=a.started_at.timestamp() if a.started_at else None,
+                        finished_at=a.finished_at.timestamp() if a.finished_at else None,
+                    )
+                    for a in rows
+                ],
+                device_failed=device_name in failed_devices,
+            )
+            for device_name, rows in by_device.items()
+        }
+    )
 
     if not failed_devices:
         status = Round.Status.SUCCEEDED
@@ -267,10 +293,26 @@ def _record_and_aggregate(rnd: Round, raw_results: Iterable[Any] | None, cause: 
     now = timezone.now()
     with transaction.atomic():
         bulk_set(
-            Assignment, assignments,
-            ["status", "error", "samples_trained", "throughput_sps", "simulated", "seconds", "train_loss", "started_at",
-             "finished_at", "weights_path", "weights_sha256", "peak_memory_bytes", "torch_device",
-             "mps_active_thread_percentage", "mps_verified", "mps_detail"],
+            Assignment,
+            assignments,
+            [
+                "status",
+                "error",
+                "samples_trained",
+                "throughput_sps",
+                "simulated",
+                "seconds",
+                "train_loss",
+                "started_at",
+                "finished_at",
+                "weights_path",
+                "weights_sha256",
+                "peak_memory_bytes",
+                "torch_device",
+                "mps_active_thread_percentage",
+                "mps_verified",
+                "mps_detail",
+            ],
         )
         # a redelivered result replaces the series instead of failing on the unique constraint
         DeviceTelemetry.objects.filter(round=rnd, device__in=[t.device for t in telemetry]).delete()
@@ -295,7 +337,11 @@ def _telemetry_row(rnd: Round, device, result: DeviceRoundResult) -> DeviceTelem
     samples = sorted(result.telemetry, key=lambda g: g.t)
     totals = [g.memory_total_bytes for g in samples if g.memory_total_bytes]
     return DeviceTelemetry(
-        round=rnd, device=device, t=[g.t for g in samples], gpu_util_percent=[g.gpu_util_percent for g in samples],
-        memory_used_bytes=[g.memory_used_bytes for g in samples], memory_total_bytes=max(totals) if totals else None,
+        round=rnd,
+        device=device,
+        t=[g.t for g in samples],
+        gpu_util_percent=[g.gpu_util_percent for g in samples],
+        memory_used_bytes=[g.memory_used_bytes for g in samples],
+        memory_total_bytes=max(totals) if totals else None,
         mps_restarted=result.mps_restarted,
     )

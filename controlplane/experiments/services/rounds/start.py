@@ -44,8 +44,7 @@ def round_start(*, run_id: int, index: int) -> Round | None:
     devices = {d.id: d for d in experiment.devices.only("id", "name", "backend")}
     alone = selectors.standalone_table(run)
     latest = selectors.latest_checkpoints(run)
-    deadline_s = round_deadline_s(predicted_round_time_s=plan.predicted_round_time_s,
-                                  factor=experiment.deadline_factor)
+    deadline_s = round_deadline_s(predicted_round_time_s=plan.predicted_round_time_s, factor=experiment.deadline_factor)
     task_ids = {d.name: dispatch.new_task_id() for d in devices.values()}
     names = {**{("d", d.id): d.name for d in devices.values()}, **{("t", t.id): t.name for t in tasks.values()}}
     flags = [
@@ -56,27 +55,36 @@ def round_start(*, run_id: int, index: int) -> Round | None:
     now = timezone.now()
     with transaction.atomic():
         rnd, created = Round.objects.get_or_create(
-            run=run, index=index,
-            defaults={"status": Round.Status.RUNNING, "started_at": now, "flags": flags,
-                      "predicted_round_time_s": plan.predicted_round_time_s, "deadline_s": deadline_s,
-                      "deadline_at": now + dt.timedelta(seconds=deadline_s)},
+            run=run,
+            index=index,
+            defaults={
+                "status": Round.Status.RUNNING,
+                "started_at": now,
+                "flags": flags,
+                "predicted_round_time_s": plan.predicted_round_time_s,
+                "deadline_s": deadline_s,
+                "deadline_at": now + dt.timedelta(seconds=deadline_s),
+            },
         )
         if not created:
             return None
-        bulk_insert(Assignment, [
-            dict(
-                round_id=rnd.id,
-                device_id=a.device_id,
-                task_id=a.task_id,
-                batch_size=a.batch_size,
-                active_thread_percentage=a.active_thread_percentage,
-                samples=a.samples,
-                predicted_throughput_sps=a.predicted_throughput_sps,
-                standalone_throughput_sps=alone.get((a.device_id, a.task_id, a.batch_size)),
-                device_task_id=task_ids[devices[a.device_id].name],
-            )
-            for a in plan.assignments
-        ])
+        bulk_insert(
+            Assignment,
+            [
+                dict(
+                    round_id=rnd.id,
+                    device_id=a.device_id,
+                    task_id=a.task_id,
+                    batch_size=a.batch_size,
+                    active_thread_percentage=a.active_thread_percentage,
+                    samples=a.samples,
+                    predicted_throughput_sps=a.predicted_throughput_sps,
+                    standalone_throughput_sps=alone.get((a.device_id, a.task_id, a.batch_size)),
+                    device_task_id=task_ids[devices[a.device_id].name],
+                )
+                for a in plan.assignments
+            ],
+        )
         # Reloaded: an INSERT run for many rows returns no primary keys.
         id_of = {(d, t): pk for pk, d, t in rnd.assignments.values_list("id", "device_id", "task_id")}
         task_refs = {task_id: selectors.task_ref(task) for task_id, task in tasks.items()}
@@ -86,14 +94,27 @@ def round_start(*, run_id: int, index: int) -> Round | None:
             on_device[a.device_id].append(a)
         requests = [
             round_device_request(
-                rnd=rnd, experiment=experiment, device=devices[device_id], partitioning=plan.partitioning,
-                assignments=[RequestedAssignment(id_of[(a.device_id, a.task_id)], a.task_id, a.batch_size,
-                                                 a.active_thread_percentage) for a in on_device[device_id]],
-                shards=shards, latest=latest, task_refs=task_refs, warmup_iterations=warmup_iterations,
+                rnd=rnd,
+                experiment=experiment,
+                device=devices[device_id],
+                partitioning=plan.partitioning,
+                assignments=[
+                    RequestedAssignment(
+                        id_of[(a.device_id, a.task_id)], a.task_id, a.batch_size, a.active_thread_percentage
+                    )
+                    for a in on_device[device_id]
+                ],
+                shards=shards,
+                latest=latest,
+                task_refs=task_refs,
+                warmup_iterations=warmup_iterations,
             )
             for device_id in sorted(on_device)
         ]
         dispatched = {r.device: task_ids[r.device] for r in requests}
-        transaction.on_commit(lambda: dispatch.send_round(rnd.id, requests, task_ids=dispatched,
-                                                          check_after_s=round_check_after_s(deadline_s)))
+        transaction.on_commit(
+            lambda: dispatch.send_round(
+                rnd.id, requests, task_ids=dispatched, check_after_s=round_check_after_s(deadline_s)
+            )
+        )
     return rnd

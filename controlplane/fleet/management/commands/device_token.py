@@ -18,8 +18,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("device", help="device name (the agent's --device)")
-        parser.add_argument("--backend", default="cpu", choices=BACKEND_REGISTRY.names(),
-                            help="backend of a device registered here (default: cpu; its agent reports the real one)")
+        parser.add_argument(
+            "--backend",
+            default="cpu",
+            choices=BACKEND_REGISTRY.names(),
+            help="backend of a device registered here (default: cpu; its agent reports the real one)",
+        )
 
     def handle(self, *args, **options):
         name = options["device"]

@@ -48,7 +48,9 @@ def physics_for(placement: str) -> Physics:
     try:
         return PHYSICS[placement]
     except KeyError:
-        raise PredictorError(f"placement: {placement!r} is not allowed; allowed: {', '.join(sorted(PHYSICS))}") from None
+        raise PredictorError(
+            f"placement: {placement!r} is not allowed; allowed: {', '.join(sorted(PHYSICS))}"
+        ) from None
 
 
 def placement_for_backend(backend: str) -> Placement:
@@ -56,8 +58,14 @@ def placement_for_backend(backend: str) -> Placement:
     return BACKEND_PLACEMENT.get(backend, DEFAULT_PLACEMENT)
 
 
-def sharing_rate(share: FloatArray, present: BoolArray, units: int, placement: str, weight: float = 1.0,
-                 escape_weight: float | None = None) -> FloatArray:
+def sharing_rate(
+    share: FloatArray,
+    present: BoolArray,
+    units: int,
+    placement: str,
+    weight: float = 1.0,
+    escape_weight: float | None = None,
+) -> FloatArray:
     """``ρ``, the fraction of its own slice each task gets beside the others, ``(rows, slots)``
     in ``(0, 1]``, under the physics ``placement`` (:meth:`Physics.sharing_rate`).
 

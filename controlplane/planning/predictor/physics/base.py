@@ -72,8 +72,9 @@ class Physics(Protocol):
         the physical fit leaves them where they start)."""
         ...
 
-    def sharing_rate(self, share: FloatArray, present: BoolArray, units: int, weight: float = 1.0,
-                     escape_weight: float | None = None) -> FloatArray:
+    def sharing_rate(
+        self, share: FloatArray, present: BoolArray, units: int, weight: float = 1.0, escape_weight: float | None = None
+    ) -> FloatArray:
         """``ρ``: the fraction of its own slice each task gets beside the others, in ``(0, 1]``
         (empty slots hold any value; callers mask them with ``present``). ``weight``: how much of the time a multi-threaded task's thread is
         runnable on a shared unit; ``escape_weight``: the same for a multi-threaded task with a
@@ -93,8 +94,9 @@ class Physics(Protocol):
         ``None``: no placement term."""
         ...
 
-    def link_log_ratio(self, share: FloatArray, present: BoolArray, units: int, rtt: FloatArray | None,
-                       reference: float | None) -> FloatArray:
+    def link_log_ratio(
+        self, share: FloatArray, present: BoolArray, units: int, rtt: FloatArray | None, reference: float | None
+    ) -> FloatArray:
         """``x``: the log ratio of how far apart each task's units were when measured (``rtt``,
         ``nan`` where unknown, ``None`` everywhere unknown) to ``reference``; 0 where the term
         does not apply. The model multiplies a task's speed by ``exp(−γ·x)``."""

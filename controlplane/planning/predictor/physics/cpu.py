@@ -48,8 +48,9 @@ def alone_on_units(covered: BoolArray) -> BoolArray:
     return alone
 
 
-def sharing_rate(share: FloatArray, present: BoolArray, units: int, weight: float = 1.0,
-                 escape_weight: float | None = None) -> FloatArray:
+def sharing_rate(
+    share: FloatArray, present: BoolArray, units: int, weight: float = 1.0, escape_weight: float | None = None
+) -> FloatArray:
     """The fraction of its own slice a task gets when co-located, ``(rows, slots)``, in ``(0, 1]``.
 
     Weighted time sharing of each core between the threads pinned to it (Linux CFS shares a
@@ -99,8 +100,9 @@ def passive_wait(share: FloatArray, present: BoolArray, units: int, windows: Win
     return passive
 
 
-def contention(share: FloatArray, present: BoolArray, units: int,
-               windows: Windows | None = None) -> tuple[FloatArray, FloatArray]:
+def contention(
+    share: FloatArray, present: BoolArray, units: int, windows: Windows | None = None
+) -> tuple[FloatArray, FloatArray]:
     """How many tasks compete for each task's cores: the mean over its cores and the most on
     any one of them (its slowest thread sets the pace of each parallel operator), each
     ``(rows, slots)``, at least 1. On each core count how many tasks' windows cover it — the OS
@@ -126,8 +128,9 @@ class CpuPhysics:
     def weighted_sharing(self) -> bool:
         return True
 
-    def sharing_rate(self, share: FloatArray, present: BoolArray, units: int, weight: float = 1.0,
-                     escape_weight: float | None = None) -> FloatArray:
+    def sharing_rate(
+        self, share: FloatArray, present: BoolArray, units: int, weight: float = 1.0, escape_weight: float | None = None
+    ) -> FloatArray:
         """:func:`sharing_rate`."""
         return sharing_rate(share, present, units, weight, escape_weight)
 
@@ -148,8 +151,9 @@ class CpuPhysics:
         wait for the cores themselves), so predictions are for that placement."""
         return float(np.percentile(rtt, 10)) if rtt.size else None
 
-    def link_log_ratio(self, share: FloatArray, present: BoolArray, units: int, rtt: FloatArray | None,
-                       reference: float | None) -> FloatArray:
+    def link_log_ratio(
+        self, share: FloatArray, present: BoolArray, units: int, rtt: FloatArray | None, reference: float | None
+    ) -> FloatArray:
         """``x = log(rtt / rtt_ref)`` per slot: how much further apart than the reference the
         task's cores were when it was measured, for a task on several cores that no other task
         uses; 0 otherwise, and for an unknown ``rtt`` (every configuration to predict) or no

@@ -39,8 +39,9 @@ class GpuPhysics:
     def weighted_sharing(self) -> bool:
         return False
 
-    def sharing_rate(self, share: FloatArray, present: BoolArray, units: int, weight: float = 1.0,
-                     escape_weight: float | None = None) -> FloatArray:
+    def sharing_rate(
+        self, share: FloatArray, present: BoolArray, units: int, weight: float = 1.0, escape_weight: float | None = None
+    ) -> FloatArray:
         """``1 / max(1, Σ_j g_j)`` for every task: the device oversubscribed for everyone
         (``weight`` and ``escape_weight`` do not apply)."""
         present = np.asarray(present, dtype=bool)
@@ -63,8 +64,9 @@ class GpuPhysics:
         """``None``: an MPS client has no placement to measure."""
         return None
 
-    def link_log_ratio(self, share: FloatArray, present: BoolArray, units: int, rtt: FloatArray | None,
-                       reference: float | None) -> FloatArray:
+    def link_log_ratio(
+        self, share: FloatArray, present: BoolArray, units: int, rtt: FloatArray | None, reference: float | None
+    ) -> FloatArray:
         """Zeros: no placement term."""
         return np.zeros(share.shape)
 

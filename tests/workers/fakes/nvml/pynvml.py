@@ -98,8 +98,9 @@ def nvmlDeviceGetName(handle):
 
 def nvmlDeviceGetMemoryInfo(handle):
     gpu = _gpus()[handle]
-    return SimpleNamespace(total=gpu["memory_total"], used=gpu["memory_used"],
-                           free=gpu["memory_total"] - gpu["memory_used"])
+    return SimpleNamespace(
+        total=gpu["memory_total"], used=gpu["memory_used"], free=gpu["memory_total"] - gpu["memory_used"]
+    )
 
 
 def nvmlDeviceGetUtilizationRates(handle):
