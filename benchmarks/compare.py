@@ -66,6 +66,7 @@ def main() -> int:
     from controlplane.experiments.models import Run
     from controlplane.experiments.services import comparison_create, experiment_create_from_template
     from controlplane.fleet.models import Device
+    from controlplane.planning.metrics import speedup
     from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
     from controlplane.profiling import services as profiling
     from controlplane.profiling.models import ProfileSweep
@@ -131,9 +132,6 @@ def main() -> int:
 
     reference = next((r for r in runs if r.strategy == baseline_strategy().name), None)
 
-    def ratio(value, base):
-        return value / base if value is not None and base else None
-
     def fmt(value, spec, suffix=""):
         return "—" if value is None else format(value, spec) + suffix
 
@@ -148,8 +146,8 @@ def main() -> int:
         print(
             f"{run.strategy:<13}{run.status:<11}{fmt(run.raw_throughput_sps, '.1f'):>9}"
             f"{fmt(run.fair_throughput, '.2f'):>7}"
-            f"{fmt(ratio(run.raw_throughput_sps, reference and reference.raw_throughput_sps), '.2f', '×'):>7}"
-            f"{fmt(ratio(run.fair_throughput, reference and reference.fair_throughput), '.2f', '×'):>8}"
+            f"{fmt(speedup(run.raw_throughput_sps, reference and reference.raw_throughput_sps), '.2f', '×'):>7}"
+            f"{fmt(speedup(run.fair_throughput, reference and reference.fair_throughput), '.2f', '×'):>8}"
             f"{fmt(run.fl_throughput_sps, '.1f'):>9}"
             f"{fmt(sum(measured) / len(measured) if measured else None, '.1f'):>9}"
             f"{fmt(sum(predicted) / len(predicted) if predicted else None, '.1f'):>9}"
