@@ -123,7 +123,9 @@ def main() -> int:
     ]
     predicted = predictor.predict(mixes)
     sharing_round = max(
-        a.samples / p for d, row in zip(spec.device_ids, predicted) for a, p in zip(sharing.on_device(d), row)
+        a.samples / p
+        for d, row in zip(spec.device_ids, predicted, strict=True)
+        for a, p in zip(sharing.on_device(d), row, strict=True)
     )
     print(
         f"vres_sync: {best:.2f} s per plan (calls: {', '.join(f'{t:.2f}' for t in times)}); predicted round time "

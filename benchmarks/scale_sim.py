@@ -308,7 +308,7 @@ class InProcessBroker:
                     self._deliver(self.queue.popleft())
                 results = self._control(
                     "decode results",
-                    lambda: [json.loads(t) for t in texts],
+                    lambda texts=texts: [json.loads(t) for t in texts],
                     round_index=self._round_of(callback.name, [None, *callback.args]),
                 )
                 self._deliver(Signature(callback.name, [results, *callback.args], callback.kwargs))

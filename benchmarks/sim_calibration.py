@@ -167,7 +167,7 @@ def shape_checks(rows: dict[tuple[int, int, int], float]) -> dict[str, tuple[int
     grow, saturate, fall, bounded = [0, 0], [0, 0], [0, 0], [0, 0]
     for gpcs in sorted({k[0] for k in rows}):
         singles = sorted((b, v) for (g, b, k), v in rows.items() if g == gpcs and k == 1)
-        for (_, a), (_, b) in zip(singles, singles[1:]):
+        for (_, a), (_, b) in itertools.pairwise(singles):
             grow[0] += b >= a * 0.98  # a measured 2 % dip is noise, not a trend
             grow[1] += 1
         if len(singles) >= 2:
@@ -176,7 +176,7 @@ def shape_checks(rows: dict[tuple[int, int, int], float]) -> dict[str, tuple[int
         for batch in sorted({k[1] for k in rows if k[0] == gpcs}):
             series = [rows.get((gpcs, batch, k)) for k in range(1, MAX_K + 1)]
             series = [v for v in series if v is not None]
-            for a, b in zip(series, series[1:]):
+            for a, b in itertools.pairwise(series):
                 fall[0] += b <= a * 1.02
                 fall[1] += 1
             for k, v in enumerate(series[1:], start=2):
@@ -259,11 +259,11 @@ def report_paper() -> None:
         ]
         alone = np.array([sim.alone_throughput(w, 128, device) for w in loads])
 
-        def run(shares, partitioning="mps"):
+        def run(shares, partitioning="mps", cols=cols):
             p = sim.simulate_throughput(*cols, 128, shares, device, partitioning=partitioning)
             return p.throughput_sps
 
-        def metrics(p):
+        def metrics(p, alone=alone):
             return p.sum(axis=-1), (p / alone).sum(axis=-1)
 
         temporal_raw, temporal_fair = metrics(run(np.full(3, 100), "timeslice"))
@@ -275,7 +275,7 @@ def report_paper() -> None:
         raw, fair = metrics(run(shares))
         best = int(np.argmax(raw))
         rows[f"best raw {tuple(int(x) for x in shares[best])}"] = (raw[best], fair[best])
-        print(f"   {label}: alone {', '.join(f'{m} {a:.0f}' for m, a in zip(models, alone))} samples/s")
+        print(f"   {label}: alone {', '.join(f'{m} {a:.0f}' for m, a in zip(models, alone, strict=True))} samples/s")
         for name, (r, f) in rows.items():
             print(f"     {name:28s} {r / temporal_raw:.2f}x / {f / temporal_fair:.2f}x")
 

@@ -228,7 +228,7 @@ def _groups(spec: PlanningInput, ctx: PlannerContext) -> list[_Group]:
         capacity = ctx.devices[device_id]
         archs = tuple(ctx.architectures[t] for t in tasks)
         known = capacity.predictor.space.architectures
-        for t, a in zip(tasks, archs):
+        for t, a in zip(tasks, archs, strict=True):
             if a not in known:
                 raise PlanningError(
                     f"task {t}: model {a!r} is unknown to the predictor (it knows {', '.join(known)}); "
@@ -452,7 +452,7 @@ def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
         best_b[rows], best_r[rows], best_p[rows] = pool_b[pick], pool_r[pick], pool_p[pick]
         # Keep each device's 64 fastest pool entries (feasible ones only) for the slack step.
         top = np.argpartition(T, min(63, T.shape[1] - 1), axis=1)[:, :64]
-        for r, idx in zip(rows, top):
+        for r, idx in zip(rows, top, strict=True):
             ok = idx[np.isfinite(T[r - start, idx])]
             cand_b.append(pool_b[ok])
             cand_r.append(pool_r[ok])
@@ -542,16 +542,16 @@ def plan_vres_sync(spec: PlanningInput, ctx: PlannerContext) -> Plan:
     while True:
         round_time = max((float(s.T.max()) for s in states), default=0.0)
         threshold = SLACK_MARGIN * round_time if ctx.slack == "smaller_batches" else -np.inf
-        todo = [np.flatnonzero(~done & (s.T >= threshold)) for done, s in zip(refined, states)]
+        todo = [np.flatnonzero(~done & (s.T >= threshold)) for done, s in zip(refined, states, strict=True)]
         if not any(len(t) for t in todo):
             break
-        for g, state, done, rows in zip(groups, states, refined, todo):
+        for g, state, done, rows in zip(groups, states, refined, todo, strict=True):
             if len(rows):
                 _sync_refine(g, state, spec.local_epochs, ctx.max_iterations, rows)
                 done[rows] = True
     round_time = max((float(s.T.max()) for s in states), default=0.0)
     assignments: list[PlannedAssignment] = []
-    for g, state in zip(groups, states):
+    for g, state in zip(groups, states, strict=True):
         if ctx.slack == "smaller_batches":
             _sync_slack(g, state, spec.local_epochs, round_time)
         assignments += _assignments(g, state.batch, state.share, state.P)

@@ -113,7 +113,7 @@ def test_agent_uploads_its_trained_weights_to_the_assignments_key(world):
     assert response.status_code == 201, response.json()
     assert response.json() == {"key": key, "sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
     assert (world["store"] / key).read_bytes() == body
-    assert [p.name for p in (world["store"] / key).parent.iterdir()] == ["task-%d.safetensors" % world["task"].id]
+    assert [p.name for p in (world["store"] / key).parent.iterdir()] == [f"task-{world['task'].id:d}.safetensors"]
 
 
 def test_a_repeated_upload_replaces_the_first(world):

@@ -69,7 +69,7 @@ class TestExecutionBackendContract:
 
         assert result.status == "succeeded", result.error
         assert [a.assignment_id for a in result.assignments] == [11, 12]
-        for spec, outcome in zip(request.assignments, result.assignments):
+        for spec, outcome in zip(request.assignments, result.assignments, strict=True):
             assert outcome.status == "succeeded"
             assert outcome.samples_trained == 64 and outcome.iterations == 4
             assert outcome.throughput_sps > 0 and outcome.timed_iterations == 3

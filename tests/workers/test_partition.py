@@ -73,7 +73,9 @@ def test_shard_offsets_reject_negative_count():
 def test_shard_indices_are_disjoint_and_cover_the_split():
     train_size = 1437
     counts = shard_counts(train_size, 4, "dirichlet", alpha=0.5, seed=3)
-    shards = [shard_indices(train_size, 9, offset, count) for offset, count in zip(shard_offsets(counts), counts)]
+    shards = [
+        shard_indices(train_size, 9, offset, count) for offset, count in zip(shard_offsets(counts), counts, strict=True)
+    ]
 
     joined = np.concatenate(shards)
     assert all(s.dtype == np.int64 for s in shards)

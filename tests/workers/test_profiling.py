@@ -174,7 +174,7 @@ def test_two_task_configuration_is_measured_while_both_train(agent_context, monk
 
     assert result.status == "succeeded", result.error
     assert (result.config_index, result.repeat_of, result.tasks) == (3, None, tasks)
-    for measurement, task in zip(result.measurements, tasks):
+    for measurement, task in zip(result.measurements, tasks, strict=True):
         assert measurement.architecture == task.architecture
         assert measurement.throughput_sps > 0 and measurement.timed_iterations >= 3
         assert measurement.peak_memory_bytes > 50 * 2**20  # torch alone is bigger than that

@@ -62,10 +62,10 @@ def test_throughput_grows_with_the_batch_size_and_saturates():
     batches = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
     for architecture in ("resnet18", "vgg16", "mobilenet_v3_small"):
         curve = [_alone(architecture, b) for b in batches]
-        gains = [b / a for a, b in zip(curve, curve[1:])]
+        gains = [b / a for a, b in itertools.pairwise(curve)]
 
         assert all(g > 1 for g in gains), (architecture, curve)
-        assert all(b < a for a, b in zip(gains, gains[1:])), (architecture, gains)  # concave
+        assert all(b < a for a, b in itertools.pairwise(gains)), (architecture, gains)  # concave
         assert gains[-1] < 1.1, (architecture, gains)  # the last doubling barely helps
 
 
@@ -74,7 +74,7 @@ def test_throughput_grows_with_the_share_with_diminishing_returns():
     speeds = [float(_mix("resnet18", 128, [s]).throughput_sps[0]) for s in shares]
     small_batch = [float(_mix("resnet18", 16, [s]).throughput_sps[0]) for s in shares]
 
-    assert all(b > a for a, b in zip(speeds, speeds[1:]))
+    assert all(b > a for a, b in itertools.pairwise(speeds))
     # a batch that cannot fill the device loses little when it gets a tenth of it
     assert small_batch[0] / small_batch[-1] > 2 * speeds[0] / speeds[-1]
 
@@ -85,7 +85,7 @@ def test_per_process_throughput_falls_and_the_total_stays_between_one_and_k_time
         per_process = [float(_mix(architecture, batch, [100] * k).throughput_sps[0]) for k in range(1, 6)]
 
         assert per_process[0] == pytest.approx(single)
-        assert all(b <= a for a, b in zip(per_process, per_process[1:])), per_process
+        assert all(b <= a for a, b in itertools.pairwise(per_process)), per_process
         for k, p in enumerate(per_process, start=1):
             assert single <= k * p * (1 + 1e-9) and k * p <= k * single * (1 + 1e-9)
 
@@ -149,7 +149,7 @@ def test_many_configurations_at_once_equal_one_at_a_time():
     mixes = [list(rng.choice(architectures, 3)) for _ in range(20)]
     batches = rng.choice([16, 64, 256], (20, 3))
     shares = rng.choice(np.arange(10, 101, 10), (20, 3))
-    columns = [np.stack(c) for c in zip(*(_columns(m) for m in mixes))]
+    columns = [np.stack(c) for c in zip(*(_columns(m) for m in mixes), strict=True)]
     present = rng.random((20, 3)) < 0.8
     present[:, 0] = True
     devices = sim.stack_devices([sim.device_spec(n) for n in ["titan-v", "t4"] * 10])
@@ -408,7 +408,7 @@ def test_profile_sweep_spends_its_budget_in_simulated_seconds(backend, agent_con
     assert summary.configs == len(emitted) >= 20
     assert request.budget_s <= summary.elapsed_s < request.budget_s + request.config_timeout_s
     assert summary.elapsed_s == pytest.approx(emitted[-1].finished_at - emitted[0].started_at)
-    for before, after in zip(emitted, emitted[1:]):
+    for before, after in itertools.pairwise(emitted):
         assert after.started_at == pytest.approx(before.finished_at)  # one virtual clock
     assert all(r.simulated and r.backend == "simulated" and all(m.simulated for m in r.measurements) for r in emitted)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import subprocess
 import sys
@@ -147,5 +148,5 @@ def test_iteration_lock_makes_trainers_take_turns(tmp_path):
 
     turns = sorted((t, who) for who, times in enumerate(stamps) for t in times)
     owners = [who for _, who in turns]
-    switches = sum(1 for a, b in zip(owners, owners[1:]) if a != b)
+    switches = sum(1 for a, b in itertools.pairwise(owners) if a != b)
     assert switches >= 8  # alternating gives 11; a bare flock typically gives 1

@@ -235,7 +235,7 @@ def gpu_inventory(selector: str, *, probe: bool = False) -> GpuInfo:
         "SM count (device attributes)", lambda: int(lib.nvmlDeviceGetAttributes_v2(handle).multiprocessorCount), None
     )
     capability = optional(
-        "compute capability", lambda: "%d.%d" % tuple(lib.nvmlDeviceGetCudaComputeCapability(handle)), ""
+        "compute capability", lambda: "{:d}.{:d}".format(*lib.nvmlDeviceGetCudaComputeCapability(handle)), ""
     )
     if probe and not sm_count:
         probed_sms, probed_capability = probe_cuda_device(uuid)
