@@ -36,12 +36,12 @@ def make_model(family: str, seed: int) -> Regressor:
     Raises:
         PredictorError: ``family`` is not a learned family of :data:`FAMILIES`.
     """
-    from sklearn.ensemble import (  # type: ignore[import-untyped]
+    from sklearn.ensemble import (
         ExtraTreesRegressor,
         HistGradientBoostingRegressor,
         RandomForestRegressor,
     )
-    from sklearn.multioutput import MultiOutputRegressor  # type: ignore[import-untyped]
+    from sklearn.multioutput import MultiOutputRegressor
 
     model: Regressor
     if family == "random_forest":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+from threadpoolctl import threadpool_limits
 
 from controlplane.planning.predictor.encoding import (
     EncodedMixes,
@@ -321,7 +321,7 @@ def fit_predictor(
         PredictorError: fewer than 2 mixes or 10 configurations, workloads missing, an
             unknown family or placement, or ``partitions < 1``.
     """
-    from sklearn.model_selection import GroupKFold  # type: ignore[import-untyped]
+    from sklearn.model_selection import GroupKFold
 
     if partitions < 1:
         raise PredictorError(f"partitions must be at least 1, got {partitions}")

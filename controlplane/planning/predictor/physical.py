@@ -106,7 +106,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
         ``passive_ratio``, and ``space``'s references; ``space`` itself when nothing was
         measured.
     """
-    from scipy.optimize import least_squares  # type: ignore[import-untyped]
+    from scipy.optimize import least_squares
 
     physics = space.physics
     mask = ~np.isnan(measured) & enc.present
