@@ -260,7 +260,8 @@ def _groups(spec: PlanningInput, ctx: PlannerContext) -> list[_Group]:
 
 def _round_time(g: _Group, P: np.ndarray, epochs: int) -> np.ndarray:
     """``T_j = max_i E·|D_ij| / P_ij`` (seconds) per device of the group."""
-    return np.max(epochs * g.D / P, axis=1)
+    T: np.ndarray = np.max(epochs * g.D / P, axis=1)
+    return T
 
 
 def _fit_memory(g: _Group, batch: np.ndarray) -> np.ndarray:
@@ -298,7 +299,8 @@ def data_matched_batches(samples: np.ndarray, flops: np.ndarray, largest: int) -
     raw = largest * w / w.max(axis=1, keepdims=True)
     rounded = np.rint(raw / BATCH_STEP) * BATCH_STEP
     shard = samples.astype(int)
-    return np.clip(rounded, _smallest_option(shard), _largest_option(shard)).astype(int)
+    batch: np.ndarray = np.clip(rounded, _smallest_option(shard), _largest_option(shard)).astype(int)
+    return batch
 
 
 def _score(g: _Group, batch: np.ndarray, share: np.ndarray, objective: Objective) -> tuple[np.ndarray, np.ndarray]:
@@ -371,18 +373,21 @@ def plan_vres_greedy(spec: PlanningInput, ctx: PlannerContext) -> Plan:
     round_time = 0.0
     for g in _groups(spec, ctx):
         best = np.full(len(g.device_ids), -np.inf)
-        best_b = best_r = best_p = None
+        best_b: np.ndarray | None = None
+        best_r: np.ndarray | None = None
+        best_p: np.ndarray | None = None
         for largest in SCALE_BATCHES:
             batch = _fit_memory(g, np.minimum(data_matched_batches(g.D, g.flops, largest), g.hi))
             share = _greedy_shares(g, batch, ctx.objective, ctx.max_iterations)
             score, P = _score(g, batch, share, ctx.objective)
-            if best_b is None:
+            if best_b is None or best_r is None or best_p is None:
                 best_b, best_r, best_p = batch, share, P
             better = score > best
             best_b = np.where(better[:, None], batch, best_b)
             best_r = np.where(better[:, None], share, best_r)
             best_p = np.where(better[:, None], P, best_p)
             best = np.maximum(best, score)
+        assert best_b is not None and best_r is not None and best_p is not None  # SCALE_BATCHES is not empty
         assignments += _assignments(g, best_b, best_r, best_p)
         round_time = max(round_time, float(_round_time(g, best_p, spec.local_epochs).max()))
     return Plan(

@@ -40,7 +40,7 @@ SHARE_RANGE = (1, 100)
 
 
 def _baseline(spec: PlanningInput, *, strategy: str, batch_size: int, share: Callable[[int], int]) -> Plan:
-    partitioning = "timeslice" if strategy == "temporal" else "mps"
+    partitioning: Partitioning = "timeslice" if strategy == "temporal" else "mps"
     assignments = []
     for device_id in spec.device_ids:
         tasks = spec.tasks_on(device_id)
@@ -122,15 +122,15 @@ def plan_manual(spec: PlanningInput, *, entries: Iterable[Mapping[str, int]]) ->
     assignments = []
     for device_id in spec.device_ids:
         for task_id in spec.tasks_on(device_id):
-            entry = given.get((device_id, task_id))
-            if entry is None:
+            planned = given.get((device_id, task_id))
+            if planned is None:
                 raise PlanningError(f"the plan has no entry for device {device_id} and task {task_id}", field="plan")
             assignments.append(
                 PlannedAssignment(
                     device_id=device_id,
                     task_id=task_id,
-                    batch_size=entry["batch_size"],
-                    active_thread_percentage=entry["active_thread_percentage"],
+                    batch_size=planned["batch_size"],
+                    active_thread_percentage=planned["active_thread_percentage"],
                     samples=spec.samples_of(device_id, task_id),
                 )
             )
