@@ -75,9 +75,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeVar
 
-from celery import Celery, signals
+from celery import Celery, Task, signals
 from pydantic import BaseModel, ValidationError
 
 import workers
@@ -333,12 +333,26 @@ def _report_progress(round_id: int, device: str, phase: str) -> None:
         logger.warning("could not report round %s progress", round_id, exc_info=True)
 
 
+JsonDict = dict[str, Any]
+"""A task's request or result as JSON (what Celery's JSON serializer carries)."""
+
+_Routed = TypeVar("_Routed", TrainRoundRequest, StandaloneRequest, ProfileSweepRequest)
+"""A device task's request: it names the device and the backend it is meant for."""
+
+
+def _task(**options: Any) -> Callable[[Callable[..., JsonDict]], Task]:
+    """``app.task(**options)`` with a type: Celery ships no type information, so mypy would see
+    the decorator as untyped (the decorated function becomes a Celery task, typed ``Any``)."""
+    decorator: Callable[[Callable[..., JsonDict]], Task] = app.task(**options)
+    return decorator
+
+
 def _serve(
-    request: dict,
-    schema: type[BaseModel],
-    failed: Callable[[str, str], dict],
-    work: Callable[[Any, AgentSettings], BaseModel],
-) -> dict:
+    request: JsonDict,
+    schema: type[_Routed],
+    failed: Callable[[str, str], JsonDict],
+    work: Callable[[_Routed, AgentSettings], BaseModel],
+) -> JsonDict:
     """Validate a device task's request, check it was routed to this agent, do the work.
 
     Every problem — an invalid request, one meant for another device or backend, a
@@ -440,7 +454,7 @@ class _CancelWatch:
                 return
 
 
-def _already_done(task_id: str | None) -> dict | None:
+def _already_done(task_id: str | None) -> JsonDict | None:
     """The stored result of ``task_id`` if it already succeeded (a redelivered message of a
     task this device finished), else ``None``: the round is not trained twice."""
     if not task_id:
@@ -452,7 +466,7 @@ def _already_done(task_id: str | None) -> dict | None:
     return meta.get("result") if meta.get("status") == "SUCCESS" and isinstance(meta.get("result"), dict) else None
 
 
-def _mark_started(task) -> None:
+def _mark_started(task: Task) -> None:
     """Record in the result backend which agent process runs the task (state ``STARTED``
     with ``pid`` and ``hostname``): a restarted agent has another pid, so the control plane
     can tell that the task was lost with the old process."""
@@ -469,8 +483,8 @@ def _mark_started(task) -> None:
 # --------------------------------------------------------------------------------- tasks
 
 
-@app.task(name=TaskName.TRAIN_ROUND, bind=True)
-def train_round(self, request: dict) -> dict:
+@_task(name=TaskName.TRAIN_ROUND, bind=True)
+def train_round(self: Task, request: JsonDict) -> JsonDict:
     """Train this device's assignments of one round; return a ``DeviceRoundResult`` as JSON.
 
     The result echoes the request's ``attempt`` and ``idempotency_key``. A task the control
@@ -488,10 +502,11 @@ def train_round(self, request: dict) -> dict:
         task never raises.
     """
     request = request if isinstance(request, dict) else {}
-    attempt = request.get("attempt") if isinstance(request.get("attempt"), int) else 0
-    key = request.get("idempotency_key") if isinstance(request.get("idempotency_key"), str) else ""
+    raw_attempt, raw_key = request.get("attempt"), request.get("idempotency_key")
+    attempt = raw_attempt if isinstance(raw_attempt, int) else 0
+    key = raw_key if isinstance(raw_key, str) else ""
 
-    def failed(error: str, device: str = "") -> dict:
+    def failed(error: str, device: str = "") -> JsonDict:
         return DeviceRoundResult(
             run_id=_int_or(request.get("run_id")),
             round_id=_int_or(request.get("round_id")),
@@ -529,8 +544,8 @@ def train_round(self, request: dict) -> dict:
         return _serve(request, TrainRoundRequest, failed, work)
 
 
-@app.task(name=TaskName.MEASURE_STANDALONE, bind=True)
-def measure_standalone(self, request: dict) -> dict:
+@_task(name=TaskName.MEASURE_STANDALONE, bind=True)
+def measure_standalone(self: Task, request: JsonDict) -> JsonDict:
     """Measure each task alone on this device; return a ``StandaloneResult`` as JSON.
 
     Cancelled (run cancelled) before it starts: not run; while it runs: its trainer killed.
@@ -544,7 +559,7 @@ def measure_standalone(self, request: dict) -> dict:
     """
     request = request if isinstance(request, dict) else {}
 
-    def failed(error: str, device: str = "") -> dict:
+    def failed(error: str, device: str = "") -> JsonDict:
         return StandaloneResult(
             run_id=_int_or(request.get("run_id")),
             device=device or str(request.get("device", "")),
@@ -563,7 +578,7 @@ def measure_standalone(self, request: dict) -> dict:
         return _serve(request, StandaloneRequest, failed, work)
 
 
-def _send_to_control(name: str, payload: dict) -> None:
+def _send_to_control(name: str, payload: JsonDict) -> None:
     """Send ``payload`` to the control plane's task ``name``; best effort.
 
     A profiling record lost to a broker hiccup costs one training sample of the predictor, not
@@ -575,8 +590,8 @@ def _send_to_control(name: str, payload: dict) -> None:
         logger.warning("could not send %s to the control plane", name, exc_info=True)
 
 
-@app.task(name=TaskName.PROFILE_SWEEP)
-def profile_sweep(request: dict) -> dict:
+@_task(name=TaskName.PROFILE_SWEEP)
+def profile_sweep(request: JsonDict) -> JsonDict:
     """Run a profiling sweep on this device; return its ``ProfileSweepSummary`` as JSON.
 
     Every measured configuration goes to :data:`TaskName.PROFILE_RECORD` on the ``control``
@@ -596,7 +611,7 @@ def profile_sweep(request: dict) -> dict:
     """
     request = request if isinstance(request, dict) else {}
 
-    def failed(error: str, device: str = "") -> dict:
+    def failed(error: str, device: str = "") -> JsonDict:
         return ProfileSweepSummary(
             sweep_id=_int_or(request.get("sweep_id")),
             device=device or str(request.get("device", "")),
@@ -630,7 +645,6 @@ def stop_backends() -> None:
             logger.exception("could not stop backend %s", backend.name)
 
 
-@signals.worker_shutting_down.connect
 def _on_worker_shutting_down(**_: Any) -> None:
     """Celery's SIGTERM/SIGINT handler: stop heartbeats, terminate running trainers, stop the
     backend (the MPS daemon waits for its terminated clients to exit before it quits)."""
@@ -638,6 +652,10 @@ def _on_worker_shutting_down(**_: Any) -> None:
     request_shutdown()
     stop_backends()
 
+
+# Connected by a call rather than as a decorator: Celery has no type information, and an
+# untyped decorator would leave the handler untyped. The same registration either way.
+signals.worker_shutting_down.connect(_on_worker_shutting_down)
 
 # atexit runs handlers last-registered first: trainers are terminated before the daemon quits.
 atexit.register(stop_backends)
@@ -675,10 +693,10 @@ def build_inventory(settings: AgentSettings) -> DeviceInventory:
         "agent_pid": os.getpid(),
     }
     # The accelerator's own description (its memory, not the host's) wins.
-    return DeviceInventory(**{**fields, **_backend(settings.backend).describe()})
+    return DeviceInventory.model_validate({**fields, **_backend(settings.backend).describe()})
 
 
-def _heartbeat_loop(payload: dict, interval_s: float, stop: threading.Event) -> None:
+def _heartbeat_loop(payload: JsonDict, interval_s: float, stop: threading.Event) -> None:
     # Stale heartbeats are worthless, so they expire instead of piling up in the queue.
     expires = max(60.0, 4 * interval_s)
     while not stop.wait(interval_s):
@@ -688,7 +706,7 @@ def _heartbeat_loop(payload: dict, interval_s: float, stop: threading.Event) -> 
             logger.exception("heartbeat for device %s could not be sent", payload.get("name"))
 
 
-def _hold_device_lock(state_dir: Path):
+def _hold_device_lock(state_dir: Path) -> IO[str] | None:
     """Take this device's agent lock (``state_dir/agent.lock``) for the life of the process.
 
     Returns:

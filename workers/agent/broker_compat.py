@@ -17,6 +17,7 @@ wait for that (its workers re-check every running round when they reconnect,
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,10 @@ def patch_kombu_redis_restore() -> bool:
         from kombu.transport import redis as kombu_redis
     except ImportError:  # no redis client: nothing to patch
         return False
-    original = kombu_redis.QoS.restore_unacked
+    # kombu leaves restore_unacked unannotated; it takes an optional client and returns nothing useful.
+    original: Callable[[kombu_redis.QoS, object], object] = kombu_redis.QoS.restore_unacked
 
-    def restore_unacked(self, client=None):
+    def restore_unacked(self: kombu_redis.QoS, client: object = None) -> object:
         try:
             return original(self, client)
         except AttributeError as exc:
@@ -52,6 +54,6 @@ def patch_kombu_redis_restore() -> bool:
             return []
 
     restore_unacked.__wrapped__ = original  # type: ignore[attr-defined]
-    kombu_redis.QoS.restore_unacked = restore_unacked
+    kombu_redis.QoS.restore_unacked = restore_unacked  # type: ignore[method-assign]  # the patch itself
     _PATCHED = True
     return True
