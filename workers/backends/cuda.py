@@ -138,7 +138,7 @@ class CudaBackend(TrainerProcessBackend):
                 raise BackendUnavailableError(f"{self.name}: {exc}") from None
         return self._info
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         """The GPU for the device inventory: name, memory, SMs (the allocation units), UUID,
         index, driver and CUDA versions, compute capability and mode, and whether
         ``nvidia-cuda-mps-control`` is installed. When NVML has no SM count, the first call

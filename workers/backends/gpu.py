@@ -30,12 +30,16 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TypeVar
 
 from workers.protocol.messages import GpuSample
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 ENV_GPU = "MTFL_AGENT_GPU"
 """Which GPU a device agent drives: an NVML index (``0``) or a UUID (``GPU-…``/``MIG-…``)."""
@@ -151,7 +155,7 @@ class GpuInfo:
     compute_capability: str
 
 
-def _handle(lib: ModuleType, selector: str):
+def _handle(lib: ModuleType, selector: str) -> object:
     """The NVML handle of ``selector``; GpuUnavailableError naming what exists otherwise."""
     try:
         count = int(lib.nvmlDeviceGetCount())
@@ -217,7 +221,7 @@ def gpu_inventory(selector: str, *, probe: bool = False) -> GpuInfo:
     index, uuid, name, memory = find_gpu(selector)
     handle = _handle(lib, uuid)
 
-    def optional(what: str, call, default):
+    def optional(what: str, call: Callable[[], _T], default: _T) -> _T:
         # Inventory is best effort beyond name, UUID and memory: an old driver lacking one
         # query must not keep the agent from starting.
         try:

@@ -33,10 +33,12 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import numpy as np
+import numpy.typing as npt
 
 from workers.backends.base import AgentContext, AnalyticBackend, round_request_problem
 from workers.fl.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
@@ -45,6 +47,7 @@ from workers.profiling.child import INPUT_SHAPE as PROFILE_INPUT_SHAPE
 from workers.protocol.messages import (
     AssignmentResult,
     AssignmentSpec,
+    AssignmentStatus,
     DeviceRoundResult,
     ProfileConfigResult,
     ProfileMeasurement,
@@ -55,6 +58,9 @@ from workers.protocol.messages import (
     StandaloneResult,
     TrainRoundRequest,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 ENV_DEVICE = "MTFL_SIM_DEVICE"
 ENV_TIME_SCALE = "MTFL_SIM_TIME_SCALE"
@@ -104,6 +110,10 @@ start, torch import, CUDA context, model build (an assumption)."""
 # ------------------------------------------------------------------------------ devices
 
 
+DeviceValue = float | npt.NDArray[np.float64]
+"""A numeric field of :class:`DeviceSpec`: one device's value, or an array of them (:func:`stack_devices`)."""
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """A GPU as the model sees it.
@@ -134,15 +144,15 @@ class DeviceSpec:
     """
 
     name: str
-    peak_flops: float
-    memory_bandwidth: float
-    memory_bytes: float
-    sms: float
-    threads_per_sm: float
-    kernel_s: float = 20e-6
-    flops_efficiency: float = 0.8
-    context_bytes: float = 0.3 * GIB
-    timeslice_overhead: float = 0.05
+    peak_flops: DeviceValue
+    memory_bandwidth: DeviceValue
+    memory_bytes: DeviceValue
+    sms: DeviceValue
+    threads_per_sm: DeviceValue
+    kernel_s: DeviceValue = 20e-6
+    flops_efficiency: DeviceValue = 0.8
+    context_bytes: DeviceValue = 0.3 * GIB
+    timeslice_overhead: DeviceValue = 0.05
 
 
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
@@ -366,7 +376,7 @@ def _device_field(device: DeviceSpec, field: str, lead_shape: tuple[int, ...]) -
 
 
 def _check_inputs(present: np.ndarray, **arrays: np.ndarray) -> None:
-    rules = {
+    rules: dict[str, tuple[Callable[[np.ndarray], np.ndarray], str]] = {
         "flops_per_sample": (lambda x: x >= 0, ">= 0"),
         "activation_bytes_per_sample": (lambda x: x >= 0, ">= 0"),
         "param_bytes": (lambda x: x >= 0, ">= 0"),
@@ -384,18 +394,38 @@ def _check_inputs(present: np.ndarray, **arrays: np.ndarray) -> None:
             )
 
 
+class _TaskColumns(TypedDict):
+    """The per-task inputs of :func:`simulate_throughput`, shape ``(I,)`` each."""
+
+    flops_per_sample: np.ndarray
+    activation_bytes_per_sample: np.ndarray
+    param_bytes: np.ndarray
+    layers: np.ndarray
+    batch_size: np.ndarray
+    share: np.ndarray
+
+
+class _Measured(TypedDict, total=False):
+    """What a simulated profiling measurement reports besides its task (see ProfileMeasurement)."""
+
+    throughput_sps: float
+    peak_memory_bytes: int
+    timed_iterations: int
+    error: str
+
+
 def simulate_throughput(
-    flops_per_sample: np.ndarray | float,
-    activation_bytes_per_sample: np.ndarray | float,
-    param_bytes: np.ndarray | float,
-    layers: np.ndarray | float,
-    batch_size: np.ndarray | float,
-    share: np.ndarray | float,
+    flops_per_sample: npt.ArrayLike,
+    activation_bytes_per_sample: npt.ArrayLike,
+    param_bytes: npt.ArrayLike,
+    layers: npt.ArrayLike,
+    batch_size: npt.ArrayLike,
+    share: npt.ArrayLike,
     device: DeviceSpec,
     *,
     partitioning: str = "mps",
-    present: np.ndarray | None = None,
-    noise: np.ndarray | None = None,
+    present: npt.ArrayLike | None = None,
+    noise: npt.ArrayLike | None = None,
     inference: bool = False,
 ) -> MixPrediction:
     """Predict every co-located task's training throughput on a device, for many mixes at once.
@@ -527,7 +557,8 @@ def simulate_throughput(
         with np.errstate(divide="ignore", invalid="ignore"):
             compute = np.where(work > 0, work / (rate * r * efficiency), 0.0)
         bandwidth = dev["memory_bandwidth"] * np.minimum(1.0, r / BANDWIDTH_SATURATING_SHARE)
-        return compute + traffic / bandwidth
+        seconds: np.ndarray = compute + traffic / bandwidth
+        return seconds
 
     if partitioning == "timeslice":
         alone = _smooth_max(launch, device_time(np.ones(shape)))
@@ -579,10 +610,11 @@ def _stretch(
     cap = np.broadcast_to(cap, lead).reshape(-1)
     busy = np.broadcast_to(busy, run.shape).reshape(-1, tasks)
 
-    def demand(sigma: np.ndarray, rows) -> np.ndarray:
+    def demand(sigma: np.ndarray, rows: np.ndarray | slice) -> np.ndarray:
         t = _smooth_max(launch[rows], sigma[:, None] * D[rows])
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(run[rows] & (t > 0), v[rows] / t, 0.0).sum(axis=-1)
+            total: np.ndarray = np.where(run[rows] & (t > 0), v[rows] / t, 0.0).sum(axis=-1)
+        return total
 
     sigma = np.ones(cap.shape)
     rows = np.flatnonzero(demand(sigma, slice(None)) > cap * (1.0 + 1e-12))
@@ -643,8 +675,8 @@ def _timed_iterations(iterations: int, warmup_iterations: int) -> int:
     return iterations - 1 if iterations >= 2 else iterations
 
 
-def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB"
+def _gib(value: DeviceValue) -> str:
+    return f"{float(value) / GIB:.2f} GiB"
 
 
 class SimulatedBackend(AnalyticBackend):
@@ -666,9 +698,9 @@ class SimulatedBackend(AnalyticBackend):
     def __init__(self, device: DeviceSpec | None = None, time_scale: float | None = None) -> None:
         self.device = device_from_env() if device is None else device
         self.time_scale = time_scale_from_env() if time_scale is None else time_scale
-        self._digests: dict[tuple, str] = {}
+        self._digests: dict[tuple[int, int, int, int], str] = {}
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         """The simulated GPU: its preset name, memory and SMs (its allocation units)."""
         return {
             "accelerator": self.device.name,
@@ -752,11 +784,12 @@ class SimulatedBackend(AnalyticBackend):
         noise = np.array(
             [noise_factors(a.seed, request.round_index, ctx.device, [a.task.task_id])[0] for a in assignments]
         )
-        arrays = dict(
-            flops_per_sample=np.array([w.flops_per_sample for w in workloads]),
-            activation_bytes_per_sample=np.array([w.activation_bytes_per_sample for w in workloads]),
-            param_bytes=np.array([w.param_bytes for w in workloads]),
-            layers=np.array([w.layers for w in workloads]),
+        loaded = [w for w in workloads if w is not None]  # all of them: a failed one returned above
+        arrays = _TaskColumns(
+            flops_per_sample=np.array([w.flops_per_sample for w in loaded]),
+            activation_bytes_per_sample=np.array([w.activation_bytes_per_sample for w in loaded]),
+            param_bytes=np.array([w.param_bytes for w in loaded]),
+            layers=np.array([w.layers for w in loaded]),
             batch_size=batches,
             share=np.array([a.active_thread_percentage for a in assignments]),
         )
@@ -822,7 +855,7 @@ class SimulatedBackend(AnalyticBackend):
             simulated=True,
         )
 
-    def _pass_through(self, store: LocalArtifactStore, key: str, source) -> str:
+    def _pass_through(self, store: LocalArtifactStore, key: str, source: Path) -> str:
         """Store the global weights ``source`` unchanged under ``key``; return their SHA-256.
 
         A hard link where the file system allows it, else a copy: every artifact write is an
@@ -959,7 +992,7 @@ class SimulatedBackend(AnalyticBackend):
         """
 
         def result(
-            status: str, measurements: list[ProfileMeasurement], cost: float, error: str = ""
+            status: AssignmentStatus, measurements: list[ProfileMeasurement], cost: float, error: str = ""
         ) -> ProfileConfigResult:
             return ProfileConfigResult(
                 sweep_id=request.sweep_id,
@@ -976,7 +1009,7 @@ class SimulatedBackend(AnalyticBackend):
                 simulated=True,
             )
 
-        def measurement(k: int, **values) -> ProfileMeasurement:
+        def measurement(k: int, **values: Unpack[_Measured]) -> ProfileMeasurement:
             task = tasks[k]
             return ProfileMeasurement(
                 task_index=k,
@@ -1082,7 +1115,11 @@ def _oom_errors(prediction: MixPrediction, device: DeviceSpec) -> dict[int, str]
     return errors
 
 
-def _failed_round(failed, assignments: Sequence[AssignmentSpec], errors: dict[int, str]) -> DeviceRoundResult:
+def _failed_round(
+    failed: Callable[[str, list[AssignmentResult]], DeviceRoundResult],
+    assignments: Sequence[AssignmentSpec],
+    errors: dict[int, str],
+) -> DeviceRoundResult:
     """The device's round failed because of ``errors`` (by assignment index): those tasks
     fail with their error, the others are stopped, as a real device kills them."""
 
@@ -1104,7 +1141,7 @@ def _failed_round(failed, assignments: Sequence[AssignmentSpec], errors: dict[in
 
 
 def _phased_seconds(
-    samples: np.ndarray, arrays: dict[str, np.ndarray], device: DeviceSpec, partitioning: str, noise: np.ndarray
+    samples: np.ndarray, arrays: _TaskColumns, device: DeviceSpec, partitioning: str, noise: np.ndarray
 ) -> np.ndarray:
     """Seconds until each task has trained its ``samples``, the mix shrinking as tasks finish.
 

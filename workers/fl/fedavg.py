@@ -121,7 +121,7 @@ class FedAvgAccumulator:
                 key: np.zeros(int(np.prod(shape)), dtype=np.float64) for key, (shape, _) in self._reference.items()
             }
         else:
-            self._check(state, j)
+            self._check(state, j, self._reference)
         self._added += 1
         n = int(count)
         if n == 0:
@@ -135,8 +135,8 @@ class FedAvgAccumulator:
                 np.multiply(flat[start:stop], n, out=tmp, dtype=np.float64)
                 acc[start:stop] += tmp
 
-    def _check(self, state: Mapping[str, np.ndarray], j: int) -> None:
-        reference = self._reference
+    @staticmethod
+    def _check(state: Mapping[str, np.ndarray], j: int, reference: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
         if set(state) != set(reference):
             missing = sorted(set(reference) - set(state))
             extra = sorted(set(state) - set(reference))

@@ -52,6 +52,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -184,7 +185,7 @@ def peak_memory_bytes() -> int:
     return cpu_memory_bytes()
 
 
-def profile(spec: ProfileChildSpec, protocol_out, commands: StdinCommands) -> int:
+def profile(spec: ProfileChildSpec, protocol_out: TextIO, commands: StdinCommands) -> int:
     """Set up, pass the barrier, train until ``STOP``; return the iterations run after ``GO``.
 
     Raises:

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 from workers.profiling.speed_probe import BackgroundProbe
 
@@ -77,7 +77,7 @@ def ring_pairs(cores: Sequence[int]) -> list[tuple[int, int]]:
     return pairs
 
 
-class CoreLinkProbe(BackgroundProbe):
+class CoreLinkProbe(BackgroundProbe[LinkReading]):
     """Background readings of the cross-core round trip (see the module docstring).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`; :meth:`rtt_ns` then summarises
@@ -98,7 +98,7 @@ class CoreLinkProbe(BackgroundProbe):
             raise ValueError(f"round_trips must be >= 5, got {round_trips!r}")
         super().__init__(cores, period_s, min_cores=2, purpose="to probe the link between them")
         self.round_trips = int(round_trips)
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
 
     def command(self) -> list[str]:
@@ -115,7 +115,7 @@ class CoreLinkProbe(BackgroundProbe):
             str(self.round_trips),
         ]
 
-    def start(self) -> CoreLinkProbe:
+    def start(self) -> Self:
         """Start the probe process (readings begin at its first wake-up, within ~0.2 s)."""
         self._proc = subprocess.Popen(
             self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True
@@ -126,7 +126,8 @@ class CoreLinkProbe(BackgroundProbe):
         self._reader.start()
         return self
 
-    def _read(self, proc: subprocess.Popen) -> None:
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None  # started with stdout=PIPE
         for raw in proc.stdout:
             parts = raw.decode("ascii", errors="replace").split()
             if len(parts) == 5 and parts[0] == READING_PREFIX:

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Generic, NamedTuple, Self, TypeVar
 
 PROBE_LOOP = 2500
 """Iterations of the probe's fixed loop per reading (about 0.3 ms on the CI machine's cores)."""
@@ -54,7 +54,11 @@ def _probe_loop(n: int) -> int:
     return total
 
 
-class BackgroundProbe:
+R = TypeVar("R")
+"""A probe's reading type."""
+
+
+class BackgroundProbe(Generic[R]):
     """What the device's probes share: the cores and period they were given (checked), readings
     collected in the background between the subclass's ``start()`` and ``stop()``, kept under a
     lock, and use as a context manager.
@@ -72,26 +76,34 @@ class BackgroundProbe:
         if not period_s > 0:
             raise ValueError(f"period_s must be > 0 seconds, got {period_s!r}")
         self.period_s = float(period_s)
-        self._readings: list = []
+        self._readings: list[R] = []
         self._lock = threading.Lock()
 
-    def _record(self, reading) -> None:
+    def _record(self, reading: R) -> None:
         with self._lock:
             self._readings.append(reading)
 
-    def __enter__(self):
+    def start(self) -> Self:
+        """Start taking readings; returns ``self``."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop taking readings and wait for the probe to finish."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def readings(self) -> list:
+    def readings(self) -> list[R]:
         """Every reading so far, in the order taken."""
         with self._lock:
             return list(self._readings)
 
 
-class SpeedProbe(BackgroundProbe):
+class SpeedProbe(BackgroundProbe[ProbeReading]):
     """Background readings of each core's speed (see the module docstring).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`; :meth:`speed_index` then
@@ -130,7 +142,7 @@ class SpeedProbe(BackgroundProbe):
                 self._record(ProbeReading((began + ended) / 2, core, self.loop / cpu / 1e6))
             self._stop.wait(max(0.0, self.period_s - (ended - began)))
 
-    def start(self) -> SpeedProbe:
+    def start(self) -> Self:
         """Start one daemon thread per core; returns ``self``."""
         self._stop.clear()
         for core in self.cores:

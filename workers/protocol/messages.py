@@ -60,7 +60,7 @@ BackendName = Annotated[str, _registered(BACKEND_REGISTRY, "backend")]
 ``"simulated"``, ``"cuda-mps"``, ``"cuda-timeslice"`` among the built-ins)."""
 
 
-def _simulated_field():
+def _simulated_field() -> bool:
     return Field(
         default=False,
         description="True when the numbers come from the simulated backend's model, not from a "

@@ -106,11 +106,14 @@ def _digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
         with np.load(cache) as data:
             return {split: (data[f"{split}_x"], data[f"{split}_y"]) for split in ("train", "test")}
     arrays = _build_digits_arrays()
-    columns = {
-        f"{split}_{name}": value for split, pair in arrays.items() for name, value in zip("xy", pair, strict=True)
-    }
     with atomic_write_path(cache) as tmp, open(tmp, "wb") as handle:
-        np.savez(handle, **columns)
+        np.savez(
+            handle,
+            train_x=arrays["train"][0],
+            train_y=arrays["train"][1],
+            test_x=arrays["test"][0],
+            test_y=arrays["test"][1],
+        )
     return arrays
 
 

@@ -50,7 +50,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -412,7 +412,7 @@ def train_step(
 
     optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x), y)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     optimizer.step()
     value = float(loss.detach())
     if not math.isfinite(value):
@@ -636,7 +636,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _write_json(path: Path, payload: dict) -> None:
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
     with atomic_write_path(path) as tmp:
         tmp.write_text(json.dumps(payload, indent=2))
 
@@ -669,12 +669,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if isinstance(spec, StandaloneSpec):
         try:
-            result = standalone(spec)
+            measured = standalone(spec)
         except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
             traceback.print_exc(file=sys.stderr)
-            result = StandaloneResult(run_id=spec.run_id, device=spec.device, status="failed", error=_describe(exc))
-        _write_json(args.result, result.model_dump(mode="json"))
-        return EXIT_OK if result.status == "succeeded" else EXIT_TRAINING_ERROR
+            measured = StandaloneResult(run_id=spec.run_id, device=spec.device, status="failed", error=_describe(exc))
+        _write_json(args.result, measured.model_dump(mode="json"))
+        return EXIT_OK if measured.status == "succeeded" else EXIT_TRAINING_ERROR
 
     try:
         result = train(spec, protocol_out, sys.stdin)

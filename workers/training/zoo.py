@@ -9,7 +9,7 @@ entry-point group. torch is imported inside the functions.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from workers.registry.models import MODEL_REGISTRY, InputShape, Model
 
@@ -58,7 +58,8 @@ def build_model(
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = record.build(num_classes, tuple(input_shape))
+        # tuple(): a shape read from JSON arrives as a list; the builders take a tuple.
+        model: torch.nn.Module = record.build(num_classes, cast(InputShape, tuple(input_shape)))
     return model
 
 
