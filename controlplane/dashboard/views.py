@@ -191,11 +191,17 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
     runs = data.experiment_runs(experiment)
     comparison = data.comparison_figures(experiment, runs)
     can_manage = selectors.can_manage_experiment(request.user, experiment)
+    shown = {**data.experiment_figures(experiment, runs), **comparison["figures"]}
+    # The predicted-against-measured chart only means something once a planned strategy runs
+    # here: an experiment of baselines only (mtfl demo's) gets no empty box for it.
+    planned = set(planned_strategies())
+    if figures.is_empty(shown["predicted"]) and not any(row["run"].strategy in planned for row in runs):
+        del shown["predicted"]
     return {
         "experiment": experiment,
         "tasks": list(experiment.tasks.order_by("id")),
         "runs": runs,
-        "figures": {**data.experiment_figures(experiment, runs), **comparison["figures"]},
+        "figures": shown,
         "comparison": experiment.comparisons.order_by("-id").first(),
         "compared_runs": comparison["runs"],
         "compare_error": "",

@@ -353,3 +353,14 @@ def test_every_page_links_the_favicon_and_it_is_served(browser_client, client):
 
     assert icon.status_code == 200 and b"<svg" in b"".join(icon.streaming_content)
     assert legacy.status_code == 301 and legacy["Location"] == href
+
+
+def test_an_experiment_of_baselines_only_has_no_empty_predicted_chart(browser_client, finished_runs):
+    experiment, _runs = finished_runs
+    Assignment.objects.update(predicted_throughput_sps=None)
+
+    html = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
+
+    assert 'id="fig-predicted"' not in html
+    assert "predicted" not in _json_script(html, "experiment-figures")
+    assert 'id="fig-per_device"' in html
