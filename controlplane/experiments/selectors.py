@@ -272,6 +272,7 @@ def run_progress(run: Run) -> dict:
         "phase": phase,
         "rounds_total": total_rounds,
         "rounds_done": rounds_done,
+        "rounds_failed": sum(1 for r in rounds if r.status == Round.Status.FAILED),
         "current_round": current_info,
         "fraction": min(1.0, fraction),
     }

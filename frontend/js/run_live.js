@@ -11,12 +11,15 @@
   function renderProgress(p) {
     const bar = document.getElementById("progress-bar");
     bar.style.width = (100 * p.fraction).toFixed(1) + "%";
+    // a failed or cancelled run's bar must not read as a finished one
+    bar.className = "bar" + (p.status === "failed" || p.status === "cancelled" ? " " + p.status : "");
     const status = document.getElementById("run-status");
     status.textContent = p.status;
     status.className = "badge " + p.status;
     const cancel = document.getElementById("cancel-run-form");
     if (cancel && FINISHED.has(p.status)) cancel.remove();  // nothing left to cancel
     let text = `${p.rounds_done} of ${p.rounds_total} rounds done`;
+    if (p.rounds_failed) text += ` (${p.rounds_failed} failed)`;
     if (p.current_round && p.current_round.status === "aggregating") {
       text += ` · round ${p.current_round.index}: every device reported; FedAvg and evaluation`;
     } else if (p.current_round) {

@@ -364,3 +364,16 @@ def test_an_experiment_of_baselines_only_has_no_empty_predicted_chart(browser_cl
     assert 'id="fig-predicted"' not in html
     assert "predicted" not in _json_script(html, "experiment-figures")
     assert 'id="fig-per_device"' in html
+
+
+def test_a_failed_runs_progress_counts_its_failed_rounds(browser_client, make_experiment):
+    experiment = make_experiment(name="lost")
+    run = Run.objects.create(
+        experiment=experiment, strategy="sharing", status=Run.Status.FAILED, started_at=T0, error="agent lost"
+    )
+    Round.objects.create(run=run, index=0, status=Round.Status.FAILED, started_at=T0, error="agent lost")
+
+    live = browser_client.get(f"/runs/{run.id}/live/").json()
+
+    assert live["progress"]["status"] == "failed"
+    assert live["progress"]["rounds_done"] == 1 and live["progress"]["rounds_failed"] == 1
