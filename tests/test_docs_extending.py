@@ -102,10 +102,10 @@ def test_the_partitioner_example_splits_through_shard_counts(register):
 
 
 def test_the_aggregator_example_averages_devices_alike(register):
-    from workers.registry.aggregators import AGGREGATORS, AggregationContext
+    from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext
 
-    register(AGGREGATORS, _module("aggregator").UNIFORM)
-    aggregation = AGGREGATORS.get("uniform").start(AggregationContext(previous=dict, options={}))
+    register(AGGREGATOR_REGISTRY, _module("aggregator").UNIFORM)
+    aggregation = AGGREGATOR_REGISTRY.get("uniform").start(AggregationContext(previous=dict, options={}))
 
     aggregation.add({"w": np.array([1.0, 3.0], dtype=np.float32), "n": np.array(3, dtype=np.int64)}, 10)
     aggregation.add({"w": np.array([3.0, 5.0], dtype=np.float32), "n": np.array(4, dtype=np.int64)}, 1000)

@@ -39,8 +39,14 @@ MAX_BATCH_SIZE = 4096
 SHARE_RANGE = (1, 100)
 
 
-def _baseline(spec: PlanningInput, *, strategy: str, batch_size: int, share: Callable[[int], int]) -> Plan:
-    partitioning: Partitioning = "timeslice" if strategy == "temporal" else "mps"
+def _baseline(
+    spec: PlanningInput,
+    *,
+    strategy: str,
+    partitioning: Partitioning,
+    batch_size: int,
+    share: Callable[[int], int],
+) -> Plan:
     assignments = []
     for device_id in spec.device_ids:
         tasks = spec.tasks_on(device_id)
@@ -61,18 +67,20 @@ def _baseline(spec: PlanningInput, *, strategy: str, batch_size: int, share: Cal
 def plan_temporal(spec: PlanningInput, *, batch_size: int = BASELINE_BATCH_SIZE) -> Plan:
     """``temporal``: no partitioning (share recorded as 100 %: each task holds the whole device
     during its time slice), batch ``min(batch_size, |D_ij|)``."""
-    return _baseline(spec, strategy="temporal", batch_size=batch_size, share=lambda _n: 100)
+    return _baseline(spec, strategy="temporal", partitioning="timeslice", batch_size=batch_size, share=lambda _n: 100)
 
 
 def plan_isolation(spec: PlanningInput, *, batch_size: int = BASELINE_BATCH_SIZE) -> Plan:
     """``isolation``: each of the ``I_j`` tasks on device ``j`` gets ``floor(100 / I_j)`` %
     (so the shares never add up to more than 100 %), batch ``min(batch_size, |D_ij|)``."""
-    return _baseline(spec, strategy="isolation", batch_size=batch_size, share=lambda n: max(1, 100 // n))
+    return _baseline(
+        spec, strategy="isolation", partitioning="mps", batch_size=batch_size, share=lambda n: max(1, 100 // n)
+    )
 
 
 def plan_sharing(spec: PlanningInput, *, batch_size: int = BASELINE_BATCH_SIZE) -> Plan:
     """``sharing``: every task gets 100 % (MPS's default), batch ``min(batch_size, |D_ij|)``."""
-    return _baseline(spec, strategy="sharing", batch_size=batch_size, share=lambda _n: 100)
+    return _baseline(spec, strategy="sharing", partitioning="mps", batch_size=batch_size, share=lambda _n: 100)
 
 
 def plan_manual(spec: PlanningInput, *, entries: Iterable[Mapping[str, int]]) -> Plan:

@@ -69,7 +69,7 @@ class Aggregator:
     uses_previous: bool = False
 
 
-AGGREGATORS: Registry[Aggregator] = Registry("aggregator", "mtfl.aggregators", Aggregator)
+AGGREGATOR_REGISTRY: Registry[Aggregator] = Registry("aggregator", "mtfl.aggregators", Aggregator)
 
 
 def _fedavg(_ctx: AggregationContext) -> Aggregation:
@@ -78,6 +78,6 @@ def _fedavg(_ctx: AggregationContext) -> Aggregation:
     return FedAvgAccumulator()
 
 
-AGGREGATORS.register(
+AGGREGATOR_REGISTRY.register(
     Aggregator("fedavg", "FedAvg — the sample-weighted mean of the device models (McMahan et al. 2017)", _fedavg)
 )

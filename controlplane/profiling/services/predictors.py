@@ -22,6 +22,7 @@ from controlplane.planning.predictor import (
     ProfiledTask,
     ThroughputPredictor,
     fit_predictor,
+    placement_for_backend,
 )
 from controlplane.profiling.models import Predictor, ProfileSample
 from controlplane.profiling.services.workloads import workload_ensure
@@ -30,10 +31,6 @@ from workers.protocol.queues import CONTROL_QUEUE, TaskName
 from workers.registry.backends import BACKEND_REGISTRY
 
 log = logging.getLogger(__name__)
-
-PLACEMENT = {"cpu": "packed"}
-"""How a backend lays shares onto its allocation units (controlplane.planning.predictor's
-``FeatureSpace.contention``); backends not listed pool them (MPS)."""
 
 REFERENCE_NUM_CLASSES = 10
 """Profiles run the zoo's models with 10 classes; their workloads are taken at that size (the
@@ -149,7 +146,7 @@ def predictor_fit(
             samples,
             workloads,
             cores=cores,
-            placement=PLACEMENT.get(predictor.backend, "pooled"),
+            placement=placement_for_backend(predictor.backend),
             families=families,
             progress=progress,
         )

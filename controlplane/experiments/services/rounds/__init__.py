@@ -6,7 +6,7 @@
 - :mod:`.start` plans a round, saves its assignments and dispatches it;
 - :mod:`.record` records the devices' results (and their progress) and closes the round;
 - :mod:`.aggregate` turns each task's device models into the next global model through the
-  aggregator registry (:data:`workers.registry.aggregators.AGGREGATORS`);
+  aggregator registry (:data:`workers.registry.aggregators.AGGREGATOR_REGISTRY`);
 - :mod:`.advance` starts the next round or ends the run.
 
 :mod:`controlplane.experiments.services.reliability` (watchdog, retries, stragglers, resume)

@@ -1,5 +1,5 @@
 """Aggregating a round: each task's device models become the next global model through the
-aggregator registry (:data:`workers.registry.aggregators.AGGREGATORS`), which is then evaluated
+aggregator registry (:data:`workers.registry.aggregators.AGGREGATOR_REGISTRY`), which is then evaluated
 and kept as the round's checkpoint."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from controlplane.experiments.models import Assignment, Checkpoint, Round
 from controlplane.experiments.services.evaluation import model_evaluate
 from workers.fl.artifacts import ArtifactStore, global_weights_key
 from workers.fl.fedavg import NoSamplesError, load_state, save_state
-from workers.registry.aggregators import AGGREGATORS, AggregationContext
+from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext
 
 DEFAULT_AGGREGATOR = "fedavg"
-"""The aggregator every run uses (a name of :data:`~workers.registry.aggregators.AGGREGATORS`)."""
+"""The aggregator every run uses (a name of :data:`~workers.registry.aggregators.AGGREGATOR_REGISTRY`)."""
 
 
 def task_model_aggregate(
@@ -43,7 +43,7 @@ def task_model_aggregate(
             ``weights_sha256`` and ``samples`` read), in device order.
         previous: the task's current global model.
         key: the artifact key of the new global model.
-        aggregator: a name of :data:`~workers.registry.aggregators.AGGREGATORS`.
+        aggregator: a name of :data:`~workers.registry.aggregators.AGGREGATOR_REGISTRY`.
         options: the aggregator's options (plain JSON).
 
     Returns:
@@ -54,7 +54,7 @@ def task_model_aggregate(
         workers.registry.base.UnknownEntryError: no aggregator of that name.
         FileNotFoundError, ValueError: a weights file is missing or does not match the others.
     """
-    record = AGGREGATORS.get(aggregator, field="aggregator")
+    record = AGGREGATOR_REGISTRY.get(aggregator, field="aggregator")
     contributions = list(contributions)
     if sum(a.samples for a in contributions) == 0:
         raise NoSamplesError("every device that trained this task holds 0 samples of it")
