@@ -180,7 +180,9 @@ def _variables_the_code_reads() -> set[str]:
     declares as a module constant (``ENV_GPU = "MTFL_AGENT_GPU"``), less :data:`SET_FOR_CHILDREN`."""
     settings = (REPO / "controlplane" / "settings.py").read_text()
     names = set(re.findall(rf'(?:env\.\w+|_strict_bool)\(\s*"({_NAME})"', settings))
-    names |= set(re.findall(rf'os\.environ\.get\(\s*"({_NAME})"', (REPO / "workers" / "config.py").read_text()))
+    names |= set(
+        re.findall(rf'os\.environ\.get\(\s*"({_NAME})"', (REPO / "workers" / "agent" / "config.py").read_text())
+    )
     for path in (REPO / "workers").rglob("*.py"):
         names |= set(re.findall(r'^\w+\s*=\s*"(MTFL_[A-Z0-9_]+)"', path.read_text(), flags=re.MULTILINE))
     return names - SET_FOR_CHILDREN
@@ -211,5 +213,7 @@ def test_the_image_collects_static_files_and_installs_the_deploy_extra():
 
     assert "mtfl collectstatic --noinput" in dockerfile and "STATIC_ROOT=" in dockerfile
     assert 'pip install -e ".[deploy]"' in dockerfile
-    assert {re.split(r"[<>=\[]", dep)[0] for dep in extras["deploy"]} == {"gunicorn", "flower"}
+    # the web app and control worker need the control plane on top of the servers
+    assert "mtfl-lab[controlplane]" in extras["deploy"]
+    assert {re.split(r"[<>=\[]", dep)[0] for dep in extras["deploy"]} == {"mtfl-lab", "gunicorn", "flower"}
     assert ".env" in (REPO / ".dockerignore").read_text().split()

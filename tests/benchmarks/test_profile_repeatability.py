@@ -29,7 +29,7 @@ def test_a_configuration_is_parsed_into_task_specs():
             ["--config", "resnet18/32/500"],
             "error: 'resnet18/32/500': active_thread_percentage: Input should be less than or equal to 100",
         ),
-        (["--after", "foo/32/50"], "error: 'foo/32/50': architecture: Input should be 'resnet18'"),
+        (["--after", "foo/32/50"], "error: 'foo/32/50': architecture: 'foo' is not allowed; allowed: resnet18, "),
         (["--repeats", "1"], "error: --repeats must be at least 2, got 1"),
     ],
 )

@@ -172,7 +172,7 @@ def test_messages_take_a_name_registered_at_run_time():
     def task(architecture: str) -> TaskRef:
         return TaskRef(task_id=1, name="t", architecture=architecture, num_classes=10, dataset=DatasetRef())
 
-    with pytest.raises(ValidationError, match="architecture: 'tiny' is not allowed; allowed: resnet18"):
+    with pytest.raises(ValidationError, match="architecture\n  'tiny' is not allowed; allowed: resnet18"):
         task("tiny")
     MODEL_REGISTRY.register(Model("tiny", "tiny — a test model", lambda n, s: None))
     try:

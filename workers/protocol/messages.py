@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.base import Registry
@@ -30,7 +31,15 @@ def _registered(registry: Registry[Any], field: str) -> AfterValidator:
     """A validator that lets a name through when ``registry`` has it (plug-ins included)."""
 
     def check(name: str) -> str:
-        return registry.check(name, field=field)
+        if name not in registry:
+            # a custom error, not a ValueError: pydantic would prefix "Value error, " and the
+            # location already names the field
+            raise PydanticCustomError(
+                "unknown_name",
+                "{name} is not allowed; allowed: {allowed}",
+                {"name": repr(name), "allowed": ", ".join(registry.names())},
+            )
+        return name
 
     return AfterValidator(check)
 
