@@ -13,7 +13,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from controlplane.planning.predictor import FAMILIES as ALL_FAMILIES
 from controlplane.planning.predictor import ModelWorkload, fit_predictor
 from tests.benchmarks import BENCHMARKS, load_benchmark
 from tests.benchmarks.predictor_pins import PINS
@@ -40,10 +39,12 @@ def workloads():
 
 @pytest.fixture(scope="module")
 def fitted(bench, workloads):
-    """``fitted(path, link=True)``: ``(predictor, report)`` of fitting on a kept sweep (with the core link
-    probe's round trips: every family, as the benchmark and the pins do; with them dropped:
-    :data:`FAMILIES`), fitted once per module: the per-sweep tests, the pin test and the link
-    test share the fits (each is seconds on 2 cores)."""
+    """``fitted(path, link=True)``: ``(predictor, report)`` of fitting :data:`FAMILIES` on a kept sweep
+    (with the core link probe's round trips, or with them dropped), fitted once per module: the
+    per-sweep tests, the pin test and the link test share the fits. Gradient boosting is left out
+    of the suite's fits: it is never the kept family on these sweeps and costs more than the other
+    three together (its pinned figures stay in the pin file, which
+    ``python -m tests.benchmarks.predictor_pins`` rewrites with every family)."""
     cache = {}
 
     def fit(path, link: bool = True):
@@ -57,7 +58,7 @@ def fitted(bench, workloads):
                 workloads,
                 cores=saved["cores"],
                 placement="packed",
-                families=ALL_FAMILIES if link else FAMILIES,
+                families=FAMILIES,
             )
         return cache[path, link]
 
@@ -94,7 +95,7 @@ def test_held_out_figures_on_a_kept_sweep_are_the_pinned_ones(fitted, path):
         pin["partitions"],
         pin["kept"],
     )
-    assert [f.family for f in report.families] == list(pin["families"])
+    assert [f.family for f in report.families] == [f for f in pin["families"] if f in FAMILIES]
     for family in report.families:
         want = pin["families"][family.family]
         assert family.rmsle == pytest.approx(want["rmsle"], **exact), family.family
