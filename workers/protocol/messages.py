@@ -20,7 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from workers.registry.backends import BACKEND_REGISTRY
-from workers.registry.base import Registry
+from workers.registry.base import Registry, UnknownEntryError
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
 
@@ -31,15 +31,12 @@ def _registered(registry: Registry[Any], field: str) -> AfterValidator:
     """A validator that lets a name through when ``registry`` has it (plug-ins included)."""
 
     def check(name: str) -> str:
-        if name not in registry:
-            # a custom error, not a ValueError: pydantic would prefix "Value error, " and the
+        try:
+            return registry.check(name, field=field)
+        except UnknownEntryError as exc:
+            # a custom error, not the ValueError: pydantic would prefix "Value error, " and its
             # location already names the field
-            raise PydanticCustomError(
-                "unknown_name",
-                "{name} is not allowed; allowed: {allowed}",
-                {"name": repr(name), "allowed": ", ".join(registry.names())},
-            )
-        return name
+            raise PydanticCustomError("unknown_name", "{reason}", {"reason": exc.reason}) from None
 
     return AfterValidator(check)
 

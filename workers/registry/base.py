@@ -37,12 +37,17 @@ R = TypeVar("R", bound=Named)
 
 
 class UnknownEntryError(ValueError):
-    """A name no registry entry has. ``field`` names the request field it came from."""
+    """A name no registry entry has.
 
-    def __init__(self, message: str, *, kind: str, name: str, allowed: tuple[str, ...]) -> None:
-        super().__init__(message)
+    The message is ``"<field>: <reason>"``; :attr:`reason` alone (``"'x' is not allowed;
+    allowed: a, b"``) is for callers whose error format names the field already (pydantic's).
+    """
+
+    def __init__(self, *, field: str, kind: str, name: object, allowed: tuple[str, ...]) -> None:
+        self.reason = f"{name!r} is not allowed; allowed: {', '.join(allowed)}"
+        super().__init__(f"{field}: {self.reason}")
         self.kind = kind
-        self.name = name
+        self.name = str(name)
         self.allowed = allowed
 
 
@@ -179,12 +184,8 @@ class Registry(Generic[R]):
         try:
             return self._entries[name]
         except (KeyError, TypeError):
-            allowed = tuple(self._entries)
             raise UnknownEntryError(
-                f"{field or self.kind}: {name!r} is not allowed; allowed: {', '.join(allowed)}",
-                kind=self.kind,
-                name=str(name),
-                allowed=allowed,
+                field=field or self.kind, kind=self.kind, name=name, allowed=tuple(self._entries)
             ) from None
 
     def check(self, name: str, *, field: str | None = None) -> str:
