@@ -47,6 +47,16 @@ Architecture = Annotated[str, _registered(MODEL_REGISTRY, "architecture")]
 DatasetName = Annotated[str, _registered(DATASET_REGISTRY, "dataset")]
 """A data set name of :data:`workers.registry.datasets.DATASET_REGISTRY` (``"digits"``)."""
 
+InputShapeField = Annotated[
+    tuple[Annotated[int, Field(ge=1, le=65_536)], ...],
+    Field(min_length=1, max_length=4, description="shape of one sample, e.g. [3, 32, 32] or [20]"),
+]
+"""The shape of one sample of a task's data: 1 to 4 positive dimensions (an image is
+``(channels, height, width)``, tabular data ``(features,)``)."""
+
+DEFAULT_INPUT_SHAPE: tuple[int, ...] = (3, 32, 32)
+"""The input shape of the built-in image data sets (and of a message that names none)."""
+
 OptimizerName = Literal["sgd", "adam"]
 OPTIMIZERS: tuple[str, ...] = OptimizerName.__args__  # type: ignore[attr-defined]
 
@@ -103,18 +113,27 @@ class TaskRef(_Message):
     num_classes: int = Field(ge=2, le=100_000)
     dataset: DatasetRef
     optimizer: OptimizerConfig = OptimizerConfig()
+    input_shape: InputShapeField = DEFAULT_INPUT_SHAPE
 
 
 class ShardRef(_Message):
     """A device's shard of a task's training split.
 
-    The shard is ``permutation[offset : offset + count]`` where ``permutation`` is
-    :func:`workers.training.partition.shard_indices`' seeded permutation of the training split.
+    With ``indices`` (a partition rule that chose the samples, e.g. by label), the shard is
+    those positions of the training split, :func:`workers.protocol.indices.decode_indices` of
+    the string, ``count`` of them. Without, it is ``permutation[offset : offset + count]``
+    where ``permutation`` is :func:`workers.training.partition.shard_indices`' seeded
+    permutation of the training split.
     """
 
     permutation_seed: int = Field(ge=0)
     offset: int = Field(ge=0)
     count: int = Field(ge=0)
+    indices: str | None = Field(
+        default=None,
+        max_length=64 << 20,
+        description="the shard's sample positions, workers.protocol.indices.encode_indices; None: the window",
+    )
 
 
 class AssignmentSpec(_Message):
@@ -353,6 +372,11 @@ class DeviceInventory(_Message):
         description="the agent process's id on its host: a new one means the agent restarted (and lost the "
         "device task it was running)",
     )
+    plugins: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="what this host can run, by kind ('models', 'datasets', 'partitioners'): name → the "
+        "distribution providing it and its version ('mtfl-lab 0.1.0'); workers.registry.inventory",
+    )
 
 
 # --------------------------------------------------------------------------- workload features
@@ -367,7 +391,7 @@ class WorkloadFeatures(_Message):
 
     architecture: Architecture
     num_classes: int
-    input_shape: tuple[int, int, int] = (3, 32, 32)
+    input_shape: InputShapeField = DEFAULT_INPUT_SHAPE
     forward_flops_per_sample: float = Field(ge=0)
     train_flops_per_sample: float = Field(ge=0, description="forward + backward")
     params: int = Field(ge=0)
@@ -384,6 +408,13 @@ class ProfileTaskSpec(_Message):
     architecture: Architecture
     batch_size: int = Field(ge=2, le=4096)
     active_thread_percentage: int = Field(ge=1, le=100)
+
+
+class WorkloadShape(_Message):
+    """The classes and sample shape a model is built and fed at."""
+
+    num_classes: int = Field(ge=2, le=100_000)
+    input_shape: InputShapeField = DEFAULT_INPUT_SHAPE
 
 
 class ProfileSweepRequest(_Message):
@@ -411,6 +442,11 @@ class ProfileSweepRequest(_Message):
     repeat_every: int = Field(default=8, ge=0, le=1000, description="0: no repeats")
     num_classes: int = Field(default=10, ge=2, le=100_000)
     seed: int = Field(default=0, ge=0)
+    workloads: dict[str, WorkloadShape] = Field(
+        default_factory=dict,
+        description="architecture → the classes and input shape it is profiled at, for an architecture "
+        "whose task is not (num_classes, [3, 32, 32]) (a plug-in model on tabular data, say)",
+    )
 
 
 class ProfileMeasurement(_Message):
