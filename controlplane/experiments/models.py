@@ -18,13 +18,24 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.fleet.models import Device
-from workers.protocol.messages import OPTIMIZERS
+from workers.protocol.messages import DEFAULT_INPUT_SHAPE, OPTIMIZERS
 
 MAX_DEVICE_RETRIES = 10
 
 
+def _default_input_shape() -> list[int]:
+    return list(DEFAULT_INPUT_SHAPE)
+
+
 class Task(models.Model):
-    """A learning task: a model architecture from the zoo trained on a data set."""
+    """A learning task: a registered model architecture trained on a registered data set.
+
+    What follows from the data (``input_shape``, ``train_size``, ``test_size``, ``train_labels``,
+    ``label_counts``) is read by the plug-in check when the task is created or its data changes
+    (:func:`controlplane.experiments.services.catalog.task_metadata_ensure`), so partitioning an
+    experiment by label never imports the data set's plug-in in the web process. A task saved
+    before that check existed has ``train_labels`` null until an experiment first needs them.
+    """
 
     name = models.CharField(max_length=100, unique=True)
     architecture = models.CharField(max_length=64, help_text="a model of workers.registry.models.MODEL_REGISTRY")
@@ -35,6 +46,20 @@ class Task(models.Model):
         max_length=1024, blank=True, default="", help_text="local folder of the data set (cifar10)"
     )
     num_classes = models.PositiveIntegerField(default=10)
+    input_shape = models.JSONField(
+        default=_default_input_shape, help_text="shape of one sample, e.g. [3, 32, 32] (an image) or [20] (features)"
+    )
+    train_size = models.PositiveIntegerField(null=True, blank=True, help_text="samples in the training split")
+    test_size = models.PositiveIntegerField(null=True, blank=True, help_text="samples in the test split")
+    train_labels = models.BinaryField(
+        null=True,
+        editable=False,
+        help_text="the training split's labels: np.savez_compressed bytes of one int64 array 'labels' of shape "
+        "(train_size,) (catalog.task_train_labels reads them)",
+    )
+    label_counts = models.JSONField(
+        default=list, blank=True, help_text="the training split's class histogram: num_classes counts"
+    )
     optimizer = models.CharField(max_length=16, choices=[(o, o) for o in OPTIMIZERS], default="sgd")
     learning_rate = models.FloatField(default=0.05)
     momentum = models.FloatField(default=0.9)
@@ -78,7 +103,14 @@ class Experiment(models.Model):
         default="iid",
         help_text="a partition rule of workers.registry.partitioners.PARTITIONER_REGISTRY, or 'explicit'",
     )
-    dirichlet_alpha = models.FloatField(null=True, blank=True)
+    dirichlet_alpha = models.FloatField(
+        null=True, blank=True, help_text="kept for old clients: partition_params['alpha'] of a rule that takes one"
+    )
+    partition_params = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="the partition rule's parameters by name (its record's `parameters`), e.g. {'alpha': 0.5}",
+    )
     seed = models.PositiveIntegerField(default=0)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -118,10 +150,15 @@ class Experiment(models.Model):
 
 
 class Shard(models.Model):
-    """``|D_ij|``: how many training samples of a task a device holds in an experiment.
+    """``|D_ij|``: which (and how many) training samples of a task a device holds in an experiment.
 
-    The samples are ``permutation[offset : offset + num_samples]`` of the task's training split
+    A rule that chooses the samples (every registered partitioner) stores their positions in
+    the task's training split as ``indices`` (:func:`workers.protocol.indices.encode_indices`,
+    ``num_samples`` of them). ``explicit`` experiments (and shards saved before partitioners
+    chose samples) have ``indices`` null: the samples are then
+    ``permutation[offset : offset + num_samples]`` of the training split
     (:func:`workers.training.partition.shard_indices`, seeded by the experiment's seed).
+    ``label_counts`` is the shard's class histogram (``num_classes`` counts; empty when unknown).
     """
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="shards")
@@ -129,6 +166,10 @@ class Shard(models.Model):
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="shards")
     num_samples = models.PositiveIntegerField()
     offset = models.PositiveIntegerField()
+    indices = models.TextField(
+        null=True, blank=True, help_text="the shard's sample positions (workers.protocol.indices); null: the window"
+    )
+    label_counts = models.JSONField(default=list, blank=True, help_text="samples per class in this shard")
 
     class Meta:
         ordering = ["experiment", "device", "task"]

@@ -37,6 +37,12 @@ class Device(models.Model):
         "so a plug-in's backend needs no migration)",
     )
     inventory = models.JSONField(default=dict, blank=True)
+    plugins = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="what its agent declared it can run: {'models'|'datasets'|'partitioners': {name: 'dist version'}} "
+        "(DeviceInventory.plugins); empty: an agent that declares nothing",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
     created_at = models.DateTimeField(auto_now_add=True)
