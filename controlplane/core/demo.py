@@ -17,8 +17,6 @@ from controlplane.experiments import selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Experiment, Run, Task
 from controlplane.fleet.models import Device
-from workers.training.datasets import dataset_info
-from workers.training.partition import shard_counts
 
 DEMO_ARCHITECTURES = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0")
 DEMO_USER = "demo"
@@ -62,11 +60,12 @@ def demo_experiment_create(
 ) -> Experiment:
     """Create the demo experiment: one digits task per architecture (Adam, learning rate 1e-3:
     it learns within the demo's few local iterations where SGD barely moves), Dirichlet(alpha)
-    data volumes over the devices.
+    data volumes over the devices (the ``quantity`` partition rule).
 
     Args:
-        samples: use only this many training samples per task (split the same way), for quick
-            runs; default: the whole training split.
+        samples: use only this many training samples per task, for quick runs: their counts
+            per device drawn by the same rule over the first ``samples`` labels, given as an
+            ``explicit`` experiment; default: the whole training split.
         owner: the experiment's owner (the demo user).
     """
     tasks = []
@@ -95,17 +94,18 @@ def demo_experiment_create(
         owner=owner,
     )
     if samples is None:
-        return exp_services.experiment_create(partition_rule="dirichlet", dirichlet_alpha=alpha, **common)
-    total = min(samples, dataset_info("digits").train_size)
-    counts = [
-        {"device": device_id, "task": task.id, "num_samples": n}
-        for k, task in enumerate(tasks)
-        for device_id, n in zip(
-            device_ids,
-            shard_counts(total, len(device_ids), "dirichlet", alpha=alpha, seed=seed * 10007 + k),
-            strict=True,
-        )
-    ]
+        return exp_services.experiment_create(partition_rule="quantity", partition_params={"alpha": alpha}, **common)
+    from controlplane.experiments.services.catalog import task_train_labels
+    from workers.training.partition import partition_indices
+
+    counts = []
+    for k, task in enumerate(tasks):
+        labels = task_train_labels(task)[:samples]
+        parts = partition_indices(labels, len(device_ids), "quantity", {"alpha": alpha}, seed * 10007 + k)
+        counts += [
+            {"device": device_id, "task": task.id, "num_samples": len(part)}
+            for device_id, part in zip(device_ids, parts, strict=True)
+        ]
     return exp_services.experiment_create(partition_rule="explicit", sample_counts=counts, **common)
 
 

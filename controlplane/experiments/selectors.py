@@ -22,7 +22,7 @@ from controlplane.fleet.models import Device
 from controlplane.planning.metrics import speedup
 from controlplane.planning.strategies import baseline_strategy
 from controlplane.planning.types import PlanningInput
-from workers.protocol.messages import DatasetRef, OptimizerConfig, TaskRef
+from workers.protocol.messages import DEFAULT_INPUT_SHAPE, DatasetRef, OptimizerConfig, TaskRef
 
 
 def task_ref(task: Task) -> TaskRef:
@@ -39,21 +39,53 @@ def task_ref(task: Task) -> TaskRef:
             momentum=task.momentum,
             weight_decay=task.weight_decay,
         ),
+        input_shape=tuple(task.input_shape or DEFAULT_INPUT_SHAPE),
     )
 
 
 class ShardSpan(NamedTuple):
-    """Where a device's shard of a task lies: ``|D_ij|`` and its offset (see :class:`Shard`)."""
+    """Where a device's shard of a task lies (see :class:`Shard`): ``|D_ij|``, the window's
+    offset, and the chosen positions (encoded) when a partitioner chose them."""
 
     num_samples: int
     offset: int
+    indices: str | None = None
 
 
-def experiment_shards(experiment: Experiment) -> dict[tuple[int, int], ShardSpan]:
+def experiment_shards(experiment: Experiment, *, with_indices: bool = False) -> dict[tuple[int, int], ShardSpan]:
     """``{(device_id, task_id): ShardSpan}`` of an experiment (plain tuples, not model
-    instances: every round reads all of them, 3,000 for 1,000 devices × 3 tasks)."""
-    rows = experiment.shards.values_list("device_id", "task_id", "num_samples", "offset")
-    return {(device_id, task_id): ShardSpan(n, offset) for device_id, task_id, n, offset in rows}
+    instances: every round reads all of them, 3,000 for 1,000 devices × 3 tasks).
+
+    Args:
+        with_indices: read each shard's encoded positions too (about 10 KB for 25,000 samples:
+            what a request to a device carries); without, ``indices`` is ``None``.
+    """
+    if not with_indices:
+        rows = experiment.shards.values_list("device_id", "task_id", "num_samples", "offset")
+        return {(device_id, task_id): ShardSpan(n, offset) for device_id, task_id, n, offset in rows}
+    full = experiment.shards.values_list("device_id", "task_id", "num_samples", "offset", "indices")
+    return {(device_id, task_id): ShardSpan(n, offset, idx) for device_id, task_id, n, offset, idx in full}
+
+
+def label_histograms(experiment: Experiment) -> list[dict]:
+    """Every device's class histogram of every task of an experiment, for the API and the
+    experiment page: ``[{"task", "task_name", "device", "device_name", "num_samples",
+    "label_counts"}]`` ordered by task then device; ``label_counts`` holds ``num_classes``
+    counts (empty for a shard saved before histograms were kept). One query."""
+    rows = experiment.shards.order_by("task_id", "device__name").values_list(
+        "task_id", "task__name", "device_id", "device__name", "num_samples", "label_counts"
+    )
+    return [
+        {
+            "task": task_id,
+            "task_name": task_name,
+            "device": device_id,
+            "device_name": device_name,
+            "num_samples": n,
+            "label_counts": list(counts or []),
+        }
+        for task_id, task_name, device_id, device_name, n, counts in rows
+    ]
 
 
 def planning_input(experiment: Experiment) -> PlanningInput:

@@ -63,6 +63,11 @@ def device_update(*, device: Device, backend: str | None = None) -> Device:
 def device_report(*, inventory: dict, at: dt.datetime | None = None) -> Device:
     """Record an agent's start-up registration or heartbeat; creates the device if new.
 
+    The agent's plug-in declaration (``DeviceInventory.plugins``: models, data sets and
+    partitioners it can run, each with the distribution providing it) is kept apart from the
+    rest of the inventory, as :attr:`Device.plugins`: a run is refused before dispatch when a
+    device lacks what its tasks need (:mod:`controlplane.experiments.services.plugins`).
+
     Args:
         inventory: a :class:`workers.protocol.messages.DeviceInventory` as JSON.
         at: when it was received (default now).
@@ -77,10 +82,11 @@ def device_report(*, inventory: dict, at: dt.datetime | None = None) -> Device:
     _check_name(inv.name)
     device, _ = Device.objects.select_for_update().get_or_create(name=inv.name, defaults={"backend": inv.backend})
     device.backend = inv.backend
-    device.inventory = inv.model_dump(mode="json")
+    device.inventory = inv.model_dump(mode="json", exclude={"plugins"})
+    device.plugins = {kind: dict(names) for kind, names in inv.plugins.items()}
     device.last_heartbeat_at = at or timezone.now()
     device.status = Device.Status.ONLINE
-    device.save(update_fields=["backend", "inventory", "last_heartbeat_at", "status"])
+    device.save(update_fields=["backend", "inventory", "plugins", "last_heartbeat_at", "status"])
     return device
 
 

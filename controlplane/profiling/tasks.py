@@ -8,8 +8,8 @@ from workers.protocol.queues import TaskName
 
 
 @app.task(name=TaskName.TASK_FEATURES, ignore_result=True)
-def task_features(architecture: str, num_classes: int) -> None:
-    services.workload_ensure(architecture=architecture, num_classes=num_classes)
+def task_features(architecture: str, num_classes: int, input_shape: list[int] | None = None) -> None:
+    services.workload_ensure(architecture=architecture, num_classes=num_classes, input_shape=input_shape)
 
 
 @app.task(name=TaskName.PROFILE_RECORD, ignore_result=True)

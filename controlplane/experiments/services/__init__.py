@@ -3,7 +3,9 @@ importing only the ones listed before it:
 
 - :mod:`.dispatch` — the Celery messages the round protocol sends, and what it reads back;
 - :mod:`.planning` — the planners' inputs and the plan a run's rounds train;
-- :mod:`.catalog`, :mod:`.templates` — tasks, experiments, shards, built-in templates;
+- :mod:`.catalog`, :mod:`.templates` — tasks (checked in a child process, their data's metadata),
+  experiments, shards (chosen by a partitioner, with label histograms), built-in templates;
+- :mod:`.plugins` — the models and data sets a run needs, on every device and the control plane;
 - :mod:`.stop` — stopping work in flight (a cancelled run's rounds and device tasks);
 - :mod:`.runs` — runs and comparisons: create, cancel, fail, finish;
 - :mod:`.rounds` — the round protocol: requests, deadlines, start, aggregate, advance, record;
@@ -17,8 +19,10 @@ from controlplane.experiments.services.catalog import (
     experiment_create,
     experiment_update,
     task_create,
+    task_metadata_ensure,
     task_update,
 )
+from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.reliability import (
     round_check,
     round_watchdog,
@@ -44,6 +48,7 @@ __all__ = [
     "comparison_create",
     "experiment_create",
     "experiment_create_from_template",
+    "experiment_plugins_check",
     "experiment_update",
     "round_check",
     "round_deadline_s",
@@ -61,5 +66,6 @@ __all__ = [
     "standalone_record",
     "standalone_watchdog",
     "task_create",
+    "task_metadata_ensure",
     "task_update",
 ]

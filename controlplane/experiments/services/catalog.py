@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
@@ -15,12 +18,11 @@ from controlplane.experiments.models import Experiment, Shard, Task
 from controlplane.experiments.selectors import can_manage_experiment
 from controlplane.fleet.models import Device
 from controlplane.profiling.services import workload_request
+from workers.protocol.indices import encode_indices
 from workers.protocol.messages import OPTIMIZERS
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
 from workers.registry.partitioners import PARTITIONER_REGISTRY, Partitioner
-from workers.training.datasets import dataset_info
-from workers.training.partition import shard_counts, shard_offsets
 
 
 def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
@@ -97,6 +99,14 @@ def _bound(x: float) -> str:
 
 
 def _check_task_fields(fields: Mapping[str, Any]) -> None:
+    if fields.get("num_classes") is not None:
+        n = fields["num_classes"]
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ApplicationError(
+                f"num_classes must be an integer: allowed 2 to {MAX_NUM_CLASSES}, or null for the data's count",
+                field="num_classes",
+            )
+        check_finite_range("num_classes", n, 2, MAX_NUM_CLASSES)
     if "architecture" in fields:
         registered(MODEL_REGISTRY, fields["architecture"], field="architecture")
     if "dataset" in fields:
@@ -111,19 +121,112 @@ def _check_task_fields(fields: Mapping[str, Any]) -> None:
         check_finite_range("weight_decay", fields["weight_decay"], 0.0, 1.0)
 
 
-def _check_dataset_consistency(task: Task) -> None:
-    info = dataset_info(task.dataset)
-    if not info.num_classes <= task.num_classes <= 100_000:
+DATA_FIELDS = ("architecture", "dataset", "dataset_root", "num_classes")
+"""The task fields the plug-in check reads: changing one checks the task again."""
+
+MAX_NUM_CLASSES = 100_000
+
+
+def _check_root_given(dataset: str, dataset_root: str) -> None:
+    if DATASET_REGISTRY.get(dataset).needs_root and not dataset_root:
         raise ApplicationError(
-            f"num_classes={task.num_classes} is out of range for {task.dataset}: allowed "
-            f"{info.num_classes} to 100000 (the data set has {info.num_classes} classes)",
-            field="num_classes",
-        )
-    if DATASET_REGISTRY.get(task.dataset).needs_root and not task.dataset_root:
-        raise ApplicationError(
-            f"dataset_root is required for {task.dataset}: the local folder it is read from (nothing is downloaded)",
+            f"dataset_root is required for {dataset}: the local folder (or file) it is read from (nothing is "
+            "downloaded)",
             field="dataset_root",
         )
+
+
+def _task_check(*, architecture: str, dataset: str, dataset_root: str, num_classes: int | None, what: str = ""):
+    """Build the model and load the data set in a child process
+    (:func:`workers.registry.check.check_task_in_child`: a time limit, cached per process by its
+    arguments and the root's modification time) and return its
+    :class:`~workers.registry.check.TaskCheck`.
+
+    Args:
+        num_classes: the stated class count, or ``None`` to take it from the data.
+        what: prefix of the message (``"task 'x': "``) when the check runs for another request
+            than the task's own (an experiment that needs its labels).
+
+    Raises:
+        ApplicationError: (400) the plug-in failed — its import or call raised, it is not a
+            model, its output does not fit ``num_classes``, the arrays disagree, the labels
+            fall outside ``[0, num_classes)``, the root does not exist, the check timed out —
+            under the :class:`~workers.registry.check.PluginCheckError`'s ``field`` with its
+            reason.
+    """
+    from workers.registry.check import PluginCheckError, check_task_in_child
+
+    try:
+        return check_task_in_child(architecture, dataset, dataset_root or None, num_classes)
+    except PluginCheckError as exc:
+        raise ApplicationError(f"{what}{exc.field}: {exc.reason}", field=exc.field) from exc
+
+
+def _labels_to_bytes(labels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, labels=np.asarray(labels, dtype=np.int64))
+    return buffer.getvalue()
+
+
+def _labels_from_bytes(data: bytes | memoryview) -> np.ndarray:
+    with np.load(io.BytesIO(bytes(data)), allow_pickle=False) as archive:
+        return archive["labels"].astype(np.int64, copy=False)
+
+
+def _apply_check(task: Task, check: Any) -> None:
+    """Copy what the check read from the data onto ``task`` (not saved)."""
+    labels = np.asarray(check.train_labels, dtype=np.int64)
+    task.num_classes = int(check.num_classes)
+    task.input_shape = [int(d) for d in check.input_shape]
+    task.train_size = int(check.train_size)
+    task.test_size = int(check.test_size)
+    task.train_labels = _labels_to_bytes(labels)
+    task.label_counts = [int(c) for c in np.bincount(labels, minlength=task.num_classes)[: task.num_classes]]
+
+
+def task_metadata_ensure(task: Task) -> Task:
+    """Make sure ``task`` carries what its data says (input shape, sizes, training labels, class
+    histogram), checking it now if it was saved before tasks were checked (``train_labels``
+    null). A checked task is returned as it is, without a child process.
+
+    Raises:
+        ApplicationError: (400, field ``tasks``) the check fails now (the data moved, the
+            plug-in was uninstalled), naming the task and the reason.
+    """
+    if task.train_labels is not None and task.train_size is not None:
+        return task
+    try:
+        check = _task_check(
+            architecture=task.architecture,
+            dataset=task.dataset,
+            dataset_root=task.dataset_root,
+            num_classes=task.num_classes,
+            what=f"task {task.name!r}: ",
+        )
+    except ApplicationError as exc:
+        raise ApplicationError(exc.message, field="tasks") from exc
+    _apply_check(task, check)
+    Task.objects.filter(id=task.id).update(
+        num_classes=task.num_classes,
+        input_shape=task.input_shape,
+        train_size=task.train_size,
+        test_size=task.test_size,
+        train_labels=task.train_labels,
+        label_counts=task.label_counts,
+    )
+    return task
+
+
+def task_train_labels(task: Task) -> np.ndarray:
+    """The task's training labels: int64 array of shape ``(train_size,)``, in ``[0, num_classes)``
+    (checked first when the task predates the check, :func:`task_metadata_ensure`).
+
+    Raises:
+        ApplicationError: as :func:`task_metadata_ensure`.
+    """
+    task_metadata_ensure(task)
+    assert task.train_labels is not None  # set by task_metadata_ensure
+    return _labels_from_bytes(task.train_labels)
 
 
 @transaction.atomic
@@ -133,7 +236,7 @@ def task_create(
     architecture: str,
     dataset: str = "digits",
     dataset_root: str = "",
-    num_classes: int = 10,
+    num_classes: int | None = None,
     optimizer: str = "sgd",
     learning_rate: float = 0.05,
     momentum: float = 0.9,
@@ -142,36 +245,54 @@ def task_create(
 ) -> Task:
     """Define a learning task, owned by ``owner`` (a user, or ``None`` from the command line).
 
+    The model and the data set are checked in a child process before anything is saved
+    (:func:`_task_check`): the task then carries its ``input_shape``, ``train_size``,
+    ``test_size``, training labels and ``label_counts`` as the data gives them.
+
+    Args:
+        num_classes: ``None`` (default): the data's class count (``max(label) + 1`` over both
+            splits, or the data set's declared count); a stated count may exceed the data's
+            (2 to 100000), never fall below it.
+
     Raises:
         ApplicationError: unknown architecture, data set or optimizer; a hyper-parameter out of
-            range; ``num_classes`` below the data set's class count; a duplicate name.
+            range; a duplicate name; a missing ``dataset_root`` for a data set read from files;
+            (400, under the field at fault) any failure of the plug-in check, including
+            ``num_classes`` below the data's and a root that does not exist.
     """
     fields = dict(
         name=name,
         architecture=architecture,
         dataset=dataset,
         dataset_root=dataset_root or "",
-        num_classes=num_classes,
         optimizer=optimizer,
         learning_rate=learning_rate,
         momentum=momentum,
         weight_decay=weight_decay,
     )
-    _check_task_fields(fields)
+    _check_task_fields({**fields, "num_classes": num_classes})
     if not name:
         raise ApplicationError("name is required", field="name")
     if Task.objects.filter(name=name).exists():
         raise ApplicationError(f"a task named {name!r} already exists", field="name")
+    _check_root_given(dataset, fields["dataset_root"])
+    check = _task_check(
+        architecture=architecture, dataset=dataset, dataset_root=fields["dataset_root"], num_classes=num_classes
+    )
     task = Task(owner=owner, **fields)
-    _check_dataset_consistency(task)
+    _apply_check(task, check)
     task.save()
-    workload_request(architecture=task.architecture, num_classes=task.num_classes)
+    workload_request(architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape)
     return task
 
 
 @transaction.atomic
 def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
     """Change a task's definition; only its name once a run has trained it.
+
+    A change of its model or data (:data:`DATA_FIELDS`) checks the task again, as
+    :func:`task_create` does, and refreshes what it carries from the data. ``num_classes``
+    left out keeps the task's count; ``num_classes=None`` takes the data's.
 
     Args:
         actor: the user asking; ``None`` (the command line) may change any task.
@@ -200,6 +321,8 @@ def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
     unknown = set(fields) - allowed
     if unknown:
         raise ApplicationError(f"cannot update {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
+    if "dataset_root" in fields:
+        fields["dataset_root"] = fields["dataset_root"] or ""
     _check_task_fields(fields)
     changed = {k for k, v in fields.items() if getattr(task, k) != v}
     frozen = sorted(changed - {"name"})
@@ -212,11 +335,44 @@ def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
         )
     if "name" in fields and Task.objects.exclude(pk=task.pk).filter(name=fields["name"]).exists():
         raise ApplicationError(f"a task named {fields['name']!r} already exists", field="name")
+    recheck = bool(changed & set(DATA_FIELDS))
+    if recheck:
+        dataset = fields.get("dataset", task.dataset)
+        dataset_root = fields.get("dataset_root", task.dataset_root)
+        _check_root_given(dataset, dataset_root)
+        check = _task_check(
+            architecture=fields.get("architecture", task.architecture),
+            dataset=dataset,
+            dataset_root=dataset_root,
+            num_classes=fields["num_classes"] if "num_classes" in fields else task.num_classes,
+        )
     for key, value in fields.items():
-        setattr(task, key, value)
-    _check_dataset_consistency(task)
+        if key != "num_classes":
+            setattr(task, key, value)
+    if recheck:
+        _apply_check(task, check)
     task.save()
+    if recheck:
+        workload_request(architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape)
     return task
+
+
+class _ShardRow:
+    """One device's shard of one task, as :func:`_shard_table` derives it (see :class:`Shard`)."""
+
+    __slots__ = ("device", "task", "num_samples", "offset", "indices", "label_counts")
+
+    def __init__(
+        self, device: Device, task: Task, num_samples: int, offset: int, indices: str | None, label_counts: list[int]
+    ):
+        self.device, self.task, self.num_samples, self.offset = device, task, num_samples, offset
+        self.indices, self.label_counts = indices, label_counts
+
+
+def _histogram(labels: np.ndarray, positions: np.ndarray, num_classes: int) -> list[int]:
+    from workers.training.partition import label_histogram
+
+    return [int(c) for c in label_histogram(labels, positions, num_classes)]
 
 
 def _shard_table(
@@ -224,49 +380,33 @@ def _shard_table(
     tasks: list[Task],
     devices: list[Device],
     partition_rule: str,
-    dirichlet_alpha: float | None,
+    partition_params: Mapping[str, float | int],
     seed: int,
     sample_counts: Iterable[Mapping[str, Any]] | None,
-) -> list[tuple[Device, Task, int, int]]:
-    """Derive ``(device, task, num_samples, offset)`` for every pair (see :class:`Shard`).
+) -> list[_ShardRow]:
+    """Derive every device's shard of every task.
 
-    ``explicit`` takes the given counts; any other rule is a registered partitioner
-    (:func:`workers.training.partition.shard_counts`), called with seed ``seed * 10007 + k`` for the
-    ``k``-th task (so tasks get different draws: ``dirichlet`` gives each task its own skew).
+    ``explicit`` takes the given counts as windows of the task's seeded permutation
+    (:func:`workers.training.partition.shard_indices`, seed ``seed``), in device order. Any
+    other rule is a registered partitioner called over the task's training labels
+    (:func:`workers.training.partition.partition_indices`) with seed ``seed * 10007 + k`` for the
+    ``k``-th task (so tasks get different draws: ``quantity`` gives each task its own skew); the
+    positions it chose are stored encoded (:func:`workers.protocol.indices.encode_indices`).
+    Either way each shard gets its class histogram.
+
+    Raises:
+        ApplicationError: bad explicit counts (naming ``sample_counts`` or ``num_samples``), a
+            partitioner that refuses its parameters (``partition_params``), or a task whose
+            check fails now (``tasks``).
     """
-    rows: list[tuple[Device, Task, int, int]] = []
+    rows: list[_ShardRow] = []
     if partition_rule == Experiment.EXPLICIT:
-        given: dict[tuple[int, int], int] = {}
-        device_by_id = {d.id: d for d in devices}
-        task_by_id = {t.id: t for t in tasks}
-        for k, entry in enumerate(sample_counts or []):
-            try:
-                device_id, task_id, n = int(entry["device"]), int(entry["task"]), int(entry["num_samples"])
-            except (KeyError, TypeError, ValueError):
-                raise ApplicationError(
-                    f"sample_counts[{k}] needs integer device, task and num_samples", field="sample_counts"
-                ) from None
-            if device_id not in device_by_id:
-                raise ApplicationError(
-                    f"sample_counts[{k}].device={device_id} is not a device of this experiment", field="sample_counts"
-                )
-            if task_id not in task_by_id:
-                raise ApplicationError(
-                    f"sample_counts[{k}].task={task_id} is not a task of this experiment", field="sample_counts"
-                )
-            if n < 0 or n == 1:
-                raise ApplicationError(
-                    f"sample_counts[{k}].num_samples={n} is not allowed: allowed 0 or 2 and more "
-                    "(BatchNorm cannot train on a single sample)",
-                    field="num_samples",
-                )
-            if (device_id, task_id) in given:
-                raise ApplicationError(
-                    f"sample_counts[{k}] repeats device {device_id} and task {task_id}", field="sample_counts"
-                )
-            given[(device_id, task_id)] = n
+        from workers.training.partition import shard_indices
+
+        given = _explicit_counts(tasks, devices, sample_counts)
         for task in tasks:
-            train_size = dataset_info(task.dataset).train_size
+            labels = task_train_labels(task)
+            train_size = int(task.train_size or 0)
             counts = [given.get((d.id, task.id), 0) for d in devices]
             if sum(counts) > train_size:
                 raise ApplicationError(
@@ -274,20 +414,175 @@ def _shard_table(
                     f"training split holds ({train_size})",
                     field="num_samples",
                 )
-            rows += [(d, task, n, off) for d, n, off in zip(devices, counts, shard_offsets(counts), strict=True)]
+            offsets = [0, *itertools.accumulate(counts)][:-1]
+            for device, n, offset in zip(devices, counts, offsets, strict=True):
+                positions = shard_indices(train_size, seed, offset, n)
+                rows.append(_ShardRow(device, task, n, offset, None, _histogram(labels, positions, task.num_classes)))
         return rows
     if sample_counts:
         raise ApplicationError("sample_counts are only allowed with partition_rule 'explicit'", field="sample_counts")
+    from workers.training.partition import partition_indices
+
     for k, task in enumerate(tasks):
-        train_size = dataset_info(task.dataset).train_size
+        labels = task_train_labels(task)
         try:
-            counts = shard_counts(
-                train_size, len(devices), partition_rule, alpha=dirichlet_alpha, seed=seed * 10007 + k
-            )
+            parts = partition_indices(labels, len(devices), partition_rule, dict(partition_params), seed * 10007 + k)
         except ValueError as exc:
-            raise ApplicationError(str(exc), field="dirichlet_alpha") from exc
-        rows += [(d, task, n, off) for d, n, off in zip(devices, counts, shard_offsets(counts), strict=True)]
+            raise ApplicationError(f"task {task.name!r}: {exc}", field="partition_params") from exc
+        for device, positions in zip(devices, parts, strict=True):
+            positions = np.asarray(positions, dtype=np.int64)
+            rows.append(
+                _ShardRow(
+                    device,
+                    task,
+                    int(positions.size),
+                    0,
+                    encode_indices(positions),
+                    _histogram(labels, positions, task.num_classes),
+                )
+            )
     return rows
+
+
+def _explicit_counts(
+    tasks: list[Task], devices: list[Device], sample_counts: Iterable[Mapping[str, Any]] | None
+) -> dict[tuple[int, int], int]:
+    """``{(device_id, task_id): num_samples}`` of an explicit experiment.
+
+    Raises:
+        ApplicationError: an entry without integer ``device``, ``task`` and ``num_samples``,
+            naming a device or task outside the experiment, repeated, or a count of 1 or below 0.
+    """
+    given: dict[tuple[int, int], int] = {}
+    device_ids = {d.id for d in devices}
+    task_ids = {t.id for t in tasks}
+    for k, entry in enumerate(sample_counts or []):
+        try:
+            device_id, task_id, n = int(entry["device"]), int(entry["task"]), int(entry["num_samples"])
+        except (KeyError, TypeError, ValueError):
+            raise ApplicationError(
+                f"sample_counts[{k}] needs integer device, task and num_samples", field="sample_counts"
+            ) from None
+        if device_id not in device_ids:
+            raise ApplicationError(
+                f"sample_counts[{k}].device={device_id} is not a device of this experiment", field="sample_counts"
+            )
+        if task_id not in task_ids:
+            raise ApplicationError(
+                f"sample_counts[{k}].task={task_id} is not a task of this experiment", field="sample_counts"
+            )
+        if n < 0 or n == 1:
+            raise ApplicationError(
+                f"sample_counts[{k}].num_samples={n} is not allowed: allowed 0 or 2 and more "
+                "(BatchNorm cannot train on a single sample)",
+                field="num_samples",
+            )
+        if (device_id, task_id) in given:
+            raise ApplicationError(
+                f"sample_counts[{k}] repeats device {device_id} and task {task_id}", field="sample_counts"
+            )
+        given[(device_id, task_id)] = n
+    return given
+
+
+def _parameter_interval(p: Any) -> str:
+    lo = "(" if getattr(p, "minimum_open", False) else "["
+    hi = "inf)" if p.maximum is None else f"{_bound(p.maximum)}]"
+    return f"{lo}{_bound(p.minimum)}, {hi}"
+
+
+def partition_params_check(
+    partition_rule: str, partition_params: Mapping[str, Any] | None, dirichlet_alpha: float | None = None
+) -> dict[str, float | int]:
+    """The parameters an experiment's partition rule is called with: those given, checked
+    against the rule's record (``Partitioner.parameters``), with each left out at its default.
+
+    ``dirichlet_alpha`` (the field of clients older than ``partition_params``) is the ``alpha``
+    of a rule that takes one.
+
+    Args:
+        partition_rule: a registered partitioner's name, or ``explicit`` (which takes none).
+        partition_params: ``{name: value}``; ``None`` for none.
+        dirichlet_alpha: ``alpha`` under its old name, or ``None``.
+
+    Returns:
+        ``{name: value}`` for every parameter of the rule: ints for ``int`` parameters, floats
+        for ``float`` ones.
+
+    Raises:
+        ApplicationError: (400) an unknown parameter (field ``partition_params``, listing the
+            allowed ones), a value that is not a number of the parameter's kind or out of its
+            range (field ``partition_params.<name>``, or ``dirichlet_alpha`` when it came from
+            there, naming the range), a required one left out, or ``dirichlet_alpha`` with a
+            rule that takes no ``alpha`` or different from ``partition_params.alpha``.
+    """
+    given = dict(partition_params or {})
+    if partition_rule == Experiment.EXPLICIT:
+        if given:
+            raise ApplicationError(
+                "partition_params are not allowed with partition_rule 'explicit': sample_counts give the shards",
+                field="partition_params",
+            )
+        if dirichlet_alpha is not None:
+            raise ApplicationError(
+                "dirichlet_alpha is not allowed with partition_rule 'explicit'", field="dirichlet_alpha"
+            )
+        return {}
+    record = partition_rule_get(partition_rule)
+    parameters = {p.name: p for p in record.parameters}
+    allowed = ", ".join(parameters) or "none"
+    for name in sorted(given):
+        if name not in parameters:
+            raise ApplicationError(
+                f"partition_params.{name} is unknown for partition_rule {partition_rule!r}; allowed: {allowed}",
+                field="partition_params",
+            )
+    source = {name: f"partition_params.{name}" for name in parameters}
+    if dirichlet_alpha is not None:
+        if "alpha" not in parameters:
+            with_alpha = " or ".join(repr(p.name) for p in PARTITIONER_REGISTRY if "alpha" in _names(p))
+            raise ApplicationError(
+                f"dirichlet_alpha is only allowed with partition_rule {with_alpha} (rules that take an alpha); "
+                f"{partition_rule!r} takes: {allowed}",
+                field="dirichlet_alpha",
+            )
+        if "alpha" in given and given["alpha"] != dirichlet_alpha:
+            raise ApplicationError(
+                f"dirichlet_alpha={dirichlet_alpha!r} and partition_params.alpha={given['alpha']!r} differ: give one",
+                field="dirichlet_alpha",
+            )
+        given["alpha"] = dirichlet_alpha
+        if "alpha" not in (partition_params or {}):
+            source["alpha"] = "dirichlet_alpha"
+    out: dict[str, float | int] = {}
+    for name, p in parameters.items():
+        field = source[name]
+        if name not in given:
+            if p.default is None:
+                raise ApplicationError(
+                    f"{field} is required with partition_rule {partition_rule!r}: allowed {_parameter_interval(p)}",
+                    field=field,
+                )
+            out[name] = p.default
+            continue
+        value = given[name]
+        if p.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            if not (isinstance(value, float) and value.is_integer()):
+                raise ApplicationError(f"{field} must be an integer: allowed {_parameter_interval(p)}", field=field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ApplicationError(f"{field} must be a number: allowed {_parameter_interval(p)}", field=field)
+        hi = math.inf if p.maximum is None else p.maximum
+        if not math.isfinite(float(value)):
+            raise ApplicationError(f"{field} must be a finite number: allowed {_parameter_interval(p)}", field=field)
+        checked = check_finite_range(
+            field, value, p.minimum, hi, lo_open=getattr(p, "minimum_open", False), hi_open=p.maximum is None
+        )
+        out[name] = int(checked) if p.kind == "int" else float(checked)
+    return out
+
+
+def _names(partitioner: Partitioner) -> set[str]:
+    return {p.name for p in partitioner.parameters}
 
 
 def _resolve(model, ids: Iterable[Any], field: str) -> list:
@@ -317,6 +612,7 @@ def experiment_create(
     rounds: int,
     local_epochs: int = 1,
     partition_rule: str = "iid",
+    partition_params: Mapping[str, Any] | None = None,
     dirichlet_alpha: float | None = None,
     seed: int = 0,
     sample_counts: Iterable[Mapping[str, Any]] | None = None,
@@ -325,9 +621,15 @@ def experiment_create(
     device_retries: int = 0,
     deadline_factor: float | None = None,
 ) -> Experiment:
-    """Create an experiment and derive its shards (``|D_ij|`` for every device and task).
+    """Create an experiment and derive its shards (which samples of every task each device
+    holds, with their class histograms: :func:`_shard_table`).
 
     Args:
+        partition_rule: a registered partitioner (built-ins ``iid``, ``quantity``,
+            ``dirichlet_labels``, ``shards``) or ``explicit``.
+        partition_params: the rule's parameters (``{"alpha": 0.5}``), checked against its
+            record (:func:`partition_params_check`); left-out ones take their defaults.
+        dirichlet_alpha: ``partition_params["alpha"]`` under the name older clients use.
         owner: the user who owns it (sees it, changes it, chooses collaborators); ``None``
             leaves it to superusers only.
         device_retries: how many times a round re-sends a device's part when its agent is lost
@@ -339,8 +641,8 @@ def experiment_create(
 
     Raises:
         ApplicationError: unknown tasks or devices, ``rounds``/``local_epochs`` out of range,
-            a partition rule or ``dirichlet_alpha`` that is not allowed, explicit counts that are
-            negative or exceed a training split, a duplicate name.
+            a partition rule or parameter that is not allowed, explicit counts that are
+            negative or exceed a training split, a task whose check fails now, a duplicate name.
     """
     if not name:
         raise ApplicationError("name is required", field="name")
@@ -352,28 +654,20 @@ def experiment_create(
     check_finite_range("local_epochs", local_epochs, 1, 1000)
     check_finite_range("seed", seed, 0, 2**31 - 1)
     _check_reliability(device_retries=device_retries, deadline_factor=deadline_factor)
-    uses_alpha = partition_rule != Experiment.EXPLICIT and partition_rule_get(partition_rule).uses_alpha
-    if uses_alpha:
-        if dirichlet_alpha is None:
-            raise ApplicationError(
-                f"dirichlet_alpha is required with partition_rule {partition_rule!r}: allowed (0, 1000]",
-                field="dirichlet_alpha",
-            )
-        check_finite_range("dirichlet_alpha", dirichlet_alpha, 0.0, 1000.0, lo_open=True)
-    elif dirichlet_alpha is not None:
-        with_alpha = " or ".join(repr(p.name) for p in PARTITIONER_REGISTRY if p.uses_alpha)
-        raise ApplicationError(
-            f"dirichlet_alpha is only allowed with partition_rule {with_alpha}", field="dirichlet_alpha"
-        )
+    if partition_rule != Experiment.EXPLICIT:
+        partition_rule_get(partition_rule)
+    if partition_params is not None and not isinstance(partition_params, Mapping):
+        raise ApplicationError("partition_params must be an object of parameter names", field="partition_params")
+    params = partition_params_check(partition_rule, partition_params, dirichlet_alpha)
     rows = _shard_table(
         tasks=tasks,
         devices=devices,
         partition_rule=partition_rule,
-        dirichlet_alpha=dirichlet_alpha,
+        partition_params=params,
         seed=int(seed),
         sample_counts=sample_counts,
     )
-    if not any(n > 0 for _, _, n, _ in rows):
+    if not any(r.num_samples > 0 for r in rows):
         raise ApplicationError("no device holds any sample: nothing would be trained", field="sample_counts")
     experiment = Experiment.objects.create(
         name=name,
@@ -381,7 +675,8 @@ def experiment_create(
         rounds=int(rounds),
         local_epochs=int(local_epochs),
         partition_rule=partition_rule,
-        dirichlet_alpha=dirichlet_alpha,
+        partition_params=params,
+        dirichlet_alpha=params.get("alpha"),
         seed=int(seed),
         owner=owner,
         device_retries=int(device_retries),
@@ -390,7 +685,16 @@ def experiment_create(
     experiment.tasks.set(tasks)
     experiment.devices.set(devices)
     Shard.objects.bulk_create(
-        Shard(experiment=experiment, device=d, task=t, num_samples=n, offset=off) for d, t, n, off in rows
+        Shard(
+            experiment=experiment,
+            device=r.device,
+            task=r.task,
+            num_samples=r.num_samples,
+            offset=r.offset,
+            indices=r.indices,
+            label_counts=r.label_counts,
+        )
+        for r in rows
     )
     return experiment
 

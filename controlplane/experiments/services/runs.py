@@ -30,6 +30,7 @@ from controlplane.common.errors import ApplicationError
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Comparison, Experiment, Round, Run
 from controlplane.experiments.services import dispatch, planning
+from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.stop import run_work_stop
 from controlplane.planning import metrics
 from controlplane.planning.planner import PlannerContext
@@ -68,7 +69,9 @@ def run_create(
         ApplicationError: unknown strategy, a plan for a strategy that takes none, or an invalid
             plan (the field at fault is named); a predictor-driven strategy without a fitted
             predictor for every device, or a plan the planner cannot make (memory, empty shard,
-            unknown model); a device whose agent never connected (409).
+            unknown model); a device whose agent never connected (409); a task's model or
+            dataset that a device holding its data, or the control plane, lacks
+            (:func:`.plugins.experiment_plugins_check`).
     """
     run = _run_new(experiment=experiment, strategy=strategy, plan=plan, options=options)
     transaction.on_commit(lambda: dispatch.send_run_begin(run.id))
@@ -102,6 +105,7 @@ def _run_new(
             field="devices",
             status_code=409,
         )
+    experiment_plugins_check(experiment)
     manual = None
     if plan is not None:
         manual = [
@@ -163,6 +167,7 @@ def comparison_create(*, experiment: Experiment, options: Mapping[str, Any] | No
         ApplicationError: as :func:`run_create`, for any of the strategies.
     """
     options = planning.planner_options(options)
+    experiment_plugins_check(experiment)
     planner = planning.planner_context(experiment=experiment, options=options)
     strategies = compared_strategies()
     comparison = Comparison.objects.create(experiment=experiment, strategies=list(strategies))

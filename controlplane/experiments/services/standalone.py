@@ -67,7 +67,7 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
     except Exception as exc:  # noqa: BLE001 - any failure here ends the run, with its cause shown
         run_fail(run_id=run.id, error=f"could not prepare the initial models: {type(exc).__name__}: {exc}")
         return
-    shards = selectors.experiment_shards(experiment)
+    shards = selectors.experiment_shards(experiment, with_indices=True)
     tasks = {t.id: t for t in experiment.tasks.all()}
     devices = {d.id: d for d in experiment.devices.all()}
     requests = []

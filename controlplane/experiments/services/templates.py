@@ -253,9 +253,10 @@ def experiment_create_from_template(
     existing task with exactly that definition is reused (so experiments of one mix share
     tasks and their workload features), otherwise one is created.
 
-    Data volumes: the ``dirichlet`` partition rule (quantity skew, as the paper's "highly skewed
-    data volumes per task"): each task's whole training split is divided among the devices in
-    proportions ``p ~ Dir(alpha · 1_J)`` (:func:`workers.training.partition.shard_counts`). Every task
+    Data volumes: the ``quantity`` partition rule (quantity skew, as the paper's "highly skewed
+    data volumes per task"; ``partition_params = {"alpha": dirichlet_alpha}``): each task's whole
+    training split is divided among the devices in proportions ``p ~ Dir(alpha · 1_J)``
+    (:func:`workers.training.partition.partition_indices`). Every task
     has its own draw (seed ``seed · 10007 + k`` for the ``k``-th task, by task id), so a task's
     ``|D_ij|`` differ across devices *and* the three tasks on one device hold different
     volumes; every task still covers its whole split. Smaller ``alpha`` skews more.
@@ -307,8 +308,8 @@ def experiment_create_from_template(
         device_ids=device_ids,
         rounds=rounds,
         local_epochs=local_epochs,
-        partition_rule="dirichlet",
-        dirichlet_alpha=dirichlet_alpha,
+        partition_rule="quantity",
+        partition_params={"alpha": dirichlet_alpha},
         seed=seed,
         owner=owner,
     )

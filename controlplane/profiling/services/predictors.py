@@ -24,8 +24,8 @@ from controlplane.planning.predictor import (
     fit_predictor,
     placement_for_backend,
 )
-from controlplane.profiling.models import Predictor, ProfileSample
-from controlplane.profiling.services.workloads import workload_ensure
+from controlplane.profiling.models import Predictor, ProfileSample, ProfileSweep
+from controlplane.profiling.services.workloads import INPUT_SHAPE, workload_ensure
 from workers.fl.artifacts import atomic_write_path, sha256_file
 from workers.protocol.queues import CONTROL_QUEUE, TaskName
 from workers.registry.backends import BACKEND_REGISTRY
@@ -33,8 +33,9 @@ from workers.registry.backends import BACKEND_REGISTRY
 log = logging.getLogger(__name__)
 
 REFERENCE_NUM_CLASSES = 10
-"""Profiles run the zoo's models with 10 classes; their workloads are taken at that size (the
-classifier is a negligible part of the work)."""
+"""Profiles run the zoo's models with 10 classes at 3×32×32 unless a sweep asks for another shape
+(``ProfileSweepRequest.workloads``); their workloads are taken at that size (the classifier is
+a negligible part of the work)."""
 
 
 def _device_classes(backend: str) -> list[str]:
@@ -103,10 +104,46 @@ def _training_samples(backend: str, device_class: str) -> list[ProfiledTask]:
     return out
 
 
-def _workloads(architectures: set[str]) -> dict[str, ModelWorkload]:
+def profiled_shapes(backend: str, architectures: set[str]) -> dict[str, tuple[int, list[int]]]:
+    """The ``(num_classes, input_shape)`` each architecture was profiled at on ``backend``.
+
+    In order: the newest sweep of the backend whose request named a shape for it
+    (``ProfileSweepRequest.workloads``, what ``sweep_start(tasks=...)`` sends for a task whose
+    shape is not the zoo's); else, when FL rounds measured it, the newest such task's shape if
+    its input is not 3×32×32 (a plug-in model on other data cannot be built at the zoo's);
+    else :data:`REFERENCE_NUM_CLASSES` at 3×32×32, as every zoo model has always been taken.
+    """
+    from controlplane.experiments.models import Task
+
+    shapes: dict[str, tuple[int, list[int]]] = {}
+    for request in ProfileSweep.objects.filter(backend=backend).order_by("-id").values_list("request", flat=True):
+        for arch, shape in ((request or {}).get("workloads") or {}).items():
+            if arch in architectures and arch not in shapes:
+                shapes[arch] = (int(shape["num_classes"]), [int(d) for d in shape["input_shape"]])
+    rest = architectures - set(shapes)
+    if rest:
+        measured = ProfileSample.objects.filter(
+            backend=backend, source=ProfileSample.Source.RUN, architecture__in=rest
+        ).values("assignment__task_id")
+        tasks = (
+            Task.objects.filter(id__in=measured)
+            .order_by("-id")
+            .values_list("architecture", "num_classes", "input_shape")
+        )
+        for arch, num_classes, input_shape in tasks:
+            if arch not in shapes and input_shape and list(input_shape) != INPUT_SHAPE:
+                shapes[arch] = (int(num_classes), [int(d) for d in input_shape])
+    for arch in architectures - set(shapes):
+        shapes[arch] = (REFERENCE_NUM_CLASSES, list(INPUT_SHAPE))
+    return shapes
+
+
+def _workloads(backend: str, architectures: set[str]) -> dict[str, ModelWorkload]:
     out = {}
+    shapes = profiled_shapes(backend, architectures)
     for arch in sorted(architectures):
-        w = workload_ensure(architecture=arch, num_classes=REFERENCE_NUM_CLASSES)
+        num_classes, input_shape = shapes[arch]
+        w = workload_ensure(architecture=arch, num_classes=num_classes, input_shape=input_shape)
         out[arch] = ModelWorkload(w.train_flops_per_sample, w.activation_bytes_per_sample, w.params, w.param_bytes)
     return out
 
@@ -141,7 +178,7 @@ def predictor_fit(
     devices = [d for d in Device.objects.filter(backend=predictor.backend) if class_of(d) == predictor.device_class]
     cores = device_cores(devices[0]) if devices else 1
     try:
-        workloads = _workloads({t.architecture for s in samples for t in s.mix})
+        workloads = _workloads(predictor.backend, {t.architecture for s in samples for t in s.mix})
         model, report = fit_predictor(
             samples,
             workloads,

@@ -15,7 +15,7 @@ from controlplane.celery import app
 from controlplane.common.errors import ApplicationError
 from controlplane.common.registered import registered
 from controlplane.fleet.models import Device
-from controlplane.fleet.selectors import device_class
+from controlplane.fleet.selectors import device_class, device_declaration_text, device_declares
 from controlplane.planning.strategies import STRATEGY_REGISTRY
 from controlplane.profiling.models import ProfileSample, ProfileSweep
 from workers.protocol.messages import ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
@@ -46,15 +46,24 @@ def sweep_start(
     batch_sizes: Sequence[int] | None = None,
     max_mix: int | None = None,
     seed: int = 0,
+    tasks: Sequence[int] | None = None,
 ) -> ProfileSweep:
     """Ask a device's agent to profile co-located mixes for ``budget_s`` seconds.
 
     The agent streams each measured configuration back (``PROFILE_RECORD``) and ends with a
     summary (``PROFILE_DONE``); a watchdog fails the sweep if that end never comes.
 
+    Args:
+        architectures: models to profile at the zoo's shape (10 classes, 3×32×32); default
+            :data:`DEFAULT_ARCHITECTURES` when ``tasks`` is not given either.
+        tasks: task ids whose architectures are profiled at each task's own classes and input
+            shape (``ProfileSweepRequest.workloads``), beside ``architectures``.
+
     Raises:
-        ApplicationError: budget out of range, unknown models, bad batch sizes or mix size, or a
-            device whose agent never connected (409).
+        ApplicationError: budget out of range, unknown models or task ids, two tasks of one
+            architecture at different shapes (a sweep profiles a model at one shape), a model
+            the device's agent does not declare, bad batch sizes or mix size, or a device whose
+            agent never connected (409).
     """
     try:
         budget_s = float(budget_s)
@@ -65,9 +74,18 @@ def sweep_start(
             f"budget_s={budget_s:g} is out of range: allowed {BUDGET_RANGE_S[0]:g} to {BUDGET_RANGE_S[1]:g} seconds",
             field="budget_s",
         )
-    architectures = list(architectures or DEFAULT_ARCHITECTURES)
+    workloads = _task_workloads(tasks) if tasks is not None else {}
+    architectures = list(architectures or ([] if workloads else DEFAULT_ARCHITECTURES))
     for name in architectures:
         registered(MODEL_REGISTRY, name, field="architectures")
+    architectures += [a for a in workloads if a not in architectures]
+    for name in architectures:
+        if not device_declares(device, "models", name):
+            raise ApplicationError(
+                f"device {device.name!r} lacks model {name!r} (its agent declares: "
+                f"{device_declaration_text(device, 'models')}); install the plug-in on that host",
+                field="tasks" if name in workloads else "architectures",
+            )
     if device.last_heartbeat_at is None:
         raise ApplicationError(
             f"device {device.name} has never connected an agent: start `mtfl agent --device {device.name}` first",
@@ -82,6 +100,12 @@ def sweep_start(
         "budget_s": budget_s,
         "architectures": architectures,
         "seed": seed,
+        "workloads": {
+            arch: shape
+            for arch, shape in workloads.items()
+            if (shape["num_classes"], shape["input_shape"])
+            != (REFERENCE_SHAPE["num_classes"], REFERENCE_SHAPE["input_shape"])
+        },
     }
     if batch_sizes is not None:
         fields["batch_sizes"] = list(batch_sizes)
@@ -103,6 +127,52 @@ def sweep_start(
 
     transaction.on_commit(send)
     return sweep
+
+
+REFERENCE_SHAPE = {"num_classes": 10, "input_shape": [3, 32, 32]}
+"""What a sweep profiles an architecture at when its request names no shape for it (the
+request's own ``num_classes`` default and ``DEFAULT_INPUT_SHAPE``)."""
+
+
+def _task_workloads(task_ids: Sequence[int]) -> dict[str, dict]:
+    """``{architecture: {"num_classes", "input_shape"}}`` of the given tasks.
+
+    Raises:
+        ApplicationError: (field ``tasks``) not a list of ids, an unknown id, or two tasks
+            of one architecture at different shapes.
+    """
+    from controlplane.experiments.models import Task
+
+    try:
+        ids = [int(i) for i in task_ids]
+    except (TypeError, ValueError):
+        raise ApplicationError("tasks must be a list of task ids", field="tasks") from None
+    if not ids:
+        raise ApplicationError("tasks must list at least one task id", field="tasks")
+    found = {
+        t.id: t
+        for t in Task.objects.filter(id__in=ids).only("id", "name", "architecture", "num_classes", "input_shape")
+    }
+    missing = sorted(set(ids) - set(found))
+    if missing:
+        raise ApplicationError(f"tasks: no task with id {', '.join(map(str, missing))}", field="tasks")
+    out: dict[str, dict] = {}
+    named: dict[str, str] = {}
+    for task_id in dict.fromkeys(ids):
+        task = found[task_id]
+        shape = {
+            "num_classes": int(task.num_classes),
+            "input_shape": [int(d) for d in task.input_shape or REFERENCE_SHAPE["input_shape"]],
+        }
+        if task.architecture in out and out[task.architecture] != shape:
+            raise ApplicationError(
+                f"tasks {named[task.architecture]!r} and {task.name!r} use {task.architecture} at different shapes "
+                f"({out[task.architecture]} and {shape}): a sweep profiles a model at one shape; sweep them separately",
+                field="tasks",
+            )
+        out[task.architecture] = shape
+        named.setdefault(task.architecture, task.name)
+    return out
 
 
 def profile_record(*, result: dict) -> int:

@@ -1,41 +1,55 @@
-"""Workload features of models, computed once (torch, in the control worker) and cached."""
+"""Workload features of models, computed once per (architecture, classes, input shape) (torch, in
+the control worker) and cached."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from django.db import IntegrityError, transaction
 
 from controlplane.celery import app
 from controlplane.profiling.models import ModelWorkload
+from workers.protocol.messages import DEFAULT_INPUT_SHAPE
 from workers.protocol.queues import CONTROL_QUEUE, TaskName
 
-INPUT_SHAPE = [3, 32, 32]
+INPUT_SHAPE = list(DEFAULT_INPUT_SHAPE)
+"""The zoo's input shape, ``[3, 32, 32]``: the shape a workload is taken at unless one is given."""
 
 
-def workload_get(*, architecture: str, num_classes: int) -> ModelWorkload | None:
-    """The cached features of a model at the zoo's 3×32×32 input, or ``None`` if not computed."""
+def _shape(input_shape: Sequence[int] | None) -> list[int]:
+    return [int(d) for d in input_shape] if input_shape else list(INPUT_SHAPE)
+
+
+def workload_get(
+    *, architecture: str, num_classes: int, input_shape: Sequence[int] | None = None
+) -> ModelWorkload | None:
+    """The cached features of a model at ``num_classes`` and ``input_shape`` (default the zoo's
+    3×32×32), or ``None`` if not computed."""
     return ModelWorkload.objects.filter(
-        architecture=architecture, num_classes=num_classes, input_shape=INPUT_SHAPE
+        architecture=architecture, num_classes=num_classes, input_shape=_shape(input_shape)
     ).first()
 
 
-def workload_ensure(*, architecture: str, num_classes: int) -> ModelWorkload:
+def workload_ensure(*, architecture: str, num_classes: int, input_shape: Sequence[int] | None = None) -> ModelWorkload:
     """Return the cached features, computing them first if needed.
 
-    This imports torch and runs the model on a batch of 2 (about a second for the zoo's models
-    at 32×32): call it from the control worker or a command, never from a web request.
+    This imports torch and counts the model's FLOPs at ``input_shape`` (about a second for the
+    zoo's models at 32×32): call it from the control worker or a command, never from a web
+    request.
     """
-    existing = workload_get(architecture=architecture, num_classes=num_classes)
+    shape = _shape(input_shape)
+    existing = workload_get(architecture=architecture, num_classes=num_classes, input_shape=shape)
     if existing is not None:
         return existing
     from workers.profiling.features import workload_features
 
-    f = workload_features(architecture, num_classes, tuple(INPUT_SHAPE))
+    f = workload_features(architecture, num_classes, tuple(shape))
     try:
         with transaction.atomic():
             return ModelWorkload.objects.create(
                 architecture=architecture,
                 num_classes=num_classes,
-                input_shape=INPUT_SHAPE,
+                input_shape=shape,
                 forward_flops_per_sample=f.forward_flops_per_sample,
                 train_flops_per_sample=f.train_flops_per_sample,
                 params=f.params,
@@ -43,14 +57,17 @@ def workload_ensure(*, architecture: str, num_classes: int) -> ModelWorkload:
                 activation_bytes_per_sample=f.activation_bytes_per_sample,
             )
     except IntegrityError:  # computed concurrently by another worker: keep theirs
-        return workload_get(architecture=architecture, num_classes=num_classes)
+        found = workload_get(architecture=architecture, num_classes=num_classes, input_shape=shape)
+        assert found is not None
+        return found
 
 
-def workload_request(*, architecture: str, num_classes: int) -> None:
-    """Have the control worker compute a model's features after this transaction commits
-    (a no-op if they are cached)."""
-    if workload_get(architecture=architecture, num_classes=num_classes) is not None:
+def workload_request(*, architecture: str, num_classes: int, input_shape: Sequence[int] | None = None) -> None:
+    """Have the control worker compute a model's features at ``num_classes`` and ``input_shape``
+    after this transaction commits (a no-op if they are cached)."""
+    shape = _shape(input_shape)
+    if workload_get(architecture=architecture, num_classes=num_classes, input_shape=shape) is not None:
         return
     transaction.on_commit(
-        lambda: app.send_task(TaskName.TASK_FEATURES, args=[architecture, num_classes], queue=CONTROL_QUEUE)
+        lambda: app.send_task(TaskName.TASK_FEATURES, args=[architecture, num_classes, shape], queue=CONTROL_QUEUE)
     )

@@ -23,9 +23,12 @@ from workers.protocol.messages import AssignmentSpec, ShardRef, TaskRef, TrainRo
 
 
 def shard_ref(experiment: Experiment, shard: ShardSpan) -> ShardRef:
-    """The worker-side description of a shard: ``shard.num_samples`` samples from position
-    ``shard.offset`` of the permutation seeded by the experiment's seed."""
-    return ShardRef(permutation_seed=experiment.seed, offset=shard.offset, count=shard.num_samples)
+    """The worker-side description of a shard: the positions a partitioner chose
+    (``shard.indices``, encoded) when it has them, else ``shard.num_samples`` samples from
+    position ``shard.offset`` of the permutation seeded by the experiment's seed."""
+    return ShardRef(
+        permutation_seed=experiment.seed, offset=shard.offset, count=shard.num_samples, indices=shard.indices
+    )
 
 
 class RequestedAssignment(NamedTuple):
@@ -58,7 +61,8 @@ def round_device_request(
         device: the device (``id``, ``name``, ``backend`` are read).
         partitioning: the run's plan's partitioning (``"mps"`` or ``"timeslice"``).
         assignments: the device's assignments in the order its trainers start.
-        shards: ``{(device_id, task_id): ShardSpan}`` (:func:`.selectors.experiment_shards`).
+        shards: ``{(device_id, task_id): ShardSpan}`` (:func:`.selectors.experiment_shards` with
+            ``with_indices=True``).
         latest: ``{task_id: Checkpoint}``, the global models to start from
             (:func:`.selectors.latest_checkpoints`).
         task_refs: ``{task_id: TaskRef}``.
@@ -118,7 +122,7 @@ def round_device_request_load(*, rnd: Round, device_id: int, attempt: int) -> Tr
         device=device,
         partitioning=run_plan(run).partitioning,
         assignments=[RequestedAssignment(a.id, a.task_id, a.batch_size, a.active_thread_percentage) for a in rows],
-        shards=selectors.experiment_shards(experiment),
+        shards=selectors.experiment_shards(experiment, with_indices=True),
         latest=selectors.latest_checkpoints(run),
         task_refs={a.task_id: selectors.task_ref(a.task) for a in rows},
         warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),

@@ -39,7 +39,7 @@ def round_start(*, run_id: int, index: int) -> Round | None:
     except PlanningError as exc:
         run_fail(run_id=run.id, error=f"planning round {index} failed: {exc}")
         return None
-    shards = selectors.experiment_shards(experiment)
+    shards = selectors.experiment_shards(experiment, with_indices=True)
     tasks = {t.id: t for t in experiment.tasks.all()}
     devices = {d.id: d for d in experiment.devices.only("id", "name", "backend")}
     alone = selectors.standalone_table(run)
