@@ -174,7 +174,17 @@ class DeviceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Device
-        fields = ["id", "name", "backend", "queue", "status", "inventory", "last_heartbeat_at", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "backend",
+            "queue",
+            "status",
+            "inventory",
+            "plugins",
+            "last_heartbeat_at",
+            "created_at",
+        ]
         read_only_fields = fields
 
     def get_status(self, device: Device) -> str:
@@ -209,6 +219,10 @@ class TaskSerializer(serializers.ModelSerializer):
             "dataset",
             "dataset_root",
             "num_classes",
+            "input_shape",
+            "train_size",
+            "test_size",
+            "label_counts",
             "optimizer",
             "learning_rate",
             "momentum",
@@ -218,12 +232,21 @@ class TaskSerializer(serializers.ModelSerializer):
             "workload",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "input_shape": {"help_text": "shape of one sample, read from the data set when the task was checked"},
+            "train_size": {"help_text": "samples in the training split (null: a task not checked yet)"},
+            "test_size": {"help_text": "samples in the test split (null: a task not checked yet)"},
+            "label_counts": {"help_text": "the training split's samples per class (num_classes counts)"},
+        }
 
     def get_workload(self, task: Task) -> dict | None:
-        """The model's workload features (null until the control worker has computed them)."""
+        """The model's workload features at the task's classes and input shape (null until the
+        control worker has computed them)."""
         from controlplane.profiling.services.workloads import workload_get
 
-        workload = workload_get(architecture=task.architecture, num_classes=task.num_classes)
+        workload = workload_get(
+            architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape
+        )
         return ModelWorkloadSerializer(workload).data if workload else None
 
 
@@ -232,7 +255,14 @@ class TaskWriteSerializer(StrictSerializer):
     architecture = RegisteredField(MODEL_REGISTRY.names)
     dataset = RegisteredField(DATASET_REGISTRY.names, default="digits")
     dataset_root = StrictCharField(max_length=1024, required=False, allow_blank=True, default="")
-    num_classes = integer(2, 100_000, default=10)
+    num_classes = integer(
+        2,
+        100_000,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="null or left out: the data's class count; a stated one may exceed it, never fall below it",
+    )
     optimizer = ChoiceField(choices=OPTIMIZERS, default="sgd")
     learning_rate = number(default=0.05)
     momentum = number(default=0.9)
@@ -248,7 +278,7 @@ class ShardSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Shard
-        fields = ["device", "device_name", "task", "task_name", "num_samples", "offset"]
+        fields = ["device", "device_name", "task", "task_name", "num_samples", "offset", "label_counts"]
         read_only_fields = fields
 
 
@@ -270,6 +300,7 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "rounds",
             "local_epochs",
             "partition_rule",
+            "partition_params",
             "dirichlet_alpha",
             "seed",
             "shards",
@@ -308,7 +339,22 @@ class ExperimentCreateSerializer(StrictSerializer):
     rounds = integer(1, 10_000)
     local_epochs = integer(1, 1000, default=1)
     partition_rule = RegisteredField(partition_rules, default="iid")
-    dirichlet_alpha = number(required=False, allow_null=True, default=None)
+    partition_params = serializers.DictField(
+        child=number(),
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=64,
+        help_text='the partition rule\'s parameters by name, e.g. {"alpha": 0.5} (GET /api/plugins/ lists each '
+        "rule's parameters, ranges and defaults); left-out ones take their defaults",
+    )
+    dirichlet_alpha = number(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="partition_params.alpha under its former name (rules that take an alpha: quantity, "
+        "dirichlet_labels); both given must agree",
+    )
     seed = integer(0, 2**31 - 1, default=0)
     sample_counts = SampleCountSerializer(many=True, required=False, default=None, allow_null=True)
     device_retries = integer(0, MAX_DEVICE_RETRIES, default=0, help_text=DEVICE_RETRIES_HELP)
@@ -331,7 +377,15 @@ class ExperimentUpdateSerializer(StrictSerializer):
     )
     fixed_fields = {
         name: "cannot change after creation (runs would no longer be comparable); create a new experiment"
-        for name in ("tasks", "devices", "partition_rule", "dirichlet_alpha", "seed", "sample_counts")
+        for name in (
+            "tasks",
+            "devices",
+            "partition_rule",
+            "partition_params",
+            "dirichlet_alpha",
+            "seed",
+            "sample_counts",
+        )
     }
 
 
@@ -598,6 +652,60 @@ class CheckpointSerializer(serializers.ModelSerializer):
         list_serializer_class = FastReadListSerializer
 
 
+class LabelHistogramSerializer(serializers.Serializer):
+    """One device's shard of one task of an experiment, with its class histogram."""
+
+    task = serializers.IntegerField(read_only=True)
+    task_name = serializers.CharField(read_only=True)
+    device = serializers.IntegerField(read_only=True)
+    device_name = serializers.CharField(read_only=True)
+    num_samples = serializers.IntegerField(read_only=True)
+    label_counts = serializers.ListField(
+        child=serializers.IntegerField(), read_only=True, help_text="samples of each class 0..num_classes-1"
+    )
+
+
+# --- plug-ins ------------------------------------------------------------------------------
+
+
+class InstalledPluginSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=("models", "datasets", "partitioners"), read_only=True)
+    name = serializers.CharField(read_only=True)
+    label = serializers.CharField(read_only=True)
+    source = serializers.CharField(read_only=True, help_text="the distribution providing it and its version")
+    builtin = serializers.BooleanField(read_only=True, help_text="part of mtfl-lab itself")
+    details = serializers.DictField(
+        read_only=True,
+        help_text="datasets: input_shape, num_classes (null when they follow from the files), needs_root; "
+        "partitioners: parameters (name, label, kind, minimum, maximum, minimum_open, default)",
+    )
+
+
+class PluginFailureSerializer(serializers.Serializer):
+    kind = serializers.CharField(read_only=True)
+    group = serializers.CharField(read_only=True)
+    name = serializers.CharField(read_only=True)
+    value = serializers.CharField(read_only=True)
+    error = serializers.CharField(read_only=True)
+
+
+class DevicePluginsSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(read_only=True)
+    backend = serializers.CharField(read_only=True)
+    status = serializers.CharField(read_only=True)
+    declares_nothing = serializers.BooleanField(
+        read_only=True, help_text="an agent older than plug-in declarations: mtfl-lab's built-ins are assumed"
+    )
+    plugins = serializers.DictField(read_only=True, help_text="{kind: {name: 'distribution version'}}")
+
+
+class PluginsSerializer(serializers.Serializer):
+    installed = InstalledPluginSerializer(many=True, read_only=True, help_text="registered on the control plane")
+    failures = PluginFailureSerializer(many=True, read_only=True, help_text="entry points that failed to load here")
+    devices = DevicePluginsSerializer(many=True, read_only=True, help_text="what each online device's agent declared")
+
+
 # --- profiling -----------------------------------------------------------------------------
 
 
@@ -657,6 +765,11 @@ class ProfileSweepCreateSerializer(StrictSerializer):
     batch_sizes = serializers.ListField(child=integer(2, 4096), required=False, allow_empty=False, max_length=64)
     max_mix = integer(1, 8, required=False)
     seed = integer(0, 2**31 - 1, default=0)
+    tasks = id_list(
+        required=False,
+        help_text="task ids: their architectures are profiled at each task's own classes and input shape "
+        "(a plug-in model on non-image data, say), beside `architectures`",
+    )
 
 
 class ProfileSampleSerializer(serializers.ModelSerializer):

@@ -18,6 +18,7 @@ router.register("workloads", views.ModelWorkloadViewSet, basename="workload")
 router.register("profile-sweeps", views.ProfileSweepViewSet, basename="profile-sweep")
 router.register("profile-samples", views.ProfileSampleViewSet, basename="profile-sample")
 router.register("predictors", views.PredictorViewSet, basename="predictor")
+router.register("plugins", views.PluginViewSet, basename="plugin")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

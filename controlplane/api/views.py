@@ -104,7 +104,9 @@ class TaskViewSet(
     mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Learning tasks: a model architecture from the zoo trained on a data set."""
+    """Learning tasks: a registered model trained on a registered dataset. Creating or changing
+    one checks both in a child process (400 naming the field for a plug-in that fails);
+    ``input_shape``, sizes and ``label_counts`` come from the data."""
 
     serializer_class = s.TaskSerializer
     queryset = Task.objects.order_by("id")
@@ -153,6 +155,7 @@ class ExperimentViewSet(
             rounds=data["rounds"],
             local_epochs=data["local_epochs"],
             partition_rule=data["partition_rule"],
+            partition_params=data["partition_params"],
             dirichlet_alpha=data["dirichlet_alpha"],
             seed=data["seed"],
             sample_counts=data["sample_counts"],
@@ -195,6 +198,14 @@ class ExperimentViewSet(
         )
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(responses={200: s.LabelHistogramSerializer(many=True)})
+    @action(detail=True, methods=["get"], url_path="label-histograms", pagination_class=None, filter_backends=[])
+    def label_histograms(self, request: Request, pk=None) -> Response:
+        """Each device's class histogram of each task (a plain list, by task then device name):
+        how the partition rule skewed the labels. ``label_counts`` has ``num_classes`` entries."""
+        rows = exp_selectors.label_histograms(self.get_object())
+        return Response(s.LabelHistogramSerializer(rows, many=True).data)
+
     @extend_schema(request=s.ComparisonCreateSerializer, responses={201: s.ComparisonSerializer})
     @action(detail=True, methods=["post"])
     def compare(self, request: Request, pk=None) -> Response:
@@ -203,6 +214,22 @@ class ExperimentViewSet(
         data = _validated(s.ComparisonCreateSerializer, request)
         comparison = exp_services.comparison_create(experiment=self.get_object(), options=data["options"])
         return Response(s.ComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
+
+
+class PluginViewSet(viewsets.ViewSet):
+    """Models, datasets and partitioners: what is installed on the control plane (with the
+    entry points that failed to load) and what each online device's agent declared. A run is
+    refused when a device holding a task's data, or the control plane, lacks its model or
+    dataset."""
+
+    @extend_schema(responses={200: s.PluginsSerializer})
+    def list(self, request: Request) -> Response:
+        data = {
+            "installed": fleet_selectors.installed_plugin_rows(),
+            "failures": fleet_selectors.plugin_failure_rows(),
+            "devices": fleet_selectors.device_plugin_declarations(),
+        }
+        return Response(s.PluginsSerializer(data).data)
 
 
 class ComparisonViewSet(viewsets.ReadOnlyModelViewSet):
