@@ -344,7 +344,6 @@ class ExperimentCreateSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         default=None,
-        max_length=64,
         help_text='the partition rule\'s parameters by name, e.g. {"alpha": 0.5} (GET /api/plugins/ lists each '
         "rule's parameters, ranges and defaults); left-out ones take their defaults",
     )
