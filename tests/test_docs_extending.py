@@ -61,44 +61,63 @@ def test_the_strategy_example_plans_through_make_plan(register):
     ]
 
 
-def test_the_model_example_builds_trains_and_has_workload_features(register):
+def test_the_model_example_builds_through_build_model_and_has_workload_features(register):
     import torch
 
     from workers.profiling.features import workload_features
-    from workers.registry.models import MODEL_REGISTRY
+    from workers.registry.models import MODEL_REGISTRY, model_from_entry_point
     from workers.training.zoo import build_model
 
-    register(MODEL_REGISTRY, _module("model").TINY_CNN)
+    record = register(
+        MODEL_REGISTRY, model_from_entry_point("tiny_cnn", _module("model").build_tiny_cnn, "mtfl-tiny 1")
+    )
 
-    model = build_model("tiny_cnn", 10, seed=0)
-    logits = model(torch.zeros(2, 3, 32, 32))
+    model = build_model("tiny_cnn", 10, seed=0, input_shape=(1, 28, 28))
+    logits = model(torch.zeros(2, 1, 28, 28))
 
     assert tuple(logits.shape) == (2, 10)
-    assert workload_features("tiny_cnn", 10, (3, 32, 32)).forward_flops_per_sample > 0
+    assert record.label == "tiny_cnn — One convolution and a linear head, for quick experiments. (mtfl-tiny 1)"
+    assert workload_features("tiny_cnn", 10, (3, 32, 32)).train_flops_per_sample > 0
+    with pytest.raises(ValueError, match=r"input_shape: tiny_cnn takes images"):
+        build_model("tiny_cnn", 10, seed=0, input_shape=(20,))
 
 
 def test_the_dataset_example_loads_through_load_split(register):
     from workers.protocol.messages import DatasetRef
-    from workers.registry.datasets import DATASET_REGISTRY
+    from workers.registry.datasets import DATASET_REGISTRY, dataset_from_entry_point
     from workers.training.datasets import load_split
 
-    register(DATASET_REGISTRY, _module("dataset").NOISE)
+    record = register(
+        DATASET_REGISTRY, dataset_from_entry_point("noise", _module("dataset").load_noise, "mtfl-noise 1")
+    )
 
     x, y = load_split(DatasetRef(name="noise"), "train", np.array([0, 5, 999]))
     again, _ = load_split(DatasetRef(name="noise"), "train", np.array([5]))
+    test_x, _ = load_split(DatasetRef(name="noise"), "test")
 
-    assert tuple(x.shape) == (3, 3, 32, 32) and str(x.dtype) == "torch.float32"
-    assert tuple(y.shape) == (3,) and int(y.min()) >= 0 and int(y.max()) < 10
+    assert (record.input_shape, record.num_classes, record.needs_root) == ((64,), 10, False)
+    assert tuple(x.shape) == (3, 64) and str(x.dtype) == "torch.float32"
+    assert tuple(y.shape) == (3,) and str(y.dtype) == "torch.int64" and int(y.min()) >= 0 and int(y.max()) < 10
     assert bool((again[0] == x[1]).all())
+    assert tuple(test_x.shape) == (200, 64)
 
 
-def test_the_partitioner_example_splits_through_shard_counts(register):
-    from workers.registry.partitioners import PARTITIONER_REGISTRY
-    from workers.training.partition import shard_counts
+def test_the_partitioner_example_splits_through_partition_indices(register):
+    from workers.registry.partitioners import PARTITIONER_REGISTRY, partitioner_from_entry_point
+    from workers.training.partition import partition_indices
 
-    register(PARTITIONER_REGISTRY, _module("partitioner").FIRST_HALF)
+    module = _module("partitioner")
+    register(PARTITIONER_REGISTRY, partitioner_from_entry_point("by_label", module.by_label, "mtfl-by-label 1"))
+    labels = np.repeat(np.arange(6), 10)  # 6 classes of 10 samples
 
-    assert shard_counts(101, 3, "first_half") == [50, 26, 25]
+    shards = partition_indices(labels, 3, "by_label", {"fraction": 0.5}, seed=0)
+    again = partition_indices(labels, 3, "by_label", {"fraction": 0.5}, seed=0)
+
+    assert [sorted(set(labels[s].tolist())) for s in shards] == [[0, 3], [1, 4], [2, 5]]
+    assert [len(s) for s in shards] == [10, 10, 10]
+    assert all(np.array_equal(a, b) for a, b in zip(shards, again, strict=True))
+    with pytest.raises(ValueError, match=r"partition_params\.fraction must be a number in \(0, 1\]"):
+        partition_indices(labels, 3, "by_label", {"fraction": 0.0}, seed=0)
 
 
 def test_the_aggregator_example_averages_devices_alike(register):

@@ -21,12 +21,18 @@ SIZES: dict[str, tuple[int, int]] = {"tabular_mlp": (64, 2), "tabular_mlp_wide":
 
 
 def build_tabular_mlp(num_classes: int, input_shape: tuple[int, ...]) -> TabularMLP:
-    """``tabular_mlp``: a :class:`~mtfl_custom_task.tabular_mlp.TabularMLP` of width 64, 2 blocks."""
+    """Residual MLP on feature vectors, width 64, 2 blocks (Gorishniy et al. 2021).
+
+    The first line is the model's label in mtfl-lab's forms; see :func:`_build` for the rest.
+    """
     return _build("tabular_mlp", num_classes, input_shape)
 
 
 def build_tabular_mlp_wide(num_classes: int, input_shape: tuple[int, ...]) -> TabularMLP:
-    """``tabular_mlp_wide``: a :class:`~mtfl_custom_task.tabular_mlp.TabularMLP` of width 256, 3 blocks."""
+    """Residual MLP on feature vectors, width 256, 3 blocks (Gorishniy et al. 2021).
+
+    The first line is the model's label in mtfl-lab's forms; see :func:`_build` for the rest.
+    """
     return _build("tabular_mlp_wide", num_classes, input_shape)
 
 
