@@ -29,6 +29,16 @@ COPY frontend ./frontend
 # gunicorn and Flower.
 RUN pip install -e ".[deploy]"
 
+# Plug-in packages (docs/extending.md; docs/deployment.md, "Plug-ins"): pip requirement
+# specifiers, space-separated, installed after mtfl-lab — a folder of the build context
+# (./examples/custom-task), a PyPI name, a VCS URL. Every service runs this image, so the web app,
+# the control worker (it evaluates the global models) and the agents all get them; a run that
+# needs a plug-in its devices or the control worker lack is refused. Empty (the default): none.
+#   MTFL_PLUGINS="./examples/custom-task" docker compose build
+ARG MTFL_PLUGINS=""
+COPY examples ./examples
+RUN if [ -n "$MTFL_PLUGINS" ]; then pip install $MTFL_PLUGINS && pip check; fi
+
 # Static files collected at build time (whitenoise serves STATIC_ROOT). The throwaway key and
 # home keep any secret out of the image. The folders below are created owned by the app user,
 # so the named volumes mounted on them start writable by it.

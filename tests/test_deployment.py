@@ -102,7 +102,7 @@ def test_every_service_has_a_healthcheck():
 def test_web_worker_flower_and_agent_run_one_image_built_from_the_dockerfile():
     services = _compose()["services"]
 
-    assert {services[name]["build"] for name in APP_SERVICES} == {"."}
+    assert {services[name]["build"]["context"] for name in APP_SERVICES} == {"."}
     assert len({services[name]["image"] for name in APP_SERVICES}) == 1
     assert (REPO / "Dockerfile").exists()
 
@@ -217,3 +217,17 @@ def test_the_image_collects_static_files_and_installs_the_deploy_extra():
     assert "mtfl-lab[controlplane]" in extras["deploy"]
     assert {re.split(r"[<>=\[]", dep)[0] for dep in extras["deploy"]} == {"mtfl-lab", "gunicorn", "flower"}
     assert ".env" in (REPO / ".dockerignore").read_text().split()
+
+
+def test_the_image_installs_the_plugins_named_at_build_time_for_every_service():
+    """``MTFL_PLUGINS`` (pip specifiers) is a build argument every app service's image gets, installed
+    after mtfl-lab and before the unprivileged user takes over; the example is in the build context."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    services = _compose()["services"]
+
+    assert {tuple(services[name]["build"]["args"]) for name in APP_SERVICES} == {("MTFL_PLUGINS",)}
+    assert 'ARG MTFL_PLUGINS=""' in dockerfile and "COPY examples ./examples" in dockerfile
+    install = dockerfile.index('if [ -n "$MTFL_PLUGINS" ]; then pip install $MTFL_PLUGINS')
+    assert dockerfile.index('pip install -e ".[deploy]"') < install < dockerfile.index("USER mtfl")
+    assert (REPO / "examples" / "custom-task" / "pyproject.toml").exists()
+    assert "examples" not in (REPO / ".dockerignore").read_text().split()
