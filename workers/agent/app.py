@@ -116,6 +116,7 @@ from workers.protocol.messages import (
 )
 from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
 from workers.registry.backends import BACKEND_REGISTRY, get_backend
+from workers.registry.inventory import installed_plugins
 
 logger = logging.getLogger(__name__)
 
@@ -667,7 +668,9 @@ atexit.register(terminate_children)
 
 def build_inventory(settings: AgentSettings) -> DeviceInventory:
     """Describe this device for registration and heartbeats (torch version read from package
-    metadata, without importing torch; a GPU backend adds its GPU through NVML).
+    metadata, without importing torch; a GPU backend adds its GPU through NVML; the models, data
+    sets and partitioners installed on this host, :func:`workers.registry.inventory.installed_plugins`,
+    so the control plane refuses a run needing one this device lacks).
 
     Raises:
         BackendUnavailableError: the backend cannot describe its accelerator.
@@ -691,6 +694,7 @@ def build_inventory(settings: AgentSettings) -> DeviceInventory:
         "torch_version": torch_version,
         "agent_version": workers.__version__,
         "agent_pid": os.getpid(),
+        "plugins": installed_plugins(),
     }
     # The accelerator's own description (its memory, not the host's) wins.
     return DeviceInventory.model_validate({**fields, **_backend(settings.backend).describe()})

@@ -6,7 +6,14 @@ plug-ins are installed Python packages that declare an entry point in the regist
 (``mtfl.strategies``, ``mtfl.models``, ``mtfl.datasets``, ``mtfl.partitioners``,
 ``mtfl.aggregators``, ``mtfl.backends``), loaded with :func:`importlib.metadata.entry_points` the
 first time the registry is read (pytest's and Flower's convention). An entry point names either a
-record (registered under the entry point's name) or a zero-argument callable returning one.
+record (registered under the entry point's name), or a callable: a registry built with
+``from_entry_point`` (models, datasets) wraps the callable itself into a record (the model builder,
+the data set loader), any other registry calls it with no arguments for its record.
+
+Every entry remembers where it came from (:meth:`Registry.source`): ``"<distribution> <version>"``
+of the package whose entry point registered it, ``"mtfl-lab <version>"`` for entries registered in
+code (the built-ins); agents declare these strings in their inventory
+(:mod:`workers.registry.inventory`).
 
 Imports nothing beyond the standard library, so both the control plane's pure planning layer and a
 GPU host's agent can use it.
@@ -14,12 +21,14 @@ GPU host's agent can use it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
-from typing import Generic, Protocol, TypeVar
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
+from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +43,37 @@ class Named(Protocol):
 
 
 R = TypeVar("R", bound=Named)
+
+PROJECT_DISTRIBUTION = "mtfl-lab"
+"""The distribution whose code registers the built-ins."""
+
+
+@functools.cache
+def builtin_source() -> str:
+    """``"mtfl-lab <installed version>"``, or ``"mtfl-lab"`` when the project runs uninstalled
+    (a source checkout on ``sys.path``): the :meth:`Registry.source` of entries registered in code."""
+    try:
+        return f"{PROJECT_DISTRIBUTION} {version(PROJECT_DISTRIBUTION)}"
+    except PackageNotFoundError:
+        return PROJECT_DISTRIBUTION
+
+
+def entry_point_source(ep: EntryPoint) -> str:
+    """``"<distribution> <version>"`` of the package declaring ``ep`` (``"unknown"`` when
+    importlib cannot tell, e.g. an entry point built by hand)."""
+    dist = ep.dist
+    if dist is None:
+        return "unknown"
+    name = dist.metadata["Name"] or dist.name
+    return f"{name} {dist.version}"
+
+
+def plugin_label(name: str, obj: object, source: str) -> str:
+    """A callable plug-in's one-line label: ``"<name> — <first docstring line> (<source>)"``,
+    or ``"<name> (<source>)"`` when ``obj`` has no docstring."""
+    doc = inspect.getdoc(obj)
+    first = doc.strip().splitlines()[0].strip() if doc and doc.strip() else ""
+    return f"{name} — {first} ({source})" if first else f"{name} ({source})"
 
 
 class UnknownEntryError(ValueError):
@@ -72,16 +112,28 @@ class Registry(Generic[R]):
         kind: what the entries are, singular, for messages (``"strategy"``, ``"backend"``).
         group: the entry-point group plug-ins register in (``"mtfl.strategies"``).
         record_type: the record class; an entry point must give an instance of it.
+        from_entry_point: ``(name, loaded object, source) -> record``, for an entry point whose
+            object is not a record: it wraps the object (a model builder, a data set loader)
+            into one named ``name``; ``source`` is ``"<distribution> <version>"``. ``None``: such
+            an object must be a zero-argument callable returning a record.
 
     Plug-ins that fail to load are logged and kept in :attr:`failures` instead of making every
     name unusable: one broken package must not take the whole registry down.
     """
 
-    def __init__(self, kind: str, group: str, record_type: type[R]) -> None:
+    def __init__(
+        self,
+        kind: str,
+        group: str,
+        record_type: type[R],
+        from_entry_point: Callable[[str, Any, str], R] | None = None,
+    ) -> None:
         self.kind = kind
         self.group = group
         self.record_type = record_type
+        self.from_entry_point = from_entry_point
         self._entries: dict[str, R] = {}
+        self._sources: dict[str, str] = {}
         self._plugins_loaded = False
         self._lock = threading.RLock()
         self.failures: list[PluginFailure] = []
@@ -94,8 +146,11 @@ class Registry(Generic[R]):
         # their fields, and with them a bound ``names``) must see later registrations too.
         return self
 
-    def register(self, record: R, *, replace: bool = False) -> R:
+    def register(self, record: R, *, replace: bool = False, source: str | None = None) -> R:
         """Add ``record`` under ``record.name`` and return it.
+
+        ``source`` is where it comes from, ``"<distribution> <version>"`` (:meth:`source`); the
+        default, for records registered in code, is :func:`builtin_source`.
 
         Raises:
             TypeError: ``record`` is not a ``record_type``.
@@ -111,13 +166,17 @@ class Registry(Generic[R]):
         with self._lock:
             if name in self._entries and not replace and self._entries[name] is not record:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
+            same = self._entries.get(name) is record
             self._entries[name] = record
+            if source or not same:  # the same record again keeps where it came from
+                self._sources[name] = source or builtin_source()
         return record
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (tests and plug-in reloads); unknown names are ignored."""
         with self._lock:
             self._entries.pop(name, None)
+            self._sources.pop(name, None)
 
     def _load_plugins(self) -> None:
         if self._plugins_loaded:
@@ -136,15 +195,20 @@ class Registry(Generic[R]):
 
     def _register_entry_point(self, ep: EntryPoint) -> None:
         obj = ep.load()
+        source = entry_point_source(ep)
         if not isinstance(obj, self.record_type) and callable(obj):
-            obj = obj()
+            obj = self.from_entry_point(ep.name, obj, source) if self.from_entry_point else obj()
         if not isinstance(obj, self.record_type):
             raise PluginLoadError(
                 f"entry point {ep.name!r} gave {type(obj).__name__}, not a {self.record_type.__name__}"
             )
         if obj.name != ep.name:
             raise PluginLoadError(f"entry point {ep.name!r} gave a record named {obj.name!r}")
-        self.register(obj)
+        with self._lock:
+            # reload_plugins wraps a callable into a new record: the same entry point's earlier
+            # record is replaced, another package's (or a built-in) of that name is not.
+            again = ep.name in self._entries and self._sources.get(ep.name) == source
+        self.register(obj, source=source, replace=again)
 
     def reload_plugins(self) -> None:
         """Read the installed entry points again (after installing a plug-in in a running process)."""
@@ -187,6 +251,22 @@ class Registry(Generic[R]):
             raise UnknownEntryError(
                 field=field or self.kind, kind=self.kind, name=name, allowed=tuple(self._entries)
             ) from None
+
+    def source(self, name: str) -> str:
+        """Where entry ``name`` comes from: ``"<distribution> <version>"`` of the plug-in package
+        that registered it, ``"mtfl-lab <version>"`` for an entry registered in code.
+
+        Raises:
+            UnknownEntryError: no such entry (see :meth:`get`).
+        """
+        self.get(name)
+        with self._lock:
+            return self._sources[name]
+
+    def failure(self, name: str) -> PluginFailure | None:
+        """The load failure of the entry point named ``name``, if the last load had one."""
+        self._load_plugins()
+        return next((f for f in reversed(self.failures) if f.name == name), None)
 
     def check(self, name: str, *, field: str | None = None) -> str:
         """``name`` if it is registered, else :class:`UnknownEntryError` (see :meth:`get`)."""

@@ -1,11 +1,33 @@
 """The data set registry: what a task trains on, by the name stored on the task.
 
-A :class:`Dataset` record gives the data set's sizes without loading it (:class:`DatasetInfo`)
-and a loader that returns selected samples of a split as normalised tensors;
-:func:`workers.training.datasets.load_split` checks the split and the indices and calls it. Built-ins
-(:mod:`workers.training.dataset_sources`): ``digits`` (scikit-learn's handwritten digits, shipped with
-scikit-learn, so it works offline) and ``cifar10`` (read from a local folder; nothing is ever
-downloaded). Plug-ins register in the ``mtfl.datasets`` entry-point group.
+The contract (issue 21 item 2): a data set is a callable ``(root: str | None) -> splits`` whose
+result has the four arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` (:class:`Splits`):
+
+- ``x``: float32, shape ``(N, *input_shape)`` with 1 to 4 sample dimensions (an image
+  ``(3, 32, 32)``, tabular features ``(20,)``), already normalised as the model should see it.
+  A NumPy array, a memory-mapped one (``np.load(..., mmap_mode="r")``: a large set is then not
+  copied per trainer) or any array-like with ``shape``, ``dtype``, ``len()`` and
+  ``x[int64 index array] -> np.ndarray`` (:class:`SampleArray`), so a loader can keep compact
+  data (CIFAR-10's uint8 pixels) and normalise only the samples asked for.
+- ``y``: integer class labels of shape ``(N,)`` in ``[0, num_classes)`` (int64 preferred;
+  :func:`workers.training.datasets.load_split` returns int64).
+
+The task's ``input_shape`` (``x.shape[1:]``) and ``num_classes`` follow from the arrays;
+:func:`workers.registry.check.check_task` derives and checks them when a task is created.
+
+A :class:`Dataset` record wraps such a callable. Built-ins
+(:mod:`workers.training.dataset_sources`): ``digits`` (scikit-learn's handwritten digits, shipped
+with scikit-learn, so it works offline), ``cifar10`` (read from a local folder; nothing is ever
+downloaded), and two that read a researcher's own files: ``npz`` (one ``.npz`` file with the four
+arrays, or a folder of ``x_train.npy`` … memory-mapped) and ``imagefolder`` (torchvision's
+``ImageFolder`` layout with ``train/`` and ``test/``, resized to 32×32, 3 channels;
+:func:`imagefolder_loader` makes another size).
+
+Plug-ins register in the ``mtfl.datasets`` entry-point group: the entry point names the callable
+itself, wrapped into a :class:`Dataset` under the entry point's name (its label: the first
+docstring line and the providing distribution). Optional attributes on the callable fill the
+record's other fields: ``needs_root`` (bool), ``input_shape`` (tuple of ints) and
+``num_classes`` (int), for forms that show them before anything is loaded.
 
 Importing this module imports neither torch nor scikit-learn: loaders import them when called.
 """
@@ -14,42 +36,117 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from workers.registry.base import Registry
+from workers.registry.base import Registry, plugin_label
 
 SPLITS: tuple[str, ...] = ("train", "test")
 """The splits every data set has."""
 
+ARRAY_NAMES: tuple[str, ...] = ("x_train", "y_train", "x_test", "y_test")
+"""The four arrays of a data set's splits."""
+
+
+@runtime_checkable
+class SampleArray(Protocol):
+    """What a data set's ``x`` must offer: NumPy's ``shape``, ``dtype``, ``len()``, and indexing
+    by an int64 position array of shape ``(n,)`` returning an ``np.ndarray`` of shape
+    ``(n, *shape[1:])`` (a fresh array the caller may modify). ``np.ndarray`` and ``np.memmap``
+    are ones."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(N, *input_shape)``."""
+        ...
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """float32."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: Any) -> Any: ...
+
+
+class Splits(Protocol):
+    """A data set's two splits, as a loader returns them (see the module docstring)."""
+
+    @property
+    def x_train(self) -> SampleArray:
+        """float32 ``(N_train, *input_shape)``."""
+        ...
+
+    @property
+    def y_train(self) -> np.ndarray:
+        """integer labels ``(N_train,)``."""
+        ...
+
+    @property
+    def x_test(self) -> SampleArray:
+        """float32 ``(N_test, *input_shape)``."""
+        ...
+
+    @property
+    def y_test(self) -> np.ndarray:
+        """integer labels ``(N_test,)``."""
+        ...
+
+
+@dataclass(frozen=True)
+class ArraySplits:
+    """The plain :class:`Splits`: four arrays (or array-likes) as attributes."""
+
+    x_train: SampleArray
+    y_train: np.ndarray
+    x_test: SampleArray
+    y_test: np.ndarray
+
+    def split(self, split: str) -> tuple[SampleArray, np.ndarray]:
+        """``(x, y)`` of ``split`` (``"train"`` or ``"test"``); ``ValueError`` for another."""
+        return split_arrays(self, split)
+
+
+def split_arrays(splits: Splits, split: str) -> tuple[SampleArray, np.ndarray]:
+    """``(x, y)`` of one split of any :class:`Splits`.
+
+    Raises:
+        ValueError: ``split`` is not one of :data:`SPLITS`.
+    """
+    if split == "train":
+        return splits.x_train, splits.y_train
+    if split == "test":
+        return splits.x_test, splits.y_test
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+SplitsLoader = Callable[[str | None], Splits]
+"""``(root) -> splits``: ``root`` is the task's ``dataset_root`` (``None`` when unset). Raises
+:class:`workers.training.dataset_sources.DatasetNotFoundError` (a ``FileNotFoundError``) when the
+files are not where ``root`` says; nothing is downloaded."""
+
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """Sizes and shapes of a data set.
+    """Static sizes of a built-in data set whose files never vary (``digits``, ``cifar10``);
+    :func:`workers.training.datasets.dataset_info` returns it until its callers take sizes from
+    the task.
 
     Attributes:
         name: data set name (a :data:`DATASET_REGISTRY` name).
         num_classes: label values are ``0 .. num_classes - 1``.
         train_size: samples in the training split.
         test_size: samples in the test split.
-        image_shape: ``(channels, height, width)`` of one sample as the loader returns it.
+        image_shape: the shape of one sample as the loader returns it.
     """
 
     name: str
     num_classes: int
     train_size: int
     test_size: int
-    image_shape: tuple[int, int, int] = (3, 32, 32)
-
-
-DatasetLoader = Callable[[str | None, str, np.ndarray], tuple[Any, Any]]
-"""``(root, split, indices) -> (x, y)``: ``root`` is the task's local folder (``None`` when
-unset), ``split`` one of :data:`SPLITS`, ``indices`` an int64 array of shape ``(n,)`` of positions
-already checked to lie in the split. Returns ``x`` float32 ``n×C×H×W`` (the info's
-``image_shape``), normalised, and ``y`` int64 ``(n,)`` in ``[0, num_classes)``: fresh tensors
-the caller may modify. Raises :class:`workers.training.dataset_sources.DatasetNotFoundError` when the
-files are not where ``root`` says."""
+    image_shape: tuple[int, ...] = (3, 32, 32)
 
 
 @dataclass(frozen=True)
@@ -59,51 +156,142 @@ class Dataset:
     Attributes:
         name: stored on a task and carried in messages (``"digits"``).
         label: one line for forms and docs.
-        info: its sizes, known without loading it.
-        load: the :data:`DatasetLoader`.
-        needs_root: the data is read from the task's ``dataset_root`` folder.
+        splits: the :data:`SplitsLoader`.
+        needs_root: the data is read from the task's ``dataset_root`` (file or folder), which is
+            then required.
+        input_shape: the shape of one sample when known without loading (for forms); ``None``
+            when it follows from the files.
+        num_classes: the number of classes when known without loading; ``None`` when it follows
+            from the labels.
     """
 
     name: str
     label: str
-    info: DatasetInfo
-    load: DatasetLoader
+    splits: SplitsLoader
     needs_root: bool = False
+    input_shape: tuple[int, ...] | None = None
+    num_classes: int | None = None
 
 
-DATASET_REGISTRY: Registry[Dataset] = Registry("dataset", "mtfl.datasets", Dataset)
+def dataset_from_entry_point(name: str, loader: Any, source: str) -> Dataset:
+    """Wrap a plug-in's loader (an ``mtfl.datasets`` entry point's callable) into a :class:`Dataset`.
+
+    The loader is not called. Its optional attributes ``needs_root``, ``input_shape`` and
+    ``num_classes`` fill the record's fields of those names.
+
+    Raises:
+        ValueError: an optional attribute of the wrong type or range (naming it).
+    """
+    needs_root = getattr(loader, "needs_root", False)
+    input_shape = getattr(loader, "input_shape", None)
+    num_classes = getattr(loader, "num_classes", None)
+    if not isinstance(needs_root, bool):
+        raise ValueError(f"{name}.needs_root must be a bool, got {needs_root!r}")
+    if input_shape is not None:
+        input_shape = tuple(input_shape)
+        if not 1 <= len(input_shape) <= 4 or not all(isinstance(d, int) and d >= 1 for d in input_shape):
+            raise ValueError(f"{name}.input_shape must be 1 to 4 positive ints, got {input_shape!r}")
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)):
+        raise ValueError(f"{name}.num_classes must be an int >= 2, got {num_classes!r}")
+    if num_classes is not None and num_classes < 2:
+        raise ValueError(f"{name}.num_classes must be an int >= 2, got {num_classes!r}")
+    return Dataset(name, plugin_label(name, loader, source), loader, needs_root, input_shape, num_classes)
+
+
+DATASET_REGISTRY: Registry[Dataset] = Registry("dataset", "mtfl.datasets", Dataset, dataset_from_entry_point)
 """Every data set a task may train on; plug-ins register in the ``mtfl.datasets`` group."""
 
 
-def _load_digits(root: str | None, split: str, indices: np.ndarray) -> tuple[Any, Any]:
-    from workers.training.dataset_sources import load_digits
+def _digits(root: str | None) -> Splits:
+    from workers.training.dataset_sources import digits_splits
 
-    return load_digits(split, indices)
+    return digits_splits(root)
 
 
-def _load_cifar10(root: str | None, split: str, indices: np.ndarray) -> tuple[Any, Any]:
-    from workers.training.dataset_sources import load_cifar10
+def _cifar10(root: str | None) -> Splits:
+    from workers.training.dataset_sources import cifar10_splits
 
-    return load_cifar10(root, split, indices)
+    return cifar10_splits(root)
+
+
+def _npz(root: str | None) -> Splits:
+    from workers.training.dataset_sources import npz_splits
+
+    return npz_splits(root)
+
+
+MAX_IMAGE_SIZE = 4096
+"""The largest side :func:`imagefolder_loader` resizes to, in pixels."""
+
+
+def imagefolder_loader(size: int) -> SplitsLoader:
+    """A loader of torchvision ``ImageFolder`` data resized to ``size``×``size``, for a plug-in
+    that registers another size than the built-in ``imagefolder``'s 32::
+
+        # [project.entry-points."mtfl.datasets"]  imagefolder64 = "my_pkg:IMAGEFOLDER64"
+        IMAGEFOLDER64 = imagefolder_loader(64)
+
+    The loader reads ``root/train/<class>/*`` and ``root/test/<class>/*`` (3 channels, RGB),
+    normalised per channel with the training split's mean and standard deviation
+    (:func:`workers.training.dataset_sources.imagefolder_splits`); it has ``needs_root = True``
+    and ``input_shape = (3, size, size)`` for the registry.
+
+    Raises:
+        ValueError: ``size`` is not an integer in ``[1, MAX_IMAGE_SIZE]``.
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_IMAGE_SIZE:
+        raise ValueError(f"size must be an integer in [1, {MAX_IMAGE_SIZE}], got {size!r}")
+
+    def load(root: str | None) -> Splits:
+        from workers.training.dataset_sources import imagefolder_splits
+
+        return imagefolder_splits(root, size)
+
+    load.__doc__ = f"images in torchvision's ImageFolder layout (train/, test/), resized to {size}×{size}"
+    load.__name__ = f"imagefolder_{size}"
+    load.needs_root = True  # type: ignore[attr-defined]
+    load.input_shape = (3, size, size)  # type: ignore[attr-defined]
+    return load
 
 
 _DIGITS_SAMPLES = 1797
 _DIGITS_TEST = 360  # ceil(0.2 * 1797): scikit-learn's rounding of test_size=0.2
+DIGITS_INFO = DatasetInfo("digits", 10, _DIGITS_SAMPLES - _DIGITS_TEST, _DIGITS_TEST)
+CIFAR10_INFO = DatasetInfo("cifar10", 10, 50_000, 10_000)
 
 DATASET_REGISTRY.register(
     Dataset(
         "digits",
         "digits — scikit-learn's 8×8 handwritten digits at 32×32 (offline)",
-        DatasetInfo("digits", 10, _DIGITS_SAMPLES - _DIGITS_TEST, _DIGITS_TEST),
-        _load_digits,
+        _digits,
+        input_shape=(3, 32, 32),
+        num_classes=10,
     )
 )
 DATASET_REGISTRY.register(
     Dataset(
         "cifar10",
         "cifar10 — CIFAR-10 from a local folder (never downloaded)",
-        DatasetInfo("cifar10", 10, 50_000, 10_000),
-        _load_cifar10,
+        _cifar10,
         needs_root=True,
+        input_shape=(3, 32, 32),
+        num_classes=10,
+    )
+)
+DATASET_REGISTRY.register(
+    Dataset(
+        "npz",
+        "npz — your own arrays: a .npz file with x_train, y_train, x_test, y_test (or a folder of .npy files)",
+        _npz,
+        needs_root=True,
+    )
+)
+DATASET_REGISTRY.register(
+    Dataset(
+        "imagefolder",
+        "imagefolder — your own images: train/ and test/ class folders, resized to 32×32",
+        imagefolder_loader(32),
+        needs_root=True,
+        input_shape=(3, 32, 32),
     )
 )

@@ -4,8 +4,13 @@ A :class:`Model` record builds a fresh, randomly initialised ``torch.nn.Module``
 classes and an input shape; :func:`workers.training.zoo.build_model` seeds the initialisation and is what
 the trainers call. Built-ins are torchvision's unchanged architectures with ``weights=None``
 (nothing is downloaded); they accept 3×32×32 inputs as they are, because the adaptive average
-pooling before each classifier absorbs the small spatial size. Plug-ins register in the
-``mtfl.models`` entry-point group.
+pooling before each classifier absorbs the small spatial size.
+
+Plug-ins register in the ``mtfl.models`` entry-point group. The entry point names the builder
+itself, a callable ``(num_classes: int, input_shape: tuple[int, ...]) -> torch.nn.Module``
+(issue 21); the registry wraps it into a :class:`Model` under the entry point's name, labelled
+with the first line of its docstring and the distribution that provides it. A :class:`Model`
+record is accepted as the entry point's object too.
 
 Importing this module imports neither torch nor torchvision: builders import them when called.
 """
@@ -16,15 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.registry.base import Registry
+from workers.registry.base import Registry, plugin_label
 
-InputShape = tuple[int, int, int]
-"""``(channels, height, width)`` of one sample."""
+InputShape = tuple[int, ...]
+"""The shape of one sample, 1 to 4 dimensions: ``(channels, height, width)`` for an image,
+``(features,)`` for tabular data."""
 
 ModelBuilder = Callable[[int, InputShape], Any]
 """``(num_classes, input_shape) -> torch.nn.Module`` in training mode, on CPU, float32, whose
-output for an ``N×C×H×W`` input is ``N×num_classes`` logits. Raises ``ValueError`` for an input
-shape it cannot take."""
+output for an ``(N, *input_shape)`` input is ``N×num_classes`` logits. Raises ``ValueError`` for
+an input shape it cannot take."""
 
 
 @dataclass(frozen=True)
@@ -43,18 +49,32 @@ class Model:
     build: ModelBuilder
 
 
-MODEL_REGISTRY: Registry[Model] = Registry("model", "mtfl.models", Model)
+def model_from_entry_point(name: str, build: Any, source: str) -> Model:
+    """Wrap a plug-in's builder (an ``mtfl.models`` entry point's callable) into a :class:`Model`.
+
+    Args:
+        name: the entry point's name, which becomes the architecture name.
+        build: the loaded :data:`ModelBuilder`; it is not called here.
+        source: ``"<distribution> <version>"`` of the package providing it.
+    """
+    return Model(name, plugin_label(name, build, source), build)
+
+
+MODEL_REGISTRY: Registry[Model] = Registry("model", "mtfl.models", Model, model_from_entry_point)
 """Every model a task may use; plug-ins register in the ``mtfl.models`` entry-point group."""
 
 
 def torchvision_builder(name: str) -> ModelBuilder:
     """A builder for ``torchvision.models.<name>(weights=None, num_classes=...)``.
 
-    The builder refuses inputs without 3 channels (``ValueError`` naming ``input_shape``);
-    any height and width from 32 pixels up work with the built-in architectures.
+    The builder refuses inputs that are not images of 3 channels, ``(3, height, width)``
+    (``ValueError`` naming ``input_shape``); any height and width from 32 pixels up work with
+    the built-in architectures.
     """
 
     def build(num_classes: int, input_shape: InputShape) -> Any:
+        if len(input_shape) != 3:
+            raise ValueError(f"input_shape: {name} takes images of shape (3, height, width), got {tuple(input_shape)}")
         if input_shape[0] != 3:
             raise ValueError(f"input_shape: {name} takes 3 input channels, got {input_shape[0]}")
         import torchvision
