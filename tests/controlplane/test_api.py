@@ -119,12 +119,12 @@ def test_experiment_rounds_and_alpha_ranges(api, make_task, make_device):
     rounds = api.post("/api/experiments/", {**base, "rounds": 0}, format="json")
     assert rounds.status_code == 400 and "rounds" in rounds.json()["errors"]
     alpha = api.post(
-        "/api/experiments/", {**base, "rounds": 1, "partition_rule": "dirichlet", "dirichlet_alpha": 0}, format="json"
+        "/api/experiments/", {**base, "rounds": 1, "partition_rule": "quantity", "dirichlet_alpha": 0}, format="json"
     )
     assert alpha.status_code == 400 and "(0, 1000]" in alpha.json()["errors"]["dirichlet_alpha"][0]
 
 
-def test_dirichlet_experiment_derives_skewed_shards_covering_the_split(api, make_task, make_device):
+def test_quantity_experiment_derives_skewed_shards_covering_the_split(api, make_task, make_device):
     tasks = [make_task("a", "resnet18"), make_task("b", "shufflenet_v2_x1_0")]
     devices = [make_device("d1"), make_device("d2"), make_device("d3")]
     response = api.post(
@@ -134,7 +134,7 @@ def test_dirichlet_experiment_derives_skewed_shards_covering_the_split(api, make
             "tasks": [t.id for t in tasks],
             "devices": [d.id for d in devices],
             "rounds": 2,
-            "partition_rule": "dirichlet",
+            "partition_rule": "quantity",
             "dirichlet_alpha": 0.5,
             "seed": 3,
         },
@@ -155,7 +155,7 @@ def test_dirichlet_experiment_derives_skewed_shards_covering_the_split(api, make
             "tasks": [t.id for t in tasks],
             "devices": [d.id for d in devices],
             "rounds": 2,
-            "partition_rule": "dirichlet",
+            "partition_rule": "quantity",
             "dirichlet_alpha": 0.5,
             "seed": 3,
         },

@@ -51,7 +51,7 @@ def targets(make_experiment, make_device):
             "POST",
             "/api/experiments/",
             f'{{"name": "e", "tasks": [{task.id}], "devices": [{device.id}], "rounds": 1, '
-            f'"partition_rule": "dirichlet", "dirichlet_alpha": @}}',
+            f'"partition_rule": "quantity", "dirichlet_alpha": @}}',
             "dirichlet_alpha",
         ),
         (

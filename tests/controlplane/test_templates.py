@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -24,7 +25,9 @@ from controlplane.experiments.services.templates import (
     cifar10_problem,
     template_dataset_default,
 )
-from workers.training.datasets import dataset_info
+from workers.registry.check import TaskCheck
+
+DIGITS_TRAIN = 1437
 
 pytestmark = pytest.mark.django_db
 
@@ -65,6 +68,23 @@ def cifar10_at(settings):
     return point
 
 
+@pytest.fixture
+def cifar10_checked(monkeypatch):
+    """The fake CIFAR-10 folders below only look like the data (sparse files of a batch's size, for
+    the template's choice of data set); a cifar10 task's check, which reads the batches, answers
+    as the real data would instead."""
+    from controlplane.experiments.services import catalog
+
+    real = catalog._task_check
+
+    def check(**kw):
+        if kw["dataset"] != "cifar10":
+            return real(**kw)
+        return TaskCheck((3, 32, 32), 10, 50_000, 10_000, np.arange(50_000) % 10, np.arange(10_000) % 10)
+
+    monkeypatch.setattr(catalog, "_task_check", check)
+
+
 def _counts(experiment: Experiment) -> dict[str, list[int]]:
     """``{architecture: [|D_ij| for each device by id]}``."""
     out: dict[str, list[int]] = {}
@@ -89,7 +109,8 @@ def test_each_template_creates_its_three_tasks_with_the_defaults(template, devic
     assert {t.dataset for t in experiment.tasks.all()} == {"digits"}
     assert experiment.name == f"{template} mix"
     assert (experiment.rounds, experiment.local_epochs, experiment.seed) == (3, 1, 0)
-    assert (experiment.partition_rule, experiment.dirichlet_alpha) == ("dirichlet", 0.5)
+    assert (experiment.partition_rule, experiment.partition_params) == ("quantity", {"alpha": 0.5})
+    assert experiment.dirichlet_alpha == 0.5
     assert experiment.shards.count() == 3 * len(devices)
     assert "Yu et al. 2022, §5" in experiment.description
 
@@ -98,7 +119,7 @@ def test_data_volumes_are_skewed_per_task_and_device(devices):
     experiment = experiment_create_from_template(template="light", device_ids=[d.id for d in devices])
 
     counts = _counts(experiment)
-    train_size = dataset_info("digits").train_size
+    train_size = DIGITS_TRAIN
     for per_device in counts.values():
         assert sum(per_device) == train_size  # every task covers its whole split
         assert len(set(per_device)) > 1  # ...unevenly across devices
@@ -139,7 +160,7 @@ def test_a_task_name_holding_another_definition_is_not_reused(devices, make_task
     assert resnet.optimizer == "adam"
 
 
-def test_cifar10_is_used_when_its_folder_holds_the_data(devices, tmp_path, cifar10_at):
+def test_cifar10_is_used_when_its_folder_holds_the_data(devices, tmp_path, cifar10_at, cifar10_checked):
     root = fake_cifar10(tmp_path / "data")
     cifar10_at(root)
 
@@ -256,7 +277,8 @@ def test_api_creates_an_experiment_from_a_template(api, devices):
     assert response.status_code == 201, response.json()
     body = response.json()
     assert body["name"] == "mixed mix" and body["rounds"] == 2 and body["seed"] == 7
-    assert body["partition_rule"] == "dirichlet" and body["dirichlet_alpha"] == 0.5
+    assert body["partition_rule"] == "quantity" and body["partition_params"] == {"alpha": 0.5}
+    assert body["dirichlet_alpha"] == 0.5
     assert len(body["shards"]) == 9 and {s["task_name"] for s in body["shards"]} == {
         "digits-resnet50",
         "digits-vgg16",
