@@ -26,7 +26,7 @@ class ShardInline(admin.TabularInline):
 
 @admin.register(Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
-    list_display = ["name", "rounds", "local_epochs", "partition_rule", "dirichlet_alpha", "seed", "created_at"]
+    list_display = ["name", "rounds", "local_epochs", "partition_rule", "partition_params", "seed", "created_at"]
     filter_horizontal = ["tasks", "devices"]
     inlines = [ShardInline]
 

@@ -183,6 +183,7 @@ def experiment_summary(experiment: Experiment) -> dict[str, Any]:
                 "architecture": t.architecture,
                 "dataset": t.dataset,
                 "num_classes": t.num_classes,
+                "input_shape": t.input_shape,
                 "optimizer": t.optimizer,
                 "learning_rate": t.learning_rate,
                 "momentum": t.momentum,
@@ -194,9 +195,13 @@ def experiment_summary(experiment: Experiment) -> dict[str, Any]:
         "rounds": experiment.rounds,
         "local_epochs": experiment.local_epochs,
         "partition_rule": experiment.partition_rule,
+        "partition_params": experiment.partition_params,
         "dirichlet_alpha": experiment.dirichlet_alpha,
         "seed": experiment.seed,
-        "shards": [{"device": s.device.name, "task": s.task.name, "num_samples": s.num_samples} for s in shards],
+        "shards": [
+            {"device": s.device.name, "task": s.task.name, "num_samples": s.num_samples, "label_counts": s.label_counts}
+            for s in shards
+        ],
         "created_at": experiment.created_at.isoformat(),
     }
 

@@ -54,11 +54,15 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
     experiment = run.experiment
     store = get_store()
     try:
-        from workers.training.zoo import write_initial_weights
+        from workers.fl.artifacts import save_model_weights
+        from workers.training.zoo import build_model
 
         for task in experiment.tasks.order_by("id"):
             key = global_weights_key(run.id, task.id, None)
-            sha = write_initial_weights(task.architecture, task.num_classes, experiment.seed, store.path(key))
+            # Built at the task's own input shape: a plug-in model on other data than images
+            # (its first layer's size follows from the shape) has no 3×32×32 form.
+            model = build_model(task.architecture, task.num_classes, experiment.seed, tuple(task.input_shape))
+            sha = save_model_weights(model, store.path(key))
             accuracy, loss = model_evaluate(selectors.task_ref(task), store.path(key))
             Checkpoint.objects.create(
                 run=run, task=task, round=None, artifact_path=key, sha256=sha, test_accuracy=accuracy, test_loss=loss
