@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from workers.protocol.messages import DatasetRef
-from workers.training.datasets import DatasetNotFoundError, dataset_info, load_split
+from workers.registry.datasets import DATASET_REGISTRY, ArraySplits, Dataset
+from workers.training.datasets import DatasetNotFoundError, dataset_info, load_split, load_splits
 
 DIGITS = DatasetRef(name="digits")
 
@@ -66,8 +67,62 @@ def test_cifar10_missing_folder_names_the_path_and_never_downloads(tmp_path):
     assert not root.exists()
 
 
+def test_cifar10_without_a_root_is_refused_naming_dataset_root():
+    with pytest.raises(DatasetNotFoundError, match="dataset_root is not set: cifar10"):
+        load_split(DatasetRef(name="cifar10"), "test")
+
+
 def test_cifar10_info_needs_no_files():
     assert dataset_info("cifar10").train_size == 50_000
+
+
+def test_sizes_of_a_dataset_read_from_files_come_from_the_task_not_dataset_info():
+    with pytest.raises(ValueError, match="the sizes of 'npz' follow from its files"):
+        dataset_info("npz")
+
+
+def test_digits_numbers_are_those_of_the_previous_loader():
+    """The contract's arrays give bit-identical tensors to the torch normalisation they replace."""
+    import torch
+
+    from workers.training.dataset_sources import _digits_arrays
+
+    arrays = _digits_arrays()
+    mean, std = float(arrays["train"][0].mean()), float(arrays["train"][0].std())
+    for split in ("train", "test"):
+        x = torch.from_numpy(arrays[split][0]).expand(-1, 3, -1, -1)
+        before = (x - torch.full((1, 3, 1, 1), mean)) / torch.full((1, 3, 1, 1), std)
+        after, y = load_split(DIGITS, split)
+        assert torch.equal(after, before) and np.array_equal(y.numpy(), arrays[split][1])
+
+
+def test_splits_are_loaded_once_and_load_split_hands_out_fresh_tensors():
+    splits = load_splits(DIGITS)
+    assert load_splits(DIGITS) is splits
+    assert splits.x_train.shape == (1437, 3, 32, 32) and splits.x_train.dtype == np.float32
+    assert splits.y_test.dtype == np.int64 and splits.y_test.shape == (360,)
+
+    x, y = load_split(DIGITS, "test", np.array([0, 1]))
+    x += 100.0
+    y[:] = -1
+    again, labels = load_split(DIGITS, "test", np.array([0, 1]))
+    assert float(again.max()) < 100.0 and labels.min() >= 0
+
+
+def test_a_split_whose_x_and_y_disagree_in_length_is_refused():
+    x = np.zeros((4, 2), dtype=np.float32)
+    labels = np.array([0, 1, 0], dtype=np.int64)
+    DATASET_REGISTRY.register(Dataset("uneven", "uneven — test", lambda root: ArraySplits(x, labels, x, labels)))
+    try:
+        with pytest.raises(ValueError, match="train split has 4 samples in x but 3 labels in y"):
+            load_split(DatasetRef(name="uneven"), "train")
+    finally:
+        DATASET_REGISTRY.unregister("uneven")
+
+
+def test_an_unknown_split_is_refused():
+    with pytest.raises(ValueError, match="split must be one of"):
+        load_split(DIGITS, "validation")  # type: ignore[arg-type]
 
 
 def test_unknown_dataset_is_rejected():

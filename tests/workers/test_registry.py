@@ -8,6 +8,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -138,6 +139,158 @@ def test_reload_plugins_sees_a_plugin_installed_after_the_first_read(plugin_dir)
     assert "big" in registry  # ...until asked again
 
 
+def test_entries_registered_in_code_come_from_mtfl_lab():
+    from importlib.metadata import version
+
+    registry = widgets()
+    registry.register(Widget("a"))
+    registry.register(Widget("b"), source="someone-else 2.0")
+
+    assert registry.source("a") == f"mtfl-lab {version('mtfl-lab')}" == MODEL_REGISTRY.source("resnet18")
+    assert registry.source("b") == "someone-else 2.0"
+    registry.register(registry.get("b"))  # the same record again keeps its source
+    assert registry.source("b") == "someone-else 2.0"
+    with pytest.raises(UnknownEntryError, match="widget: 'c' is not allowed"):
+        registry.source("c")
+
+
+def test_an_entry_points_source_is_its_distribution_and_version(plugin_dir):
+    _install(plugin_dir, "big = widget_plugin:BIG\nsmall = widget_plugin:make_small\n")
+    registry = widgets()
+
+    assert registry.source("big") == registry.source("small") == "widget-plugin 0.1"
+
+
+MODEL_PLUGIN = '''
+import numpy as np
+
+
+def tiny_mlp(num_classes, input_shape):
+    """A one-layer perceptron over flattened samples.
+
+    Not part of the label.
+    """
+    from torch import nn
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), num_classes))
+
+
+def undocumented(num_classes, input_shape):
+    from torch import nn
+
+    return nn.Linear(input_shape[0], num_classes)
+
+
+def features(root):
+    """Twelve samples of 5 features."""
+    from workers.registry.datasets import ArraySplits
+
+    x = np.arange(60, dtype=np.float32).reshape(12, 5)
+    y = np.arange(12) % 2
+    return ArraySplits(x[:8], y[:8], x[8:], y[8:])
+
+
+features.num_classes = 2
+features.input_shape = (5,)
+
+
+def rooted(root):
+    """Arrays from a folder."""
+    raise FileNotFoundError(root)
+
+
+rooted.needs_root = True
+
+
+def bad_shape(root):
+    return None
+
+
+bad_shape.input_shape = (0,)
+'''
+
+
+@pytest.fixture
+def callable_plugins(plugin_dir):
+    """``callable-plugin 3.1`` with models and data sets as plain callables (issue 21's form)."""
+    (plugin_dir / "callable_plugin.py").write_text(MODEL_PLUGIN)
+    info = plugin_dir / "callable_plugin-3.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: callable-plugin\nVersion: 3.1\n")
+    (info / "entry_points.txt").write_text(
+        textwrap.dedent("""\
+        [mtfl.models]
+        tiny_mlp = callable_plugin:tiny_mlp
+        undocumented = callable_plugin:undocumented
+
+        [mtfl.datasets]
+        features = callable_plugin:features
+        rooted = callable_plugin:rooted
+        bad_shape = callable_plugin:bad_shape
+        """)
+    )
+    importlib.invalidate_caches()
+    MODEL_REGISTRY.reload_plugins()
+    DATASET_REGISTRY.reload_plugins()
+    yield
+    sys.modules.pop("callable_plugin", None)
+    for registry, names in ((MODEL_REGISTRY, ("tiny_mlp", "undocumented")), (DATASET_REGISTRY, ("features", "rooted"))):
+        for name in names:
+            registry.unregister(name)
+        registry.failures.clear()  # bad_shape's, which no other test expects
+
+
+def test_a_model_entry_point_is_a_builder_wrapped_into_a_record(callable_plugins):
+    import torch
+
+    from workers.training.zoo import build_model
+
+    record = MODEL_REGISTRY.get("tiny_mlp")
+    assert record.label == "tiny_mlp — A one-layer perceptron over flattened samples. (callable-plugin 3.1)"
+    assert MODEL_REGISTRY.get("undocumented").label == "undocumented (callable-plugin 3.1)"
+    assert MODEL_REGISTRY.source("tiny_mlp") == "callable-plugin 3.1"
+    assert MODEL_REGISTRY.names()[-2:] == ("tiny_mlp", "undocumented")  # after the built-ins
+
+    model = build_model("tiny_mlp", 4, 0, (5,))
+    assert model(torch.zeros(3, 5)).shape == (3, 4)
+
+
+def test_a_dataset_entry_point_is_a_loader_wrapped_into_a_record(callable_plugins):
+    from workers.protocol.messages import DatasetRef
+    from workers.training.datasets import load_split
+
+    record = DATASET_REGISTRY.get("features")
+    assert record.label == "features — Twelve samples of 5 features. (callable-plugin 3.1)"
+    assert (record.input_shape, record.num_classes, record.needs_root) == ((5,), 2, False)
+    assert DATASET_REGISTRY.get("rooted").needs_root
+    assert DATASET_REGISTRY.source("features") == "callable-plugin 3.1"
+
+    x, y = load_split(DatasetRef(name="features"), "test", np.array([3, 0]))
+    assert x.tolist() == [[55.0, 56.0, 57.0, 58.0, 59.0], [40.0, 41.0, 42.0, 43.0, 44.0]] and y.tolist() == [1, 0]
+
+    failures = {f.name: f.error for f in DATASET_REGISTRY.failures}
+    assert set(failures) == {"bad_shape"}
+    assert "bad_shape.input_shape must be 1 to 4 positive ints, got (0,)" in failures["bad_shape"]
+
+
+def test_reloading_keeps_a_callable_plugin_without_a_failure(callable_plugins):
+    record = MODEL_REGISTRY.get("tiny_mlp")
+
+    MODEL_REGISTRY.reload_plugins()
+
+    assert MODEL_REGISTRY.failures == [] and MODEL_REGISTRY.get("tiny_mlp") == record
+
+
+def test_the_builtin_models_refuse_shapes_that_are_not_3_channel_images():
+    build = MODEL_REGISTRY.get("resnet18").build
+    with pytest.raises(
+        ValueError, match=r"input_shape: resnet18 takes images of shape \(3, height, width\), got \(20,\)"
+    ):
+        build(10, (20,))
+    with pytest.raises(ValueError, match="input_shape: resnet18 takes 3 input channels, got 1"):
+        build(10, (1, 32, 32))
+
+
 def test_the_builtins_are_registered():
     assert MODEL_REGISTRY.names() == (
         "resnet18",
@@ -149,10 +302,15 @@ def test_the_builtins_are_registered():
         "shufflenet_v2_x1_0",
         "densenet121",
     )
-    assert DATASET_REGISTRY.names() == ("digits", "cifar10")
-    assert DATASET_REGISTRY.get("cifar10").needs_root and not DATASET_REGISTRY.get("digits").needs_root
-    assert PARTITIONER_REGISTRY.names() == ("iid", "dirichlet")
-    assert PARTITIONER_REGISTRY.get("dirichlet").uses_alpha and not PARTITIONER_REGISTRY.get("iid").uses_alpha
+    assert DATASET_REGISTRY.names() == ("digits", "cifar10", "npz", "imagefolder")
+    assert not DATASET_REGISTRY.get("digits").needs_root
+    assert all(DATASET_REGISTRY.get(name).needs_root for name in ("cifar10", "npz", "imagefolder"))
+    assert (
+        DATASET_REGISTRY.get("digits").input_shape == (3, 32, 32) and DATASET_REGISTRY.get("digits").num_classes == 10
+    )
+    assert DATASET_REGISTRY.get("npz").input_shape is None and DATASET_REGISTRY.get("npz").num_classes is None
+    assert DATASET_REGISTRY.get("imagefolder").input_shape == (3, 32, 32)
+    assert PARTITIONER_REGISTRY.names() == ("iid", "quantity", "dirichlet_labels", "shards")
     assert BACKEND_REGISTRY.names() == ("cpu", "simulated", "cuda-mps", "cuda-timeslice")
     assert BACKEND_REGISTRY.get("cuda-timeslice").partitionings == ("timeslice",)
     assert BACKEND_REGISTRY.get("simulated").simulated and not BACKEND_REGISTRY.get("cpu").simulated
