@@ -204,3 +204,23 @@ def test_normalised_images_match_the_torch_normalisation_for_indexed_samples():
     assert images[1:3].shape == (2, 3, 32, 32)
     with pytest.raises(ValueError, match="mean and std need 3 values"):
         NormalisedImages(pixels, (0.5,), (0.5,), channels_last=True)
+
+
+def test_the_root_fingerprint_sees_files_rewritten_in_place_and_images_added(tmp_path, image_root):
+    from workers.registry.datasets import root_fingerprint
+
+    def touch(path):
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+
+    for name, values in _arrays().items():
+        np.save(tmp_path / f"{name}.npy", values)
+    before = root_fingerprint(str(tmp_path))
+    touch(tmp_path / "y_train.npy")  # rewritten in place: the folder's own time does not move
+    assert root_fingerprint(str(tmp_path)) != before
+
+    before = root_fingerprint(str(image_root))
+    _image(image_root / "train" / "dog" / "new.png", (8, 8), (9, 9, 9))
+    touch(image_root / "train" / "dog")
+    assert root_fingerprint(str(image_root)) != before
+    assert root_fingerprint(None) is None and root_fingerprint(str(tmp_path / "none")) is None

@@ -316,3 +316,29 @@ def test_the_default_time_limit_comes_from_the_environment(monkeypatch):
         default_timeout_s()
     with pytest.raises(ValueError, match="timeout_s must be a positive number"):
         check_task_in_child("resnet18", "digits", None, timeout_s=0)
+
+
+# ------------------------------------------------------------------------------- inventory
+
+
+def test_the_inventory_lists_builtins_and_plugins_with_their_sources(plugin, monkeypatch, tmp_path):
+    from importlib.metadata import version
+
+    from workers.agent import app as agent
+    from workers.registry.inventory import installed_plugins
+
+    builtin = f"mtfl-lab {version('mtfl-lab')}"
+
+    plugins = installed_plugins()
+
+    assert set(plugins) == {"models", "datasets", "partitioners"}
+    assert plugins["models"]["resnet18"] == builtin and plugins["models"]["ck_mlp"] == "mtfl-check-plugin 1.2"
+    assert "ck_broken" not in plugins["models"]  # its import failed: nothing to declare
+    assert plugins["datasets"]["npz"] == builtin and plugins["datasets"]["ck_tabular"] == "mtfl-check-plugin 1.2"
+    assert plugins["partitioners"]["iid"] == builtin
+
+    monkeypatch.setenv(agent.ENV_DEVICE, "dev-p")
+    monkeypatch.setenv(agent.ENV_STATE_DIR, str(tmp_path / "state"))
+    monkeypatch.delenv(agent.ENV_CORES, raising=False)
+    inventory = agent.build_inventory(agent.agent_settings())
+    assert inventory.plugins == plugins

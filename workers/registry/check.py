@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from workers.registry.base import Registry, UnknownEntryError
-from workers.registry.datasets import ARRAY_NAMES, DATASET_REGISTRY, Dataset, SampleArray
+from workers.registry.datasets import ARRAY_NAMES, DATASET_REGISTRY, Dataset, SampleArray, root_fingerprint
 from workers.registry.models import MODEL_REGISTRY
 
 FIELDS: tuple[str, ...] = ("architecture", "dataset", "dataset_root", "num_classes")
@@ -445,15 +445,6 @@ def default_timeout_s() -> float:
     return value
 
 
-def _root_mtime_ns(root: str | None) -> int | None:
-    if not root:
-        return None
-    try:
-        return Path(root).expanduser().stat().st_mtime_ns
-    except OSError:
-        return None
-
-
 def check_task_in_child(
     architecture: str,
     dataset: str,
@@ -465,7 +456,8 @@ def check_task_in_child(
 
     This process imports no plug-in and calls none: the child does. Answers (a
     :class:`TaskCheck` or a refusal the child reported) are kept per arguments and the root's
-    modification time (``st_mtime_ns``) for the life of the process; a timeout or a crash is not
+    modification times (:func:`~workers.registry.datasets.root_fingerprint`) for the life of the
+    process; a timeout or a crash is not
     kept (it may be the host's load, not the plug-in).
 
     Args:
@@ -485,7 +477,7 @@ def check_task_in_child(
     timeout = default_timeout_s() if timeout_s is None else float(timeout_s)
     if not timeout > 0 or timeout == float("inf"):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    key = (architecture, dataset, dataset_root, num_classes, _root_mtime_ns(dataset_root))
+    key = (architecture, dataset, dataset_root, num_classes, root_fingerprint(dataset_root))
     with _results_lock:
         cached = _results.get(key)
     if cached is not None:

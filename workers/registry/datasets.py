@@ -34,8 +34,10 @@ Importing this module imports neither torch nor scikit-learn: loaders import the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -120,6 +122,31 @@ def split_arrays(splits: Splits, split: str) -> tuple[SampleArray, np.ndarray]:
     if split == "test":
         return splits.x_test, splits.y_test
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def root_fingerprint(root: str | None) -> tuple[int, ...] | None:
+    """What changes when a data set's root changes on disk, for caches keyed by it.
+
+    ``None`` for no root or a missing one; else the ``st_mtime_ns`` of the root, of each entry
+    directly in it (a folder's ``x_train.npy`` rewritten in place changes no folder's time), and
+    of the folders one level further down (an image added to ``train/<class>/``). Files deeper
+    down, rewritten in place, are not seen.
+    """
+    if not root:
+        return None
+    path = Path(root).expanduser()
+    try:
+        times = [path.stat().st_mtime_ns]
+        if path.is_dir():
+            for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                times.append(entry.stat().st_mtime_ns)
+                if entry.is_dir():
+                    times.extend(
+                        e.stat().st_mtime_ns for e in sorted(os.scandir(entry.path), key=lambda e: e.name) if e.is_dir()
+                    )
+    except OSError:
+        return None
+    return tuple(times)
 
 
 SplitsLoader = Callable[[str | None], Splits]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -28,6 +27,7 @@ from workers.registry.datasets import (
     Dataset,
     DatasetInfo,
     Splits,
+    root_fingerprint,
     split_arrays,
 )
 from workers.training.dataset_sources import DatasetNotFoundError
@@ -77,20 +77,12 @@ def dataset_info(name: str) -> DatasetInfo:
         ) from None
 
 
-def _root_mtime_ns(root: str | None) -> int | None:
-    if not root:
-        return None
-    try:
-        return Path(root).expanduser().stat().st_mtime_ns
-    except OSError:
-        return None
-
-
 def load_splits(ref: DatasetRef) -> Splits:
     """A data set's splits (:class:`~workers.registry.datasets.Splits`), read once per process.
 
-    The result is kept per data set record, root and the root's modification time (so a root
-    rewritten on disk is read again), for the last few data sets used.
+    The result is kept per data set record, root and the root's modification times
+    (:func:`~workers.registry.datasets.root_fingerprint`: a root rewritten on disk is read
+    again), for the last few data sets used.
 
     Args:
         ref: the data set; ``ref.root`` its file or folder (required when the record
@@ -111,7 +103,7 @@ def load_splits(ref: DatasetRef) -> Splits:
         raise DatasetNotFoundError(
             f"dataset_root is not set: {ref.name} is read from a local file or folder and nothing is downloaded"
         )
-    key = (record, ref.root, _root_mtime_ns(ref.root))
+    key = (record, ref.root, root_fingerprint(ref.root))
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
