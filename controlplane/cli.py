@@ -1,7 +1,8 @@
 """The ``mtfl`` console script: ``manage.py`` with the project's settings.
 
 ``mtfl demo``, ``mtfl up``, ``mtfl agent``, ``mtfl create-experiment``, ``mtfl profile``,
-``mtfl fit-predictor`` and every Django command (``mtfl migrate``, ``mtfl createsuperuser``, ...)
+``mtfl fit-predictor``, ``mtfl plugins`` (what this host and each online device have installed)
+and every Django command (``mtfl migrate``, ``mtfl createsuperuser``, ...)
 are available. A command may be spelled with hyphens or underscores (``create-experiment`` runs
 the ``create_experiment`` command module).
 """

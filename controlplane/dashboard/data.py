@@ -8,8 +8,11 @@ figure shows (:mod:`.figures` says which), as plain values rather than model ins
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import plotly.graph_objects as go
@@ -18,11 +21,12 @@ from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Sum
 from controlplane.common.jsonsafe import finite_or_none
 from controlplane.dashboard import figures
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Experiment, Round, Run
+from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Experiment, Round, Run, Task
 from controlplane.planning import metrics
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy, compared_strategies
 from controlplane.profiling.models import Predictor
 from controlplane.profiling.selectors import predictor_history
+from workers.registry.partitioners import PARTITIONER_REGISTRY
 
 
 def figure_json(fig: go.Figure) -> dict[str, Any]:
@@ -368,3 +372,88 @@ def predictor_figures(predictor: Predictor) -> dict[str, dict]:
         "by_slice": figure_json(figures.error_by_slice(predictor.metrics)),
         "learning": figure_json(figures.learning_curve(history)),
     }
+
+
+def experiment_label_histograms(experiment: Experiment, tasks: list[Task]) -> list[dict[str, Any]]:
+    """Per task of the experiment (in ``tasks``' order), its devices' class histograms:
+    ``{"task": Task, "num_classes", "devices": [{"device", "num_samples", "label_counts"}, …]
+    (by device name), "figure": label_histogram JSON, "table": whether the page lists the numbers
+    (up to :data:`figures.MAX_DEVICES` devices; the CSV download has them all)}``.
+
+    Rows come from :func:`controlplane.experiments.selectors.label_histograms` (the shards' stored
+    histograms; no data set is read). ``num_classes`` is the task's, or the longest stored
+    histogram if that is longer (a task whose classes were changed after partitioning).
+    """
+    rows: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in selectors.label_histograms(experiment):
+        rows[row["task"]].append(
+            {
+                "device": row["device_name"],
+                "num_samples": row["num_samples"],
+                "label_counts": list(row["label_counts"] or []),
+            }
+        )
+    histograms = []
+    for task in tasks:
+        devices = sorted(rows.get(task.id, []), key=lambda r: r["device"])
+        num_classes = max([task.num_classes, *(len(r["label_counts"]) for r in devices)])
+        for r in devices:  # a recorded histogram has a count for every class
+            if r["label_counts"]:
+                r["label_counts"] += [0] * (num_classes - len(r["label_counts"]))
+        histograms.append(
+            {
+                "task": task,
+                "num_classes": num_classes,
+                "classes": list(range(num_classes)),
+                "devices": devices,
+                "figure": figure_json(figures.label_histogram(task.name, devices, num_classes)),
+                "table": len(devices) <= figures.MAX_DEVICES,
+            }
+        )
+    return histograms
+
+
+def partition_parameters(experiment: Experiment) -> list[dict[str, Any]]:
+    """The experiment's partition parameters as ``{"name", "label", "value"}``, in the order its
+    rule's record declares them (``label`` from its ``PartitionParameter``; the bare name for a
+    parameter, or a rule, no longer registered). A legacy ``dirichlet_alpha`` without
+    ``partition_params`` shows as ``alpha``."""
+    params = dict(experiment.partition_params or {})
+    if not params and experiment.dirichlet_alpha is not None:
+        params = {"alpha": experiment.dirichlet_alpha}
+    declared = []
+    if experiment.partition_rule in PARTITIONER_REGISTRY:
+        declared = list(PARTITIONER_REGISTRY.get(experiment.partition_rule).parameters)
+    labels = {p.name: p.label for p in declared}
+    order = [p.name for p in declared if p.name in params] + sorted(set(params) - set(labels))
+    return [{"name": name, "label": labels.get(name, name), "value": params[name]} for name in order]
+
+
+LABEL_CSV_COLUMNS = ("task", "device", "num_samples", "class", "samples")
+"""The label histograms' CSV: one row per task, device and class."""
+
+
+def label_histogram_csv_chunks(histograms: list[dict[str, Any]], *, chunk_rows: int = 5000) -> Iterator[str]:
+    """:func:`experiment_label_histograms` as CSV text (a header line, then up to ``chunk_rows``
+    rows per chunk): one row per task, device and class (``class`` ``0 … num_classes − 1``,
+    ``samples`` of that class on the device, ``num_samples`` the device's total). A shard whose
+    histogram is not recorded has one row with ``class`` empty and ``samples`` its total."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(LABEL_CSV_COLUMNS)
+    n = 0
+    for histogram in histograms:
+        task = histogram["task"].name
+        for row in histogram["devices"]:
+            counts = row["label_counts"] or [None]
+            for k, count in enumerate(counts):
+                if count is None:
+                    writer.writerow((task, row["device"], row["num_samples"], "", row["num_samples"]))
+                else:
+                    writer.writerow((task, row["device"], row["num_samples"], k, count))
+                n += 1
+                if n % chunk_rows == 0:
+                    yield buffer.getvalue()
+                    buffer.seek(0)
+                    buffer.truncate()
+    yield buffer.getvalue()

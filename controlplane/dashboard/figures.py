@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
 
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
 
@@ -852,3 +853,78 @@ def gpu_telemetry(series: Sequence[Mapping], *, max_points_per_device: int = 150
     if not any(s["t"] for s in series):
         return _empty(fig, "no GPU telemetry yet: it arrives with each round's results")
     return fig
+
+
+UNKNOWN_CLASS_COLOR = "#c9d1d9"
+"""The segment of a device whose shard's class histogram is not known (an explicit split saved
+before histograms were recorded): its samples are drawn, in grey, without a class."""
+
+
+def class_colors(num_classes: int) -> list[str]:
+    """One colour per class ``0 … num_classes − 1``, the same for class ``k`` in every histogram of
+    tasks with up to 10 classes (Plotly's D3 palette, :data:`PALETTE`); more classes take evenly
+    spaced colours of the Turbo scale, so neighbouring classes still differ."""
+    if num_classes <= len(PALETTE):
+        return PALETTE[:num_classes]
+    return sample_colorscale("Turbo", [k / (num_classes - 1) for k in range(num_classes)])
+
+
+MAX_LEGEND_CLASSES = 20
+"""Classes listed in a label histogram's legend; with more, the hover names each segment's class."""
+
+
+def label_histogram(task: str, rows: Sequence[Mapping], num_classes: int) -> go.Figure:
+    """Each device's class histogram of one task's training shard: devices on x (by name), the
+    samples stacked by class, one colour per class (:func:`class_colors`); the hover gives the
+    device, the class, its samples and the device's total.
+
+    Args:
+        task: the task's name (the title).
+        rows: ``{"device", "num_samples", "label_counts"}`` per device holding the task's data;
+            ``label_counts`` is ``num_classes`` counts, or empty when not known (drawn as one grey
+            "class unknown" segment of ``num_samples``).
+        num_classes: classes of the task (label ``k`` is "class k").
+
+    At most :data:`MAX_DEVICES` devices are drawn, spread evenly by name (the page's table and
+    CSV download have them all).
+    """
+    ordered = sorted(rows, key=lambda r: r["device"])
+    shown = spread(ordered, MAX_DEVICES)
+    devices = [r["device"] for r in shown]
+    totals = [int(r["num_samples"]) for r in shown]
+    fig = go.Figure()
+    colors = class_colors(num_classes)
+    for k in range(num_classes):
+        counts = [int(r["label_counts"][k]) if len(r["label_counts"]) > k else 0 for r in shown]
+        if not any(counts):
+            continue  # a class no device holds adds nothing to draw (its legend entry would mislead)
+        fig.add_bar(
+            name=f"class {k}",
+            x=devices,
+            y=counts,
+            customdata=totals,
+            marker_color=colors[k],
+            showlegend=num_classes <= MAX_LEGEND_CLASSES,
+            hovertemplate=f"device %{{x}}<br>class {k}: %{{y:,}} samples<br>of %{{customdata:,}} on the device<extra></extra>",
+        )
+    unknown = [r["num_samples"] if not r["label_counts"] else 0 for r in shown]
+    if any(unknown):
+        fig.add_bar(
+            name="class unknown",
+            x=devices,
+            y=unknown,
+            marker_color=UNKNOWN_CLASS_COLOR,
+            hovertemplate="device %{x}<br>%{y:,} samples, classes not recorded<extra></extra>",
+        )
+    notes = [_devices_note(len(shown), len(ordered))]
+    if num_classes > MAX_LEGEND_CLASSES:
+        notes.append(f"{num_classes} classes: hover a segment for its class")
+    fig.update_layout(
+        title=_note(f"Label histogram per device: {task}", notes),
+        barmode="stack",
+        xaxis=dict(title="device", type="category"),
+        yaxis=dict(title="training samples"),
+        legend_traceorder="normal",
+        **LAYOUT,
+    )
+    return fig if shown else _empty(fig, f"no device holds data of {task}")

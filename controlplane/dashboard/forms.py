@@ -17,7 +17,6 @@ from controlplane.api.exception_handlers import flatten_errors
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments.models import Experiment, Task
 from controlplane.experiments.services.templates import (
-    DEFAULT_DIRICHLET_ALPHA,
     DEFAULT_ROUNDS,
     MAX_NAME_LENGTH,
     TEMPLATES,
@@ -27,9 +26,9 @@ from controlplane.planning.strategies import STRATEGY_REGISTRY
 from workers.protocol.messages import OPTIMIZERS
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.base import Registry
-from workers.registry.datasets import DATASET_REGISTRY
+from workers.registry.datasets import DATASET_REGISTRY, Dataset
 from workers.registry.models import MODEL_REGISTRY
-from workers.registry.partitioners import PARTITIONER_REGISTRY
+from workers.registry.partitioners import PARTITIONER_REGISTRY, PartitionParameter
 
 
 def _input(widget: forms.Widget, label: str, *, help_text: str = "", initial: Any = None) -> forms.Field:
@@ -142,8 +141,46 @@ class DeviceForm(ApiCheckedForm):
         _registered_select(self, "backend", _registered(BACKEND_REGISTRY))
 
 
+def _shape_text(dataset: Dataset) -> str:
+    """What a data set's record says of its samples, for its option in the task form:
+    ``"3×32×32, 10 classes"``, or what follows from its files (``"shape from the files"``)."""
+    if dataset.input_shape is None and dataset.num_classes is None:
+        return "shape from the files"
+    shape = "×".join(str(n) for n in dataset.input_shape) if dataset.input_shape else "shape from the files"
+    classes = f"{dataset.num_classes} classes" if dataset.num_classes else "classes from the files"
+    return f"{shape}, {classes}"
+
+
+def _model_choices() -> list[tuple[str, str]]:
+    """``(name, "label · source")`` of every installed model (source: the distribution and its
+    version providing it, e.g. ``mtfl-lab 0.4.0`` for the zoo)."""
+    return [(m.name, f"{m.label} · {MODEL_REGISTRY.source(m.name)}") for m in MODEL_REGISTRY.records()]
+
+
+def _dataset_choices() -> list[tuple[str, str]]:
+    """``(name, "label (shape, classes) · source")`` of every installed data set."""
+    return [
+        (d.name, f"{d.label} ({_shape_text(d)}) · {DATASET_REGISTRY.source(d.name)}")
+        for d in DATASET_REGISTRY.records()
+    ]
+
+
+class _DatasetSelect(forms.Select):
+    """The data set select; each option says whether the data set reads the task's
+    ``dataset_root`` (``data-needs-root``), so the page shows that input only when it is needed."""
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex, attrs)
+        if value in DATASET_REGISTRY:
+            option["attrs"]["data-needs-root"] = "true" if DATASET_REGISTRY.get(value).needs_root else "false"
+        return option
+
+
 class TaskForm(ApiCheckedForm):
-    """Define a learning task (``POST /api/tasks/``): a zoo model trained on a data set."""
+    """Define a learning task (``POST /api/tasks/``): an installed model trained on an installed
+    data set. The API checks the pair in a child process (the plug-in check) before saving; its
+    refusal shows at the field it names (``architecture``, ``dataset``, ``dataset_root`` or
+    ``num_classes``)."""
 
     serializer_class = api.TaskWriteSerializer
 
@@ -152,19 +189,18 @@ class TaskForm(ApiCheckedForm):
         "Name",
         help_text="unique in the lab",
     )
-    architecture = _input(_select([]), "Model", initial="resnet18")
-    dataset = _input(
-        _select([]),
-        "Data set",
-        initial="digits",
-        help_text="digits ships with scikit-learn; cifar10 needs its folder below",
-    )
+    architecture = _input(_select([]), "Model", initial="resnet18", help_text="installed models · their package")
+    dataset = _input(_DatasetSelect(), "Data set", initial="digits")
     dataset_root = _input(
-        forms.TextInput(attrs={"placeholder": "/data/cifar10"}),
-        "Data folder (cifar10)",
-        help_text="the folder holding cifar-10-batches-py; nothing is downloaded",
+        forms.TextInput(attrs={"placeholder": "/data/my-set"}),
+        "Data folder or file",
+        help_text="",
     )
-    num_classes = _input(_number(min=2, max=100_000, step=1), "Classes", initial=10)
+    num_classes = _input(
+        _number(min=2, max=100_000, step=1, placeholder="from the data"),
+        "Classes (optional)",
+        help_text="blank: as the data set says, or the largest training label + 1",
+    )
     optimizer = _input(_select(OPTIMIZERS), "Optimizer", initial="sgd")
     learning_rate = _input(_number(min=0, max=10), "Learning rate", initial=0.05)
     momentum = _input(_number(min=0, max=1), "Momentum", initial=0.9, help_text="sgd only")
@@ -172,17 +208,63 @@ class TaskForm(ApiCheckedForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        _registered_select(self, "architecture", _registered(MODEL_REGISTRY))
-        _registered_select(self, "dataset", _registered(DATASET_REGISTRY))
+        _registered_select(self, "architecture", _model_choices())
+        self.fields["dataset"].widget.choices = _dataset_choices()
+        reading = [d.name for d in DATASET_REGISTRY.records() if d.needs_root]
+        self.fields["dataset_root"].help_text = (
+            f"on every host that trains the task; needed by {', '.join(reading)}; nothing is downloaded"
+            if reading
+            else "no installed data set reads files"
+        )
 
 
 # --- experiments ------------------------------------------------------------------------------
 
 
+def _range_text(parameter: PartitionParameter) -> str:
+    """A parameter's allowed values as the API's messages write them: ``"in (0, 1000]"``,
+    ``"an integer ≥ 1"``."""
+    low = "(" if parameter.minimum_open else "["
+    if parameter.minimum is not None and parameter.maximum is not None:
+        text = f"in {low}{parameter.minimum:g}, {parameter.maximum:g}]"
+    elif parameter.minimum is not None:
+        text = f"{'>' if parameter.minimum_open else '≥'} {parameter.minimum:g}"
+    elif parameter.maximum is not None:
+        text = f"≤ {parameter.maximum:g}"
+    else:
+        text = "any value"
+    return f"an integer {text}" if parameter.kind == "int" else text
+
+
+def partition_parameter_field(rule: str, parameter: str) -> str:
+    """The experiment form's field of ``rule``'s ``parameter`` (each rule's parameters have their
+    own inputs: two rules may both take an ``alpha`` with different ranges or defaults)."""
+    return f"partition-{rule}-{parameter}"
+
+
+def _as_number(text: str, kind: str) -> Any:
+    """What a JSON client would send for ``text`` typed into a number input: an int for an
+    ``int`` parameter (a float if it has a fraction, so the API says it must be an integer), a
+    float otherwise; text that is no number is sent as typed (the API says what is wrong)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if kind == "int" and value.is_integer():
+        return int(value)
+    return value
+
+
 class ExperimentForm(ApiCheckedForm):
     """Create an experiment from tasks and devices of the catalogue (``POST /api/experiments/``):
-    every device holds a shard of every task's data, split ``iid`` or with Dirichlet-skewed
-    volumes (explicit sample counts per device and task are API-only)."""
+    every device holds a shard of every task's training data, chosen by an installed partition
+    rule with its parameters (explicit sample counts per device and task are API-only).
+
+    Each rule's declared parameters (its record's ``PartitionParameter``) get their own input,
+    :func:`partition_parameter_field`; only the chosen rule's are sent (as ``partition_params``),
+    so the form works without JavaScript, which only hides the other rules' inputs. The API's
+    messages about ``partition_params.<name>`` show at the chosen rule's input of that name.
+    """
 
     serializer_class = api.ExperimentCreateSerializer
 
@@ -192,11 +274,8 @@ class ExperimentForm(ApiCheckedForm):
     rounds = _input(_number(min=1, max=10_000, step=1), "Rounds", initial=DEFAULT_ROUNDS)
     local_epochs = _input(_number(min=1, max=1000, step=1), "Local epochs", initial=1, help_text="per device and round")
     seed = _input(_number(min=0, step=1), "Seed", initial=0, help_text="of the split and the sample order")
-    partition_rule = _input(_select([]), "Data split", initial="iid")
-    dirichlet_alpha = _input(
-        _number(min=0, max=1000, placeholder=f"e.g. {DEFAULT_DIRICHLET_ALPHA}"),
-        "Dirichlet α (dirichlet only)",
-        help_text="in (0, 1000]; smaller skews more",
+    partition_rule = _input(
+        _select([]), "Data split", initial="iid", help_text="installed partition rules; their parameters below"
     )
     description = _input(forms.Textarea(attrs={"rows": 2}), "Description (optional)")
 
@@ -206,12 +285,66 @@ class ExperimentForm(ApiCheckedForm):
         self.fields["tasks"].widget = _multi(tasks)
         self.fields["devices"].widget = _multi(_device_choices())
         # explicit sample counts are API-only (a table per device and task)
-        _registered_select(self, "partition_rule", _registered(PARTITIONER_REGISTRY))
+        _registered_select(
+            self,
+            "partition_rule",
+            [(p.name, f"{p.label} · {PARTITIONER_REGISTRY.source(p.name)}") for p in PARTITIONER_REGISTRY.records()],
+        )
+        self.parameter_fields: dict[str, dict[str, tuple[str, PartitionParameter]]] = {}
+        """rule → parameter name → (form field, its declaration)."""
+        description = self.fields.pop("description")
+        for rule in PARTITIONER_REGISTRY.records():
+            for parameter in rule.parameters:
+                field = partition_parameter_field(rule.name, parameter.name)
+                attrs: dict[str, Any] = {"data-partition-rule": rule.name}
+                if parameter.kind == "int":
+                    attrs["step"] = 1
+                if parameter.minimum is not None:
+                    attrs["min"] = parameter.minimum
+                if parameter.maximum is not None:
+                    attrs["max"] = parameter.maximum
+                self.fields[field] = _input(
+                    _number(**attrs),
+                    f"{parameter.label} ({rule.name})",
+                    help_text=f"{_range_text(parameter)}; blank: "
+                    + ("the default" if parameter.default is not None else "required"),
+                    initial=parameter.default,
+                )
+                self.parameter_fields.setdefault(rule.name, {})[parameter.name] = (field, parameter)
+        self.fields["description"] = description  # stays last
+
+    def chosen_parameters(self) -> dict[str, tuple[str, PartitionParameter]]:
+        """The chosen rule's parameters: name → (form field, declaration); empty for a rule
+        without any (or one not installed: the API refuses it)."""
+        return self.parameter_fields.get(str(self.cleaned_data.get("partition_rule") or "iid"), {})
+
+    def clean(self) -> dict[str, Any]:
+        chosen = self.chosen_parameters()
+        # The API's messages name `partition_params.<name>` (or the rule's old `dirichlet_alpha`):
+        # shown at the chosen rule's input; about `partition_params` as a whole, at the one
+        # input when the rule takes one parameter, else at the rule.
+        self.error_fields = {f"partition_params.{name}": field for name, (field, _) in chosen.items()}
+        whole = next(iter(chosen.values()))[0] if len(chosen) == 1 else "partition_rule"
+        self.error_fields["partition_params"] = whole
+        if "alpha" in chosen:
+            self.error_fields["dirichlet_alpha"] = chosen["alpha"][0]
+        return super().clean()
 
     def payload(self) -> dict[str, Any]:
-        data = super().payload()
+        data = {
+            name: value
+            for name, value in super().payload().items()
+            if not name.startswith("partition-")  # sent below, under partition_params
+        }
         for name in ("tasks", "devices"):
             data[name] = self.cleaned_data.get(name) or []
+        params = {}
+        for name, (field, parameter) in self.chosen_parameters().items():
+            text = self.cleaned_data.get(field)
+            if text is not None and str(text).strip() != "":
+                params[name] = _as_number(str(text).strip(), parameter.kind)
+        if params:
+            data["partition_params"] = params
         return data
 
     def service_arguments(self) -> dict[str, Any]:
@@ -225,7 +358,7 @@ class ExperimentForm(ApiCheckedForm):
             "rounds": v["rounds"],
             "local_epochs": v["local_epochs"],
             "partition_rule": v["partition_rule"],
-            "dirichlet_alpha": v["dirichlet_alpha"],
+            "partition_params": v.get("partition_params") or {},
             "seed": v["seed"],
         }
 

@@ -20,6 +20,12 @@ urlpatterns = [
     path("experiments/<int:pk>/runs/", views.run_new, name="run-new"),
     path("experiments/<int:pk>/collaborators/", views.experiment_collaborators, name="experiment-collaborators"),
     path("experiments/<int:pk>/results.json", views.experiment_json, name="experiment-json"),
+    # before the run tables' <slug:table>.csv, which would take this name as a table
+    path(
+        "experiments/<int:pk>/label-histograms.csv",
+        views.experiment_label_histograms_csv,
+        name="experiment-label-histograms-csv",
+    ),
     path("experiments/<int:pk>/<slug:table>.csv", views.experiment_csv, name="experiment-csv"),
     path("comparisons/<int:pk>/cancel/", views.comparison_cancel_view, name="comparison-cancel"),
     path("runs/<int:pk>/", views.run_detail, name="run"),

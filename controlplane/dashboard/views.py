@@ -149,6 +149,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "dashboard/task.html",
         {
             "task": task,
+            "input_shape": "×".join(str(n) for n in task.input_shape),
             "workload": workload_get(architecture=task.architecture, num_classes=task.num_classes),
             "experiments": selectors.experiment_list(user=request.user).filter(tasks=task),
         },
@@ -192,6 +193,8 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
     comparison = data.comparison_figures(experiment, runs)
     can_manage = selectors.can_manage_experiment(request.user, experiment)
     shown = {**data.experiment_figures(experiment, runs), **comparison["figures"]}
+    tasks = list(experiment.tasks.order_by("id"))
+    histograms = data.experiment_label_histograms(experiment, tasks)
     # The predicted-against-measured chart only means something once a planned strategy runs
     # here: an experiment of baselines only (mtfl demo's) gets no empty box for it.
     planned = set(planned_strategies())
@@ -199,8 +202,11 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         del shown["predicted"]
     return {
         "experiment": experiment,
-        "tasks": list(experiment.tasks.order_by("id")),
+        "tasks": tasks,
         "runs": runs,
+        "partition_parameters": data.partition_parameters(experiment),
+        "label_histograms": histograms,
+        "label_figures": [{"task": h["task"].pk, "figure": h["figure"]} for h in histograms],
         "figures": shown,
         "comparison": experiment.comparisons.order_by("-id").first(),
         "compared_runs": comparison["runs"],
@@ -422,6 +428,19 @@ def experiment_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
         exports.json_chunks(experiment, experiment.runs.all()),
         "application/json",
         f"experiment-{experiment.pk}-{slugify(experiment.name)}.json",
+    )
+
+
+@login_or_token_required
+def experiment_label_histograms_csv(request: HttpRequest, pk: int) -> StreamingHttpResponse:
+    """Every device's class histogram of every task of an experiment as CSV, the numbers of the
+    page's label histograms (:func:`data.label_histogram_csv_chunks` has the columns)."""
+    experiment = _member_experiment(request, pk)
+    histograms = data.experiment_label_histograms(experiment, list(experiment.tasks.order_by("id")))
+    return _download(
+        data.label_histogram_csv_chunks(histograms),
+        "text/csv; charset=utf-8",
+        f"experiment-{experiment.pk}-{slugify(experiment.name)}-label-histograms.csv",
     )
 
 

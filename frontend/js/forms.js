@@ -20,9 +20,35 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    // Each partition rule's parameters (data-partition-rule) are shown for that rule only; the
+    // server sends only the chosen rule's anyway, so without JavaScript the form still works.
     const partition = document.querySelector("#experiment-form select[name=partition_rule]");
-    const alpha = document.querySelector("#experiment-form input[name=dirichlet_alpha]");
-    if (partition && alpha) follow(partition, [alpha], (value) => value === "dirichlet");
+    if (partition) {
+      const inputs = [...document.querySelectorAll("#experiment-form input[data-partition-rule]")];
+      const update = () => {
+        for (const input of inputs) {
+          const mine = input.dataset.partitionRule === partition.value;
+          input.disabled = !mine;
+          input.closest("label").hidden = !mine;
+        }
+      };
+      partition.addEventListener("change", update);
+      update();
+    }
+
+    // The data folder is shown for data sets that read files (data-needs-root on their option).
+    const dataset = document.querySelector("#task-form select[name=dataset]");
+    const root = document.querySelector("#task-form input[name=dataset_root]");
+    if (dataset && root) {
+      const update = () => {
+        const option = dataset.selectedOptions[0];
+        const needed = !option || option.dataset.needsRoot !== "false";
+        root.disabled = !needed;
+        root.closest("label").hidden = !needed && !root.value;  // a typed path stays visible
+      };
+      dataset.addEventListener("change", update);
+      update();
+    }
 
     const runForm = document.querySelector("form.run-form");
     if (runForm) {

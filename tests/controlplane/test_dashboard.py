@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import json
 import re
+from html import escape
 
 import pytest
 
+from controlplane.dashboard import figures as dashboard_figures
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
 
 pytestmark = pytest.mark.django_db
@@ -377,3 +381,93 @@ def test_a_failed_runs_progress_counts_its_failed_rounds(browser_client, make_ex
 
     assert live["progress"]["status"] == "failed"
     assert live["progress"]["rounds_done"] == 1 and live["progress"]["rounds_failed"] == 1
+
+
+# ------------------------------------------------------------------------------- label histograms
+
+
+def _label_figures(html: str) -> dict[int, dict]:
+    return {h["task"]: h["figure"] for h in _json_script(html, "label-histograms")}
+
+
+def _drawn_counts(figure: dict) -> dict[str, dict[str, int]]:
+    """device → trace name → samples, from a label histogram's JSON."""
+    drawn: dict[str, dict[str, int]] = {}
+    for trace in figure["data"]:
+        for device, count in zip(trace["x"], trace["y"], strict=True):
+            drawn.setdefault(device, {})[trace["name"]] = count
+    return drawn
+
+
+def test_the_experiment_page_draws_each_devices_label_histogram_per_task(browser_client, make_experiment):
+    from controlplane.experiments.models import Shard
+
+    experiment = make_experiment(name="skewed", partition_rule="dirichlet_labels", partition_params={"alpha": 0.3})
+    html = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
+
+    figures = _label_figures(html)
+    assert set(figures) == set(experiment.tasks.values_list("id", flat=True))
+    for task in experiment.tasks.all():
+        figure = figures[task.id]
+        assert figure["layout"]["barmode"] == "stack" and task.name in figure["layout"]["title"]["text"]
+        drawn = _drawn_counts(figure)
+        shards = Shard.objects.filter(experiment=experiment, task=task).select_related("device")
+        assert set(drawn) == {s.device.name for s in shards}
+        for shard in shards:
+            assert len(shard.label_counts) == task.num_classes and sum(shard.label_counts) == shard.num_samples
+            expected = {f"class {k}": c for k, c in enumerate(shard.label_counts)}
+            # classes no device holds are left out of the chart; every drawn count is the shard's
+            assert {name: drawn[shard.device.name].get(name, 0) for name in expected} == expected
+        # hover gives the counts; class k has the same colour in every task's chart
+        for trace in figure["data"]:
+            k = int(trace["name"].split()[-1])
+            assert trace["marker"]["color"] == dashboard_figures.PALETTE[k]
+            assert "%{y:,} samples" in trace["hovertemplate"]
+        assert f'id="fig-labels-{task.id}"' in html and f'id="label-table-{task.id}"' in html
+    # the rule and its parameter, with the parameter's label from the rule's record
+    from workers.registry.partitioners import PARTITIONER_REGISTRY
+
+    alpha = next(p for p in PARTITIONER_REGISTRY.get("dirichlet_labels").parameters if p.name == "alpha")
+    assert '<strong id="partition-rule">dirichlet_labels</strong>' in html
+    assert f'<span class="partition-param">{escape(alpha.label)} = 0.3</span>' in html
+
+
+def test_the_label_histograms_numbers_are_a_table_and_a_csv(browser_client, make_experiment):
+    from controlplane.experiments.models import Shard
+
+    experiment = make_experiment(
+        name="shards-split", partition_rule="shards", partition_params={"shards_per_device": 2}
+    )
+    html = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
+    shard = Shard.objects.filter(experiment=experiment).select_related("device", "task").first()
+    row = f'<tr><th scope="row">{shard.device.name}</th><td>{shard.num_samples}</td>' + "".join(
+        f"<td>{c}</td>" for c in shard.label_counts
+    )
+    assert row in html
+
+    response = browser_client.get(f"/experiments/{experiment.id}/label-histograms.csv")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    shards = list(Shard.objects.filter(experiment=experiment).select_related("device", "task"))
+    assert len(rows) == sum(s.task.num_classes for s in shards)
+    for s in shards:
+        mine = [r for r in rows if r["task"] == s.task.name and r["device"] == s.device.name]
+        assert [int(r["samples"]) for r in sorted(mine, key=lambda r: int(r["class"]))] == s.label_counts
+        assert {int(r["num_samples"]) for r in mine} == {s.num_samples}
+    assert f'href="/experiments/{experiment.id}/label-histograms.csv"' in html
+
+
+def test_a_label_histogram_draws_unknown_classes_grey_and_many_devices_spread():
+    rows = [{"device": f"d{k:03d}", "num_samples": 10, "label_counts": [7, 0, 3]} for k in range(80)]
+    rows.append({"device": "d999", "num_samples": 12, "label_counts": []})
+    figure = dashboard_figures.label_histogram("t", rows, 3)
+    names = [trace.name for trace in figure.data]
+    assert names == ["class 0", "class 2", "class unknown"]  # class 1: no device holds it
+    assert len(figure.data[0].x) == dashboard_figures.MAX_DEVICES and figure.data[0].x[-1] == "d999"
+    assert figure.data[-1].y[-1] == 12 and figure.data[-1].marker.color == dashboard_figures.UNKNOWN_CLASS_COLOR
+    assert "50 of 81 devices shown" in figure.layout.title.text
+    many = dashboard_figures.label_histogram("t", [{"device": "a", "num_samples": 100, "label_counts": [1] * 100}], 100)
+    colors = [trace.marker.color for trace in many.data]
+    assert len(set(colors)) == 100 and not any(trace.showlegend for trace in many.data)
+    empty = dashboard_figures.label_histogram("t", [], 10)
+    assert dashboard_figures.is_empty(empty)

@@ -9,6 +9,7 @@ import csv
 import datetime as dt
 import io
 import json
+import re
 from html import escape
 
 import pytest
@@ -221,6 +222,31 @@ def test_defining_a_task_makes_it_the_researchers_and_opens_its_page(browser_cli
     assert "digits-r18" in browser_client.get("/tasks/").content.decode()
 
 
+def test_a_task_without_classes_takes_them_from_its_data(browser_client):
+    response = browser_client.post("/tasks/new/", {**TASK, "num_classes": ""})
+
+    task = Task.objects.get(name="digits-r18")
+    assert response.status_code == 302 and task.num_classes == 10 and task.input_shape == [3, 32, 32]
+    page = browser_client.get(f"/tasks/{task.id}/").content.decode()
+    assert '<td id="task-input-shape">3×32×32</td>' in page and f"{task.train_size} training" in page
+
+
+def test_the_task_form_lists_models_and_data_sets_with_their_shapes(browser_client):
+    from workers.registry.datasets import DATASET_REGISTRY
+    from workers.registry.models import MODEL_REGISTRY
+
+    html = browser_client.get("/tasks/new/").content.decode()
+    resnet = MODEL_REGISTRY.get("resnet18")
+    assert escape(f"{resnet.label} · {MODEL_REGISTRY.source('resnet18')}") in html
+    digits = DATASET_REGISTRY.get("digits")
+    assert escape(f"{digits.label} (3×32×32, 10 classes)") in html
+    assert escape(f"{DATASET_REGISTRY.get('npz').label} (shape from the files)") in html
+    # the data folder is asked for the data sets that read files only
+    assert re.search(r'<option value="npz"[^>]* data-needs-root="true"', html)
+    assert re.search(r'<option value="digits"[^>]* data-needs-root="false"', html)
+    assert 'id="task-form"' in html
+
+
 @pytest.mark.parametrize(
     "change,api_change,field",
     [
@@ -229,6 +255,12 @@ def test_defining_a_task_makes_it_the_researchers_and_opens_its_page(browser_cli
         ({"num_classes": "1"}, {"num_classes": 1}, "num_classes"),  # serializer: range
         ({"architecture": "alexnet"}, {"architecture": "alexnet"}, "architecture"),
         ({"dataset": "cifar10"}, {"dataset": "cifar10"}, "dataset_root"),  # service: needs its folder
+        # the plug-in check (a child process) refuses a file that is not there
+        (
+            {"dataset": "npz", "dataset_root": "/nonexistent/rows.npz"},
+            {"dataset": "npz", "dataset_root": "/nonexistent/rows.npz"},
+            "dataset_root",
+        ),
     ],
 )
 def test_task_form_shows_the_apis_message(browser_client, api, change, api_change, field):
@@ -252,6 +284,10 @@ def catalogue(make_device, make_task):
     )
 
 
+ALPHA = "partition-dirichlet_labels-alpha"
+"""The experiment form's input of dirichlet_labels' alpha (each rule's parameters have their own)."""
+
+
 def _experiment_form(devices, tasks_, **change) -> dict:
     return {
         "name": "mine",
@@ -260,11 +296,19 @@ def _experiment_form(devices, tasks_, **change) -> dict:
         "devices": [d.id for d in devices],
         "rounds": "2",
         "local_epochs": "1",
-        "partition_rule": "dirichlet",
-        "dirichlet_alpha": "0.5",
+        "partition_rule": "dirichlet_labels",
+        ALPHA: "0.5",
+        "partition-quantity-alpha": "7",  # another rule's input: not sent
         "seed": "3",
         **change,
     }
+
+
+def _field_html(response, field: str) -> str:
+    """The form's ``<label>`` of ``field`` (its input, help and errors)."""
+    html = response.content.decode()
+    start = html.index(f'id="field-{field}"')
+    return html[start : html.index("</label>", start)]
 
 
 def test_creating_an_experiment_from_tasks_and_devices(browser_client, user, catalogue):
@@ -275,10 +319,40 @@ def test_creating_an_experiment_from_tasks_and_devices(browser_client, user, cat
     experiment = Experiment.objects.get(name="mine")
     assert response.status_code == 302 and response["Location"] == f"/experiments/{experiment.id}/"
     assert experiment.owner == user and experiment.rounds == 2 and experiment.seed == 3
-    assert experiment.partition_rule == "dirichlet" and experiment.dirichlet_alpha == 0.5
+    assert experiment.partition_rule == "dirichlet_labels" and experiment.partition_params == {"alpha": 0.5}
     assert experiment.shards.count() == 4
     page = browser_client.get(response["Location"]).content.decode()
     assert 'id="launch-run"' in page and 'id="save-collaborators"' in page
+
+
+def test_an_integer_parameter_is_sent_as_an_integer(browser_client, catalogue):
+    devices, tasks = catalogue
+    form = _experiment_form(devices, tasks, partition_rule="shards", **{"partition-shards-shards_per_device": "2"})
+
+    response = browser_client.post("/experiments/new/", form)
+
+    assert response.status_code == 302, response.content.decode()[:2000]
+    experiment = Experiment.objects.get(name="mine")
+    assert experiment.partition_rule == "shards" and experiment.partition_params == {"shards_per_device": 2}
+    assert isinstance(experiment.partition_params["shards_per_device"], int)
+
+
+def test_the_experiment_form_has_one_input_per_declared_parameter(browser_client, catalogue):
+    from workers.registry.partitioners import PARTITIONER_REGISTRY
+
+    html = browser_client.get("/experiments/new/").content.decode()
+    for rule in PARTITIONER_REGISTRY.records():
+        assert f'<option value="{rule.name}"' in html
+        for parameter in rule.parameters:
+            name = f"partition-{rule.name}-{parameter.name}"
+            start = html.index(f'name="{name}"')
+            tag = html[html.rindex("<input", 0, start) : html.index(">", start)]
+            assert f'data-partition-rule="{rule.name}"' in tag
+            if parameter.kind == "int":
+                assert 'step="1"' in tag
+            if parameter.default is not None:
+                assert f'value="{parameter.default}"' in tag
+            assert f"{parameter.label} ({rule.name})" in html
 
 
 @pytest.mark.parametrize(
@@ -287,9 +361,18 @@ def test_creating_an_experiment_from_tasks_and_devices(browser_client, user, cat
         ({"rounds": "0"}, {"rounds": 0}, "rounds"),
         ({"rounds": "many"}, {"rounds": "many"}, "rounds"),
         ({"tasks": []}, {"tasks": []}, "tasks"),
-        ({"dirichlet_alpha": ""}, {}, "dirichlet_alpha"),  # dirichlet needs α (the service)
-        ({"partition_rule": "iid"}, {"partition_rule": "iid"}, "dirichlet_alpha"),  # α only with dirichlet
-        ({"dirichlet_alpha": "-1"}, {"dirichlet_alpha": -1}, "dirichlet_alpha"),
+        ({ALPHA: "-1"}, {"partition_params": {"alpha": -1}}, ALPHA),
+        ({ALPHA: "abc"}, {"partition_params": {"alpha": "abc"}}, ALPHA),
+        (
+            {"partition_rule": "shards", "partition-shards-shards_per_device": "0"},
+            {"partition_rule": "shards", "partition_params": {"shards_per_device": 0}},
+            "partition-shards-shards_per_device",
+        ),
+        (
+            {"partition_rule": "shards", "partition-shards-shards_per_device": "1.5"},
+            {"partition_rule": "shards", "partition_params": {"shards_per_device": 1.5}},
+            "partition-shards-shards_per_device",
+        ),
         ({"name": ""}, {"name": None}, "name"),  # a blank input is a field left out: required
     ],
 )
@@ -300,18 +383,21 @@ def test_experiment_form_shows_the_apis_message(browser_client, api, catalogue, 
         "tasks": [t.id for t in tasks],
         "devices": [d.id for d in devices],
         "rounds": 2,
-        "partition_rule": "dirichlet",
-        "dirichlet_alpha": 0.5,
+        "partition_rule": "dirichlet_labels",
+        "partition_params": {"alpha": 0.5},
         **api_change,
     }
-    if field == "dirichlet_alpha" and not api_change:
-        body.pop("dirichlet_alpha")
     body = {k: v for k, v in body.items() if v is not None}
-    message = _api_message(api.post("/api/experiments/", body, format="json"), field)
+    refused = api.post("/api/experiments/", body, format="json")
+    assert refused.status_code == 400, refused.json()
+    # the API names the field (a parameter's: partition_params.<name>), the form shows it there
+    key = next(iter(refused.json()["errors"]))
+    message = refused.json()["errors"][key][0]
 
     response = browser_client.post("/experiments/new/", _experiment_form(devices, tasks, **change))
 
-    assert response.status_code == 400 and _shows_at_field(response, message), message
+    assert response.status_code == 400 and _shows_at_field(response, message), (key, message)
+    assert escape(message) in _field_html(response, field)
     assert not Experiment.objects.exists()
 
 
