@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import logging
 
-from workers.profiling.features import workload_features
-from workers.registry.models import MODEL_REGISTRY
+import pytest
+import torch
+
+from workers.profiling.features import leaf_module_count, workload_features
+from workers.registry.models import MODEL_REGISTRY, Model
 
 ARCHITECTURES = MODEL_REGISTRY.names()
 
@@ -65,11 +68,95 @@ def test_features_are_cached():
     [
         ({"architecture": "alexnet"}, "architecture"),
         ({"architecture": "resnet18", "num_classes": 1}, "num_classes"),
-        ({"architecture": "resnet18", "input_shape": (1, 32, 32)}, "input_shape"),
-        ({"architecture": "resnet18", "input_shape": (3, 16, 16)}, r"\[32, 1024\]"),
-        ({"architecture": "resnet18", "input_shape": (3, 32)}, "input_shape"),
+        ({"architecture": "resnet18", "input_shape": (1, 32, 32)}, "input_shape: resnet18 takes 3 input channels"),
+        ({"architecture": "resnet18", "input_shape": (20,)}, r"input_shape: resnet18 takes images of shape"),
+        (
+            {"architecture": "vgg16", "input_shape": (3, 16, 16)},
+            r"input_shape: vgg16 failed to train on a batch of shape \(2, 3, 16, 16\)",
+        ),
+        ({"architecture": "resnet18", "input_shape": ()}, r"input_shape must be 1 to 4 integers in \[1, 65536\]"),
+        ({"architecture": "resnet18", "input_shape": (1, 1, 3, 32, 32)}, "input_shape must be 1 to 4"),
+        ({"architecture": "resnet18", "input_shape": (3, 0, 32)}, "input_shape must be 1 to 4"),
     ],
 )
 def test_bad_input_is_refused_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         workload_features(**kwargs)
+
+
+class _TabularMLP(torch.nn.Module):
+    """Two hidden layers on a feature vector, with BatchNorm (as a tabular model would)."""
+
+    def __init__(self, num_classes: int, input_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        (features,) = input_shape
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(features, 64),
+            torch.nn.BatchNorm1d(64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 32),
+            torch.nn.ReLU(),
+            torch.nn.Linear(32, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class _ValueReadingNet(torch.nn.Module):
+    """Scales its input by a number read out of the tensor: ``.item()`` has no meta value."""
+
+    def __init__(self, num_classes: int, input_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(input_shape[0], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 / (1.0 + abs(x.mean().item()))
+        return self.linear(x * scale)
+
+
+@pytest.fixture
+def register():
+    added: list[str] = []
+
+    def add(name: str, build) -> None:
+        MODEL_REGISTRY.register(Model(name, name, build))
+        added.append(name)
+
+    yield add
+    for name in added:
+        MODEL_REGISTRY.unregister(name)
+
+
+def test_a_tabular_mlp_has_the_features_of_its_layers(register):
+    register("test_tabular_mlp", _TabularMLP)
+
+    features = workload_features("test_tabular_mlp", num_classes=3, input_shape=(20,))
+
+    macs = 20 * 64 + 64 * 32 + 32 * 3  # multiply-adds per sample of the three Linear layers
+    assert features.input_shape == (20,) and features.num_classes == 3
+    assert features.forward_flops_per_sample == 2 * macs
+    # backward: the weight gradients of every layer, the input gradients of all but the first
+    assert features.train_flops_per_sample == 2 * macs + 2 * macs + 2 * (64 * 32 + 32 * 3)
+    params = (20 * 64 + 64) + 2 * 64 + (64 * 32 + 32) + (32 * 3 + 3)
+    assert features.params == params and features.param_bytes == 4 * params
+    assert features.activation_bytes_per_sample > 0
+    assert leaf_module_count("test_tabular_mlp", 3, (20,)) == 6
+
+
+def test_a_model_that_reads_values_is_counted_on_the_cpu(register, caplog):
+    register("test_value_reading", _ValueReadingNet)
+
+    with caplog.at_level(logging.INFO, logger="workers.profiling.features"):
+        features = workload_features("test_value_reading", num_classes=4, input_shape=(10,))
+
+    assert "the meta device failed" in caplog.text and "counting on the CPU" in caplog.text
+    assert features.forward_flops_per_sample == 2 * 10 * 4
+    assert features.params == 10 * 4 + 4
+
+
+def test_a_model_with_outputs_of_the_wrong_shape_is_refused(register):
+    register("test_wrong_outputs", lambda num_classes, input_shape: torch.nn.Linear(input_shape[0], num_classes + 1))
+
+    with pytest.raises(ValueError, match=r"input_shape: test_wrong_outputs gave outputs of shape \(2, 4\)"):
+        workload_features("test_wrong_outputs", num_classes=3, input_shape=(5,))

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from workers import launch
 from workers.agent import app as agent
@@ -17,14 +18,18 @@ from workers.backends import simulated as sim
 from workers.fl.artifacts import LocalArtifactStore, global_weights_key
 from workers.profiling.sweep import run_sweep, sweep_design
 from workers.protocol.messages import (
+    DatasetRef,
     ProfileConfigResult,
     ProfileSweepRequest,
     ProfileTaskSpec,
     ShardRef,
     StandaloneItem,
     StandaloneRequest,
+    TaskRef,
+    WorkloadShape,
 )
 from workers.registry.backends import get_backend
+from workers.registry.models import MODEL_REGISTRY, Model
 from workers.training.zoo import write_initial_weights
 
 TITAN_V = sim.device_spec("titan-v")
@@ -377,6 +382,56 @@ def test_standalone_measurements_are_the_model_alone(backend, make_task_ref, age
     assert result.status == "failed" and "shard.count is 0" in empty.error
 
 
+def test_standalone_measures_the_model_at_the_tasks_input_shape(backend, make_task_ref, agent_context):
+    small = make_task_ref(1, "resnet18")
+    large = small.model_copy(update={"task_id": 2, "input_shape": (3, 64, 64)})
+    shard = ShardRef(permutation_seed=7, offset=0, count=1000)
+    request = StandaloneRequest(
+        run_id=8,
+        device=agent_context.device,
+        items=[StandaloneItem(task=t, batch_size=128, shard=shard) for t in (small, large)],
+    )
+
+    at_32, at_64 = backend.measure_standalone(request, agent_context).measurements
+
+    noise = sim.noise_factors(8, -1, agent_context.device, [1, 2])
+    workload_64 = sim.simulation_workload("resnet18", 10, (3, 64, 64))
+    assert at_64.throughput_sps == pytest.approx(sim.alone_throughput(workload_64, 128, TITAN_V) * noise[1])
+    assert at_32.throughput_sps == pytest.approx(_alone("resnet18", 128) * noise[0])
+    assert at_64.throughput_sps < 0.5 * at_32.throughput_sps  # 4× the pixels, about 4× the work
+
+
+class _TabularMLP(torch.nn.Module):
+    def __init__(self, num_classes: int, input_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(input_shape[0], 256), torch.nn.ReLU(), torch.nn.Linear(256, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+@pytest.fixture
+def tabular_model():
+    MODEL_REGISTRY.register(Model("test_sim_mlp", "test_sim_mlp", _TabularMLP))
+    yield "test_sim_mlp"
+    MODEL_REGISTRY.unregister("test_sim_mlp")
+
+
+def test_a_round_of_a_tabular_task_uses_its_input_shape(tabular_model):
+    workload = sim.simulation_workload(tabular_model, 3, (20,))
+
+    macs = 20 * 256 + 256 * 3
+    # forward, the weight gradients, the input gradient of the second layer (not of the input)
+    assert workload.flops_per_sample == 2 * macs + 2 * macs + 2 * 256 * 3
+    assert workload.layers == 3
+    task = TaskRef(
+        task_id=1, name="t", architecture=tabular_model, num_classes=3, dataset=DatasetRef(), input_shape=(20,)
+    )
+    assert sim._task_workload(task) == workload
+
+
 # ---------------------------------------------------------------------------- profiling
 
 
@@ -430,6 +485,37 @@ def test_profile_sweep_on_the_model_follows_the_design_with_standalones_and_repe
     assert all(m.standalone_sps and m.throughput_sps and m.peak_memory_bytes for r in succeeded for m in r.measurements)
     repeats = [r for r in emitted if r.repeat_of is not None]
     assert repeats and all(0 < s < 0.25 for s in summary.repeat_spread)
+
+
+def test_profile_configuration_builds_each_architecture_at_its_workload_shape(backend, agent_context, tabular_model):
+    tasks = [
+        ProfileTaskSpec(architecture=tabular_model, batch_size=64, active_thread_percentage=50),
+        ProfileTaskSpec(architecture="resnet18", batch_size=64, active_thread_percentage=50),
+    ]
+    request = _sweep(
+        architectures=[tabular_model, "resnet18"],
+        workloads={tabular_model: WorkloadShape(num_classes=3, input_shape=(20,))},
+    )
+
+    result = backend.profile_configuration(
+        tasks, request, agent_context, config_index=0, repeat_of=None, started_at=0.0
+    )
+
+    assert result.status == "succeeded", result.error
+    loads = [sim.simulation_workload(tabular_model, 3, (20,)), sim.simulation_workload("resnet18")]
+    expected = sim.simulate_throughput(
+        *[
+            np.array([getattr(w, f) for w in loads])
+            for f in ("flops_per_sample", "activation_bytes_per_sample", "param_bytes", "layers")
+        ],
+        [64, 64],
+        [50, 50],
+        TITAN_V,
+        noise=sim.noise_factors(request.seed, 0, agent_context.device, range(2)),
+    )
+    mlp, resnet = result.measurements
+    assert [mlp.throughput_sps, resnet.throughput_sps] == pytest.approx(expected.throughput_sps.tolist())
+    assert mlp.throughput_sps > 10 * resnet.throughput_sps
 
 
 def test_profile_configuration_out_of_memory_or_too_slow_fails_as_data(agent_context):

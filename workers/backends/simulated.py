@@ -43,7 +43,6 @@ import numpy.typing as npt
 from workers.backends.base import AgentContext, AnalyticBackend, round_request_problem
 from workers.fl.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
 from workers.launch import cancel_requested, shutdown_requested
-from workers.profiling.child import INPUT_SHAPE as PROFILE_INPUT_SHAPE
 from workers.protocol.messages import (
     AssignmentResult,
     AssignmentSpec,
@@ -56,6 +55,7 @@ from workers.protocol.messages import (
     StandaloneMeasurement,
     StandaloneRequest,
     StandaloneResult,
+    TaskRef,
     TrainRoundRequest,
 )
 
@@ -249,41 +249,34 @@ class SimWorkload:
 def simulation_workload(
     architecture: str, num_classes: int = 10, input_shape: Sequence[int] = (3, 32, 32)
 ) -> SimWorkload:
-    """Return a zoo model's workload, from :func:`workers.profiling.features.workload_features` plus its
-    leaf-module count; cached per ``(architecture, num_classes, input_shape)`` in this process.
+    """Return a registered model's workload at an input shape (1 to 4 dimensions: an image
+    ``(C, H, W)``, a feature vector ``(F,)``), from
+    :func:`workers.profiling.features.workload_features` and
+    :func:`~workers.profiling.features.leaf_module_count`; cached per
+    ``(architecture, num_classes, input_shape)`` in this process.
 
-    torch is imported (the model is built on the meta device: shapes only, a fraction of a
-    second).
+    torch is imported (the model runs on the meta device, shapes only, a fraction of a second;
+    a model that cannot runs once on the CPU).
 
     Raises:
-        ValueError: for an unknown architecture, ``num_classes < 2`` or an input shape out of
-            range (as :func:`~workers.profiling.features.workload_features`).
+        ValueError: for an unknown architecture, ``num_classes < 2``, an input shape out of
+            range or one the model cannot take (as
+            :func:`~workers.profiling.features.workload_features`).
     """
     return _workload(architecture, num_classes, tuple(input_shape))
 
 
 @functools.lru_cache(maxsize=128)
 def _workload(architecture: str, num_classes: int, input_shape: tuple[int, ...]) -> SimWorkload:
-    from workers.profiling.features import workload_features
+    from workers.profiling.features import leaf_module_count, workload_features
 
     features = workload_features(architecture, num_classes, input_shape)
     return SimWorkload(
         flops_per_sample=features.train_flops_per_sample,
         activation_bytes_per_sample=features.activation_bytes_per_sample,
         param_bytes=float(features.param_bytes),
-        layers=_leaf_modules(architecture, num_classes),
+        layers=leaf_module_count(architecture, num_classes, input_shape),
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _leaf_modules(architecture: str, num_classes: int) -> int:
-    import torch
-
-    from workers.training.zoo import build_model
-
-    with torch.device("meta"):
-        model = build_model(architecture, num_classes, 0)
-    return sum(1 for module in model.modules() if next(module.children(), None) is None)
 
 
 # -------------------------------------------------------------------------------- noise
@@ -926,7 +919,7 @@ class SimulatedBackend(AnalyticBackend):
                 error = "ValueError: shard.count is 0: nothing to measure"
             else:
                 try:
-                    workload = _task_workload(task.architecture, task.num_classes, task.dataset.name)
+                    workload = _task_workload(task)
                 except ValueError as exc:
                     error = f"ValueError: {exc}"
                 else:
@@ -1024,7 +1017,13 @@ class SimulatedBackend(AnalyticBackend):
         if not tasks:
             return result("failed", [], PROFILE_STARTUP_S, "a configuration needs at least one task")
         try:
-            workloads = [simulation_workload(t.architecture, request.num_classes, PROFILE_INPUT_SHAPE) for t in tasks]
+            from workers.profiling.sweep import workload_shape  # here: sweep imports the backends
+
+            shapes = [workload_shape(request, t.architecture) for t in tasks]
+            workloads = [
+                simulation_workload(t.architecture, shape.num_classes, shape.input_shape)
+                for t, shape in zip(tasks, shapes, strict=True)
+            ]
             prediction = simulate_throughput(
                 [w.flops_per_sample for w in workloads],
                 [w.activation_bytes_per_sample for w in workloads],
@@ -1087,15 +1086,13 @@ class SimulatedBackend(AnalyticBackend):
 # ------------------------------------------------------------------------------ helpers
 
 
-def _task_workload(architecture: str, num_classes: int, dataset: str) -> SimWorkload:
-    from workers.training.datasets import dataset_info
-
-    return simulation_workload(architecture, num_classes, dataset_info(dataset).image_shape)
+def _task_workload(task: TaskRef) -> SimWorkload:
+    """The task's model at the task's classes and input shape (``TaskRef.input_shape``)."""
+    return simulation_workload(task.architecture, task.num_classes, task.input_shape)
 
 
 def _assignment_workload(assignment: AssignmentSpec) -> SimWorkload:
-    task = assignment.task
-    return _task_workload(task.architecture, task.num_classes, task.dataset.name)
+    return _task_workload(assignment.task)
 
 
 def _oom_errors(prediction: MixPrediction, device: DeviceSpec) -> dict[int, str]:

@@ -11,8 +11,9 @@ which calls :func:`main` with the same arguments (what a sweep does on the ``cpu
 SPEC.json is a :class:`ProfileChildSpec`. The process pins itself to its cores, builds the
 model (:func:`workers.training.zoo.build_model`, seed 0), an SGD optimizer with the default
 :class:`~workers.protocol.messages.OptimizerConfig` (what a task trains with unless told otherwise), and
-one synthetic batch: ``N×3×32×32`` float32 drawn from a normal distribution and ``N`` random
-labels. Synthetic data is enough because the values of the inputs do not change the work of a
+one synthetic batch: ``(N, *input_shape)`` float32 drawn from a standard normal distribution
+(``input_shape`` of the spec: ``(3, 32, 32)`` unless the task's data has another shape, e.g.
+``(20,)`` features for a plug-in model on tabular data) and ``N`` random labels. Synthetic data is enough because the values of the inputs do not change the work of a
 dense float32 training step (the same kernels run on the same shapes), and it spares the
 process the data loading a round needs; the batch is reused for every iteration, as a real
 loader's pinned batch would be.
@@ -58,7 +59,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.fl.artifacts import atomic_write_path
 from workers.launch import GO_LINE, READY_LINE
-from workers.protocol.messages import Architecture, AssignmentStatus, OptimizerConfig
+from workers.protocol.messages import (
+    DEFAULT_INPUT_SHAPE,
+    Architecture,
+    AssignmentStatus,
+    InputShapeField,
+    OptimizerConfig,
+)
 
 EXIT_OK = 0
 EXIT_PROFILE_ERROR = 1
@@ -67,8 +74,9 @@ EXIT_BAD_SPEC = 2
 STOP_LINE = "STOP"
 ITER_PREFIX = "ITER"
 
-INPUT_SHAPE = (3, 32, 32)
-"""Shape of one synthetic sample (CIFAR-10 size, what the tasks train on)."""
+INPUT_SHAPE = DEFAULT_INPUT_SHAPE
+"""Shape of one synthetic sample unless the spec says otherwise (CIFAR-10 size, the built-in
+image data sets')."""
 
 
 class ProfileChildSpec(BaseModel):
@@ -78,6 +86,7 @@ class ProfileChildSpec(BaseModel):
         architecture: the zoo model.
         batch_size: samples per iteration, ``>= 2`` (BatchNorm needs two).
         num_classes: classifier outputs.
+        input_shape: the shape of one synthetic sample, 1 to 4 dimensions (the task's).
         threads: intra-op threads, ``>= 1``.
         cores: CPU ids to pin to; ``None`` keeps the inherited set.
         lock_path: per-iteration exclusive lock (time slicing), or ``None``.
@@ -90,6 +99,7 @@ class ProfileChildSpec(BaseModel):
     architecture: Architecture
     batch_size: int = Field(ge=2, le=4096)
     num_classes: int = Field(default=10, ge=2, le=100_000)
+    input_shape: InputShapeField = INPUT_SHAPE
     threads: int = Field(ge=1, le=4096)
     cores: list[int] | None = None
     lock_path: str | None = None
@@ -208,13 +218,13 @@ def profile(spec: ProfileChildSpec, protocol_out: TextIO, commands: StdinCommand
     global _DEVICE
     apply_resources(spec.threads, spec.cores)
     device = _DEVICE = open_device(trainer_device())
-    model = build_model(spec.architecture, spec.num_classes, spec.seed)
+    model = build_model(spec.architecture, spec.num_classes, spec.seed, spec.input_shape)
     model.to(device)
     model.train()
     optimizer = build_optimizer(model, OptimizerConfig())
     generator = torch.Generator().manual_seed(spec.seed)
     # Drawn on the CPU generator, so the batch is the same on every device, then moved once.
-    x = torch.randn(spec.batch_size, *INPUT_SHAPE, generator=generator).to(device)
+    x = torch.randn(spec.batch_size, *spec.input_shape, generator=generator).to(device)
     y = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=generator).to(device)
     torch.manual_seed(spec.seed)  # dropout masks
 

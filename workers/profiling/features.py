@@ -1,6 +1,7 @@
 """Workload features of a model: the per-sample ``F_i`` of docs/DESIGN.md §1.
 
-:func:`workload_features` counts, for one zoo architecture at one input shape:
+:func:`workload_features` counts, for one registered architecture (a zoo model or a plug-in) at
+one input shape (an image ``(C, H, W)``, a feature vector ``(F,)``, any 1 to 4 dimensions):
 
 - **FLOPs** with :class:`torch.utils.flop_counter.FlopCounterMode` (a multiply-add is 2 FLOPs;
   matrix products and convolutions only, element-wise work is not counted) on a batch of 2 in
@@ -22,37 +23,54 @@
   negligible next to feature maps. This is the memory training holds beyond the weights,
   gradients and optimizer state, the part that scales with the batch size.
 
+Where it runs (issue 21 item 1): on torch's **meta device** (shapes only: no arithmetic, no
+weight initialisation; VGG16 at 224×224 takes 0.1 s) when the model allows it, else on the
+**CPU** with random inputs (standard normal, seed 0) and seeded weights. A model falls back to
+the CPU when anything on the meta device fails: a forward that reads values (``.item()``,
+``.tolist()``, ``bool(tensor)`` in Python control flow) or an operator without a meta kernel.
+The counts are the same on both devices for a model whose work does not depend on values.
+
 torch is imported inside the functions.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.protocol.messages import WorkloadFeatures
 from workers.registry.models import MODEL_REGISTRY
 
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
 _BATCH = 2
-_MIN_SIDE = 32  # VGG16's five 2×2 poolings need at least 32 pixels per side
-_MAX_SIDE = 1024
+_MAX_DIMENSIONS = 4
+_MAX_SIDE = 65_536  # as the wire's InputShapeField
 
 
-def _check_input_shape(input_shape: Any) -> tuple[int, int, int]:
+def check_input_shape(input_shape: Any) -> tuple[int, ...]:
+    """Return ``input_shape`` as a tuple if it is the shape of one sample.
+
+    Raises:
+        ValueError: naming ``input_shape``, unless it is 1 to 4 integers in ``[1, 65536]``.
+    """
     try:
         shape = tuple(input_shape)
     except TypeError:
         shape = ()
     if (
-        len(shape) != 3
+        not 1 <= len(shape) <= _MAX_DIMENSIONS
         or any(isinstance(v, bool) or not isinstance(v, int) for v in shape)
-        or shape[0] != 3
-        or not all(_MIN_SIDE <= side <= _MAX_SIDE for side in shape[1:])
+        or not all(1 <= side <= _MAX_SIDE for side in shape)
     ):
         raise ValueError(
-            f"input_shape must be (3, height, width) with height and width integers in "
-            f"[{_MIN_SIDE}, {_MAX_SIDE}] pixels, got {input_shape!r}"
+            f"input_shape must be 1 to {_MAX_DIMENSIONS} integers in [1, {_MAX_SIDE}] "
+            f"(e.g. (3, 32, 32) or (20,)), got {input_shape!r}"
         )
     return shape
 
@@ -60,16 +78,16 @@ def _check_input_shape(input_shape: Any) -> tuple[int, int, int]:
 def workload_features(
     architecture: str, num_classes: int = 10, input_shape: Sequence[int] = (3, 32, 32)
 ) -> WorkloadFeatures:
-    """Measure a zoo model's per-sample workload (see the module docstring for the method).
+    """Measure a registered model's per-sample workload (see the module docstring for the method).
 
     Results are cached per ``(architecture, num_classes, input_shape)``. The model runs on
-    torch's meta device (shapes only), so even VGG16 at 224×224 takes a fraction of a second.
+    torch's meta device when it allows it (a fraction of a second even for VGG16 at 224×224),
+    else on the CPU with a batch of 2 random samples.
 
     Args:
         architecture: a :data:`~workers.registry.models.MODEL_REGISTRY` name.
         num_classes: classifier outputs, ``>= 2``.
-        input_shape: ``(channels, height, width)`` of one sample; channels must be 3 and both
-            sides in ``[32, 1024]`` pixels.
+        input_shape: the shape of one sample, 1 to 4 dimensions (``(3, 32, 32)``, ``(20,)``).
 
     Returns:
         The features: FLOPs per sample (2 per multiply-add; published GMACs are
@@ -77,28 +95,82 @@ def workload_features(
         bytes per sample.
 
     Raises:
-        ValueError: for an unknown architecture (listing the allowed ones), ``num_classes < 2``
-            or an input shape out of range.
+        ValueError: for an unknown architecture (listing the allowed ones), ``num_classes < 2``,
+            an input shape that is not 1 to 4 positive integers, or a model that cannot take
+            the shape (naming ``input_shape``: its builder refused it, its forward failed on the
+            CPU as well, or its output is not ``(batch, num_classes)``).
     """
+    return _measure(*_check(architecture, num_classes, input_shape))[0]
+
+
+def leaf_module_count(architecture: str, num_classes: int = 10, input_shape: Sequence[int] = (3, 32, 32)) -> int:
+    """Count the model's leaf modules (convolutions, norms, activations, …), each launching
+    about one kernel per pass; computed and cached with :func:`workload_features`.
+
+    Raises:
+        ValueError: as :func:`workload_features`.
+    """
+    return _measure(*_check(architecture, num_classes, input_shape))[1]
+
+
+def _check(architecture: str, num_classes: int, input_shape: Any) -> tuple[str, int, tuple[int, ...]]:
     MODEL_REGISTRY.check(architecture, field="architecture")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
-    return _measure(architecture, num_classes, _check_input_shape(input_shape))
+    return architecture, num_classes, check_input_shape(input_shape)
 
 
 @functools.lru_cache(maxsize=64)
-def _measure(architecture: str, num_classes: int, input_shape: tuple[int, int, int]) -> WorkloadFeatures:
+def _measure(architecture: str, num_classes: int, input_shape: tuple[int, ...]) -> tuple[WorkloadFeatures, int]:
+    try:
+        return _count(architecture, num_classes, input_shape, "meta")
+    except _Refused as exc:
+        raise exc.error from None
+    except Exception as exc:  # any failure on meta: values read in forward, an op without a meta kernel
+        log.info(
+            "workload features of %s at %s: the meta device failed (%s: %s); counting on the CPU",
+            architecture,
+            input_shape,
+            type(exc).__name__,
+            exc,
+        )
+    try:
+        return _count(architecture, num_classes, input_shape, "cpu")
+    except _Refused as exc:
+        raise exc.error from None
+    except Exception as exc:
+        raise ValueError(
+            f"input_shape: {architecture} failed to train on a batch of shape {(_BATCH, *input_shape)} "
+            f"with {num_classes} classes: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+class _Refused(Exception):
+    """A definite refusal, the same on any device: the builder raised ``ValueError`` (a shape it
+    cannot take) or the outputs are not ``(batch, num_classes)``. No point retrying on the CPU."""
+
+    def __init__(self, error: ValueError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _count(
+    architecture: str, num_classes: int, input_shape: tuple[int, ...], device_name: str
+) -> tuple[WorkloadFeatures, int]:
     import torch
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
     from workers.training.zoo import build_model
 
-    # Shapes alone decide FLOPs and saved-tensor sizes, so the model runs on the meta device:
-    # no arithmetic, no weight initialisation, no oneDNN warm-up (VGG16 at 224×224 takes
-    # 0.1 s instead of seconds), and the numbers are identical to a CPU run.
-    with torch.device("meta"):
-        model = build_model(architecture, num_classes, 0, input_shape)
+    # On the meta device shapes alone decide FLOPs and saved-tensor sizes: no arithmetic, no
+    # weight initialisation, no oneDNN warm-up, and the numbers are identical to a CPU run.
+    device = torch.device(device_name)
+    try:
+        with device:
+            model = build_model(architecture, num_classes, 0, input_shape)
+    except ValueError as exc:
+        raise _Refused(exc) from exc
     model.train()
     params = list(model.parameters())
     # A storage's identity is its StorageImpl address (``_cdata``): views of one storage share
@@ -113,16 +185,29 @@ def _measure(architecture: str, num_classes: int, input_shape: tuple[int, int, i
         return tensor
 
     custom = {torch.ops.aten.convolution_backward: _conv_backward_flop}
-    x = torch.empty(_BATCH, *input_shape, device="meta")
-    y = torch.zeros(_BATCH, dtype=torch.long, device="meta")
+    if device.type == "meta":
+        x = torch.empty(_BATCH, *input_shape, device=device)
+        y = torch.zeros(_BATCH, dtype=torch.long, device=device)
+    else:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(_BATCH, *input_shape, generator=generator)
+        y = torch.randint(0, num_classes, (_BATCH,), generator=generator)
     with FlopCounterMode(display=False, custom_mapping=custom) as forward_counter:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            loss = F.cross_entropy(model(x), y)
+            logits = model(x)
+            if tuple(logits.shape) != (_BATCH, num_classes):
+                raise _Refused(
+                    ValueError(
+                        f"input_shape: {architecture} gave outputs of shape {tuple(logits.shape)} for a batch of "
+                        f"shape {(_BATCH, *input_shape)}; expected ({_BATCH}, {num_classes}) logits"
+                    )
+                )
+            loss = F.cross_entropy(logits, y)
     with FlopCounterMode(display=False, custom_mapping=custom) as backward_counter:
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     forward = forward_counter.get_total_flops()
     backward = backward_counter.get_total_flops()
-    return WorkloadFeatures(
+    features = WorkloadFeatures(
         architecture=architecture,
         num_classes=num_classes,
         input_shape=input_shape,
@@ -132,6 +217,8 @@ def _measure(architecture: str, num_classes: int, input_shape: tuple[int, int, i
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         activation_bytes_per_sample=sum(saved.values()) / _BATCH,
     )
+    layers = sum(1 for module in model.modules() if next(module.children(), None) is None)
+    return features, layers
 
 
 def _conv_backward_flop(
