@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.fl.artifacts import (
@@ -61,6 +62,7 @@ from workers.fl.artifacts import (
     save_model_weights,
 )
 from workers.launch import GO_LINE, READY_LINE
+from workers.protocol.indices import decode_indices
 from workers.protocol.messages import (
     AssignmentResult,
     AssignmentSpec,
@@ -71,7 +73,8 @@ from workers.protocol.messages import (
     StandaloneResult,
     TaskRef,
 )
-from workers.training.datasets import dataset_info, load_split
+from workers.registry.datasets import split_arrays
+from workers.training.datasets import load_split, load_splits
 from workers.training.partition import shard_indices
 from workers.training.zoo import build_model
 
@@ -375,14 +378,55 @@ def apply_resources(threads: int, cores: list[int] | None) -> None:
         torch.set_num_interop_threads(1)
 
 
-def _load_shard(task: TaskRef, shard: ShardRef) -> tuple[torch.Tensor, torch.Tensor]:
-    info = dataset_info(task.dataset.name)
-    if task.num_classes < info.num_classes:
+def shard_positions(task: TaskRef, shard: ShardRef, train_size: int) -> np.ndarray:
+    """A shard's positions in the task's training split.
+
+    With ``shard.indices`` (a rule that chose the samples, e.g. by label) they are
+    :func:`workers.protocol.indices.decode_indices` of it; without, the window
+    ``[offset, offset + count)`` of the task's seeded permutation
+    (:func:`workers.training.partition.shard_indices`).
+
+    Args:
+        task: the task (for messages).
+        shard: the device's shard.
+        train_size: samples in the loaded training split.
+
+    Returns:
+        int64 positions of shape ``(shard.count,)`` in ``[0, train_size)``.
+
+    Raises:
+        ValueError: naming ``shard.indices`` when they are corrupt, not ``shard.count`` of them,
+            or past the split; naming ``offset``/``count`` when the window is past the split.
+    """
+    if shard.indices is None:
+        return shard_indices(train_size, shard.permutation_seed, shard.offset, shard.count)
+    positions = decode_indices(shard.indices)
+    if len(positions) != shard.count:
+        raise ValueError(f"shard.indices hold {len(positions)} positions but shard.count is {shard.count}")
+    if positions.size and positions[-1] >= train_size:
         raise ValueError(
-            f"task.num_classes={task.num_classes} is smaller than the {info.name} data set's {info.num_classes} classes"
+            f"shard.indices reach position {positions[-1]}, past the {train_size} samples of task "
+            f"{task.name!r}'s training split ({task.dataset.name}): allowed [0, {train_size})"
         )
-    indices = shard_indices(info.train_size, shard.permutation_seed, shard.offset, shard.count)
-    return load_split(task.dataset, "train", indices)
+    return positions
+
+
+def _load_shard(task: TaskRef, shard: ShardRef) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shard's samples ``(x (n, *task.input_shape) float32, y (n,) int64)``, checked against
+    the task: samples of the task's ``input_shape``, labels in ``[0, task.num_classes)``."""
+    _, labels = split_arrays(load_splits(task.dataset), "train")
+    x, y = load_split(task.dataset, "train", shard_positions(task, shard, len(labels)))
+    if tuple(x.shape[1:]) != tuple(task.input_shape):
+        raise ValueError(
+            f"task.input_shape={tuple(task.input_shape)} but the {task.dataset.name} data set's samples have "
+            f"shape {tuple(x.shape[1:])}"
+        )
+    if len(y) and int(y.max()) >= task.num_classes:
+        raise ValueError(
+            f"task.num_classes={task.num_classes} but the shard has label {int(y.max())} of the "
+            f"{task.dataset.name} data set: labels must lie in [0, {task.num_classes})"
+        )
+    return x, y
 
 
 def train_step(
@@ -399,7 +443,7 @@ def train_step(
     Args:
         model: in training mode.
         optimizer: over ``model``'s parameters.
-        x: inputs, ``N×3×H×W`` float32.
+        x: inputs, ``(N, *input_shape)`` float32.
         y: class labels, ``N`` int64.
 
     Returns:
@@ -433,7 +477,7 @@ def recalibrate_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: i
 
     Args:
         model: the trained model, modified in place (left in train mode).
-        x: the shard's inputs, N×3×32×32.
+        x: the shard's inputs, ``(N, *input_shape)``.
         batch_size: forward batch size; a trailing batch of one sample is merged into the
             previous one (BatchNorm cannot normalise a single 1×1 activation). A shard of one
             sample is skipped.
@@ -471,7 +515,7 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
     device = open_device(trainer_device())
     store = LocalArtifactStore(spec.artifact_root)
     x, y = _load_shard(spec.task, spec.shard)
-    model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed)
+    model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed, spec.task.input_shape)
     global_path = store.path(spec.global_weights)
     if not global_path.is_file():
         raise FileNotFoundError(f"global_weights {spec.global_weights!r} not found at {global_path}")
@@ -574,7 +618,7 @@ def measure_item(
         raise ValueError("shard.count is 0: nothing to measure")
     batch = min(item.batch_size, num_samples)
     x, y = x.to(device), y.to(device)
-    model = build_model(item.task.architecture, item.task.num_classes, 0)
+    model = build_model(item.task.architecture, item.task.num_classes, 0, item.task.input_shape)
     model.to(device)
     model.train()
     optimizer = build_optimizer(model, item.task.optimizer)

@@ -1,9 +1,10 @@
 """The model zoo: models of :data:`workers.registry.models.MODEL_REGISTRY`, built with random
-(seeded) weights.
+(seeded) weights for a number of classes and an input shape.
 
 The built-ins are the paper's DNNs, torchvision's unchanged architectures with ``weights=None``
-(nothing is downloaded) and ``num_classes`` outputs; plug-ins come from the ``mtfl.models``
-entry-point group. torch is imported inside the functions.
+(nothing is downloaded) and ``num_classes`` outputs, for images ``(3, H, W)``; plug-ins come from
+the ``mtfl.models`` entry-point group and may take any input shape of 1 to 4 dimensions (a
+feature vector ``(20,)``). torch is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ def build_model(
             torchvision builder names, e.g. ``"resnet18"``).
         num_classes: outputs of the classifier, ``>= 2``.
         seed: initialisation seed in ``[0, 2**63 - 1]``.
-        input_shape: ``(channels, height, width)`` of one sample the model will see.
+        input_shape: the shape of one sample the model will see, 1 to 4 dimensions (an image
+            ``(channels, height, width)``, a feature vector ``(features,)``).
 
     Returns:
-        The model in training mode, on CPU, float32. Input ``N×C×H×W`` of ``input_shape``
-        (the built-ins take ``N×3×32×32`` or larger), output logits ``N×num_classes``.
+        The model in training mode, on CPU (or the device of an enclosing ``torch.device``
+        context), float32. Input ``(N, *input_shape)`` (the built-ins take ``N×3×32×32`` or
+        larger), output logits ``N×num_classes``.
 
     Raises:
         ValueError: for an unknown architecture (naming the ``architecture`` field and listing
@@ -63,7 +66,13 @@ def build_model(
     return model
 
 
-def write_initial_weights(architecture: str, num_classes: int, seed: int, path: Path | str) -> str:
+def write_initial_weights(
+    architecture: str,
+    num_classes: int,
+    seed: int,
+    path: Path | str,
+    input_shape: InputShape = (3, 32, 32),
+) -> str:
     """Build the seeded initial model and write its state dict as safetensors.
 
     Args:
@@ -71,6 +80,7 @@ def write_initial_weights(architecture: str, num_classes: int, seed: int, path: 
         num_classes: as in :func:`build_model`.
         seed: as in :func:`build_model`.
         path: destination file (written atomically; parent folders created).
+        input_shape: as in :func:`build_model` (a plug-in's layer sizes may follow from it).
 
     Returns:
         The file's hex SHA-256.
@@ -80,4 +90,4 @@ def write_initial_weights(architecture: str, num_classes: int, seed: int, path: 
     """
     from workers.fl.artifacts import save_model_weights
 
-    return save_model_weights(build_model(architecture, num_classes, seed), path)
+    return save_model_weights(build_model(architecture, num_classes, seed, input_shape), path)
