@@ -17,7 +17,6 @@ from workers.training.partition import (
     check_partition_params,
     label_histogram,
     partition_indices,
-    shard_counts,
     shard_indices,
     shard_offsets,
 )
@@ -28,6 +27,10 @@ RULES = [
     ("dirichlet_labels", {"alpha": 0.5}),
     ("shards", {"shards_per_device": 2}),
 ]
+
+
+def _counts(size: int, num_devices: int, rule: str, params: dict, seed: int) -> list[int]:
+    return [len(s) for s in partition_indices(np.zeros(size, dtype=np.int64), num_devices, rule, params, seed)]
 
 
 def _labels(num_classes: int = 10, per_class: int = 100, seed: int = 0) -> np.ndarray:
@@ -92,16 +95,13 @@ def test_quantity_keeps_the_former_dirichlet_counts_and_windows():
     counts = [len(s) for s in shards]
     assert 1 not in floors.tolist()  # (no 1-sample count to merge at this seed)
     assert counts == floors.tolist()
-    assert shard_counts(1437, 5, "quantity", {"alpha": 2.0}, seed=11) == counts
     for shard, offset in zip(shards, shard_offsets(counts), strict=True):
         assert np.array_equal(shard, np.sort(shard_indices(1437, 11, offset, len(shard))))
 
 
 def test_small_alpha_skews_volumes_more_than_large_alpha():
     def spread(alpha: float) -> float:
-        return float(
-            np.mean([np.std(shard_counts(10_000, 5, "quantity", {"alpha": alpha}, seed=s)) for s in range(20)])
-        )
+        return float(np.mean([np.std(_counts(10_000, 5, "quantity", {"alpha": alpha}, seed=s)) for s in range(20)]))
 
     assert spread(0.1) > 5 * spread(100.0)
 
@@ -379,7 +379,7 @@ def test_shard_offsets_reject_negative_count():
 
 def test_shard_indices_are_disjoint_and_cover_the_split():
     train_size = 1437
-    counts = shard_counts(train_size, 4, "quantity", {"alpha": 0.5}, seed=3)
+    counts = _counts(train_size, 4, "quantity", {"alpha": 0.5}, seed=3)
     shards = [
         shard_indices(train_size, 9, offset, count) for offset, count in zip(shard_offsets(counts), counts, strict=True)
     ]
@@ -393,8 +393,3 @@ def test_shard_indices_are_disjoint_and_cover_the_split():
 def test_shard_indices_reject_window_past_the_split():
     with pytest.raises(ValueError, match="exceeds"):
         shard_indices(100, 0, 90, 11)
-
-
-def test_shard_counts_rejects_a_negative_size():
-    with pytest.raises(ValueError, match="train_size"):
-        shard_counts(-1, 2, "iid")

@@ -9,9 +9,8 @@ a plug-in) from the split's labels: it checks the arguments and the rule's
 shard's labels per class.
 
 Experiments made before label rules stored a shard as a window ``[offset, offset + count)`` of
-one seeded permutation: :func:`shard_indices` still gives those positions, :func:`shard_offsets`
-turns counts into window starts (the ``explicit`` rule's counts), and :func:`shard_counts` gives
-a rule's counts when labels do not matter.
+one seeded permutation: :func:`shard_indices` still gives those positions, and
+:func:`shard_offsets` turns counts into window starts (the ``explicit`` rule's counts).
 """
 
 from __future__ import annotations
@@ -197,28 +196,6 @@ def label_histogram(labels: np.ndarray, indices: np.ndarray, num_classes: int) -
             f"labels must lie in [0, {num_classes})"
         )
     return [int(c) for c in np.bincount(chosen, minlength=num_classes)]
-
-
-def shard_counts(
-    train_size: int,
-    num_devices: int,
-    rule: str,
-    params: Mapping[str, object] | None = None,
-    seed: int = 0,
-) -> list[int]:
-    """Return how many samples each device holds under a rule that ignores labels.
-
-    The sizes of :func:`partition_indices` on a split of ``train_size`` samples of one class:
-    for ``iid`` and ``quantity`` (rules that do not read labels) these are their counts
-    (``quantity`` with seed ``s`` gives the former ``dirichlet`` rule's counts for ``s``); a
-    label rule's counts depend on the labels, so call :func:`partition_indices` with them.
-
-    Raises:
-        ValueError: as :func:`partition_indices`, and for ``train_size < 0``.
-    """
-    _require_int("train_size", train_size, minimum=0)
-    labels = np.zeros(int(train_size), dtype=np.int64)
-    return [len(s) for s in partition_indices(labels, num_devices, rule, params, seed)]
 
 
 def shard_offsets(counts: Sequence[int]) -> list[int]:
