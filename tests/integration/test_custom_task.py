@@ -11,8 +11,9 @@ that cannot take the data set's shape), an experiment partitioned by label with
 and runs of ``sharing``, ``vres_sync`` and the plug-in strategy ``flops_share``. Every run's
 global models must beat chance (1/4) on the test split by a wide margin.
 
-Sizes are kept tiny (two rounds, a 3,000-sample training split) so the whole test takes a few
-minutes on a 2-core machine; the label histograms and accuracies are printed (``pytest -s``).
+Sizes are kept small (one round of two local epochs, a 3,000-sample training split, a 45 s sweep)
+so the whole test takes two and a half to four minutes on a 2-core machine, most of it starting trainer
+processes; the label histograms and accuracies are printed (``pytest -s``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ CLASSES = 4
 CHANCE = 1 / CLASSES
 MIN_ACCURACY = 0.5
 """Every run's final global models must reach this test accuracy (chance is 0.25); a logistic
-regression reaches about 0.95 on this data, the models about 0.9 after two rounds."""
+regression reaches about 0.95 on this data, the models 0.75 to 0.9 after one round."""
 
 
 @pytest.fixture(scope="session")
@@ -180,6 +181,7 @@ def test_a_researchers_own_task_and_strategy_on_two_cpu_agents(installed, child_
     names = [f"tab-a-{uuid.uuid4().hex[:4]}", f"tab-b-{uuid.uuid4().hex[:4]}"]
     with LocalStack(agents=names, log=lambda line: None) as stack:
         stack.wait_ready(timeout_s=120)
+        print(f"\n[{time.monotonic() - started:.0f} s] control worker and agents ready")
         devices = sorted(_results(api.get("/api/devices/", {"limit": 1000})), key=lambda d: d["name"])
         devices = [d for d in devices if d["name"] in names]
         assert [d["name"] for d in devices] == sorted(names)
@@ -196,7 +198,11 @@ def test_a_researchers_own_task_and_strategy_on_two_cpu_agents(installed, child_
             format="json",
         )
         assert refused.status_code == 400, refused.content
-        assert "architecture" in refused.json() and "input_shape" in str(refused.json()["architecture"])
+        errors = refused.json()["errors"]
+        assert (
+            list(errors) == ["architecture"]
+            and "input_shape: tabular_mlp takes one feature" in errors["architecture"][0]
+        )
 
         # The researcher's tasks: the plug-in models on the .npz file; shape and sizes follow from it.
         tasks = []
@@ -224,8 +230,8 @@ def test_a_researchers_own_task_and_strategy_on_two_cpu_agents(installed, child_
                 "name": f"tabular-{uuid.uuid4().hex[:6]}",
                 "tasks": [t["id"] for t in tasks],
                 "devices": [d["id"] for d in devices],
-                "rounds": 2,
-                "local_epochs": 1,
+                "rounds": 1,
+                "local_epochs": 2,
                 "partition_rule": "dirichlet_labels",
                 "partition_params": {"alpha": 0.5},
                 "seed": 0,
@@ -251,19 +257,22 @@ def test_a_researchers_own_task_and_strategy_on_two_cpu_agents(installed, child_
             proportions = histograms / histograms.sum(axis=1, keepdims=True)
             assert np.abs(proportions[0] - proportions[1]).max() > 0.2, histograms
 
-        # A short profile sweep of the plug-in models on one device, and a predictor fitted on it.
+        # A short profile sweep of the tasks' models (at their (20,) input shape) on one device, and a
+        # predictor fitted on it.
         sweep = api.post(
             f"/api/devices/{devices[0]['id']}/profile/",
-            {"budget_s": 20, "architectures": list(MODELS), "batch_sizes": [32, 128], "max_mix": 2},
+            {"budget_s": 45, "tasks": [t["id"] for t in tasks], "batch_sizes": [32, 128], "max_mix": 2},
             format="json",
         )
         assert sweep.status_code == 202, sweep.content
         sweep = _wait(api, f"/api/profile-sweeps/{sweep.json()['id']}/", {"succeeded", "failed"}, 240)
         assert sweep["status"] == "succeeded" and sweep["samples"] > 0, sweep
+        print(f"[{time.monotonic() - started:.0f} s] sweep: {sweep['configs']} configurations")
         predictor = api.post("/api/predictors/", {"backend": "cpu"}, format="json")
         assert predictor.status_code == 202, predictor.content
         predictor = _wait(api, f"/api/predictors/{predictor.json()['id']}/", {"ready", "failed"}, 240)
-        assert predictor["status"] == "ready", predictor
+        assert predictor["status"] == "ready", (predictor["error"], sweep["configs"], sweep["samples"])
+        print(f"[{time.monotonic() - started:.0f} s] predictor fitted: {predictor['kept_family']}")
         stack.children.check_alive()
 
         # The paper's sharing, its planner vres_sync and the researcher's flops_share, one after another.
@@ -272,6 +281,7 @@ def test_a_researchers_own_task_and_strategy_on_two_cpu_agents(installed, child_
             launched = api.post(f"/api/experiments/{experiment['id']}/runs/", {"strategy": strategy}, format="json")
             assert launched.status_code == 201, (strategy, launched.content)
             runs[strategy] = run_wait(Run.objects.get(id=launched.json()["id"]), timeout_s=300)
+            print(f"[{time.monotonic() - started:.0f} s] {strategy}: {runs[strategy].status}")
             stack.children.check_alive()
 
     print("final test accuracy of the global models (chance 0.25):")
@@ -283,7 +293,7 @@ def test_a_researchers_own_task_and_strategy_on_two_cpu_agents(installed, child_
             print(
                 f"  {strategy:<11} {task['architecture']:<17} round {final['round_index']}: {final['test_accuracy']:.3f}"
             )
-            assert final["round_index"] == 1
+            assert final["round_index"] == 0
             assert final["test_accuracy"] > MIN_ACCURACY > CHANCE, (strategy, task["architecture"], final)
 
     # flops_share gave the wider model the larger share on every device, in proportion to FLOPs.
