@@ -98,7 +98,7 @@ def mig_device(gpcs: int, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
 
 
 def inference_workloads() -> dict[str, tuple[float, float, float, int]]:
-    from workers.profiling.features import workload_features
+    from workers.profiling.features import leaf_module_count, workload_features
 
     out = {}
     for model in MODELS:
@@ -107,7 +107,7 @@ def inference_workloads() -> dict[str, tuple[float, float, float, int]]:
             f.forward_flops_per_sample,
             f.activation_bytes_per_sample,
             float(f.param_bytes),
-            sim._leaf_modules(model, 1000),
+            leaf_module_count(model, 1000, (3, 224, 224)),
         )
     return out
 

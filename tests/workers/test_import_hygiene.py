@@ -33,6 +33,8 @@ LIGHT_MODULES = [
     "workers.registry.models",
     "workers.registry.datasets",
     "workers.registry.partitioners",
+    "workers.registry.check",
+    "workers.registry.inventory",
     "workers.registry.backends",
     "workers.registry.aggregators",
     "workers.training.evaluate",
