@@ -244,15 +244,19 @@ def partition_parameter_field(rule: str, parameter: str) -> str:
 
 def _as_number(text: str, kind: str) -> Any:
     """What a JSON client would send for ``text`` typed into a number input: an int for an
-    ``int`` parameter (a float if it has a fraction, so the API says it must be an integer), a
-    float otherwise; text that is no number is sent as typed (the API says what is wrong)."""
+    integer literal (``"0"``), a float otherwise (``"0.5"``, ``"1e3"``); for an ``int``
+    parameter a float with no fraction (``"2.0"``) is sent as that int, one with a fraction as the
+    float (the API then says it must be an integer). Text that is no number is sent as typed
+    (the API says what is wrong)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
     try:
         value = float(text)
     except ValueError:
         return text
-    if kind == "int" and value.is_integer():
-        return int(value)
-    return value
+    return int(value) if kind == "int" and value.is_integer() else value
 
 
 class ExperimentForm(ApiCheckedForm):
@@ -305,8 +309,8 @@ class ExperimentForm(ApiCheckedForm):
                     attrs["max"] = parameter.maximum
                 self.fields[field] = _input(
                     _number(**attrs),
-                    f"{parameter.label} ({rule.name})",
-                    help_text=f"{_range_text(parameter)}; blank: "
+                    parameter.label,
+                    help_text=f"{rule.name} only: {_range_text(parameter)}; blank: "
                     + ("the default" if parameter.default is not None else "required"),
                     initial=parameter.default,
                 )

@@ -150,7 +150,9 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "task": task,
             "input_shape": "×".join(str(n) for n in task.input_shape),
-            "workload": workload_get(architecture=task.architecture, num_classes=task.num_classes),
+            "workload": workload_get(
+                architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape
+            ),
             "experiments": selectors.experiment_list(user=request.user).filter(tasks=task),
         },
     )

@@ -387,7 +387,7 @@ def test_a_failed_runs_progress_counts_its_failed_rounds(browser_client, make_ex
 
 
 def _label_figures(html: str) -> dict[int, dict]:
-    return {h["task"]: h["figure"] for h in _json_script(html, "label-histograms")}
+    return {h["task"]: h["figure"] for h in _json_script(html, "label-histogram-figures")}
 
 
 def _drawn_counts(figure: dict) -> dict[str, dict[str, int]]:
@@ -429,7 +429,7 @@ def test_the_experiment_page_draws_each_devices_label_histogram_per_task(browser
 
     alpha = next(p for p in PARTITIONER_REGISTRY.get("dirichlet_labels").parameters if p.name == "alpha")
     assert '<strong id="partition-rule">dirichlet_labels</strong>' in html
-    assert f'<span class="partition-param">{escape(alpha.label)} = 0.3</span>' in html
+    assert f'<span class="partition-param"><abbr title="{escape(alpha.label)}">alpha</abbr> = 0.3</span>' in html
 
 
 def test_the_label_histograms_numbers_are_a_table_and_a_csv(browser_client, make_experiment):

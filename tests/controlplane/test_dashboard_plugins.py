@@ -134,7 +134,7 @@ def test_the_experiment_form_offers_the_plugin_rule_and_its_parameter(installed_
     tag = html[html.rindex("<input", 0, start) : html.index(">", start)]
     assert 'data-partition-rule="first_takes"' in tag and 'min="0.0"' in tag and 'max="1.0"' in tag
     assert 'value="0.5"' in tag
-    assert "share of the first device (first_takes)" in html and "in (0, 1]; blank: the default" in html
+    assert "share of the first device" in html and "first_takes only: in (0, 1]; blank: the default" in html
 
 
 def test_an_experiment_split_by_the_plugin_rule_through_the_form(
@@ -163,7 +163,7 @@ def test_an_experiment_split_by_the_plugin_rule_through_the_form(
     assert counts["dev-b"] + counts["dev-c"] == task.train_size - counts["dev-a"]
 
     page = browser_client.get(f"/experiments/{experiment.id}/").content.decode()
-    assert '<span class="partition-param">share of the first device = 0.8</span>' in page
+    assert '<span class="partition-param"><abbr title="share of the first device">fraction</abbr> = 0.8</span>' in page
 
 
 def test_a_parameter_out_of_the_plugins_range_is_refused_at_its_input(

@@ -352,7 +352,8 @@ def test_the_experiment_form_has_one_input_per_declared_parameter(browser_client
                 assert 'step="1"' in tag
             if parameter.default is not None:
                 assert f'value="{parameter.default}"' in tag
-            assert f"{parameter.label} ({rule.name})" in html
+            label = html[html.rindex("<label", 0, start) : start]
+            assert escape(parameter.label) in label and f"{rule.name} only: " in html[start:]
 
 
 @pytest.mark.parametrize(
