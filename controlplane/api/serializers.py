@@ -517,6 +517,15 @@ class RunCreateSerializer(StrictSerializer):
 
 class ComparisonCreateSerializer(StrictSerializer):
     options = PlannerOptionsSerializer(required=False, default=None, allow_null=True)
+    strategies = serializers.ListField(
+        child=serializers.CharField(max_length=64),
+        required=False,
+        default=None,
+        allow_null=True,
+        max_length=64,
+        help_text="strategies to run, in order, including the baseline 'temporal' (default: every compared "
+        "strategy, plug-ins included)",
+    )
 
 
 class ComparisonSerializer(serializers.ModelSerializer):

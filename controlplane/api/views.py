@@ -209,10 +209,13 @@ class ExperimentViewSet(
     @extend_schema(request=s.ComparisonCreateSerializer, responses={201: s.ComparisonSerializer})
     @action(detail=True, methods=["post"])
     def compare(self, request: Request, pk=None) -> Response:
-        """Run all five strategies (``temporal``, ``isolation``, ``sharing``, ``vres_greedy``,
-        ``vres_sync``) one after another on this experiment; the experiment page compares them."""
+        """Run strategies one after another on this experiment (default: every compared one,
+        ``temporal``, ``isolation``, ``sharing``, ``vres_greedy``, ``vres_sync`` and any plug-in's;
+        ``strategies`` picks a subset holding ``temporal``); the experiment page compares them."""
         data = _validated(s.ComparisonCreateSerializer, request)
-        comparison = exp_services.comparison_create(experiment=self.get_object(), options=data["options"])
+        comparison = exp_services.comparison_create(
+            experiment=self.get_object(), options=data["options"], strategies=data["strategies"]
+        )
         return Response(s.ComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
 
 

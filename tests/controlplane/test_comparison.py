@@ -151,6 +151,40 @@ def test_compare_runs_the_five_strategies_one_after_another(
     assert again.status_code == 409
 
 
+@pytest.mark.parametrize(
+    "strategies, reason",
+    [
+        ([], "non-empty list"),
+        ("temporal", "list"),
+        (["temporal", "bogus"], "'bogus' is not allowed"),
+        (["temporal", "sharing", "sharing"], "repeat"),
+        (["sharing", "vres_sync"], "baseline 'temporal'"),
+    ],
+)
+def test_a_comparison_of_chosen_strategies_is_checked(api, make_experiment, strategies, reason):
+    experiment = make_experiment()
+    response = api.post(f"/api/experiments/{experiment.id}/compare/", {"strategies": strategies}, format="json")
+    assert response.status_code == 400, response.json()
+    assert reason in " ".join(response.json()["errors"]["strategies"])
+    assert not Comparison.objects.exists() and not Run.objects.exists()
+
+
+def test_a_comparison_runs_the_chosen_strategies_in_their_order(
+    api, make_experiment, predictor, django_capture_on_commit_callbacks
+):
+    experiment = make_experiment()
+    _queued_control_messages()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api.post(
+            f"/api/experiments/{experiment.id}/compare/", {"strategies": ["temporal", "vres_sync"]}, format="json"
+        )
+    assert response.status_code == 201, response.json()
+    assert response.json()["strategies"] == ["temporal", "vres_sync"]
+    runs = list(Run.objects.filter(comparison_id=response.json()["id"]).order_by("id"))
+    assert [r.strategy for r in runs] == ["temporal", "vres_sync"] and runs[1].planned and not runs[0].planned
+    assert _queued_control_messages() == [(TaskName.RUN_BEGIN, [runs[0].id])]
+
+
 def test_a_comparison_closes_after_its_last_run(make_experiment, predictor, django_capture_on_commit_callbacks):
     experiment = make_experiment()
     with django_capture_on_commit_callbacks(execute=True):

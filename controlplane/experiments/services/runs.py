@@ -20,13 +20,14 @@ so a duplicate delivery, or a watchdog racing a late callback, changes nothing t
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.registered import registered
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Comparison, Experiment, Round, Run
 from controlplane.experiments.services import dispatch, planning
@@ -36,6 +37,7 @@ from controlplane.planning import metrics
 from controlplane.planning.planner import PlannerContext
 from controlplane.planning.strategies import (
     STRATEGY_REGISTRY,
+    baseline_strategy,
     compared_strategies,
     get_strategy,
     make_plan,
@@ -150,10 +152,13 @@ def _run_new(
 
 
 @transaction.atomic
-def comparison_create(*, experiment: Experiment, options: Mapping[str, Any] | None = None) -> Comparison:
-    """Launch every strategy of :func:`~controlplane.planning.strategies.compared_strategies`
-    on the same experiment, one run after another (same devices, data and seeds): among the
-    built-ins ``temporal``, ``isolation``, ``sharing``, ``vres_greedy``, ``vres_sync``.
+def comparison_create(
+    *, experiment: Experiment, options: Mapping[str, Any] | None = None, strategies: Sequence[str] | None = None
+) -> Comparison:
+    """Launch strategies on the same experiment, one run after another (same devices, data and
+    seeds): by default every strategy of
+    :func:`~controlplane.planning.strategies.compared_strategies` (among the built-ins
+    ``temporal``, ``isolation``, ``sharing``, ``vres_greedy``, ``vres_sync``, then any plug-in's).
 
     All runs are checked and planned now, so a missing predictor or an impossible plan is
     refused before anything is dispatched; the first starts once the transaction commits and
@@ -162,14 +167,18 @@ def comparison_create(*, experiment: Experiment, options: Mapping[str, Any] | No
     Args:
         options: planner options for the runs whose strategy needs a predictor (see
             :func:`run_create`).
+        strategies: a subset to run instead, in this order, which must hold the baseline
+            (:func:`~controlplane.planning.strategies.baseline_strategy`, ``temporal``): every
+            speedup is taken against it.
 
     Raises:
-        ApplicationError: as :func:`run_create`, for any of the strategies.
+        ApplicationError: as :func:`run_create`, for any of the strategies; ``strategies``
+            empty, repeating a name, naming an unknown strategy or lacking the baseline.
     """
+    strategies = comparison_strategies(strategies)
     options = planning.planner_options(options)
     experiment_plugins_check(experiment)
     planner = planning.planner_context(experiment=experiment, options=options)
-    strategies = compared_strategies()
     comparison = Comparison.objects.create(experiment=experiment, strategies=list(strategies))
     runs = []
     for strategy in strategies:
@@ -186,6 +195,29 @@ def comparison_create(*, experiment: Experiment, options: Mapping[str, Any] | No
     first = runs[0].id
     transaction.on_commit(lambda: dispatch.send_run_begin(first))
     return comparison
+
+
+def comparison_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
+    """The strategies a comparison runs: ``strategies`` checked, or every compared one.
+
+    Raises:
+        ApplicationError: under ``strategies``: not a list of names, empty, a repeat, an
+            unknown name (listing the registered ones) or the baseline missing.
+    """
+    if strategies is None:
+        return compared_strategies()
+    if isinstance(strategies, str) or not isinstance(strategies, Sequence) or not strategies:
+        raise ApplicationError("strategies must be a non-empty list of strategy names", field="strategies")
+    names = tuple(registered(STRATEGY_REGISTRY, name, field="strategies").name for name in strategies)
+    if len(set(names)) != len(names):
+        raise ApplicationError("strategies must not repeat a strategy", field="strategies")
+    baseline = baseline_strategy().name
+    if baseline not in names:
+        raise ApplicationError(
+            f"strategies must include the baseline {baseline!r}: every speedup is taken against it",
+            field="strategies",
+        )
+    return names
 
 
 def comparison_cancel(*, comparison: Comparison) -> Comparison:

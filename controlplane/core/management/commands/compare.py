@@ -44,6 +44,11 @@ class Command(BaseCommand):
             help=f"what vres_sync gives devices that finish early: {' or '.join(SLACK_POLICIES)} "
             "(default smaller_batches)",
         )
+        parser.add_argument(
+            "--strategies",
+            default="",
+            help="comma-separated strategies to run, in order, including temporal (default: every compared one)",
+        )
         parser.add_argument("--timeout", default="21600", help="seconds allowed per run (default 21600)")
         parser.add_argument("--no-wait", action="store_true", help="launch and exit; follow it on the dashboard")
 
@@ -73,7 +78,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         require_control_worker("it runs the rounds")
         try:
-            comparison = services.comparison_create(experiment=experiment, options=options)
+            strategies = [n.strip() for n in opts["strategies"].split(",") if n.strip()] or None
+            comparison = services.comparison_create(experiment=experiment, options=options, strategies=strategies)
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
         runs = list(comparison.runs.order_by("id"))
