@@ -8,7 +8,7 @@ agents and their trainer processes, and the plug-in check's child. Then, through
 tasks with the plug-in models on the example's ``.npz`` data (and the 400 for a plug-in model
 that cannot take the data set's shape), an experiment partitioned by label with
 ``dirichlet_labels``, a short profile sweep of the plug-in models and a predictor fitted on it,
-and runs of ``sharing``, ``vres_sync`` and the plug-in strategy ``flops_share``. Every run's
+and one comparison of ``temporal``, ``sharing``, ``vres_sync`` and the plug-in strategy ``flops_share``. Every run's
 global models must beat chance (1/4) on the test split by a wide margin.
 
 Sizes are kept small (one round of two local epochs, a 3,000-sample training split, a 45 s sweep)
@@ -34,7 +34,6 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from controlplane.core.demo import run_wait
 from controlplane.core.stack import LocalStack
 from controlplane.experiments.models import Run
 from controlplane.planning.strategies import STRATEGY_REGISTRY, compared_strategies
@@ -275,14 +274,19 @@ def test_a_researchers_own_task_and_strategy_on_two_cpu_agents(installed, child_
         print(f"[{time.monotonic() - started:.0f} s] predictor fitted: {predictor['kept_family']}")
         stack.children.check_alive()
 
-        # The paper's sharing, its planner vres_sync and the researcher's flops_share, one after another.
-        runs = {}
-        for strategy in STRATEGIES:
-            launched = api.post(f"/api/experiments/{experiment['id']}/runs/", {"strategy": strategy}, format="json")
-            assert launched.status_code == 201, (strategy, launched.content)
-            runs[strategy] = run_wait(Run.objects.get(id=launched.json()["id"]), timeout_s=300)
-            print(f"[{time.monotonic() - started:.0f} s] {strategy}: {runs[strategy].status}")
-            stack.children.check_alive()
+        # One comparison: the baseline, the paper's sharing and its planner vres_sync, and the
+        # researcher's flops_share, one after another on the same devices, data and seeds.
+        launched = api.post(
+            f"/api/experiments/{experiment['id']}/compare/", {"strategies": ["temporal", *STRATEGIES]}, format="json"
+        )
+        assert launched.status_code == 201, launched.content
+        comparison = _wait(
+            api, f"/api/comparisons/{launched.json()['id']}/", {"succeeded", "cancelled"}, 300 * (1 + len(STRATEGIES))
+        )
+        runs = {r["strategy"]: Run.objects.get(id=r["id"]) for r in comparison["runs"]}
+        assert list(runs) == ["temporal", *STRATEGIES], comparison
+        print(f"[{time.monotonic() - started:.0f} s] comparison {comparison['status']}: {comparison['runs']}")
+        stack.children.check_alive()
 
     print("final test accuracy of the global models (chance 0.25):")
     for strategy, run in runs.items():
