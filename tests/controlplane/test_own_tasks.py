@@ -469,6 +469,26 @@ def test_a_sweep_profiles_a_tasks_model_at_its_shape(own_plugins, make_task, mak
     assert refused.value.field == "tasks" and "lacks model 'tiny_mlp'" in refused.value.message
 
 
+def test_mtfl_profile_takes_tasks_at_their_shape(own_plugins, make_task, make_device, monkeypatch):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from controlplane.core.management.commands import profile
+    from controlplane.profiling.models import ProfileSweep
+
+    make_task("tab", "tiny_mlp", dataset="tabular")
+    _declare(make_device("prof"), models=["tiny_mlp"], datasets=["tabular"])
+    with pytest.raises(CommandError, match="--tasks: no task with id or name 'nope'"):
+        call_command("profile", "--device", "prof", "--budget", "10", "--tasks", "nope")
+    monkeypatch.setattr(profile, "use_running_broker", lambda: None)
+    monkeypatch.setattr(profile.Command, "_require_control_worker", lambda self: None)
+    monkeypatch.setattr(profile.Command, "_follow", lambda self, sweep: sweep)
+    call_command("profile", "--device", "prof", "--budget", "10", "--tasks", "tab")
+    sweep = ProfileSweep.objects.get()
+    assert sweep.request["architectures"] == ["tiny_mlp"]
+    assert sweep.request["workloads"] == {"tiny_mlp": {"num_classes": 3, "input_shape": [6]}}
+
+
 @pytest.mark.parametrize(
     "body,field,text",
     [

@@ -122,7 +122,9 @@ class Command(BaseCommand):
         if not broker:
             with console.status("computing the tasks' workload features (no control worker is running)"):
                 for task in experiment.tasks.all():
-                    workload_ensure(architecture=task.architecture, num_classes=task.num_classes)
+                    workload_ensure(
+                        architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape
+                    )
         self._report(experiment)
 
     def _connect_broker(self) -> bool:

@@ -28,14 +28,30 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--device", required=True, help="the device to profile")
         parser.add_argument("--budget", required=True, help="seconds to spend measuring")
-        parser.add_argument("--architectures", default=",".join(DEFAULT_ARCHITECTURES), help="comma-separated models")
+        parser.add_argument(
+            "--architectures",
+            default=None,
+            help=f"comma-separated models, profiled at 10 classes and 3×32×32 (default without --tasks: "
+            f"{','.join(DEFAULT_ARCHITECTURES)})",
+        )
+        parser.add_argument(
+            "--tasks",
+            default=None,
+            help="comma-separated task ids or names whose models are profiled at each task's own classes and "
+            "input shape (a plug-in model on tabular data, say)",
+        )
         parser.add_argument("--batch-sizes", default="16,32,64,128,256", help="comma-separated batch sizes")
         parser.add_argument("--max-mix", default="4", help="most co-located tasks per configuration (1-8)")
         parser.add_argument("--seed", default="0", help="seed of the space-filling design")
 
     def handle(self, *args, **opts):
         budget = float_option("budget", opts["budget"], BUDGET_RANGE_S[0] - 1e-9, BUDGET_RANGE_S[1])
-        architectures = list_option("architectures", opts["architectures"], MODEL_REGISTRY.names())
+        task_ids = self._task_ids(opts["tasks"]) if opts["tasks"] else None
+        if opts["architectures"] is not None or task_ids is None:
+            given = opts["architectures"] if opts["architectures"] is not None else ",".join(DEFAULT_ARCHITECTURES)
+            architectures: list[str] | None = list_option("architectures", given, MODEL_REGISTRY.names())
+        else:
+            architectures = None
         batch_sizes = [int_option("batch-sizes", b, 2, 4096) for b in list_option("batch-sizes", opts["batch_sizes"])]
         max_mix = int_option("max-mix", opts["max_mix"], 1, 8)
         seed = int_option("seed", opts["seed"], 0, 2**31 - 1)
@@ -53,6 +69,7 @@ class Command(BaseCommand):
                 device=device,
                 budget_s=budget,
                 architectures=architectures,
+                tasks=task_ids,
                 batch_sizes=batch_sizes,
                 max_mix=max_mix,
                 seed=seed,
@@ -60,7 +77,7 @@ class Command(BaseCommand):
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
         console.print(
-            f"sweep {sweep.id} on {device.name}: {budget:g} s of co-located mixes of {', '.join(architectures)}"
+            f"sweep {sweep.id} on {device.name}: {budget:g} s of co-located mixes of {', '.join(sweep.request['architectures'])}"
         )
         interrupt_on_signals()
         try:
@@ -80,6 +97,19 @@ class Command(BaseCommand):
         if sweep.status == ProfileSweep.Status.FAILED:
             raise SystemExit(1)
         console.print("next: `mtfl fit-predictor` fits a predictor on every sample of this device class")
+
+    def _task_ids(self, given: str) -> list[int]:
+        """The ids of ``--tasks``' comma-separated ids or names; an unknown one is a one-line error."""
+        from controlplane.experiments.models import Task
+
+        ids = []
+        for key in list_option("tasks", given):
+            task = Task.objects.filter(id=int(key)).first() if key.isdigit() else None
+            task = task or Task.objects.filter(name=key).first()
+            if task is None:
+                raise CommandError(f"--tasks: no task with id or name {key!r} (GET /api/tasks/ lists them)")
+            ids.append(task.id)
+        return ids
 
     def _require_control_worker(self) -> None:
         require_control_worker("it records the measurements")
