@@ -7,18 +7,15 @@ by the plug-in's rule with the parameter typed in.
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
-import textwrap
 from html import escape
 
 import pytest
 
 from controlplane.experiments.models import Experiment
+from tests.plugin_dist import installed_distribution
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
-from workers.registry.partitioners import PARTITIONER_REGISTRY
 
 pytestmark = pytest.mark.django_db
 
@@ -68,44 +65,27 @@ FIRST_TAKES = Partitioner(
 '''
 
 
+ENTRY_POINTS = """\
+[mtfl.models]
+tiny_rows_mlp = fake_mtfl_task_plugin:tiny_rows_mlp
+broken_net = fake_mtfl_task_plugin_missing:build
+
+[mtfl.datasets]
+noise_rows = fake_mtfl_task_plugin:noise_rows
+
+[mtfl.partitioners]
+first_takes = fake_mtfl_task_plugin:FIRST_TAKES
+"""
+
+
 @pytest.fixture
 def installed_task_plugin(tmp_path):
     """``fake_mtfl_task_plugin`` (distribution ``fake-mtfl-task-plugin 0.2``) installed on
     ``sys.path`` with a model, a data set and a partition rule, then removed; a second entry point
     of the model group names a module that is not there (a broken plug-in)."""
-    (tmp_path / "fake_mtfl_task_plugin.py").write_text(PLUGIN)
-    info = tmp_path / "fake_mtfl_task_plugin-0.2.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-mtfl-task-plugin\nVersion: 0.2\n")
-    (info / "entry_points.txt").write_text(
-        textwrap.dedent("""\
-        [mtfl.models]
-        tiny_rows_mlp = fake_mtfl_task_plugin:tiny_rows_mlp
-        broken_net = fake_mtfl_task_plugin_missing:build
-
-        [mtfl.datasets]
-        noise_rows = fake_mtfl_task_plugin:noise_rows
-
-        [mtfl.partitioners]
-        first_takes = fake_mtfl_task_plugin:FIRST_TAKES
-        """)
-    )
-    sys.path.insert(0, str(tmp_path))
-    importlib.invalidate_caches()
-    registries = (MODEL_REGISTRY, DATASET_REGISTRY, PARTITIONER_REGISTRY)
-    for registry in registries:
-        registry.reload_plugins()
-    try:
+    modules = {"fake_mtfl_task_plugin": PLUGIN}
+    with installed_distribution(tmp_path, "fake-mtfl-task-plugin", "0.2", modules, ENTRY_POINTS):
         yield
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("fake_mtfl_task_plugin", None)
-        importlib.invalidate_caches()
-        MODEL_REGISTRY.unregister("tiny_rows_mlp")
-        DATASET_REGISTRY.unregister("noise_rows")
-        PARTITIONER_REGISTRY.unregister("first_takes")
-        for registry in registries:
-            registry.reload_plugins()
 
 
 SOURCE = "fake-mtfl-task-plugin 0.2"

@@ -10,9 +10,6 @@ Plug-ins are installed as real entry points (a ``*.dist-info`` folder on ``sys.p
 from __future__ import annotations
 
 import importlib
-import os
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -20,8 +17,8 @@ import pytest
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments.models import Experiment, Shard, Task
 from controlplane.experiments.services import experiment_create, run_create, task_create, task_update
+from tests.plugin_dist import installed_distribution
 from workers.protocol.indices import decode_indices
-from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
 
 pytestmark = pytest.mark.django_db
@@ -107,39 +104,14 @@ lengths_disagree = own_task_plugin:lengths_disagree
 negative_labels = own_task_plugin:negative_labels
 """
 
-MODELS = ("tiny_mlp", "raising_model", "not_a_module", "wrong_outputs", "broken_import")
-DATASETS = ("tabular", "raising_data", "lengths_disagree", "negative_labels")
-
 
 @pytest.fixture
-def own_plugins(tmp_path, monkeypatch):
+def own_plugins(tmp_path):
     """``own_task_plugin`` installed with its entry points for this process and the check's
     child processes, then removed."""
-    (tmp_path / "own_task_plugin.py").write_text(PLUGIN)
-    info = tmp_path / "own_task_plugin-0.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: own-task-plugin\nVersion: 0.3\n")
-    (info / "entry_points.txt").write_text(textwrap.dedent(ENTRY_POINTS))
-    inherited = os.environ.get("PYTHONPATH")
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{inherited}" if inherited else str(tmp_path))
-    sys.path.insert(0, str(tmp_path))
-    importlib.invalidate_caches()
-    MODEL_REGISTRY.reload_plugins()
-    DATASET_REGISTRY.reload_plugins()
-    try:
-        yield tmp_path
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("own_task_plugin", None)
-        importlib.invalidate_caches()
-        for name in MODELS:
-            if name in MODEL_REGISTRY:
-                MODEL_REGISTRY.unregister(name)
-        for name in DATASETS:
-            if name in DATASET_REGISTRY:
-                DATASET_REGISTRY.unregister(name)
-        MODEL_REGISTRY.reload_plugins()
-        DATASET_REGISTRY.reload_plugins()
+    modules = {"own_task_plugin": PLUGIN}
+    with installed_distribution(tmp_path, "own-task-plugin", "0.3", modules, ENTRY_POINTS, pythonpath=True) as folder:
+        yield folder
 
 
 # --- tasks ---------------------------------------------------------------------------------

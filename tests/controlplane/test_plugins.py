@@ -5,13 +5,10 @@ migration: the API accepts them, refuses unknown names listing them, and the das
 
 from __future__ import annotations
 
-import importlib
-import sys
-import textwrap
-
 import pytest
 
 from controlplane.planning.strategies import STRATEGY_REGISTRY
+from tests.plugin_dist import installed_distribution
 from workers.registry.backends import BACKEND_REGISTRY
 
 PLUGIN = '''
@@ -36,37 +33,20 @@ BACKEND = Backend("plugin-sim", "plugin-sim — the simulated model under anothe
                   simulated=True)
 '''
 
+ENTRY_POINTS = """\
+[mtfl.strategies]
+half_batch = fake_mtfl_plugin:STRATEGY
+
+[mtfl.backends]
+plugin-sim = fake_mtfl_plugin:BACKEND
+"""
+
 
 @pytest.fixture
 def installed_plugin(tmp_path):
     """``fake_mtfl_plugin`` installed on ``sys.path`` with its entry points, then removed."""
-    (tmp_path / "fake_mtfl_plugin.py").write_text(PLUGIN)
-    info = tmp_path / "fake_mtfl_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-mtfl-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        textwrap.dedent("""\
-        [mtfl.strategies]
-        half_batch = fake_mtfl_plugin:STRATEGY
-
-        [mtfl.backends]
-        plugin-sim = fake_mtfl_plugin:BACKEND
-        """)
-    )
-    sys.path.insert(0, str(tmp_path))
-    importlib.invalidate_caches()
-    STRATEGY_REGISTRY.reload_plugins()
-    BACKEND_REGISTRY.reload_plugins()
-    try:
+    with installed_distribution(tmp_path, "fake-mtfl-plugin", "0.1", {"fake_mtfl_plugin": PLUGIN}, ENTRY_POINTS):
         yield
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("fake_mtfl_plugin", None)
-        importlib.invalidate_caches()
-        STRATEGY_REGISTRY.unregister("half_batch")
-        BACKEND_REGISTRY.unregister("plugin-sim")
-        STRATEGY_REGISTRY.reload_plugins()
-        BACKEND_REGISTRY.reload_plugins()
 
 
 def test_a_plugin_strategy_and_backend_are_accepted_by_the_api(installed_plugin, api, make_experiment, make_device):

@@ -4,14 +4,13 @@ child process, which also survives a plug-in that hangs or kills its process."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.plugin_dist import installed_distribution
 from workers.registry.check import (
     PluginCheckError,
     TaskCheck,
@@ -130,44 +129,21 @@ ck_slow = mtfl_check_plugin:slow_dataset
 """
 
 
-def install_dist(folder: Path, dist: str, version: str, modules: dict[str, str], entry_points: str) -> None:
-    """Write ``modules`` and a ``<dist>-<version>.dist-info`` with ``entry_points`` into ``folder``."""
-    for name, code in modules.items():
-        (folder / f"{name}.py").write_text(code)
-    info = folder / f"{dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    (info / "entry_points.txt").write_text(entry_points)
-
-
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
     """``mtfl-check-plugin 1.2`` installed on ``sys.path`` (seen by the check's child too)."""
-    folder = tmp_path_factory.mktemp("site")
-    install_dist(
-        folder,
-        "mtfl-check-plugin",
-        "1.2",
-        {"mtfl_check_plugin": PLUGIN, "mtfl_check_plugin_broken": BROKEN},
-        ENTRY_POINTS,
-    )
-    sys.path.insert(0, str(folder))
-    importlib.invalidate_caches()
-    MODEL_REGISTRY.reload_plugins()
-    DATASET_REGISTRY.reload_plugins()
-    clear_check_cache()
     try:
-        yield folder
+        with installed_distribution(
+            tmp_path_factory.mktemp("site"),
+            "mtfl-check-plugin",
+            "1.2",
+            {"mtfl_check_plugin": PLUGIN, "mtfl_check_plugin_broken": BROKEN},
+            ENTRY_POINTS,
+            registries=(MODEL_REGISTRY, DATASET_REGISTRY),
+        ) as folder:
+            clear_check_cache()
+            yield folder
     finally:
-        sys.path.remove(str(folder))
-        for name in ("mtfl_check_plugin", "mtfl_check_plugin_broken"):
-            sys.modules.pop(name, None)
-        importlib.invalidate_caches()
-        for registry in (MODEL_REGISTRY, DATASET_REGISTRY):
-            for name in registry.names():
-                if name.startswith("ck_"):
-                    registry.unregister(name)
-            registry.reload_plugins()
         clear_check_cache()
 
 

@@ -3,15 +3,15 @@ built-in models, data sets, partitioners and backends every caller reads."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 import textwrap
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from tests.plugin_dist import installed_distribution
 from workers.registry.backends import BACKEND_REGISTRY, Backend, get_backend
 from workers.registry.base import PluginLoadError, Registry, UnknownEntryError
 from workers.registry.datasets import DATASET_REGISTRY
@@ -60,42 +60,38 @@ def test_an_unknown_name_names_the_field_and_lists_the_allowed_ones():
     assert registry.check("a") == "a" and "a" in registry and "c" not in registry
 
 
+WIDGET_PLUGIN = """\
+from tests.workers.test_registry import Widget
+
+BIG = Widget("big", 10)
+
+
+def make_small():
+    return Widget("small", 0)
+
+
+NOT_A_WIDGET = "big"
+"""
+
+
 @pytest.fixture
-def plugin_dir(tmp_path):
-    """A folder on ``sys.path`` that a test fills with plug-in modules and a dist-info."""
-    sys.path.insert(0, str(tmp_path))
-    yield tmp_path
-    sys.path.remove(str(tmp_path))
-    for name in ("widget_plugin",):
-        sys.modules.pop(name, None)
-    importlib.invalidate_caches()
+def install_widgets(tmp_path):
+    """``install_widgets(entry_points)`` installs ``widget-plugin 0.1`` with ``entry_points`` of
+    :data:`GROUP` on ``sys.path``; it is removed after the test."""
+    with ExitStack() as installed:
+
+        def install(entry_points: str) -> None:
+            entry_points = f"[{GROUP}]\n" + textwrap.dedent(entry_points)
+            modules = {"widget_plugin": WIDGET_PLUGIN}
+            installed.enter_context(
+                installed_distribution(tmp_path, "widget-plugin", "0.1", modules, entry_points, registries=())
+            )
+
+        yield install
 
 
-def _install(folder, entry_points: str) -> None:
-    (folder / "widget_plugin.py").write_text(
-        textwrap.dedent("""\
-        from tests.workers.test_registry import Widget
-
-        BIG = Widget("big", 10)
-
-
-        def make_small():
-            return Widget("small", 0)
-
-
-        NOT_A_WIDGET = "big"
-        """)
-    )
-    info = folder / "widget_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: widget-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{GROUP}]\n" + textwrap.dedent(entry_points))
-    importlib.invalidate_caches()
-
-
-def test_entry_points_give_records_or_callables_returning_them(plugin_dir):
-    _install(
-        plugin_dir,
+def test_entry_points_give_records_or_callables_returning_them(install_widgets):
+    install_widgets(
         """\
         big = widget_plugin:BIG
         small = widget_plugin:make_small
@@ -108,9 +104,8 @@ def test_entry_points_give_records_or_callables_returning_them(plugin_dir):
     assert registry.failures == []
 
 
-def test_a_broken_plugin_is_reported_and_the_others_still_load(plugin_dir):
-    _install(
-        plugin_dir,
+def test_a_broken_plugin_is_reported_and_the_others_still_load(install_widgets):
+    install_widgets(
         """\
         big = widget_plugin:BIG
         missing = widget_plugin_that_is_not_installed:THING
@@ -130,10 +125,10 @@ def test_a_broken_plugin_is_reported_and_the_others_still_load(plugin_dir):
     )
 
 
-def test_reload_plugins_sees_a_plugin_installed_after_the_first_read(plugin_dir):
+def test_reload_plugins_sees_a_plugin_installed_after_the_first_read(install_widgets):
     registry = widgets()
     assert registry.names() == ()
-    _install(plugin_dir, "big = widget_plugin:BIG\n")
+    install_widgets("big = widget_plugin:BIG\n")
     assert "big" not in registry  # entry points are read once...
     registry.reload_plugins()
     assert "big" in registry  # ...until asked again
@@ -154,8 +149,8 @@ def test_entries_registered_in_code_come_from_mtfl_lab():
         registry.source("c")
 
 
-def test_an_entry_points_source_is_its_distribution_and_version(plugin_dir):
-    _install(plugin_dir, "big = widget_plugin:BIG\nsmall = widget_plugin:make_small\n")
+def test_an_entry_points_source_is_its_distribution_and_version(install_widgets):
+    install_widgets("big = widget_plugin:BIG\nsmall = widget_plugin:make_small\n")
     registry = widgets()
 
     assert registry.source("big") == registry.source("small") == "widget-plugin 0.1"
@@ -210,34 +205,27 @@ bad_shape.input_shape = (0,)
 '''
 
 
-@pytest.fixture
-def callable_plugins(plugin_dir):
-    """``callable-plugin 3.1`` with models and data sets as plain callables (issue 21's form)."""
-    (plugin_dir / "callable_plugin.py").write_text(MODEL_PLUGIN)
-    info = plugin_dir / "callable_plugin-3.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: callable-plugin\nVersion: 3.1\n")
-    (info / "entry_points.txt").write_text(
-        textwrap.dedent("""\
-        [mtfl.models]
-        tiny_mlp = callable_plugin:tiny_mlp
-        undocumented = callable_plugin:undocumented
+CALLABLE_ENTRY_POINTS = """\
+[mtfl.models]
+tiny_mlp = callable_plugin:tiny_mlp
+undocumented = callable_plugin:undocumented
 
-        [mtfl.datasets]
-        features = callable_plugin:features
-        rooted = callable_plugin:rooted
-        bad_shape = callable_plugin:bad_shape
-        """)
-    )
-    importlib.invalidate_caches()
-    MODEL_REGISTRY.reload_plugins()
-    DATASET_REGISTRY.reload_plugins()
-    yield
-    sys.modules.pop("callable_plugin", None)
-    for registry, names in ((MODEL_REGISTRY, ("tiny_mlp", "undocumented")), (DATASET_REGISTRY, ("features", "rooted"))):
-        for name in names:
-            registry.unregister(name)
-        registry.failures.clear()  # bad_shape's, which no other test expects
+[mtfl.datasets]
+features = callable_plugin:features
+rooted = callable_plugin:rooted
+bad_shape = callable_plugin:bad_shape
+"""
+
+
+@pytest.fixture
+def callable_plugins(tmp_path):
+    """``callable-plugin 3.1`` with models and data sets as plain callables (issue 21's form)."""
+    modules = {"callable_plugin": MODEL_PLUGIN}
+    registries = (MODEL_REGISTRY, DATASET_REGISTRY)
+    with installed_distribution(
+        tmp_path, "callable-plugin", "3.1", modules, CALLABLE_ENTRY_POINTS, registries=registries
+    ):
+        yield
 
 
 def test_a_model_entry_point_is_a_builder_wrapped_into_a_record(callable_plugins):
