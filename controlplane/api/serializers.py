@@ -471,19 +471,21 @@ class RunSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def _speedups(self, run: Run) -> dict:
-        from controlplane.experiments.selectors import baseline_run, run_speedups
+        from controlplane.experiments.selectors import run_baselines, run_speedups
 
         cache = self.context.setdefault("baselines", {})
         if run.experiment_id not in cache:
-            cache[run.experiment_id] = baseline_run(run.experiment)
-        return run_speedups(run, cache[run.experiment_id])
+            # every run of the experiment at once: a page of runs costs one query per experiment
+            cache[run.experiment_id] = run_baselines(run.experiment, run.experiment.runs.all())
+        return run_speedups(run, cache[run.experiment_id].get(run.id))
 
     def get_raw_speedup(self, run: Run) -> float | None:
-        """Raw throughput over the experiment's newest succeeded baseline (``temporal``) run."""
+        """Raw throughput over the baseline (``temporal``) run of the run's comparison, or for a
+        run outside a comparison the experiment's newest succeeded one."""
         return self._speedups(run)["raw_speedup"]
 
     def get_fair_speedup(self, run: Run) -> float | None:
-        """Fair throughput over the experiment's newest succeeded baseline (``temporal``) run."""
+        """Fair throughput over the same baseline run as ``raw_speedup``."""
         return self._speedups(run)["fair_speedup"]
 
 

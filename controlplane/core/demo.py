@@ -132,9 +132,11 @@ def run_wait(
 def comparison_rows(experiment: Experiment) -> list[dict]:
     """One row per run: strategy, status, raw and fair throughput, speedups over ``temporal``,
     final test accuracy per task."""
-    baseline = selectors.baseline_run(experiment)
+    runs = list(experiment.runs.order_by("id"))
+    baselines = selectors.run_baselines(experiment, runs)
     rows = []
-    for run in experiment.runs.order_by("id"):
+    for run in runs:
+        baseline = baselines[run.id]
         rows.append(
             {
                 "run": run.id,

@@ -38,10 +38,13 @@ def figure_json(fig: go.Figure) -> dict[str, Any]:
 def experiment_runs(experiment: Experiment) -> list[dict[str, Any]]:
     """Every run of an experiment with its metrics, speedups and final accuracy per task
     (three queries, however many runs)."""
-    baseline = selectors.baseline_run(experiment)
     runs = list(experiment.runs.order_by("id"))
+    baselines = selectors.run_baselines(experiment, runs)
     accuracy = selectors.runs_final_accuracy([run.id for run in runs])
-    return [{"run": run, **selectors.run_speedups(run, baseline), "accuracy": accuracy.get(run.id, {})} for run in runs]
+    return [
+        {"run": run, **selectors.run_speedups(run, baselines[run.id]), "accuracy": accuracy.get(run.id, {})}
+        for run in runs
+    ]
 
 
 def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> dict[str, dict]:

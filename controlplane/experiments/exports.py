@@ -207,10 +207,13 @@ def experiment_summary(experiment: Experiment) -> dict[str, Any]:
 
 
 def run_summaries(experiment: Experiment, runs: Iterable[Run]) -> Iterator[dict[str, Any]]:
-    """One summary per run: strategy, status, whole-run metrics, speedups over the experiment's
-    ``temporal`` baseline and the final test accuracy per task."""
-    baseline = selectors.baseline_run(experiment)
+    """One summary per run: strategy, status, whole-run metrics, speedups over its baseline
+    (``temporal``) run (:func:`~controlplane.experiments.selectors.run_baselines`) and the final
+    test accuracy per task."""
+    runs = list(runs)
+    baselines = selectors.run_baselines(experiment, runs)
     for run in runs:
+        baseline = baselines[run.id]
         yield {
             "run": run.id,
             "strategy": run.strategy,

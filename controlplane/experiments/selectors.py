@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery
@@ -234,8 +235,25 @@ def baseline_run(experiment: Experiment) -> Run | None:
     )
 
 
+def run_baselines(experiment: Experiment, runs: Iterable[Run]) -> dict[int, Run | None]:
+    """The baseline run each run's speedups are taken against, ``{run id: run or None}``.
+
+    A run of a comparison is measured against that comparison's own succeeded baseline
+    (``temporal``) run, so a comparison's figures stay what they were when another comparison
+    of the experiment runs later (and are ``None`` when its baseline did not succeed); a run
+    outside any comparison against the experiment's newest succeeded baseline run
+    (:func:`baseline_run`). One query.
+    """
+    succeeded = list(
+        experiment.runs.filter(strategy=baseline_strategy().name, status=Run.Status.SUCCEEDED).order_by("id")
+    )
+    newest = succeeded[-1] if succeeded else None
+    by_comparison = {r.comparison_id: r for r in succeeded if r.comparison_id is not None}
+    return {run.id: (by_comparison.get(run.comparison_id) if run.comparison_id is not None else newest) for run in runs}
+
+
 def run_speedups(run: Run, baseline: Run | None) -> dict[str, float | None]:
-    """Raw and fair throughput speedups of a run over the baseline run (:func:`baseline_run`)."""
+    """Raw and fair throughput speedups of a run over its baseline run (:func:`run_baselines`)."""
     return {
         "raw_speedup": speedup(run.raw_throughput_sps, baseline.raw_throughput_sps if baseline else None),
         "fair_speedup": speedup(run.fair_throughput, baseline.fair_throughput if baseline else None),

@@ -185,6 +185,37 @@ def test_a_comparison_runs_the_chosen_strategies_in_their_order(
     assert _queued_control_messages() == [(TaskName.RUN_BEGIN, [runs[0].id])]
 
 
+def test_a_second_comparison_waits_for_the_first_and_each_keeps_its_own_baseline(
+    api, make_experiment, predictor, django_capture_on_commit_callbacks
+):
+    from controlplane.experiments.selectors import run_baselines
+
+    experiment = make_experiment()
+    with django_capture_on_commit_callbacks(execute=True):
+        first = services.comparison_create(experiment=experiment, strategies=["temporal", "sharing"])
+    again = api.post(f"/api/experiments/{experiment.id}/compare/", {"strategies": ["temporal"]}, format="json")
+    assert again.status_code == 409, again.json()
+    assert f"comparison {first.id} is still running" in again.json()["errors"]["experiment"][0]
+    for run, sps in zip(first.runs.order_by("id"), (100.0, 250.0), strict=True):
+        Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
+        with django_capture_on_commit_callbacks(execute=True):
+            services.run_finish(run_id=run.id)
+        # run_finish measures the rounds (none here); the figures a finished run would carry:
+        Run.objects.filter(id=run.id).update(raw_throughput_sps=sps, fair_throughput=sps / 100)
+    first.refresh_from_db()
+    assert first.status == Comparison.Status.SUCCEEDED
+    # A later comparison's faster baseline does not rebase the first comparison's speedups.
+    with django_capture_on_commit_callbacks(execute=True):
+        second = services.comparison_create(experiment=experiment, strategies=["temporal"])
+    (late,) = second.runs.all()
+    Run.objects.filter(id=late.id).update(status=Run.Status.SUCCEEDED, raw_throughput_sps=400.0, fair_throughput=4.0)
+    sharing = first.runs.get(strategy="sharing")
+    baselines = run_baselines(experiment, experiment.runs.all())
+    assert baselines[sharing.id].comparison_id == first.id and baselines[late.id].id == late.id
+    listed = {r["id"]: r for r in api.get("/api/runs/", {"experiment": experiment.id}).json()["results"]}
+    assert listed[sharing.id]["raw_speedup"] == pytest.approx(2.5) and listed[late.id]["raw_speedup"] == 1.0
+
+
 def test_a_comparison_closes_after_its_last_run(make_experiment, predictor, django_capture_on_commit_callbacks):
     experiment = make_experiment()
     with django_capture_on_commit_callbacks(execute=True):

@@ -173,9 +173,20 @@ def comparison_create(
 
     Raises:
         ApplicationError: as :func:`run_create`, for any of the strategies; ``strategies``
-            empty, repeating a name, naming an unknown strategy or lacking the baseline.
+            empty, repeating a name, naming an unknown strategy or lacking the baseline; (409)
+            another comparison of the experiment still running.
     """
     strategies = comparison_strategies(strategies)
+    running = experiment.comparisons.filter(status=Comparison.Status.RUNNING).order_by("id").first()
+    if running is not None:
+        # Two comparisons of one experiment would interleave their runs on the same devices and
+        # stretch each other's wall-clock figures.
+        raise ApplicationError(
+            f"comparison {running.id} is still running on this experiment: wait for it to end or cancel it "
+            f"(POST /api/comparisons/{running.id}/cancel/)",
+            field="experiment",
+            status_code=409,
+        )
     options = planning.planner_options(options)
     experiment_plugins_check(experiment)
     planner = planning.planner_context(experiment=experiment, options=options)
