@@ -295,7 +295,7 @@ def test_explicit_counts_keep_windows_and_get_histograms(make_experiment):
         (
             {"partition_rule": "shards", "partition_params": {"shards_per_device": 0}},
             "partition_params.shards_per_device",
-            "out of range",
+            "partition_params.shards_per_device=0 is out of range: allowed [1, 10000]",
         ),
         ({"partition_rule": "explicit", "partition_params": {"alpha": 1}}, "partition_params", "explicit"),
     ],
@@ -435,6 +435,12 @@ def test_a_sweep_profiles_a_tasks_model_at_its_shape(own_plugins, make_task, mak
         "tiny_mlp": (3, [6]),
         "resnet18": (10, [3, 32, 32]),
     }
+    by_name = sweep_start(device=device, budget_s=10, architectures=["mobilenet_v3_small"])
+    assert by_name.request["architectures"] == ["mobilenet_v3_small"]
+    with pytest.raises(ApplicationError) as shaped:
+        sweep_start(device=device, budget_s=10, architectures=["tiny_mlp"])
+    assert shaped.value.field == "architectures"
+    assert "task 'tab' feeds it samples of shape (6,): name the tasks instead" in shaped.value.message
     lacking = _declare(make_device("no-mlp"), models=["mobilenet_v3_small"], datasets=["digits"])
     with pytest.raises(ApplicationError) as refused:
         sweep_start(device=lacking, budget_s=10, tasks=[tab.id])

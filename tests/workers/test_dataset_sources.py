@@ -92,6 +92,14 @@ def test_npz_files_that_are_missing_or_incomplete_name_what_is_missing(tmp_path)
         load_splits(DatasetRef(name="npz", root=str(tmp_path / "x_train.npy")))
 
 
+def test_a_file_that_is_not_an_npz_archive_says_so(tmp_path):
+    text = tmp_path / "x.npz"
+    text.write_text("feature_1,feature_2,label\n0.5,1.5,0\n")
+    with pytest.raises(ValueError, match=r"x.npz is not a .npz archive \(numpy.savez") as refused:
+        load_splits(DatasetRef(name="npz", root=str(text)))
+    assert "allow_pickle" not in str(refused.value)
+
+
 def test_an_npz_file_of_python_objects_is_never_unpickled(tmp_path):
     arrays = _arrays()
     arrays["y_train"] = np.array([{"label": 1}] * 12, dtype=object)

@@ -234,7 +234,7 @@ def test_a_model_entry_point_is_a_builder_wrapped_into_a_record(callable_plugins
     from workers.training.zoo import build_model
 
     record = MODEL_REGISTRY.get("tiny_mlp")
-    assert record.label == "tiny_mlp — A one-layer perceptron over flattened samples. (callable-plugin 3.1)"
+    assert record.label == "tiny_mlp — A one-layer perceptron over flattened samples."
     assert MODEL_REGISTRY.get("undocumented").label == "undocumented (callable-plugin 3.1)"
     assert MODEL_REGISTRY.source("tiny_mlp") == "callable-plugin 3.1"
     assert MODEL_REGISTRY.names()[-2:] == ("tiny_mlp", "undocumented")  # after the built-ins
@@ -248,7 +248,7 @@ def test_a_dataset_entry_point_is_a_loader_wrapped_into_a_record(callable_plugin
     from workers.training.datasets import load_split
 
     record = DATASET_REGISTRY.get("features")
-    assert record.label == "features — Twelve samples of 5 features. (callable-plugin 3.1)"
+    assert record.label == "features — Twelve samples of 5 features."
     assert (record.input_shape, record.num_classes, record.needs_root) == ((5,), 2, False)
     assert DATASET_REGISTRY.get("rooted").needs_root
     assert DATASET_REGISTRY.source("features") == "callable-plugin 3.1"

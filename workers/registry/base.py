@@ -69,11 +69,12 @@ def entry_point_source(ep: EntryPoint) -> str:
 
 
 def plugin_label(name: str, obj: object, source: str) -> str:
-    """A callable plug-in's one-line label: ``"<name> — <first docstring line> (<source>)"``,
-    or ``"<name> (<source>)"`` when ``obj`` has no docstring."""
+    """A callable plug-in's one-line label: ``"<name> — <first docstring line>"``, or
+    ``"<name> (<source>)"`` when ``obj`` has no docstring (forms, ``mtfl plugins`` and the API
+    show :meth:`Registry.source` beside the label, so a documented one does not repeat it)."""
     doc = inspect.getdoc(obj)
     first = doc.strip().splitlines()[0].strip() if doc and doc.strip() else ""
-    return f"{name} — {first} ({source})" if first else f"{name} ({source})"
+    return f"{name} — {first}" if first else f"{name} ({source})"
 
 
 class UnknownEntryError(ValueError):

@@ -320,8 +320,18 @@ def npz_splits(root: str | None) -> ArraySplits:
     return _npz_file(str(resolved), _mtime_ns(resolved))
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+"""How every ``.npz`` file begins (it is a zip archive; ``numpy.savez`` writes one)."""
+
+
 @functools.lru_cache(maxsize=4)
 def _npz_file(path: str, mtime_ns: int) -> ArraySplits:
+    with open(path, "rb") as handle:
+        head = handle.read(6)
+    if not head.startswith(_ZIP_MAGIC) and head != b"\x93NUMPY":
+        # np.load would take any other file for a pickle and suggest allow_pickle=True: wrong
+        # advice for a text file, and arrays are never unpickled here.
+        raise ValueError(f"{path} is not a .npz archive (numpy.savez / savez_compressed write one)")
     try:
         data = np.load(path, allow_pickle=False)
     except (OSError, EOFError) as exc:

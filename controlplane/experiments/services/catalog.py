@@ -574,8 +574,10 @@ def partition_params_check(
         hi = math.inf if p.maximum is None else p.maximum
         if not math.isfinite(float(value)):
             raise ApplicationError(f"{field} must be a finite number: allowed {_parameter_interval(p)}", field=field)
+        # The API reads every number as a float: echo 0, not 0.0, when the researcher wrote 0.
+        shown = int(value) if p.kind == "int" and isinstance(value, float) and value.is_integer() else value
         checked = check_finite_range(
-            field, value, p.minimum, hi, lo_open=getattr(p, "minimum_open", False), hi_open=p.maximum is None
+            field, shown, p.minimum, hi, lo_open=getattr(p, "minimum_open", False), hi_open=p.maximum is None
         )
         out[name] = int(checked) if p.kind == "int" else float(checked)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from django.db import transaction
 from django.db.models import F
@@ -78,6 +78,7 @@ def sweep_start(
     architectures = list(architectures or ([] if workloads else DEFAULT_ARCHITECTURES))
     for name in architectures:
         registered(MODEL_REGISTRY, name, field="architectures")
+        _refuse_reference_shape_of_a_shaped_model(name, workloads)
     architectures += [a for a in workloads if a not in architectures]
     for name in architectures:
         if not device_declares(device, "models", name):
@@ -132,6 +133,30 @@ def sweep_start(
 REFERENCE_SHAPE = {"num_classes": 10, "input_shape": [3, 32, 32]}
 """What a sweep profiles an architecture at when its request names no shape for it (the
 request's own ``num_classes`` default and ``DEFAULT_INPUT_SHAPE``)."""
+
+
+def _refuse_reference_shape_of_a_shaped_model(architecture: str, workloads: Mapping[str, dict]) -> None:
+    """Refuse to profile ``architecture`` at :data:`REFERENCE_SHAPE` when the tasks that use it
+    take another sample shape: such a model (a plug-in on feature vectors, say) would fail every
+    configuration on the agent, after holding the device for the whole budget.
+
+    Raises:
+        ApplicationError: (field ``architectures``) naming a task and its shape and the way out
+            (``tasks=[ids]``, ``mtfl profile --tasks``).
+    """
+    from controlplane.experiments.models import Task
+
+    if architecture in workloads:
+        return
+    reference = REFERENCE_SHAPE["input_shape"]
+    for task in Task.objects.filter(architecture=architecture).only("id", "name", "input_shape").order_by("id"):
+        if task.input_shape and list(task.input_shape) != reference:
+            raise ApplicationError(
+                f"architectures: {architecture!r} is profiled at 3×32×32 when named alone, but task {task.name!r} "
+                f"feeds it samples of shape {tuple(task.input_shape)}: name the tasks instead (tasks=[{task.id}], "
+                f"or mtfl profile --tasks {task.id})",
+                field="architectures",
+            )
 
 
 def _task_workloads(task_ids: Sequence[int]) -> dict[str, dict]:
