@@ -18,7 +18,6 @@ router.register("workloads", views.ModelWorkloadViewSet, basename="workload")
 router.register("profile-sweeps", views.ProfileSweepViewSet, basename="profile-sweep")
 router.register("profile-samples", views.ProfileSampleViewSet, basename="profile-sample")
 router.register("predictors", views.PredictorViewSet, basename="predictor")
-router.register("plugins", views.PluginViewSet, basename="plugin")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -26,5 +25,6 @@ urlpatterns = [
     # Device agents only (Authorization: Agent <key>), see controlplane/api/agent_views.py.
     path("agent/device/", agent_views.AgentDeviceApi.as_view(), name="agent-device"),
     path("agent/artifacts/<path:key>", agent_views.AgentArtifactApi.as_view(), name="agent-artifact"),
+    path("plugins/", views.PluginsApi.as_view(), name="plugins"),
     path("", include(router.urls)),
 ]

@@ -9,6 +9,7 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
 from controlplane.api.authentication import CanIssueAgentTokens
@@ -219,14 +220,16 @@ class ExperimentViewSet(
         return Response(s.ComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
 
 
-class PluginViewSet(viewsets.ViewSet):
+class PluginsApi(APIView):
     """Models, datasets and partitioners: what is installed on the control plane (with the
     entry points that failed to load) and what each online device's agent declared. A run is
     refused when a device holding a task's data, or the control plane, lacks its model or
     dataset."""
 
+    # An APIView, not a ViewSet's list: the answer is one object, and drf-spectacular documents
+    # a ViewSet's list action as an array.
     @extend_schema(responses={200: s.PluginsSerializer})
-    def list(self, request: Request) -> Response:
+    def get(self, request: Request) -> Response:
         data = {
             "installed": fleet_selectors.installed_plugin_rows(),
             "failures": fleet_selectors.plugin_failure_rows(),

@@ -13,7 +13,7 @@ from pathlib import Path
 from workers.backends import CpuBackend
 from workers.backends.base import TrainerResources
 from workers.profiling.child import ITER_PREFIX, STOP_LINE, ProfileChildResult, ProfileChildSpec
-from workers.profiling.sweep import _write_specs, workload_shape
+from workers.profiling.sweep import _write_specs
 from workers.protocol.messages import ProfileSweepRequest, ProfileTaskSpec, WorkloadShape
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,8 +28,8 @@ def _request(**overrides) -> ProfileSweepRequest:
 def test_an_architecture_without_a_workload_is_profiled_at_the_request_classes_and_cifar_size():
     request = _request(workloads={"vgg16": WorkloadShape(num_classes=3, input_shape=(3, 64, 64))})
 
-    assert workload_shape(request, "resnet18") == WorkloadShape(num_classes=7, input_shape=(3, 32, 32))
-    assert workload_shape(request, "vgg16") == WorkloadShape(num_classes=3, input_shape=(3, 64, 64))
+    assert request.workload_shape("resnet18") == WorkloadShape(num_classes=7, input_shape=(3, 32, 32))
+    assert request.workload_shape("vgg16") == WorkloadShape(num_classes=3, input_shape=(3, 64, 64))
 
 
 def test_each_profiler_spec_carries_its_architectures_shape(tmp_path):

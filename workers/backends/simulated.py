@@ -1017,9 +1017,7 @@ class SimulatedBackend(AnalyticBackend):
         if not tasks:
             return result("failed", [], PROFILE_STARTUP_S, "a configuration needs at least one task")
         try:
-            from workers.profiling.sweep import workload_shape  # here: sweep imports the backends
-
-            shapes = [workload_shape(request, t.architecture) for t in tasks]
+            shapes = [request.workload_shape(t.architecture) for t in tasks]
             workloads = [
                 simulation_workload(t.architecture, shape.num_classes, shape.input_shape)
                 for t, shape in zip(tasks, shapes, strict=True)

@@ -11,7 +11,7 @@ profiled runs. A sweep (:func:`run_sweep`, served by the agent's ``profile_sweep
   :meth:`~workers.backends.base.TrainerProcessBackend.resources_for_shares` gives its share,
   held at a READY/GO barrier, stopped together once every task has been timed long enough
   while all the others ran (:func:`common_window`); each process builds and feeds its
-  architecture at the classes and random inputs of :func:`workload_shape`;
+  architecture at the classes and random inputs of :meth:`~workers.protocol.messages.ProfileSweepRequest.workload_shape`;
 - :func:`run_sweep` loops until the time budget is spent, measures each (architecture, batch
   size) alone once (``P_alone``), re-measures an earlier configuration every ``repeat_every``
   configurations to estimate the noise, and hands every result to ``emit`` as soon as it exists.
@@ -64,14 +64,12 @@ from workers.profiling.child import (
 from workers.profiling.core_link_probe import CoreLinkProbe
 from workers.profiling.speed_probe import SpeedProbe
 from workers.protocol.messages import (
-    DEFAULT_INPUT_SHAPE,
     Partitioning,
     ProfileConfigResult,
     ProfileMeasurement,
     ProfileSweepRequest,
     ProfileSweepSummary,
     ProfileTaskSpec,
-    WorkloadShape,
 )
 
 logger = logging.getLogger(__name__)
@@ -97,17 +95,6 @@ _DESIGN_CHUNK = 64
 
 
 # --------------------------------------------------------------------------------- design
-
-
-def workload_shape(request: ProfileSweepRequest, architecture: str) -> WorkloadShape:
-    """The classes and sample shape ``architecture`` is built and fed at in this sweep:
-    ``request.workloads[architecture]`` when the request names one (a model whose task is not
-    ``(num_classes, (3, 32, 32))``, e.g. a plug-in MLP on ``(20,)`` features), else
-    ``request.num_classes`` and ``(3, 32, 32)``."""
-    shape = request.workloads.get(architecture)
-    if shape is not None:
-        return shape
-    return WorkloadShape(num_classes=request.num_classes, input_shape=DEFAULT_INPUT_SHAPE)
 
 
 def share_grid(share_min: int, share_step: int) -> list[int]:
@@ -510,7 +497,7 @@ def _write_specs(
     specs = []
     for k, (task, resources) in enumerate(zip(tasks, allocations, strict=True)):
         stem = work / f"task-{k}"
-        shape = workload_shape(request, task.architecture)
+        shape = request.workload_shape(task.architecture)
         spec = ProfileChildSpec(
             architecture=task.architecture,
             batch_size=task.batch_size,

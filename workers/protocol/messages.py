@@ -448,6 +448,16 @@ class ProfileSweepRequest(_Message):
         "whose task is not (num_classes, [3, 32, 32]) (a plug-in model on tabular data, say)",
     )
 
+    def workload_shape(self, architecture: str) -> WorkloadShape:
+        """The classes and sample shape ``architecture`` is built and fed at in this sweep:
+        ``workloads[architecture]`` when the request names one (a model whose task is not
+        ``(num_classes, (3, 32, 32))``, e.g. a plug-in MLP on ``(20,)`` features), else
+        ``num_classes`` and :data:`DEFAULT_INPUT_SHAPE`."""
+        shape = self.workloads.get(architecture)
+        if shape is not None:
+            return shape
+        return WorkloadShape(num_classes=self.num_classes, input_shape=DEFAULT_INPUT_SHAPE)
+
 
 class ProfileMeasurement(_Message):
     """One task of one measured configuration.

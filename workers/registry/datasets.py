@@ -38,90 +38,26 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import numpy as np
+from typing import Any
 
 from workers.registry.base import Registry, plugin_label
+from workers.registry.splits import ARRAY_NAMES, SPLITS, ArraySplits, SampleArray, Splits, split_arrays
 
-SPLITS: tuple[str, ...] = ("train", "test")
-"""The splits every data set has."""
-
-ARRAY_NAMES: tuple[str, ...] = ("x_train", "y_train", "x_test", "y_test")
-"""The four arrays of a data set's splits."""
-
-
-@runtime_checkable
-class SampleArray(Protocol):
-    """What a data set's ``x`` must offer: NumPy's ``shape``, ``dtype``, ``len()``, and indexing
-    by an int64 position array of shape ``(n,)`` returning an ``np.ndarray`` of shape
-    ``(n, *shape[1:])`` (a fresh array the caller may modify). ``np.ndarray`` and ``np.memmap``
-    are ones."""
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """``(N, *input_shape)``."""
-        ...
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        """float32."""
-        ...
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: Any) -> Any: ...
-
-
-class Splits(Protocol):
-    """A data set's two splits, as a loader returns them (see the module docstring)."""
-
-    @property
-    def x_train(self) -> SampleArray:
-        """float32 ``(N_train, *input_shape)``."""
-        ...
-
-    @property
-    def y_train(self) -> np.ndarray:
-        """integer labels ``(N_train,)``."""
-        ...
-
-    @property
-    def x_test(self) -> SampleArray:
-        """float32 ``(N_test, *input_shape)``."""
-        ...
-
-    @property
-    def y_test(self) -> np.ndarray:
-        """integer labels ``(N_test,)``."""
-        ...
-
-
-@dataclass(frozen=True)
-class ArraySplits:
-    """The plain :class:`Splits`: four arrays (or array-likes) as attributes."""
-
-    x_train: SampleArray
-    y_train: np.ndarray
-    x_test: SampleArray
-    y_test: np.ndarray
-
-    def split(self, split: str) -> tuple[SampleArray, np.ndarray]:
-        """``(x, y)`` of ``split`` (``"train"`` or ``"test"``); ``ValueError`` for another."""
-        return split_arrays(self, split)
-
-
-def split_arrays(splits: Splits, split: str) -> tuple[SampleArray, np.ndarray]:
-    """``(x, y)`` of one split of any :class:`Splits`.
-
-    Raises:
-        ValueError: ``split`` is not one of :data:`SPLITS`.
-    """
-    if split == "train":
-        return splits.x_train, splits.y_train
-    if split == "test":
-        return splits.x_test, splits.y_test
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+__all__ = [
+    "ARRAY_NAMES",
+    "DATASET_REGISTRY",
+    "SPLITS",
+    "ArraySplits",
+    "Dataset",
+    "DatasetInfo",
+    "SampleArray",
+    "Splits",
+    "SplitsLoader",
+    "dataset_from_entry_point",
+    "imagefolder_loader",
+    "root_fingerprint",
+    "split_arrays",
+]
 
 
 def root_fingerprint(root: str | None) -> tuple[int, ...] | None:

@@ -45,7 +45,7 @@ import numpy as np
 
 from workers.agent import config
 from workers.fl.artifacts import atomic_write_path
-from workers.registry.datasets import ARRAY_NAMES, ArraySplits, SampleArray
+from workers.registry.splits import ARRAY_NAMES, ArraySplits, SampleArray
 
 _CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 _CIFAR10_STD = (0.2470, 0.2435, 0.2616)
