@@ -318,3 +318,29 @@ def test_the_inventory_lists_builtins_and_plugins_with_their_sources(plugin, mon
     monkeypatch.delenv(agent.ENV_CORES, raising=False)
     inventory = agent.build_inventory(agent.agent_settings())
     assert inventory.plugins == plugins
+
+
+def test_a_task_without_plugins_is_answered_here_as_the_full_check_would(monkeypatch):
+    """The built-in digits with a built-in architecture start no child process (nothing a
+    researcher installed runs), and the answer is the full in-process check's."""
+    from workers.registry import check
+
+    clear_check_cache()
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child process was started for a task without plug-ins")
+
+    monkeypatch.setattr(check, "_run_child", no_child)
+    quick = check_task_in_child("mobilenet_v3_small", "digits", None)
+    full = check_task("mobilenet_v3_small", "digits", None)
+    assert (quick.input_shape, quick.num_classes, quick.train_size, quick.test_size) == (
+        full.input_shape,
+        full.num_classes,
+        full.train_size,
+        full.test_size,
+    )
+    assert np.array_equal(quick.train_labels, full.train_labels) and np.array_equal(quick.test_labels, full.test_labels)
+    with pytest.raises(PluginCheckError) as refused:
+        check_task_in_child("mobilenet_v3_small", "digits", None, num_classes=5)
+    assert refused.value.field == "num_classes"
+    clear_check_cache()

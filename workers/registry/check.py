@@ -454,7 +454,10 @@ def check_task_in_child(
 ) -> TaskCheck:
     """:func:`check_task` in a ``python -m workers.registry.check`` child, within ``timeout_s``.
 
-    This process imports no plug-in and calls none: the child does. Answers (a
+    This process imports no plug-in and calls none: the child does. A task with no plug-in in
+    it (the built-in ``digits`` and a built-in architecture) is answered here instead
+    (:func:`_builtin_digits_check`): the child's few seconds of importing torch would buy
+    nothing. Answers (a
     :class:`TaskCheck` or a refusal the child reported) are kept per arguments and the root's
     modification times (:func:`~workers.registry.datasets.root_fingerprint`) for the life of the
     process; a timeout or a crash is not
@@ -485,6 +488,14 @@ def check_task_in_child(
             return cached
         raise PluginCheckError(*cached)
     try:
+        builtin = _builtin_digits_check(architecture, dataset, dataset_root, num_classes)
+    except PluginCheckError as error:
+        _remember(key, (error.field, error.reason))
+        raise
+    if builtin is not None:
+        _remember(key, builtin)
+        return builtin
+    try:
         result = _run_child(architecture, dataset, dataset_root, num_classes, timeout)
         answer: TaskCheck | tuple[str, str] = result
     except _ChildRefusal as refusal:
@@ -493,6 +504,51 @@ def check_task_in_child(
         raise refusal.error from None
     _remember(key, answer)
     return result
+
+
+DIGITS_INPUT_SHAPE = (3, 32, 32)
+"""The sample shape of the built-in ``digits`` (:func:`workers.training.dataset_sources.digits_splits`)."""
+
+
+def _builtin_digits_check(
+    architecture: str, dataset: str, dataset_root: str | None, num_classes: int | None
+) -> TaskCheck | None:
+    """The check of a task that involves no plug-in, answered here: mtfl-lab's own ``digits``
+    with one of its own torchvision architectures (their builders take any 3-channel image of
+    32 pixels and more, and are tested with the digits); ``None`` for any other task.
+
+    No child process is needed (nothing a researcher installed runs), and no model is built:
+    the labels come from scikit-learn's copy of the digits
+    (:func:`workers.training.dataset_sources.digits_labels`), so the web app imports no torch.
+
+    Raises:
+        PluginCheckError: as :func:`check_task` (a ``num_classes`` below 10 or out of range,
+            a ``dataset_root`` given that does not exist).
+    """
+    from workers.registry.base import builtin_source
+
+    if dataset != "digits" or dataset not in DATASET_REGISTRY or architecture not in MODEL_REGISTRY:
+        return None
+    if DATASET_REGISTRY.source(dataset) != builtin_source() or MODEL_REGISTRY.source(architecture) != builtin_source():
+        return None
+    if num_classes is not None and (
+        isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 2 <= num_classes <= MAX_CLASSES
+    ):
+        raise PluginCheckError("num_classes", f"must be an integer in [2, {MAX_CLASSES}], got {num_classes!r}")
+    record: Dataset = DATASET_REGISTRY.get(dataset)
+    _check_root(record, dataset_root)
+    from workers.training.dataset_sources import digits_labels
+
+    train_labels, test_labels = digits_labels()
+    classes = _check_classes(record, DIGITS_INPUT_SHAPE, train_labels, test_labels, num_classes)
+    return TaskCheck(
+        input_shape=DIGITS_INPUT_SHAPE,
+        num_classes=classes,
+        train_size=len(train_labels),
+        test_size=len(test_labels),
+        train_labels=train_labels,
+        test_labels=test_labels,
+    )
 
 
 def _remember(key: tuple[Any, ...], answer: TaskCheck | tuple[str, str]) -> None:

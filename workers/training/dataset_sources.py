@@ -186,6 +186,26 @@ def digits_splits(root: str | None = None) -> ArraySplits:
 
 
 @functools.lru_cache(maxsize=1)
+def digits_labels() -> tuple[np.ndarray, np.ndarray]:
+    """The ``digits`` labels, ``(train, test)`` int64 arrays of shapes ``(1437,)`` and ``(360,)``,
+    in the order :func:`digits_splits` gives the samples, from scikit-learn alone (no torch,
+    no images resized): the same stratified split as :func:`_build_digits_arrays`."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    target = load_digits().target
+    train_pos, test_pos = _digits_split_positions(target, train_test_split)
+    return target[train_pos].astype(np.int64), target[test_pos].astype(np.int64)
+
+
+def _digits_split_positions(target: np.ndarray, train_test_split: Callable[..., Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed 80/20 stratified split of the digits' positions (``random_state=0``)."""
+    positions = np.arange(len(target))
+    train_pos, test_pos = train_test_split(positions, test_size=0.2, stratify=target, random_state=0)
+    return train_pos, test_pos
+
+
+@functools.lru_cache(maxsize=1)
 def _digits_normalised() -> ArraySplits:
     arrays = _digits_arrays()
     train_images = arrays["train"][0]
@@ -232,8 +252,7 @@ def _build_digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     from sklearn.model_selection import train_test_split
 
     digits = load_digits()
-    positions = np.arange(len(digits.target))
-    train_pos, test_pos = train_test_split(positions, test_size=0.2, stratify=digits.target, random_state=0)
+    train_pos, test_pos = _digits_split_positions(digits.target, train_test_split)
     arrays = {}
     for split, chosen in (("train", train_pos), ("test", test_pos)):
         small = torch.from_numpy(digits.images[chosen].astype(np.float32) / 16.0).unsqueeze(1)
