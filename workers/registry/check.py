@@ -169,10 +169,7 @@ def check_task(
     dataset_record: Dataset = _registered(DATASET_REGISTRY, dataset, "dataset")
     stage("architecture", "importing the mtfl.models plug-ins")
     _registered(MODEL_REGISTRY, architecture, "architecture")
-    if num_classes is not None and (
-        isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 2 <= num_classes <= MAX_CLASSES
-    ):
-        raise PluginCheckError("num_classes", f"must be an integer in [2, {MAX_CLASSES}], got {num_classes!r}")
+    _check_num_classes(num_classes)
     _check_root(dataset_record, dataset_root)
 
     stage("dataset", f"loading {dataset!r}")
@@ -208,6 +205,14 @@ def _registered(registry: Registry[Any], name: str, field: str) -> Any:
                 field, f"the plug-in {name!r} ({failure.value}) failed to load: {failure.error}"
             ) from None
         raise PluginCheckError(field, exc.reason) from None
+
+
+def _check_num_classes(num_classes: int | None) -> None:
+    """A stated ``num_classes`` is an integer in ``[2, MAX_CLASSES]`` (``None``: from the labels)."""
+    if num_classes is not None and (
+        isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 2 <= num_classes <= MAX_CLASSES
+    ):
+        raise PluginCheckError("num_classes", f"must be an integer in [2, {MAX_CLASSES}], got {num_classes!r}")
 
 
 def _check_root(record: Dataset, root: str | None) -> None:
@@ -531,10 +536,7 @@ def _builtin_digits_check(
         return None
     if DATASET_REGISTRY.source(dataset) != builtin_source() or MODEL_REGISTRY.source(architecture) != builtin_source():
         return None
-    if num_classes is not None and (
-        isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 2 <= num_classes <= MAX_CLASSES
-    ):
-        raise PluginCheckError("num_classes", f"must be an integer in [2, {MAX_CLASSES}], got {num_classes!r}")
+    _check_num_classes(num_classes)
     record: Dataset = DATASET_REGISTRY.get(dataset)
     _check_root(record, dataset_root)
     from workers.training.dataset_sources import digits_labels
