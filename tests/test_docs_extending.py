@@ -76,7 +76,7 @@ def test_the_model_example_builds_through_build_model_and_has_workload_features(
     logits = model(torch.zeros(2, 1, 28, 28))
 
     assert tuple(logits.shape) == (2, 10)
-    assert record.label == "tiny_cnn — One convolution and a linear head, for quick experiments. (mtfl-tiny 1)"
+    assert record.label == "tiny_cnn — One convolution and a linear head, for quick experiments."
     assert workload_features("tiny_cnn", 10, (3, 32, 32)).train_flops_per_sample > 0
     with pytest.raises(ValueError, match=r"input_shape: tiny_cnn takes images"):
         build_model("tiny_cnn", 10, seed=0, input_shape=(20,))

@@ -309,7 +309,7 @@ def test_an_entry_point_callable_is_wrapped_with_its_parameters():
 
     assert (
         record.name == "half"
-        and record.label == "half — The first device holds a fraction of every task. (my-plugin 1.0)"
+        and record.label == "half — The first device holds a fraction of every task."
     )
     assert record.parameters == half.parameters  # type: ignore[attr-defined]
     PARTITIONER_REGISTRY.register(record)
