@@ -93,7 +93,7 @@ def test_quantity_keeps_the_former_dirichlet_counts_and_windows():
     shards = partition_indices(np.zeros(1437, dtype=np.int64), 5, "quantity", {"alpha": 2.0}, seed=11)
 
     counts = [len(s) for s in shards]
-    assert 1 not in floors.tolist()  # (no 1-sample count to merge at this seed)
+    assert 1 not in floors.tolist(), "the premise: this seed leaves no 1-sample count to merge"
     assert counts == floors.tolist()
     for shard, offset in zip(shards, shard_offsets(counts), strict=True):
         assert np.array_equal(shard, np.sort(shard_indices(1437, 11, offset, len(shard))))
@@ -307,10 +307,7 @@ def test_an_entry_point_callable_is_wrapped_with_its_parameters():
 
     record = partitioner_from_entry_point("half", half, "my-plugin 1.0")
 
-    assert (
-        record.name == "half"
-        and record.label == "half — The first device holds a fraction of every task."
-    )
+    assert record.name == "half" and record.label == "half — The first device holds a fraction of every task."
     assert record.parameters == half.parameters  # type: ignore[attr-defined]
     PARTITIONER_REGISTRY.register(record)
     try:

@@ -69,10 +69,17 @@ def broker_visibility_timeout_s() -> float:
     text = os.environ.get("MTFL_BROKER_VISIBILITY_TIMEOUT_S", "").strip()
     if not text:
         return DEFAULT_VISIBILITY_TIMEOUT_S
+    value = positive_seconds(text)
+    if value is None:
+        raise RuntimeError(f"MTFL_BROKER_VISIBILITY_TIMEOUT_S={text!r} must be a number of seconds > 0")
+    return value
+
+
+def positive_seconds(text: str) -> float | None:
+    """``text`` as a finite number of seconds ``> 0``, or ``None`` when it is not one (the
+    caller names its setting in the error)."""
     try:
         value = float(text)
     except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise RuntimeError(f"MTFL_BROKER_VISIBILITY_TIMEOUT_S={text!r} must be a number of seconds > 0")
-    return value
+        return None
+    return value if 0 < value < float("inf") else None

@@ -438,14 +438,13 @@ def default_timeout_s() -> float:
     Raises:
         ValueError: the variable is set but not a positive number.
     """
+    from workers.agent.config import positive_seconds
+
     raw = os.environ.get(TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
+    value = positive_seconds(raw)
+    if value is None:
         raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
     return value
 
