@@ -74,11 +74,17 @@ whether the check succeeded or not, and by the watchdog if the time limit is ove
                                            "alone_source", "timed_iterations",
                                            "peak_memory_bytes"}],
                                 "raw_sps", "fair", "raw_speedup", "fair_speedup",
-                                "gpu_util_mean_percent", "gpu_memory_max_bytes",
+                                "gpu_util_mean_percent", "gpu_util_busy_percent",
+                                "launch_bound", "gpu_memory_max_bytes",
                                 "measured_s", "measurement": ProfileConfigResult}]}],
      "paper": {"raw_speedup_one_device": [2.16, 2.38]}}
 
 Missing numbers are ``null``; ``raw_speedup``/``fair_speedup`` of ``temporal`` are 1.0.
+``gpu_util_busy_percent`` is the mean NVML utilisation over the samples from the first to the
+last that saw GPU work (:func:`busy_utilisation`: the processes' start-up and loading, before,
+are left out); ``launch_bound`` is true when it is below :data:`LAUNCH_BOUND_UTIL_PERCENT`: the
+trainers were training but the GPU was idle most of the time, so kernel launches, not the GPU,
+set the pace (the table flags the row ``launch-bound``).
 """
 
 from __future__ import annotations
@@ -118,9 +124,14 @@ REQUIRED_PACKAGES = (
     ("numpy", "numpy", "planning and the simulated backend"),
     ("scipy", "scipy", "the profiling design (scipy.stats.qmc)"),
     ("sklearn", "scikit-learn", "the throughput predictor"),
+    ("safetensors", "safetensors", "workers/ stores weights with it"),
     ("torch", "torch", "the profiler processes"),
     ("torchvision", "torchvision", "the model zoo"),
 )
+LAUNCH_BOUND_UTIL_PERCENT = 50.0
+"""A configuration whose GPU was busy less than this percentage of the time while its trainers
+trained (NVML ``utilization.gpu``: the share of the sample period in which a kernel ran) is
+flagged launch-bound."""
 PREDICTOR_MIN_CONFIGS = 10
 """:func:`controlplane.planning.predictor.fit_predictor` needs at least 10 measured configurations."""
 
@@ -680,6 +691,8 @@ def plan_mix(
             "raw_speedup": None,
             "fair_speedup": None,
             "gpu_util_mean_percent": None,
+            "gpu_util_busy_percent": None,
+            "launch_bound": None,
             "gpu_memory_max_bytes": None,
             "measured_s": None,
             "measurement": None,
@@ -835,7 +848,9 @@ def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
             row["measurement"] = result.model_dump(mode="json")
             row["measured_s"] = round(seconds, 2)
             if telemetry:
-                row["gpu_util_mean_percent"] = sum(s.gpu_util_percent for s in telemetry) / len(telemetry)
+                utils = [s.gpu_util_percent for s in telemetry]
+                row["gpu_util_mean_percent"] = sum(utils) / len(utils)
+                row["gpu_util_busy_percent"] = busy_utilisation(utils)
                 row["gpu_memory_max_bytes"] = max(s.memory_used_bytes for s in telemetry)
             for task, m in zip(row["tasks"], result.measurements, strict=True):
                 task.update(
@@ -858,14 +873,36 @@ def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
                 check.detail(result.error)
                 continue
             row["status"] = "succeeded"
+            row["launch_bound"] = launch_bound(row["gpu_util_busy_percent"])
             util = (
                 f", GPU busy {row['gpu_util_mean_percent']:.0f} %" if row["gpu_util_mean_percent"] is not None else ""
-            )
+            ) + (", launch-bound" if row["launch_bound"] else "")
             check.say(
                 f"{label} ({row['partitioning']}, {seconds:.0f} s{util}): "
                 + ", ".join(f"{t['architecture']} {t['measured_sps']:.1f}" for t in row["tasks"])
                 + " samples/s"
             )
+
+
+def busy_utilisation(utils: Sequence[int]) -> float | None:
+    """Mean GPU utilisation (percent) while a configuration's trainers were busy: over the
+    samples from the first to the last one showing GPU work, so the seconds of starting the
+    processes and loading models (before) and of reaping them (after) do not dilute it.
+
+    Returns:
+        ``None`` without samples; ``0.0`` when no sample saw GPU work at all.
+    """
+    busy = [k for k, util in enumerate(utils) if util > 0]
+    if not busy:
+        return 0.0 if utils else None
+    window = utils[busy[0] : busy[-1] + 1]
+    return sum(window) / len(window)
+
+
+def launch_bound(busy_percent: float | None) -> bool | None:
+    """Whether a configuration was bound by kernel launches rather than the GPU: busy less than
+    :data:`LAUNCH_BOUND_UTIL_PERCENT` of the time while it trained (``None``: no telemetry)."""
+    return None if busy_percent is None else busy_percent < LAUNCH_BOUND_UTIL_PERCENT
 
 
 def fill_alone(check: Check, measurer: Measurer, mixes: list[dict], profiled: dict, predictor, workloads) -> None:
@@ -983,6 +1020,8 @@ def print_table(check: Check, mixes: list[dict]) -> None:
             status = (
                 row["status"] if row["status"] == "succeeded" else f"{row['status']}: {first_line(row['error'], 60)}"
             )
+            if row.get("launch_bound"):
+                status += f" launch-bound (GPU busy {row['gpu_util_busy_percent']:.0f} % while training)"
             print(
                 f"{entry['name']:<7}{row['strategy']:<13}{row['partitioning'] or '—':<11}"
                 f"{fmt(row['raw_sps'], '.1f'):>10}{fmt(row['fair'], '.2f') + mark:>7}"

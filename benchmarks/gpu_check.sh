@@ -11,8 +11,22 @@
 # its defaults (cuda-mps backend, 150 s of profiling, everything within 420 s) and any options
 # given; `benchmarks/gpu_check.py --help` lists them. --wheels DIR first installs the wheels in
 # DIR (pydantic and its dependencies, when the host lacks them) into a temporary folder put on
-# PYTHONPATH. The interpreter is $PYTHON, else the checkout's .venv, else python3. Exit code: the
-# Python script's (0 ok, 1 a failure, 2 nothing could run, 3 stopped by the time limit).
+# PYTHONPATH, offline (--no-index --no-deps). The interpreter is $PYTHON, else the checkout's
+# .venv, else python3. Exit code: the Python script's (0 ok, 1 a failure, 2 nothing could run,
+# 3 stopped by the time limit).
+#
+# The wheels, fetched on a machine with network access for the GPU host's Python (3.12 here)
+# (docs/deployment.md, "gpu_check.sh on a bare GPU host"):
+#
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#       --implementation cp --abi cp312 -d wheels \
+#       pydantic pydantic-core annotated-types typing-extensions typing-inspection \
+#       safetensors nvidia-ml-py
+#   # copy wheels/ to the GPU host, then:
+#   OUT=/tmp/out benchmarks/gpu_check.sh --wheels ./wheels
+#
+# --no-deps installs exactly what the folder holds: pydantic needs pydantic-core (compiled: hence
+# --platform and --abi), annotated-types, typing-extensions and typing-inspection.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -61,7 +75,7 @@ import importlib.metadata as md
 import importlib.util
 
 found, missing = [], []
-for module, dist in (("pydantic", "pydantic"), ("numpy", "numpy"), ("scipy", "scipy"),
+for module, dist in (("pydantic", "pydantic"), ("safetensors", "safetensors"), ("numpy", "numpy"), ("scipy", "scipy"),
                      ("sklearn", "scikit-learn"), ("torch", "torch"), ("torchvision", "torchvision"),
                      ("pynvml", "nvidia-ml-py")):
     if importlib.util.find_spec(module) is None:

@@ -1,7 +1,16 @@
-"""Benchmark: one FL run of 1,000 simulated devices × 3 tasks × 20 rounds through the control plane.
+"""Benchmark: one FL run of 1,000 simulated devices × 3 tasks × 20 rounds through the control plane,
+or of a federation of 10,000 devices of which 100 are sampled per round.
 
-    python benchmarks/scale_sim.py [--devices 1000] [--rounds 20] [--strategy sharing]
+    python benchmarks/scale_sim.py [--devices 1000] [--sample N] [--sampling uniform|weighted]
+                                   [--rounds 20] [--strategy sharing]
                                    [--database-url URL] [--profile FILE] [--keep]
+
+``--sample N`` sets the experiment's ``clients_per_round`` (partial participation, issue 23
+item 2): each round draws N of the devices (seeded, ``--sampling`` uniform by default), plans,
+dispatches, records and aggregates those only, and measures ``P_alone`` of the participants
+drawn for the first time before their round (a ``measure_standalone`` chord and its
+``STANDALONE_RECORDED`` callback, counted in that round's control-plane seconds). Without it
+every device trains every round.
 
 What runs, and how the 1,000 devices are driven. A thousand agent processes cannot run on a
 2-core machine, so the devices are served *in this process*: every message the control plane
@@ -42,8 +51,16 @@ run adds per round is measured and printed apart.
 It then builds the dashboard's figures of the run (run page, its live JSON, the experiment page)
 and prints the largest one's JSON size.
 
-Targets (issue 7, item 6): ≤ 1.0 control-plane seconds per round on 2 cores; every figure
-≤ 2 MB. Last line: ``control_plane_s_per_round=<seconds>``.
+Database rows written per round are the rows every ``INSERT``, ``UPDATE`` and ``DELETE`` of the
+control plane's tasks of the round changed (the cursor's row count, through a Django execute
+wrapper). The pages a researcher opens are rendered too (the run page, its live JSON, the
+experiment page, the index with its device list, the API's device list and the run's rounds),
+and their sizes printed beside the figures'.
+
+Targets: issue 7, item 6 (1,000 devices, every one trained): ≤ 1.0 control-plane seconds per
+round on 2 cores; issue 23, item 3 (``--devices 10000 --sample 100``): ≤ 0.5 s per round; both:
+every figure and page ≤ 2 MB. Last lines: ``largest_figure_bytes=<bytes>``, then
+``control_plane_s_per_round=<seconds>``.
 """
 
 from __future__ import annotations
@@ -67,6 +84,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 LIGHT = ["resnet18", "mobilenet_v3_large", "shufflenet_v2_x1_0"]
 SHARD_SAMPLES = 50
 TARGET_S = 1.0
+TARGET_SAMPLED_S = 0.5
 TARGET_BYTES = 2_000_000
 
 
@@ -83,6 +101,18 @@ class Clock:
 
         self.in_control = False
         self.gc_control_s = 0.0
+        self.round_stack: list[int | None] = []
+        self.rows_by_round: dict[int, int] = collections.defaultdict(int)
+        self.statements_by_round: dict[int, int] = collections.defaultdict(int)
+
+    def count_writes(self, execute, sql, params, many, context):
+        """A Django execute wrapper: rows changed by the control plane's writes, per round."""
+        result = execute(sql, params, many, context)
+        index = self.round_stack[-1] if self.round_stack else None
+        if index is not None and sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+            self.statements_by_round[index] += 1
+            self.rows_by_round[index] += max(0, context["cursor"].rowcount)
+        return result
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -202,12 +232,14 @@ class InProcessBroker:
             self.profiler.enable()
         self._depth += 1
         self.clock.in_control = True
+        self.clock.round_stack.append(round_index)
         nested_before = self._nested
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             elapsed = time.perf_counter() - t0
+            self.clock.round_stack.pop()
             self._depth -= 1
             self.clock.in_control = self._depth > 0
             own = elapsed - (self._nested - nested_before)
@@ -226,11 +258,16 @@ class InProcessBroker:
 
     # -- delivery
 
-    def _round_of(self, name: str, args: list) -> int | None:
+    def _round_of(self, name: str, args: list, kwargs: dict | None = None) -> int | None:
         from workers.protocol.queues import TaskName
 
         if name == TaskName.ROUND_START:
             return args[1]
+        if name in (TaskName.STANDALONE_RECORDED, TaskName.STANDALONE_WATCHDOG):
+            # P_alone of a later round's newly drawn participants belongs to that round; round 0's
+            # to the run's beginning, as before partial participation.
+            before = (kwargs or {}).get("before_round", 0)
+            return before or None
         if name in (TaskName.ROUND_FINISH,):
             return self.round_index_of.get(args[1])
         if name in (TaskName.ROUND_WATCHDOG, TaskName.ROUND_PROGRESS):
@@ -249,7 +286,7 @@ class InProcessBroker:
             self.tasks[message.name],
             *message.args,
             **message.kwargs,
-            round_index=self._round_of(message.name, message.args),
+            round_index=self._round_of(message.name, message.args, message.kwargs),
         )
 
     def _device_task(self, sig: Signature) -> str:
@@ -309,7 +346,7 @@ class InProcessBroker:
                 results = self._control(
                     "decode results",
                     lambda texts=texts: [json.loads(t) for t in texts],
-                    round_index=self._round_of(callback.name, [None, *callback.args]),
+                    round_index=self._round_of(callback.name, [None, *callback.args], callback.kwargs),
                 )
                 self._deliver(Signature(callback.name, [results, *callback.args], callback.kwargs))
                 if callback.name == TaskName.ROUND_FINISH and on_round:
@@ -410,6 +447,39 @@ def figure_sizes(run, owner) -> dict[str, int]:
     return sizes
 
 
+def page_sizes(run, owner) -> dict[str, tuple[int, int, float]]:
+    """``{page: (bytes, SQL queries, seconds)}`` of what a researcher opens, served through
+    Django's test client as the web process serves it: the run page, its live JSON, the
+    experiment page, the index (experiments, the device list, recent runs), the API's device
+    list and the run's rounds."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.authtoken.models import Token
+
+    browser = Client(HTTP_HOST="localhost")
+    browser.force_login(owner)
+    token, _ = Token.objects.get_or_create(user=owner)
+    api = Client(HTTP_HOST="localhost", HTTP_AUTHORIZATION=f"Token {token.key}")
+    paths = {
+        "run page": (browser, f"/runs/{run.id}/"),
+        "run page: live JSON": (browser, f"/runs/{run.id}/live/"),
+        "experiment page": (browser, f"/experiments/{run.experiment_id}/"),
+        "index (device list)": (browser, "/"),
+        "API: /api/devices/": (api, "/api/devices/"),
+        "API: /api/rounds/?run=": (api, f"/api/rounds/?run={run.id}"),
+    }
+    out = {}
+    for name, (client, path) in paths.items():
+        t0 = time.perf_counter()
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(path)
+        if response.status_code != 200:
+            raise RuntimeError(f"{path} answered {response.status_code}")
+        out[name] = (len(response.content), len(queries), time.perf_counter() - t0)
+    return out
+
+
 def measure_evaluation(run) -> float:
     """Seconds to evaluate every task's initial global model once: what a real run adds per
     round on top of the figure printed (its models change every round)."""
@@ -430,6 +500,13 @@ def main() -> int:
     baselines = [s.name for s in STRATEGY_REGISTRY if not s.needs_predictor and not s.takes_plan]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=1000)
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        help="devices trained per round (the experiment's clients_per_round); default: every device",
+    )
+    parser.add_argument("--sampling", default="uniform", choices=["uniform", "weighted"])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument(
         "--strategy",
@@ -442,6 +519,12 @@ def main() -> int:
     parser.add_argument("--profile", default=None, help="write a cProfile of the control plane's work here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary MTFL_HOME (database, artifacts)")
     args = parser.parse_args()
+    if args.devices < 1:
+        parser.error(f"--devices={args.devices} is out of range: at least 1")
+    if args.sample is not None and not 1 <= args.sample <= args.devices:
+        parser.error(f"--sample={args.sample} is out of range: 1 to --devices ({args.devices})")
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds} is out of range: at least 1")
     try:
         return run(args)
     finally:
@@ -472,13 +555,20 @@ def run(args) -> int:
         owner=owner,
     )
     shards_overlap(experiment, SHARD_SAMPLES)
+    if args.sample is not None:
+        # Set on the model as the API stores it (clients_per_round, client_sampling).
+        experiment.clients_per_round = args.sample
+        experiment.client_sampling = args.sampling
+        experiment.save(update_fields=["clients_per_round", "client_sampling"])
+    setup_s = time.perf_counter() - t0
     print(
         f"MTFL_HOME={home} ({connection.vendor}); devices served in this process by the simulated backend, "
         "messages through an in-process stand-in for Celery (see the docstring)"
     )
+    sampled = f", {args.sample} sampled per round ({args.sampling})" if args.sample is not None else ""
     print(
-        f"{args.devices} simulated devices × {len(tasks)} tasks ({', '.join(LIGHT)}), {args.rounds} rounds, "
-        f"strategy {args.strategy}: set up in {time.perf_counter() - t0:.1f} s"
+        f"{args.devices} simulated devices × {len(tasks)} tasks ({', '.join(LIGHT)}){sampled}, {args.rounds} rounds, "
+        f"strategy {args.strategy}: devices registered and experiment created in {setup_s:.1f} s"
     )
 
     clock = Clock()
@@ -490,14 +580,16 @@ def run(args) -> int:
     def on_round(index: int) -> None:
         now = time.perf_counter()
         print(
-            f"  round {index:2d}: control plane {clock.control_by_round[index]:.3f} s "
+            f"  round {index:2d}: control plane {clock.control_by_round[index]:.3f} s, "
+            f"{clock.rows_by_round[index]:,} rows written in {clock.statements_by_round[index]} statements "
             f"(wall {now - last[0]:.1f} s with the devices' work)",
             flush=True,
         )
         last[0] = now
 
     run = run_create(experiment=experiment, strategy=args.strategy)
-    broker.drain(on_round)
+    with connection.execute_wrapper(clock.count_writes):
+        broker.drain(on_round)
     run.refresh_from_db()
     if profiler:
         profiler.dump_stats(args.profile)
@@ -517,6 +609,8 @@ def run(args) -> int:
     )
 
     per_round = [clock.control_by_round[r.index] for r in rounds]
+    rows_per_round = [clock.rows_by_round[r.index] for r in rounds]
+    participants = [len(r.participants) if r.participants is not None else args.devices for r in rounds]
     totals = clock.totals
     print("\nwhere the seconds went (all rounds):")
     for label in sorted(totals, key=totals.get, reverse=True):
@@ -537,17 +631,33 @@ def run(args) -> int:
         print(f"  {name:<44}{size:>12,}")
     figure_only = {k: v for k, v in sizes.items() if "live JSON" not in k}
     largest_name = max(figure_only, key=figure_only.get)
+    pages = page_sizes(run, owner)
+    print("\npages as served (bytes, queries, seconds):")
+    for name, (size, queries, seconds) in sorted(pages.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {name:<44}{size:>12,}{queries:>6} q{seconds:>8.2f} s")
+    largest_page = max(pages, key=lambda k: pages[k][0])
 
+    target = TARGET_SAMPLED_S if args.sample is not None else TARGET_S
     mean = statistics.fmean(per_round) if per_round else float("nan")
     print(
-        f"\ncontrol plane per round: mean {mean:.3f} s, median {statistics.median(per_round):.3f} s, "
-        f"max {max(per_round):.3f} s (target ≤ {TARGET_S:g} s: ratio {mean / TARGET_S:.2f})"
+        f"\nparticipants per round: {min(participants):,} to {max(participants):,} of {args.devices:,} devices; "
+        f"database rows written per round: mean {statistics.fmean(rows_per_round):,.0f}, max {max(rows_per_round):,}"
+    )
+    print(
+        f"control plane per round: mean {mean:.3f} s, median {statistics.median(per_round):.3f} s, "
+        f"max {max(per_round):.3f} s (target ≤ {target:g} s: ratio {mean / target:.2f})"
     )
     print(
         f"largest figure: {largest_name}, {figure_only[largest_name]:,} bytes "
-        f"(target ≤ {TARGET_BYTES:,}: ratio {figure_only[largest_name] / TARGET_BYTES:.2f})"
+        f"(target ≤ {TARGET_BYTES:,}: ratio {figure_only[largest_name] / TARGET_BYTES:.2f}); largest page: "
+        f"{largest_page}, {pages[largest_page][0]:,} bytes"
     )
-    print(f"benchmark took {time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"set-up (devices registered, experiment created) {setup_s:.1f} s; benchmark took "
+        f"{time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.2f}"
+    )
+    print(f"rows_written_per_round={statistics.fmean(rows_per_round):.0f}")
+    print(f"largest_payload_bytes={max(figure_only[largest_name], pages[largest_page][0])}")
     print(f"largest_figure_bytes={figure_only[largest_name]}")
     print(f"control_plane_s_per_round={mean:.3f}")
     return 0 if ok else 1

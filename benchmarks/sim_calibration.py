@@ -1,47 +1,94 @@
-"""Calibration: the ``simulated`` backend's contention model against real GPU measurements.
+"""Calibration: the ``simulated`` backend's model against real GPU measurements.
 
-    python benchmarks/sim_calibration.py [--data DIR] [--fit]
+    python benchmarks/sim_calibration.py [--quick] [--fit] [--data DIR] [--miso DIR] [--gavel DIR]
 
-Reference: ``benchmarks/reference-data/parvagpu-a100`` (ParvaGPU, SC'24, MIT licence): inference of
-torchvision models on an A100 80GB, in MIG instances of 1, 2, 3, 4 and 7 GPCs, with 1 to 5
-identical processes per instance under MPS (each at the MPS default, 100 % of the instance).
-Throughput there is per process. The four models also in the zoo are compared: resnet50,
-resnet101, vgg16, densenet121, at 224×224 with 1000 classes, in the model's ``inference``
-mode (forward FLOPs, one kernel per layer). A MIG instance of ``g`` GPCs is simulated as a
-device of ``14·g`` SMs, ``g/7`` of the compute, its memory slices' share of the bandwidth
-(1/8, 2/8, 4/8, 4/8, 8/8) and memory. PyTorch runs convolutions in TF32 on Ampere by default,
-so the compute peak is the TF32 one (156 TFLOP/s) times a fitted efficiency.
+Three data sets measured by others, vendored in ``benchmarks/reference-data/`` (MIT licences;
+its README describes them):
+
+- **ParvaGPU** (``parvagpu-a100``, SC'24): inference of torchvision models on an A100 80GB, in
+  MIG instances of 1, 2, 3, 4 and 7 GPCs, with 1 to 5 identical processes per instance under MPS
+  (each at the MPS default, 100 % of the instance). Throughput there is per process. The four
+  models also in the zoo are compared: resnet50, resnet101, vgg16, densenet121, at 224×224
+  with 1000 classes, in the model's ``inference`` mode (forward FLOPs, one kernel per layer).
+  A MIG instance of ``g`` GPCs is simulated as a device of ``14·g`` SMs, ``g/7`` of the
+  compute, its memory slices' share of the bandwidth (1/8, 2/8, 4/8, 4/8, 8/8) and memory.
+  PyTorch runs convolutions in TF32 on Ampere by default, so the compute peak is the TF32 one
+  (156 TFLOP/s) times a fitted efficiency.
+- **MISO** (``miso-a100-mig``, SoCC'22): TensorFlow/Keras training jobs alone on MIG slices of
+  an A100 40GB (``1g.5gb`` … ``7g.40gb``), samples/s by slice and batch size. Only Keras
+  ResNet50 on CIFAR-10 has a zoo counterpart (``resnet50`` at 32×32, 10 classes,
+  :data:`MISO_ZOO`); the other jobs are left out and counted (:data:`MISO_LEFT_OUT`). Slices
+  as for ParvaGPU on the ``a100-40gb`` preset, training mode, TF32 peak (TensorFlow's default
+  on Ampere).
+- **Gavel** (``gavel-p100-k80``, OSDI'20): PyTorch training jobs on a P100 and a K80 die, alone
+  and co-located in pairs. ResNet-18 (CIFAR-10) and ResNet-50 (ImageNet) have zoo counterparts
+  (:data:`GAVEL_ZOO`); pairs with another job are left out and counted. A pair is simulated on
+  the ``p100``/``k80`` preset as two tasks at 100 % under the ``mps`` law (whether Gavel's runs
+  had MPS on is not recorded; ``timeslice`` is printed beside it).
 
 Printed:
 
-1. Shape checks on the simulation over every reference configuration, and on the measurements
+1. Shape checks on the simulation over every ParvaGPU configuration, and on the measurements
    for comparison: (a) one process's throughput grows with the batch size and saturates
    (the last doubling gains < 15 %); (b) per-process throughput falls as co-located processes
    are added; (c) the total of ``k`` processes lies between 1× and ``k``× one process's.
 2. Per model, at the full A100 (7 GPCs): throughput of one process against the batch size
    (measured / simulated), and the per-process ratio ``P_k / P_1`` for k = 2..5 at batch
    sizes 1, 8, 32, 128 (measured / simulated).
-3. Errors over every configuration: RMSLE of the absolute per-process throughput, and of the
-   two shapes (``P_1(B) / max_B P_1`` and ``P_k / P_1``).
+3. Errors over every ParvaGPU configuration, with the module's constants: RMSLE of the
+   absolute per-process throughput, and of the two shapes (``P_1(B) / max_B P_1`` and
+   ``P_k / P_1``).
 4. The paper's three mixes on the Titan V (CIFAR-10 training, batch 128): speedup in raw and
    fair throughput of ``isolation``, ``sharing`` and the best 10 %-grid shares over
    ``temporal``. The paper reports 2.16-2.38× raw for its planner (Yu et al. 2022, Fig. 4).
+   (Left out with ``--quick``.)
+5. Held out, per data set: constants fitted on one part, the RMSLE (root mean squared log
+   ratio, simulated against measured) on the other. The split is deterministic: the data
+   set's groups sorted, every other one held out, starting with the second
+   (:func:`held_out_groups`). The quantity each data set measures, and its groups:
 
-``--fit`` first searches the model constants (a grid over kernel_s, the TF32 efficiency,
-WIDTH_HALF, INTENSITY_HALF, SMOOTH_MAX_P, RECLAIM, CONTENTION) for the lowest RMSLE of the
-absolute per-process throughput plus that of the co-location shape, prints the best, then
-reports with them. The module's constants are the result of this search.
+   - ParvaGPU: per-process samples/s of every (MIG size, batch, processes) configuration;
+     groups (model, MIG size, batch). Fitted: the grid of ``--fit`` (device-level
+     ``kernel_s`` and TF32 efficiency, global WIDTH_HALF, INTENSITY_HALF, SMOOTH_MAX_P,
+     RECLAIM, CONTENTION).
+   - MISO: training samples/s of every (slice, batch) row, absolute (its slice shape
+     ``P(g)/P(7g)`` printed beside); groups (model, batch): whole curves over the slices are
+     held out. Fitted: the device-level ``kernel_s`` and TF32 efficiency only; the global
+     constants stay the module's.
+   - Gavel: each job's co-located over alone throughput (one value for a job beside a copy
+     of itself); groups (GPU, pair). Fitted: per GPU the device-level ``kernel_s``, and the
+     global RECLAIM and CONTENTION. Beside it: the module's constants unfitted, time slicing,
+     and the predictor's physical baseline (``P_solo · ρ`` with the pooled physics' sharing
+     rate, controlplane/planning/predictor/physics/gpu.py: ``ρ = 1/2`` for two tasks at 100 %).
+
+   Device-level constants are :class:`~workers.backends.simulated.DeviceSpec` fields, so a
+   fit can become a preset's; global constants are the module's, shared by every device: the
+   held-out fits change them only inside the benchmark (:func:`module_constants`), never the
+   backend's.
+
+Last lines, ``name=value``: each data set's held-out RMSLE, the predictor baseline's on Gavel,
+and ``sim_calibration_worst_rmsle``, the worst data set's (target ≤ 0.15).
+
+``--fit`` first searches the model constants on all of ParvaGPU (the grid above) for the lowest
+RMSLE of the absolute per-process throughput plus that of the co-location shape, prints the
+best, then reports sections 1-4 with them. The module's constants are the result of this
+search. ``--quick`` uses small grids in section 5 and skips section 4 (seconds, for tests).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import csv
 import dataclasses
 import itertools
+import json
 import math
+import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -82,12 +129,17 @@ def load(data: Path) -> dict[str, dict[tuple[int, int, int], float]]:
     return table
 
 
-def mig_device(gpcs: int, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
-    a100 = sim.device_spec("a100-80gb")
-    slices = MEMORY_SLICES[gpcs]
+def mig_slice(
+    preset: str, memory_slices: dict[int, int], gpcs: int, kernel_s: float, efficiency: float
+) -> sim.DeviceSpec:
+    """A MIG slice of ``gpcs`` of an A100 preset's 7 GPCs: ``14·gpcs`` SMs, ``gpcs/7`` of the
+    TF32 peak (PyTorch's convolutions and TensorFlow both run TF32 on Ampere by default) and its
+    memory slices' share (``memory_slices[gpcs]`` of 8) of the bandwidth and memory."""
+    a100 = sim.device_spec(preset)
+    slices = memory_slices[gpcs]
     return dataclasses.replace(
         a100,
-        name=f"a100-{gpcs}g",
+        name=f"{preset}-{gpcs}g",
         peak_flops=A100_TF32_FLOPS * gpcs / 7,
         sms=GPC_SMS * gpcs,
         memory_bandwidth=a100.memory_bandwidth * slices / 8,
@@ -95,6 +147,11 @@ def mig_device(gpcs: int, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
         kernel_s=kernel_s,
         flops_efficiency=efficiency,
     )
+
+
+def mig_device(gpcs: int, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
+    """A MIG slice of the ParvaGPU host, the ``a100-80gb`` preset (:func:`mig_slice`)."""
+    return mig_slice("a100-80gb", MEMORY_SLICES, gpcs, kernel_s, efficiency)
 
 
 def inference_workloads() -> dict[str, tuple[float, float, float, int]]:
@@ -294,15 +351,7 @@ def fit(table, workloads) -> tuple[float, float]:
     """Grid search of the constants for the lowest :func:`objective`; sets the module's
     constants and returns ``(kernel_s, tf32_efficiency)``."""
     best = (math.inf, None)
-    grid = itertools.product(
-        (20e-6, 30e-6, 40e-6),  # kernel_s
-        (0.45, 0.5, 0.55),  # TF32 efficiency at long reductions
-        (1.0, 2.0, 3.0),  # WIDTH_HALF
-        (250.0, 500.0, 1000.0),  # INTENSITY_HALF
-        (3.0, 4.0),  # SMOOTH_MAX_P
-        (0.4, 0.6, 0.8),  # RECLAIM
-        (0.15, 0.3, 0.5),  # CONTENTION
-    )
+    grid = parvagpu_grid(quick=False)
     for kernel_s, eff, *constants in grid:
         for name, value in zip(CONSTANTS, constants, strict=True):
             setattr(sim, name, value)
@@ -320,12 +369,578 @@ def fit(table, workloads) -> tuple[float, float]:
     return kernel_s, eff
 
 
+# ------------------------------------------------------------------ held-out calibration
+
+
+def held_out_groups(groups) -> set:
+    """The held-out part of a data set: every other group in sorted order, starting with the
+    second (deterministic, no seed; about half the groups). The fit sees the others."""
+    ordered = sorted(set(groups))
+    return set(ordered[1::2])
+
+
+@contextlib.contextmanager
+def module_constants(**values: float):
+    """Set the simulator's global constants (names of :data:`CONSTANTS`) for a block, then put
+    the old values back: the backend's constants never change behind the report's back."""
+    old = {name: getattr(sim, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(sim, name, value)
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(sim, name, value)
+
+
+def msle(pairs) -> tuple[float, int]:
+    """(sum of squared log ratios, count) over finite positive pairs: RMSLEs of unions add up."""
+    pairs = [(a, b) for a, b in pairs if a > 0 and b > 0 and math.isfinite(b)]
+    return sum((math.log(a) - math.log(b)) ** 2 for a, b in pairs), len(pairs)
+
+
+def device_grid(quick: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The device-level constants the MISO and Gavel fits search: ``kernel_s`` from 10 to
+    160 µs and ``flops_efficiency`` from 0.05 to 0.8, each a geometric grid of ratio
+    ``2^(1/4)`` (17 values), or ``2^(1/2)`` quick (9 values)."""
+    steps = 2.0 ** (np.arange(0, 17, 2 if quick else 1) / 4)
+    return 10e-6 * steps, 0.05 * steps
+
+
+# ParvaGPU -----------------------------------------------------------------------------
+
+
+def parvagpu_group(model: str, key: tuple[int, int, int]) -> tuple[str, int, int]:
+    """The unit of ParvaGPU's split: a model's batch size on one MIG size, all its process
+    counts together (the co-location series stays whole on one side)."""
+    return (model, key[0], key[1])
+
+
+def parvagpu_split(table):
+    """``(fit, held_out)`` tables of the same shape as ``table``, by :func:`held_out_groups`
+    over :func:`parvagpu_group`."""
+    held = held_out_groups(parvagpu_group(m, k) for m, rows in table.items() for k in rows)
+    fit_part = {m: {k: v for k, v in rows.items() if parvagpu_group(m, k) not in held} for m, rows in table.items()}
+    held_part = {m: {k: v for k, v in rows.items() if parvagpu_group(m, k) in held} for m, rows in table.items()}
+    return fit_part, held_part
+
+
+def parvagpu_grid(quick: bool):
+    """The constants :func:`fit` searches: ``(kernel_s, TF32 efficiency, *CONSTANTS)``; quick:
+    the module's values and one neighbour of the two device-level ones."""
+    if quick:
+        return itertools.product((20e-6, 30e-6), (0.5,), *[(getattr(sim, n),) for n in CONSTANTS])
+    return itertools.product(
+        (20e-6, 30e-6, 40e-6),  # kernel_s
+        (0.45, 0.5, 0.55),  # TF32 efficiency at long reductions
+        (1.0, 2.0, 3.0),  # WIDTH_HALF
+        (250.0, 500.0, 1000.0),  # INTENSITY_HALF
+        (3.0, 4.0),  # SMOOTH_MAX_P
+        (0.4, 0.6, 0.8),  # RECLAIM
+        (0.15, 0.3, 0.5),  # CONTENTION
+    )
+
+
+def parvagpu_held_out(table, workloads, quick: bool) -> dict:
+    """Fit on one part of ParvaGPU (:func:`parvagpu_split`), score on the other; the quantity is
+    the per-process throughput of every (MIG size, batch, processes) configuration."""
+    fit_part, held_part = parvagpu_split(table)
+    best = (math.inf, None)
+    for kernel_s, eff, *constants in parvagpu_grid(quick):
+        with module_constants(**dict(zip(CONSTANTS, constants, strict=True))):
+            error = objective(fit_part, simulate_reference(fit_part, workloads, kernel_s, eff))
+        if error < best[0]:
+            best = (error, (kernel_s, eff, *constants))
+    kernel_s, eff, *constants = best[1]
+    fitted = dict(zip(CONSTANTS, constants, strict=True))
+    with module_constants(**fitted):
+        simulated = simulate_reference(held_part, workloads, kernel_s, eff)
+    absolute = [(v, simulated[m][k]) for m, rows in held_part.items() for k, v in rows.items()]
+    as_shipped = simulate_reference(held_part, workloads, 30e-6, 0.5)
+    shipped = [(v, as_shipped[m][k]) for m, rows in held_part.items() for k, v in rows.items()]
+    return {
+        "fit": sum(len(r) for r in fit_part.values()),
+        "held_out": len(absolute),
+        "kernel_s": kernel_s,
+        "tf32_efficiency": eff,
+        "constants": fitted,
+        "rmsle": rmsle(absolute),
+        "rmsle_colocation_shape": rmsle(shape_pairs(held_part, simulated)[1]),
+        "rmsle_module_constants": rmsle(shipped),
+    }
+
+
+# MISO ---------------------------------------------------------------------------------
+
+MISO_ZOO = {"resnet": ("resnet50", 10, (3, 32, 32))}
+"""MISO's jobs the zoo has: Keras ResNet50 on CIFAR-10 is the zoo's ``resnet50`` at 32×32, 10
+classes (same stages and strides; Keras' v1 puts the stride on the 1×1 convolution, torchvision's
+v1.5 on the 3×3, the same FLOPs to a few percent)."""
+MISO_LEFT_OUT = {
+    "mobilenet": "Keras MobileNetV2: the zoo has MobileNetV3, another network",
+    "bert": "no transformer in the zoo",
+    "transformer": "no transformer in the zoo",
+    "cyclegan": "no GAN in the zoo",
+    "deepspeech2": "no recurrent speech model in the zoo",
+    "embedding": "no embedding model in the zoo",
+    "gnn": "no graph network in the zoo",
+}
+"""MISO's jobs left out, and why."""
+A100_40GB_MIG_MEMORY = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
+"""Memory slices (of 8) of the A100 40GB's MIG profiles ``1g.5gb`` … ``7g.40gb``."""
+
+
+class MisoRow(NamedTuple):
+    """One MISO measurement: a training job alone on a MIG slice of an A100 40GB.
+
+    Attributes:
+        model: MISO's job name (``resnet``, ``mobilenet``, ``bert``, …).
+        gpcs: the slice's GPCs of 7 (7: the whole GPU).
+        batch_size: samples per iteration.
+        samples_per_s: ``batch_size`` over the median iteration time.
+    """
+
+    model: str
+    gpcs: int
+    batch_size: int
+    samples_per_s: float
+
+
+def default_miso_data() -> Path:
+    """The vendored MISO measurements (``benchmarks/reference-data/miso-a100-mig``)."""
+    return Path(__file__).resolve().parent / "reference-data" / "miso-a100-mig"
+
+
+def load_miso(data: Path) -> list[MisoRow]:
+    """Every row of ``training_iterations.csv`` in ``data`` (all models; zero throughputs left
+    out).
+
+    Raises:
+        FileNotFoundError: no ``training_iterations.csv`` in ``data``.
+        ValueError: a row whose ``gpcs`` is not a MIG profile's (1, 2, 3, 4, 7).
+    """
+    rows = []
+    with open(data / "training_iterations.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            gpcs = int(row["gpcs"])
+            if gpcs not in A100_40GB_MIG_MEMORY:
+                raise ValueError(f"gpcs must be one of 1, 2, 3, 4, 7; got {gpcs} in {row}")
+            sps = float(row["samples_per_s"])
+            if sps > 0:
+                rows.append(MisoRow(row["model"], gpcs, int(row["batch_size"]), sps))
+    return rows
+
+
+def miso_group(row: MisoRow) -> tuple[str, int]:
+    """The unit of MISO's split: a model's batch size, its whole curve over the slices."""
+    return (row.model, row.batch_size)
+
+
+def a100_40gb_slice(gpcs: int, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
+    """A MIG slice of MISO's host, the ``a100-40gb`` preset (:func:`mig_slice`)."""
+    return mig_slice("a100-40gb", A100_40GB_MIG_MEMORY, gpcs, kernel_s, efficiency)
+
+
+def simulate_miso(rows: list[MisoRow], kernel_s: float, efficiency: float, device=None) -> list[float]:
+    """Simulated training samples/s of each row (mapped models only), alone on its slice;
+    ``device(gpcs)`` overrides the slice (default :func:`a100_40gb_slice`)."""
+    out = []
+    for row in rows:
+        architecture, classes, shape = MISO_ZOO[row.model]
+        w = sim.simulation_workload(architecture, classes, shape)
+        spec = device(row.gpcs) if device else a100_40gb_slice(row.gpcs, kernel_s, efficiency)
+        out.append(sim.alone_throughput(w, row.batch_size, spec) or math.nan)
+    return out
+
+
+def miso_shape(rows: list[MisoRow], values: list[float]) -> list[tuple[MisoRow, float]]:
+    """Each row's value over the same model and batch size's value on the whole GPU (7 GPCs),
+    for the rows below 7 GPCs that have a whole-GPU row."""
+    full = {(r.model, r.batch_size): v for r, v in zip(rows, values, strict=True) if r.gpcs == 7}
+    return [
+        (r, v / full[(r.model, r.batch_size)])
+        for r, v in zip(rows, values, strict=True)
+        if r.gpcs < 7 and (r.model, r.batch_size) in full
+    ]
+
+
+def miso_held_out(rows: list[MisoRow], quick: bool) -> dict:
+    """Fit the device-level constants (``kernel_s``, TF32 efficiency) on one part of MISO's
+    mapped rows, score on the other; the quantity is the training samples/s of each (slice,
+    batch) row, absolute."""
+    mapped = [r for r in rows if r.model in MISO_ZOO]
+    held = held_out_groups(miso_group(r) for r in mapped)
+    fit_rows = [r for r in mapped if miso_group(r) not in held]
+    held_rows = [r for r in mapped if miso_group(r) in held]
+    kernels, efficiencies = device_grid(quick)
+    best = (math.inf, None)
+    measured_fit = [r.samples_per_s for r in fit_rows]
+    for kernel_s, eff in itertools.product(kernels, efficiencies):
+        error = rmsle(zip(measured_fit, simulate_miso(fit_rows, kernel_s, eff), strict=True))
+        if error < best[0]:
+            best = (error, (kernel_s, eff))
+    kernel_s, eff = best[1]
+    simulated = simulate_miso(held_rows, kernel_s, eff)
+    measured = [r.samples_per_s for r in held_rows]
+    shape_m = miso_shape(held_rows, measured)
+    shape_s = miso_shape(held_rows, simulated)
+    preset = sim.device_spec("a100-40gb")
+
+    def preset_slice(gpcs: int) -> sim.DeviceSpec:
+        slices = A100_40GB_MIG_MEMORY[gpcs]
+        return dataclasses.replace(
+            preset,
+            peak_flops=preset.peak_flops * gpcs / 7,
+            sms=GPC_SMS * gpcs,
+            memory_bandwidth=preset.memory_bandwidth * slices / 8,
+            memory_bytes=preset.memory_bytes * slices / 8,
+        )
+
+    unfitted = simulate_miso(held_rows, 0.0, 0.0, device=preset_slice)
+    left_out: dict[str, int] = {}
+    for r in rows:
+        if r.model not in MISO_ZOO:
+            left_out[r.model] = left_out.get(r.model, 0) + 1
+    return {
+        "fit": len(fit_rows),
+        "held_out": len(held_rows),
+        "held_out_batches": sorted({r.batch_size for r in held_rows}),
+        "left_out": left_out,
+        "kernel_s": kernel_s,
+        "tf32_efficiency": eff,
+        "rmsle": rmsle(zip(measured, simulated, strict=True)),
+        "rmsle_slice_shape": rmsle((a[1], b[1]) for a, b in zip(shape_m, shape_s, strict=True)),
+        "rmsle_preset_defaults": rmsle(zip(measured, unfitted, strict=True)),
+        "rows": [(r, m, s) for r, m, s in zip(held_rows, measured, simulated, strict=True)],
+    }
+
+
+# Gavel --------------------------------------------------------------------------------
+
+GAVEL_ZOO = {
+    "ResNet-18": ("resnet18", 10, (3, 128, 128)),
+    "ResNet-50": ("resnet50", 1000, (3, 224, 224)),
+}
+"""Gavel's jobs the zoo has. ResNet-50 is ImageNet at 224×224. Gavel's ResNet-18 is the CIFAR-10
+variant (3×3 stem, no max-pool, stages at 32, 16, 8, 4 pixels); the zoo's torchvision
+``resnet18`` at 128×128 has the same stages at the same sizes (its stem and max-pool divide by
+4), so that is the input shape used: 3.5 GFLOP per trained sample against the CIFAR variant's
+3.3. At 32×32 the zoo's model would do 16× less work than Gavel's did."""
+GAVEL_LEFT_OUT = {
+    "Transformer": "no transformer in the zoo",
+    "LM": "no recurrent language model in the zoo",
+    "Recommendation": "no recommendation model in the zoo",
+    "A3C": "no reinforcement-learning model in the zoo",
+    "CycleGAN": "no GAN in the zoo",
+}
+"""Gavel's jobs left out, and why."""
+GAVEL_GPUS = ("p100", "k80")
+
+
+class GavelJob(NamedTuple):
+    """A Gavel job type: its name (``ResNet-18``, ``LM``, …) and batch size (0: none given)."""
+
+    name: str
+    batch_size: int
+
+
+class GavelPair(NamedTuple):
+    """Two jobs measured together on one GPU (scale 1), in steps/s.
+
+    Attributes:
+        gpu: ``p100`` or ``k80``.
+        jobs: the two job types, sorted (the same type twice for a job beside a copy of itself).
+        colocated: each job's steps/s beside the other.
+        alone: each job's steps/s alone on the GPU.
+    """
+
+    gpu: str
+    jobs: tuple[GavelJob, GavelJob]
+    colocated: tuple[float, float]
+    alone: tuple[float, float]
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        """Co-located over alone throughput, one per job; one for a job beside itself (the
+        two copies are recorded as equal)."""
+        both = tuple(c / a for c, a in zip(self.colocated, self.alone, strict=True))
+        return both[:1] if self.jobs[0] == self.jobs[1] else both
+
+
+def default_gavel_data() -> Path:
+    """The vendored Gavel throughputs (``benchmarks/reference-data/gavel-p100-k80``)."""
+    return Path(__file__).resolve().parent / "reference-data" / "gavel-p100-k80"
+
+
+def _gavel_job(label: str) -> GavelJob:
+    match = re.fullmatch(r"(.+) \(batch size (\d+)\)", label)
+    return GavelJob(match[1], int(match[2])) if match else GavelJob(label, 0)
+
+
+def load_gavel(data: Path) -> tuple[list[GavelPair], dict[str, int]]:
+    """The scale-1 pairs of ``throughputs.json`` in ``data``, each unordered pair once, and how
+    many were left out by reason: ``failed`` (``[0, 0]``: failed or out of memory),
+    ``placeholder`` (a co-located value equal to the job's alone value exactly) and
+    ``no alone value``.
+
+    Raises:
+        FileNotFoundError: no ``throughputs.json`` in ``data``.
+        ValueError: a GPU other than ``p100``/``k80``, or a pair whose two entries disagree.
+    """
+    raw = json.loads((data / "throughputs.json").read_text())
+    pairs, left_out = [], {"failed": 0, "placeholder": 0, "no alone value": 0}
+    for gpu, jobs in raw.items():
+        if gpu not in GAVEL_GPUS:
+            raise ValueError(f"gpu must be one of {', '.join(GAVEL_GPUS)}; got {gpu!r}")
+        alone = {}
+        for key, entry in jobs.items():
+            label, scale = ast.literal_eval(key)
+            if scale == 1:
+                alone[label] = entry["null"]
+        for key, entry in jobs.items():
+            label, scale = ast.literal_eval(key)
+            if scale != 1:
+                continue
+            for other_key, values in entry.items():
+                if other_key == "null":
+                    continue
+                other, _ = ast.literal_eval(other_key)
+                a, b = _gavel_job(label), _gavel_job(other)
+                if b < a:
+                    mirrored = jobs[other_key].get(key)
+                    if mirrored is not None and list(mirrored) != list(values)[::-1]:
+                        raise ValueError(f"{gpu}: the pair {label} + {other} is recorded twice, differently")
+                    continue
+                if list(values) == [0.0, 0.0]:
+                    left_out["failed"] += 1
+                elif not (alone.get(label, 0) > 0 and alone.get(other, 0) > 0):
+                    left_out["no alone value"] += 1
+                elif values[0] == alone[label] or values[1] == alone[other]:
+                    left_out["placeholder"] += 1
+                else:
+                    pairs.append(GavelPair(gpu, (a, b), (values[0], values[1]), (alone[label], alone[other])))
+    return pairs, left_out
+
+
+def gavel_group(pair: GavelPair) -> tuple[str, GavelJob, GavelJob]:
+    """The unit of Gavel's split: one pair on one GPU (both its jobs on the same side)."""
+    return (pair.gpu, *pair.jobs)
+
+
+def gavel_device(gpu: str, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
+    """The ``p100`` or ``k80`` preset with the given host and compute constants (PyTorch trains
+    in fp32 on both)."""
+    return dataclasses.replace(sim.device_spec(gpu), kernel_s=kernel_s, flops_efficiency=efficiency)
+
+
+def gavel_columns(pairs: list[GavelPair]):
+    """The simulator's per-task inputs for ``pairs``, ``(n, 2)`` each."""
+    loads = [[sim.simulation_workload(*GAVEL_ZOO[j.name]) for j in p.jobs] for p in pairs]
+    cols = [
+        np.array([[getattr(w, f) for w in pair] for pair in loads], dtype=float)
+        for f in ("flops_per_sample", "activation_bytes_per_sample", "param_bytes", "layers")
+    ]
+    batch = np.array([[j.batch_size for j in p.jobs] for p in pairs], dtype=float)
+    return cols, batch
+
+
+def simulate_gavel_ratios(pairs: list[GavelPair], device: sim.DeviceSpec, partitioning: str = "mps") -> np.ndarray:
+    """``(n, 2)`` simulated co-located over alone throughput of each pair's jobs on ``device``,
+    both at 100 % (NaN where the simulator finds no room in memory)."""
+    cols, batch = gavel_columns(pairs)
+    together = sim.simulate_throughput(*cols, batch, 100, device, partitioning=partitioning).throughput_sps
+    alone = np.stack(
+        [
+            sim.simulate_throughput(*cols, batch, 100, device, present=np.arange(2) == i).throughput_sps[:, i]
+            for i in range(2)
+        ],
+        axis=1,
+    )
+    ratios: np.ndarray = together / alone
+    return ratios
+
+
+def ratio_pairs(pairs: list[GavelPair], simulated: np.ndarray) -> list[tuple[float, float]]:
+    """(measured, simulated) ratios, one or two per pair as :attr:`GavelPair.ratios`."""
+    return [
+        (m, float(s))
+        for pair, row in zip(pairs, simulated, strict=True)
+        for m, s in zip(pair.ratios, row, strict=False)
+    ]
+
+
+def predictor_ratios(pairs: list[GavelPair]) -> np.ndarray:
+    """The predictor's physical baseline for each pair, ``(n, 2)``: ``P_i = P_solo · ρ_i``
+    (controlplane.planning.predictor.physical) with ``ρ`` the pooled (MPS) physics' sharing
+    rate (physics/gpu.py) at 100 % each, while ``P_solo`` at the whole device is the alone
+    throughput: the co-located over alone ratio is ``ρ``."""
+    from controlplane.planning.predictor.physics import sharing_rate
+
+    rates = []
+    for pair in pairs:
+        units = int(sim.device_spec(pair.gpu).sms)
+        share = np.array([[100.0, 100.0]])
+        rates.append(sharing_rate(share, np.ones((1, 2), dtype=bool), units, "pooled")[0])
+    return np.array(rates)
+
+
+def gavel_held_out(pairs: list[GavelPair], quick: bool, left_out: dict[str, int] | None = None) -> dict:
+    """Fit on one part of Gavel's mapped pairs, score on the other; the quantity is each job's
+    co-located over alone throughput. Fitted: per GPU the device-level ``kernel_s``, for both
+    GPUs the global ``RECLAIM`` and ``CONTENTION``. ``flops_efficiency`` stays at
+    :class:`DeviceSpec`'s default: a ratio depends on it and on ``kernel_s`` only through the
+    balance of host and device time, so fitting both would fit one thing twice."""
+    unmapped: dict[str, int] = {}
+    mapped = []
+    for p in pairs:
+        missing = sorted({j.name for j in p.jobs if j.name not in GAVEL_ZOO})
+        if missing:
+            unmapped[" / ".join(missing)] = unmapped.get(" / ".join(missing), 0) + 1
+        else:
+            mapped.append(p)
+    # Where the simulator refuses a pair for memory, it predicts no ratio: left out, counted.
+    oom = set()
+    for gpu in GAVEL_GPUS:
+        on_gpu = [p for p in mapped if p.gpu == gpu]
+        if on_gpu:
+            cols, batch = gavel_columns(on_gpu)
+            refused = sim.simulate_throughput(*cols, batch, 100, sim.device_spec(gpu)).oom.any(axis=1)
+            oom |= {gavel_group(p) for p, r in zip(on_gpu, refused, strict=True) if r}
+    kept = [p for p in mapped if gavel_group(p) not in oom]
+    held = held_out_groups(gavel_group(p) for p in kept)
+    fit_pairs = {g: [p for p in kept if p.gpu == g and gavel_group(p) not in held] for g in GAVEL_GPUS}
+    held_pairs = {g: [p for p in kept if p.gpu == g and gavel_group(p) in held] for g in GAVEL_GPUS}
+
+    kernels, _ = device_grid(quick)
+    reclaims = (sim.RECLAIM,) if quick else (0.2, 0.4, 0.6, 0.8, 1.0)
+    contentions = (sim.CONTENTION,) if quick else (0.0, 0.15, 0.3, 0.5, 1.0)
+    eff = sim.DeviceSpec.flops_efficiency  # a ratio sees it only through the host/device balance, as kernel_s
+    best = (math.inf, None)
+    for reclaim, contention in itertools.product(reclaims, contentions):
+        with module_constants(RECLAIM=reclaim, CONTENTION=contention):
+            total, devices = 0.0, {}
+            for gpu in GAVEL_GPUS:
+                if not fit_pairs[gpu]:
+                    continue
+                scores = []
+                for kernel_s in kernels:
+                    ratios = simulate_gavel_ratios(fit_pairs[gpu], gavel_device(gpu, kernel_s, eff))
+                    scores.append((msle(ratio_pairs(fit_pairs[gpu], ratios))[0], (kernel_s, eff)))
+                error, devices[gpu] = min(scores)
+                total += error
+        if total < best[0]:
+            best = (total, (reclaim, contention, devices))
+    reclaim, contention, devices = best[1]
+
+    def score(ratios_by_gpu) -> dict[str, float]:
+        out = {g: rmsle(ratio_pairs(held_pairs[g], ratios_by_gpu[g])) for g in GAVEL_GPUS if held_pairs[g]}
+        out["all"] = rmsle(p for g in GAVEL_GPUS if held_pairs[g] for p in ratio_pairs(held_pairs[g], ratios_by_gpu[g]))
+        return out
+
+    with module_constants(RECLAIM=reclaim, CONTENTION=contention):
+        fitted = {g: simulate_gavel_ratios(held_pairs[g], gavel_device(g, *devices[g])) for g in devices}
+    shipped = {g: simulate_gavel_ratios(held_pairs[g], sim.device_spec(g)) for g in GAVEL_GPUS if held_pairs[g]}
+    timeslice = {
+        g: simulate_gavel_ratios(held_pairs[g], sim.device_spec(g), "timeslice") for g in GAVEL_GPUS if held_pairs[g]
+    }
+    baseline = {g: predictor_ratios(held_pairs[g]) for g in GAVEL_GPUS if held_pairs[g]}
+    measured = [m for g in GAVEL_GPUS for p in held_pairs[g] for m in p.ratios]
+    return {
+        "pairs": len(pairs),
+        "left_out_by_loader": dict(left_out or {}),
+        "unmapped": unmapped,
+        "simulator_oom": len(oom),
+        "fit": sum(len(v) for v in fit_pairs.values()),
+        "held_out": sum(len(v) for v in held_pairs.values()),
+        "held_out_ratios": len(measured),
+        "devices": devices,
+        "RECLAIM": reclaim,
+        "CONTENTION": contention,
+        "rmsle": score(fitted),
+        "rmsle_module_constants": score(shipped),
+        "rmsle_timeslice": score(timeslice),
+        "rmsle_predictor_baseline": score(baseline),
+        "measured_ratio_range": (min(measured), float(np.median(measured)), max(measured)),
+    }
+
+
+def report_held_out(parvagpu: dict, miso: dict, gavel: dict) -> None:
+    print("\n5. Held out: constants fitted on one part of each data set, scored on the other (RMSLE)")
+    p = parvagpu
+    print(
+        f"   ParvaGPU A100 80GB inference, per-process samples/s of each (MIG size, batch, processes): "
+        f"fit {p['fit']}, held out {p['held_out']} (every other (model, MIG size, batch) group)"
+    )
+    print(
+        f"     fitted: kernel_s {p['kernel_s'] * 1e6:.0f} us, TF32 efficiency {p['tf32_efficiency']}, "
+        + ", ".join(f"{k}={v}" for k, v in p["constants"].items())
+    )
+    print(
+        f"     held out {p['rmsle']:.3f} (co-location shape P_k/P_1 {p['rmsle_colocation_shape']:.3f}; "
+        f"with the module's constants, fitted on all of it: {p['rmsle_module_constants']:.3f})"
+    )
+    m = miso
+    left = ", ".join(f"{k} {v}" for k, v in sorted(m["left_out"].items()))
+    print(
+        f"   MISO A100 40GB training alone on MIG slices, samples/s of each (slice, batch): fit {m['fit']}, "
+        f"held out {m['held_out']} (batch sizes {', '.join(map(str, m['held_out_batches']))})"
+    )
+    print(f"     left out {sum(m['left_out'].values())} rows, no model in the zoo: {left}")
+    print(
+        f"     fitted (device-level): kernel_s {m['kernel_s'] * 1e6:.0f} us, TF32 efficiency {m['tf32_efficiency']:.3g}"
+    )
+    print(
+        f"     held out {m['rmsle']:.3f} (slice shape P(g)/P(7g) {m['rmsle_slice_shape']:.3f}; the a100-40gb "
+        f"preset unfitted, fp32 peak and DeviceSpec defaults: {m['rmsle_preset_defaults']:.3f})"
+    )
+    for batch in m["held_out_batches"]:
+        cells = [f"{r.gpcs}g {meas:5.0f}/{s:<5.0f}" for r, meas, s in m["rows"] if r.batch_size == batch]
+        print(f"       resnet B={batch:<4d} measured/simulated " + "  ".join(cells))
+    g = gavel
+    unmapped = sum(g["unmapped"].values())
+    lo, med, hi = g["measured_ratio_range"]
+    print(
+        f"   Gavel P100/K80 training pairs, co-located / alone steps/s of each job: {g['pairs']} pairs measured; "
+        f"left out {unmapped} with a job not in the zoo, {g['simulator_oom']} the simulator finds out of memory"
+    )
+    if g["left_out_by_loader"]:
+        print(
+            "     not counted as measured: "
+            + ", ".join(f"{v} {k}" for k, v in g["left_out_by_loader"].items())
+            + " (failed: [0, 0], a pair that failed or ran out of memory)"
+        )
+    print(
+        f"     fit {g['fit']} pairs, held out {g['held_out']} pairs ({g['held_out_ratios']} ratios; "
+        f"measured min/median/max {lo:.2f}/{med:.2f}/{hi:.2f})"
+    )
+    print(
+        "     fitted: "
+        + "; ".join(f"{k} kernel_s {v[0] * 1e6:.0f} us" for k, v in g["devices"].items())
+        + f" (device-level; flops_efficiency the default {sim.DeviceSpec.flops_efficiency}); "
+        + f"RECLAIM={g['RECLAIM']}, CONTENTION={g['CONTENTION']} (global)"
+    )
+    for label, key in (
+        ("simulator, fitted", "rmsle"),
+        ("simulator, module constants", "rmsle_module_constants"),
+        ("simulator, time slicing", "rmsle_timeslice"),
+        ("predictor's physical baseline", "rmsle_predictor_baseline"),
+    ):
+        print(f"     {label:30s} " + "  ".join(f"{k} {v:.3f}" for k, v in g[key].items()))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--data", type=Path, default=default_data(), help="folder of the ParvaGPU CSV files (default: %(default)s)"
     )
-    parser.add_argument("--fit", action="store_true", help="search the constants first")
+    parser.add_argument(
+        "--miso", type=Path, default=default_miso_data(), help="folder of MISO's training_iterations.csv"
+    )
+    parser.add_argument("--gavel", type=Path, default=default_gavel_data(), help="folder of Gavel's throughputs.json")
+    parser.add_argument("--fit", action="store_true", help="search the constants on all of ParvaGPU first")
+    parser.add_argument(
+        "--quick", action="store_true", help="small grids in the held-out fits and no paper mixes (a few seconds)"
+    )
     parser.add_argument(
         "--kernel-us", type=float, default=30.0, help="host microseconds per kernel on the reference host (default 30)"
     )
@@ -336,9 +951,14 @@ def main(argv=None) -> int:
         help="attained fraction of the A100's TF32 peak at long reductions (default 0.5)",
     )
     args = parser.parse_args(argv)
-    if not (args.data / "resnet50.csv").is_file():
-        print(f"no reference data in {args.data}: pass --data DIR", file=sys.stderr)
-        return 2
+    for folder, name in (
+        (args.data, "resnet50.csv"),
+        (args.miso, "training_iterations.csv"),
+        (args.gavel, "throughputs.json"),
+    ):
+        if not (folder / name).is_file():
+            print(f"no {name} in {folder}: pass --data, --miso or --gavel", file=sys.stderr)
+            return 2
     table = load(args.data)
     workloads = inference_workloads()
     kernel_s, efficiency = args.kernel_us * 1e-6, args.tf32_efficiency
@@ -353,7 +973,22 @@ def main(argv=None) -> int:
     report_checks(table, simulated)
     report_curves(table, simulated)
     report_errors(table, simulated)
-    report_paper()
+    if not args.quick:
+        report_paper()
+    gavel_pairs, gavel_left_out = load_gavel(args.gavel)
+    figures = {
+        "parvagpu": parvagpu_held_out(table, workloads, args.quick),
+        "miso": miso_held_out(load_miso(args.miso), args.quick),
+        "gavel": gavel_held_out(gavel_pairs, args.quick, gavel_left_out),
+    }
+    report_held_out(*figures.values())
+    worst = max(figures["parvagpu"]["rmsle"], figures["miso"]["rmsle"], figures["gavel"]["rmsle"]["all"])
+    print()
+    print(f"sim_calibration_parvagpu_rmsle={figures['parvagpu']['rmsle']:.3f}")
+    print(f"sim_calibration_miso_rmsle={figures['miso']['rmsle']:.3f}")
+    print(f"sim_calibration_gavel_rmsle={figures['gavel']['rmsle']['all']:.3f}")
+    print(f"predictor_baseline_gavel_rmsle={figures['gavel']['rmsle_predictor_baseline']['all']:.3f}")
+    print(f"sim_calibration_worst_rmsle={worst:.3f}")
     return 0
 
 

@@ -21,6 +21,18 @@ DEFAULTS: dict[str, Any] = {
     "CIFAR10_ROOT": "",
     # Largest weights file an agent may upload (bytes); bigger uploads are refused with 413.
     "MAX_ARTIFACT_BYTES": 4 * 1024**3,
+    # A device's predictor with a held-out RMSLE above this is untrusted (controlplane.planning.guard).
+    "PREDICTOR_MAX_RMSLE": 0.2,
+    # A round's assignment with fewer timed iterations than this never becomes a profile sample.
+    "MIN_TIMED_ITERATIONS": 3,
+    # The lab scheduler (controlplane.experiments.services.lab): which waiting round gets free
+    # devices, fifo (arrival) or fair (least weighted device-seconds in the last FAIR_WINDOW_S).
+    "SCHEDULER_POLICY": "fair",
+    "FAIR_WINDOW_S": 3600.0,
+    # Storage lifecycle: global checkpoints kept per run and task (the last N rounds', the best
+    # and the initial model); a round refuses to start below MIN_FREE_BYTES free in ARTIFACT_ROOT.
+    "KEEP_LAST_CHECKPOINTS": 3,
+    "MIN_FREE_BYTES": 1024**3,
 }
 
 

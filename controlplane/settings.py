@@ -32,6 +32,11 @@ Variables (all optional; unset means the embedded defaults a laptop needs):
     ``MTFL_CIFAR10_ROOT``: a local folder holding ``cifar-10-batches-py/`` (the extracted python
         batches); when it holds the data, the built-in experiment templates train on CIFAR-10
         instead of the digits. Default: unset. Nothing is ever downloaded.
+    ``MTFL_SCHEDULER_POLICY`` (fair): how the lab scheduler orders waiting rounds, ``fifo`` or
+        ``fair`` (least weighted device-seconds over the last ``MTFL_FAIR_WINDOW_S``, 3600).
+    ``MTFL_KEEP_LAST_CHECKPOINTS`` (3): global checkpoints kept per run and task (plus the best
+        and the initial model) unless an experiment says otherwise.
+    ``MTFL_MIN_FREE_BYTES`` (1 GiB): a round refuses to start with less free in ``ARTIFACT_ROOT``.
     ``MTFL_MAX_ARTIFACT_BYTES``: the largest weights file an agent may upload through
         ``/api/agent/artifacts/``; default 4 GiB.
 """
@@ -272,6 +277,7 @@ SPECTACULAR_SETTINGS = {
         "AssignmentStatusEnum": "controlplane.experiments.models.Assignment.Status",
         "DeviceStatusEnum": "controlplane.fleet.models.Device.Status",
         "PredictorStatusEnum": "controlplane.profiling.models.Predictor.Status",
+        "ComparisonStatusEnum": "controlplane.experiments.models.Comparison.Status",
     },
 }
 
@@ -326,10 +332,31 @@ MTFL = {
     "BASELINE_BATCH_SIZE": 128,
     "CIFAR10_ROOT": env.str("MTFL_CIFAR10_ROOT", default=""),
     "MAX_ARTIFACT_BYTES": env.int("MTFL_MAX_ARTIFACT_BYTES", default=4 * 1024**3),
+    "PREDICTOR_MAX_RMSLE": env.float("MTFL_PREDICTOR_MAX_RMSLE", default=0.2),
+    "MIN_TIMED_ITERATIONS": env.int("MTFL_MIN_TIMED_ITERATIONS", default=3),
+    "SCHEDULER_POLICY": env.str("MTFL_SCHEDULER_POLICY", default="fair").strip().lower(),
+    "FAIR_WINDOW_S": env.float("MTFL_FAIR_WINDOW_S", default=3600.0),
+    "KEEP_LAST_CHECKPOINTS": env.int("MTFL_KEEP_LAST_CHECKPOINTS", default=3),
+    "MIN_FREE_BYTES": env.int("MTFL_MIN_FREE_BYTES", default=1024**3),
 }
-for _name in ("ROUND_DEADLINE_S", "DEADLINE_FACTOR", "ROUND_DEADLINE_FLOOR_S", "ROUND_CHECK_S"):
+for _name in (
+    "ROUND_DEADLINE_S",
+    "DEADLINE_FACTOR",
+    "ROUND_DEADLINE_FLOOR_S",
+    "ROUND_CHECK_S",
+    "PREDICTOR_MAX_RMSLE",
+    "FAIR_WINDOW_S",
+):
     if not 0 < MTFL[_name] < float("inf"):
         raise ImproperlyConfigured(f"MTFL_{_name}={MTFL[_name]!r} must be a number > 0")
+if MTFL["MIN_TIMED_ITERATIONS"] < 1:
+    raise ImproperlyConfigured(f"MTFL_MIN_TIMED_ITERATIONS={MTFL['MIN_TIMED_ITERATIONS']!r} must be an integer >= 1")
+if MTFL["SCHEDULER_POLICY"] not in ("fifo", "fair"):
+    raise ImproperlyConfigured(f"MTFL_SCHEDULER_POLICY={MTFL['SCHEDULER_POLICY']!r} is not allowed: use fifo or fair")
+if MTFL["KEEP_LAST_CHECKPOINTS"] < 1:
+    raise ImproperlyConfigured(f"MTFL_KEEP_LAST_CHECKPOINTS={MTFL['KEEP_LAST_CHECKPOINTS']!r} must be an integer >= 1")
+if MTFL["MIN_FREE_BYTES"] < 0:
+    raise ImproperlyConfigured(f"MTFL_MIN_FREE_BYTES={MTFL['MIN_FREE_BYTES']!r} must be an integer >= 0")
 if broker_visibility_timeout_s() <= MTFL["ROUND_DEADLINE_S"]:
     raise ImproperlyConfigured(
         f"MTFL_BROKER_VISIBILITY_TIMEOUT_S ({broker_visibility_timeout_s():g} s) must exceed MTFL_ROUND_DEADLINE_S "

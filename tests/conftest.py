@@ -108,6 +108,20 @@ def make_task(db, user):
 
 
 @pytest.fixture
+def predictor(make_device):
+    """A ready cpu predictor (class ``cpu-2cores``) fitted on 100 configurations of the contention
+    law's synthetic samples (tests/controlplane/contention_law.py), stored as a sweep of the
+    device ``profiled`` had measured them."""
+    from controlplane.profiling.services import predictor_fit
+    from tests.controlplane.contention_law import store_synthetic_samples
+
+    store_synthetic_samples(make_device("profiled"), n=100)
+    fitted = predictor_fit(backend="cpu", families=("baseline", "extra_trees"))
+    assert fitted.status == "ready", fitted.error
+    return fitted
+
+
+@pytest.fixture
 def make_experiment(db, user, make_device, make_task):
     """An experiment over given (or two new) devices and tasks, explicit small shards by default,
     owned by the ``user`` fixture unless ``owner=`` says otherwise."""
@@ -202,7 +216,8 @@ def pytest_collection_modifyitems(config, items):
 
     ``MTFL_TESTS_DATABASE_ONLY=1`` keeps only the tests that use the database: CI's second,
     PostgreSQL pass (.ci/run) runs those; the others never open a connection, so they would
-    repeat the first pass exactly."""
+    repeat the first pass exactly. Tests marked ``one_database`` are left out of it too (CI's
+    time limit; what they do on the database the other integration tests cover there)."""
     shared = sorted(nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1)
     if shared:
         raise pytest.UsageError(f"tests share a node id, so pytest-xdist would run only one of each: {shared[:3]}")
@@ -214,7 +229,11 @@ def pytest_collection_modifyitems(config, items):
         return
     kept, dropped = [], []
     for item in items:
-        (kept if uses_the_database(item) else dropped).append(item)
+        # A ``one_database`` test (a long end-to-end flow: a researcher's own task, a simulated
+        # comparison, the browser) runs once, in the first pass; the faults, Celery-round and
+        # remote-agent tests exercise the same services on PostgreSQL.
+        once = item.get_closest_marker("one_database") is not None
+        (kept if uses_the_database(item) and not once else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -9,8 +9,10 @@ from its cache or the machine's package index instead of resolving anew).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import venv
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -21,8 +23,9 @@ CONTROL_PLANE_ONLY = ("django", "rest_framework", "drf_spectacular", "psycopg", 
 
 
 @pytest.fixture(scope="module")
-def agent_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment holding ``mtfl-lab[agent]`` and nothing else of ours."""
+def agent_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh virtual environment holding ``mtfl-lab[agent]`` and nothing else of ours; removed
+    after the module's tests (it holds a CUDA build of torch, about 5.5 GB)."""
     env = tmp_path_factory.mktemp("agent-venv")
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     python = env / "bin" / "python"
@@ -34,6 +37,7 @@ def agent_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            "--no-cache-dir",
             f"{ROOT}[agent]",
             f"torch=={version('torch')}",
             f"torchvision=={version('torchvision')}",
@@ -42,8 +46,11 @@ def agent_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         timeout=1500,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return env
+    try:
+        assert done.returncode == 0, done.stderr[-4000:]
+        yield env
+    finally:
+        shutil.rmtree(env, ignore_errors=True)
 
 
 @pytest.mark.integration

@@ -135,6 +135,33 @@ def test_the_aggregator_example_averages_devices_alike(register):
     assert int(result["n"]) == 4 and result["n"].dtype == np.int64
 
 
+def test_the_stateful_aggregator_example_steps_and_carries_its_state(register):
+    from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext
+
+    register(AGGREGATOR_REGISTRY, _module("aggregator").FEDSIGN)
+    record = AGGREGATOR_REGISTRY.get("fedsign")
+    params = record.check_params({"server_learning_rate": 0.125, "beta": 0.5})
+    w0 = {"w": np.array([1.0, 2.0], dtype=np.float32), "n": np.array(3, dtype=np.int64)}
+
+    first = record.start(AggregationContext(previous=lambda: w0, options=params))
+    first.add({"w": np.array([1.5, 1.0], dtype=np.float32), "n": np.array(5, dtype=np.int64)}, 3)
+    first.add({"w": np.array([0.5, 3.0], dtype=np.float32), "n": np.array(9, dtype=np.int64)}, 1)
+    w1, state1 = first.result(), first.server_state()
+    # Δ = [1.25, 1.5] − [1, 2] = [0.25, −0.5]; m = 0.5 Δ; W = W + 0.125 sign(m)
+    assert w1["w"].tolist() == [1.125, 1.875] and w1["w"].dtype == np.float32
+    assert int(w1["n"]) == 6 and w1["n"].dtype == np.int64  # (15 + 9)/4, as FedAvg
+    assert state1["m/w"].tolist() == [0.125, -0.25] and set(state1) == {"m/w"}
+
+    second = record.start(AggregationContext(previous=lambda: w1, options=params, state=lambda: state1))
+    second.add({"w": np.array([1.125, 1.75], dtype=np.float32), "n": np.array(6, dtype=np.int64)}, 2)
+    w2 = second.result()
+    # Δ = [0, −0.125]; m = [0.0625, −0.1875]: the momentum keeps the first tensor moving
+    assert w2["w"].tolist() == [1.25, 1.75]
+    assert second.server_state()["m/w"].tolist() == [0.0625, -0.1875]
+    with pytest.raises(ValueError, match=r"aggregation_params\.beta must be a number in \[0, 0\.999\]"):
+        record.check_params({"beta": 1})
+
+
 def test_the_backend_example_maps_shares_and_refuses_timeslice(register, tmp_path):
     from workers.backends.base import AgentContext
     from workers.registry.backends import BACKEND_REGISTRY, get_backend

@@ -287,6 +287,9 @@ class ProcessGroup:
             ``Popen``.
         where: appended to a killed child's "killed because ... failed" (``" on this device"``).
         poll_s: seconds between looks at the children.
+        before_kill: called by :meth:`close` with the pids of the children still running, just
+            before they are killed (``cuda-mps``: the MPS daemon's ``terminate_client``); what
+            it raises is logged, and the children are killed regardless.
     """
 
     def __init__(
@@ -299,8 +302,10 @@ class ProcessGroup:
         launcher: Launcher | None = None,
         where: str = "",
         poll_s: float = POLL_S,
+        before_kill: Callable[[list[int]], object] | None = None,
     ) -> None:
         self.children = [Child(spec) for spec in specs]
+        self.before_kill = before_kill
         self.barrier = barrier
         self.interrupt = interrupt
         self.on_line = on_line
@@ -500,8 +505,14 @@ class ProcessGroup:
         return [c for c in self.children if c.fate in FATES_CAUSING]
 
     def close(self) -> None:
-        """Kill (SIGKILL) and reap every child, close its pipes, join its reader, stop tracking
-        it. Idempotent."""
+        """Kill (SIGKILL) and reap every child (after ``before_kill`` for those still running),
+        close its pipes, join its reader, stop tracking it. Idempotent."""
+        running = [c.proc.pid for c in self.children if c.proc is not None and c.proc.poll() is None]
+        if running and self.before_kill is not None:
+            try:
+                self.before_kill(running)
+            except Exception:  # noqa: BLE001 - a courtesy before SIGKILL; the kill must happen
+                logger.warning("before_kill hook failed for pids %s", running, exc_info=True)
         for child in self.children:
             proc = child.proc
             if proc is None:

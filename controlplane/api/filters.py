@@ -6,6 +6,7 @@ import django_filters
 from django import forms
 from django.db import models
 from django_filters import rest_framework as filters
+from rest_framework.exceptions import ValidationError
 
 
 class IntegerFilter(django_filters.NumberFilter):
@@ -49,8 +50,15 @@ class FilterBackend(filters.DjangoFilterBackend):
             return queryset
         names = filterset_class.base_filters
         # A range filter's parameters carry a suffix (name_min, name_after, ...).
-        if not any(
-            param in names or any(param.startswith(f"{name}_") for name in names) for param in request.query_params
-        ):
+        ours = [
+            param
+            for param in request.query_params
+            if param in names or any(param.startswith(f"{name}_") for name in names)
+        ]
+        if not ours:
             return queryset
+        # django-filter reads the last of a repeated parameter and drops the others unnoticed.
+        repeated = [param for param in ours if len(request.query_params.getlist(param)) > 1]
+        if repeated:
+            raise ValidationError({param: ["give this filter once (one value)"] for param in repeated})
         return super().filter_queryset(request, queryset, view)

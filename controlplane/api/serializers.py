@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.api.fast_lists import FastReadListSerializer
 from controlplane.experiments.models import (
+    CLIENT_SAMPLING_RULES,
     MAX_DEVICE_RETRIES,
+    MAX_REPEATS,
     Assignment,
     Checkpoint,
     Comparison,
@@ -20,6 +23,7 @@ from controlplane.experiments.models import (
     Task,
 )
 from controlplane.experiments.services.catalog import partition_rules
+from controlplane.experiments.services.planning import REPLAN_POLICIES
 from controlplane.experiments.services.templates import (
     DEFAULT_DIRICHLET_ALPHA,
     DEFAULT_LOCAL_EPOCHS,
@@ -29,6 +33,8 @@ from controlplane.experiments.services.templates import (
 )
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_effective_status
+from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
+from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
 from controlplane.planning.strategies import (
     MAX_BATCH_SIZE,
@@ -42,6 +48,7 @@ from controlplane.profiling.models import (
     ProfileSweep,
 )
 from workers.protocol.messages import OPTIMIZERS
+from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
@@ -133,6 +140,18 @@ class StrictFloatField(serializers.FloatField):
         if isinstance(data, bool):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A boolean field that takes JSON ``true``/``false`` only, not the strings and numbers DRF
+    reads as booleans (``"yes"``, ``0``)."""
+
+    default_error_messages = {"invalid": "must be true or false"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
 
 
 def number(**kwargs) -> serializers.FloatField:
@@ -308,6 +327,16 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "collaborators",
             "device_retries",
             "deadline_factor",
+            "lr_scaling",
+            "untrusted_predictor",
+            "aggregation",
+            "aggregation_params",
+            "task_aggregation",
+            "clients_per_round",
+            "client_fraction",
+            "client_sampling",
+            "keep_device_weights",
+            "keep_last_checkpoints",
             "created_at",
         ]
         read_only_fields = fields
@@ -329,6 +358,113 @@ DEADLINE_FACTOR_HELP = (
     "a round's deadline as a multiple of its predicted round time, 1 to 100; null: "
     "MTFL_DEADLINE_FACTOR. Rounds without a prediction wait MTFL_ROUND_DEADLINE_S"
 )
+
+LR_SCALING_HELP = (
+    "how an assignment's learning rate follows its batch size B, for every strategy alike: none (the task's), "
+    "linear (× B/128, Goyal et al. 2017) or sqrt (× √(B/128), Krizhevsky 2014); default none"
+)
+
+UNTRUSTED_PREDICTOR_HELP = (
+    "what a vres_* run does when the planner's guard distrusts a device's predictor (held-out RMSLE above "
+    "MTFL_PREDICTOR_MAX_RMSLE, or a mix it was not fitted on; GET /api/experiments/{id}/planner-check/): plan "
+    "(anyway, with the warnings on the run), baseline (train the best baseline's plan instead) or measure "
+    "(train it in round 0, then replan from what it measured); default plan"
+)
+
+
+AGGREGATION_HELP = (
+    "how each task's device models become its next global model: a registered aggregator (fedavg; fedavgm, "
+    "server momentum, Hsu et al. 2019; fedadam, fedyogi, fedadagrad, adaptive server optimisers, Reddi et al. "
+    "2021; fedprox, a proximal term in every device's loss, Li et al. 2020; plug-ins: GET /api/plugins/); "
+    "default fedavg"
+)
+AGGREGATION_PARAMS_HELP = (
+    'the aggregator\'s hyper-parameters by name, e.g. {"server_learning_rate": 0.01} or {"mu": 0.01} (GET '
+    "/api/plugins/ lists each aggregator's parameters, ranges and defaults); left-out ones take their defaults"
+)
+TASK_AGGREGATION_HELP = (
+    'per-task overrides of the aggregator: {task id or name: {"aggregation": name, "aggregation_params": '
+    '{...}}}, e.g. {"digits-resnet18": {"aggregation": "fedprox", "aggregation_params": {"mu": 0.1}}}; '
+    "stored by task id; a task left out uses the experiment's aggregation"
+)
+CLIENTS_PER_ROUND_HELP = (
+    "partial participation: devices trained per round, 1 to the experiment's devices, drawn anew each round "
+    "(seeded by the experiment's seed and the round); exclusive with client_fraction; null with client_fraction "
+    "null: every device, every round"
+)
+CLIENT_FRACTION_HELP = (
+    "partial participation: the fraction of the experiment's devices trained per round, in (0, 1] (rounded up, "
+    "at least one); exclusive with clients_per_round"
+)
+CLIENT_SAMPLING_HELP = (
+    "how each round's participants are drawn: uniform, or weighted by each device's data volume; default uniform"
+)
+
+
+KEEP_DEVICE_WEIGHTS_HELP = (
+    "keep every device's uploaded weights after its round is aggregated (for debugging); default false: the "
+    "retention policy deletes them once the round's global models are checkpointed"
+)
+KEEP_LAST_CHECKPOINTS_HELP = (
+    "global checkpoints kept per run and task: the last N rounds', besides the initial model, the best by test "
+    "accuracy and the latest (what a resume reads); 1 to 10000, null: the lab default MTFL_KEEP_LAST_CHECKPOINTS"
+)
+
+
+def keep_device_weights_field(**kwargs) -> StrictBooleanField:
+    """``keep_device_weights``: JSON ``true`` or ``false``."""
+    return StrictBooleanField(help_text=KEEP_DEVICE_WEIGHTS_HELP, **kwargs)
+
+
+def keep_last_checkpoints_field(**kwargs) -> serializers.IntegerField:
+    """``keep_last_checkpoints``: an integer 1 to 10000, or null (the lab default)."""
+    return integer(1, 10_000, allow_null=True, help_text=KEEP_LAST_CHECKPOINTS_HELP, **kwargs)
+
+
+class TaskAggregationSerializer(StrictSerializer):
+    """One task's aggregator override (an entry of ``task_aggregation``)."""
+
+    aggregation = StrictCharField(
+        required=False, max_length=32, help_text="a registered aggregator; left out: the experiment's"
+    )
+    aggregation_params = serializers.DictField(
+        child=number(), required=False, allow_null=True, help_text=AGGREGATION_PARAMS_HELP
+    )
+
+
+MAX_CLIENTS_PER_ROUND = 1_000_000
+"""The serializer's bound on ``clients_per_round`` (the service checks it against the devices)."""
+
+
+def aggregation_field(**kwargs) -> RegisteredField:
+    """``aggregation``: a registered aggregator."""
+    return RegisteredField(AGGREGATOR_REGISTRY.names, help_text=AGGREGATION_HELP, **kwargs)
+
+
+def aggregation_params_field(**kwargs) -> serializers.DictField:
+    """``aggregation_params``: numbers by parameter name (the service checks names and ranges)."""
+    return serializers.DictField(child=number(), allow_null=True, help_text=AGGREGATION_PARAMS_HELP, **kwargs)
+
+
+def task_aggregation_field(**kwargs) -> serializers.DictField:
+    """``task_aggregation``: one :class:`TaskAggregationSerializer` per task id or name."""
+    kwargs.setdefault("help_text", TASK_AGGREGATION_HELP)
+    return serializers.DictField(child=TaskAggregationSerializer(), allow_null=True, **kwargs)
+
+
+def clients_per_round_field(**kwargs) -> serializers.IntegerField:
+    """``clients_per_round``: a positive integer or null (the service bounds it by the devices)."""
+    return integer(1, MAX_CLIENTS_PER_ROUND, allow_null=True, help_text=CLIENTS_PER_ROUND_HELP, **kwargs)
+
+
+def client_fraction_field(**kwargs) -> serializers.FloatField:
+    """``client_fraction``: a finite number or null (the service checks ``(0, 1]``)."""
+    return number(allow_null=True, help_text=CLIENT_FRACTION_HELP, **kwargs)
+
+
+def client_sampling_field(**kwargs) -> ChoiceField:
+    """``client_sampling``: ``uniform`` or ``weighted``."""
+    return ChoiceField(choices=CLIENT_SAMPLING_RULES, help_text=CLIENT_SAMPLING_HELP, **kwargs)
 
 
 class ExperimentCreateSerializer(StrictSerializer):
@@ -358,6 +494,18 @@ class ExperimentCreateSerializer(StrictSerializer):
     sample_counts = SampleCountSerializer(many=True, required=False, default=None, allow_null=True)
     device_retries = integer(0, MAX_DEVICE_RETRIES, default=0, help_text=DEVICE_RETRIES_HELP)
     deadline_factor = number(required=False, allow_null=True, default=None, help_text=DEADLINE_FACTOR_HELP)
+    lr_scaling = ChoiceField(choices=LR_SCALING_RULES, default=DEFAULT_LR_SCALING, help_text=LR_SCALING_HELP)
+    untrusted_predictor = ChoiceField(
+        choices=UNTRUSTED_PREDICTOR_CHOICES, default="plan", help_text=UNTRUSTED_PREDICTOR_HELP
+    )
+    aggregation = aggregation_field(default="fedavg")
+    aggregation_params = aggregation_params_field(required=False, default=None)
+    task_aggregation = task_aggregation_field(required=False, default=None)
+    clients_per_round = clients_per_round_field(required=False, default=None)
+    client_fraction = client_fraction_field(required=False, default=None)
+    client_sampling = client_sampling_field(default="uniform")
+    keep_device_weights = keep_device_weights_field(default=False)
+    keep_last_checkpoints = keep_last_checkpoints_field(default=None)
 
 
 class ExperimentUpdateSerializer(StrictSerializer):
@@ -367,6 +515,17 @@ class ExperimentUpdateSerializer(StrictSerializer):
     local_epochs = integer(1, 1000, required=False)
     device_retries = integer(0, MAX_DEVICE_RETRIES, required=False, help_text=DEVICE_RETRIES_HELP)
     deadline_factor = number(required=False, allow_null=True, help_text=DEADLINE_FACTOR_HELP)
+    untrusted_predictor = ChoiceField(
+        choices=UNTRUSTED_PREDICTOR_CHOICES, required=False, help_text=UNTRUSTED_PREDICTOR_HELP
+    )
+    aggregation = aggregation_field(required=False)
+    aggregation_params = aggregation_params_field(required=False)
+    task_aggregation = task_aggregation_field(required=False)
+    clients_per_round = clients_per_round_field(required=False)
+    client_fraction = client_fraction_field(required=False)
+    client_sampling = client_sampling_field(required=False)
+    keep_device_weights = keep_device_weights_field(required=False)
+    keep_last_checkpoints = keep_last_checkpoints_field(required=False)
     collaborators = serializers.ListField(
         child=StrictCharField(max_length=150),
         max_length=1000,
@@ -384,8 +543,28 @@ class ExperimentUpdateSerializer(StrictSerializer):
             "dirichlet_alpha",
             "seed",
             "sample_counts",
+            "lr_scaling",
         )
     }
+
+
+class PlannerCheckSerializer(serializers.Serializer):
+    """:func:`controlplane.experiments.services.planner_check.planner_check`."""
+
+    untrusted_predictor = serializers.ChoiceField(
+        choices=UNTRUSTED_PREDICTOR_CHOICES, help_text="what a vres_* run of the experiment does about the warnings"
+    )
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="one sentence per reason a device's predictor is not trusted (empty: all are), or the message "
+        "of a device that has no fitted predictor",
+    )
+    max_rmsle = serializers.FloatField(
+        help_text="MTFL_PREDICTOR_MAX_RMSLE: the held-out RMSLE above which a predictor is not trusted"
+    )
+    predictors_ready = serializers.BooleanField(
+        help_text="every device has a fitted predictor (false: a vres_* run is refused until one is fitted)"
+    )
 
 
 class ExperimentTemplateSerializer(serializers.Serializer):
@@ -437,13 +616,244 @@ class ExperimentFromTemplateSerializer(StrictSerializer):
         help_text="a registered data set (built-ins: digits, cifar10); default: cifar10 when MTFL_CIFAR10_ROOT holds "
         "it, digits otherwise",
     )
+    lr_scaling = ChoiceField(choices=LR_SCALING_RULES, required=False, help_text=LR_SCALING_HELP)
+    untrusted_predictor = ChoiceField(
+        choices=UNTRUSTED_PREDICTOR_CHOICES, required=False, help_text=UNTRUSTED_PREDICTOR_HELP
+    )
+    aggregation = aggregation_field(required=False)
+    aggregation_params = aggregation_params_field(required=False)
+    task_aggregation = task_aggregation_field(
+        required=False,
+        help_text='per-task overrides of the aggregator: {task: {"aggregation": name, "aggregation_params": '
+        "{...}}}, the task named by one of the template's architectures (e.g. resnet18), its name or its id",
+    )
+    clients_per_round = clients_per_round_field(required=False)
+    client_fraction = client_fraction_field(required=False)
+    client_sampling = client_sampling_field(required=False)
+    keep_device_weights = keep_device_weights_field(required=False)
+    keep_last_checkpoints = keep_last_checkpoints_field(required=False)
+
+
+# --- the lab: queue, pools, an admin's pause ------------------------------------------------
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+            {"type": "string", "minLength": 1, "maxLength": 63},
+        ]
+    }
+)
+class IdOrNameField(serializers.Field):
+    """An object given by its id (an integer) or its name (a string), e.g. a pool or a device;
+    the services look it up (an unknown one is a 400 naming the field)."""
+
+    default_error_messages = {
+        "invalid": "must be an id (an integer from 1) or a name (a string of 1 to 63 characters)",
+    }
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            self.fail("invalid")
+        if isinstance(data, int):
+            if not 1 <= data <= MAX_ID:
+                self.fail("invalid")
+            return data
+        if isinstance(data, str) and 1 <= len(data) <= 63 and data.strip() == data:
+            return data
+        self.fail("invalid")
+
+    def to_representation(self, value):
+        return value
+
+
+class QueueHolderSerializer(serializers.Serializer):
+    """The round holding a device."""
+
+    run = serializers.IntegerField(read_only=True)
+    run_strategy = serializers.CharField(read_only=True)
+    experiment = serializers.IntegerField(read_only=True)
+    experiment_name = serializers.CharField(read_only=True)
+    owner = serializers.CharField(read_only=True, allow_null=True, help_text="the experiment owner's user name")
+    round = serializers.IntegerField(read_only=True)
+    round_index = serializers.IntegerField(read_only=True)
+    since = serializers.DateTimeField(read_only=True, help_text="when the device was leased to the round")
+    expected_free_at = serializers.DateTimeField(
+        read_only=True,
+        help_text="the round's start plus its predicted round time (else its run's last round's wall time, else "
+        "MTFL_ROUND_DEADLINE_S)",
+    )
+
+
+class QueueBlockerSerializer(serializers.Serializer):
+    """A device a waiting round needs that it cannot have now."""
+
+    device = serializers.CharField(read_only=True)
+    paused = serializers.BooleanField(read_only=True, help_text="an admin paused it")
+    holder_run = serializers.IntegerField(read_only=True, allow_null=True)
+    holder_owner = serializers.CharField(read_only=True, allow_null=True)
+    since = serializers.DateTimeField(read_only=True, allow_null=True)
+    expected_free_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+
+class QueueWaitingSerializer(serializers.Serializer):
+    """A round waiting (``queued``) for its devices."""
+
+    position = serializers.IntegerField(read_only=True, help_text="1: served first by the policy")
+    round = serializers.IntegerField(read_only=True)
+    round_index = serializers.IntegerField(read_only=True)
+    run = serializers.IntegerField(read_only=True)
+    run_strategy = serializers.CharField(read_only=True)
+    experiment = serializers.IntegerField(read_only=True)
+    experiment_name = serializers.CharField(read_only=True)
+    owner = serializers.CharField(read_only=True, allow_null=True)
+    priority = serializers.IntegerField(read_only=True, help_text="-10 to 10; higher first")
+    queued_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    waited_s = serializers.FloatField(read_only=True, allow_null=True, help_text="seconds queued so far")
+    devices = serializers.ListField(
+        child=serializers.CharField(), read_only=True, help_text="the first 5 devices it needs; [] for a pool round"
+    )
+    devices_count = serializers.IntegerField(read_only=True, help_text="devices it needs (a pool round: its slots)")
+    pool = serializers.CharField(read_only=True, allow_null=True, help_text="a pool round's pool")
+    slots = serializers.IntegerField(read_only=True, allow_null=True, help_text="devices of the pool it fills")
+    expected_s = serializers.FloatField(read_only=True, help_text="its expected round time, seconds")
+    estimated_start = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="replaying the scheduler's passes as held devices come free; null: no pass can start it (a "
+        "paused device, or more devices than its pool has)",
+    )
+    blockers = QueueBlockerSerializer(many=True, read_only=True, help_text="the first 5 devices it waits for")
+    blockers_count = serializers.IntegerField(read_only=True)
+
+
+class QueueDeviceSerializer(serializers.Serializer):
+    """A device that is held, paused, or needed by a waiting round."""
+
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(read_only=True)
+    pool = serializers.CharField(read_only=True, allow_null=True)
+    paused = serializers.BooleanField(read_only=True)
+    paused_reason = serializers.CharField(read_only=True)
+    paused_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    holder = QueueHolderSerializer(read_only=True, allow_null=True)
+    waiting = serializers.ListField(
+        child=serializers.IntegerField(), read_only=True, help_text="ids of the first 10 rounds waiting for it"
+    )
+    waiting_count = serializers.IntegerField(read_only=True)
+    next_start = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="the estimated start of the first round waiting for it"
+    )
+
+
+class QueuePoolSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(read_only=True)
+    devices = serializers.IntegerField(read_only=True)
+    held = serializers.IntegerField(read_only=True)
+    paused = serializers.IntegerField(read_only=True)
+    free = serializers.IntegerField(read_only=True)
+    waiting = serializers.IntegerField(read_only=True, help_text="rounds of its runs waiting")
+
+
+class QueueSerializer(serializers.Serializer):
+    """The shared lab's queue (``controlplane.experiments.lab_selectors.queue_state``)."""
+
+    policy = serializers.ChoiceField(
+        choices=("fifo", "fair"),
+        read_only=True,
+        help_text="MTFL_SCHEDULER_POLICY: fifo (arrival) or fair (least weighted device-seconds in the window)",
+    )
+    fair_window_s = serializers.FloatField(read_only=True)
+    now = serializers.DateTimeField(read_only=True)
+    waiting = QueueWaitingSerializer(many=True, read_only=True, help_text="in the order the policy serves them")
+    waiting_total = serializers.IntegerField(read_only=True)
+    devices = QueueDeviceSerializer(many=True, read_only=True, help_text="by name, at most 200")
+    devices_listed = serializers.IntegerField(read_only=True)
+    devices_involved = serializers.IntegerField(read_only=True, help_text="held, paused or waited for")
+    devices_held = serializers.IntegerField(read_only=True)
+    devices_paused = serializers.IntegerField(read_only=True)
+    devices_total = serializers.IntegerField(read_only=True)
+    pools = QueuePoolSerializer(many=True, read_only=True)
+
+
+class LabDeviceSerializer(DeviceSerializer):
+    """A device with its pool and pause."""
+
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+
+    class Meta(DeviceSerializer.Meta):
+        fields = [*DeviceSerializer.Meta.fields, "pool", "paused", "paused_reason", "paused_at"]
+        read_only_fields = fields
+
+
+class DevicePauseSerializer(StrictSerializer):
+    reason = StrictCharField(
+        max_length=200, allow_blank=True, required=False, default="", help_text="why (shown on the queue page)"
+    )
+
+
+class DeviceResumeSerializer(StrictSerializer):
+    """No fields."""
+
+
+class PoolSerializer(serializers.Serializer):
+    """A device pool: devices of one device class that runs may name instead of devices."""
+
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(read_only=True)
+    description = serializers.CharField(read_only=True)
+    devices = serializers.SerializerMethodField()
+    device_names = serializers.SerializerMethodField()
+    runs = serializers.IntegerField(source="run_count", read_only=True, help_text="runs that name it")
+    created_at = serializers.DateTimeField(read_only=True)
+
+    def get_devices(self, pool) -> list[int]:
+        return [d.id for d in pool.devices.all()]
+
+    def get_device_names(self, pool) -> list[str]:
+        return [d.name for d in pool.devices.all()]
+
+
+POOL_DEVICES_HELP = (
+    "its devices by id or name, all of one device class (a device of another pool moves to this one); "
+    "PATCH: the pool's devices from now on"
+)
+
+
+class PoolCreateSerializer(StrictSerializer):
+    name = StrictCharField(max_length=63, help_text="a slug: letters, digits, - and _")
+    description = StrictCharField(max_length=2000, allow_blank=True, required=False, default="")
+    devices = serializers.ListField(
+        child=IdOrNameField(), max_length=MAX_LIST, required=False, default=list, help_text=POOL_DEVICES_HELP
+    )
+
+
+class PoolUpdateSerializer(StrictSerializer):
+    fixed_fields = {
+        "name": "a pool's name cannot change: runs name it",
+        "description": "a pool's description is set when it is created",
+    }
+
+    devices = serializers.ListField(
+        child=IdOrNameField(), max_length=MAX_LIST, required=False, help_text=POOL_DEVICES_HELP
+    )
 
 
 # --- runs ----------------------------------------------------------------------------------
 
 
+WARNINGS_HELP = (
+    "what the planner's guard found before the run started (an untrusted predictor, a mix outside what it was "
+    "fitted on) and what the run did about it; empty: nothing"
+)
+
+
 class RunSerializer(serializers.ModelSerializer):
+    queue = serializers.SerializerMethodField()
     raw_speedup = serializers.SerializerMethodField()
+    warnings = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=WARNINGS_HELP)
     fair_speedup = serializers.SerializerMethodField()
 
     class Meta:
@@ -467,8 +877,26 @@ class RunSerializer(serializers.ModelSerializer):
             "fl_throughput_sps",
             "raw_speedup",
             "fair_speedup",
+            "warnings",
+            "pool",
+            "priority",
+            "queue",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(QueueWaitingSerializer(allow_null=True))
+    def get_queue(self, run: Run) -> dict | None:
+        """Where the run's waiting round stands in the lab's queue (position, estimated start,
+        the devices it waits for and who holds them); null unless a round of it is queued. A
+        page of runs reads the queue once."""
+        if run.status != Run.Status.RUNNING:
+            return None
+        from controlplane.experiments.lab_selectors import queue_state, run_queue_entry
+
+        if "queue_state" not in self.context:
+            self.context["queue_state"] = queue_state()
+        entry = run_queue_entry(run, self.context["queue_state"])
+        return None if entry is None else QueueWaitingSerializer(entry).data
 
     def _speedups(self, run: Run) -> dict:
         from controlplane.experiments.selectors import run_baselines, run_speedups
@@ -509,16 +937,56 @@ class PlannerOptionsSerializer(StrictSerializer):
         required=False,
         help_text="what vres_sync gives devices that finish early; default smaller_batches",
     )
+    replan = ChoiceField(
+        choices=REPLAN_POLICIES,
+        required=False,
+        help_text="every_round (closed loop: before every round after the first, replan from what the run "
+        "measured; each device's decision is in the round's replan) or never (open loop: the first plan in "
+        "every round); default every_round",
+    )
+
+
+class RunOptionsSerializer(PlannerOptionsSerializer):
+    """A run's options: the ``vres_*`` planners' settings, and for any strategy the run's own
+    aggregator (an algorithm comparison on one experiment's devices, data and seed)."""
+
+    aggregation = RegisteredField(
+        AGGREGATOR_REGISTRY.names,
+        required=False,
+        help_text="this run's aggregator instead of the experiment's (a task the experiment overrides keeps its "
+        "own): " + AGGREGATION_HELP,
+    )
+    aggregation_params = serializers.DictField(
+        child=number(),
+        required=False,
+        help_text="its parameters (given alone: the experiment's aggregator's), checked as the experiment's; "
+        'left-out ones take their defaults, e.g. {"server_learning_rate": 0.01}',
+    )
 
 
 class RunCreateSerializer(StrictSerializer):
     strategy = RegisteredField(STRATEGY_REGISTRY.names)
     plan = ManualPlanEntrySerializer(many=True, required=False, default=None, allow_null=True, max_length=MAX_LIST)
-    options = PlannerOptionsSerializer(required=False, default=None, allow_null=True)
+    options = RunOptionsSerializer(required=False, default=None, allow_null=True)
+    pool = IdOrNameField(
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="a device pool (id or name, GET /api/pools/): each round is placed on the experiment's free "
+        "devices of the pool instead of fixed devices; default: the experiment's devices",
+    )
+    priority = integer(
+        -10, 10, required=False, default=0, help_text="-10 to 10: the lab scheduler serves higher first (default 0)"
+    )
 
 
 class ComparisonCreateSerializer(StrictSerializer):
-    options = PlannerOptionsSerializer(required=False, default=None, allow_null=True)
+    options = RunOptionsSerializer(
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="the planners' settings, and an aggregator for every run of the comparison",
+    )
     strategies = serializers.ListField(
         child=serializers.CharField(max_length=64),
         required=False,
@@ -528,6 +996,21 @@ class ComparisonCreateSerializer(StrictSerializer):
         help_text="strategies to run, in order, including the baseline 'temporal' (default: every compared "
         "strategy, plug-ins included)",
     )
+    repeats = integer(
+        1,
+        MAX_REPEATS,
+        default=1,
+        help_text="how many times every strategy runs, in interleaved orders (as given, reversed, as given...); "
+        "every figure is then a mean with its 95 % confidence interval",
+    )
+    targets = serializers.DictField(
+        child=number(),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text='test accuracy to reach per task, by task id or name, each in (0, 1], e.g. {"3": 0.8}; a task '
+        "left out takes the lowest final accuracy any run of the comparison reached",
+    )
 
 
 class ComparisonSerializer(serializers.ModelSerializer):
@@ -535,18 +1018,143 @@ class ComparisonSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Comparison
-        fields = ["id", "experiment", "strategies", "status", "created_at", "finished_at", "runs"]
+        fields = [
+            "id",
+            "experiment",
+            "strategies",
+            "repeats",
+            "targets",
+            "status",
+            "created_at",
+            "finished_at",
+            "runs",
+        ]
         read_only_fields = fields
 
     def get_runs(self, comparison: Comparison) -> list[dict]:
-        """The comparison's runs in start order: ``{id, strategy, status}``."""
+        """The comparison's runs in start order: ``{id, strategy, repeat, status}``."""
         return [
-            {"id": r.id, "strategy": r.strategy, "status": r.status}
+            {"id": r.id, "strategy": r.strategy, "repeat": r.repeat, "status": r.status}
             for r in sorted(comparison.runs.all(), key=lambda r: r.id)
         ]
 
 
+class EstimateSerializer(serializers.Serializer):
+    mean = serializers.FloatField(allow_null=True, help_text="the mean over the succeeded repeats")
+    low = serializers.FloatField(allow_null=True, help_text="95 % Student-t interval's lower end (null below 2)")
+    high = serializers.FloatField(allow_null=True, help_text="its upper end")
+    n = serializers.IntegerField(help_text="how many repeats have the figure")
+
+
+class ComparisonReportSerializer(serializers.Serializer):
+    """:func:`controlplane.experiments.selectors.comparison_report` (its docstring defines each
+    part; :mod:`controlplane.planning.metrics` each figure)."""
+
+    comparison = serializers.IntegerField()
+    repeats = serializers.IntegerField()
+    baseline = serializers.CharField(help_text="the strategy every speedup is taken against, per repeat")
+    confidence = serializers.FloatField()
+    targets = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="per task: {task, task_name, target, source ('given' or 'lowest final accuracy')}",
+    )
+    strategies = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="per strategy: {strategy, runs, succeeded, raw_throughput_sps, fair_throughput, "
+        "fl_throughput_sps, raw_speedup, fair_speedup, fl_speedup, tasks: [{task, task_name, final_accuracy, "
+        "time_to_accuracy_s, wall_time_to_accuracy_s, rounds_to_accuracy, samples_to_accuracy, reached}]}, "
+        "each figure {mean, low, high, n}",
+    )
+    runs = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="per run in start order: {run, strategy, repeat, status, the figures, tasks: [...]} (null: "
+        "not measured, or the target not reached)",
+    )
+    verdicts = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="per planned strategy and figure: {strategy, figure, task_name, against (the best baseline "
+        "by mean), verdict (better, worse, not distinguishable at 95 %), difference {mean, low, high}}",
+    )
+
+
+class ComparisonDetailSerializer(ComparisonSerializer):
+    report = serializers.SerializerMethodField()
+
+    class Meta(ComparisonSerializer.Meta):
+        fields = [*ComparisonSerializer.Meta.fields, "report"]
+        read_only_fields = fields
+
+    @extend_schema_field(ComparisonReportSerializer)
+    def get_report(self, comparison: Comparison) -> dict:
+        """Every figure of the comparison: per strategy (mean and 95 % interval over repeats), per
+        run, the accuracy target of each task with time and rounds to reach it, and verdicts."""
+        from controlplane.experiments.selectors import comparison_report
+
+        return comparison_report(comparison)
+
+
+class ReplanDecisionSerializer(serializers.Serializer):
+    """One device's decision in ``Round.replan`` (:class:`controlplane.planning.closed_loop.DeviceDecision`);
+    for the schema only: the stored JSON is answered as it is."""
+
+    device_id = serializers.IntegerField()
+    device = serializers.CharField(help_text="the device's name")
+    action = serializers.ChoiceField(
+        choices=["moved", "kept", "new", "slack"],
+        help_text="moved: to the new plan, predicted better beyond the uncertainty; kept: its best measured "
+        "configuration; new: nothing measured yet; slack (vres_sync): a slower plan with more optimizer steps "
+        "that still ends within the round's slack (its gain is negative by design)",
+    )
+    reason = serializers.CharField(help_text="why, in one sentence")
+    predicted_gain = serializers.FloatField(
+        allow_null=True,
+        help_text="log ratio of the new plan's corrected objective over the kept configuration's measured one "
+        "(positive: better; percent = 100·(exp(g)−1)); null without a measured configuration",
+    )
+    objective = serializers.CharField(
+        allow_null=True,
+        required=False,
+        help_text="what predicted_gain compares: round_time (the device's, positive: faster), raw or fair throughput",
+    )
+    uncertainty = serializers.FloatField(allow_null=True, help_text="standard deviation of predicted_gain (log)")
+    offset_scale = serializers.FloatField(allow_null=True, help_text="σ_off of the device's residual model")
+    shape_scale = serializers.FloatField(allow_null=True, help_text="σ_loc of the device's residual model")
+    residual_rms = serializers.FloatField(
+        allow_null=True, help_text="root mean square of the device's measured log residuals"
+    )
+
+
+class ReplanSerializer(serializers.Serializer):
+    """``Round.replan``: closed-loop replanning before a round; for the schema only."""
+
+    measured_rounds = serializers.ListField(
+        child=serializers.IntegerField(), required=False, help_text="the rounds whose measurements it used"
+    )
+    predicted_round_time_s = serializers.FloatField(required=False, allow_null=True)
+    decisions = ReplanDecisionSerializer(many=True, help_text="one per device of the new plan")
+    note = serializers.CharField(required=False, help_text="why there are no decisions, when there are none")
+
+
+@extend_schema_field(ReplanSerializer(allow_null=True))
+class ReplanField(serializers.JSONField):
+    """``Round.replan`` as stored (null: the run's first plan, a baseline, or ``replan: never``)."""
+
+
 class RoundSerializer(serializers.ModelSerializer):
+    participants = serializers.ListField(
+        child=serializers.IntegerField(),
+        allow_null=True,
+        read_only=True,
+        help_text="ids of the devices drawn to train this round (partial participation: the experiment's "
+        "clients_per_round or client_fraction), in id order; null: every device of the experiment",
+    )
+    replan = ReplanField(
+        read_only=True,
+        help_text="closed-loop replanning before this round: per device, whether it moved to a new plan or kept "
+        "its best measured one, why, and the predicted gain ± its uncertainty; null: the run's first plan, a "
+        "baseline, or options.replan never",
+    )
+
     class Meta:
         model = Round
         fields = [
@@ -554,6 +1162,8 @@ class RoundSerializer(serializers.ModelSerializer):
             "run",
             "index",
             "status",
+            "queued_at",
+            "queue_s",
             "started_at",
             "finished_at",
             "round_time_s",
@@ -567,6 +1177,8 @@ class RoundSerializer(serializers.ModelSerializer):
             "predicted_round_time_s",
             "deadline_s",
             "deadline_at",
+            "replan",
+            "participants",
         ]
         read_only_fields = fields
         list_serializer_class = FastReadListSerializer
@@ -608,9 +1220,11 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "error",
             "weights_path",
             "weights_sha256",
+            "weights_deleted_at",
             "peak_memory_bytes",
             "torch_device",
             "mps_active_thread_percentage",
+            "visible_sm_count",
             "mps_verified",
             "mps_detail",
             "attempt",
@@ -656,6 +1270,7 @@ class CheckpointSerializer(serializers.ModelSerializer):
             "test_accuracy",
             "test_loss",
             "kept_previous",
+            "deleted_at",
             "created_at",
         ]
         read_only_fields = fields
@@ -676,6 +1291,34 @@ class LabelHistogramSerializer(serializers.Serializer):
 
 
 # --- plug-ins ------------------------------------------------------------------------------
+
+
+class ExperimentStorageSerializer(serializers.Serializer):
+    """What one experiment's runs hold in the artifact store."""
+
+    experiment = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(read_only=True)
+    files = serializers.IntegerField(read_only=True)
+    bytes = serializers.IntegerField(read_only=True, help_text="a file with several hard links counted once")
+
+
+class StorageSerializer(serializers.Serializer):
+    """The artifact store (``ARTIFACT_ROOT``): its size, its file system's free space against the
+    threshold below which rounds refuse to start, and each visible experiment's share."""
+
+    artifact_root = serializers.CharField(read_only=True)
+    files = serializers.IntegerField(read_only=True, help_text="every file in ARTIFACT_ROOT (runs, predictors, ...)")
+    bytes = serializers.IntegerField(read_only=True)
+    free_bytes = serializers.IntegerField(read_only=True, help_text="free space of ARTIFACT_ROOT's file system")
+    min_free_bytes = serializers.IntegerField(
+        read_only=True, help_text="MTFL_MIN_FREE_BYTES: below this much free space, rounds refuse to start"
+    )
+    problem = serializers.CharField(
+        read_only=True, allow_null=True, help_text="why rounds refuse to start now; null: enough free space"
+    )
+    experiments = ExperimentStorageSerializer(
+        many=True, read_only=True, help_text="the experiments the caller may see, largest first"
+    )
 
 
 class InstalledPluginSerializer(serializers.Serializer):

@@ -2,7 +2,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import agent_views, views
+from controlplane.api import agent_views, lab_views, views
 
 router = DefaultRouter()
 router.register("devices", views.DeviceViewSet, basename="device")
@@ -18,6 +18,7 @@ router.register("workloads", views.ModelWorkloadViewSet, basename="workload")
 router.register("profile-sweeps", views.ProfileSweepViewSet, basename="profile-sweep")
 router.register("profile-samples", views.ProfileSampleViewSet, basename="profile-sample")
 router.register("predictors", views.PredictorViewSet, basename="predictor")
+router.register("pools", lab_views.PoolViewSet, basename="pool")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -26,5 +27,9 @@ urlpatterns = [
     path("agent/device/", agent_views.AgentDeviceApi.as_view(), name="agent-device"),
     path("agent/artifacts/<path:key>", agent_views.AgentArtifactApi.as_view(), name="agent-artifact"),
     path("plugins/", views.PluginsApi.as_view(), name="plugins"),
+    path("queue/", lab_views.QueueApi.as_view(), name="queue"),
+    path("devices/<int:id>/pause/", lab_views.DevicePauseApi.as_view(), name="device-pause"),
+    path("devices/<int:id>/resume/", lab_views.DeviceResumeApi.as_view(), name="device-resume"),
+    path("storage/", views.StorageApi.as_view(), name="storage"),
     path("", include(router.urls)),
 ]

@@ -17,6 +17,8 @@ from controlplane.api.filters import FilterSet
 from controlplane.experiments import selectors as exp_selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, Task
+from controlplane.experiments.services import storage
+from controlplane.experiments.services.planner_check import planner_check
 from controlplane.experiments.services.templates import TEMPLATES, template_dataset_default
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet import services as fleet_services
@@ -135,6 +137,7 @@ class ExperimentViewSet(
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
     mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
     """Experiments: tasks × devices with each device's shard of each task's data."""
@@ -163,6 +166,16 @@ class ExperimentViewSet(
             owner=request.user,
             device_retries=data["device_retries"],
             deadline_factor=data["deadline_factor"],
+            lr_scaling=data["lr_scaling"],
+            untrusted_predictor=data["untrusted_predictor"],
+            aggregation=data["aggregation"],
+            aggregation_params=data["aggregation_params"],
+            task_aggregation=data["task_aggregation"],
+            clients_per_round=data["clients_per_round"],
+            client_fraction=data["client_fraction"],
+            client_sampling=data["client_sampling"],
+            keep_device_weights=data["keep_device_weights"],
+            keep_last_checkpoints=data["keep_last_checkpoints"],
         )
         return Response(
             s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED
@@ -188,16 +201,41 @@ class ExperimentViewSet(
         experiment = exp_services.experiment_update(experiment=self.get_object(), actor=request.user, **data)
         return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data)
 
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, pk=None) -> Response:
+        """Delete the experiment (its owner only): its shards, comparisons, runs and everything
+        below them, and the runs' artifacts; its tasks stay in the catalogue. 409 while one of
+        its runs is pending or running, or a comparison is running: cancel it first."""
+        storage.experiment_delete(experiment=self.get_object(), actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
     @extend_schema(request=s.RunCreateSerializer, responses={201: s.RunSerializer})
     @action(detail=True, methods=["post"], url_path="runs")
     def runs(self, request: Request, pk=None) -> Response:
         """Launch a run of a strategy: a baseline (``temporal``, ``isolation``, ``sharing``), a
-        planner (``vres_greedy``, ``vres_sync``; ``options`` set it up) or ``manual`` (``plan``)."""
+        planner (``vres_greedy``, ``vres_sync``; ``options`` set it up) or ``manual`` (``plan``).
+        In the shared lab its rounds wait (``queued``) for their devices; ``pool`` places them on a
+        device pool's free devices, ``priority`` serves them before lower ones."""
         data = _validated(s.RunCreateSerializer, request)
         run = exp_services.run_create(
-            experiment=self.get_object(), strategy=data["strategy"], plan=data["plan"], options=data["options"]
+            experiment=self.get_object(),
+            strategy=data["strategy"],
+            plan=data["plan"],
+            options=data["options"],
+            pool=data["pool"],
+            priority=data["priority"],
         )
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: s.PlannerCheckSerializer})
+    @action(detail=True, methods=["get"], url_path="planner-check", pagination_class=None, filter_backends=[])
+    def planner_check(self, request: Request, pk=None) -> Response:
+        """What the planner's guard says of a ``vres_*`` run of this experiment now: the warnings
+        a run would carry (an untrusted predictor, a mix it was not fitted on), what the
+        experiment's ``untrusted_predictor`` does about them, and the threshold. A device without
+        a fitted predictor is answered 200 with its message as a warning and ``predictors_ready``
+        false (a run itself is refused with that message, 400)."""
+        return Response(s.PlannerCheckSerializer(planner_check(self.get_object())).data)
 
     @extend_schema(responses={200: s.LabelHistogramSerializer(many=True)})
     @action(detail=True, methods=["get"], url_path="label-histograms", pagination_class=None, filter_backends=[])
@@ -215,7 +253,11 @@ class ExperimentViewSet(
         ``strategies`` picks a subset holding ``temporal``); the experiment page compares them."""
         data = _validated(s.ComparisonCreateSerializer, request)
         comparison = exp_services.comparison_create(
-            experiment=self.get_object(), options=data["options"], strategies=data["strategies"]
+            experiment=self.get_object(),
+            options=data["options"],
+            strategies=data["strategies"],
+            repeats=data["repeats"],
+            targets=data["targets"],
         )
         return Response(s.ComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
 
@@ -238,6 +280,18 @@ class PluginsApi(APIView):
         return Response(s.PluginsSerializer(data).data)
 
 
+class StorageApi(APIView):
+    """The artifact store: its size, its free space against ``MTFL_MIN_FREE_BYTES`` (below it,
+    rounds refuse to start) and what each experiment you can see holds. ``mtfl gc`` frees what
+    the retention policy allows; ``DELETE`` a run or an experiment to free the rest."""
+
+    @extend_schema(responses={200: s.StorageSerializer})
+    def get(self, request: Request) -> Response:
+        visible = exp_selectors.experiment_list(user=request.user).select_related(None).prefetch_related(None)
+        overview = storage.storage_overview(visible.only("id", "name"))
+        return Response(s.StorageSerializer(overview).data)
+
+
 class ComparisonViewSet(viewsets.ReadOnlyModelViewSet):
     """Comparisons: every strategy run one after another on an experiment. Launch one with
     ``POST /api/experiments/{id}/compare/``."""
@@ -246,6 +300,10 @@ class ComparisonViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return exp_selectors.comparison_list(user=self.request.user)
+
+    def get_serializer_class(self):
+        # One comparison answers with its whole report (a few queries); a list stays light.
+        return s.ComparisonDetailSerializer if self.action == "retrieve" else s.ComparisonSerializer
 
     @extend_schema(request=None, responses={200: s.ComparisonSerializer})
     @action(detail=True, methods=["post"])
@@ -291,7 +349,7 @@ class RunFilter(FilterSet):
         fields = ["experiment", "strategy", "status"]
 
 
-class RunViewSet(viewsets.ReadOnlyModelViewSet):
+class RunViewSet(mixins.DestroyModelMixin, viewsets.ReadOnlyModelViewSet):
     """Runs: one strategy executed on an experiment. Launch one with
     ``POST /api/experiments/{id}/runs/``."""
 
@@ -300,6 +358,13 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return exp_selectors.run_list(user=self.request.user)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, pk=None) -> Response:
+        """Delete a finished run (its experiment's owner only): its rounds, assignments,
+        checkpoints and artifacts. 409 while it is pending or running: cancel it first."""
+        storage.run_delete(run=self.get_object(), actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={200: s.RunSerializer})
     @action(detail=True, methods=["post"])

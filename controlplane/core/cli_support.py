@@ -77,6 +77,67 @@ def comparison_tables(rows: list[dict], task_names: list[str]) -> list[Table]:
     return [throughput, accuracy]
 
 
+def _estimate(e: dict | None, fmt: str, suffix: str = "") -> str:
+    """``mean ± half-width`` of a comparison report's estimate (the mean alone with one repeat)."""
+    if not e or e["mean"] is None:
+        return "—"
+    text = format(e["mean"], fmt) + suffix
+    return text if e["high"] is None else f"{text} ± {format(e['high'] - e['mean'], fmt)}"
+
+
+def comparison_report_tables(report: dict) -> list[Table]:
+    """The tables of a comparison report
+    (:func:`controlplane.experiments.selectors.comparison_report`): throughput and speedups per
+    strategy, time and rounds to each task's target accuracy per strategy, and the planners'
+    verdicts against the best baseline; each figure the mean over repeats ± half its 95 % interval."""
+    repeats = report["repeats"]
+    how = f"mean of {repeats} repeats ± 95 % interval" if repeats > 1 else "one repeat"
+    throughput = Table(title=f"Throughput per strategy ({how}; speedups over {report['baseline']})")
+    for column in ("strategy", "runs", "raw samples/s", "fair", "FL samples/s", "raw ×", "fair ×", "FL ×"):
+        throughput.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=True)
+    for row in report["strategies"]:
+        throughput.add_row(
+            row["strategy"],
+            f"{row['succeeded']}/{len(row['runs'])}",
+            _estimate(row["raw_throughput_sps"], ".1f"),
+            _estimate(row["fair_throughput"], ".3f"),
+            _estimate(row["fl_throughput_sps"], ".1f"),
+            _estimate(row["raw_speedup"], ".2f", "×"),
+            _estimate(row["fair_speedup"], ".2f", "×"),
+            _estimate(row["fl_speedup"], ".2f", "×"),
+        )
+    targets = ", ".join(f"{t['task_name']} ≥ {_num(t['target'], '.3f')} ({t['source']})" for t in report["targets"])
+    tta = Table(title=f"Time to accuracy: seconds of FL rounds / rounds ({how}); targets: {targets}")
+    tta.add_column("task", no_wrap=True)
+    for row in report["strategies"]:
+        tta.add_column(row["strategy"], justify="right")
+    for k, target in enumerate(report["targets"]):
+        tta.add_row(
+            target["task_name"],
+            *[
+                f"{_estimate(row['tasks'][k]['time_to_accuracy_s'], '.1f')} s / "
+                f"{_estimate(row['tasks'][k]['rounds_to_accuracy'], '.1f')}"
+                for row in report["strategies"]
+            ],
+        )
+    tables = [throughput, tta]
+    if report["verdicts"]:
+        verdicts = Table(title="Planners against the best baseline (95 %)")
+        for column in ("strategy", "figure", "against", "verdict", "difference [interval]"):
+            verdicts.add_column(column, no_wrap=column != "difference [interval]")
+        for v in report["verdicts"]:
+            d = v["difference"]
+            verdicts.add_row(
+                v["strategy"],
+                v["figure"] + (f" ({v['task_name']})" if v["task_name"] else ""),
+                v["against"],
+                v["verdict"],
+                "—" if d is None else f"{d['mean']:+.3g} [{d['low']:+.3g}, {d['high']:+.3g}]",
+            )
+        tables.append(verdicts)
+    return tables
+
+
 def print_credentials(creds: Credentials, how: str) -> None:
     """Where to look next, and how to log in (printed unwrapped, so it can be copied)."""
     console.print(f"See the runs in the dashboard: start [bold]{how}[/bold] and open the address it prints.")

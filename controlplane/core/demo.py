@@ -1,5 +1,6 @@
 """The demo comparison: tasks and an experiment on the digits data, the baselines run one after
-another, and the comparison table (used by ``mtfl demo``)."""
+another, and the comparison table (used by ``mtfl demo``); with ``--algorithms``, FL algorithms
+compared on one label-skewed experiment, each run with its own aggregator (``Run.options``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -17,9 +19,32 @@ from controlplane.experiments import selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Experiment, Run, Task
 from controlplane.fleet.models import Device
+from controlplane.planning import metrics
 
 DEMO_ARCHITECTURES = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0")
 DEMO_USER = "demo"
+
+DEMO_ALGORITHMS = ("fedavg", "fedprox", "fedadam")
+"""What ``mtfl demo --algorithms`` compares by default: FedAvg (McMahan et al. 2017), FedProx
+(Li et al. 2020) and FedAdam (Reddi et al. 2021)."""
+ALGORITHM_ROUNDS = 5
+"""Rounds of the algorithm demo: enough for FedAvg to pass 80 % on the label-skewed digits."""
+ALGORITHM_PARTITION = "dirichlet_labels"
+"""The algorithm demo's partition: label skew, per class device shares from Dir(alpha) (Hsu et
+al. 2019), the heterogeneity FedProx (Li et al. 2020) and the server optimisers (Reddi et al.
+2021) were proposed for."""
+ALGORITHM_PARAMS: dict[str, dict[str, float]] = {
+    "fedprox": {"mu": 0.01},
+    "fedadam": {"server_learning_rate": 0.01},
+}
+"""Each algorithm's parameters in the demo (the others take their registry defaults).
+
+FedProx: μ = 0.01, the middle of Li et al. 2020's grid {0.001, 0.01, 0.1, 1}. FedAdam: the
+server learning rate η measured on this demo's setting (local Adam at 1e-3, dirichlet_labels
+α = 0.5 over 2 devices, 5 rounds; benchmarks/results/algorithms_demo.json has the sweep): of
+0.003, 0.01 and 0.03, η = 0.01 ends highest on each of the three models (0.003 is still
+climbing after 5 rounds; 0.03 overshoots and falls back). With v₋₁ = τ² the first server step
+moves each weight by about η (Reddi et al. 2021, Algorithm 2), so η sets the step size directly."""
 
 
 @dataclass(frozen=True)
@@ -57,16 +82,21 @@ def demo_experiment_create(
     samples: int | None = None,
     seed: int = 0,
     owner=None,
+    partition_rule: str = "quantity",
 ) -> Experiment:
     """Create the demo experiment: one digits task per architecture (Adam, learning rate 1e-3:
     it learns within the demo's few local iterations where SGD barely moves), Dirichlet(alpha)
-    data volumes over the devices (the ``quantity`` partition rule).
+    data volumes over the devices (the ``quantity`` partition rule), or with
+    ``partition_rule="dirichlet_labels"`` Dirichlet(alpha) label shares (the algorithm demo).
 
     Args:
-        samples: use only this many training samples per task, for quick runs: their counts
-            per device drawn by the same rule over the first ``samples`` labels, given as an
-            ``explicit`` experiment; default: the whole training split.
+        samples: use only this many training samples per task, for quick runs; default: the
+            whole training split. Under ``quantity`` their counts per device are drawn by the
+            same rule over the first ``samples`` labels, given as an ``explicit`` experiment;
+            under another rule, the rule divides the first ``samples`` samples
+            (``experiment_create``'s ``train_samples``), so their labels stay skewed.
         owner: the experiment's owner (the demo user).
+        partition_rule: ``quantity`` or another rule that takes ``alpha``.
     """
     tasks = []
     for arch in architectures:
@@ -82,10 +112,12 @@ def demo_experiment_create(
         tasks.append(task)
     name = f"demo {timezone.now():%Y-%m-%d %H:%M:%S}"
     device_ids = sorted(d.id for d in devices)
+    skew = "label shares" if partition_rule == ALGORITHM_PARTITION else "volumes"
     common = dict(
         name=name,
-        description=f"{' + '.join(architectures)} on scikit-learn's digits, {len(devices)} devices, "
-        f"Dirichlet alpha {alpha}, {rounds} round(s) × {local_epochs} local epoch(s)",
+        description=f"{' + '.join(architectures)} on scikit-learn's digits"
+        f"{f' (first {samples} training samples)' if samples else ''}, {len(devices)} devices, "
+        f"Dirichlet alpha {alpha} {skew}, {rounds} round(s) × {local_epochs} local epoch(s)",
         task_ids=[t.id for t in tasks],
         device_ids=device_ids,
         rounds=rounds,
@@ -93,8 +125,10 @@ def demo_experiment_create(
         seed=seed,
         owner=owner,
     )
-    if samples is None:
-        return exp_services.experiment_create(partition_rule="quantity", partition_params={"alpha": alpha}, **common)
+    if samples is None or partition_rule != "quantity":
+        return exp_services.experiment_create(
+            partition_rule=partition_rule, partition_params={"alpha": alpha}, train_samples=samples, **common
+        )
     from controlplane.experiments.services.catalog import task_train_labels
     from workers.training.partition import partition_indices
 
@@ -151,3 +185,56 @@ def comparison_rows(experiment: Experiment) -> list[dict]:
             }
         )
     return rows
+
+
+def algorithm_options(algorithm: str) -> dict[str, Any]:
+    """The run options of one algorithm of the algorithm demo: ``{"aggregation": algorithm,
+    "aggregation_params": ...}`` with :data:`ALGORITHM_PARAMS` (registry defaults otherwise)."""
+    return {"aggregation": algorithm, "aggregation_params": dict(ALGORITHM_PARAMS.get(algorithm, {}))}
+
+
+def run_algorithm(run: Run) -> str:
+    """The aggregator a run uses: its own (``options["aggregation"]``), else its experiment's."""
+    return str((run.options or {}).get("aggregation") or run.experiment.aggregation)
+
+
+def algorithm_rows(experiment: Experiment) -> dict[str, Any]:
+    """The algorithm demo's results: one row per run, and each task's target accuracy.
+
+    The target of a task is the lowest final test accuracy any run reached
+    (:func:`controlplane.planning.metrics.lowest_final_accuracy`, as comparisons take it), so
+    every run that ended reached it and the rounds and seconds to it compare the algorithms'
+    speed (:func:`controlplane.planning.metrics.time_to_accuracy`).
+
+    Returns:
+        ``{"targets": {task name: accuracy}, "rows": [{"run", "algorithm", "strategy",
+        "status", "error", "wall_s" (the run's first start to its end), "accuracy": {task:
+        final accuracy}, "to_target": {task: TimeToAccuracy or None}}]}``, rows in run order.
+    """
+    runs = list(experiment.runs.select_related("experiment").order_by("id"))
+    ids = [r.id for r in runs]
+    finals = selectors.runs_final_accuracy(ids)
+    points = selectors.runs_accuracy_points(ids)
+    names = dict(experiment.tasks.values_list("id", "name"))
+    targets = metrics.lowest_final_accuracy(finals.get(r.id, {}) for r in runs if r.status == Run.Status.SUCCEEDED)
+    rows = []
+    for run in runs:
+        by_task = {names[task_id]: p for task_id, p in points.get(run.id, {}).items()}
+        rows.append(
+            {
+                "run": run.id,
+                "algorithm": run_algorithm(run),
+                "strategy": run.strategy,
+                "status": run.status,
+                "error": run.error,
+                "wall_s": (run.finished_at - run.started_at).total_seconds()
+                if run.started_at and run.finished_at
+                else None,
+                "accuracy": finals.get(run.id, {}),
+                "to_target": {
+                    task: metrics.time_to_accuracy(by_task[task], target) if by_task.get(task) else None
+                    for task, target in targets.items()
+                },
+            }
+        )
+    return {"targets": targets, "rows": rows}

@@ -53,6 +53,45 @@ def list_option(name: str, value: str, allowed: Iterable[str] | None = None, *, 
     return items
 
 
+USAGE_ERROR = 2
+"""Exit status of bad input (as argparse's)."""
+
+
+def number_or_text(text: str) -> int | float | str:
+    """What a JSON client would send for a parameter value typed on the command line: an int for
+    an integer literal, a float for another number, else the text itself (the service then says
+    what the parameter allows)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def params_option(option: str, items: list[str]) -> dict[str, int | float | str]:
+    """``NAME=VALUE`` items (``--aggregation-param``, repeated) as ``{name: value}``.
+
+    Raises:
+        CommandError: (exit status :data:`USAGE_ERROR`) an item without ``=`` or a name, or a
+            name given twice, naming ``--<option>``.
+    """
+    params: dict[str, int | float | str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
+            raise CommandError(
+                f"--{option} must be NAME=VALUE (e.g. server_learning_rate=0.01), got {item!r}", returncode=USAGE_ERROR
+            )
+        if name in params:
+            raise CommandError(f"--{option} gives {name!r} more than once", returncode=USAGE_ERROR)
+        params[name] = number_or_text(value)
+    return params
+
+
 def device_names_option(name: str, value: str) -> list[str]:
     """A comma-separated list of distinct valid device names (may be empty)."""
     names = list_option(name, value, allow_empty=True)

@@ -9,19 +9,25 @@ figure shows (:mod:`.figures` says which), as plain values rather than model ins
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import plotly.graph_objects as go
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Sum
+from django.utils import timezone
 
 from controlplane.common.jsonsafe import finite_or_none
 from controlplane.dashboard import figures
-from controlplane.experiments import selectors
+from controlplane.experiments import lab_selectors, selectors
 from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Experiment, Round, Run, Task
+from controlplane.experiments.services.rounds.aggregate import task_aggregation_choice
+from controlplane.fleet import selectors as fleet_selectors
+from controlplane.fleet.models import Device
 from controlplane.planning import metrics
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy, compared_strategies
 from controlplane.profiling.models import Predictor
@@ -48,18 +54,31 @@ def experiment_runs(experiment: Experiment) -> list[dict[str, Any]]:
 
 
 def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> dict[str, dict]:
-    """Speedup bars and accuracy-over-time curves.
+    """Speedup bars and the accuracy curves, against wall-clock time and per round.
 
     One bar pair per strategy: its newest succeeded run, except strategies whose plan comes
     from the request (``takes_plan``: ``manual``), whose runs are different plans and each get a
-    bar ("manual (run 7)"). Strategies in registry order.
+    bar ("manual (run 7)"). Strategies in registry order. When the runs differ in FL algorithm
+    (runs with their own aggregator, ``Run.options["aggregation"]``), one bar pair per algorithm
+    and strategy ("fedadam · sharing"), and the accuracy lines are labelled alike
+    (:func:`figures.accuracy_labels`): each line's algorithm is the aggregator that made its
+    task's checkpoints (``Checkpoint.aggregation``), or before its first round the one it will
+    use (:func:`~controlplane.experiments.services.rounds.aggregate.task_aggregation_choice`).
+
+    Two queries (the checkpoints, the task ids); each line keeps at most
+    :data:`figures.MAX_POINTS` points.
     """
+    algorithm_of = {
+        row["run"].id: (row["run"].options or {}).get("aggregation") or experiment.aggregation for row in runs
+    }
+    by_algorithm = len(set(algorithm_of.values())) > 1
     shown: dict[str, dict[str, Any]] = {}
     for row in runs:
         run = row["run"]
         if run.status == Run.Status.SUCCEEDED:
             own_plan = run.strategy in STRATEGY_REGISTRY and STRATEGY_REGISTRY.get(run.strategy).takes_plan
-            shown[f"{run.strategy} (run {run.id})" if own_plan else run.strategy] = row
+            label = f"{run.strategy} (run {run.id})" if own_plan else run.strategy
+            shown[f"{algorithm_of[run.id]} · {label}" if by_algorithm else label] = row
     bars = figures.speedup_bars(
         [
             {
@@ -73,28 +92,45 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
             )
         ]
     )
-    points: dict[tuple[int, str], list] = defaultdict(list)
+    wall: dict[tuple[int, str], list] = defaultdict(list)
+    per_round: dict[tuple[int, str], list] = defaultdict(list)
+    made_by: dict[tuple[int, str], str] = {}
     checkpoints = (
         Checkpoint.objects.filter(run__experiment=experiment)
         .order_by("run_id", "created_at", "id")
-        .values_list("run_id", "task__name", "created_at", "test_accuracy")
+        .values_list("run_id", "task__name", "created_at", "round__index", "test_accuracy", "aggregation")
     )
-    for run_id, task, created_at, accuracy in checkpoints:
-        points[(run_id, task)].append((created_at, accuracy))
+    for run_id, task, created_at, index, accuracy, aggregation in checkpoints:
+        wall[(run_id, task)].append((created_at, accuracy))
+        if accuracy is not None:
+            per_round[(run_id, task)].append((0 if index is None else index + 1, accuracy))
+        if aggregation:  # the initial model's is empty
+            made_by[(run_id, task)] = aggregation
+    task_ids = dict(experiment.tasks.values_list("name", "id"))
     series = []
     for row in runs:
         run = row["run"]
-        for (run_id, task), mine in points.items():
+        for (run_id, task), mine in wall.items():
             if run_id == run.id:
+                algorithm = (
+                    made_by.get((run_id, task))
+                    or task_aggregation_choice(experiment, run.options, task_ids.get(task, -1))[0]
+                )
                 series.append(
                     {
                         "strategy": run.strategy,
+                        "algorithm": algorithm,
                         "run": run.id,
                         "task": task,
                         "points": figures.seconds_since(run.started_at, mine),
+                        "rounds": per_round[(run_id, task)],
                     }
                 )
-    return {"speedup": figure_json(bars), "accuracy": figure_json(figures.accuracy_over_time(series))}
+    return {
+        "speedup": figure_json(bars),
+        "accuracy": figure_json(figures.accuracy_over_time(series)),
+        "accuracy_rounds": figure_json(figures.accuracy_per_round(series)),
+    }
 
 
 def _strategy_rank(strategy: str) -> int:
@@ -131,12 +167,12 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     assignments' predictions are read for the scatter.
     """
     runs = compared_runs(experiment)
-    strategies = [r.strategy for r in runs]
+    strategies = list(dict.fromkeys(r.strategy for r in runs))
     assignments = Assignment.objects.filter(round__run__in=runs)
     measured = Q(throughput_sps__isnull=False)
     timed = Q(started_at__isnull=False, finished_at__isnull=False)
     groups = (
-        assignments.values("round__run__strategy", "device__name", "round__index")
+        assignments.values("round__run__strategy", "round__run__repeat", "device__name", "round__index")
         .annotate(
             tasks=Count("id"),
             failed_tasks=Count("id", filter=~Q(status=Assignment.Status.SUCCEEDED)),
@@ -153,9 +189,12 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
         )
         .order_by()
     )
-    totals: dict[tuple[str, int], dict[str, metrics.DeviceTotals]] = defaultdict(dict)
+    # A comparison with repeats has a run per strategy and repeat: each repeat's speedups are
+    # taken against its own baseline run, then averaged over repeats (with their interval).
+    totals: dict[tuple[str, int, int], dict[str, metrics.DeviceTotals]] = defaultdict(dict)
     for g in groups:
-        totals[(g["round__run__strategy"], g["round__index"])][g["device__name"]] = metrics.DeviceTotals(
+        key = (g["round__run__strategy"], g["round__run__repeat"], g["round__index"])
+        totals[key][g["device__name"]] = metrics.DeviceTotals(
             tasks=g["tasks"],
             failed_tasks=g["failed_tasks"],
             measured=g["measured"],
@@ -167,8 +206,19 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
             finished_at=g["last_end"].timestamp() if g["last_end"] else None,
         )
     per_round = {key: metrics.round_metrics(devices) for key, devices in totals.items()}
-    device_rounds = {(s, d, r): m for (s, r), rm in per_round.items() for d, m in rm.devices.items()}
-    speedups = metrics.comparison_speedups(device_rounds, strategies, baseline=baseline_strategy().name)
+    repeats = sorted({k for _, k, _ in per_round})
+    speedups, intervals = metrics.repeated_speedups(
+        [
+            metrics.comparison_speedups(
+                {(s, d, r): m for (s, k, r), rm in per_round.items() if k == repeat for d, m in rm.devices.items()},
+                strategies,
+                baseline=baseline_strategy().name,
+            )
+            for repeat in repeats
+        ]
+    )
+    # time_split averages over its rounds whatever their keys: every (repeat, round) one entry.
+    split = metrics.time_split({(s, n): rm for n, ((s, _k, _r), rm) in enumerate(per_round.items())})
     predicted = (
         assignments.filter(predicted_throughput_sps__isnull=False, throughput_sps__isnull=False)
         .order_by("round__run_id", "round__index", "device__name", "task_id")
@@ -191,16 +241,88 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     ]
     final = {row["run"].id: row["accuracy"] for row in run_rows}
     accuracy = [{"strategy": r.strategy, "accuracy": final.get(r.id, {})} for r in runs]
+    comparison = experiment.comparisons.order_by("-id").first()
+    report = selectors.comparison_report(comparison) if comparison is not None else None
+    summary = {}
+    if report is not None:
+        summary = {
+            "comparison_throughput": figure_json(figures.comparison_throughput(report)),
+            "time_to_accuracy": figure_json(figures.time_to_accuracy(report)),
+        }
     return {
         "runs": runs,
+        "report": report,
         "figures": {
-            "per_device": figure_json(figures.speedup_per_device(speedups, strategies)),
+            **summary,
+            "per_device": figure_json(figures.speedup_per_device(speedups, strategies, intervals=intervals)),
             "per_round": figure_json(figures.speedup_per_round(speedups, strategies)),
-            "round_time": figure_json(figures.round_time_split(metrics.time_split(per_round), strategies)),
+            "round_time": figure_json(figures.round_time_split(split, strategies)),
             "predicted": figure_json(figures.plan_predicted_vs_measured(points)),
-            "final_accuracy": figure_json(figures.final_accuracy(accuracy, strategies)),
+            "final_accuracy": figure_json(
+                figures.final_accuracy_estimates(report)
+                if report is not None
+                else figures.final_accuracy(accuracy, strategies)
+            ),
         },
     }
+
+
+def format_estimate(e: dict[str, Any] | None, digits: int = 1, suffix: str = "") -> str:
+    """``"mean ± half-width"`` of an estimate (``{"mean", "low", "high", "n"}``; its Student-t
+    interval is symmetric), the mean alone with no interval, ``"—"`` with no mean."""
+    if not e or e["mean"] is None:
+        return "—"
+    text = f"{e['mean']:.{digits}f}{suffix}"
+    if e["high"] is not None:
+        text += f" ± {e['high'] - e['mean']:.{digits}f}"
+    return text
+
+
+FIGURE_NAMES = {
+    "raw_throughput_sps": "raw throughput",
+    "fair_throughput": "fair throughput",
+    "fl_throughput_sps": "FL throughput",
+    "time_to_accuracy_s": "time to accuracy",
+}
+
+
+def report_table(report: dict[str, Any]) -> dict[str, Any]:
+    """The experiment page's comparison table from :func:`~controlplane.experiments.selectors.comparison_report`:
+    ``{"targets", "rows", "verdicts"}`` as display strings (mean ± half of the 95 % interval)."""
+    rows = []
+    for row in report["strategies"]:
+        rows.append(
+            {
+                "strategy": row["strategy"],
+                "runs": f"{row['succeeded']}/{len(row['runs'])}",
+                "raw": format_estimate(row["raw_throughput_sps"]),
+                "fair": format_estimate(row["fair_throughput"], 3),
+                "fl": format_estimate(row["fl_throughput_sps"]),
+                "raw_speedup": format_estimate(row["raw_speedup"], 2, "×"),
+                "fair_speedup": format_estimate(row["fair_speedup"], 2, "×"),
+                "fl_speedup": format_estimate(row["fl_speedup"], 2, "×"),
+                "tasks": [
+                    {
+                        "time": format_estimate(t["time_to_accuracy_s"]),
+                        "rounds": format_estimate(t["rounds_to_accuracy"]),
+                        "reached": f"{t['reached']}/{row['succeeded']}",
+                    }
+                    for t in row["tasks"]
+                ],
+            }
+        )
+    verdicts = [
+        {
+            **v,
+            "figure_name": FIGURE_NAMES.get(v["figure"], v["figure"])
+            + (f" of {v['task_name']}" if v["task_name"] else ""),
+            "difference_text": "—"
+            if v["difference"] is None
+            else f"{v['difference']['mean']:+.3g} [{v['difference']['low']:+.3g}, {v['difference']['high']:+.3g}]",
+        }
+        for v in report["verdicts"]
+    ]
+    return {"targets": report["targets"], "rows": rows, "verdicts": verdicts, "repeats": report["repeats"]}
 
 
 _ROW_COLUMNS = {  # row key: the Assignment lookup it is read from
@@ -265,10 +387,11 @@ def run_figures(run: Run) -> dict[str, dict]:
     """Allocation plan per round, throughput per task per round, the timeline and, when a
     device of the run is a GPU, its NVML telemetry under the timeline.
 
-    A fixed number of queries whatever the run's size: the round indices, the device names, the
-    throughput summed per round and task by the database, the assignments of the devices and
-    newest rounds the plan and the timeline draw, and, for GPU runs, the telemetry of the
-    devices drawn.
+    A fixed number of queries whatever the run's size: the round indices, the device count,
+    the newest round's participants, the names of the devices to draw from (the newest round's
+    participants when the run samples its devices, else every device), the throughput summed
+    per round and task by the database, the assignments of the devices and newest rounds the
+    plan and the timeline draw, and, for GPU runs, the telemetry of the devices drawn.
     """
     round_indices = list(
         Round.objects.filter(run=run, assignments__isnull=False)
@@ -276,13 +399,20 @@ def run_figures(run: Run) -> dict[str, dict]:
         .order_by("index")
         .values_list("index", flat=True)
     )
-    names = list(run.experiment.devices.order_by("name").values_list("name", flat=True))
+    devices_total = experiment_device_count(run.experiment_id)
+    # A run that samples its devices (partial participation) draws the newest round's
+    # participants: devices drawn from the whole federation would mostly not have trained.
+    newest_participants = run.rounds.order_by("-index").values_list("participants", flat=True).first()
+    if newest_participants:
+        names = sorted(Device.objects.filter(id__in=newest_participants).values_list("name", flat=True))
+    else:
+        names = list(run.experiment.devices.order_by("name").values_list("name", flat=True))
     shown = figures.spread(names, figures.MAX_DEVICES)
     timeline_rounds = max(1, figures.MAX_MARKS // max(1, len(shown)))
     kept = round_indices[-max(timeline_rounds, figures.MAX_ROUNDS) :]
     rows = run_assignment_rows(
         run,
-        devices=shown if len(shown) < len(names) else None,
+        devices=shown if len(shown) < devices_total else None,
         from_round=kept[0] if len(kept) < len(round_indices) else None,
     )
     # A task's throughput in a round: Σ_j P_ij over the devices that count (the one rule of
@@ -300,9 +430,9 @@ def run_figures(run: Run) -> dict[str, dict]:
         .values_list("round__index", "task__name", "total")
     ]
     built = {
-        "plan": figure_json(figures.allocation_plan(rows, round_indices=round_indices, devices_total=len(names))),
+        "plan": figure_json(figures.allocation_plan(rows, round_indices=round_indices, devices_total=devices_total)),
         "throughput": figure_json(figures.throughput_per_round(totals)),
-        "timeline": figure_json(figures.timeline(rows, devices_total=len(names), rounds_total=len(round_indices))),
+        "timeline": figure_json(figures.timeline(rows, devices_total=devices_total, rounds_total=len(round_indices))),
     }
     if run_has_gpu_devices(run):
         reporting = sorted(set(DeviceTelemetry.objects.filter(round__run=run).values_list("device__name", flat=True)))
@@ -313,8 +443,96 @@ def run_figures(run: Run) -> dict[str, dict]:
     return built
 
 
+DEVICES_PER_PAGE = 50
+"""Devices the index lists per page (``?devices_page=N``; the API's ``/api/devices/`` pages too)."""
+INDEX_DEVICE_NAMES = 5
+"""Device names the index's experiments table shows per experiment (the rest counted)."""
+
+
+class PageError(ValueError):
+    """A page number outside the pages there are (the message names the field and the range)."""
+
+
+def device_page(page: str | None) -> dict[str, Any]:
+    """One page of the federation's devices for the index, by name, with each one's status
+    (:func:`controlplane.fleet.selectors.device_effective_status`) and how many are online,
+    offline or unknown: ``{"rows": [(Device, status)], "number", "pages", "total", "counts"}``.
+    Five queries, however many devices.
+
+    Args:
+        page: ``devices_page`` as given (``None``: the first page).
+
+    Raises:
+        PageError: not an integer from 1 to the number of pages.
+    """
+    total = Device.objects.count()
+    pages = max(1, math.ceil(total / DEVICES_PER_PAGE))
+    try:
+        number = 1 if page in (None, "") else int(page)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= pages:
+        raise PageError(f"devices_page={page!r} is out of range: an integer from 1 to {pages}")
+    start = (number - 1) * DEVICES_PER_PAGE
+    shown = list(fleet_selectors.device_list()[start : start + DEVICES_PER_PAGE])
+    counts = {
+        status: fleet_selectors.devices_with_status(Device.objects.all(), status).count()
+        for status in Device.Status.values
+    }
+    return {
+        "rows": [(d, fleet_selectors.device_effective_status(d)) for d in shown],
+        "number": number,
+        "pages": pages,
+        "total": total,
+        "first": start + 1 if shown else 0,
+        "last": start + len(shown),
+        "counts": counts,
+    }
+
+
 LIVE_ROUNDS = 100
 """Rounds the run page's table lists (the newest; the CSV download has them all)."""
+PARTICIPANT_NAMES = 5
+"""Participants named per round in the run page's table (the rest counted; ``/api/rounds/{id}/``
+lists every participant's id). 100 rounds × 5 names: one query of at most 500 devices."""
+
+
+def experiment_device_count(experiment_id: int) -> int:
+    """How many devices an experiment has (one ``COUNT`` on the membership table)."""
+    return Experiment.devices.through.objects.filter(experiment_id=experiment_id).count()
+
+
+def rounds_participation(rounds: list[dict[str, Any]], devices_total: int) -> dict[int, dict[str, Any]]:
+    """Who took part in each round, bounded for the page: ``{round id: {"count", "of", "all",
+    "names", "more"}}`` — ``count`` of the ``of`` devices trained (``all``: every device, the
+    round has no sample), ``names`` the first :data:`PARTICIPANT_NAMES` participants (in id
+    order) and ``more`` how many are not named. One query for the names of every round given.
+
+    Args:
+        rounds: ``{"id", "participants"}`` per round (``participants`` as stored: device ids or
+            ``None``).
+        devices_total: the experiment's devices.
+    """
+    named = {r["id"]: list(r["participants"][:PARTICIPANT_NAMES]) for r in rounds if r["participants"]}
+    wanted = sorted({d for ids in named.values() for d in ids})
+    names = dict(Device.objects.filter(id__in=wanted).values_list("id", "name")) if wanted else {}
+    out: dict[int, dict[str, Any]] = {}
+    for r in rounds:
+        ids = r["participants"]
+        if ids is None:
+            out[r["id"]] = {"count": devices_total, "of": devices_total, "all": True, "names": [], "more": 0}
+            continue
+        shown = [names.get(d, f"device {d}") for d in named.get(r["id"], [])]
+        out[r["id"]] = {
+            "count": len(ids),
+            "of": devices_total,
+            "all": False,
+            "names": shown,
+            "more": len(ids) - len(shown),
+        }
+    return out
+
+
 LIVE_FLAGS = 5
 """Flags shown per round in the table (the rest counted)."""
 
@@ -326,15 +544,137 @@ def _flags_shown(flags: list) -> list:
     return [*flags[:LIVE_FLAGS], f"… and {len(flags) - LIVE_FLAGS:,} more (rounds CSV, or /api/rounds/)"]
 
 
+PLAN_ROUNDS = 20
+"""Rounds the run page's "Plan per round" lists (the newest; the assignments CSV has them all)."""
+PLAN_DEVICES = 50
+"""Devices listed per round there (the first by name)."""
+
+
+def gain_percent(log_ratio: float | None) -> float | None:
+    """A log ratio as a percentage change, ``100·(exp(g) − 1)`` (``None`` stays ``None``)."""
+    return None if log_ratio is None else 100.0 * math.expm1(log_ratio)
+
+
+def _decision_row(decision: dict[str, Any]) -> dict[str, Any]:
+    gain, spread = decision.get("predicted_gain"), decision.get("uncertainty")
+    gain_text = ""
+    if gain is not None and math.isfinite(gain):
+        gain_text = f"{gain_percent(gain):+.1f} %"
+        if spread is not None and math.isfinite(spread):
+            # the log standard deviation as a percentage: the factor exp(σ) − 1
+            gain_text += f" ± {gain_percent(spread):.1f} %"
+    return {"action": decision.get("action", ""), "reason": decision.get("reason", ""), "gain_text": gain_text}
+
+
+def run_round_plans(run: Run) -> dict[str, Any]:
+    """The run page's "Plan per round": for each of the newest :data:`PLAN_ROUNDS` rounds,
+    the assignments (task, ``batch_size``, ``active_thread_percentage``, predicted and measured
+    ``throughput_sps``) of at most :data:`PLAN_DEVICES` devices — a round of sampled devices
+    (partial participation) its first participants by id, a round of every device the first
+    devices by name — listed by name, and, when the round was replanned (``Round.replan``),
+    each device's decision: action, reason and predicted gain ± its uncertainty in percent
+    (:func:`gain_percent` of the stored log ratios).
+
+    Six queries at most whatever the run's size.
+
+    Returns:
+        ``{"rounds": [{"index", "status", "predicted_round_time_s", "replanned" (bool), "note",
+        "measured_rounds", "participants" (how many were drawn; None: every device), "devices":
+        [{"device", "decision" (or None), "assignments": [...]}]}], "rounds_total",
+        "devices_total", "devices_shown", "sampled" (a round shown drew participants)}``, newest
+        round first.
+    """
+    rounds_total = run.rounds.count()
+    rounds = list(
+        run.rounds.order_by("-index").values(
+            "id", "index", "status", "predicted_round_time_s", "replan", "participants"
+        )[:PLAN_ROUNDS]
+    )
+    devices_total = experiment_device_count(run.experiment_id)
+    # Each round lists its first PLAN_DEVICES participants (a sampled round), or the first
+    # PLAN_DEVICES devices by name (a round of every device): never the whole federation.
+    first_by_name = []
+    if any(r["participants"] is None for r in rounds):
+        first_by_name = list(run.experiment.devices.order_by("name").values_list("id", flat=True)[:PLAN_DEVICES])
+    listed = {
+        r["id"]: (first_by_name if r["participants"] is None else list(r["participants"][:PLAN_DEVICES]))
+        for r in rounds
+    }
+    wanted = sorted({d for ids in listed.values() for d in ids})
+    names = dict(Device.objects.filter(id__in=wanted).values_list("id", "name")) if wanted else {}
+    rows = (
+        Assignment.objects.filter(round_id__in=[r["id"] for r in rounds], device_id__in=wanted)
+        .order_by("round_id", "device__name", "task__name")
+        .values_list(
+            "round_id",
+            "device_id",
+            "task__name",
+            "batch_size",
+            "active_thread_percentage",
+            "predicted_throughput_sps",
+            "throughput_sps",
+            "status",
+        )
+    )
+    by_round: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for round_id, device_id, task, batch, share, predicted, measured, status in rows:
+        by_round[round_id][device_id].append(
+            {
+                "task": task,
+                "batch_size": batch,
+                "active_thread_percentage": share,
+                "predicted_throughput_sps": finite_or_none(predicted),
+                "throughput_sps": finite_or_none(measured),
+                "status": status,
+            }
+        )
+    out = []
+    for r in rounds:
+        replan = r["replan"] if isinstance(r["replan"], dict) else None
+        decisions = {
+            d.get("device_id"): _decision_row(d) for d in (replan or {}).get("decisions", []) if isinstance(d, dict)
+        }
+        assigned = by_round.get(r["id"], {})
+        shown = sorted(((d, names.get(d, f"device {d}")) for d in listed[r["id"]]), key=lambda pair: pair[1])
+        out.append(
+            {
+                "index": r["index"],
+                "status": r["status"],
+                "predicted_round_time_s": finite_or_none(r["predicted_round_time_s"]),
+                "replanned": replan is not None,
+                "note": (replan or {}).get("note", ""),
+                "measured_rounds": (replan or {}).get("measured_rounds", []),
+                "participants": None if r["participants"] is None else len(r["participants"]),
+                "devices": [
+                    {"device": name, "decision": decisions.get(device_id), "assignments": assigned.get(device_id, [])}
+                    for device_id, name in shown
+                    if device_id in assigned or device_id in decisions
+                ],
+            }
+        )
+    return {
+        "rounds": out,
+        "rounds_total": rounds_total,
+        "devices_total": devices_total,
+        "devices_shown": min(PLAN_DEVICES, devices_total),
+        "sampled": any(r["participants"] is not None for r in rounds),
+    }
+
+
 def run_live(run: Run) -> dict[str, Any]:
     """What the run page polls: progress, round table rows (the newest :data:`LIVE_ROUNDS`)
     and (re)built figures."""
     progress = selectors.run_progress(run)
     newest = list(run.rounds.order_by("-index")[:LIVE_ROUNDS])
+    participation = rounds_participation(
+        [{"id": r.id, "participants": r.participants} for r in newest], experiment_device_count(run.experiment_id)
+    )
     rounds = [
         {
+            "id": r.id,
             "index": r.index,
             "status": r.status,
+            "queue_s": r.queue_s,
             "round_time_s": r.round_time_s,
             "wall_time_s": r.wall_time_s,
             "fl_throughput_sps": r.fl_throughput_sps,
@@ -342,13 +682,63 @@ def run_live(run: Run) -> dict[str, Any]:
             "fair_throughput": r.fair_throughput,
             "error": r.error,
             "flags": _flags_shown(r.flags),
+            "participants": participation[r.id],
         }
         for r in reversed(newest)
     ]
     # JSON has no NaN/infinity: a stored non-finite throughput goes out as null (the page
     # parses this with JSON.parse, both polled and embedded with json_script; the figures
     # are already clean, see figure_json).
-    return {"progress": finite_or_none(progress), "rounds": finite_or_none(rounds), "figures": run_figures(run)}
+    # The lab queue is read only while a round of the run waits for its devices.
+    queued = any(r.status == Round.Status.QUEUED for r in newest)
+    return {
+        "progress": finite_or_none(progress),
+        "rounds": finite_or_none(rounds),
+        "figures": run_figures(run),
+        "queue_banner": queue_banner(lab_selectors.run_queue_entry(run)) if queued else None,
+    }
+
+
+def _clock(value: dt.datetime | None, now: dt.datetime) -> str:
+    """``13:41:05`` in the server's time zone, with ``(in 15 s)`` / ``(2 min ago)`` beside it."""
+    if value is None:
+        return "unknown"
+    seconds = (value - now).total_seconds()
+    span = abs(seconds)
+    amount = f"{span:.0f} s" if span < 120 else f"{span / 60:.0f} min" if span < 7200 else f"{span / 3600:.1f} h"
+    when = "now" if span < 1 else f"in {amount}" if seconds > 0 else f"{amount} ago"
+    return f"{timezone.localtime(value):%H:%M:%S} ({when})"
+
+
+def queue_banner(entry: dict[str, Any] | None, *, now: dt.datetime | None = None) -> str | None:
+    """The run page's line for a waiting round (an entry of
+    :func:`controlplane.experiments.lab_selectors.queue_state`'s ``waiting``): "queued: waiting for
+    dev-a held by run 12 (alice) since 13:41:05 (20 s ago), estimated start 13:41:25 (in 15 s)";
+    ``None`` without an entry."""
+    if entry is None:
+        return None
+    now = now or timezone.now()
+    blockers = entry["blockers"]
+    more = entry["blockers_count"] - 1
+    if not blockers:
+        waiting = f"position {entry['position']} in the queue, its devices free at the next scheduling pass"
+    elif blockers[0]["paused"]:
+        waiting = f"waiting for {blockers[0]['device']}, paused by a lab admin"
+    else:
+        # the first blocker's holder, and every device it holds that the round waits for
+        b = blockers[0]
+        same = sorted(x["device"] for x in blockers if not x["paused"] and x["holder_run"] == b["holder_run"])
+        more = entry["blockers_count"] - len(same)
+        devices = same[0] if len(same) == 1 else f"{', '.join(same[:-1])} and {same[-1]}"
+        owner = f" ({b['holder_owner']})" if b["holder_owner"] else ""
+        waiting = f"waiting for {devices} held by run {b['holder_run']}{owner} since {_clock(b['since'], now)}"
+    if more > 0:
+        waiting += f" (and {more} more device{'s' if more > 1 else ''})"
+    if entry["estimated_start"] is None:
+        start = "no estimated start while a device it needs is paused"
+    else:
+        start = f"estimated start {_clock(entry['estimated_start'], now)}"
+    return f"queued: {waiting}, {start}"
 
 
 def predictor_families(predictor: Predictor) -> list[dict[str, Any]]:
@@ -377,18 +767,37 @@ def predictor_figures(predictor: Predictor) -> dict[str, dict]:
     }
 
 
-def experiment_label_histograms(experiment: Experiment, tasks: list[Task]) -> list[dict[str, Any]]:
+def experiment_label_histograms(
+    experiment: Experiment, tasks: list[Task], *, devices_limit: int | None = None
+) -> list[dict[str, Any]]:
     """Per task of the experiment (in ``tasks``' order), its devices' class histograms:
     ``{"task": Task, "num_classes", "devices": [{"device", "num_samples", "label_counts"}, …]
-    (by device name), "figure": label_histogram JSON, "table": whether the page lists the numbers
-    (up to :data:`figures.MAX_DEVICES` devices; the CSV download has them all)}``.
+    (by device name), "devices_total": devices holding its data, "figure": label_histogram
+    JSON, "table": whether the page lists the numbers (up to :data:`figures.MAX_DEVICES`
+    devices; the CSV download has them all)}``.
 
     Rows come from :func:`controlplane.experiments.selectors.label_histograms` (the shards' stored
     histograms; no data set is read). ``num_classes`` is the task's, or the longest stored
     histogram if that is longer (a task whose classes were changed after partitioning).
+
+    Args:
+        devices_limit: for a page: when the experiment has more devices than this, read only
+            the shards of that many devices spread evenly by name (what the figure draws) and
+            count the rest in the database (a federation of 10,000 devices × 3 tasks holds
+            30,000 shards); ``None``: every device (the CSV download).
     """
+    drawn = None
+    totals: dict[int, int] = {}
+    if devices_limit is not None:
+        # The same three queries for 2 devices or 10,000 (tests/controlplane/test_query_counts.py).
+        names = list(experiment.devices.order_by("name").values_list("id", "name"))
+        if len(names) > devices_limit:
+            drawn = [device_id for device_id, _name in figures.spread(names, devices_limit)]
+        totals = dict(
+            experiment.shards.values("task_id").annotate(n=Count("id")).order_by().values_list("task_id", "n")
+        )
     rows: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for row in selectors.label_histograms(experiment):
+    for row in selectors.label_histograms(experiment, device_ids=drawn):
         rows[row["task"]].append(
             {
                 "device": row["device_name"],
@@ -403,14 +812,16 @@ def experiment_label_histograms(experiment: Experiment, tasks: list[Task]) -> li
         for r in devices:  # a recorded histogram has a count for every class
             if r["label_counts"]:
                 r["label_counts"] += [0] * (num_classes - len(r["label_counts"]))
+        total = totals.get(task.id, len(devices))
         histograms.append(
             {
                 "task": task,
                 "num_classes": num_classes,
                 "classes": list(range(num_classes)),
                 "devices": devices,
-                "figure": figure_json(figures.label_histogram(task.name, devices, num_classes)),
-                "table": len(devices) <= figures.MAX_DEVICES,
+                "devices_total": total,
+                "figure": figure_json(figures.label_histogram(task.name, devices, num_classes, devices_total=total)),
+                "table": total <= figures.MAX_DEVICES,
             }
         )
     return histograms
@@ -430,6 +841,36 @@ def partition_parameters(experiment: Experiment) -> list[dict[str, Any]]:
     labels = {p.name: p.label for p in declared}
     order = [p.name for p in declared if p.name in params] + sorted(set(params) - set(labels))
     return [{"name": name, "label": labels.get(name, name), "value": params[name]} for name in order]
+
+
+def experiment_aggregation(experiment: Experiment) -> dict[str, Any]:
+    """The experiment's FL algorithm for its page: ``{"aggregation", "params": [(name, value)],
+    "overrides": [{"task", "aggregation", "params"}], "participation": str}``, overrides by task
+    name (:func:`controlplane.experiments.exports.aggregation_settings`), participation in words
+    (``"every device, every round"``, ``"5 devices per round, drawn uniform"``)."""
+    from controlplane.experiments.exports import aggregation_settings
+
+    settings = aggregation_settings(experiment)
+    if settings["clients_per_round"] is not None:
+        n = settings["clients_per_round"]
+        participation = f"{n} device{'s' if n != 1 else ''} per round, drawn {settings['client_sampling']}"
+    elif settings["client_fraction"] is not None:
+        participation = f"{settings['client_fraction']:g} of the devices per round, drawn {settings['client_sampling']}"
+    else:
+        participation = "every device, every round"
+    return {
+        "aggregation": settings["aggregation"],
+        "params": sorted((settings["aggregation_params"] or {}).items()),
+        "overrides": [
+            {
+                "task": task,
+                "aggregation": entry.get("aggregation", ""),
+                "params": sorted((entry.get("aggregation_params") or {}).items()),
+            }
+            for task, entry in settings["task_aggregation"].items()
+        ],
+        "participation": participation,
+    }
 
 
 LABEL_CSV_COLUMNS = ("task", "device", "num_samples", "class", "samples")

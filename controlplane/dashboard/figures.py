@@ -202,33 +202,82 @@ def speedup_bars(rows: Sequence[Mapping]) -> go.Figure:
     return fig
 
 
+def accuracy_labels(series: Sequence[Mapping]) -> list[str]:
+    """Each accuracy line's legend label: its strategy, or ``"<algorithm> · <strategy>"``
+    (``"fedadam · sharing"``) when the lines differ in FL algorithm (an algorithm comparison on
+    one experiment); a line without an ``algorithm`` counts as one of its own."""
+    with_algorithm = len({s.get("algorithm") for s in series}) > 1
+    return [f"{s.get('algorithm') or '?'} · {s['strategy']}" if with_algorithm else s["strategy"] for s in series]
+
+
 def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
     """Test accuracy of each task's global model against wall-clock time since the run started:
-    one colour per strategy, one line style per task. The legend, at the right, has one entry per
-    strategy (a click hides or shows all its lines) and one per task's line style, so it stays
+    one colour per strategy (per algorithm and strategy when the runs differ in algorithm:
+    :func:`accuracy_labels`), one line style per task. The legend, at the right, has one entry
+    per colour (a click hides or shows all its lines) and one per task's line style, so it stays
     short whatever the number of lines.
 
     Args:
-        series: ``{"strategy", "run", "task", "points": [(seconds, accuracy), ...]}``.
+        series: ``{"strategy", "run", "task", "points": [(seconds, accuracy), ...]}``, and
+            optionally ``"algorithm"`` (the aggregator that made the task's models).
     """
+    return _accuracy_lines(
+        series,
+        key="points",
+        title="Test accuracy against wall-clock time",
+        xaxis_title="seconds since the run started",
+        x_format="%{x:.0f} s",
+    )
+
+
+def accuracy_per_round(series: Sequence[Mapping]) -> go.Figure:
+    """Test accuracy of each task's global model against the FL rounds done (0: the initial
+    model), drawn as :func:`accuracy_over_time` draws it: the same colours, line styles and
+    legend, so an algorithm that learns more per round and one that is only faster per round
+    tell apart side by side.
+
+    Args:
+        series: as :func:`accuracy_over_time`, each with ``"rounds": [(rounds done,
+            accuracy), ...]``.
+    """
+    return _accuracy_lines(
+        series,
+        key="rounds",
+        title="Test accuracy per round",
+        xaxis_title="rounds done (0: the initial model)",
+        x_format="round %{x}",
+    )
+
+
+def _accuracy_lines(series: Sequence[Mapping], *, key: str, title: str, xaxis_title: str, x_format: str) -> go.Figure:
+    """The accuracy figures' one drawing: ``series[i][key]`` as lines, at most
+    :data:`MAX_POINTS` points a line (spread evenly)."""
     fig = go.Figure()
     tasks = sorted({s["task"] for s in series})
     dashes = ["solid", "dash", "dot", "dashdot", "longdash"]
-    longest = max((len(s["points"]) for s in series), default=0)
+    labels = accuracy_labels(series)
+    by_label = labels != [s["strategy"] for s in series]
+    # by strategy: each strategy's own colour in every chart; by algorithm and strategy: one
+    # colour per label, in the order the runs come
+    colors = {label: _color(i) for i, label in enumerate(dict.fromkeys(labels))}
+    longest = max((len(s.get(key) or []) for s in series), default=0)
     in_legend: set[str] = set()
-    for s in series:
-        points = spread(s["points"], MAX_POINTS)
+    for s, label in zip(series, labels, strict=True):
+        points = spread(s.get(key) or [], MAX_POINTS)
         fig.add_scatter(
             x=[p[0] for p in points],
             y=[p[1] for p in points],
             mode="lines+markers",
-            name=s["strategy"],
-            legendgroup=s["strategy"],
-            showlegend=s["strategy"] not in in_legend,
-            line=dict(color=strategy_color(s["strategy"]), dash=dashes[tasks.index(s["task"]) % len(dashes)]),
-            hovertemplate="%{x:.0f} s: %{y:.3f}<extra>" + f"{s['strategy']} · {s['task']} · run {s['run']}</extra>",
+            name=label,
+            legendgroup=label,
+            showlegend=label not in in_legend,
+            line=dict(
+                color=colors[label] if by_label else strategy_color(s["strategy"]),
+                dash=dashes[tasks.index(s["task"]) % len(dashes)],
+            ),
+            hovertemplate=f"{x_format}: %{{y:.3f}}<extra>{label} · {s['task']} · run {s['run']}</extra>",
         )
-        in_legend.add(s["strategy"])
+        in_legend.add(label)
     for task in tasks:  # the line styles' key: grey, no data
         fig.add_scatter(
             x=[None],
@@ -242,10 +291,10 @@ def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
         )
     fig.update_layout(
         title=_note(
-            "Test accuracy against wall-clock time",
+            title,
             [f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else ""],
         ),
-        xaxis_title="seconds since the run started",
+        xaxis_title=xaxis_title,
         yaxis_title="test accuracy",
         yaxis_range=[0, 1],
         **{
@@ -576,13 +625,35 @@ def _metric_menu(fig: go.Figure, traces_of: Mapping[str, list[int]]) -> None:
     fig.update_layout(updatemenus=[dict(buttons=buttons, active=0, x=1.0, xanchor="right", y=1.18)])
 
 
-def speedup_per_device(speedups: Mapping[str, dict], strategies: Sequence[str]) -> go.Figure:
+def _error_bars(means: Sequence[float | None], intervals: Sequence[tuple[float | None, float | None]]) -> dict | None:
+    """Plotly's asymmetric ``error_y`` for bars of ``means`` with ``(low, high)`` intervals
+    (a bar without one gets none); ``None`` when no bar has an interval."""
+    plus: list[float | None] = []
+    minus: list[float | None] = []
+    for mean, (low, high) in zip(means, intervals, strict=True):
+        if mean is None or low is None or high is None:
+            plus.append(None)
+            minus.append(None)
+        else:
+            plus.append(high - mean)
+            minus.append(mean - low)
+    if all(v is None for v in plus):
+        return None
+    return dict(type="data", symmetric=False, array=plus, arrayminus=minus, color="#333", thickness=1.2, width=4)
+
+
+def speedup_per_device(
+    speedups: Mapping[str, dict], strategies: Sequence[str], *, intervals: Mapping[str, dict] | None = None
+) -> go.Figure:
     """Speedup over the baseline strategy inside each device (the paper's Fig. 4), raw or fair
     by menu, each strategy in its colour.
 
     Args:
-        speedups: :func:`controlplane.planning.metrics.comparison_speedups`' result.
+        speedups: :func:`controlplane.planning.metrics.comparison_speedups`' result (with
+            repeats, :func:`~controlplane.planning.metrics.repeated_speedups`' means).
         strategies: display order.
+        intervals: the 95 % interval of each speedup over repeats, shaped as ``speedups``
+            (:func:`~controlplane.planning.metrics.repeated_speedups`): drawn as error bars.
     """
     sp = speedups["per_device"]
     all_devices = sorted({d for metric in sp.values() for values in metric.values() for d in values})
@@ -593,10 +664,12 @@ def speedup_per_device(speedups: Mapping[str, dict], strategies: Sequence[str]) 
         for s in strategies:
             values = sp[metric].get(s, {})
             devices = sorted(d for d in values if d in shown)
+            bounds = ((intervals or {}).get("per_device", {}).get(metric, {})).get(s, {})
             fig.add_bar(
                 name=s,
                 x=devices,
                 y=[values[d] for d in devices],
+                error_y=_error_bars([values[d] for d in devices], [bounds.get(d, (None, None)) for d in devices]),
                 marker_color=strategy_color(s),
                 visible=(metric == "raw"),
                 legendgroup=s,
@@ -765,6 +838,106 @@ def final_accuracy(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Fig
     return fig if tasks else _empty(fig, "no run has finished yet")
 
 
+def _estimate_bars(fig: go.Figure, strategy: str, x: Sequence, estimates: Sequence[Mapping | None], **bar) -> None:
+    """One bar trace of ``strategy``: the means of ``estimates`` (``{"mean", "low", "high",
+    "n"}``, :meth:`controlplane.planning.metrics.Estimate.as_dict`) with their 95 % intervals as
+    error bars, the repeats in the hover."""
+    means = [e["mean"] if e else None for e in estimates]
+    fig.add_bar(
+        name=strategy,
+        x=list(x),
+        y=means,
+        error_y=_error_bars(means, [(e["low"], e["high"]) if e else (None, None) for e in estimates]),
+        marker_color=strategy_color(strategy),
+        customdata=[e["n"] if e else 0 for e in estimates],
+        hovertemplate=f"{strategy}<br>%{{x}}: %{{y:.3g}} (mean of %{{customdata}})<extra></extra>",
+        **bar,
+    )
+
+
+def comparison_throughput(report: Mapping) -> go.Figure:
+    """Raw, fair and FL throughput speedup of each strategy over the baseline, the mean over
+    repeats with its 95 % interval as an error bar (one bar group per figure).
+
+    Args:
+        report: :func:`controlplane.experiments.selectors.comparison_report`'s result.
+    """
+    figures_ = [("raw_speedup", "raw"), ("fair_speedup", "fair"), ("fl_speedup", "FL")]
+    fig = go.Figure()
+    for row in report["strategies"]:
+        _estimate_bars(fig, row["strategy"], [label for _, label in figures_], [row[f] for f, _ in figures_])
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
+    repeats = report["repeats"]
+    fig.update_layout(
+        title=_note(
+            f"Throughput speedup over {report['baseline']}",
+            [f"mean of {repeats} repeats, 95 % intervals" if repeats > 1 else "one repeat: no interval"],
+        ),
+        barmode="group",
+        xaxis_title="throughput",
+        yaxis_title="speedup (×)",
+        **LAYOUT,
+    )
+    has_data = any(row[f]["mean"] is not None for row in report["strategies"] for f, _ in figures_)
+    return fig if has_data else _empty(fig, "no compared run has finished yet")
+
+
+def time_to_accuracy(report: Mapping) -> go.Figure:
+    """Time to each task's target accuracy (the sum of FL round times until its test accuracy
+    first reached the target), per task and strategy, the mean over repeats with its 95 %
+    interval; lower is better.
+
+    Args:
+        report: :func:`controlplane.experiments.selectors.comparison_report`'s result.
+    """
+    targets = {t["task"]: t for t in report["targets"]}
+    fig = go.Figure()
+    labels: list[str] = []
+    for row in report["strategies"]:
+        tasks = [t for t in row["tasks"] if targets[t["task"]]["target"] is not None]
+        labels = [f"{t['task_name']} ≥ {targets[t['task']]['target']:.3f}" for t in tasks]
+        _estimate_bars(fig, row["strategy"], labels, [t["time_to_accuracy_s"] for t in tasks])
+    repeats = report["repeats"]
+    fig.update_layout(
+        title=_note(
+            "Time to accuracy per task (lower is better)",
+            [f"mean of {repeats} repeats, 95 % intervals" if repeats > 1 else ""],
+        ),
+        barmode="group",
+        xaxis_title="task ≥ target test accuracy",
+        yaxis_title="seconds of FL rounds",
+        **LAYOUT,
+    )
+    has_data = any(t["time_to_accuracy_s"]["mean"] is not None for row in report["strategies"] for t in row["tasks"])
+    return fig if has_data and labels else _empty(fig, "no compared run has reached a target yet")
+
+
+def final_accuracy_estimates(report: Mapping) -> go.Figure:
+    """Final test accuracy of each task's global model per strategy, the mean over repeats with
+    its 95 % interval (:func:`final_accuracy` draws single runs).
+
+    Args:
+        report: :func:`controlplane.experiments.selectors.comparison_report`'s result.
+    """
+    fig = go.Figure()
+    for row in report["strategies"]:
+        _estimate_bars(
+            fig, row["strategy"], [t["task_name"] for t in row["tasks"]], [t["final_accuracy"] for t in row["tasks"]]
+        )
+    fig.update_layout(
+        title=_note(
+            "Final test accuracy per task",
+            [f"mean of {report['repeats']} repeats, 95 % intervals" if report["repeats"] > 1 else ""],
+        ),
+        barmode="group",
+        yaxis=dict(range=[0, 1.05], title="accuracy"),
+        xaxis_title="task",
+        **LAYOUT,
+    )
+    has_data = any(t["final_accuracy"]["mean"] is not None for row in report["strategies"] for t in row["tasks"])
+    return fig if has_data else _empty(fig, "no run has finished yet")
+
+
 def _stride(n: int, limit: int) -> int:
     return max(1, -(-n // limit))
 
@@ -873,7 +1046,9 @@ MAX_LEGEND_CLASSES = 20
 """Classes listed in a label histogram's legend; with more, the hover names each segment's class."""
 
 
-def label_histogram(task: str, rows: Sequence[Mapping], num_classes: int) -> go.Figure:
+def label_histogram(
+    task: str, rows: Sequence[Mapping], num_classes: int, *, devices_total: int | None = None
+) -> go.Figure:
     """Each device's class histogram of one task's training shard: devices on x (by name), the
     samples stacked by class, one colour per class (:func:`class_colors`); the hover gives the
     device, the class, its samples and the device's total.
@@ -884,6 +1059,8 @@ def label_histogram(task: str, rows: Sequence[Mapping], num_classes: int) -> go.
             ``label_counts`` is ``num_classes`` counts, or empty when not known (drawn as one grey
             "class unknown" segment of ``num_samples``).
         num_classes: classes of the task (label ``k`` is "class k").
+        devices_total: how many devices hold the task's data, when ``rows`` were already cut
+            down to the devices to draw (default: those in ``rows``).
 
     At most :data:`MAX_DEVICES` devices are drawn, spread evenly by name (the page's table and
     CSV download have them all).
@@ -916,7 +1093,7 @@ def label_histogram(task: str, rows: Sequence[Mapping], num_classes: int) -> go.
             marker_color=UNKNOWN_CLASS_COLOR,
             hovertemplate="device %{x}<br>%{y:,} samples, classes not recorded<extra></extra>",
         )
-    notes = [_devices_note(len(shown), len(ordered))]
+    notes = [_devices_note(len(shown), max(devices_total or 0, len(ordered)))]
     if num_classes > MAX_LEGEND_CLASSES:
         notes.append(f"{num_classes} classes: hover a segment for its class")
     fig.update_layout(

@@ -22,8 +22,10 @@ from controlplane.experiments.services.templates import (
     TEMPLATES,
 )
 from controlplane.fleet import selectors as fleet_selectors
+from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING
 from controlplane.planning.strategies import STRATEGY_REGISTRY
 from workers.protocol.messages import OPTIMIZERS
+from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.base import Registry
 from workers.registry.datasets import DATASET_REGISTRY, Dataset
@@ -242,6 +244,31 @@ def partition_parameter_field(rule: str, parameter: str) -> str:
     return f"partition-{rule}-{parameter}"
 
 
+def aggregation_parameter_field(aggregator: str, parameter: str) -> str:
+    """The experiment form's field of ``aggregator``'s ``parameter`` (each aggregator's
+    parameters have their own inputs, as each partition rule's do)."""
+    return f"aggregation-{aggregator}-{parameter}"
+
+
+def _parameter_input(parameter: PartitionParameter, owner: str, data_attr: str) -> forms.Field:
+    """A number input for a declared parameter of ``owner`` (a partition rule or an aggregator),
+    with its range as the browser's limits and in its help text."""
+    attrs: dict[str, Any] = {data_attr: owner}
+    if parameter.kind == "int":
+        attrs["step"] = 1
+    if parameter.minimum is not None:
+        attrs["min"] = parameter.minimum
+    if parameter.maximum is not None:
+        attrs["max"] = parameter.maximum
+    return _input(
+        _number(**attrs),
+        parameter.label,
+        help_text=f"{owner} only: {_range_text(parameter)}; blank: "
+        + ("the default" if parameter.default is not None else "required"),
+        initial=parameter.default,
+    )
+
+
 def _as_number(text: str, kind: str) -> Any:
     """What a JSON client would send for ``text`` typed into a number input: an int for an
     integer literal (``"0"``), a float otherwise (``"0.5"``, ``"1e3"``); for an ``int``
@@ -268,6 +295,8 @@ class ExperimentForm(ApiCheckedForm):
     :func:`partition_parameter_field`; only the chosen rule's are sent (as ``partition_params``),
     so the form works without JavaScript, which only hides the other rules' inputs. The API's
     messages about ``partition_params.<name>`` show at the chosen rule's input of that name.
+    The aggregator and its parameters work the same way (:func:`aggregation_parameter_field`,
+    sent as ``aggregation_params``); per-task aggregator overrides are API and CLI only.
     """
 
     serializer_class = api.ExperimentCreateSerializer
@@ -280,6 +309,71 @@ class ExperimentForm(ApiCheckedForm):
     seed = _input(_number(min=0, step=1), "Seed", initial=0, help_text="of the split and the sample order")
     partition_rule = _input(
         _select([]), "Data split", initial="iid", help_text="installed partition rules; their parameters below"
+    )
+    lr_scaling = _input(
+        _select(
+            [
+                ("none", "none: the task's learning rate at every batch size"),
+                ("linear", "linear: × B/128 (Goyal et al. 2017)"),
+                ("sqrt", "sqrt: × √(B/128) (Krizhevsky 2014)"),
+            ]
+        ),
+        "Learning rate vs batch size",
+        initial=DEFAULT_LR_SCALING,
+        help_text="applied alike to every strategy; the planners change batch sizes",
+    )
+    untrusted_predictor = _input(
+        _select(
+            [
+                ("plan", "plan anyway, with the warnings on the run"),
+                ("baseline", "baseline: train the best baseline's plan instead"),
+                ("measure", "measure: train the best baseline's plan in round 0, then replan from it"),
+            ]
+        ),
+        "When a predictor is not trusted",
+        initial="plan",
+        help_text="what a vres_* run does when the planner's guard distrusts a device's predictor (held-out "
+        "RMSLE above MTFL_PREDICTOR_MAX_RMSLE, or a mix it was not fitted on)",
+    )
+    aggregation = _input(
+        _select([]),
+        "Aggregation",
+        initial="fedavg",
+        help_text="how each task's device models become its next global model; its parameters below; per-task "
+        "overrides: API (task_aggregation) or mtfl create-experiment --task-aggregation",
+    )
+    clients_per_round = _input(
+        _number(min=1, step=1, placeholder="every device"),
+        "Devices per round (optional)",
+        help_text="partial participation: how many devices train each round; or a fraction, not both",
+    )
+    client_fraction = _input(
+        _number(min=0, max=1, placeholder="every device"),
+        "Fraction of devices per round (optional)",
+        help_text="in (0, 1], rounded up to at least one device",
+    )
+    client_sampling = _input(
+        _select(
+            [
+                ("uniform", "uniform: every device equally likely"),
+                ("weighted", "weighted: by each device's data volume"),
+            ]
+        ),
+        "Drawing the devices",
+        initial="uniform",
+        help_text="seeded by the experiment's seed and the round, so runs draw the same devices",
+    )
+    keep_device_weights = _input(
+        forms.CheckboxInput(),
+        "Keep device weights",
+        initial=False,
+        help_text="for debugging: by default every device's weights are deleted once its round is aggregated",
+    )
+    keep_last_checkpoints = _input(
+        _number(min=1, max=10_000, step=1, placeholder="lab default"),
+        "Checkpoints kept (optional)",
+        help_text="global models kept per run and task: the last N rounds', besides the initial, the best and the "
+        "latest (default MTFL_KEEP_LAST_CHECKPOINTS)",
     )
     description = _input(forms.Textarea(attrs={"rows": 2}), "Description (optional)")
 
@@ -294,33 +388,39 @@ class ExperimentForm(ApiCheckedForm):
             "partition_rule",
             [(p.name, f"{p.label} · {PARTITIONER_REGISTRY.source(p.name)}") for p in PARTITIONER_REGISTRY.records()],
         )
+        _registered_select(
+            self,
+            "aggregation",
+            [(a.name, f"{a.label} · {AGGREGATOR_REGISTRY.source(a.name)}") for a in AGGREGATOR_REGISTRY.records()],
+        )
         self.parameter_fields: dict[str, dict[str, tuple[str, PartitionParameter]]] = {}
         """rule → parameter name → (form field, its declaration)."""
-        description = self.fields.pop("description")
+        self.aggregation_fields: dict[str, dict[str, tuple[str, PartitionParameter]]] = {}
+        """aggregator → parameter name → (form field, its declaration)."""
+        # Each rule's parameters right after the partition rule, each aggregator's after the aggregator.
+        later = {name: self.fields.pop(name) for name in list(self.fields)[list(self.fields).index("lr_scaling") :]}
         for rule in PARTITIONER_REGISTRY.records():
             for parameter in rule.parameters:
                 field = partition_parameter_field(rule.name, parameter.name)
-                attrs: dict[str, Any] = {"data-partition-rule": rule.name}
-                if parameter.kind == "int":
-                    attrs["step"] = 1
-                if parameter.minimum is not None:
-                    attrs["min"] = parameter.minimum
-                if parameter.maximum is not None:
-                    attrs["max"] = parameter.maximum
-                self.fields[field] = _input(
-                    _number(**attrs),
-                    parameter.label,
-                    help_text=f"{rule.name} only: {_range_text(parameter)}; blank: "
-                    + ("the default" if parameter.default is not None else "required"),
-                    initial=parameter.default,
-                )
+                self.fields[field] = _parameter_input(parameter, rule.name, "data-partition-rule")
                 self.parameter_fields.setdefault(rule.name, {})[parameter.name] = (field, parameter)
-        self.fields["description"] = description  # stays last
+        for name in ("lr_scaling", "untrusted_predictor", "aggregation"):
+            self.fields[name] = later.pop(name)
+        for aggregator in AGGREGATOR_REGISTRY.records():
+            for parameter in aggregator.parameters:
+                field = aggregation_parameter_field(aggregator.name, parameter.name)
+                self.fields[field] = _parameter_input(parameter, aggregator.name, "data-aggregation")
+                self.aggregation_fields.setdefault(aggregator.name, {})[parameter.name] = (field, parameter)
+        self.fields.update(later)  # participation, then the description last
 
     def chosen_parameters(self) -> dict[str, tuple[str, PartitionParameter]]:
         """The chosen rule's parameters: name → (form field, declaration); empty for a rule
         without any (or one not installed: the API refuses it)."""
         return self.parameter_fields.get(str(self.cleaned_data.get("partition_rule") or "iid"), {})
+
+    def chosen_aggregation_parameters(self) -> dict[str, tuple[str, PartitionParameter]]:
+        """The chosen aggregator's parameters: name → (form field, declaration)."""
+        return self.aggregation_fields.get(str(self.cleaned_data.get("aggregation") or "fedavg"), {})
 
     def clean(self) -> dict[str, Any]:
         chosen = self.chosen_parameters()
@@ -332,13 +432,17 @@ class ExperimentForm(ApiCheckedForm):
         self.error_fields["partition_params"] = whole
         if "alpha" in chosen:
             self.error_fields["dirichlet_alpha"] = chosen["alpha"][0]
+        # `aggregation_params.<name>` at the chosen aggregator's input; as a whole, at the aggregator.
+        for name, (field, _) in self.chosen_aggregation_parameters().items():
+            self.error_fields[f"aggregation_params.{name}"] = field
+        self.error_fields["aggregation_params"] = "aggregation"
         return super().clean()
 
     def payload(self) -> dict[str, Any]:
         data = {
             name: value
             for name, value in super().payload().items()
-            if not name.startswith("partition-")  # sent below, under partition_params
+            if not name.startswith(("partition-", "aggregation-"))  # sent below, under *_params
         }
         for name in ("tasks", "devices"):
             data[name] = self.cleaned_data.get(name) or []
@@ -349,6 +453,13 @@ class ExperimentForm(ApiCheckedForm):
                 params[name] = _as_number(str(text).strip(), parameter.kind)
         if params:
             data["partition_params"] = params
+        aggregation_params = {}
+        for name, (field, parameter) in self.chosen_aggregation_parameters().items():
+            text = self.cleaned_data.get(field)
+            if text is not None and str(text).strip() != "":
+                aggregation_params[name] = _as_number(str(text).strip(), parameter.kind)
+        if aggregation_params:
+            data["aggregation_params"] = aggregation_params
         return data
 
     def service_arguments(self) -> dict[str, Any]:
@@ -364,6 +475,15 @@ class ExperimentForm(ApiCheckedForm):
             "partition_rule": v["partition_rule"],
             "partition_params": v.get("partition_params") or {},
             "seed": v["seed"],
+            "lr_scaling": v["lr_scaling"],
+            "untrusted_predictor": v["untrusted_predictor"],
+            "aggregation": v["aggregation"],
+            "aggregation_params": v.get("aggregation_params") or {},
+            "clients_per_round": v.get("clients_per_round"),
+            "client_fraction": v.get("client_fraction"),
+            "client_sampling": v["client_sampling"],
+            "keep_device_weights": v["keep_device_weights"],
+            "keep_last_checkpoints": v.get("keep_last_checkpoints"),
         }
 
 
@@ -403,10 +523,21 @@ class ExperimentFromTemplateForm(ApiCheckedForm):
 
 class RunForm(ApiCheckedForm):
     """Launch a run of a strategy (``POST /api/experiments/{id}/runs/``). ``manual`` plans are
-    API-only: a plan is a table of batch sizes and shares per device and task."""
+    API-only: a plan is a table of batch sizes and shares per device and task.
+
+    The run may use its own aggregator instead of the experiment's (``options.aggregation``,
+    with ``options.aggregation_params`` typed as ``NAME=VALUE, ...``): runs of several FL
+    algorithms then compare on the experiment's devices, data and seed.
+    """
 
     serializer_class = api.RunCreateSerializer
-    error_fields = {"options.objective": "objective", "options.slack": "slack", "options": "objective"}
+    error_fields = {
+        "options.objective": "objective",
+        "options.slack": "slack",
+        "options.replan": "replan",
+        "options.aggregation": "aggregation",
+        "options": "objective",
+    }
 
     strategy = _input(_select([]), "Strategy", initial="sharing")
     objective = _input(
@@ -417,22 +548,80 @@ class RunForm(ApiCheckedForm):
         _select([("", "smaller_batches (default)"), ("smaller_batches", "smaller_batches"), ("none", "none")]),
         "Slack (vres_sync)",
     )
+    replan = _input(
+        _select(
+            [
+                ("", "every_round (default)"),
+                ("every_round", "every_round: closed loop, from what it measured"),
+                ("never", "never: the first plan in every round"),
+            ]
+        ),
+        "Replanning (vres_*)",
+    )
+    aggregation = _input(
+        _select([]),
+        "Aggregation (any strategy)",
+        help_text="this run's instead of the experiment's: FL algorithms compared on the same devices, data and seed",
+    )
+    aggregation_params = _input(
+        forms.TextInput(attrs={"placeholder": "e.g. server_learning_rate=0.01, beta1=0.9", "autocomplete": "off"}),
+        "Aggregator parameters (optional)",
+        help_text="NAME=VALUE, …; left-out ones take their defaults (mtfl plugins lists them)",
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # manual plans are API-only (a table of batch sizes and shares per device and task)
         _registered_select(self, "strategy", _registered(STRATEGY_REGISTRY, keep=lambda s: not s.takes_plan))
+        _registered_select(
+            self,
+            "aggregation",
+            # names only: the experiment form's select carries each aggregator's description
+            [("", "the experiment's (default)")] + [(a.name, a.name) for a in AGGREGATOR_REGISTRY.records()],
+        )
+
+    def clean(self) -> dict[str, Any]:
+        text = str(self.data.get("aggregation_params") or "").strip()
+        bad = [item for item in _name_value_items(text) if "=" not in item or not item.partition("=")[0].strip()]
+        if bad:
+            self.add_error(
+                "aggregation_params",
+                f"NAME=VALUE items separated by commas (e.g. server_learning_rate=0.01); got {bad[0]!r}",
+            )
+            return self.cleaned_data
+        return super().clean()
 
     def payload(self) -> dict[str, Any]:
         data = super().payload()
-        options = {k: data.pop(k) for k in ("objective", "slack") if k in data}
+        options = {k: data.pop(k) for k in ("objective", "slack", "replan", "aggregation") if k in data}
+        text = str(data.pop("aggregation_params", "") or "").strip()
+        if text:
+            options["aggregation_params"] = {
+                name.strip(): _as_number(value.strip(), "float")
+                for name, _, value in (item.partition("=") for item in _name_value_items(text))
+            }
         if options:
             data["options"] = options
         return data
 
+    def _form_field(self, key: str) -> str | None:
+        # `options.aggregation_params.<name>` (the API's and the service's messages): at the one input.
+        return "aggregation_params" if key.startswith("options.aggregation_params") else super()._form_field(key)
+
+    def add_service_error(self, exc: ApplicationError) -> None:
+        if (exc.field or "").startswith("options.aggregation_params"):
+            self.add_error("aggregation_params", exc.message)
+            return
+        super().add_service_error(exc)
+
     def service_arguments(self) -> dict[str, Any]:
         """Keyword arguments of :func:`~controlplane.experiments.services.run_create` (less the experiment)."""
         return {"strategy": self.validated["strategy"], "plan": None, "options": self.validated["options"]}
+
+
+def _name_value_items(text: str) -> list[str]:
+    """``"a=1, b=2"`` → ``["a=1", "b=2"]`` (blank items dropped)."""
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 class CollaboratorsForm(ApiCheckedForm):

@@ -19,6 +19,7 @@ urlpatterns = [
     path("experiments/<int:pk>/compare/", views.experiment_compare, name="experiment-compare"),
     path("experiments/<int:pk>/runs/", views.run_new, name="run-new"),
     path("experiments/<int:pk>/collaborators/", views.experiment_collaborators, name="experiment-collaborators"),
+    path("experiments/<int:pk>/delete/", views.experiment_delete_view, name="experiment-delete"),
     path("experiments/<int:pk>/results.json", views.experiment_json, name="experiment-json"),
     # before the run tables' <slug:table>.csv, which would take this name as a table
     path(
@@ -31,8 +32,13 @@ urlpatterns = [
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/live/", views.run_live, name="run-live"),
     path("runs/<int:pk>/cancel/", views.run_cancel_view, name="run-cancel"),
+    path("runs/<int:pk>/delete/", views.run_delete_view, name="run-delete"),
     path("runs/<int:pk>/results.json", views.run_json, name="run-json"),
     path("runs/<int:pk>/<slug:table>.csv", views.run_csv, name="run-csv"),
+    path("queue/", views.queue_page, name="queue"),
+    path("queue/tables/", views.queue_tables, name="queue-tables"),
+    path("devices/<int:pk>/pause/", views.device_pause_view, name="device-pause"),
+    path("devices/<int:pk>/resume/", views.device_resume_view, name="device-resume"),
     path("predictors/", views.predictor_list, name="predictors"),
     path("predictors/<int:pk>/", views.predictor_detail, name="predictor"),
 ]

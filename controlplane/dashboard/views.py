@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Prefetch
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -31,7 +33,7 @@ from controlplane.dashboard.forms import (
     RunForm,
     TaskForm,
 )
-from controlplane.experiments import exports, selectors
+from controlplane.experiments import exports, lab_selectors, selectors
 from controlplane.experiments.models import Comparison, Experiment, Run, Task
 from controlplane.experiments.services import (
     comparison_cancel,
@@ -41,10 +43,13 @@ from controlplane.experiments.services import (
     experiment_update,
     run_cancel,
     run_create,
+    storage,
     task_create,
 )
+from controlplane.experiments.services.lab.admin import device_pause, device_resume
+from controlplane.experiments.services.planner_check import planner_check
 from controlplane.experiments.services.templates import DEFAULT_DIRICHLET_ALPHA, TEMPLATES, template_dataset_default
-from controlplane.fleet import selectors as fleet_selectors
+from controlplane.fleet.models import Device
 from controlplane.fleet.services import device_create
 from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
 from controlplane.profiling.models import Predictor, ProfileSweep
@@ -53,11 +58,32 @@ from controlplane.profiling.services.workloads import workload_get
 # --- the index: experiments, devices, recent runs ------------------------------------------------
 
 
-def _index_context(request: HttpRequest, template_form: ExperimentFromTemplateForm) -> dict:
-    devices = [(d, fleet_selectors.device_effective_status(d)) for d in fleet_selectors.device_list()]
+def _index_context(request: HttpRequest, template_form: ExperimentFromTemplateForm, devices: dict) -> dict:
+    # An experiment's devices are counted and the first few named, never all listed: a
+    # federation of 10,000 would make the table (and the query behind it) 10,000 names long.
+    experiments = list(
+        selectors.experiment_list(user=request.user)
+        .prefetch_related(None)
+        .prefetch_related(
+            "tasks",
+            "runs",
+            Prefetch(
+                "devices",
+                queryset=Device.objects.order_by("name").only("id", "name")[: data.INDEX_DEVICE_NAMES],
+                to_attr="first_devices",
+            ),
+        )
+        .annotate(device_count=Count("devices", distinct=True))
+    )
+    disk = storage.experiments_disk_use(e.id for e in experiments)
+    for e in experiments:
+        e.disk_use = disk[e.id]
     return {
-        "experiments": selectors.experiment_list(user=request.user).prefetch_related("runs"),
-        "devices": devices,
+        "experiments": experiments,
+        "storage": storage.storage_totals(),
+        "storage_problem": storage.storage_space_problem(),
+        "devices": devices["rows"],
+        "device_page": devices,
         "runs": selectors.run_list(user=request.user)[:20],
         "template_form": template_form,
         "templates": list(TEMPLATES.values()),
@@ -68,7 +94,11 @@ def _index_context(request: HttpRequest, template_form: ExperimentFromTemplateFo
 
 @login_required
 def index(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/index.html", _index_context(request, ExperimentFromTemplateForm()))
+    try:
+        devices = data.device_page(request.GET.get("devices_page"))
+    except data.PageError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+    return render(request, "dashboard/index.html", _index_context(request, ExperimentFromTemplateForm(), devices))
 
 
 @login_required
@@ -84,7 +114,7 @@ def experiment_from_template(request: HttpRequest) -> HttpResponse:
             form.add_service_error(exc)
         else:
             return redirect("dashboard:experiment", pk=experiment.pk)
-    return render(request, "dashboard/index.html", _index_context(request, form), status=400)
+    return render(request, "dashboard/index.html", _index_context(request, form, data.device_page(None)), status=400)
 
 
 def _form_page(
@@ -184,8 +214,10 @@ def _member_experiment(request: HttpRequest, pk: int) -> Experiment:
 
 @login_required
 def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    # Nothing prefetched: the page reads what it shows (aggregated or bounded), never every
+    # device or shard of a federation of 10,000.
     experiment = get_object_or_404(
-        selectors.experiment_list(user=request.user).prefetch_related("shards__device", "shards__task"), pk=pk
+        selectors.experiment_list(user=request.user).prefetch_related(None).select_related("owner"), pk=pk
     )
     return render(request, "dashboard/experiment.html", _experiment_context(request, experiment))
 
@@ -196,7 +228,7 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
     can_manage = selectors.can_manage_experiment(request.user, experiment)
     shown = {**data.experiment_figures(experiment, runs), **comparison["figures"]}
     tasks = list(experiment.tasks.order_by("id"))
-    histograms = data.experiment_label_histograms(experiment, tasks)
+    histograms = data.experiment_label_histograms(experiment, tasks, devices_limit=figures.MAX_DEVICES)
     # The predicted-against-measured chart only means something once a planned strategy runs
     # here: an experiment of baselines only (mtfl demo's) gets no empty box for it.
     planned = set(planned_strategies())
@@ -207,11 +239,14 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "tasks": tasks,
         "runs": runs,
         "partition_parameters": data.partition_parameters(experiment),
+        "fl_algorithm": data.experiment_aggregation(experiment),
         "label_histograms": histograms,
         "label_figures": [{"task": h["task"].pk, "figure": h["figure"]} for h in histograms],
         "figures": shown,
         "comparison": experiment.comparisons.order_by("-id").first(),
         "compared_runs": comparison["runs"],
+        "report": data.report_table(comparison["report"]) if comparison["report"] else None,
+        "planner_check": planner_check(experiment),
         "compare_error": "",
         "run_form": RunForm(),
         "planned_strategies": " ".join(planned_strategies()),
@@ -223,6 +258,9 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "collaborators_form": CollaboratorsForm.for_experiment(experiment) if can_manage else None,
         "collaborators_error": "",
         "action_error": "",
+        "disk_use": storage.experiments_disk_use([experiment.id])[experiment.id],
+        "storage": storage.storage_totals(),
+        "keep_last_checkpoints": storage.keep_last_checkpoints(experiment),
         **overrides,
     }
 
@@ -291,6 +329,22 @@ def experiment_collaborators(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
+def experiment_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """The experiment page's "Delete the experiment" button (its owner, once no run of it is in
+    progress): its runs and their artifacts go, and the index says how much was freed."""
+    experiment = _member_experiment(request, pk)
+    try:
+        held = storage.experiment_delete(experiment=experiment, actor=request.user)
+    except ApplicationError as exc:
+        return _experiment_page(request, experiment, exc.status_code, action_error=exc.message)
+    messages.success(
+        request, f"Experiment {experiment.name!r} deleted: {storage.format_bytes(held.bytes)} of artifacts freed."
+    )
+    return redirect("dashboard:index")
+
+
+@login_required
+@require_POST
 def comparison_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     """Cancel a running comparison: the run in flight is cancelled, the others never start."""
     comparison = get_object_or_404(selectors.comparison_list(user=request.user), pk=pk)
@@ -326,6 +380,9 @@ def _run_page(request: HttpRequest, run: Run, *, cancel_error: str = "", status:
             "cancel_error": cancel_error,
             "running_comparison": comparison,
             "figures_shown": shown,
+            "round_plans": data.run_round_plans(run),
+            "can_manage": selectors.can_manage_experiment(request.user, run.experiment),
+            "disk_use": storage.run_disk_use(run.id),
         },
         status=status,
     )
@@ -341,6 +398,20 @@ def run_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     except ApplicationError as exc:
         return _run_page(request, run, cancel_error=exc.message, status=exc.status_code)
     return redirect("dashboard:run", pk=run.pk)
+
+
+@login_required
+@require_POST
+def run_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """The run page's "Delete the run" button (the experiment's owner, once the run has ended):
+    its rows and artifacts go, and the experiment page says how much was freed."""
+    run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
+    try:
+        held = storage.run_delete(run=run, actor=request.user)
+    except ApplicationError as exc:
+        return _run_page(request, run, cancel_error=exc.message, status=exc.status_code)
+    messages.success(request, f"Run {pk} deleted: {storage.format_bytes(held.bytes)} of artifacts freed.")
+    return redirect("dashboard:experiment", pk=run.experiment_id)
 
 
 @login_required
@@ -473,3 +544,64 @@ def predictor_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "figures": data.predictor_figures(predictor),
         },
     )
+
+
+# --- the lab queue ----------------------------------------------------------------------------------
+
+QUEUE_REFRESH_S = 3
+"""How often the queue page reloads its tables, seconds."""
+
+
+def _queue_context(request: HttpRequest) -> dict:
+    state = lab_selectors.queue_state()
+    run_ids = {w["run"] for w in state["waiting"]} | {d["holder"]["run"] for d in state["devices"] if d["holder"]}
+    # Every user sees the whole queue; a run's page only its experiment's members (others' 404).
+    visible = set(selectors.run_list(user=request.user).filter(id__in=run_ids).values_list("id", flat=True))
+    return {"queue": state, "visible_runs": visible, "refresh_s": QUEUE_REFRESH_S}
+
+
+@login_required
+def queue_page(request: HttpRequest) -> HttpResponse:
+    """The shared lab's queue: per device who holds it and since when, who waits and the
+    estimated start, the waiting rounds in the policy's order; admins pause and resume devices."""
+    return render(request, "dashboard/queue.html", _queue_context(request))
+
+
+@login_required
+def queue_tables(request: HttpRequest) -> HttpResponse:
+    """The queue page's tables alone, which the page fetches every :data:`QUEUE_REFRESH_S` s."""
+    return render(request, "dashboard/_queue_tables.html", _queue_context(request))
+
+
+def _lab_admin_device(request: HttpRequest, pk: int) -> Device:
+    if not request.user.is_staff:
+        raise PermissionDenied("only a lab admin (a staff user) may pause or resume a device")
+    return get_object_or_404(Device, pk=pk)
+
+
+@login_required
+@require_POST
+def device_pause_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """The queue page's "Pause" button (lab admins): no new round gets the device."""
+    device = _lab_admin_device(request, pk)
+    try:
+        device_pause(device=device, user=request.user, reason=request.POST.get("reason", "").strip()[:200])
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"{device.name} is paused: no new round gets it until it is resumed")
+    return redirect("dashboard:queue")
+
+
+@login_required
+@require_POST
+def device_resume_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """The queue page's "Resume" button (lab admins): waiting rounds may have the device again."""
+    device = _lab_admin_device(request, pk)
+    try:
+        device_resume(device=device, user=request.user)
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"{device.name} is resumed")
+    return redirect("dashboard:queue")

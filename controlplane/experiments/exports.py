@@ -167,9 +167,33 @@ def _json_row(row: dict[str, Any]) -> str:
     return json.dumps({k: _json_value(v) for k, v in row.items()})
 
 
+def aggregation_settings(experiment: Experiment) -> dict[str, Any]:
+    """The experiment's FL algorithm: its aggregator and parameters, each task's override
+    (``task_aggregation`` keyed by task *name*, in task-name order; an override of a task no
+    longer in the experiment keeps its id as the key) and its participation per round.
+
+    Returns:
+        ``{"aggregation", "aggregation_params", "task_aggregation", "clients_per_round",
+        "client_fraction", "client_sampling"}``.
+    """
+    overrides = experiment.task_aggregation or {}
+    ids = [int(k) for k in overrides if k.isdigit()]
+    names = dict(experiment.tasks.filter(id__in=ids).values_list("id", "name")) if ids else {}
+    by_name = {names.get(int(k), k) if k.isdigit() else k: v for k, v in overrides.items()}
+    return {
+        "aggregation": experiment.aggregation,
+        "aggregation_params": experiment.aggregation_params,
+        "task_aggregation": {name: by_name[name] for name in sorted(by_name)},
+        "clients_per_round": experiment.clients_per_round,
+        "client_fraction": experiment.client_fraction,
+        "client_sampling": experiment.client_sampling,
+    }
+
+
 def experiment_summary(experiment: Experiment) -> dict[str, Any]:
-    """The experiment's setup: owner, collaborators, tasks, devices, rounds, data split and the
-    samples each device holds of each task."""
+    """The experiment's setup: owner, collaborators, tasks, devices, rounds, data split, its FL
+    algorithm (:func:`aggregation_settings`), its retention policy (``keep_last_checkpoints``
+    null: the lab default) and the samples each device holds of each task."""
     shards = experiment.shards.select_related("device", "task").order_by("device__name", "task__name")
     return {
         "id": experiment.id,
@@ -198,6 +222,11 @@ def experiment_summary(experiment: Experiment) -> dict[str, Any]:
         "partition_params": experiment.partition_params,
         "dirichlet_alpha": experiment.dirichlet_alpha,
         "seed": experiment.seed,
+        "lr_scaling": experiment.lr_scaling,
+        "untrusted_predictor": experiment.untrusted_predictor,
+        **aggregation_settings(experiment),
+        "keep_device_weights": experiment.keep_device_weights,
+        "keep_last_checkpoints": experiment.keep_last_checkpoints,
         "shards": [
             {"device": s.device.name, "task": s.task.name, "num_samples": s.num_samples, "label_counts": s.label_counts}
             for s in shards
@@ -220,6 +249,7 @@ def run_summaries(experiment: Experiment, runs: Iterable[Run]) -> Iterator[dict[
             "status": run.status,
             "simulated": run.simulated,
             "comparison": run.comparison_id,
+            "repeat": run.repeat,
             "options": run.options,
             "created_at": run.created_at,
             "started_at": run.started_at,
@@ -228,6 +258,7 @@ def run_summaries(experiment: Experiment, runs: Iterable[Run]) -> Iterator[dict[
             "fair_throughput": run.fair_throughput,
             "fl_throughput_sps": run.fl_throughput_sps,
             **selectors.run_speedups(run, baseline),
+            "warnings": run.warnings,
             "final_accuracy": selectors.run_final_accuracy(run),
             "error": run.error,
         }

@@ -18,9 +18,16 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.fleet.models import Device
+from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
+from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
 from workers.protocol.messages import DEFAULT_INPUT_SHAPE, OPTIMIZERS
 
 MAX_DEVICE_RETRIES = 10
+CLIENT_SAMPLING_RULES = ("uniform", "weighted")
+"""How a round's participants are drawn: uniformly, or with probability proportional to each
+device's data volume (its samples over the experiment's tasks)."""
+MAX_REPEATS = 10
+"""The most repeats a comparison takes (each repeat runs every strategy once)."""
 
 
 def _default_input_shape() -> list[int]:
@@ -140,6 +147,72 @@ class Experiment(models.Model):
         help_text="a round's deadline is this × its predicted round time (null: MTFL_DEADLINE_FACTOR); rounds "
         "without a prediction use MTFL_ROUND_DEADLINE_S",
     )
+    lr_scaling = models.CharField(
+        max_length=8,
+        choices=[(r, r) for r in LR_SCALING_RULES],
+        default=DEFAULT_LR_SCALING,
+        help_text="how an assignment's learning rate follows its batch size, relative to batch 128 "
+        "(controlplane.planning.lr_scaling): none, linear (Goyal et al. 2017) or sqrt",
+    )
+    untrusted_predictor = models.CharField(
+        max_length=8,
+        choices=[(c, c) for c in UNTRUSTED_PREDICTOR_CHOICES],
+        default="plan",
+        help_text="what a vres_* run does when a device's predictor is not trusted (held-out RMSLE above "
+        "MTFL_PREDICTOR_MAX_RMSLE, or a mix it was not fitted on): plan (anyway, with a warning), baseline "
+        "(run the best baseline's plan instead) or measure (run the best baseline's plan first, then replan "
+        "from what it measured)",
+    )
+    aggregation = models.CharField(
+        max_length=32,
+        default="fedavg",
+        help_text="how each task's device models become its next global model: an aggregator of "
+        "workers.registry.aggregators.AGGREGATOR_REGISTRY (fedavg, fedavgm, fedadam, fedyogi, fedadagrad, fedprox)",
+    )
+    aggregation_params = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="the aggregator's hyper-parameters by name (its record's `parameters`), checked and with "
+        "defaults filled in, e.g. {'server_learning_rate': 0.01, 'beta1': 0.9, 'beta2': 0.99, 'tau': 0.001}",
+    )
+    task_aggregation = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="per-task overrides, {task id (a string): {'aggregation': name, 'aggregation_params': {...}}}; "
+        "a task left out uses the experiment's",
+    )
+    clients_per_round = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="devices trained per round (partial participation); null with client_fraction null: every device",
+    )
+    client_fraction = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="fraction of the devices trained per round, in (0, 1] (rounded up, at least 1); "
+        "exclusive with clients_per_round",
+    )
+    client_sampling = models.CharField(
+        max_length=8,
+        choices=[(r, r) for r in CLIENT_SAMPLING_RULES],
+        default="uniform",
+        help_text="how each round's participants are drawn, seeded by the experiment's seed and the round: "
+        "uniform, or weighted by each device's data volume",
+    )
+    keep_device_weights = models.BooleanField(
+        default=False,
+        help_text="keep every device's uploaded weights after its round is aggregated (for debugging); "
+        "default: deleted once the round's global models are checkpointed",
+    )
+    keep_last_checkpoints = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(10_000)],
+        help_text="global checkpoints kept per run and task: the last N rounds' plus the best by test "
+        "accuracy and the initial model; null: the lab default MTFL_KEEP_LAST_CHECKPOINTS",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -180,8 +253,16 @@ class Shard(models.Model):
 
 class Comparison(models.Model):
     """Every strategy run on the same experiment one after another, on the same devices, data
-    and seeds (the paper's Fig. 4 and 5): its runs start in ``strategies`` order, each once the
-    previous one has ended."""
+    and seeds (the paper's Fig. 4 and 5): its runs start one at a time, each once the previous
+    one has ended.
+
+    With ``repeats`` > 1 every strategy runs once per repeat, in interleaved orders (repeat 0 in
+    ``strategies`` order, repeat 1 reversed, repeat 2 in order again...: each run's
+    :attr:`Run.repeat`), so a drift of a shared machine does not favour whichever strategy runs
+    first. ``targets`` holds the test accuracy each task's time to accuracy is taken to,
+    ``{task id (a string): accuracy in (0, 1]}``; a task left out takes the lowest final
+    accuracy any run of the comparison reached.
+    """
 
     class Status(models.TextChoices):
         RUNNING = "running"
@@ -189,7 +270,18 @@ class Comparison(models.Model):
         CANCELLED = "cancelled"
 
     experiment = models.ForeignKey("Experiment", on_delete=models.CASCADE, related_name="comparisons")
-    strategies = models.JSONField(help_text="strategy names in the order their runs start")
+    strategies = models.JSONField(help_text="strategy names in the order repeat 0's runs start")
+    repeats = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_REPEATS)],
+        help_text="how many times every strategy runs, in interleaved orders",
+    )
+    targets = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="test accuracy to reach per task id, for time to accuracy; a task left out takes the lowest "
+        "final accuracy any run of the comparison reached",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -204,7 +296,9 @@ class Comparison(models.Model):
 class Run(models.Model):
     """One strategy executed on an experiment, round after round.
 
-    ``options`` holds the planner's settings for ``vres_*`` (``objective``, ``slack``);
+    ``options`` holds the planner's settings for ``vres_*`` (``objective``, ``slack``,
+    ``replan``) and, for any strategy, the run's own aggregator (``aggregation``,
+    ``aggregation_params``: runs of several FL algorithms on one experiment);
     ``planned`` the plan they made when the run was created (every round uses it, so ``P_alone``
     is measured at the batch sizes actually trained), with each assignment's predicted
     throughput and the predicted round time.
@@ -225,6 +319,9 @@ class Run(models.Model):
     options = models.JSONField(default=dict, blank=True)
     planned = models.JSONField(null=True, blank=True)
     comparison = models.ForeignKey(Comparison, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    repeat = models.PositiveSmallIntegerField(
+        default=0, help_text="which repeat of its comparison it is, from 0 (0 outside a comparison)"
+    )
     simulated = models.BooleanField(default=False, help_text="its devices' numbers come from the simulated backend")
     standalone_task_ids = models.JSONField(
         default=dict, blank=True, help_text="Celery task id of each device's P_alone measurement, by device name"
@@ -240,9 +337,29 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    pool = models.ForeignKey(
+        "fleet.DevicePool",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="runs",
+        help_text="run on this pool's free devices: each round's participants are placed on the experiment's "
+        "devices of the pool that are free; null: the experiment's devices (or each round's drawn participants)",
+    )
+    priority = models.SmallIntegerField(
+        default=0,
+        validators=[MinValueValidator(-10), MaxValueValidator(10)],
+        help_text="-10 to 10: a waiting round of a higher-priority run gets free devices first",
+    )
     raw_throughput_sps = models.FloatField(null=True, blank=True)
     fair_throughput = models.FloatField(null=True, blank=True)
     fl_throughput_sps = models.FloatField(null=True, blank=True)
+    warnings = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="what the planner's guard found before the run started (an untrusted predictor, a mix "
+        "outside what it was fitted on) and what the run did about it",
+    )
 
     class Meta:
         ordering = ["-id"]
@@ -284,6 +401,7 @@ class Round(models.Model):
 
     class Status(models.TextChoices):
         PENDING = "pending"
+        QUEUED = "queued"
         RUNNING = "running"
         AGGREGATING = "aggregating"
         SUCCEEDED = "succeeded"
@@ -294,6 +412,14 @@ class Round(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="rounds")
     index = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    queued_at = models.DateTimeField(
+        null=True, blank=True, help_text="when it asked the lab scheduler for its devices (status queued)"
+    )
+    queue_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="seconds it waited for its devices: queued_at to the lease of all of them (started_at)",
+    )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     round_time_s = models.FloatField(null=True, blank=True)
@@ -305,6 +431,18 @@ class Round(models.Model):
     error = models.TextField(blank=True, default="")
     flags = models.JSONField(default=list, blank=True)
     predicted_round_time_s = models.FloatField(null=True, blank=True)
+    replan = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="closed-loop replanning before this round (controlplane.planning.closed_loop): per device, "
+        "whether it moved to a new plan or kept its best measured one, and why; null: the run's first plan",
+    )
+    participants = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="ids of the devices drawn to train this round (partial participation), in id order; "
+        "null: every device of the experiment",
+    )
     deadline_s = models.FloatField(
         null=True,
         blank=True,
@@ -361,19 +499,29 @@ class Assignment(models.Model):
     error = models.TextField(blank=True, default="")
     weights_path = models.CharField(max_length=512, blank=True, default="")
     weights_sha256 = models.CharField(max_length=64, blank=True, default="")
+    weights_deleted_at = models.DateTimeField(
+        null=True, blank=True, help_text="when the retention policy deleted its uploaded weights"
+    )
     peak_memory_bytes = models.PositiveBigIntegerField(
         null=True,
         blank=True,
-        help_text="the trainer's peak: torch.cuda.max_memory_allocated on a GPU, private (anonymous) resident memory on cpu",
+        help_text="the trainer's peak: on a GPU, peak reserved memory (torch.cuda.max_memory_reserved) plus the "
+        "CUDA context; on cpu, private (anonymous) resident memory",
     )
     torch_device = models.CharField(max_length=16, blank=True, default="", help_text="cpu or cuda")
     mps_active_thread_percentage = models.FloatField(
-        null=True, blank=True, help_text="the share the MPS server granted this client, as the agent read it"
+        null=True, blank=True, help_text="SMs the trainer saw, as a percentage of the GPU's (null: not under MPS)"
+    )
+    visible_sm_count = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="streaming multiprocessors the trainer's CUDA context reported (null: cpu, or not reported)",
     )
     mps_verified = models.BooleanField(
         null=True,
         blank=True,
-        help_text="the agent's MPS server served this trainer with its share (null: not under MPS)",
+        help_text="the trainer saw fewer SMs than the GPU has, within one TPC of its share's; at 100 %: the MPS "
+        "server logged its connection (null: not under MPS)",
     )
     mps_detail = models.TextField(blank=True, default="", help_text="what the agent found in the MPS server log")
     attempt = models.PositiveSmallIntegerField(
@@ -429,7 +577,82 @@ class Checkpoint(models.Model):
     kept_previous = models.BooleanField(
         default=False, help_text="no device had samples of this task: the previous model was kept"
     )
+    aggregation = models.CharField(
+        max_length=32, blank=True, default="", help_text="the aggregator that made it (empty: the initial model)"
+    )
+    server_state_path = models.CharField(
+        max_length=512,
+        blank=True,
+        default="",
+        help_text="artifact key of the aggregator's server state after this round (momentum, m, v; safetensors); "
+        "empty: a stateless aggregator, or none yet",
+    )
+    server_state_sha256 = models.CharField(max_length=64, blank=True, default="")
+    deleted_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when the retention policy deleted its files (model and server state); its metrics stay",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["run", "task", "created_at"]
+
+
+class DeviceLease(models.Model):
+    """A device leased to one run's round by the lab scheduler, from ``granted_at`` until
+    ``released_at`` (null while held).
+
+    A device is held by at most one lease at a time: a partial unique constraint on the held rows,
+    so a round's leases are claimed with one conditional INSERT of all its devices, refused whole
+    when any of them is held (:func:`controlplane.experiments.services.lab.leases.leases_claim`).
+    Released rows stay: they are each owner's device-time, which the fair policy reads.
+    """
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="leases")
+    # Kept (run and round emptied) when a run is deleted: a lease is also its owner's
+    # device-time, which the fair policy must not forget because the run is gone.
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="leases")
+    round = models.ForeignKey(Round, null=True, blank=True, on_delete=models.SET_NULL, related_name="leases")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="device_leases",
+        help_text="the run's experiment's owner when leased (whose device-time it counts as)",
+    )
+    granted_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["-granted_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["device"], condition=models.Q(released_at__isnull=True), name="one_held_lease_per_device"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["released_at", "granted_at"]),
+            models.Index(fields=["owner", "granted_at"]),
+            models.Index(fields=["round"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device_id} leased to round {self.round_id}"
+
+
+class UserShare(models.Model):
+    """An admin's weight for a user under the fair scheduling policy: a user's device-seconds
+    in the window count divided by it (2.0: entitled to twice the device-time of a weight-1 user)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="lab_share")
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.01), MaxValueValidator(100.0)],
+        help_text="0.01 to 100; users without a row weigh 1",
+    )
+
+    def __str__(self) -> str:
+        return f"{self.user} x{self.weight:g}"

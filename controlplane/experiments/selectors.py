@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Collection, Iterable
+from typing import Any, NamedTuple
 
-from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 
 from controlplane.experiments.models import (
     Assignment,
@@ -20,8 +20,9 @@ from controlplane.experiments.models import (
     Task,
 )
 from controlplane.fleet.models import Device
+from controlplane.planning import metrics
 from controlplane.planning.metrics import speedup
-from controlplane.planning.strategies import baseline_strategy
+from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
 from controlplane.planning.types import PlanningInput
 from workers.protocol.messages import DEFAULT_INPUT_SHAPE, DatasetRef, OptimizerConfig, TaskRef
 
@@ -53,27 +54,87 @@ class ShardSpan(NamedTuple):
     indices: str | None = None
 
 
-def experiment_shards(experiment: Experiment, *, with_indices: bool = False) -> dict[tuple[int, int], ShardSpan]:
+DEVICE_FILTER_LIMIT = 500
+"""Up to this many device ids a read filters by them in SQL (``device_id IN (...)``); a longer
+list (a sample of most of a federation) reads every row and filters in Python: one bound
+parameter per id would run into SQLite's limit on them, and saves little there."""
+
+
+def _of_devices(rows: Iterable[tuple], device_ids: Collection[int] | None) -> Iterable[tuple]:
+    """The rows (device id first) of ``device_ids`` only (all of them when ``None``)."""
+    if device_ids is None:
+        return rows
+    wanted = set(device_ids)
+    return (row for row in rows if row[0] in wanted)
+
+
+def device_filtered(queryset: QuerySet, device_ids: Collection[int] | None) -> QuerySet:
+    """``queryset`` (of a model with a ``device`` foreign key) filtered to ``device_ids`` in SQL
+    when that list is short (see :data:`DEVICE_FILTER_LIMIT`); the caller keeps only the rows of
+    ``device_ids`` as well (a longer list is not filtered here)."""
+    if device_ids is not None and len(device_ids) <= DEVICE_FILTER_LIMIT:
+        return queryset.filter(device_id__in=list(device_ids))
+    return queryset
+
+
+def experiment_devices(
+    experiment: Experiment, *, device_ids: Collection[int] | None = None, fields: Iterable[str] | None = None
+) -> list[Device]:
+    """The experiment's devices in id order, of ``device_ids`` only when given (a round's
+    participants), with only ``fields`` loaded when given (a device's inventory is JSON; 10,000
+    of them are megabytes)."""
+    queryset = experiment.devices.order_by("id")
+    if fields is not None:
+        queryset = queryset.only(*fields)
+    if device_ids is not None and len(device_ids) <= DEVICE_FILTER_LIMIT:
+        queryset = queryset.filter(id__in=list(device_ids))
+    if device_ids is None:
+        return list(queryset)
+    wanted = set(device_ids)
+    return [d for d in queryset if d.id in wanted]
+
+
+def experiment_shards(
+    experiment: Experiment, *, with_indices: bool = False, device_ids: Collection[int] | None = None
+) -> dict[tuple[int, int], ShardSpan]:
     """``{(device_id, task_id): ShardSpan}`` of an experiment (plain tuples, not model
-    instances: every round reads all of them, 3,000 for 1,000 devices × 3 tasks).
+    instances: a round of 1,000 devices × 3 tasks reads 3,000 of them).
 
     Args:
         with_indices: read each shard's encoded positions too (about 10 KB for 25,000 samples:
             what a request to a device carries); without, ``indices`` is ``None``.
+        device_ids: only these devices' shards (a round's participants: 300 rows for 100 of
+            10,000 devices × 3 tasks, not 30,000); ``None``: every device's.
     """
+    shards = device_filtered(experiment.shards.all(), device_ids)
     if not with_indices:
-        rows = experiment.shards.values_list("device_id", "task_id", "num_samples", "offset")
-        return {(device_id, task_id): ShardSpan(n, offset) for device_id, task_id, n, offset in rows}
-    full = experiment.shards.values_list("device_id", "task_id", "num_samples", "offset", "indices")
-    return {(device_id, task_id): ShardSpan(n, offset, idx) for device_id, task_id, n, offset, idx in full}
+        rows = shards.values_list("device_id", "task_id", "num_samples", "offset")
+        return {
+            (device_id, task_id): ShardSpan(n, offset)
+            for device_id, task_id, n, offset in _of_devices(rows, device_ids)
+        }
+    full = shards.values_list("device_id", "task_id", "num_samples", "offset", "indices")
+    return {
+        (device_id, task_id): ShardSpan(n, offset, idx)
+        for device_id, task_id, n, offset, idx in _of_devices(full, device_ids)
+    }
 
 
-def label_histograms(experiment: Experiment) -> list[dict]:
+def label_histograms(experiment: Experiment, *, device_ids: Collection[int] | None = None) -> list[dict]:
     """Every device's class histogram of every task of an experiment, for the API and the
     experiment page: ``[{"task", "task_name", "device", "device_name", "num_samples",
     "label_counts"}]`` ordered by task then device; ``label_counts`` holds ``num_classes``
-    counts (empty for a shard saved before histograms were kept). One query."""
-    rows = experiment.shards.order_by("task_id", "device__name").values_list(
+    counts (empty for a shard saved before histograms were kept). One query.
+
+    Args:
+        device_ids: only these devices' shards (the few a page draws; at most
+            :data:`DEVICE_FILTER_LIMIT` of them are filtered in SQL); ``None``: every device's.
+    """
+    shards = device_filtered(experiment.shards.all(), device_ids)
+    if device_ids is not None and len(device_ids) > DEVICE_FILTER_LIMIT:
+        wanted = set(device_ids)
+        return [row for row in label_histograms(experiment) if row["device"] in wanted]
+    rows = shards.order_by("task_id", "device__name").values_list(
         "task_id", "task__name", "device_id", "device__name", "num_samples", "label_counts"
     )
     return [
@@ -89,11 +150,22 @@ def label_histograms(experiment: Experiment) -> list[dict]:
     ]
 
 
-def planning_input(experiment: Experiment) -> PlanningInput:
-    """The planner's view of an experiment (devices and tasks ordered by id)."""
-    shards = experiment_shards(experiment)
+def planning_input(experiment: Experiment, *, device_ids: Collection[int] | None = None) -> PlanningInput:
+    """The planner's view of an experiment (devices and tasks ordered by id).
+
+    Args:
+        device_ids: plan only these devices (a round's participants, see
+            :func:`controlplane.experiments.services.participation.round_participants`): the
+            shards of the others are not read, so planning a round of 100 sampled devices costs
+            the same in a federation of 100 or of 10,000; ``None``: every device.
+    """
+    shards = experiment_shards(experiment, device_ids=device_ids)
+    if device_ids is None:
+        devices = tuple(experiment.devices.order_by("id").values_list("id", flat=True))
+    else:
+        devices = tuple(sorted(set(device_ids)))
     return PlanningInput(
-        device_ids=tuple(experiment.devices.order_by("id").values_list("id", flat=True)),
+        device_ids=devices,
         task_ids=tuple(experiment.tasks.order_by("id").values_list("id", flat=True)),
         samples={key: s.num_samples for key, s in shards.items()},
         local_epochs=experiment.local_epochs,
@@ -101,19 +173,21 @@ def planning_input(experiment: Experiment) -> PlanningInput:
 
 
 def latest_checkpoints(run: Run) -> dict[int, Checkpoint]:
-    """The newest checkpoint of each task of a run: ``{task_id: Checkpoint}``."""
-    latest: dict[int, Checkpoint] = {}
-    for ckpt in run.checkpoints.order_by("created_at", "id"):
-        latest[ckpt.task_id] = ckpt
-    return latest
+    """The newest checkpoint of each task of a run: ``{task_id: Checkpoint}`` (one query, one row
+    per task, however many rounds the run has had)."""
+    newest = run.checkpoints.order_by().values("task_id").annotate(last=Max("id")).values("last")
+    return {ckpt.task_id: ckpt for ckpt in Checkpoint.objects.filter(id__in=newest)}
 
 
-def standalone_table(run: Run) -> dict[tuple[int, int, int], float | None]:
-    """``{(device_id, task_id, batch_size): P_alone}`` measured for a run."""
-    rows = StandaloneThroughput.objects.filter(run=run).values_list(
+def standalone_table(
+    run: Run, *, device_ids: Collection[int] | None = None
+) -> dict[tuple[int, int, int], float | None]:
+    """``{(device_id, task_id, batch_size): P_alone}`` measured for a run, of ``device_ids`` only
+    when given (a round's participants)."""
+    rows = device_filtered(StandaloneThroughput.objects.filter(run=run), device_ids).values_list(
         "device_id", "task_id", "batch_size", "throughput_sps"
     )
-    return {(device_id, task_id, batch_size): p for device_id, task_id, batch_size, p in rows}
+    return {(device_id, task_id, batch_size): p for device_id, task_id, batch_size, p in _of_devices(rows, device_ids)}
 
 
 def visible_experiment_ids(user) -> QuerySet | None:
@@ -239,8 +313,9 @@ def run_baselines(experiment: Experiment, runs: Iterable[Run]) -> dict[int, Run 
     """The baseline run each run's speedups are taken against, ``{run id: run or None}``.
 
     A run of a comparison is measured against that comparison's own succeeded baseline
-    (``temporal``) run, so a comparison's figures stay what they were when another comparison
-    of the experiment runs later (and are ``None`` when its baseline did not succeed); a run
+    (``temporal``) run of the same repeat, so a comparison's figures stay what they were when
+    another comparison of the experiment runs later (and are ``None`` when its baseline did not
+    succeed); a run
     outside any comparison against the experiment's newest succeeded baseline run
     (:func:`baseline_run`). One query.
     """
@@ -248,8 +323,11 @@ def run_baselines(experiment: Experiment, runs: Iterable[Run]) -> dict[int, Run 
         experiment.runs.filter(strategy=baseline_strategy().name, status=Run.Status.SUCCEEDED).order_by("id")
     )
     newest = succeeded[-1] if succeeded else None
-    by_comparison = {r.comparison_id: r for r in succeeded if r.comparison_id is not None}
-    return {run.id: (by_comparison.get(run.comparison_id) if run.comparison_id is not None else newest) for run in runs}
+    by_repeat = {(r.comparison_id, r.repeat): r for r in succeeded if r.comparison_id is not None}
+    return {
+        run.id: (by_repeat.get((run.comparison_id, run.repeat)) if run.comparison_id is not None else newest)
+        for run in runs
+    }
 
 
 def run_speedups(run: Run, baseline: Run | None) -> dict[str, float | None]:
@@ -342,3 +420,225 @@ def run_with_rounds(run_id: int) -> Run:
         )
         .get(id=run_id)
     )
+
+
+# ------------------------------------------------------------------------------ comparison report
+
+RUN_FIGURES = ("raw_throughput_sps", "fair_throughput", "fl_throughput_sps")
+"""A run's whole-run figures a comparison reports (higher is better)."""
+
+SPEEDUP_FIGURES = {
+    "raw_speedup": "raw_throughput_sps",
+    "fair_speedup": "fair_throughput",
+    "fl_speedup": "fl_throughput_sps",
+}
+"""Each speedup a comparison reports → the figure it is a ratio of (over the same repeat's baseline run)."""
+
+TASK_FIGURES = ("time_to_accuracy_s", "wall_time_to_accuracy_s", "rounds_to_accuracy", "samples_to_accuracy")
+"""A run's figures per task a comparison reports, besides the final accuracy (lower is better)."""
+
+
+def runs_accuracy_points(run_ids: list[int]) -> dict[int, dict[int, list[metrics.AccuracyPoint]]]:
+    """Every task's test accuracy per round against round time, wall time and samples, for
+    time to accuracy: ``{run id: {task id: [AccuracyPoint, ...] in round order}}``. A task's
+    points are the run's rounds that have its checkpoint (every round that ended, failed
+    ones included: they keep the previous model). Three queries.
+    """
+    rounds: dict[int, dict[int, tuple[float | None, float | None]]] = defaultdict(dict)
+    for run_id, index, round_time_s, wall_time_s in (
+        Round.objects.filter(run_id__in=run_ids)
+        .order_by("run_id", "index")
+        .values_list("run_id", "index", "round_time_s", "wall_time_s")
+    ):
+        rounds[run_id][index] = (round_time_s, wall_time_s)
+    samples: dict[tuple[int, int, int], int] = {}
+    for row in (
+        Assignment.objects.filter(round__run_id__in=run_ids, status=Assignment.Status.SUCCEEDED)
+        .values("round__run_id", "round__index", "task_id")
+        .annotate(n=Sum("samples_trained"))
+        .order_by()
+    ):
+        samples[(row["round__run_id"], row["round__index"], row["task_id"])] = row["n"] or 0
+    accuracy: dict[tuple[int, int], dict[int, float | None]] = defaultdict(dict)
+    for run_id, task_id, index, test_accuracy in (
+        Checkpoint.objects.filter(run_id__in=run_ids, round__isnull=False)
+        .order_by("run_id", "task_id", "round__index", "id")
+        .values_list("run_id", "task_id", "round__index", "test_accuracy")
+    ):
+        accuracy[(run_id, task_id)][index] = test_accuracy
+    out: dict[int, dict[int, list[metrics.AccuracyPoint]]] = defaultdict(dict)
+    for (run_id, task_id), by_round in accuracy.items():
+        times = rounds.get(run_id, {})
+        out[run_id][task_id] = [
+            metrics.AccuracyPoint(
+                round_index=index,
+                round_time_s=times.get(index, (None, None))[0],
+                wall_time_s=times.get(index, (None, None))[1],
+                samples_trained=samples.get((run_id, index, task_id), 0),
+                test_accuracy=by_round.get(index),
+            )
+            for index in sorted(set(times) | set(by_round))
+        ]
+    return dict(out)
+
+
+def _last_accuracy(points: list[metrics.AccuracyPoint]) -> float | None:
+    """The newest test accuracy among a task's points (its final accuracy once the run ended)."""
+    return next((p.test_accuracy for p in reversed(points) if p.test_accuracy is not None), None)
+
+
+def _reached(points: list[metrics.AccuracyPoint], target: float | None) -> metrics.TimeToAccuracy | None:
+    return None if target is None or not points else metrics.time_to_accuracy(points, target)
+
+
+def comparison_report(comparison: Comparison) -> dict[str, Any]:
+    """Everything a comparison measured, as the API, the experiment page and ``mtfl compare``
+    show it (plain JSON values; :mod:`controlplane.planning.metrics` has every definition).
+
+    Returns:
+        ``{"comparison", "repeats", "baseline", "confidence", "targets", "strategies", "runs",
+        "verdicts"}``:
+
+        * ``targets``: per task of the experiment ``{"task", "task_name", "target", "source"}``,
+          ``source`` ``"given"`` (the comparison's ``targets``) or ``"lowest final accuracy"``
+          (:func:`~controlplane.planning.metrics.lowest_final_accuracy` over its succeeded runs;
+          ``target`` null until one has a final accuracy);
+        * ``runs``: per run in start order ``{"run", "strategy", "repeat", "status", figures of
+          :data:`RUN_FIGURES` and :data:`SPEEDUP_FIGURES`, "tasks": [{"task", "task_name",
+          "final_accuracy", figures of :data:`TASK_FIGURES` (null: not reached)}]}``;
+        * ``strategies``: per strategy in the comparison's order, each figure over its
+          succeeded runs (one per repeat) as ``{"mean", "low", "high", "n"}``
+          (:func:`~controlplane.planning.metrics.estimate`; no interval below two repeats),
+          per task too, with ``reached``: how many of its succeeded runs reached the target;
+        * ``verdicts``: for each planned strategy (``needs_predictor``: ``vres_greedy``,
+          ``vres_sync``) and each figure (per task for times to accuracy), ``{"strategy",
+          "figure", "task_name", "against", "verdict", "difference"}``: against the best baseline
+          strategy by mean (higher throughput, lower time), ``verdict`` one of
+          :data:`~controlplane.planning.metrics.VERDICTS`, ``difference`` Welch's interval of the
+          difference of means ``{"mean", "low", "high"}`` or null.
+
+    Eight queries, however many runs and rounds.
+    """
+    experiment = comparison.experiment
+    runs = list(comparison.runs.order_by("id"))
+    tasks = list(experiment.tasks.order_by("id"))
+    baselines = run_baselines(experiment, runs)
+    points = runs_accuracy_points([r.id for r in runs])
+    succeeded = [r for r in runs if r.status == Run.Status.SUCCEEDED]
+
+    def final(run: Run) -> dict[str, float | None]:
+        mine = points.get(run.id, {})
+        return {t.name: _last_accuracy(mine.get(t.id, [])) for t in tasks}
+
+    lowest = metrics.lowest_final_accuracy(final(r) for r in succeeded)
+    given = {str(k): float(v) for k, v in (comparison.targets or {}).items()}
+    targets = []
+    for t in tasks:
+        if str(t.id) in given:
+            targets.append({"task": t.id, "task_name": t.name, "target": given[str(t.id)], "source": "given"})
+        else:
+            targets.append(
+                {"task": t.id, "task_name": t.name, "target": lowest.get(t.name), "source": "lowest final accuracy"}
+            )
+    target_of = {row["task"]: row["target"] for row in targets}
+
+    run_rows = []
+    for run in runs:
+        baseline = baselines.get(run.id)
+        row: dict[str, Any] = {"run": run.id, "strategy": run.strategy, "repeat": run.repeat, "status": run.status}
+        for figure in RUN_FIGURES:
+            row[figure] = getattr(run, figure)
+        for name, figure in SPEEDUP_FIGURES.items():
+            row[name] = speedup(getattr(run, figure), getattr(baseline, figure) if baseline else None)
+        row["tasks"] = []
+        for t in tasks:
+            mine = points.get(run.id, {}).get(t.id, [])
+            reached = _reached(mine, target_of[t.id])
+            row["tasks"].append(
+                {
+                    "task": t.id,
+                    "task_name": t.name,
+                    "final_accuracy": _last_accuracy(mine),
+                    "time_to_accuracy_s": reached.time_s if reached else None,
+                    "wall_time_to_accuracy_s": reached.wall_time_s if reached else None,
+                    "rounds_to_accuracy": reached.rounds if reached else None,
+                    "samples_to_accuracy": reached.samples if reached else None,
+                }
+            )
+        run_rows.append(row)
+
+    def values(strategy: str, figure: str, task: int | None = None) -> list[float | None]:
+        out = []
+        for row in run_rows:
+            if row["strategy"] != strategy or row["status"] != Run.Status.SUCCEEDED:
+                continue
+            if task is None:
+                out.append(row[figure])
+            else:
+                out.append(next(x[figure] for x in row["tasks"] if x["task"] == task))
+        return out
+
+    strategies = list(comparison.strategies)
+    strategy_rows = []
+    for s in strategies:
+        mine = [r for r in run_rows if r["strategy"] == s]
+        entry: dict[str, Any] = {
+            "strategy": s,
+            "runs": [r["run"] for r in mine],
+            "succeeded": sum(r["status"] == Run.Status.SUCCEEDED for r in mine),
+        }
+        for figure in (*RUN_FIGURES, *SPEEDUP_FIGURES):
+            entry[figure] = metrics.estimate(values(s, figure)).as_dict()
+        entry["tasks"] = []
+        for t in tasks:
+            per_task: dict[str, Any] = {"task": t.id, "task_name": t.name}
+            for figure in ("final_accuracy", *TASK_FIGURES):
+                per_task[figure] = metrics.estimate(values(s, figure, t.id)).as_dict()
+            per_task["reached"] = sum(v is not None for v in values(s, "time_to_accuracy_s", t.id))
+            entry["tasks"].append(per_task)
+        strategy_rows.append(entry)
+
+    return {
+        "comparison": comparison.id,
+        "repeats": comparison.repeats,
+        "baseline": baseline_strategy().name,
+        "confidence": metrics.CONFIDENCE,
+        "targets": targets,
+        "strategies": strategy_rows,
+        "runs": run_rows,
+        "verdicts": _verdicts(strategies, tasks, values),
+    }
+
+
+def _verdicts(strategies: list[str], tasks: list[Task], values) -> list[dict[str, Any]]:
+    """:func:`comparison_report`'s verdicts: each planned strategy against the best baseline
+    strategy (by mean) of each figure."""
+    registered_ = {s: STRATEGY_REGISTRY.get(s) for s in strategies if s in STRATEGY_REGISTRY}
+    candidates = [s for s, r in registered_.items() if r.needs_predictor]
+    references = [s for s, r in registered_.items() if not r.needs_predictor and not r.takes_plan]
+    checks: list[tuple[str, int | None, str | None, bool]] = [(f, None, None, True) for f in RUN_FIGURES]
+    checks += [("time_to_accuracy_s", t.id, t.name, False) for t in tasks]
+    out = []
+    for figure, task, task_name, higher in checks:
+        means = {s: metrics.estimate(values(s, figure, task)).mean for s in references}
+        ranked = [s for s in references if means[s] is not None]
+        if not ranked:
+            continue
+        best = max(ranked, key=lambda s: means[s]) if higher else min(ranked, key=lambda s: means[s])
+        reference = [v for v in values(best, figure, task) if v is not None]
+        for s in candidates:
+            mine = [v for v in values(s, figure, task) if v is not None]
+            interval = metrics.difference_interval(mine, reference)
+            out.append(
+                {
+                    "strategy": s,
+                    "figure": figure,
+                    "task_name": task_name,
+                    "against": best,
+                    "verdict": metrics.verdict(mine, reference, higher_is_better=higher),
+                    "difference": None
+                    if interval is None
+                    else {"mean": interval[0], "low": interval[1], "high": interval[2]},
+                }
+            )
+    return out

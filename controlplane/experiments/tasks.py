@@ -21,18 +21,23 @@ def run_begin(self, run_id: int) -> None:
 
 
 @app.task(name=TaskName.STANDALONE_RECORDED, ignore_result=True, acks_late=True)
-def standalone_recorded(results: list, run_id: int) -> None:
-    services.standalone_record(run_id=run_id, results=results)
+def standalone_recorded(results: list, run_id: int, before_round: int = 0) -> None:
+    services.standalone_record(run_id=run_id, results=results, before_round=before_round)
 
 
 @app.task(name=TaskName.STANDALONE_WATCHDOG, ignore_result=True, acks_late=True)
-def standalone_watchdog(run_id: int) -> None:
-    services.standalone_watchdog(run_id=run_id)
+def standalone_watchdog(run_id: int, before_round: int = 0) -> None:
+    services.standalone_watchdog(run_id=run_id, before_round=before_round)
 
 
 @app.task(name=TaskName.ROUND_START, ignore_result=True, acks_late=True)
 def round_start(run_id: int, index: int) -> None:
     services.round_start(run_id=run_id, index=index)
+
+
+@app.task(name=TaskName.LAB_SCHEDULE, ignore_result=True, acks_late=True)
+def lab_schedule() -> None:
+    services.lab_schedule()
 
 
 @app.task(name=TaskName.ROUND_PROGRESS, ignore_result=True)

@@ -1,14 +1,23 @@
 from django.contrib import admin
 
-from controlplane.fleet.models import Device, DeviceToken
+from controlplane.fleet.models import Device, DevicePool, DeviceToken
 
 
 @admin.register(Device)
 class DeviceAdmin(admin.ModelAdmin):
-    list_display = ["name", "backend", "status", "last_heartbeat_at", "created_at"]
-    list_filter = ["backend", "status"]
+    list_display = ["name", "backend", "status", "pool", "paused", "last_heartbeat_at", "created_at"]
+    list_filter = ["backend", "status", "pool", "paused"]
     search_fields = ["name"]
     readonly_fields = ["inventory", "last_heartbeat_at", "created_at"]
+
+
+@admin.register(DevicePool)
+class DevicePoolAdmin(admin.ModelAdmin):
+    """Device pools (devices of one class; set a device's pool on the device, or with
+    ``mtfl pool set`` / ``PATCH /api/pools/{id}/``, which check the class)."""
+
+    list_display = ["name", "description", "created_at"]
+    search_fields = ["name"]
 
 
 @admin.register(DeviceToken)

@@ -1,4 +1,5 @@
-"""Fleet state: the devices of a federation and their agents' tokens."""
+"""Fleet state: the devices of a federation, the pools a lab groups them in, and their agents'
+tokens."""
 
 from __future__ import annotations
 
@@ -8,6 +9,22 @@ from django.db import models
 from django.utils import timezone
 
 from workers.protocol.queues import DEVICE_NAME_RE, device_queue
+
+
+class DevicePool(models.Model):
+    """A named group of devices of one device class (:func:`controlplane.fleet.selectors.device_class`)
+    that runs may name instead of devices: the lab scheduler places a pool run's rounds on the
+    pool's free devices (:mod:`controlplane.experiments.services.lab`)."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    description = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Device(models.Model):
@@ -45,6 +62,19 @@ class Device(models.Model):
     )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
+    pool = models.ForeignKey(
+        DevicePool,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="devices",
+        help_text="the pool it serves in (all of one device class); null: none",
+    )
+    paused = models.BooleanField(
+        default=False, help_text="an admin paused it: the lab scheduler leases it to no new round"
+    )
+    paused_reason = models.CharField(max_length=200, blank=True, default="")
+    paused_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

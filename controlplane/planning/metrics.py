@@ -36,6 +36,28 @@ raw throughput sums the tasks with a measured throughput (``None`` when none was
 throughput needs every task measured with a positive standalone throughput, else that device's
 fair throughput is ``None`` and the round's is the mean over the devices that have one.
 
+**Time to accuracy** (:func:`time_to_accuracy`). A run's rounds are read in index order; for a
+task, round ``r`` has the round time ``round_time_s`` (first trainer start to last trainer end
+over the devices that count: the FL round time the planners minimise; a failed round has none
+and adds 0 s), the wall time ``wall_time_s`` (dispatch to aggregation done, start-up and FedAvg
+included), the samples of that task trained by its succeeded assignments, and the test accuracy
+of the task's global model after the round (its checkpoint). The time to accuracy of a task for
+a target accuracy ``a*`` is ``Σ round_time_s`` over rounds ``0..r``, where ``r`` is the first
+round whose test accuracy is ``≥ a*``; the rounds to accuracy are ``r + 1``; the wall time and
+the samples to accuracy are the sums of those rounds' wall times and samples. A run that never
+reaches ``a*`` has none. A comparison's default target for a task
+(:func:`lowest_final_accuracy`) is the lowest final test accuracy any of its runs reached, so
+every run with a final accuracy reaches it.
+
+**Repeats and confidence** (:func:`estimate`, :func:`verdict`). A comparison with ``n`` repeats
+reports every figure as the mean over repeats with a Student-t confidence interval,
+``mean ± t_{(1+c)/2, n-1} · s / √n`` (``s`` the sample standard deviation; ``c = 0.95``); with one
+value there is no interval. A strategy is *better* or *worse* than a reference when Welch's
+confidence interval of the difference of their means (``Δ ± t_{(1+c)/2, ν} · √(s_1²/n_1 +
+s_2²/n_2)``, ``ν`` by the Welch–Satterthwaite equation; Welch 1947) lies entirely on one side
+of 0, else *not distinguishable*; lower is better for times to accuracy. With fewer than two
+values on either side there is no verdict but *not distinguishable*.
+
 Throughputs are in samples per second (``sps``), times in seconds, timestamps in Unix seconds.
 """
 
@@ -471,3 +493,259 @@ def _seconds(value: object) -> float | None:
     if timestamp is None:
         raise TypeError(f"a timestamp must be Unix seconds or a datetime, got {type(value).__name__}")
     return float(timestamp())
+
+
+# ------------------------------------------------------------------------------ time to accuracy
+
+
+@dataclass(frozen=True)
+class AccuracyPoint:
+    """One round of a run, for one task, as time to accuracy reads it (module docstring).
+
+    Attributes:
+        round_index: the round's index (points are given in index order).
+        round_time_s: the round's FL round time, seconds; ``None`` (a failed round) adds 0.
+        wall_time_s: dispatch to aggregation done, seconds; ``None`` when unknown.
+        samples_trained: samples of the task trained in the round by its succeeded assignments.
+        test_accuracy: the task's global model's test accuracy after the round, in [0, 1];
+            ``None`` when it was not evaluated.
+    """
+
+    round_index: int
+    round_time_s: float | None
+    wall_time_s: float | None
+    samples_trained: int
+    test_accuracy: float | None
+
+
+@dataclass(frozen=True)
+class TimeToAccuracy:
+    """How long a run took to bring a task to a target accuracy (module docstring).
+
+    Attributes:
+        rounds: rounds run up to and including the first that reached the target.
+        time_s: the sum of their FL round times, seconds.
+        wall_time_s: the sum of their wall times, seconds (``None`` if one is unknown).
+        samples: the task's samples trained in them.
+        accuracy: the test accuracy that round reached.
+    """
+
+    rounds: int
+    time_s: float
+    wall_time_s: float | None
+    samples: int
+    accuracy: float
+
+
+def time_to_accuracy(points: Sequence[AccuracyPoint], target: float) -> TimeToAccuracy | None:
+    """The time, rounds, wall time and samples until a task's test accuracy first reaches
+    ``target`` (module docstring: the definition).
+
+    Args:
+        points: the run's rounds for the task, in round order (failed rounds included).
+        target: test accuracy to reach, in (0, 1].
+
+    Returns:
+        A :class:`TimeToAccuracy`, or ``None`` when no round reached ``target``.
+
+    Raises:
+        ValueError: ``target`` outside (0, 1].
+    """
+    if not (0 < target <= 1):
+        raise ValueError(f"target must be in (0, 1], got {target}")
+    time_s = 0.0
+    wall: float | None = 0.0
+    samples = 0
+    for k, p in enumerate(points):
+        time_s += p.round_time_s or 0.0
+        wall = None if wall is None or p.wall_time_s is None else wall + p.wall_time_s
+        samples += p.samples_trained
+        if p.test_accuracy is not None and p.test_accuracy >= target:
+            return TimeToAccuracy(k + 1, time_s, wall, samples, p.test_accuracy)
+    return None
+
+
+def lowest_final_accuracy(finals: Iterable[Mapping[str, float | None]]) -> dict[str, float]:
+    """The default target of each task: the lowest final test accuracy any run reached.
+
+    Args:
+        finals: one ``{task: final test accuracy or None}`` per run.
+
+    Returns:
+        ``{task: lowest accuracy}`` over the runs with one (a task no run has an accuracy of is
+        left out); a target of 0 (a model that never classified a test sample right) is left out
+        too, since every model reaches it before training.
+    """
+    lowest: dict[str, float] = {}
+    for final in finals:
+        for task, accuracy in final.items():
+            if accuracy is not None and (task not in lowest or accuracy < lowest[task]):
+                lowest[task] = accuracy
+    return {task: a for task, a in lowest.items() if a > 0}
+
+
+# ------------------------------------------------------------------------------ repeats
+
+
+CONFIDENCE = 0.95
+"""The confidence level of every interval and verdict."""
+
+VERDICTS = ("better", "worse", "not distinguishable")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure over repeats: the mean and its Student-t confidence interval.
+
+    Attributes:
+        mean: the mean of the values (``None`` with none).
+        low, high: the interval's ends (``None`` with fewer than two values).
+        n: how many values.
+    """
+
+    mean: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """``{"mean", "low", "high", "n"}`` (what the API and exports show)."""
+        return {"mean": self.mean, "low": self.low, "high": self.high, "n": self.n}
+
+
+def _t_quantile(confidence: float, df: float) -> float:
+    """The two-sided Student-t quantile ``t_{(1+c)/2, df}``."""
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf((1 + confidence) / 2, df))
+
+
+def _mean_var(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample variance (``n - 1`` in the denominator) of two or more values."""
+    n = len(values)
+    mean = sum(values) / n
+    return mean, sum((v - mean) ** 2 for v in values) / (n - 1)
+
+
+def estimate(values: Iterable[float | None], *, confidence: float = CONFIDENCE) -> Estimate:
+    """The mean of ``values`` with its Student-t confidence interval (module docstring).
+
+    Args:
+        values: one value per repeat; ``None`` (a repeat without the figure) is left out.
+        confidence: in (0, 1).
+
+    Returns:
+        An :class:`Estimate`: no interval with fewer than two values, no mean with none.
+    """
+    present = [float(v) for v in values if v is not None]
+    n = len(present)
+    if n == 0:
+        return Estimate(None, None, None, 0)
+    if n == 1:
+        return Estimate(present[0], None, None, 1)
+    mean, var = _mean_var(present)
+    half = _t_quantile(confidence, n - 1) * math.sqrt(var / n)
+    return Estimate(mean, mean - half, mean + half, n)
+
+
+def difference_interval(
+    candidate: Sequence[float], reference: Sequence[float], *, confidence: float = CONFIDENCE
+) -> tuple[float, float, float] | None:
+    """Welch's confidence interval of ``mean(candidate) - mean(reference)`` (Welch 1947).
+
+    Returns:
+        ``(difference, low, high)``, or ``None`` with fewer than two values on either side.
+        When both samples have no spread at all the interval is the difference itself.
+    """
+    if len(candidate) < 2 or len(reference) < 2:
+        return None
+    m1, v1 = _mean_var(candidate)
+    m2, v2 = _mean_var(reference)
+    a, b = v1 / len(candidate), v2 / len(reference)
+    diff = m1 - m2
+    se = math.sqrt(a + b)
+    if se == 0:
+        return diff, diff, diff
+    df = (a + b) ** 2 / (a**2 / (len(candidate) - 1) + b**2 / (len(reference) - 1))
+    half = _t_quantile(confidence, df) * se
+    return diff, diff - half, diff + half
+
+
+def verdict(
+    candidate: Iterable[float | None],
+    reference: Iterable[float | None],
+    *,
+    higher_is_better: bool = True,
+    confidence: float = CONFIDENCE,
+) -> str:
+    """Whether ``candidate`` is ``"better"``, ``"worse"`` or ``"not distinguishable"`` from
+    ``reference`` at ``confidence`` (Welch's interval of the difference, module docstring).
+
+    Args:
+        candidate, reference: one value per repeat (``None`` left out).
+        higher_is_better: ``False`` for times (lower is better).
+    """
+    interval = difference_interval(
+        [float(v) for v in candidate if v is not None],
+        [float(v) for v in reference if v is not None],
+        confidence=confidence,
+    )
+    if interval is None:
+        return "not distinguishable"
+    _diff, low, high = interval
+    if low > 0:
+        return "better" if higher_is_better else "worse"
+    if high < 0:
+        return "worse" if higher_is_better else "better"
+    return "not distinguishable"
+
+
+Intervals = dict[str, dict[str, dict[str, dict[Any, tuple[float | None, float | None]]]]]
+""":data:`Speedups`' shape with each speedup's ``(low, high)`` interval over repeats."""
+
+
+def repeated_speedups(per_repeat: Sequence[Speedups], *, confidence: float = CONFIDENCE) -> tuple[Speedups, Intervals]:
+    """Speedups of a comparison with repeats: each repeat's :func:`comparison_speedups` (each
+    against its own baseline run) averaged over the repeats that have it, with its Student-t
+    interval (:func:`estimate`; ``(None, None)`` below two repeats).
+
+    Returns:
+        ``(means, intervals)``, both shaped as :data:`Speedups`; no repeats give empty tables.
+    """
+    collected: dict[tuple[str, str, str, Any], list[float]] = defaultdict(list)
+    for speedups in per_repeat:
+        for view, by_metric in speedups.items():
+            for metric, by_strategy in by_metric.items():
+                for strategy, values in by_strategy.items():
+                    for key, value in values.items():
+                        collected[(view, metric, strategy, key)].append(value)
+    means: Speedups = {"per_device": {m: {} for m in METRICS}, "per_round": {m: {} for m in METRICS}}
+    intervals: Intervals = {"per_device": {m: {} for m in METRICS}, "per_round": {m: {} for m in METRICS}}
+    for (view, metric, strategy, key), found in collected.items():
+        e = estimate(found, confidence=confidence)
+        if e.mean is None:
+            continue
+        means[view][metric].setdefault(strategy, {})[key] = e.mean
+        intervals[view][metric].setdefault(strategy, {})[key] = (e.low, e.high)
+    for speedups in per_repeat:  # strategies with no value still get their (empty) entry
+        for view, by_metric in speedups.items():
+            for metric, by_strategy in by_metric.items():
+                for strategy in by_strategy:
+                    means[view][metric].setdefault(strategy, {})
+                    intervals[view][metric].setdefault(strategy, {})
+    return means, intervals
+
+
+def interleaved_orders(strategies: Sequence[str], repeats: int) -> list[list[str]]:
+    """The order of every repeat's runs: repeat 0 as given, repeat 1 reversed, repeat 2 as given
+    again, and so on (ABCDE, EDCBA, ABCDE...). Each strategy's mean position over two repeats is
+    then the middle, so a drift of a shared machine (a neighbour starting, a host throttling)
+    lands on every strategy alike instead of on whichever runs last.
+
+    Raises:
+        ValueError: ``repeats`` below 1.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    forward = list(strategies)
+    return [forward if k % 2 == 0 else forward[::-1] for k in range(repeats)]

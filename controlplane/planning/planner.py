@@ -46,7 +46,7 @@ from typing import Literal
 
 import numpy as np
 
-from controlplane.planning.predictor import MAX_MIX, EncodedMixes, PredictorError, ThroughputPredictor
+from controlplane.planning.predictor import EncodedMixes, PredictorError, ThroughputPredictor
 from controlplane.planning.types import Plan, PlannedAssignment, PlanningError, PlanningInput
 
 BATCH_STEP = 8
@@ -175,23 +175,18 @@ class _Group:
         return self._predict_rows(batch, share)
 
     def _predict_rows(self, batch: np.ndarray, share: np.ndarray) -> np.ndarray:
+        # As wide as the group's tasks: the predictor pads the design matrix to its own slots.
         m, k = batch.shape
-        arch = np.full((m, MAX_MIX), -1, dtype=np.int64)
-        b = np.zeros((m, MAX_MIX))
-        r = np.zeros((m, MAX_MIX))
-        arch[:, :k], b[:, :k], r[:, :k] = self.arch_index, batch, share
-        enc = EncodedMixes(self.predictor.space.architectures, arch, b, r)
-        return self.predictor.predict_arrays(enc)[:, :k]
+        arch = np.broadcast_to(self.arch_index, (m, k)).astype(np.int64)
+        enc = EncodedMixes(self.predictor.space.architectures, arch, batch.astype(float), share.astype(float))
+        return self.predictor.predict_arrays(enc)
 
     def alone(self, batch: np.ndarray) -> np.ndarray:
         """``P_alone`` ``(m, I)``: each task alone on the whole device at its batch size."""
         m, k = batch.shape
-        arch = np.full((m * k, MAX_MIX), -1, dtype=np.int64)
-        b = np.zeros((m * k, MAX_MIX))
-        r = np.zeros((m * k, MAX_MIX))
-        arch[:, 0] = np.tile(self.arch_index, m)
-        b[:, 0] = batch.reshape(-1)
-        r[:, 0] = 100
+        arch = np.tile(self.arch_index, m).astype(np.int64)[:, None]
+        b = batch.reshape(-1, 1).astype(float)
+        r = np.full((m * k, 1), 100.0)
         enc = EncodedMixes(self.predictor.space.architectures, arch, b, r)
         return self.predictor.predict_arrays(enc)[:, 0].reshape(m, k)
 
@@ -220,12 +215,11 @@ def _groups(spec: PlanningInput, ctx: PlannerContext) -> list[_Group]:
             continue
         if device_id not in ctx.devices:
             raise PlanningError(f"device {device_id} has no fitted predictor for its backend", field="devices")
-        if len(tasks) > MAX_MIX:
-            raise PlanningError(
-                f"device {device_id} holds {len(tasks)} tasks; the predictor plans at most {MAX_MIX} per device",
-                field="tasks",
-            )
         capacity = ctx.devices[device_id]
+        try:
+            capacity.predictor.check_mix_size(len(tasks))
+        except PredictorError as exc:
+            raise PlanningError(f"device {device_id}: {exc}", field="tasks") from exc
         archs = tuple(ctx.architectures[t] for t in tasks)
         known = capacity.predictor.space.architectures
         for t, a in zip(tasks, archs, strict=True):

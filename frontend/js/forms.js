@@ -22,18 +22,27 @@
   document.addEventListener("DOMContentLoaded", () => {
     // Each partition rule's parameters (data-partition-rule) are shown for that rule only; the
     // server sends only the chosen rule's anyway, so without JavaScript the form still works.
-    const partition = document.querySelector("#experiment-form select[name=partition_rule]");
-    if (partition) {
-      const inputs = [...document.querySelectorAll("#experiment-form input[data-partition-rule]")];
+    // Each aggregator's parameters (data-aggregation) likewise.
+    const showOwn = (select, inputs, owner) => {
       const update = () => {
         for (const input of inputs) {
-          const mine = input.dataset.partitionRule === partition.value;
+          const mine = owner(input) === select.value;
           input.disabled = !mine;
           input.closest("label").hidden = !mine;
         }
       };
-      partition.addEventListener("change", update);
+      select.addEventListener("change", update);
       update();
+    };
+    const partition = document.querySelector("#experiment-form select[name=partition_rule]");
+    if (partition) {
+      const inputs = [...document.querySelectorAll("#experiment-form input[data-partition-rule]")];
+      showOwn(partition, inputs, (input) => input.dataset.partitionRule);
+    }
+    const aggregation = document.querySelector("#experiment-form select[name=aggregation]");
+    if (aggregation) {
+      const inputs = [...document.querySelectorAll("#experiment-form input[data-aggregation]")];
+      showOwn(aggregation, inputs, (input) => input.dataset.aggregation);
     }
 
     // The data folder is shown for data sets that read files (data-needs-root on their option).
@@ -53,7 +62,7 @@
     const runForm = document.querySelector("form.run-form");
     if (runForm) {
       const planned = (runForm.dataset.planned || "").split(" ");
-      const options = [...runForm.querySelectorAll("select[name=objective], select[name=slack]")];
+      const options = [...runForm.querySelectorAll("select[name=objective], select[name=slack], select[name=replan]")];
       follow(runForm.querySelector("select[name=strategy]"), options, (value) => planned.includes(value));
     }
   });

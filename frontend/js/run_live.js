@@ -20,7 +20,9 @@
     if (cancel && FINISHED.has(p.status)) cancel.remove();  // nothing left to cancel
     let text = `${p.rounds_done} of ${p.rounds_total} rounds done`;
     if (p.rounds_failed) text += ` (${p.rounds_failed} failed)`;
-    if (p.current_round && p.current_round.status === "aggregating") {
+    if (p.current_round && p.current_round.status === "queued") {
+      text += ` · round ${p.current_round.index} queued: waiting for its devices`;
+    } else if (p.current_round && p.current_round.status === "aggregating") {
       text += ` · round ${p.current_round.index}: every device reported; FedAvg and evaluation`;
     } else if (p.current_round) {
       const c = p.current_round;
@@ -32,6 +34,27 @@
     document.getElementById("progress-text").textContent = text;
   }
 
+  // Who took part in a round: "all 12" or "100 of 10,000: dev-0003, dev-0107, … +95", with a
+  // link to the round in the API, which lists every participant's id.
+  function participantsCell(td, r) {
+    const p = r.participants;
+    if (!p) return;
+    if (p.all) {
+      td.textContent = `all ${p.of.toLocaleString("en")}`;
+      return;
+    }
+    let text = `${p.count.toLocaleString("en")} of ${p.of.toLocaleString("en")}`;
+    if (p.names.length) text += ": " + p.names.join(", ");
+    if (p.more) text += `, … +${p.more.toLocaleString("en")}`;
+    td.textContent = text + " ";
+    td.className = "participants small";
+    const link = document.createElement("a");
+    link.href = `/api/rounds/${r.id}/`;
+    link.textContent = "all ids";
+    link.title = "every participant's device id (the API's round)";
+    td.appendChild(link);
+  }
+
   function renderRounds(rounds) {
     const body = document.querySelector("#rounds-table tbody");
     if (!body) return;  // a finished run without rounds has no table
@@ -39,11 +62,13 @@
     for (const r of rounds) {
       const tr = document.createElement("tr");
       const notes = [r.error, ...(r.flags || [])].filter(Boolean).join("; ");
-      const cells = [r.index, r.status, fmt(r.round_time_s, 2), fmt(r.wall_time_s, 1), fmt(r.fl_throughput_sps, 1),
-        fmt(r.raw_throughput_sps, 1), fmt(r.fair_throughput, 3), notes];
+      const cells = [r.index, r.status, null, fmt(r.queue_s, 1), fmt(r.round_time_s, 2), fmt(r.wall_time_s, 1),
+        fmt(r.fl_throughput_sps, 1), fmt(r.raw_throughput_sps, 1), fmt(r.fair_throughput, 3), notes];
       cells.forEach((value, i) => {
         const td = document.createElement("td");
-        if (i === 1) {
+        if (i === 2) {
+          participantsCell(td, r);
+        } else if (i === 1) {
           const span = document.createElement("span");
           span.className = "badge " + value;
           span.textContent = value;
@@ -67,8 +92,18 @@
     }
   }
 
+  // "queued: waiting for dev-a held by run 12 (alice) since …, estimated start …" while the
+  // run's round waits in the lab's queue (the server words it: data.queue_banner).
+  function renderQueueBanner(text) {
+    const banner = document.getElementById("queue-banner");
+    if (!banner) return;
+    banner.hidden = !text;
+    if (text) banner.firstChild.textContent = text + " ";
+  }
+
   function render(live) {
     renderProgress(live.progress);
+    renderQueueBanner(live.queue_banner);
     renderRounds(live.rounds);
     renderFigures(live.figures);
   }

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from controlplane.planning.predictor import MAX_MIX, MixTask, ModelWorkload, ProfiledTask
+from controlplane.planning.predictor import LEGACY_MAX_MIX, MixTask, ModelWorkload, ProfiledTask
 
 WORKLOADS = {
     "resnet18": ModelWorkload(1.1e8, 2.0e6, 11_200_000, 44_800_000),
@@ -30,11 +30,13 @@ def law(mix: tuple[MixTask, ...], j: int) -> float:
     return alone(t.architecture, t.batch_size) * min(1.0, t.share / 100) ** 0.6 / max(1.0, total / 100) ** 1.3
 
 
-def synthetic(n: int, seed: int = 0, noise: float = 0.02) -> list[ProfiledTask]:
+def synthetic(n: int, seed: int = 0, noise: float = 0.02, max_mix: int = LEGACY_MAX_MIX) -> list[ProfiledTask]:
+    """``n`` configurations of 1 to ``max_mix`` tasks (4 by default: the tests written when the
+    predictor encoded at most 4 keep the samples they were written for)."""
     rng = np.random.default_rng(seed)
     samples = []
     for i in range(n):
-        k = int(rng.integers(1, MAX_MIX + 1))
+        k = int(rng.integers(1, max_mix + 1))
         mix = tuple(
             MixTask(
                 ARCHS[rng.integers(len(ARCHS))],
@@ -50,9 +52,9 @@ def synthetic(n: int, seed: int = 0, noise: float = 0.02) -> list[ProfiledTask]:
     return samples
 
 
-def store_synthetic_samples(device, n: int = 120) -> None:
+def store_synthetic_samples(device, n: int = 120, backend: str = "cpu", device_class: str = "cpu-2cores") -> None:
     """Store ``n`` synthetic configurations' samples (and the models' workloads) as if a sweep
-    on ``device`` (a cpu device of class ``cpu-2cores``) had measured them."""
+    on ``device`` (of ``backend`` and ``device_class``) had measured them."""
     from controlplane.profiling.models import ModelWorkload as ModelWorkloadRow
     from controlplane.profiling.models import ProfileSample
 
@@ -73,8 +75,8 @@ def store_synthetic_samples(device, n: int = 120) -> None:
         ProfileSample(
             source="sweep",
             device=device,
-            backend="cpu",
-            device_class="cpu-2cores",
+            backend=backend,
+            device_class=device_class,
             config_key=s.config_key,
             configuration=[
                 {"architecture": t.architecture, "batch_size": t.batch_size, "active_thread_percentage": t.share}

@@ -249,6 +249,17 @@ def test_lists_filter_by_experiment_run_and_round(api, make_experiment):
     assert progress["rounds_total"] == 1 and progress["current_round"]["assignments_total"] == 4
 
 
+def test_a_filter_given_twice_is_a_400_naming_it(api, make_experiment):
+    experiment = make_experiment()
+
+    twice = api.get(f"/api/runs/?experiment={experiment.id}&experiment={experiment.id + 1}")
+    once = api.get(f"/api/runs/?experiment={experiment.id}")
+
+    assert twice.status_code == 400
+    assert "experiment" in twice.json()["errors"] and twice.json()["message"].startswith("experiment")
+    assert once.status_code == 200
+
+
 def test_cancel_a_run_then_cancel_again_conflicts(api, make_experiment):
     run = Run.objects.create(experiment=make_experiment(), strategy="sharing", status=Run.Status.RUNNING)
     first = api.post(f"/api/runs/{run.id}/cancel/")

@@ -13,18 +13,9 @@ from django.core.management.base import CommandError
 from controlplane.core.management.commands import profile
 from controlplane.experiments import services
 from controlplane.experiments.models import Checkpoint, Comparison, Round, Run
-from controlplane.profiling.services import predictor_fit
-from tests.controlplane.contention_law import store_synthetic_samples
 from tests.controlplane.test_api import _queued_control_messages
+from tests.controlplane.test_replan_services import _start
 from workers.protocol.queues import TaskName
-
-
-@pytest.fixture
-def predictor(make_device):
-    store_synthetic_samples(make_device("profiled"), n=100)
-    fitted = predictor_fit(backend="cpu", families=("baseline", "extra_trees"))
-    assert fitted.status == "ready", fitted.error
-    return fitted
 
 
 def test_a_planned_run_without_a_predictor_is_refused_with_the_way_out(api, make_experiment):
@@ -69,7 +60,7 @@ def test_a_planned_run_stores_its_plan_and_rounds_carry_the_predictions(
         )
     assert response.status_code == 201, response.json()
     body = response.json()
-    assert body["options"] == {"objective": "fair", "slack": "smaller_batches"}
+    assert body["options"] == {"objective": "fair", "slack": "smaller_batches", "replan": "every_round"}
     planned = body["planned"]
     assert planned["strategy"] == "vres_greedy" and len(planned["assignments"]) == 4
     assert planned["predicted_round_time_s"] > 0
@@ -79,7 +70,7 @@ def test_a_planned_run_stores_its_plan_and_rounds_carry_the_predictions(
     for task in experiment.tasks.all():  # what run_begin writes: the initial global models
         Checkpoint.objects.create(run=run, task=task, round=None, artifact_path=f"init-{task.id}", sha256="0" * 64)
     with django_capture_on_commit_callbacks(execute=True):
-        rnd = services.round_start(run_id=run.id, index=0)
+        rnd = _start(run, 0)  # leased, P_alone recorded, dispatched
     assert rnd.predicted_round_time_s == pytest.approx(planned["predicted_round_time_s"])
     by_pair = {(a["device_id"], a["task_id"]): a for a in planned["assignments"]}
     for a in rnd.assignments.all():

@@ -52,6 +52,8 @@ pytestmark = pytest.mark.django_db
 FUZZ_SEED = 7_2026
 MAX_EXAMPLES = int(os.environ.get("MTFL_FUZZ_EXAMPLES", "12"))
 T0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
+MAX_ID = 2**63 - 1
+"""The largest id the schema allows (controlplane.api.serializers.MAX_ID)."""
 
 
 @schemathesis.check
@@ -144,10 +146,13 @@ def fuzz_world(user, make_experiment, make_device):
     """What the fuzzed requests find: the ``user`` fixture's experiment (two devices, two
     tasks) with a finished run (a round, its assignments, checkpoints, GPU telemetry), a
     pending run of a comparison, a profile sweep with a sample, a ready predictor, a model
-    workload, an agent token for ``dev-a``, and a device outside the experiment."""
+    workload, an agent token for ``dev-a``, a device outside the experiment, a device pool of
+    the experiment's devices, and a lab admin (staff) who pauses devices and changes pools."""
+    from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
     from controlplane.experiments.models import Assignment, Checkpoint, Comparison, DeviceTelemetry, Round, Run
+    from controlplane.fleet.models import Device, DevicePool
     from controlplane.fleet.services import device_token_issue
     from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 
@@ -244,6 +249,10 @@ def fuzz_world(user, make_experiment, make_device):
     )
     _, agent_key = device_token_issue(device=devices[0])
     token, _ = Token.objects.get_or_create(user=user)
+    pool = DevicePool.objects.create(name="fuzz-pool")
+    Device.objects.filter(id__in=[d.id for d in devices]).update(pool=pool)
+    lab_admin = get_user_model().objects.create_user("lab-admin", is_staff=True)
+    admin_token, _ = Token.objects.get_or_create(user=lab_admin)
     ids = {
         "devices": [d.id for d in devices] + [spare.id],
         "tasks": [t.id for t in tasks],
@@ -257,8 +266,14 @@ def fuzz_world(user, make_experiment, make_device):
         "profile-samples": [sample.id],
         "predictors": [predictor.id],
         "workloads": [workload.id],
+        "pools": [pool.id],
     }
-    return {"ids": ids, "user_auth": f"Token {token.key}", "agent_auth": f"Agent {agent_key}"}
+    return {
+        "ids": ids,
+        "user_auth": f"Token {token.key}",
+        "agent_auth": f"Agent {agent_key}",
+        "admin_auth": f"Token {admin_token.key}",
+    }
 
 
 # Body and query fields that hold ids of a resource, and which.
@@ -271,13 +286,15 @@ ID_FIELDS = {
     "run": "runs",
     "round": "rounds",
     "sweep": "profile-sweeps",
+    "pool": "pools",
 }
 
 
 def _real(value, ids: list[int]):
-    """A positive integer becomes one of ``ids`` (which one depends on the integer, so runs
-    repeat); anything else (0, negatives, strings: the negative cases) is left alone."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    """A positive integer up to the schema's maximum id becomes one of ``ids`` (which one depends
+    on the integer, so runs repeat); anything else (0, negatives, ids past 2**63 - 1, strings:
+    the negative cases) is left alone."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID:
         return ids[value % len(ids)]
     return value
 
@@ -310,6 +327,20 @@ def _aim_at_real_objects(case, world) -> None:
                 entry[name] = _real(entry[name], ids[kind])
 
 
+LAB_ADMIN_PATHS = ("/api/pools/", "/api/pools/{id}/", "/api/devices/{id}/pause/", "/api/devices/{id}/resume/")
+"""Operations whose writes are a lab admin's: fuzzed as one (a researcher's 403 is tested in
+tests/controlplane/test_queue_api.py), so their bodies reach the services."""
+
+
+def _auth(case, world) -> str:
+    path = case.operation.path
+    if path.startswith("/api/agent/"):
+        return world["agent_auth"]
+    if path in LAB_ADMIN_PATHS and case.method.upper() != "GET":
+        return world["admin_auth"]
+    return world["user_auth"]
+
+
 def _operation_test(label: str):
     """The fuzz test of one API operation (``label``: ``"GET /api/runs/{id}/"``).
 
@@ -329,7 +360,7 @@ def _operation_test(label: str):
     )
     def test(case, fuzz_world, keep_the_test_connection, django_capture_on_commit_callbacks):
         _aim_at_real_objects(case, fuzz_world)
-        auth = fuzz_world["agent_auth"] if case.operation.path.startswith("/api/agent/") else fuzz_world["user_auth"]
+        auth = _auth(case, fuzz_world)
         with django_capture_on_commit_callbacks(execute=True):
             case.call_and_validate(headers={"Authorization": auth}, checks=CHECKS)
 

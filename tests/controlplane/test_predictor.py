@@ -88,7 +88,7 @@ def test_prediction_is_vectorised_over_many_configurations(fitted):
     mixes = [tuple(MixTask(ARCHS[a], 64, 50) for a in rng.integers(0, 4, size=rng.integers(1, 5))) for _ in range(5000)]
     enc = encode_mixes(mixes, predictor.space.architectures)
     out = predictor.predict_arrays(enc)
-    assert out.shape == (5000, MAX_MIX)
+    assert out.shape == (5000, 4) == enc.arch.shape  # as wide as the largest mix given
     assert np.isnan(out[~enc.present]).all() and (out[enc.present] > 0).all()
 
 
@@ -105,8 +105,10 @@ def test_unknown_model_and_oversized_mix_are_refused(fitted):
     predictor, _ = fitted
     with pytest.raises(PredictorError, match="'alexnet' is unknown"):
         predictor.predict([(MixTask("alexnet", 32, 50),)])
-    with pytest.raises(PredictorError, match="1 to 4 tasks"):
-        predictor.predict([tuple(MixTask("resnet18", 32, 20) for _ in range(5))])
+    with pytest.raises(PredictorError, match=f"plans at most {MAX_MIX} tasks per device"):
+        predictor.predict([tuple(MixTask("resnet18", 32, 10) for _ in range(MAX_MIX + 1))])
+    with pytest.raises(PredictorError, match=f"1 to {MAX_MIX} tasks"):
+        encode_mixes([tuple(MixTask("resnet18", 32, 10) for _ in range(MAX_MIX + 1))], predictor.space.architectures)
 
 
 def test_too_few_samples_are_refused():
@@ -205,9 +207,9 @@ def test_slice_labels_name_each_tasks_units_and_whether_another_task_shares_them
     enc = encode_mixes(mixes, ["a", "b"])
     space = FeatureSpace(("a", "b"), {}, SoloTable(curves={}, exponents={}, flop_rate=1.0), 2, "packed")
     assert slice_labels(space, enc).tolist() == [
-        ["2 units, alone", "", "", ""],
-        ["1 unit, alone", "1 unit, alone", "", ""],
-        ["2 units, shared", "1 unit, shared", "", ""],
+        ["2 units, alone", ""],
+        ["1 unit, alone", "1 unit, alone"],
+        ["2 units, shared", "1 unit, shared"],
     ]
     pooled = FeatureSpace(("a", "b"), {}, SoloTable(curves={}, exponents={}, flop_rate=1.0), 2, "pooled")
     assert slice_labels(pooled, enc)[:, :2].tolist() == [
@@ -460,7 +462,7 @@ def test_a_predictor_fitted_on_probed_links_predicts_at_the_near_placement():
     assert report.families[0].rmsle < 0.04 < 0.06 < blind.families[0].rmsle
     # a configuration to predict has no round trip: the near placement, the law's own speed
     alone = [(MixTask(a, 64, 100),) for a in archs]
-    near = replace(encode_mixes(alone, archs), rtt=np.full((len(alone), MAX_MIX), 230.0))
+    near = replace(encode_mixes(alone, archs), rtt=np.full((len(alone), 1), 230.0))
     assert (
         rmsle(np.array([row[0] for row in predictor.predict(alone)]), truth.slot_arrays(near)["baseline"][:, 0]) < 0.05
     )

@@ -148,7 +148,7 @@ def test_measured_assignments_of_shared_rounds_become_samples(make_experiment):
                 round=rnd,
                 device=shard.device,
                 task=shard.task,
-                batch_size=16,
+                batch_size=8,  # 5 to 9 iterations: at least 3 timed after the 2 of warm-up
                 active_thread_percentage=100,
                 samples=shard.num_samples,
                 throughput_sps=55.0,

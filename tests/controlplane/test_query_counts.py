@@ -298,3 +298,140 @@ def test_a_page_costs_the_same_queries_for_a_small_and_a_large_experiment(owner_
         counts[name] = len(queries)
 
     assert counts["big"] == counts["small"], counts
+
+
+# ------------------------------------------------------------- partial participation at scale
+
+SAMPLED_DEVICES = {"small": 4, "large": 400}
+SAMPLED_PER_ROUND, SAMPLED_ROUNDS = 3, 6
+
+
+def _sampled_experiment(size: str, owner, task) -> tuple[Experiment, Run]:
+    """An experiment of ``SAMPLED_DEVICES[size]`` devices training 3 of them per round, with one
+    finished sharing run of 6 rounds: each round's participants and only their assignments."""
+    import numpy as np
+
+    n = SAMPLED_DEVICES[size]
+    Device.objects.bulk_create(
+        Device(name=f"samp-{size}-{k:04d}", backend="simulated", last_heartbeat_at=T0, inventory={"cores": [0]})
+        for k in range(n)
+    )
+    devices = list(Device.objects.filter(name__startswith=f"samp-{size}-").order_by("id"))
+    experiment = Experiment.objects.create(
+        name=f"sampled {size}",
+        rounds=SAMPLED_ROUNDS,
+        owner=owner,
+        partition_rule="explicit",
+        clients_per_round=SAMPLED_PER_ROUND,
+    )
+    experiment.devices.set(devices)
+    experiment.tasks.set([task])
+    bulk_insert(
+        Shard,
+        [dict(experiment_id=experiment.id, device_id=d.id, task_id=task.id, num_samples=3, offset=0) for d in devices],
+    )
+    run = Run.objects.create(experiment=experiment, strategy="sharing", status=Run.Status.SUCCEEDED, simulated=True)
+    rng = np.random.default_rng(0)
+    drawn = [
+        sorted(int(i) for i in rng.choice([d.id for d in devices], SAMPLED_PER_ROUND, replace=False))
+        for _ in range(SAMPLED_ROUNDS)
+    ]
+    bulk_insert(
+        Round,
+        [
+            dict(
+                run_id=run.id,
+                index=r,
+                status="succeeded",
+                started_at=T0,
+                finished_at=T0,
+                round_time_s=1.0,
+                participants=drawn[r],
+            )
+            for r in range(SAMPLED_ROUNDS)
+        ],
+    )
+    rounds = dict(Round.objects.filter(run=run).values_list("index", "id"))
+    bulk_insert(
+        Assignment,
+        [
+            dict(
+                round_id=rounds[r],
+                device_id=d,
+                task_id=task.id,
+                batch_size=3,
+                active_thread_percentage=100,
+                samples=3,
+                samples_trained=3,
+                status="succeeded",
+                throughput_sps=10.0,
+                started_at=T0,
+                finished_at=T0 + dt.timedelta(seconds=1),
+                simulated=True,
+            )
+            for r in range(SAMPLED_ROUNDS)
+            for d in drawn[r]
+        ],
+    )
+    return experiment, run
+
+
+@pytest.fixture(scope="module")
+def sampled(django_db_setup, django_db_blocker):
+    """A small (4 devices) and a large (400 devices) experiment sampling 3 devices per round."""
+    with django_db_blocker.unblock():
+        owner = get_user_model().objects.create_user("sampled-owner", password="unused-pass")
+        task = Task.objects.create(name="sampled-task", architecture="resnet18", owner=owner)
+        made = {size: _sampled_experiment(size, owner, task) for size in SAMPLED_DEVICES}
+    yield {"owner": owner, **made}
+    with django_db_blocker.unblock():
+        for experiment, _run in made.values():
+            experiment.delete()
+        Device.objects.filter(name__startswith="samp-").delete()
+        task.delete()
+        owner.delete()
+
+
+@pytest.mark.parametrize("page", ["run", "run-live", "experiment", "rounds-api"])
+def test_pages_of_a_sampled_run_cost_the_same_queries_for_4_and_400_devices(db, client, sampled, page):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.force_login(sampled["owner"])
+    counts, bodies = {}, {}
+    for size in SAMPLED_DEVICES:
+        experiment, run = sampled[size]
+        path = {
+            "run": f"/runs/{run.id}/",
+            "run-live": f"/runs/{run.id}/live/",
+            "experiment": f"/experiments/{experiment.id}/",
+            "rounds-api": f"/api/rounds/?run={run.id}",
+        }[page]
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(path)
+        assert response.status_code == 200, (path, response.content[:300])
+        counts[size], bodies[size] = len(queries), response
+
+    assert counts["large"] == counts["small"] <= MAX_PAGE_QUERIES, counts
+    if page == "run-live":
+        rows = bodies["large"].json()["rounds"]
+        assert [r["participants"]["count"] for r in rows] == [SAMPLED_PER_ROUND] * SAMPLED_ROUNDS
+        assert all(r["participants"]["of"] == 400 and len(r["participants"]["names"]) == 3 for r in rows)
+    if page == "rounds-api":
+        rounds = bodies["large"].json()["results"]
+        assert all(len(r["participants"]) == SAMPLED_PER_ROUND for r in rounds)
+
+
+def test_the_index_pages_its_devices_in_a_bounded_number_of_queries(db, client, sampled, django_assert_max_num_queries):
+    client.force_login(sampled["owner"])
+
+    with django_assert_max_num_queries(MAX_PAGE_QUERIES):
+        first = client.get("/")
+    last = client.get("/?devices_page=9")
+    wrong = client.get("/?devices_page=10000")
+
+    assert first.status_code == 200 and last.status_code == 200
+    # one page of 50 devices in the devices table, and a cell of a few names per experiment
+    assert first.content.count(b"<td>samp-") <= 50 + 1
+    assert b"page 9 of" in last.content
+    assert wrong.status_code == 400 and b"devices_page" in wrong.content

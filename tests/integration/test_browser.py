@@ -23,7 +23,7 @@ from controlplane.core.stack import LocalStack
 from controlplane.experiments.models import Experiment, Run
 from tests.integration.procs import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_database]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

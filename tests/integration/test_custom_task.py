@@ -39,7 +39,7 @@ from controlplane.experiments.models import Run
 from controlplane.planning.strategies import STRATEGY_REGISTRY, compared_strategies
 from workers.registry.models import MODEL_REGISTRY
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_database]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "custom-task"

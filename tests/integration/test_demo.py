@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 import urllib.parse
@@ -16,6 +17,7 @@ import urllib.request
 import pytest
 
 from tests.integration.procs import embedded_env, free_port, mtfl, processes_of, start_up, wait_gone
+from workers.fl.artifacts import sha256_file
 
 pytestmark = pytest.mark.integration
 
@@ -133,4 +135,47 @@ def test_ctrl_c_stops_every_child_process(tmp_path):
     rest, _ = demo.communicate(timeout=120)
     assert demo.returncode == 130, "".join(lines) + rest
     assert "interrupted" in rest
+    assert wait_gone(home) == []
+
+
+ALGORITHMS = [
+    "--algorithms",
+    "fedavg,fedadam",
+    "--rounds",
+    "2",
+    "--samples",
+    "200",
+    "--devices",
+    "2",
+    "--architectures",
+    "mobilenet_v3_small",
+]
+
+
+@pytest.mark.one_database  # SQLite only: every database step is the plain demo's and the rounds' own
+def test_demo_compares_algorithms_on_one_label_skewed_experiment(tmp_path):
+    home = tmp_path / "home"
+    out = subprocess.run(
+        mtfl("demo", "--no-serve", *ALGORITHMS), env=embedded_env(home), capture_output=True, text=True, timeout=600
+    )
+
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Final test accuracy per algorithm and strategy" in out.stdout
+    rows = dict(re.findall(r"│\s+\d+\s+│\s+(fedavg|fedadam) · sharing\s+│\s+(\w+)", out.stdout))
+    assert rows == {"fedavg": "succeeded", "fedadam": "succeeded"}, out.stdout
+    assert "Rounds / seconds of FL rounds to each task's target" in out.stdout
+    db = sqlite3.connect(home / "mtfl.sqlite3")
+    ((rule, params),) = db.execute("SELECT partition_rule, partition_params FROM experiments_experiment").fetchall()
+    assert (rule, json.loads(params)) == ("dirichlet_labels", {"alpha": 0.5})
+    made = db.execute(
+        "SELECT json_extract(r.options, '$.aggregation'), c.aggregation, c.server_state_path, c.server_state_sha256 "
+        "FROM experiments_checkpoint c JOIN experiments_run r ON r.id = c.run_id WHERE c.round_id IS NOT NULL"
+    ).fetchall()
+    assert len(made) == 2 * 2  # two runs × two rounds × one task
+    for algorithm, aggregation, state_path, state_sha in made:
+        assert aggregation == algorithm  # each run's checkpoints name the aggregator that made them
+        if algorithm == "fedadam":  # FedAdam's m and v lie beside each round's global model
+            assert sha256_file(home / "artifacts" / state_path) == state_sha
+        else:
+            assert (state_path, state_sha) == ("", "")
     assert wait_gone(home) == []

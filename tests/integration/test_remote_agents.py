@@ -96,6 +96,7 @@ def test_two_agents_with_no_shared_disk_complete_a_round(child_env, live_server,
             rounds=1,
             partition_rule="explicit",
             sample_counts=[{"device": d.id, "task": task.id, "num_samples": SAMPLES} for d in devices],
+            keep_device_weights=True,  # the uploads are what this test reads after the round
         )
         run = run_wait(services.run_create(experiment=experiment, strategy="isolation"), timeout_s=300)
         stack.children.check_alive()

@@ -14,11 +14,12 @@ from controlplane.core.demo import run_wait
 from controlplane.core.stack import LocalStack
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Comparison, Run
+from controlplane.experiments.selectors import comparison_report
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class
 from controlplane.profiling.models import Predictor, ProfileSample, ProfileSweep
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_database]
 
 
 def test_a_comparison_on_simulated_devices(child_env, monkeypatch):
@@ -87,6 +88,7 @@ def test_a_comparison_on_simulated_devices(child_env, monkeypatch):
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert "vres_sync" in done.stdout and "Final test accuracy" in done.stdout
+        assert "Time to accuracy" in done.stdout and "Planners against the best baseline" in done.stdout
         comparison = Comparison.objects.get(experiment=experiment)
         runs = [run_wait(run, timeout_s=10) for run in comparison.runs.order_by("id")]
         stack.children.check_alive()
@@ -107,3 +109,13 @@ def test_a_comparison_on_simulated_devices(child_env, monkeypatch):
         assert by_strategy[strategy].raw_throughput_sps > by_strategy["temporal"].raw_throughput_sps, strategy
     best_baseline = max(by_strategy[s].fl_throughput_sps for s in ("temporal", "isolation", "sharing"))
     assert by_strategy["vres_sync"].fl_throughput_sps > best_baseline
+    # Time to accuracy: each task's default target is the lowest final accuracy of the runs, so
+    # every run reaches it, here in its one round, after that round's FL round time.
+    report = comparison_report(comparison)
+    assert [t["source"] for t in report["targets"]] == ["lowest final accuracy"] * 3
+    for row in report["runs"]:
+        for task, target in zip(row["tasks"], report["targets"], strict=True):
+            assert set(task) >= {"time_to_accuracy_s", "rounds_to_accuracy", "samples_to_accuracy"}
+            if target["target"] is not None:
+                assert task["rounds_to_accuracy"] == 1 and task["time_to_accuracy_s"] > 0, (row["strategy"], task)
+    assert {v["strategy"] for v in report["verdicts"]} == {"vres_greedy", "vres_sync"}

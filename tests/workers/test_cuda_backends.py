@@ -2,9 +2,11 @@
 
 The NVIDIA pieces are replaced at their boundaries only: ``nvidia-cuda-mps-control`` by an
 executable stand-in first on ``PATH`` (tests/workers/fakes/nvidia-cuda-mps-control.py), NVML by
-a stand-in ``pynvml`` module (tests/workers/fakes/nvml/pynvml.py), and, for rounds, the trainer
-command by a stand-in that speaks the trainer's protocol and writes what the MPS server would
-log (tests/workers/fakes/fake_trainer.py). Everything else is the real code a GPU host runs.
+a stand-in ``pynvml`` module (tests/workers/fakes/nvml/pynvml.py), the SM probe subprocess by a
+stand-in reporting the SM count MPS would leave it (tests/workers/fakes/fake_sm_probe.py), and,
+for rounds, the trainer command by a stand-in that speaks the trainer's protocol, writes what the
+MPS server would log and reports the SM count it would see (tests/workers/fakes/fake_trainer.py).
+Everything else is the real code a GPU host runs.
 """
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ def fake_mps(tmp_path, monkeypatch) -> FakeMps:
         gpu_mps.ENV_MPS_CONTROL,
         "FAKE_MPS_MODE",
         "FAKE_MPS_SERVER_SHARE",
+        "FAKE_MPS_IGNORED",
+        "FAKE_PROBE_MODE",
+        "FAKE_GPU_SMS",
         *[k for k in os.environ if k.startswith("CUDA_")],
     ):
         monkeypatch.delenv(name, raising=False)
@@ -149,6 +154,12 @@ def fake_mps(tmp_path, monkeypatch) -> FakeMps:
 @pytest.fixture
 def fake_trainer(monkeypatch):
     monkeypatch.setattr(base, "TRAINER_COMMAND", [sys.executable, str(FAKES / "fake_trainer.py")])
+
+
+@pytest.fixture(autouse=True)
+def fake_probe(monkeypatch):
+    """Every SM probe in these tests is the stand-in (the real one imports torch, which sees no GPU here)."""
+    monkeypatch.setattr(gpu, "PROBE_COMMAND", [sys.executable, str(FAKES / "fake_sm_probe.py")])
 
 
 @pytest.fixture
@@ -311,6 +322,39 @@ def test_stale_daemon_of_this_user_is_replaced(mps_backend, fake_mps, agent_cont
     fresh.stop()
 
 
+def test_a_daemon_stuck_after_quit_is_killed_with_its_server(fake_nvml, fake_mps, agent_context, monkeypatch):
+    monkeypatch.setenv(gpu_mps.ENV_MPS_TIMEOUT_S, "1")
+    fake_mps.mode("stuck")
+    backend = CudaMpsBackend()
+    backend.start(agent_context)
+    pipe = agent_context.state_dir / "mps" / "pipe"
+    daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    deadline = time.monotonic() + 10
+    while not gpu_mps.child_pids(daemon) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (server,) = gpu_mps.child_pids(daemon)
+
+    backend.stop()  # quit is answered but nothing exits: escalated to SIGKILL, no error
+
+    assert fake_mps.calls()[-1] == "quit"
+    assert not gpu_mps.pid_alive(daemon) and not gpu_mps.pid_alive(server)
+    assert not (pipe / "control").exists()  # the killed daemon's socket is not left behind
+
+
+def test_a_zombie_counts_as_dead():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while gpu_mps.pid_alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(child.pid, 0)  # still in the process table: exited, not reaped
+
+        assert not gpu_mps.pid_alive(child.pid)
+        assert gpu_mps.pid_alive(os.getpid())
+    finally:
+        child.wait()
+
+
 def test_too_long_pipe_directory_is_refused(fake_nvml, fake_mps, tmp_path):
     daemon = gpu_mps.MpsDaemon(
         binary="unused", pipe_dir=tmp_path / ("x" * 100), log_dir=tmp_path / "log", gpu_uuid=GPU_UUID
@@ -373,7 +417,7 @@ def test_time_slicing_on_an_exclusive_process_gpu_is_refused(
 # ----------------------------------------------------------------------------------- rounds
 
 
-def test_mps_round_verifies_each_share_from_the_server_log(
+def test_mps_round_verifies_each_share_from_the_sm_count_the_trainer_saw(
     mps_backend, fake_mps, fake_trainer, gpu_round, agent_context
 ):
     mps_backend.start(agent_context)
@@ -381,8 +425,11 @@ def test_mps_round_verifies_each_share_from_the_server_log(
     result = mps_backend.run_round(gpu_round(["a", "b"], [30, 70]), agent_context)
 
     assert result.status == "succeeded", result.error
+    # 30 % and 70 % of 132 SMs, in whole TPCs: 38 and 92.
+    assert [a.visible_sm_count for a in result.assignments] == [38, 92]
     assert [a.mps_verified for a in result.assignments] == [True, True]
-    assert [a.mps_active_thread_percentage for a in result.assignments] == [30.0, 70.0]
+    assert [a.mps_active_thread_percentage for a in result.assignments] == [28.79, 69.7]
+    assert "saw 38 of 132 SMs" in result.assignments[0].mps_detail
     assert all("client of MPS server" in a.mps_detail for a in result.assignments)
     assert [fake_mps.trainers()[k]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for k in (11, 12)] == ["30", "70"]
     assert not result.mps_restarted
@@ -400,9 +447,94 @@ def test_a_server_capped_below_the_share_is_reported_unverified(
 
     assert result.status == "succeeded", result.error
     low, high = result.assignments
-    assert (low.mps_verified, low.mps_active_thread_percentage) == (True, 30.0)
-    assert (high.mps_verified, high.mps_active_thread_percentage) == (False, 50.0)
-    assert "not the 70 % requested" in high.mps_detail
+    assert (low.mps_verified, low.visible_sm_count) == (True, 38)
+    assert (high.mps_verified, high.visible_sm_count, high.mps_active_thread_percentage) == (False, 66, 50.0)
+    assert "outside the 90-95 SMs that share allows" in high.mps_detail
+
+
+def test_trainers_that_silently_ran_without_mps_are_reported_unverified(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context, monkeypatch
+):
+    # What the server-log check could not see: clients that never reached the daemon run as
+    # plain CUDA contexts ("continues to run as it normally would without MPS").
+    mps_backend.start(agent_context)
+    monkeypatch.setenv("FAKE_MPS_IGNORED", "1")
+
+    result = mps_backend.run_round(gpu_round(["a", "b"], [30, 100]), agent_context)
+
+    assert result.status == "succeeded", result.error
+    partial, whole = result.assignments
+    assert (partial.mps_verified, partial.mps_active_thread_percentage) == (False, 100.0)
+    assert "MPS did not limit it" in partial.mps_detail
+    assert whole.mps_verified is False and "does not show it as a client" in whole.mps_detail
+
+
+def test_a_full_share_is_verified_by_the_server_logs_connection(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context
+):
+    result = mps_backend.run_round(gpu_round(["a"], [100]), agent_context)
+
+    assert result.status == "succeeded", result.error
+    (only,) = result.assignments
+    assert (only.mps_verified, only.visible_sm_count, only.mps_active_thread_percentage) == (True, 132, 100.0)
+    assert "client of MPS server" in only.mps_detail
+
+
+# ------------------------------------------------------------------ the start-up MPS probe
+
+
+def test_start_probes_a_half_share_client_and_allows_mps_rounds_when_its_sms_drop(
+    mps_backend, fake_mps, agent_context, caplog
+):
+    caplog.set_level("INFO", logger="workers.backends.cuda")
+
+    mps_backend.start(agent_context)
+
+    assert "an MPS probe client at 50 % saw 66 of 132 SMs" in caplog.text
+    assert mps_backend.probe_mps(agent_context) is None
+
+
+@pytest.mark.parametrize(
+    "mode,reason",
+    [
+        ("no_mps", "saw all 132 SMs (132): MPS does not limit clients here"),
+        ("no_gpu", "could not read its SM count: torch sees no GPU"),
+        ("crash", "could not read its SM count: Traceback (most recent call last): RuntimeError: CUDA driver"),
+    ],
+)
+def test_a_probe_that_shows_no_share_refuses_mps_rounds_saying_why(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context, monkeypatch, mode, reason
+):
+    monkeypatch.setenv("FAKE_PROBE_MODE", mode)
+    mps_backend.start(agent_context)  # the agent still starts: time-sliced rounds can run
+
+    refused = mps_backend.run_round(gpu_round(["a", "b"], [50, 50]), agent_context)
+    sliced = mps_backend.run_round(gpu_round(["a", "b"], [50, 50], "timeslice"), agent_context)
+
+    assert refused.status == "failed" and refused.assignments == []
+    assert refused.error.startswith("mps rounds refused on this device: ") and reason in refused.error
+    assert "\n" not in refused.error
+    assert sliced.status == "succeeded", sliced.error
+    started = [e["env"] for e in fake_mps.entries() if "trainer" in e]
+    assert len(started) == 2 and not any("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env for env in started)
+
+
+def test_an_mps_dispatch_probes_first_when_the_agent_did_not_start_the_backend(
+    mps_backend, fake_mps, fake_trainer, gpu_round, agent_context, monkeypatch
+):
+    monkeypatch.setenv("FAKE_PROBE_MODE", "no_mps")
+
+    result = mps_backend.run_round(gpu_round(["a"], [40]), agent_context)
+
+    assert result.status == "failed" and "device not ready: cuda-mps: mps rounds refused" in result.error
+    assert fake_mps.trainers() == {}  # refused before any trainer started
+
+
+def test_probe_verdict_judges_the_sm_count():
+    assert gpu_mps.probe_verdict(66, 132) is None
+    assert "saw all 132 SMs" in gpu_mps.probe_verdict(132, 132)
+    assert "SM count is unknown" in gpu_mps.probe_verdict(66, None)
+    assert gpu_mps.probe_verdict(None, 132, "no answer within 120 s").endswith("no answer within 120 s")
 
 
 def test_mps_round_starts_the_daemon_when_the_agent_did_not(
@@ -444,6 +576,10 @@ def test_a_crashing_trainer_stops_the_round_names_it_and_mps_restarts_before_the
     assert culprit.status == "failed" and reason in culprit.error
     assert survivor.status == "failed" and f"killed because task 2 ({crash})" in survivor.error
     assert launch.live_children() == []
+    # The survivor was ended as an MPS client (terminate_client) before it was killed.
+    server = (agent_context.state_dir / "mps" / "pipe" / "fake-server-pid").read_text().strip()
+    slow_pid = next(e["trainer"] for e in fake_mps.entries() if e.get("assignment") == 11)
+    assert fake_mps.calls()[-2:] == ["get_server_list", f"terminate_client {server} {slow_pid}"]
 
     again = mps_backend.run_round(gpu_round(["a", "b"], [50, 50]), agent_context)
 
@@ -451,8 +587,8 @@ def test_a_crashing_trainer_stops_the_round_names_it_and_mps_restarts_before_the
     assert again.mps_restarted
     timeline = fake_mps.timeline()
     # Trainers of one round start together, in any order; the daemon restarts between rounds.
-    assert timeline[:2] == ["-d", "get_server_list"] and timeline[4:7] == ["quit", "-d", "get_server_list"]
-    assert set(timeline[2:4]) == set(timeline[7:]) == {"trainer:11", "trainer:12"}
+    assert timeline[:2] == ["-d", "get_server_list"] and timeline[6:9] == ["quit", "-d", "get_server_list"]
+    assert set(timeline[2:4]) == set(timeline[9:]) == {"trainer:11", "trainer:12"}
     assert all(a.mps_verified for a in again.assignments)
 
 
@@ -498,22 +634,52 @@ def test_server_log_parser_reads_the_documented_lines():
 
     assert log.server_share == {4428: 100.0}
     assert log.client_server == {4267: 4428, 4281: 4428, 14781: 13929}
-    assert gpu_mps.verify_client_share(log, 4267, 25) == (
-        25.0,
-        True,
-        "client of MPS server 4428 at 25 % (its env share under server 4428's 100 %)",
-    )
-    applied, verified, detail = gpu_mps.verify_client_share(log, 999, 25)
-    assert (applied, verified) == (None, False) and "pid 999" in detail
+    assert gpu_mps.client_server(log, 4267) == 4428
+    assert gpu_mps.client_server(log, 999) is None and gpu_mps.client_server(log, None) is None
 
 
-def test_a_client_share_line_wins_over_the_env_share():
+def test_a_client_share_line_is_recorded_when_a_driver_writes_one():
     log = gpu_mps.parse_server_log(
         REAL_FORMAT_LOG + "[2026-04-28 18:20:42.000 Server 4428] Client {PID: 4267, Context ID: 0} "
         "active thread percentage 20.0\n"
     )
 
-    assert gpu_mps.verify_client_share(log, 4267, 25)[:2] == (20.0, False)
+    assert log.client_share == {4267: 20.0}
+
+
+@pytest.mark.parametrize(
+    "total,share,bounds",
+    [(132, 50, (64, 68)), (132, 1, (1, 4)), (132, 100, (130, 132)), (80, 30, (22, 26)), (1, 50, (1, 1))],
+)
+def test_share_sm_bounds_allow_one_tpc_either_way(total, share, bounds):
+    assert gpu_mps.share_sm_bounds(total, share) == bounds
+
+
+@pytest.mark.parametrize("total,share", [(0, 50), (132, 0), (132, 101)])
+def test_share_sm_bounds_refuse_bad_input_naming_it(total, share):
+    with pytest.raises(ValueError, match="total_sms|share"):
+        gpu_mps.share_sm_bounds(total, share)
+
+
+@pytest.mark.parametrize(
+    "seen,total,share,connected,verified,said",
+    [
+        (66, 132, 50, 7, True, "saw 66 of 132 SMs (50 %) at a 50 % share; client of MPS server 7"),
+        (66, 132, 50, None, True, "saw 66 of 132 SMs (50 %) at a 50 % share"),
+        (132, 132, 50, 7, False, "MPS did not limit it"),
+        (40, 132, 50, 7, False, "outside the 64-68 SMs"),
+        (132, 132, 100, 7, True, "client of MPS server 7"),
+        (132, 132, 100, None, False, "cannot tell an MPS client from a plain CUDA context"),
+        (130, 132, 100, 7, False, "fewer than the whole GPU"),
+        (None, 132, 50, 7, False, "reported no SM count"),
+        (66, None, 50, 7, False, "SM count is unknown"),
+    ],
+)
+def test_verify_client_sms(seen, total, share, connected, verified, said):
+    applied, ok, detail = gpu_mps.verify_client_sms(seen, total, share, connected_to=connected)
+
+    assert ok is verified and said in detail
+    assert applied == (None if seen is None or total is None else round(100 * seen / total, 2))
 
 
 def test_read_server_log_counts_only_clients_after_the_mark(tmp_path):
@@ -630,6 +796,16 @@ def test_mtfl_agent_without_a_gpu_exits_with_one_line(tmp_path):
     assert done.returncode == agent.EXIT_CONFIG
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mtfl agent: backend 'cuda-mps' unavailable"), done.stderr
+
+
+@no_gpu
+def test_the_real_mps_probe_fails_cleanly_without_a_gpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu, "PROBE_COMMAND", [sys.executable, "-c", gpu._PROBE_CODE])
+
+    seen, error = gpu.probe_mps_client(GPU_UUID, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}, timeout_s=120)
+
+    assert seen is None and error.startswith("torch sees no GPU") and "\n" not in error
+    assert "torch sees no GPU" in gpu_mps.probe_verdict(seen, 132, error)
 
 
 def test_agent_and_backends_never_initialise_cuda():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import subprocess
 import sys
 import time
@@ -150,3 +151,149 @@ def test_iteration_lock_makes_trainers_take_turns(tmp_path):
     owners = [who for _, who in turns]
     switches = sum(1 for a, b in itertools.pairwise(owners) if a != b)
     assert switches >= 8  # alternating gives 11; a bare flock typically gives 1
+
+
+# ----------------------------------------------------------------------------- FedProx
+
+
+def _tiny_linear():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[1.0, 2.0], [0.0, -1.0]]))
+        model[0].bias.copy_(torch.tensor([0.0, 0.5]))
+    model[1].bias.requires_grad_(False)  # frozen: not a trainable parameter, not in the term
+    return model
+
+
+def test_proximal_term_is_half_mu_times_the_squared_distance_to_the_start():
+    import torch
+
+    from workers.training.trainer import ProximalTerm
+
+    model = _tiny_linear()
+    term = ProximalTerm(model, mu=0.5)
+    with torch.no_grad():
+        model[0].weight += torch.tensor([[0.5, -1.0], [0.0, 0.0]])
+        model[0].bias += torch.tensor([0.0, 0.5])
+        model[1].weight += torch.tensor([1.0, 0.0])
+        model[1].bias += 100.0  # frozen: ignored
+        model[1].running_mean += 100.0  # a buffer: ignored
+
+    value = term()
+    value.backward()
+
+    # ||w − w0||² = 0.5² + 1² + 0.5² + 1² = 2.5; μ/2 · 2.5 = 0.625
+    assert float(value.detach()) == pytest.approx(0.625, abs=1e-7)
+    # its gradient is μ (w − w0)
+    assert model[0].weight.grad.tolist() == [[0.25, -0.5], [0.0, 0.0]]
+    assert model[0].bias.grad.tolist() == [0.0, 0.25]
+    assert model[1].weight.grad.tolist() == [0.5, 0.0]
+
+
+def test_train_step_with_the_proximal_term_steps_along_both_gradients():
+    import torch
+    import torch.nn.functional as F
+
+    from workers.training.trainer import ProximalTerm, train_step
+
+    model = _tiny_linear()
+    term = ProximalTerm(model, mu=2.0)
+    with torch.no_grad():
+        model[0].weight += 0.25  # away from w0, so the term has a gradient
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), torch.tensor([0, 1, 1])
+    reference = _tiny_linear()
+    reference.load_state_dict(model.state_dict())
+    reference_loss = F.cross_entropy(reference(x), y)
+    reference_loss.backward()
+    before = model[0].weight.detach().clone()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+
+    loss = train_step(model, optimizer, x, y, proximal=term)
+
+    # w1 = w − lr (∇CE + μ (w − w0)), with w − w0 = 0.25 everywhere in the first weight
+    expected = before - 0.1 * (reference[0].weight.grad + 2.0 * 0.25)
+    assert torch.allclose(model[0].weight, expected, atol=1e-7)
+    assert loss == pytest.approx(float(reference_loss.detach()), abs=1e-6)  # the term is not reported
+
+
+def _trainable_distance(spec, store) -> float:
+    """||w − w_global|| over the trainable parameters of the trained model."""
+    import torch
+
+    from workers.fl.fedavg import load_state
+    from workers.training.zoo import build_model
+
+    names = {name for name, _ in build_model(spec.task.architecture, 10, 0, spec.task.input_shape).named_parameters()}
+    trained, start = load_state(store.path(spec.output_weights)), load_state(store.path(spec.global_weights))
+    return math.sqrt(sum(float(torch.sum(torch.from_numpy(trained[k] - start[k]) ** 2)) for k in names))
+
+
+def test_fedprox_keeps_the_trained_weights_closer_to_the_global_model(
+    make_task_ref, make_assignment, initial_weights, store
+):
+    spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=96, batch_size=16)
+
+    distances = {}
+    for mu in (0.0, 10.0):
+        result = train(spec.model_copy(update={"proximal_mu": mu}), io.StringIO(), io.StringIO("GO\n"))
+        assert result.status == "succeeded" and result.samples_trained == 96
+        distances[mu] = _trainable_distance(spec, store)
+
+    assert 0 < distances[10.0] < 0.9 * distances[0.0]
+
+
+def test_proximal_mu_zero_trains_exactly_as_plain_sgd_steps(make_task_ref, make_assignment, initial_weights, store):
+    import torch
+
+    from workers.fl.artifacts import load_model_weights
+    from workers.fl.fedavg import load_state
+    from workers.training.trainer import (
+        _load_shard,
+        assignment_optimizer,
+        build_optimizer,
+        recalibrate_batchnorm,
+        train_step,
+    )
+    from workers.training.zoo import build_model
+
+    spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=48, batch_size=16)
+    assert spec.proximal_mu == 0.0
+
+    train(spec, io.StringIO(), io.StringIO("GO\n"))
+    trained = load_state(store.path(spec.output_weights))
+
+    # The same round by hand: the plain cross-entropy step, no proximal term anywhere.
+    x, y = _load_shard(spec.task, spec.shard)
+    model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed, spec.task.input_shape)
+    load_model_weights(model, store.path(spec.global_weights))
+    optimizer = build_optimizer(model, assignment_optimizer(spec))
+    torch.manual_seed(spec.seed)
+    model.train()
+    for idx in epoch_batches(len(y), spec.batch_size, torch.Generator().manual_seed(spec.seed)):
+        train_step(model, optimizer, x[idx], y[idx])
+    recalibrate_batchnorm(model, x, spec.batch_size)
+
+    by_hand = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    assert set(by_hand) == set(trained)
+    assert all((by_hand[k] == trained[k]).all() for k in trained)
+
+
+def test_the_proximal_gradient_is_the_gradient_of_the_term():
+    import torch
+
+    from workers.training.trainer import ProximalTerm
+
+    model = _tiny_linear()
+    term = ProximalTerm(model, mu=3.0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p += torch.linspace(-1.0, 1.0, p.numel()).reshape(p.shape)
+    term().backward()
+    by_autograd = [p.grad.clone() for p in term.parameters]
+    model.zero_grad(set_to_none=True)
+
+    term.add_gradient()
+
+    assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(term.parameters, by_autograd, strict=True))

@@ -321,6 +321,12 @@ class TrainerProcessBackend(ExecutionBackend):
         its processes have all been reaped; ``failed`` if any of them failed. Nothing by
         default."""
 
+    def kill_hook(self, partitioning: Partitioning) -> Callable[[Sequence[int]], object] | None:
+        """What to do with a round's trainers that are still running when the round ends and
+        they are about to be killed (their pids), or ``None`` (the default: just kill them;
+        ``cuda-mps``: ``terminate_client`` first)."""
+        return None
+
     def review_round(
         self,
         request: TrainRoundRequest,
@@ -408,7 +414,7 @@ class TrainerProcessBackend(ExecutionBackend):
             return failed(f"cannot write the trainers' specs: {type(exc).__name__}: {exc}")
 
         ready_deadline = time.monotonic() + min(ctx.ready_timeout_s, ctx.trainer_timeout_s)
-        with ProcessGroup(specs, where=" on this device") as group:
+        with ProcessGroup(specs, where=" on this device", before_kill=self.kill_hook(request.partitioning)) as group:
             try:
                 group.launch()
                 if group.wait_ready(ready_deadline, "ready_timeout_s") and group.go():

@@ -23,9 +23,17 @@ backend           ``timeslice`` (strategy ``temporal``)        ``mps`` (``isolat
 the agent starts (:meth:`CudaMpsBackend.start`) and quits it on exit and on SIGTERM
 (:meth:`CudaMpsBackend.stop`, called by the agent's shutdown path). After a dispatch that
 failed (a CUDA error, out of memory, a killed trainer: under MPS one client's fatal fault
-reaches every client) it restarts the daemon before the next dispatch, and after each MPS round
-it reads the MPS server log to record whether each trainer's share took effect
-(``mps_verified``, ``mps_active_thread_percentage`` on the assignment's result).
+reaches every client) it restarts the daemon before the next dispatch. Trainers killed during
+an MPS dispatch are first ended with the daemon's ``terminate_client``.
+
+Whether shares take effect is checked from inside the clients, by the SM count their CUDA
+context reports (MPS lowers ``multi_processor_count`` to the client's share): when the backend
+starts (and before the first MPS dispatch if it was not started) one probe client at
+:data:`~workers.backends.gpu_mps.PROBE_SHARE` % must see fewer SMs than the GPU has, or every
+``mps`` round is refused, saying why (:meth:`CudaMpsBackend.probe_mps`); after each MPS round
+each trainer's ``visible_sm_count`` is checked against its share
+(:func:`~workers.backends.gpu_mps.verify_client_sms`: ``mps_verified``,
+``mps_active_thread_percentage``, ``mps_detail`` on the assignment's result).
 
 Rounds are refused before launch when they co-locate more trainers than MPS serves
 (:data:`~workers.backends.gpu_mps.MPS_MAX_CLIENTS`) or need more memory than the GPU has. During a round
@@ -45,7 +53,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -60,12 +68,15 @@ from workers.backends.base import (
 from workers.backends.gpu_mps import (
     CONTROL_BINARY,
     MPS_MAX_CLIENTS,
+    PROBE_SHARE,
     MpsDaemon,
     MpsError,
+    client_server,
     control_binary,
+    probe_verdict,
     read_server_log,
     timeout_from_env,
-    verify_client_share,
+    verify_client_sms,
 )
 from workers.protocol.messages import (
     AssignmentResult,
@@ -105,6 +116,8 @@ class CudaBackend(TrainerProcessBackend):
         )
         self._info: gpu.GpuInfo | None = None
         self._last_telemetry_error = ""
+        # Why `mps` dispatches are refused (cuda-mps: its start-up probe); never set without MPS.
+        self._mps_refusal: str | None = None
 
     # ------------------------------------------------------------------ availability & facts
 
@@ -168,6 +181,8 @@ class CudaBackend(TrainerProcessBackend):
         """:func:`~workers.backends.base.round_request_problem` with the GPU's memory and, under
         MPS, the MPS client limit; also refuses several time-sliced trainers on a GPU whose
         compute mode allows one context only."""
+        if request.partitioning == "mps" and self._mps_refusal is not None:
+            return f"mps rounds refused on this device: {self._mps_refusal}"
         try:
             info = self.gpu_info()
         except BackendUnavailableError as exc:
@@ -292,6 +307,7 @@ class CudaMpsBackend(CudaBackend):
         self._restart_pending = False
         self._restarted = False
         self._log_marks: dict[Path, int] = {}
+        self._probed = False
 
     def check_available(self) -> None:
         """Also check for ``nvidia-cuda-mps-control`` (``MTFL_MPS_CONTROL`` or ``PATH``).
@@ -343,6 +359,34 @@ class CudaMpsBackend(CudaBackend):
             self.daemon(ctx).start()
         except MpsError as exc:
             raise BackendUnavailableError(f"cuda-mps: {exc}") from None
+        self.probe_mps(ctx)
+
+    def probe_mps(self, ctx: AgentContext) -> str | None:
+        """Run one short MPS client of this agent's daemon at :data:`~workers.backends.gpu_mps.PROBE_SHARE`
+        % and check that it sees fewer SMs than the GPU has
+        (:func:`~workers.backends.gpu_mps.probe_verdict`). If it does not (or the probe fails:
+        no GPU, no torch), every later ``mps`` round and profiling configuration is refused
+        with that reason; ``timeslice`` ones still run. Takes the seconds of importing torch
+        and creating a CUDA context, once per agent.
+
+        Returns:
+            ``None`` when MPS applies shares here, else the refusal (also logged).
+        """
+        try:
+            uuid = self.gpu_info().uuid
+            total = self.gpu_info(probe=True).sm_count
+            env = self.daemon(ctx).client_env(PROBE_SHARE)
+        except BackendUnavailableError as exc:
+            seen, total, error = None, None, str(exc)
+        else:
+            seen, error = gpu.probe_mps_client(uuid, env)
+        self._mps_refusal = probe_verdict(seen, total, error)
+        self._probed = True
+        if self._mps_refusal is None:
+            logger.info("cuda-mps: an MPS probe client at %d %% saw %s of %s SMs", PROBE_SHARE, seen, total)
+        else:
+            logger.warning("cuda-mps: mps rounds will be refused: %s", self._mps_refusal)
+        return self._mps_refusal
 
     def stop(self) -> None:
         """Quit the MPS control daemon if this backend started it; logs, never raises."""
@@ -355,10 +399,12 @@ class CudaMpsBackend(CudaBackend):
 
     def prepare_dispatch(self, partitioning: Partitioning, ctx: AgentContext) -> None:
         """Restart the daemon if the previous dispatch failed; start it if an MPS dispatch
-        finds it stopped; remember where the server logs end.
+        finds it stopped (and run the MPS probe, :meth:`probe_mps`, if it never ran); remember
+        where the server logs end.
 
         Raises:
-            BackendUnavailableError: the daemon cannot be (re)started (one line).
+            BackendUnavailableError: the daemon cannot be (re)started, or the MPS probe showed
+                that shares do not apply here (for an ``mps`` dispatch; one line).
         """
         self._restarted = False
         try:
@@ -373,7 +419,18 @@ class CudaMpsBackend(CudaBackend):
         except MpsError as exc:
             raise BackendUnavailableError(f"cuda-mps: {exc}") from None
         self._restart_pending = False
+        if partitioning == "mps" and not self._probed:
+            self.probe_mps(ctx)
+        if partitioning == "mps" and self._mps_refusal is not None:
+            raise BackendUnavailableError(f"cuda-mps: mps rounds refused: {self._mps_refusal}")
         self._log_marks = daemon.log_marks()
+
+    def kill_hook(self, partitioning: Partitioning) -> Callable[[Sequence[int]], object] | None:
+        """Under ``mps``: end trainers about to be killed with ``terminate_client``
+        (:meth:`~workers.backends.gpu_mps.MpsDaemon.terminate_clients`) first."""
+        if partitioning != "mps" or self._daemon is None:
+            return None
+        return self._daemon.terminate_clients
 
     def finish_dispatch(self, ctx: AgentContext, *, failed: bool) -> None:
         """After a failed dispatch, mark the daemon for a restart before the next one."""
@@ -439,15 +496,26 @@ class CudaMpsBackend(CudaBackend):
     def review_round(
         self, request: TrainRoundRequest, ctx: AgentContext, pids: Sequence[int | None], results: list[AssignmentResult]
     ) -> list[AssignmentResult]:
-        """Under ``mps``: record, from the MPS server log, whether each trainer connected to
-        this agent's server and which share it got (``mps_verified``,
-        ``mps_active_thread_percentage``, ``mps_detail``)."""
+        """Under ``mps``: record whether each trainer got its share, from the SM count it
+        reported against the GPU's (:func:`~workers.backends.gpu_mps.verify_client_sms`), with
+        the MPS server log's connection line as the evidence at 100 % (``mps_verified``,
+        ``mps_active_thread_percentage``: the SMs it saw as a percentage of the GPU's,
+        ``mps_detail``)."""
         if request.partitioning != "mps" or self._daemon is None:
             return results
         log = read_server_log(self._daemon.server_logs(), self._log_marks)
+        try:
+            total = self.gpu_info().sm_count
+        except BackendUnavailableError:
+            total = None
         reviewed = []
         for assignment, pid, result in zip(request.assignments, pids, results, strict=True):
-            applied, verified, detail = verify_client_share(log, pid, assignment.active_thread_percentage)
+            applied, verified, detail = verify_client_sms(
+                result.visible_sm_count,
+                total,
+                assignment.active_thread_percentage,
+                connected_to=client_server(log, pid),
+            )
             reviewed.append(
                 result.model_copy(
                     update={

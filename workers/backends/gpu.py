@@ -268,6 +268,39 @@ else:
 """
 
 
+PROBE_COMMAND: list[str] = [sys.executable, "-c", _PROBE_CODE]
+"""The SM probe subprocess: prints one JSON line, ``{"sm_count": int, "capability": "9.0"}`` or
+``{"error": str}`` (tests put a stand-in here)."""
+
+
+def _run_probe(uuid: str, mps_env: dict[str, str] | None, timeout_s: float) -> tuple[int | None, str, str]:
+    """Run :data:`PROBE_COMMAND` on GPU ``uuid``: outside MPS (an empty temporary pipe
+    directory) when ``mps_env`` is ``None``, else as an MPS client with those variables.
+
+    Returns:
+        ``(sm_count, "major.minor", error)``: ``sm_count`` is ``None`` and ``error`` one line
+        when the probe failed.
+    """
+    try:
+        with tempfile.TemporaryDirectory(prefix="mtfl-probe-") as empty:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+            env.update(CUDA_VISIBLE_DEVICES=uuid, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_MPS_PIPE_DIRECTORY=empty)
+            env.update(mps_env or {})
+            done = subprocess.run(
+                PROBE_COMMAND, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        lines = done.stdout.strip().splitlines()
+        said = " ".join(done.stderr.split())[-300:]
+        reply = json.loads(lines[-1]) if lines else {"error": said or f"exit code {done.returncode}, no answer"}
+        if "sm_count" in reply:
+            return int(reply["sm_count"]), str(reply.get("capability", "")), ""
+        return None, "", str(reply.get("error", reply))
+    except subprocess.TimeoutExpired:
+        return None, "", f"no answer within {timeout_s:g} s"
+    except (OSError, ValueError, TypeError) as exc:
+        return None, "", f"{type(exc).__name__}: {exc}"
+
+
 def probe_cuda_device(uuid: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int | None, str]:
     """Ask torch, in a subprocess, for the SM count and compute capability of GPU ``uuid``.
 
@@ -281,29 +314,28 @@ def probe_cuda_device(uuid: str, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[in
     """
     if uuid in _PROBES:
         return _PROBES[uuid]
-    answer: tuple[int | None, str] = (None, "")
-    try:
-        with tempfile.TemporaryDirectory(prefix="mtfl-probe-") as empty:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
-            env.update(CUDA_VISIBLE_DEVICES=uuid, CUDA_MPS_PIPE_DIRECTORY=empty)
-            done = subprocess.run(
-                [sys.executable, "-c", _PROBE_CODE],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        lines = done.stdout.strip().splitlines()
-        reply = json.loads(lines[-1]) if lines else {"error": done.stderr.strip()[-300:]}
-        if "sm_count" in reply:
-            answer = (int(reply["sm_count"]), str(reply["capability"]))
-        else:
-            logger.warning("GPU %s: SM probe failed: %s", uuid, reply.get("error"))
-    except (subprocess.TimeoutExpired, OSError, ValueError) as exc:
-        logger.warning("GPU %s: SM probe failed: %s", uuid, exc)
-    _PROBES[uuid] = answer
-    return answer
+    sm_count, capability, error = _run_probe(uuid, None, timeout_s)
+    if sm_count is None:
+        logger.warning("GPU %s: SM probe failed: %s", uuid, error)
+    _PROBES[uuid] = (sm_count, capability)
+    return _PROBES[uuid]
+
+
+def probe_mps_client(uuid: str, mps_env: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int | None, str]:
+    """The SM count a short-lived MPS client of GPU ``uuid`` sees (``multi_processor_count``
+    of ``torch.cuda.get_device_properties(0)``, which MPS lowers to the client's share).
+
+    Args:
+        uuid: the GPU.
+        mps_env: the client's MPS variables (:meth:`workers.backends.gpu_mps.MpsDaemon.client_env`).
+        timeout_s: seconds the subprocess may take (importing torch, creating a context).
+
+    Returns:
+        ``(sm_count, "")``, or ``(None, why)`` in one line when the probe failed (no GPU, no
+        torch, no answer). Never raises; never cached (a daemon may come and go).
+    """
+    sm_count, _, error = _run_probe(uuid, mps_env, timeout_s)
+    return sm_count, error
 
 
 def sample_gpu(uuid: str) -> GpuSample:

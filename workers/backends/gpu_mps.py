@@ -16,16 +16,28 @@ docs/DESIGN.md §2 ("MPS facts") shapes this module:
 - every call to the daemon has a timeout: a daemon that does not answer, or a pipe directory
   held by another user, is a :class:`MpsError` with one line saying what to do, never a hang.
 
-After a round, :func:`read_server_log` and :func:`verify_client_share` check from the MPS
-server log that each trainer really became a client of this agent's server and which share it
-got. The documented server-log lines this relies on look like::
+Whether a trainer really got its share is judged from inside it (:func:`verify_client_sms`):
+the SM count its CUDA context reports (``multi_processor_count``), which MPS lowers to the
+client's active thread percentage, against the count that share should leave. The server log
+cannot say it: current drivers log client connections and one server-level percentage, never a
+client's own share, and a client that cannot reach the daemon silently runs as a plain CUDA
+context ("continues to run as it normally would without MPS", ``nvidia-cuda-mps-control(1)``).
+The log still shows which trainers connected (:func:`read_server_log`), the only evidence for a
+share of 100 %, where the SM count cannot drop. The server-log lines this reads look like::
 
     [2026-04-28 18:20:41.986 Server 4428] Active Threads Percentage set to 100.0
     [2026-04-28 18:20:41.986 Server 4428] Client {PID: 4267, Context ID: 0} connected
     [2013-08-05 13:00:09.269 Server 13929] New client 14781 connected          (older drivers)
 
 A line naming a client together with an active thread percentage is used as that client's own
-share when a driver writes one. This module imports neither torch nor pynvml.
+share when a driver writes one.
+
+Ending things: a trainer that must be killed under MPS is first ended with ``terminate_client``
+(:meth:`MpsDaemon.terminate_clients`, the documented way to end a client's GPU work); a daemon
+that does not exit within the timeout of ``quit`` is killed with its servers
+(:meth:`MpsDaemon.stop`). A daemon re-parented to a process that never reaps it (PID 1 of a
+container without an init) stays a zombie: a zombie counts as gone (:func:`pid_alive`). This
+module imports neither torch nor pynvml.
 """
 
 from __future__ import annotations
@@ -35,10 +47,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +75,17 @@ UNIX_PATH_MAX = 107
 # The daemon creates sockets in the pipe directory ("control", "control_privileged"); this
 # leaves room for the longest name and its slash.
 _SOCKET_NAME_ROOM = 20
+
+MPS_SM_GRANULARITY = 2
+"""SMs MPS grants a client's share in on Volta and later GPUs: SMs come in pairs (a TPC), so
+the count a client sees is its share of the SMs rounded to a multiple of 2 (the tolerance of
+:func:`verify_client_sms`)."""
+
+PROBE_SHARE = 50
+"""Active thread percentage of the agent's start-up probe client (:func:`probe_verdict`)."""
+
+KILL_WAIT_S = 2.0
+"""Seconds to wait for a killed daemon or server to go, and for one ``terminate_client``."""
 
 _MPS_ENV_PREFIX = "CUDA_MPS_"
 _LIMIT_VARIABLES = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
@@ -123,14 +147,47 @@ def _tail(path: Path, chars: int = 600) -> str:
         return ""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs; a zombie (exited, not yet reaped) counts as gone.
+
+    The MPS control daemon forks into the background and is re-parented to PID 1; in a
+    container without an init process nothing reaps it, and ``kill(pid, 0)`` keeps answering
+    for its zombie: its state in ``/proc/<pid>/stat`` (``Z``, or ``X``) says it is dead.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+        pass  # exists, owned by someone else
+    return _proc_state(pid) not in ("Z", "X")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (from ``/proc/<id>/stat``); ``[]`` without ``/proc``.
+
+    The MPS control daemon starts its servers itself, so they are its children.
+    """
+    children = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # exited meanwhile
+        if len(fields) > 1 and fields[1] == str(pid):
+            children.append(int(entry.parent.name))
+    return sorted(children)
+
+
+def _proc_state(pid: int) -> str:
+    """The one-letter state of ``/proc/<pid>/stat`` (``R``, ``S``, ``Z``...), ``""`` if unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    # The command name is in parentheses and may hold spaces: the state follows the last ")".
+    rest = stat.rpartition(")")[2].split()
+    return rest[0] if rest else ""
 
 
 @dataclass
@@ -361,28 +418,117 @@ class MpsDaemon:
                         return
                 time.sleep(0.05)
 
+    def server_pids(self, timeout_s: float | None = None) -> list[int]:
+        """The process ids of the MPS servers the daemon runs (``get_server_list``).
+
+        Raises:
+            MpsError: as :meth:`query`.
+        """
+        return [int(word) for word in self.query("get_server_list", timeout_s).split() if word.isdigit()]
+
+    def terminate_clients(self, client_pids: Sequence[int]) -> list[int]:
+        """End the GPU work of MPS clients about to be killed: ``terminate_client <server PID>
+        <client PID>`` for each (``nvidia-cuda-mps-control(1)``: the documented way to end a
+        client; a client killed with work in flight is a fault the server may deliver to every
+        other client).
+
+        Each call may take :data:`KILL_WAIT_S`; a daemon that does not answer ends the attempt.
+        Never raises (logs why).
+
+        Args:
+            client_pids: the trainers' process ids.
+
+        Returns:
+            The pids a server accepted ``terminate_client`` for.
+        """
+        if not self.answering or not client_pids:
+            return []
+        try:
+            servers = self.server_pids(timeout_s=KILL_WAIT_S)
+        except MpsError as exc:
+            logger.warning("cannot list MPS servers to terminate clients %s: %s", list(client_pids), exc)
+            return []
+        ended: list[int] = []
+        for client in client_pids:
+            for server in servers:
+                try:
+                    self.query(f"terminate_client {server} {client}", timeout_s=KILL_WAIT_S)
+                except MpsNoAnswerError as exc:
+                    logger.warning("terminate_client: %s", exc)
+                    return ended
+                except MpsError:
+                    continue  # not a client of that server (or already gone)
+                ended.append(client)
+                break
+        return ended
+
+    def _daemon_pid(self) -> int | None:
+        text = _tail(self._pid_file, 20)
+        return int(text) if text.isdigit() else None
+
+    def _gone(self, pid: int | None) -> bool:
+        return not pid_alive(pid) if pid is not None else not self._control_socket.exists()
+
     def _quit(self) -> None:
-        """Send ``quit`` and wait until the daemon is gone (its pid, else its socket)."""
-        pid_text = _tail(self._pid_file, 20)
-        pid = int(pid_text) if pid_text.isdigit() else None
-        self.query("quit")
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            gone = not _pid_alive(pid) if pid is not None else not self._control_socket.exists()
-            if gone:
-                return
+        """Send ``quit`` and wait until the daemon is gone (its pid, else its socket); if it
+        does not answer or exit within the timeout, kill its servers and itself."""
+        pid = self._daemon_pid()
+        # The daemon's servers are its children: known without asking a daemon that may be stuck.
+        servers = child_pids(pid) if pid is not None else []
+        try:
+            self.query("quit")
+        except MpsNoAnswerError as exc:
+            reason = str(exc)
+        else:
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                if self._gone(pid):
+                    return
+                time.sleep(0.05)
+            reason = (
+                f"the MPS control daemon in {self.pipe_dir} did not exit within {self.timeout_s:g} s "
+                "of `quit` (clients still running?)"
+            )
+        self._kill(servers, pid, reason)
+
+    def _kill(self, servers: Sequence[int], daemon_pid: int | None, reason: str) -> None:
+        """Kill (SIGKILL) the MPS servers and the control daemon after a ``quit`` that failed.
+
+        Raises:
+            MpsNoAnswerError: the daemon's pid is unknown, or it is still there after
+                :data:`KILL_WAIT_S`.
+            MpsError: a process belongs to another user.
+        """
+        if daemon_pid is None:
+            raise MpsNoAnswerError(f"{reason}; its pid is unknown ({self._pid_file} unreadable), so it was not killed")
+        targets = [p for p in (*servers, daemon_pid) if pid_alive(p)]
+        logger.warning("%s: killing MPS server(s) %s and control daemon %d", reason, list(servers), daemon_pid)
+        for target in targets:
+            try:
+                # SIGKILL, not SIGTERM: a daemon that ignored `quit` is stuck, and the agent is
+                # stopping or about to start a fresh one in the same pipe directory.
+                os.kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                raise MpsError(f"{reason}; pid {target} belongs to another user and cannot be killed") from None
+        deadline = time.monotonic() + KILL_WAIT_S
+        while any(pid_alive(p) for p in targets):
+            if time.monotonic() > deadline:
+                raise MpsNoAnswerError(f"{reason}; still there {KILL_WAIT_S:g} s after SIGKILL")
             time.sleep(0.05)
-        raise MpsNoAnswerError(
-            f"the MPS control daemon in {self.pipe_dir} did not exit within {self.timeout_s:g} s "
-            "of `quit` (clients still running?)"
-        )
+        # The killed daemon leaves its socket behind; start() would try to talk to it.
+        self._control_socket.unlink(missing_ok=True)
 
     def stop(self) -> None:
         """Quit the daemon if this object started it (or was starting it); a no-op otherwise
         (idempotent).
 
+        A daemon that does not answer ``quit`` or exit within the timeout is killed with its
+        servers (logged).
+
         Raises:
-            MpsError: the daemon did not answer ``quit`` or did not exit within the timeout.
+            MpsError: the daemon could not be stopped even so (its pid unknown, another user's).
         """
         with self._lock:
             if not self.started:
@@ -508,45 +654,107 @@ def read_server_log(paths: list[Path], marks: Mapping[Path, int] | None = None) 
     return log
 
 
-def verify_client_share(log: MpsServerLog, client_pid: int | None, requested: int) -> tuple[float | None, bool, str]:
-    """Check from the server log that a trainer ran as an MPS client with its share.
+def share_sm_bounds(total_sms: int, share: int, granularity: int = MPS_SM_GRANULARITY) -> tuple[int, int]:
+    """The SM counts a client of ``share`` percent may see on a GPU of ``total_sms`` SMs.
 
-    The applied share is the client's own logged share when there is one; otherwise the
-    smaller of the requested share (the client's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) and its
-    server's active thread percentage (100 when the log has none, as MPS defaults to), since
-    the client's value can only tighten the server's.
+    MPS limits a client to ``share × total_sms / 100`` SMs, granted in units of
+    ``granularity`` SMs (a TPC, :data:`MPS_SM_GRANULARITY`), so the count it reports lies within
+    one unit of that product either way, and within ``[1, total_sms]``.
+
+    Example:
+        >>> share_sm_bounds(132, 50)
+        (64, 68)
+
+    Raises:
+        ValueError: for ``total_sms < 1`` or a share outside ``[1, 100]``.
+    """
+    if total_sms < 1:
+        raise ValueError(f"total_sms must be >= 1, got {total_sms}")
+    if not 1 <= share <= 100:
+        raise ValueError(f"share must be in [1, 100] (percent), got {share}")
+    exact = total_sms * share / 100
+    return max(1, math.floor(exact) - granularity), min(total_sms, math.ceil(exact) + granularity)
+
+
+def verify_client_sms(
+    seen_sms: int | None, total_sms: int | None, requested: int, *, connected_to: int | None = None
+) -> tuple[float | None, bool, str]:
+    """Check from inside a trainer that MPS applied its share: the SM count its CUDA context
+    reported (``multi_processor_count``, which MPS lowers to the client's share) against the
+    count that share leaves (:func:`share_sm_bounds`).
+
+    A share below 100 % is verified when the trainer saw fewer SMs than the GPU has and no more
+    nor fewer than the share allows (a server capped below the share shows as too few). At
+    100 % the SM count cannot tell an MPS client from a plain CUDA context: the server log's
+    connection line (``connected_to``) is then the evidence.
 
     Args:
-        log: from :func:`read_server_log`.
-        client_pid: the trainer's process id (``None`` if it never started).
-        requested: its ``active_thread_percentage``.
+        seen_sms: the trainer's ``visible_sm_count`` (``None``: it reported none).
+        total_sms: the GPU's SMs (NVML or the probe outside MPS); ``None`` if unknown.
+        requested: its ``active_thread_percentage``, ``[1, 100]``.
+        connected_to: the MPS server the log shows it connected to (:func:`client_server`).
 
     Returns:
-        ``(applied_share, verified, detail)``: ``applied_share`` is ``None`` when the log does
-        not show the trainer as a client; ``verified`` means it connected and ``applied_share``
-        equals ``requested``; ``detail`` says what was seen.
+        ``(applied_share, verified, detail)``: ``applied_share`` is ``100 × seen / total``
+        (percent; ``None`` when either count is missing); ``detail`` says what was seen.
     """
-    if client_pid is None or client_pid not in log.client_server:
+    via = f"; client of MPS server {connected_to}" if connected_to is not None else ""
+    if seen_sms is None:
+        return None, False, f"the trainer reported no SM count (it did not reach CUDA){via}"
+    if not total_sms:
+        return None, False, f"the trainer saw {seen_sms} SMs, but the GPU's SM count is unknown{via}"
+    applied = round(100 * seen_sms / total_sms, 2)
+    low, high = share_sm_bounds(total_sms, requested)
+    seen = f"saw {seen_sms} of {total_sms} SMs ({applied:g} %) at a {requested} % share"
+    if requested == 100:
+        if seen_sms < total_sms:
+            return applied, False, f"{seen}: fewer than the whole GPU (another limit applies){via}"
+        if connected_to is None:
+            return (
+                applied,
+                False,
+                f"{seen}, but the MPS server log does not show it as a client: at 100 % the SM count "
+                "cannot tell an MPS client from a plain CUDA context",
+            )
+        return applied, True, f"{seen}{via}"
+    if seen_sms >= total_sms:
         return (
-            None,
+            applied,
             False,
-            (
-                f"the MPS server log does not show trainer pid {client_pid} as a client: it did not "
-                "reach CUDA, or ran without MPS"
-            ),
+            f"{seen}: MPS did not limit it (it ran as a plain CUDA context: no MPS daemon reached, "
+            f"or a pre-Volta GPU){via}",
         )
-    server = log.client_server[client_pid]
-    if client_pid in log.client_share:
-        applied = log.client_share[client_pid]
-        source = "its own log line"
-    else:
-        cap = log.server_share.get(server, 100.0)
-        applied = min(float(requested), cap)
-        source = f"its env share under server {server}'s {cap:g} %"
-    verified = abs(applied - requested) < 0.5
-    detail = (
-        f"client of MPS server {server} at {applied:g} % ({source})"
-        if verified
-        else f"client of MPS server {server} at {applied:g} % ({source}), not the {requested} % requested"
-    )
-    return applied, verified, detail
+    if not low <= seen_sms <= high:
+        return applied, False, f"{seen}: outside the {low}-{high} SMs that share allows{via}"
+    return applied, True, f"{seen}{via}"
+
+
+def client_server(log: MpsServerLog, client_pid: int | None) -> int | None:
+    """The MPS server the log shows ``client_pid`` connected to, or ``None``."""
+    return None if client_pid is None else log.client_server.get(client_pid)
+
+
+def probe_verdict(seen_sms: int | None, total_sms: int | None, error: str = "", share: int = PROBE_SHARE) -> str | None:
+    """Judge the agent's start-up probe: a client of this agent's daemon at ``share`` percent
+    must see fewer SMs than the GPU has, or MPS does not apply shares on this host.
+
+    Args:
+        seen_sms: the probe client's ``multi_processor_count`` (``None``: the probe failed).
+        total_sms: the GPU's SMs.
+        error: why the probe failed, when it did.
+        share: the probe's active thread percentage.
+
+    Returns:
+        ``None`` when shares apply; otherwise one line saying why ``mps`` rounds are refused.
+    """
+    if seen_sms is None:
+        return f"the MPS probe client ({share} %) could not read its SM count: {error or 'no answer'}"
+    if not total_sms:
+        return "the GPU's SM count is unknown, so the MPS probe client's cannot be judged"
+    if seen_sms >= total_sms:
+        return (
+            f"a probe client at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share} saw all {total_sms} SMs "
+            f"({seen_sms}): MPS does not limit clients here (the client did not reach this agent's "
+            "MPS daemon, or the GPU is older than Volta)"
+        )
+    return None

@@ -19,7 +19,9 @@ throughput over 622 configurations, 0.07 of the co-location shape ``P_k / P_1``,
 trends (throughput grows with the batch and saturates; per-process throughput falls as processes
 are added; ``k`` processes together get between 1× and ``k``× one). On the paper's Titan V mixes
 it gives 1.8-2.5× over time slicing for the best shares (the paper: 2.16-2.38×). ``python
-benchmarks/sim_calibration.py`` prints the comparison (``--fit`` redoes the search). Where a
+benchmarks/sim_calibration.py`` prints the comparison (``--fit`` redoes the search). The same
+benchmark scores the model on data sets held out of each fit: ParvaGPU's, MISO's A100 training
+on MIG slices and Gavel's P100/K80 co-located training pairs (docs/benchmarks.md). Where a
 constant is an assumption rather than a fit, its comment says so.
 """
 
@@ -156,13 +158,35 @@ class DeviceSpec:
 
 
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
-    # NVIDIA's data sheets; the Titan V is the paper's GPU (Yu et al. 2022, §5).
+    # Dense fp32 peak (boost clock, no tensor cores), DRAM bandwidth and memory from NVIDIA's
+    # data sheets; SMs and resident threads per SM from the architecture whitepapers (Kepler
+    # GK110/GK210, Pascal GP100, Volta GV100, Turing TU104, Ampere GA100, Hopper GH100). The
+    # data sheets' memory in GB is taken as GiB (HBM stacks come in GiB), except where noted.
+    # The Titan V is the paper's GPU (Yu et al. 2022, §5) and the default.
     "titan-v": DeviceSpec("titan-v", 14.9e12, 652.8e9, 12 * GIB, 80, 2048),
+    # Tesla V100 SXM2 16 GB (V100 data sheet, 2020): 15.7 TFLOP/s fp32, 900 GB/s HBM2.
+    "v100": DeviceSpec("v100", 15.7e12, 900e9, 16 * GIB, 80, 2048),
     "a100-40gb": DeviceSpec("a100-40gb", 19.5e12, 1555e9, 40 * GIB, 108, 2048),
     "a100-80gb": DeviceSpec("a100-80gb", 19.5e12, 2039e9, 80 * GIB, 108, 2048),
+    # H100 SXM5 80 GB (H100 data sheet, 2023): 67 TFLOP/s fp32, 3.35 TB/s HBM3, 132 SMs.
+    "h100-sxm": DeviceSpec("h100-sxm", 67e12, 3350e9, 80 * GIB, 132, 2048),
+    # H200 SXM 141 GB (H200 data sheet, 2024): the H100's GH100 die (67 TFLOP/s fp32, 132
+    # SMs) with 141 GB of HBM3e at 4.8 TB/s.
+    "h200": DeviceSpec("h200", 67e12, 4800e9, 141 * GIB, 132, 2048),
     "t4": DeviceSpec("t4", 8.1e12, 320e9, 15 * GIB, 40, 1024),  # 16 GB, 15 GiB usable
+    # Tesla P100 PCIe 16 GB (P100 data sheet, 2016): 9.3 TFLOP/s fp32, 732 GB/s, 56 SMs; the
+    # PCIe card is the one clouds rent and Gavel measured (benchmarks/reference-data).
+    "p100": DeviceSpec("p100", 9.3e12, 732e9, 16 * GIB, 56, 2048),
+    # Tesla K80 (K80 data sheet, 2014): a board of two GK210 dies, 8.73 TFLOP/s fp32 at boost,
+    # 480 GB/s and 24 GB in all. A preset is ONE die, as CUDA, clouds and Gavel count a K80
+    # "GPU": half of each, 4.37 TFLOP/s, 240 GB/s, 12 GB, 13 SMX of 2048 resident threads.
+    "k80": DeviceSpec("k80", 4.37e12, 240e9, 12 * GIB, 13, 2048),
 }
-"""Named devices ``MTFL_SIM_DEVICE`` may choose."""
+"""Named devices ``MTFL_SIM_DEVICE`` may choose: ``titan-v`` (default), ``v100``,
+``a100-40gb``, ``a100-80gb``, ``h100-sxm``, ``h200``, ``t4``, ``p100``, ``k80``. Their
+``kernel_s`` and ``flops_efficiency`` are :class:`DeviceSpec`'s defaults (assumptions, see
+there); ``benchmarks/sim_calibration.py`` fits them against measurements for the A100 (MISO,
+ParvaGPU), P100 and K80 (Gavel) and reports the figures without changing the presets."""
 
 _NUMERIC_FIELDS = tuple(f.name for f in dataclasses.fields(DeviceSpec) if f.name != "name")
 

@@ -206,6 +206,20 @@ def global_weights_key(run_id: int, task_id: int, round_index: int | None) -> st
     return f"runs/{run_id}/tasks/{task_id}/global/round-{round_index:05d}.safetensors"
 
 
+def server_state_key(run_id: int, task_id: int, round_index: int) -> str:
+    """Return the key of a task's aggregator server state after a round (momentum, ``m``,
+    ``v`` of a server optimiser, Reddi et al. 2021), beside that round's global model.
+
+    Agents never read it: :func:`parse_global_weights_key` does not accept it, so the agent
+    download endpoint does not serve it.
+
+    Raises:
+        ValueError: if an id or ``round_index`` is negative.
+    """
+    _require_non_negative(run_id=run_id, task_id=task_id, round_index=round_index)
+    return f"runs/{run_id}/tasks/{task_id}/global/server-state-round-{round_index:05d}.safetensors"
+
+
 def device_weights_key(run_id: int, round_index: int, device: str, task_id: int) -> str:
     """Return the key of the weights a device trained for a task in a round.
 

@@ -150,13 +150,22 @@ class FedAvgAccumulator:
             if b.dtype != dtype:
                 raise ValueError(f"state key {key!r} has dtype {b.dtype} in state dict {j} but {dtype} in state dict 0")
 
-    def result(self) -> dict[str, np.ndarray]:
-        """The sample-weighted mean of the states added, same keys, shapes and dtypes.
+    @property
+    def dtypes(self) -> dict[str, np.dtype]:
+        """Each key's dtype, as the first state added has it (``{}`` before the first :meth:`add`)."""
+        return {key: dtype for key, (_, dtype) in (self._reference or {}).items()}
+
+    def means(self) -> dict[str, np.ndarray]:
+        """The sample-weighted means of the states added in float64, not cast back: what a
+        server optimiser forms its pseudo-gradient from (:mod:`workers.fl.server_opt`).
+
+        Same keys and shapes as the states added, every array float64 (integer tensors not
+        rounded). Like :meth:`result`, it spends the accumulator: call one of the two, once.
 
         Raises:
             ValueError: nothing was added.
             NoSamplesError: every count was 0.
-            RuntimeError: called a second time.
+            RuntimeError: called after :meth:`result` or :meth:`means`.
         """
         if self._done:
             raise RuntimeError("this FedAvgAccumulator has already given its result")
@@ -166,21 +175,40 @@ class FedAvgAccumulator:
             raise NoSamplesError(
                 f"all {self._added} devices report 0 samples: nothing to average (keep the previous global model)"
             )
-        averaged: dict[str, np.ndarray] = {}
-        for key, (shape, dtype) in self._reference.items():
+        means: dict[str, np.ndarray] = {}
+        for key, (shape, _) in self._reference.items():
             acc = self._sums[key]
-            out = np.empty(acc.size, dtype=dtype)
+            # In place, chunk by chunk: the sum's buffer becomes the mean, no second float64 copy.
             for start in range(0, acc.size, _CHUNK):
                 stop = min(start + _CHUNK, acc.size)
-                chunk = acc[start:stop]
-                chunk /= self._total
-                if np.issubdtype(dtype, np.integer):
-                    np.rint(chunk, out=chunk)
-                out[start:stop] = chunk
-            averaged[key] = out.reshape(shape)
-        self._sums = {}  # the sums are spent: free them; a second result() would be wrong
+                acc[start:stop] /= self._total
+            means[key] = acc.reshape(shape)
+        self._sums = {}  # the sums are spent (they became the means): a second call would be wrong
         self._done = True
+        return means
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The sample-weighted mean of the states added, same keys, shapes and dtypes.
+
+        Raises:
+            ValueError: nothing was added.
+            NoSamplesError: every count was 0.
+            RuntimeError: called a second time.
+        """
+        dtypes = self.dtypes
+        averaged = self.means()
+        for key, mean in averaged.items():
+            averaged[key] = cast_mean(mean, dtypes[key])
         return averaged
+
+
+def cast_mean(mean: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A float64 mean cast back to a tensor's ``dtype``: integer tensors (BatchNorm's
+    ``num_batches_tracked``) rounded to the nearest integer first, halves to even (``np.rint``),
+    as FedAvg does. ``mean`` may be rounded in place."""
+    if np.issubdtype(dtype, np.integer):
+        np.rint(mean, out=mean)
+    return mean.astype(dtype)
 
 
 def _check_compatible(states: Sequence[Mapping[str, np.ndarray]]) -> None:

@@ -148,6 +148,20 @@ class AssignmentSpec(_Message):
     global_weights: str = Field(description="artifact key of the global model to start from")
     output_weights: str = Field(description="artifact key the trained weights are written to")
     seed: int = Field(default=0, ge=0, description="seeds data shuffling and dropout")
+    learning_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1000,
+        description="the optimizer's learning rate for this assignment, scaled to its batch size by the "
+        "experiment's rule (controlplane.planning.lr_scaling); None: task.optimizer.learning_rate",
+    )
+    proximal_mu: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="FedProx's mu (Li et al. 2020): the trainer adds mu/2 * ||w - w_global||^2 to every "
+        "batch's loss, w_global the model it started from; 0: plain local SGD",
+    )
     memory_limit_bytes: int | None = Field(
         default=None,
         ge=MIB,
@@ -226,8 +240,8 @@ class AssignmentResult(_Message):
     peak_memory_bytes: int | None = Field(
         default=None,
         ge=0,
-        description="the trainer's peak memory, bytes: torch.cuda.max_memory_allocated on a "
-        "GPU, private (anonymous) resident memory on CPU",
+        description="the trainer's peak memory, bytes: on a GPU what a pinned memory limit must allow, "
+        "torch.cuda.max_memory_reserved plus the CUDA context; private (anonymous) resident memory on CPU",
     )
     visible_sm_count: int | None = Field(
         default=None,
@@ -239,17 +253,14 @@ class AssignmentResult(_Message):
         default=None,
         ge=0,
         le=100,
-        description="the share MPS applied to this trainer according to the MPS server log "
-        "(the client's own value when the log records one, else the smaller of "
-        "the requested share and the server's active thread percentage); None "
-        "when the trainer did not run under MPS or the log does not show it",
+        description="the share MPS applied to this trainer as the trainer saw it: visible_sm_count as a "
+        "percentage of the GPU's SMs; None when the trainer did not run under MPS or reported no SM count",
     )
     mps_verified: bool | None = Field(
         default=None,
-        description="under MPS partitioning: True when the MPS server log shows this trainer "
-        "connected as a client of the agent's own MPS server with "
-        "mps_active_thread_percentage equal to active_thread_percentage; None "
-        "when not under MPS",
+        description="under MPS partitioning: True when the SM count the trainer saw shows MPS limited it "
+        "to its active_thread_percentage (fewer SMs than the GPU has, within one TPC of the share's; at "
+        "100 %, all SMs and the MPS server log shows it connected); None when not under MPS",
     )
     mps_detail: str = Field(default="", description="why mps_verified is False (or what was seen)")
     simulated: bool = _simulated_field()

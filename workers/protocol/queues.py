@@ -63,6 +63,7 @@ class TaskName:
     ROUND_FINISH = "mtfl.round_finish"
     ROUND_WATCHDOG = "mtfl.round_watchdog"
     RUNS_RESUME = "mtfl.runs_resume"
+    LAB_SCHEDULE = "mtfl.lab_schedule"
     PROFILE_RECORD = "mtfl.profile_record"
     PROFILE_DONE = "mtfl.profile_done"
     PROFILE_SWEEP_WATCHDOG = "mtfl.profile_sweep_watchdog"

@@ -53,8 +53,9 @@ positions in ``[0, N)``, pairwise disjoint (a rule may leave samples out). Check
 
 
 @dataclass(frozen=True)
-class PartitionParameter:
-    """A numeric parameter a partition rule declares (an experiment's ``partition_params``).
+class Parameter:
+    """A numeric parameter a registered record declares: a partition rule's (an experiment's
+    ``partition_params``) or an aggregator's (its ``aggregation_params``).
 
     Attributes:
         name: the key in ``partition_params`` (``"alpha"``), a Python identifier.
@@ -100,17 +101,21 @@ class PartitionParameter:
         low = "(" if self.minimum_open else "["
         return f"{what} in {low}{_number(self.minimum)}, {_number(self.maximum)}]"
 
-    def check(self, value: object) -> ParamValue:
+    def check(self, value: object, *, group: str = "partition_params") -> ParamValue:
         """Return ``value`` as this parameter's type if it is allowed.
 
         An ``"int"`` parameter takes an integer (a float with an integral value, as JSON and
         forms may send ``2.0``, is taken as that integer); a ``"float"`` one any finite number.
 
+        Args:
+            group: the field the parameters are given in, for messages (``"partition_params"``,
+                ``"aggregation_params"``).
+
         Raises:
-            ValueError: naming ``partition_params.<name>`` and the allowed range, for a value
+            ValueError: naming ``<group>.<name>`` and the allowed range, for a value
                 that is not a number of the kind, not finite, or outside the range.
         """
-        field = f"partition_params.{self.name}"
+        field = f"{group}.{self.name}"
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise ValueError(f"{field} must be {self.allowed}, got {value!r}")
         number = float(value)
@@ -126,6 +131,10 @@ class PartitionParameter:
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+PartitionParameter = Parameter
+"""The name partition-rule plug-ins import :class:`Parameter` by."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from controlplane.experiments.services.catalog import (
     task_metadata_ensure,
     task_update,
 )
+from controlplane.experiments.services.lab.scheduler import lab_schedule, round_start
 from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.reliability import (
     round_check,
@@ -30,7 +31,7 @@ from controlplane.experiments.services.reliability import (
 )
 from controlplane.experiments.services.rounds.deadlines import round_deadline_s
 from controlplane.experiments.services.rounds.record import round_finish, round_progress
-from controlplane.experiments.services.rounds.start import round_start
+from controlplane.experiments.services.rounds.start import round_dispatch
 from controlplane.experiments.services.runs import (
     comparison_cancel,
     comparison_create,
@@ -55,6 +56,8 @@ __all__ = [
     "round_finish",
     "round_progress",
     "round_start",
+    "round_dispatch",
+    "lab_schedule",
     "round_watchdog",
     "run_begin",
     "run_cancel",

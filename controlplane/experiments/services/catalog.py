@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -14,12 +15,15 @@ from django.db import transaction
 
 from controlplane.common.errors import ApplicationError
 from controlplane.common.registered import registered
-from controlplane.experiments.models import Experiment, Shard, Task
+from controlplane.experiments.models import CLIENT_SAMPLING_RULES, Experiment, Shard, Task
 from controlplane.experiments.selectors import can_manage_experiment
 from controlplane.fleet.models import Device
+from controlplane.planning.guard import untrusted_choice
+from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, lr_scaling_check
 from controlplane.profiling.services import workload_request
 from workers.protocol.indices import encode_indices
 from workers.protocol.messages import OPTIMIZERS
+from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
 from workers.registry.partitioners import PARTITIONER_REGISTRY, Partitioner
@@ -92,6 +96,26 @@ def _check_reliability(**values: Any) -> None:
         check_finite_range("device_retries", retries, 0, MAX_DEVICE_RETRIES)
     if values.get("deadline_factor") is not None:
         check_finite_range("deadline_factor", values["deadline_factor"], 1.0, 100.0)
+
+
+def _check_retention(**values: Any) -> None:
+    """Check ``keep_device_weights`` (a boolean) and ``keep_last_checkpoints`` (``None``: the
+    lab default ``MTFL_KEEP_LAST_CHECKPOINTS``, or an integer 1 to 10000) when given.
+
+    Raises:
+        ApplicationError: naming the field and the allowed values.
+    """
+    if "keep_device_weights" in values and not isinstance(values["keep_device_weights"], bool):
+        raise ApplicationError("keep_device_weights must be true or false", field="keep_device_weights")
+    keep = values.get("keep_last_checkpoints")
+    if keep is not None:
+        if isinstance(keep, bool) or not isinstance(keep, int):
+            raise ApplicationError(
+                "keep_last_checkpoints must be an integer: allowed 1 to 10000, or null for the lab default "
+                "(MTFL_KEEP_LAST_CHECKPOINTS)",
+                field="keep_last_checkpoints",
+            )
+        check_finite_range("keep_last_checkpoints", keep, 1, 10_000)
 
 
 def _bound(x: float) -> str:
@@ -383,6 +407,7 @@ def _shard_table(
     partition_params: Mapping[str, float | int],
     seed: int,
     sample_counts: Iterable[Mapping[str, Any]] | None,
+    train_samples: int | None = None,
 ) -> list[_ShardRow]:
     """Derive every device's shard of every task.
 
@@ -391,8 +416,10 @@ def _shard_table(
     other rule is a registered partitioner called over the task's training labels
     (:func:`workers.training.partition.partition_indices`) with seed ``seed * 10007 + k`` for the
     ``k``-th task (so tasks get different draws: ``quantity`` gives each task its own skew); the
-    positions it chose are stored encoded (:func:`workers.protocol.indices.encode_indices`).
-    Either way each shard gets its class histogram.
+    positions it chose are stored encoded (:func:`workers.protocol.indices.encode_indices`);
+    with ``train_samples`` the partitioner divides only the first ``train_samples`` positions of
+    each split (quick runs that keep the rule's skew). Either way each shard gets its class
+    histogram.
 
     Raises:
         ApplicationError: bad explicit counts (naming ``sample_counts`` or ``num_samples``), a
@@ -425,8 +452,9 @@ def _shard_table(
 
     for k, task in enumerate(tasks):
         labels = task_train_labels(task)
+        divided = labels if train_samples is None else labels[:train_samples]
         try:
-            parts = partition_indices(labels, len(devices), partition_rule, dict(partition_params), seed * 10007 + k)
+            parts = partition_indices(divided, len(devices), partition_rule, dict(partition_params), seed * 10007 + k)
         except ValueError as exc:
             raise ApplicationError(f"task {task.name!r}: {exc}", field="partition_params") from exc
         for device, positions in zip(devices, parts, strict=True):
@@ -587,6 +615,160 @@ def _names(partitioner: Partitioner) -> set[str]:
     return {p.name for p in partitioner.parameters}
 
 
+# --- aggregation and participation ----------------------------------------------------------
+
+_PARAM_FIELD = re.compile(r"aggregation_params(?:\.\w+)?")
+
+
+def aggregation_check(aggregation: object, params: object, *, prefix: str = "") -> tuple[str, dict[str, Any]]:
+    """An aggregator's name and its parameters, checked against its record
+    (:meth:`workers.registry.aggregators.Aggregator.check_params`), defaults filled in.
+
+    Args:
+        aggregation: a name of :data:`~workers.registry.aggregators.AGGREGATOR_REGISTRY`.
+        params: ``{name: number}`` or ``None`` (every parameter at its default).
+        prefix: put before every field named (``"task_aggregation.<task>."`` for an override).
+
+    Returns:
+        ``(name, {parameter: value})`` with every declared parameter present.
+
+    Raises:
+        ApplicationError: (400) an unknown aggregator (``<prefix>aggregation``, listing the
+            registered ones), ``params`` that is not an object (``<prefix>aggregation_params``),
+            an unknown parameter, a missing required one or a value out of its range
+            (``<prefix>aggregation_params.<name>``, naming the allowed range).
+    """
+    record = registered(AGGREGATOR_REGISTRY, aggregation, field=f"{prefix}aggregation")
+    if params is not None and not isinstance(params, Mapping):
+        raise ApplicationError(
+            f"{prefix}aggregation_params must be an object of parameter names, got {params!r}",
+            field=f"{prefix}aggregation_params",
+        )
+    try:
+        checked = record.check_params(params)
+    except ValueError as exc:
+        message = str(exc)
+        match = _PARAM_FIELD.match(message)
+        field = match.group(0) if match else "aggregation_params"
+        raise ApplicationError(f"{prefix}{message}", field=f"{prefix}{field}") from None
+    return record.name, dict(checked)
+
+
+def task_aggregation_check(
+    task_aggregation: object, tasks: Iterable[Task], *, default_aggregation: str
+) -> dict[str, dict[str, Any]]:
+    """Per-task aggregator overrides, checked, keyed by task id (a string, as JSON keys are).
+
+    Args:
+        task_aggregation: ``{task: {"aggregation": name, "aggregation_params": {...}}}`` or
+            ``None``; ``task`` is a task's id (a number or its digits) or its name, of one of
+            ``tasks``; ``aggregation`` left out is ``default_aggregation``.
+        tasks: the experiment's tasks.
+        default_aggregation: the experiment's aggregator.
+
+    Returns:
+        ``{str(task id): {"aggregation": name, "aggregation_params": checked}}``.
+
+    Raises:
+        ApplicationError: (400) not an object, a key that is not one of ``tasks`` or names a
+            task twice (``task_aggregation``), an entry that is not an object or has other keys
+            (``task_aggregation.<task>``), and as :func:`aggregation_check` under
+            ``task_aggregation.<task>.`` (``<task>`` as the request wrote it).
+    """
+    if task_aggregation is None:
+        return {}
+    if not isinstance(task_aggregation, Mapping):
+        raise ApplicationError(
+            "task_aggregation must be an object of task ids or names, each with its aggregation and "
+            f"aggregation_params, got {task_aggregation!r}",
+            field="task_aggregation",
+        )
+    tasks = list(tasks)
+    by_id = {str(t.id): t for t in tasks}
+    by_name = {t.name: t for t in tasks}
+    out: dict[str, dict[str, Any]] = {}
+    for key, entry in task_aggregation.items():
+        written = str(key)
+        task = by_id.get(written) or by_name.get(written)
+        if task is None:
+            known = ", ".join(f"{t.name} (id {t.id})" for t in tasks)
+            raise ApplicationError(
+                f"task_aggregation: {written!r} is not a task of this experiment; its tasks: {known}",
+                field="task_aggregation",
+            )
+        if str(task.id) in out:
+            raise ApplicationError(
+                f"task_aggregation: task {task.name!r} (id {task.id}) is given twice", field="task_aggregation"
+            )
+        prefix = f"task_aggregation.{written}."
+        if not isinstance(entry, Mapping):
+            raise ApplicationError(
+                f"task_aggregation.{written} must be an object with aggregation and aggregation_params, got {entry!r}",
+                field=f"task_aggregation.{written}",
+            )
+        unknown = sorted(set(entry) - {"aggregation", "aggregation_params"})
+        if unknown:
+            raise ApplicationError(
+                f"{prefix}{unknown[0]}: unknown field; allowed: aggregation, aggregation_params",
+                field=f"{prefix}{unknown[0]}",
+            )
+        name, params = aggregation_check(
+            entry.get("aggregation") or default_aggregation, entry.get("aggregation_params"), prefix=prefix
+        )
+        out[str(task.id)] = {"aggregation": name, "aggregation_params": params}
+    return out
+
+
+def participation_check(
+    *, clients_per_round: object, client_fraction: object, client_sampling: object, num_devices: int
+) -> tuple[int | None, float | None, str]:
+    """How many devices train each round, and how they are drawn.
+
+    Args:
+        clients_per_round: an integer in ``[1, num_devices]``, or ``None``.
+        client_fraction: a number in ``(0, 1]``, or ``None`` (exclusive with ``clients_per_round``;
+            both ``None``: every device, every round).
+        client_sampling: ``uniform`` or ``weighted`` (by each device's data volume).
+        num_devices: the experiment's devices.
+
+    Returns:
+        ``(clients_per_round, client_fraction, client_sampling)`` as stored.
+
+    Raises:
+        ApplicationError: (400) both counts given (naming both), a count that is not an integer
+            or out of range, a fraction out of ``(0, 1]``, an unknown sampling rule; each naming
+            its field and the allowed values.
+    """
+    if clients_per_round is not None and client_fraction is not None:
+        raise ApplicationError(
+            "clients_per_round and client_fraction are exclusive: give one of them (the other null), or neither "
+            "for every device every round",
+            field="clients_per_round",
+        )
+    count: int | None = None
+    if clients_per_round is not None:
+        if isinstance(clients_per_round, bool) or not isinstance(clients_per_round, int):
+            if not (isinstance(clients_per_round, float) and clients_per_round.is_integer()):
+                raise ApplicationError(
+                    f"clients_per_round must be an integer: allowed 1 to {num_devices} (the experiment's devices)",
+                    field="clients_per_round",
+                )
+        if not 1 <= clients_per_round <= num_devices:
+            raise ApplicationError(
+                f"clients_per_round={clients_per_round!r} is out of range: allowed 1 to {num_devices} "
+                "(the experiment's devices)",
+                field="clients_per_round",
+            )
+        count = int(clients_per_round)
+    fraction = None
+    if client_fraction is not None:
+        if isinstance(client_fraction, bool):
+            raise ApplicationError("client_fraction must be a number: allowed (0, 1]", field="client_fraction")
+        fraction = check_finite_range("client_fraction", client_fraction, 0.0, 1.0, lo_open=True)
+    _check_choice("client_sampling", client_sampling, CLIENT_SAMPLING_RULES)
+    return count, fraction, str(client_sampling)
+
+
 def _resolve(model, ids: Iterable[Any], field: str) -> list:
     ids = list(ids or [])
     if not ids:
@@ -622,6 +804,17 @@ def experiment_create(
     owner=None,
     device_retries: int = 0,
     deadline_factor: float | None = None,
+    lr_scaling: str = DEFAULT_LR_SCALING,
+    untrusted_predictor: str = "plan",
+    aggregation: str = "fedavg",
+    aggregation_params: Mapping[str, Any] | None = None,
+    task_aggregation: Mapping[Any, Mapping[str, Any]] | None = None,
+    clients_per_round: int | None = None,
+    client_fraction: float | None = None,
+    client_sampling: str = "uniform",
+    train_samples: int | None = None,
+    keep_device_weights: bool = False,
+    keep_last_checkpoints: int | None = None,
 ) -> Experiment:
     """Create an experiment and derive its shards (which samples of every task each device
     holds, with their class histograms: :func:`_shard_table`).
@@ -640,11 +833,38 @@ def experiment_create(
             (``None``: ``MTFL_DEADLINE_FACTOR``).
         sample_counts: for ``partition_rule="explicit"``: ``[{"device": id, "task": id,
             "num_samples": n}, ...]``; pairs left out hold 0 samples.
+        lr_scaling: how an assignment's learning rate follows its batch size, relative to batch
+            128: ``none``, ``linear`` or ``sqrt`` (:mod:`controlplane.planning.lr_scaling`).
+        untrusted_predictor: what a ``vres_*`` run does when the planner's guard distrusts a
+            device's predictor: ``plan``, ``baseline`` or ``measure``
+            (:mod:`controlplane.planning.guard`).
+        aggregation: how each task's device models become its next global model, a name of
+            :data:`~workers.registry.aggregators.AGGREGATOR_REGISTRY` (``fedavg``, ``fedadam``, …).
+        aggregation_params: its hyper-parameters (``{"server_learning_rate": 0.01}``), stored
+            checked with every left-out one at its default (:func:`aggregation_check`).
+        task_aggregation: per-task overrides, ``{task id or name: {"aggregation": name,
+            "aggregation_params": {...}}}`` (:func:`task_aggregation_check`); stored by task id.
+        clients_per_round: devices trained per round (partial participation), 1 to the number
+            of devices; exclusive with ``client_fraction``.
+        client_fraction: the fraction of the devices trained per round, in (0, 1].
+        client_sampling: how each round's participants are drawn: ``uniform`` or ``weighted``
+            (by data volume); :func:`participation_check`.
+        train_samples: for a quick run, the partition rule divides only the first
+            ``train_samples`` samples of each task's training split, 2 to its size (``None``: all
+            of it); not with ``explicit``, whose counts already say how many.
+        keep_device_weights: keep every device's weights after its round is aggregated (for
+            debugging); by default the retention policy deletes them
+            (:mod:`controlplane.experiments.services.storage`).
+        keep_last_checkpoints: global checkpoints kept per run and task beside the initial, the
+            best and the latest one, 1 to 10000 (``None``: ``MTFL_KEEP_LAST_CHECKPOINTS``).
 
     Raises:
         ApplicationError: unknown tasks or devices, ``rounds``/``local_epochs`` out of range,
+            an ``lr_scaling`` that is not a rule, an ``untrusted_predictor`` not allowed,
             a partition rule or parameter that is not allowed, explicit counts that are
-            negative or exceed a training split, a task whose check fails now, a duplicate name.
+            negative or exceed a training split, a task whose check fails now, a duplicate name,
+            an aggregator, aggregator parameter, per-task override or participation setting
+            that is not allowed (naming the field and the allowed values).
     """
     if not name:
         raise ApplicationError("name is required", field="name")
@@ -656,11 +876,35 @@ def experiment_create(
     check_finite_range("local_epochs", local_epochs, 1, 1000)
     check_finite_range("seed", seed, 0, 2**31 - 1)
     _check_reliability(device_retries=device_retries, deadline_factor=deadline_factor)
+    _check_retention(keep_device_weights=keep_device_weights, keep_last_checkpoints=keep_last_checkpoints)
+    try:
+        lr_scaling_check(lr_scaling)
+    except ValueError as exc:
+        raise ApplicationError(str(exc), field="lr_scaling") from None
+    try:
+        untrusted_choice(untrusted_predictor)
+    except ValueError as exc:
+        raise ApplicationError(str(exc), field="untrusted_predictor") from None
     if partition_rule != Experiment.EXPLICIT:
         partition_rule_get(partition_rule)
     if partition_params is not None and not isinstance(partition_params, Mapping):
         raise ApplicationError("partition_params must be an object of parameter names", field="partition_params")
     params = partition_params_check(partition_rule, partition_params, dirichlet_alpha)
+    aggregation, aggregation_params = aggregation_check(aggregation, aggregation_params)
+    task_aggregation = task_aggregation_check(task_aggregation, tasks, default_aggregation=aggregation)
+    clients_per_round, client_fraction, client_sampling = participation_check(
+        clients_per_round=clients_per_round,
+        client_fraction=client_fraction,
+        client_sampling=client_sampling,
+        num_devices=len(devices),
+    )
+    if train_samples is not None:
+        if partition_rule == Experiment.EXPLICIT:
+            raise ApplicationError(
+                "train_samples is not allowed with partition_rule 'explicit': sample_counts give the shards",
+                field="train_samples",
+            )
+        check_finite_range("train_samples", train_samples, 2, min((int(t.train_size or 0) for t in tasks), default=2))
     rows = _shard_table(
         tasks=tasks,
         devices=devices,
@@ -668,6 +912,7 @@ def experiment_create(
         partition_params=params,
         seed=int(seed),
         sample_counts=sample_counts,
+        train_samples=None if train_samples is None else int(train_samples),
     )
     if not any(r.num_samples > 0 for r in rows):
         raise ApplicationError("no device holds any sample: nothing would be trained", field="sample_counts")
@@ -683,6 +928,16 @@ def experiment_create(
         owner=owner,
         device_retries=int(device_retries),
         deadline_factor=None if deadline_factor is None else float(deadline_factor),
+        lr_scaling=lr_scaling,
+        untrusted_predictor=untrusted_predictor,
+        aggregation=aggregation,
+        aggregation_params=aggregation_params,
+        task_aggregation=task_aggregation,
+        clients_per_round=clients_per_round,
+        client_fraction=client_fraction,
+        client_sampling=client_sampling,
+        keep_device_weights=keep_device_weights,
+        keep_last_checkpoints=keep_last_checkpoints,
     )
     experiment.tasks.set(tasks)
     experiment.devices.set(devices)
@@ -705,8 +960,14 @@ def experiment_create(
 def experiment_update(
     *, experiment: Experiment, actor=None, collaborators: Iterable[str] | None = None, **fields: Any
 ) -> Experiment:
-    """Change an experiment's name or description, its rounds or local epochs until it has
-    runs, and (its owner only) its collaborators.
+    """Change an experiment's name or description, its rounds, local epochs, aggregation
+    (:data:`FL_SETTINGS`) until it has runs, its reliability policy, ``untrusted_predictor`` and
+    retention policy (``keep_device_weights``, ``keep_last_checkpoints``: the next round and
+    ``mtfl gc`` apply it) at any time, and (its owner only) its collaborators.
+
+    A new ``aggregation`` without ``aggregation_params`` takes the new aggregator's defaults;
+    ``task_aggregation`` replaces every override; ``clients_per_round`` and ``client_fraction``
+    stay exclusive (set the other to ``None`` in the same request).
 
     Tasks, devices and the partition are fixed at creation (runs would no longer be comparable):
     create a new experiment to change them.
@@ -727,7 +988,21 @@ def experiment_update(
             )
         new_collaborators = _resolve_users(collaborators, experiment)
     # The reliability policy may change at any time: it decides how rounds wait, not what they train.
-    allowed = {"name", "description", "rounds", "local_epochs", "device_retries", "deadline_factor"}
+    # untrusted_predictor too: each run applies it when it is planned and records what it did
+    # (Run.warnings, Run.planned), so runs already made stay readable. The retention policy
+    # too: it decides what is kept on disk, never what is trained.
+    allowed = {
+        "name",
+        "description",
+        "rounds",
+        "local_epochs",
+        "device_retries",
+        "deadline_factor",
+        "untrusted_predictor",
+        "keep_device_weights",
+        "keep_last_checkpoints",
+        *FL_SETTINGS,
+    }
     unknown = set(fields) - allowed
     if unknown:
         field = sorted(unknown)[0]
@@ -735,7 +1010,11 @@ def experiment_update(
             f"{field} cannot change after creation (runs would no longer be comparable); create a new experiment",
             field=field,
         )
-    changed = sorted(k for k in ("rounds", "local_epochs") if k in fields and fields[k] != getattr(experiment, k))
+    if any(k in fields for k in FL_SETTINGS):
+        fields.update(_fl_settings_updated(experiment, {k: fields.pop(k) for k in FL_SETTINGS if k in fields}))
+    changed = sorted(
+        k for k in ("rounds", "local_epochs", *FL_SETTINGS) if k in fields and fields[k] != getattr(experiment, k)
+    )
     if changed and experiment.runs.exists():
         raise ApplicationError(
             f"{changed[0]} cannot change: the experiment has runs, which follow it round by round "
@@ -748,6 +1027,12 @@ def experiment_update(
     if "local_epochs" in fields:
         check_finite_range("local_epochs", fields["local_epochs"], 1, 1000)
     _check_reliability(**{k: fields[k] for k in ("device_retries", "deadline_factor") if k in fields})
+    _check_retention(**{k: fields[k] for k in ("keep_device_weights", "keep_last_checkpoints") if k in fields})
+    if "untrusted_predictor" in fields:
+        try:
+            untrusted_choice(fields["untrusted_predictor"])
+        except ValueError as exc:
+            raise ApplicationError(str(exc), field="untrusted_predictor") from None
     if "name" in fields and Experiment.objects.exclude(pk=experiment.pk).filter(name=fields["name"]).exists():
         raise ApplicationError(f"an experiment named {fields['name']!r} already exists", field="name")
     for key, value in fields.items():
@@ -756,6 +1041,58 @@ def experiment_update(
     if new_collaborators is not None:
         experiment.collaborators.set(new_collaborators)
     return experiment
+
+
+FL_SETTINGS = (
+    "aggregation",
+    "aggregation_params",
+    "task_aggregation",
+    "clients_per_round",
+    "client_fraction",
+    "client_sampling",
+)
+"""The experiment's FL algorithm settings: fixed once it has runs (they decide what is trained)."""
+
+
+def _fl_settings_updated(experiment: Experiment, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`FL_SETTINGS` values ``given`` (and the parameters of a new aggregator), checked
+    as :func:`experiment_create` checks them against what ``experiment`` keeps of the others.
+
+    Raises:
+        ApplicationError: as :func:`aggregation_check`, :func:`task_aggregation_check` and
+            :func:`participation_check`.
+    """
+    aggregation = given.get("aggregation", experiment.aggregation)
+    if "aggregation_params" in given:
+        params = given["aggregation_params"]
+    elif aggregation != experiment.aggregation:
+        params = None  # another aggregator's parameters: its defaults
+    else:
+        params = experiment.aggregation_params
+    aggregation, params = aggregation_check(aggregation, params)
+    tasks = list(experiment.tasks.order_by("id"))
+    overrides = (
+        task_aggregation_check(given["task_aggregation"], tasks, default_aggregation=aggregation)
+        if "task_aggregation" in given
+        else experiment.task_aggregation
+    )
+    count, fraction, sampling = participation_check(
+        clients_per_round=given.get("clients_per_round", experiment.clients_per_round),
+        client_fraction=given.get("client_fraction", experiment.client_fraction),
+        client_sampling=given.get("client_sampling", experiment.client_sampling),
+        num_devices=experiment.devices.count(),
+    )
+    updated = {
+        "aggregation": aggregation,
+        "aggregation_params": params,
+        "task_aggregation": overrides,
+        "clients_per_round": count,
+        "client_fraction": fraction,
+        "client_sampling": sampling,
+    }
+    # Only what was asked for (a new aggregator brings its parameters): a setting stored before a
+    # plug-in gained a parameter is not rewritten by a request about another one.
+    return {k: v for k, v in updated.items() if k in given or (k == "aggregation_params" and "aggregation" in given)}
 
 
 def _resolve_users(usernames: Iterable[str], experiment: Experiment) -> list:

@@ -38,30 +38,57 @@ def send_run_begin(run_id: int) -> None:
     app.send_task(TaskName.RUN_BEGIN, args=[run_id], queue=CONTROL_QUEUE)
 
 
-def _fan_out(device_task: str, requests, callback: str, key: int, task_ids: Mapping[str, str]) -> None:
+def _fan_out(
+    device_task: str,
+    requests,
+    callback: str,
+    key: int,
+    task_ids: Mapping[str, str],
+    callback_kwargs: Mapping[str, Any] | None = None,
+) -> None:
     """One ``device_task`` per device request on its ``device.<name>`` queue, with the id
-    ``task_ids[device]``, joined by a chord into ``callback(results, key)`` on ``control``."""
+    ``task_ids[device]``, joined by a chord into ``callback(results, key, **callback_kwargs)``
+    on ``control``."""
     header = [
         app.signature(
             device_task, args=[r.model_dump(mode="json")], queue=device_queue(r.device), task_id=task_ids[r.device]
         )
         for r in requests
     ]
-    chord(header)(app.signature(callback, args=[key], queue=CONTROL_QUEUE))
+    chord(header)(app.signature(callback, args=[key], kwargs=dict(callback_kwargs or {}), queue=CONTROL_QUEUE))
 
 
 def send_standalone(
-    run_id: int, requests: list[StandaloneRequest], *, deadline_s: float, task_ids: Mapping[str, str]
+    run_id: int,
+    requests: list[StandaloneRequest],
+    *,
+    deadline_s: float,
+    task_ids: Mapping[str, str],
+    before_round: int = 0,
 ) -> None:
     """Measure ``P_alone`` on every device (``MEASURE_STANDALONE``, ids ``task_ids[device]``),
-    then call back ``STANDALONE_RECORDED``; ``STANDALONE_WATCHDOG`` at the deadline."""
-    _fan_out(TaskName.MEASURE_STANDALONE, requests, TaskName.STANDALONE_RECORDED, run_id, task_ids)
-    send_standalone_watchdog(run_id, countdown_s=deadline_s)
+    then call back ``STANDALONE_RECORDED`` (which starts round ``before_round``);
+    ``STANDALONE_WATCHDOG`` at the deadline."""
+    _fan_out(
+        TaskName.MEASURE_STANDALONE,
+        requests,
+        TaskName.STANDALONE_RECORDED,
+        run_id,
+        task_ids,
+        callback_kwargs={"before_round": before_round},
+    )
+    send_standalone_watchdog(run_id, countdown_s=deadline_s, before_round=before_round)
 
 
-def send_standalone_watchdog(run_id: int, *, countdown_s: float) -> None:
+def send_standalone_watchdog(run_id: int, *, countdown_s: float, before_round: int = 0) -> None:
     """Queue ``STANDALONE_WATCHDOG`` of a run, to run after ``countdown_s`` seconds."""
-    app.send_task(TaskName.STANDALONE_WATCHDOG, args=[run_id], queue=CONTROL_QUEUE, countdown=max(0.0, countdown_s))
+    app.send_task(
+        TaskName.STANDALONE_WATCHDOG,
+        args=[run_id],
+        kwargs={"before_round": before_round},
+        queue=CONTROL_QUEUE,
+        countdown=max(0.0, countdown_s),
+    )
 
 
 def send_round(
@@ -88,6 +115,12 @@ def send_device_round(request: TrainRoundRequest, *, task_id: str) -> None:
 def send_round_watchdog(round_id: int, *, countdown_s: float) -> None:
     """Queue a ``ROUND_WATCHDOG`` check of a round after ``countdown_s`` seconds."""
     app.send_task(TaskName.ROUND_WATCHDOG, args=[round_id], queue=CONTROL_QUEUE, countdown=max(0.0, countdown_s))
+
+
+def send_lab_schedule() -> None:
+    """Queue a lab scheduling pass (``LAB_SCHEDULE``) on ``control``: devices were released or
+    resumed, so a waiting round may start."""
+    app.send_task(TaskName.LAB_SCHEDULE, queue=CONTROL_QUEUE)
 
 
 def send_round_start(run_id: int, index: int) -> None:

@@ -196,7 +196,9 @@ def round_check(
     """
     now = now or timezone.now()
     rnd = Round.objects.select_related("run__experiment").filter(id=round_id).first()
-    if rnd is None or rnd.status != Round.Status.RUNNING:
+    if rnd is None or rnd.status != Round.Status.RUNNING or rnd.deadline_at is None:
+        # Not running, or leased but not yet training (measuring P_alone: the standalone
+        # watchdog bounds that phase).
         return None
     experiment = rnd.run.experiment
     slots = _device_slots(rnd)
@@ -380,12 +382,27 @@ def runs_resume(
             )
             counts["reclaimed"] += 1
 
-    for round_id in Round.objects.filter(status=Round.Status.RUNNING).values_list("id", flat=True):
+    deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
+    for round_id, run_id, index, deadline_at, started_at in Round.objects.filter(
+        status=Round.Status.RUNNING
+    ).values_list("id", "run_id", "index", "deadline_at", "started_at"):
+        if deadline_at is None:
+            # Leased, measuring P_alone before it trains: its standalone watchdog, at what is
+            # left of the measurements' deadline.
+            left = (started_at + dt.timedelta(seconds=deadline_s) - now).total_seconds() if started_at else 0.0
+            transaction.on_commit(
+                lambda run_id=run_id, index=index, left=left: dispatch.send_standalone_watchdog(
+                    run_id, countdown_s=max(0.0, left), before_round=index
+                )
+            )
+            counts["standalone"] += 1
+            continue
         transaction.on_commit(lambda round_id=round_id: dispatch.send_round_watchdog(round_id, countdown_s=0))
         counts["rechecked"] += 1
+    # Rounds waiting for devices, and leases a worker that died never released: one pass.
+    transaction.on_commit(dispatch.send_lab_schedule)
 
-    in_flight = {Round.Status.PENDING, Round.Status.RUNNING, Round.Status.AGGREGATING}
-    deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
+    in_flight = {Round.Status.PENDING, Round.Status.QUEUED, Round.Status.RUNNING, Round.Status.AGGREGATING}
     for run in Run.objects.filter(status=Run.Status.RUNNING).select_related("experiment"):
         rounds = list(run.rounds.order_by("index").only("id", "index", "status", "run_id", "error"))
         if any(r.status in in_flight for r in rounds):

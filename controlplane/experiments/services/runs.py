@@ -29,10 +29,13 @@ from django.utils import timezone
 from controlplane.common.errors import ApplicationError
 from controlplane.common.registered import registered
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Comparison, Experiment, Round, Run
+from controlplane.experiments.models import MAX_REPEATS, Comparison, Experiment, Round, Run
 from controlplane.experiments.services import dispatch, planning
+from controlplane.experiments.services.catalog import aggregation_check
+from controlplane.experiments.services.lab.leases import leases_release
 from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.stop import run_work_stop
+from controlplane.fleet.models import DevicePool
 from controlplane.planning import metrics
 from controlplane.planning.planner import PlannerContext
 from controlplane.planning.strategies import (
@@ -56,6 +59,8 @@ def run_create(
     strategy: str,
     plan: list[Mapping[str, Any]] | None = None,
     options: Mapping[str, Any] | None = None,
+    pool: DevicePool | int | str | None = None,
+    priority: int = 0,
 ) -> Run:
     """Launch a run of ``strategy`` on an experiment (it starts once the transaction commits).
 
@@ -65,7 +70,15 @@ def run_create(
             "batch_size": n, "active_thread_percentage": r}, ...]``, one entry per device–task
             pair with data.
         options: for a strategy that ``needs_predictor`` only: ``{"objective": "raw"|"fair",
-            "slack": "smaller_batches"|"none"}`` (defaults :data:`.planning.DEFAULT_OPTIONS`).
+            "slack": "smaller_batches"|"none"}`` (defaults :data:`.planning.DEFAULT_OPTIONS`);
+            for any strategy, the run's own aggregator, ``{"aggregation": name,
+            "aggregation_params": {...}}`` (:func:`run_aggregation_options`), so runs of several
+            FL algorithms compare on one experiment's devices, data and seed.
+        pool: a device pool (the pool, its id or its name) the run's rounds are placed in: each
+            round trains the experiment's devices of the pool that the lab scheduler finds free
+            (:mod:`.lab.scheduler`); ``None``: the experiment's devices (or each round's drawn
+            participants).
+        priority: -10 to 10; a waiting round of a higher-priority run gets free devices first.
 
     Raises:
         ApplicationError: unknown strategy, a plan for a strategy that takes none, or an invalid
@@ -73,9 +86,13 @@ def run_create(
             predictor for every device, or a plan the planner cannot make (memory, empty shard,
             unknown model); a device whose agent never connected (409); a task's model or
             dataset that a device holding its data, or the control plane, lacks
-            (:func:`.plugins.experiment_plugins_check`).
+            (:func:`.plugins.experiment_plugins_check`); an aggregator override that is not
+            allowed (``options.aggregation``, ``options.aggregation_params.<name>``); an unknown
+            ``pool`` or one holding none of the experiment's devices; a ``priority`` outside
+            -10..10.
     """
-    run = _run_new(experiment=experiment, strategy=strategy, plan=plan, options=options)
+    lab = run_lab_options(experiment, pool=pool, priority=priority)
+    run = _run_new(experiment=experiment, strategy=strategy, plan=plan, options=options, lab=lab)
     transaction.on_commit(lambda: dispatch.send_run_begin(run.id))
     return run
 
@@ -88,6 +105,8 @@ def _run_new(
     options: Mapping[str, Any] | None = None,
     comparison: Comparison | None = None,
     planner: PlannerContext | None = None,
+    repeat: int = 0,
+    lab: Mapping[str, Any] | None = None,
 ) -> Run:
     """Check and save a pending run (planning it now when its strategy needs a predictor)
     without starting it.
@@ -119,12 +138,16 @@ def _run_new(
             }
             for entry in plan
         ]
+    aggregation = run_aggregation_options(experiment, options)
+    options = {k: v for k, v in (options or {}).items() if k not in planning.AGGREGATION_OPTIONS}
     if record.needs_predictor:
         options = planning.planner_options(options)
         planner = planner or planning.planner_context(experiment=experiment, options=options)
     elif options:
         raise ApplicationError(
-            f"options apply to {', '.join(planned_strategies())} only, not to {strategy!r}", field="options"
+            f"options.{sorted(options)[0]}: planner options apply to {', '.join(planned_strategies())} only, "
+            f"not to {strategy!r} (options.aggregation and options.aggregation_params apply to every strategy)",
+            field="options",
         )
     try:
         made = make_plan(strategy, selectors.planning_input(experiment), manual_entries=manual, planner=planner)
@@ -140,20 +163,92 @@ def _run_new(
                 "with --backend cuda-mps",
                 field="strategy",
             )
+    warnings: list[str] = []
+    extra: dict[str, Any] = {}
+    if record.needs_predictor:
+        made, extra, warnings = planning.guarded_plan(experiment=experiment, plan=made)
     return Run.objects.create(
         experiment=experiment,
         strategy=strategy,
         manual_plan=manual,
-        options=dict(options or {}),
+        options={**(options or {}), **aggregation},
         simulated=experiment.devices.filter(backend__in=[b.name for b in BACKEND_REGISTRY if b.simulated]).exists(),
-        planned=planning.plan_to_json(made) if record.needs_predictor else None,
+        planned=planning.plan_to_json(made, **extra) if record.needs_predictor else None,
         comparison=comparison,
+        repeat=repeat,
+        warnings=warnings,
+        **(lab or {}),
     )
+
+
+def run_lab_options(
+    experiment: Experiment, *, pool: DevicePool | int | str | None = None, priority: Any = 0
+) -> dict[str, Any]:
+    """Check where and how urgently a run is scheduled in the lab: ``{"pool": DevicePool | None,
+    "priority": int}``.
+
+    Raises:
+        ApplicationError: ``pool`` names no pool, or a pool holding none of the experiment's
+            devices; ``priority`` is not an integer in -10..10 (400, the field named).
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -10 <= priority <= 10:
+        raise ApplicationError(f"priority must be an integer from -10 to 10, got {priority!r}", field="priority")
+    found: DevicePool | None = None
+    if isinstance(pool, DevicePool):
+        found = pool
+    elif pool is not None and pool != "":
+        lookup = {"id": pool} if isinstance(pool, int) and not isinstance(pool, bool) else {"name": str(pool)}
+        found = DevicePool.objects.filter(**lookup).first()
+        if found is None:
+            known = ", ".join(DevicePool.objects.order_by("name").values_list("name", flat=True)[:20]) or "none yet"
+            raise ApplicationError(f"pool {pool!r} does not exist (pools: {known})", field="pool")
+    if found is not None and not experiment.devices.filter(pool=found).exists():
+        raise ApplicationError(
+            f"pool {found.name} holds none of experiment {experiment.name}'s devices: its rounds would have nowhere "
+            "to train",
+            field="pool",
+        )
+    return {"pool": found, "priority": priority}
+
+
+def run_aggregation_options(experiment: Experiment, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A run's override of its experiment's aggregator, checked exactly as the experiment's own
+    (:func:`.catalog.aggregation_check`), as ``Run.options`` stores it.
+
+    Args:
+        options: the run's options; only ``aggregation`` (a name of
+            :data:`~workers.registry.aggregators.AGGREGATOR_REGISTRY`) and ``aggregation_params``
+            (its parameters; given alone, they are the experiment's aggregator's) are read.
+
+    Returns:
+        ``{}`` when ``options`` name neither (the run uses the experiment's aggregator), else
+        ``{"aggregation": name, "aggregation_params": {parameter: value}}`` with every declared
+        parameter present (defaults filled in). Each task's experiment override still wins
+        (:func:`.rounds.aggregate.task_aggregation_choice`).
+
+    Raises:
+        ApplicationError: (400) an unknown aggregator (``options.aggregation``, listing the
+            registered ones), parameters that are not an object (``options.aggregation_params``),
+            an unknown parameter, a missing required one or a value out of range
+            (``options.aggregation_params.<name>``, naming the allowed range).
+    """
+    given = {k: v for k, v in (options or {}).items() if k in planning.AGGREGATION_OPTIONS}
+    if not given:
+        return {}
+    name, params = aggregation_check(
+        given.get("aggregation") or experiment.aggregation, given.get("aggregation_params"), prefix="options."
+    )
+    return {"aggregation": name, "aggregation_params": params}
 
 
 @transaction.atomic
 def comparison_create(
-    *, experiment: Experiment, options: Mapping[str, Any] | None = None, strategies: Sequence[str] | None = None
+    *,
+    experiment: Experiment,
+    options: Mapping[str, Any] | None = None,
+    strategies: Sequence[str] | None = None,
+    repeats: int = 1,
+    targets: Mapping[Any, Any] | None = None,
 ) -> Comparison:
     """Launch strategies on the same experiment, one run after another (same devices, data and
     seeds): by default every strategy of
@@ -165,18 +260,31 @@ def comparison_create(
     each next one when the previous ends (:func:`_comparison_advance`).
 
     Args:
-        options: planner options for the runs whose strategy needs a predictor (see
+        options: planner options for the runs whose strategy needs a predictor, and an
+            aggregator for every run (``aggregation``, ``aggregation_params``; see
             :func:`run_create`).
         strategies: a subset to run instead, in this order, which must hold the baseline
             (:func:`~controlplane.planning.strategies.baseline_strategy`, ``temporal``): every
             speedup is taken against it.
+        repeats: how many times every strategy runs, 1 to :data:`MAX_REPEATS`, in interleaved
+            orders (:func:`~controlplane.planning.metrics.interleaved_orders`: as given, reversed,
+            as given...); every figure is then reported as a mean with its 95 % interval.
+        targets: the test accuracy each task's time to accuracy is taken to, ``{task id or
+            name: accuracy in (0, 1]}``; a task left out takes the lowest final accuracy any run
+            of the comparison reaches (:func:`comparison_targets`).
 
     Raises:
         ApplicationError: as :func:`run_create`, for any of the strategies; ``strategies``
-            empty, repeating a name, naming an unknown strategy or lacking the baseline; (409)
-            another comparison of the experiment still running.
+            empty, repeating a name, naming an unknown strategy or lacking the baseline;
+            ``repeats`` out of range; a target naming no task of the experiment or out of
+            (0, 1]; (409) another comparison of the experiment still running.
     """
     strategies = comparison_strategies(strategies)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise ApplicationError(
+            f"repeats={repeats!r} is not allowed: an integer from 1 to {MAX_REPEATS}", field="repeats"
+        )
+    chosen_targets = comparison_targets(experiment, targets)
     running = experiment.comparisons.filter(status=Comparison.Status.RUNNING).order_by("id").first()
     if running is not None:
         # Two comparisons of one experiment would interleave their runs on the same devices and
@@ -187,25 +295,65 @@ def comparison_create(
             field="experiment",
             status_code=409,
         )
-    options = planning.planner_options(options)
+    aggregation = run_aggregation_options(experiment, options)
+    options = planning.planner_options(options)  # passes over the aggregator
     experiment_plugins_check(experiment)
     planner = planning.planner_context(experiment=experiment, options=options)
-    comparison = Comparison.objects.create(experiment=experiment, strategies=list(strategies))
+    comparison = Comparison.objects.create(
+        experiment=experiment, strategies=list(strategies), repeats=int(repeats), targets=chosen_targets
+    )
     runs = []
-    for strategy in strategies:
-        planned = get_strategy(strategy).needs_predictor
-        runs.append(
-            _run_new(
-                experiment=experiment,
-                strategy=strategy,
-                options=options if planned else None,
-                comparison=comparison,
-                planner=planner if planned else None,
+    # Runs start in id order (_comparison_advance), so creating them in the interleaved order
+    # is what makes it the order they run in.
+    for repeat, order in enumerate(metrics.interleaved_orders(strategies, int(repeats))):
+        for strategy in order:
+            planned = get_strategy(strategy).needs_predictor
+            runs.append(
+                _run_new(
+                    experiment=experiment,
+                    strategy=strategy,
+                    options={**(options if planned else {}), **aggregation} or None,
+                    comparison=comparison,
+                    planner=planner if planned else None,
+                    repeat=repeat,
+                )
             )
-        )
     first = runs[0].id
     transaction.on_commit(lambda: dispatch.send_run_begin(first))
     return comparison
+
+
+def comparison_targets(experiment: Experiment, targets: Mapping[Any, Any] | None) -> dict[str, float]:
+    """A comparison's accuracy targets checked: ``{task id (a string): accuracy}``.
+
+    Args:
+        targets: ``{task id or task name: test accuracy in (0, 1]}`` (ids as numbers or strings).
+
+    Raises:
+        ApplicationError: under ``targets``: not an object, a key that is no task of the
+            experiment (listing them), a value that is not a number in (0, 1].
+    """
+    if targets is None:
+        return {}
+    if not isinstance(targets, Mapping):
+        raise ApplicationError("targets must be an object of task ids or names to accuracies", field="targets")
+    tasks = list(experiment.tasks.order_by("id").values_list("id", "name"))
+    by_key = {str(task_id): task_id for task_id, _ in tasks} | {name: task_id for task_id, name in tasks}
+    out: dict[str, float] = {}
+    for key, value in targets.items():
+        task_id = by_key.get(str(key))
+        if task_id is None:
+            known = ", ".join(f"{task_id} ({name})" for task_id, name in tasks)
+            raise ApplicationError(
+                f"targets: {key!r} is not a task of this experiment; its tasks: {known}", field=f"targets.{key}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value <= 1):
+            raise ApplicationError(
+                f"targets.{key}: {value!r} is not allowed: a test accuracy greater than 0 and at most 1",
+                field=f"targets.{key}",
+            )
+        out[str(task_id)] = float(value)
+    return out
 
 
 def comparison_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
@@ -285,7 +433,18 @@ def run_fail(*, run_id: int, error: str) -> None:
     )
     log.warning("run %s failed: %s", run_id, error)
     if updated:
+        _run_devices_free(run_id, reason=f"its run failed: {error}"[:200])
         _comparison_advance(run_id)
+
+
+def _run_devices_free(run_id: int, *, reason: str) -> None:
+    """A run that ended gives up its place: its queued rounds are cancelled and its devices'
+    leases released, and a scheduling pass hands them on once the transaction commits."""
+    cancelled = Round.objects.filter(run_id=run_id, status=Round.Status.QUEUED).update(
+        status=Round.Status.CANCELLED, finished_at=timezone.now(), error=reason
+    )
+    if leases_release(run_id=run_id, reason=reason) or cancelled:
+        transaction.on_commit(dispatch.send_lab_schedule)
 
 
 @transaction.atomic
@@ -303,6 +462,7 @@ def run_cancel(*, run: Run) -> Run:
     if not updated:
         raise ApplicationError(f"run {run.id} has already ended ({run.status})", field="status", status_code=409)
     run_work_stop(run_ids=[run.id], reason="cancelled: the run was cancelled by a user")
+    _run_devices_free(run.id, reason="its run was cancelled")
     _comparison_advance(run.id)
     run.refresh_from_db()
     return run
@@ -323,5 +483,6 @@ def run_finish(*, run_id: int) -> Run:
     if not updated:
         log.info("run %s was not running when its last round finished", run_id)
     else:
+        _run_devices_free(run_id, reason="its run finished")
         _comparison_advance(run_id)
     return Run.objects.get(id=run_id)

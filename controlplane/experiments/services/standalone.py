@@ -1,10 +1,14 @@
-"""Beginning a run: its initial models, then every device's ``P_alone`` (each task alone on the
-whole device at its planned batch size, the denominator of fair throughput), then round 0.
+"""Beginning a run: its initial models, then round 0, whose devices first measure the
+``P_alone`` it trains (each task alone on the whole device at its planned batch size, the
+denominator of fair throughput).
 
-:func:`run_begin` claims a pending run, writes and evaluates the seeded initial models and asks
-every device for ``P_alone``; :func:`standalone_record` stores the answers and starts round 0
-(:func:`.rounds.start.round_start`); :func:`standalone_watchdog` starts it anyway at the
-deadline with the devices that did not answer recorded as failed.
+:func:`run_begin` claims a pending run, writes and evaluates the seeded initial models and
+enqueues round 0 (:func:`.lab.scheduler.round_start`). Once the lab scheduler has leased its
+devices, :func:`.rounds.start.round_dispatch` asks them for the ``P_alone`` measured nowhere yet
+(:mod:`.rounds.alone`: round 0's devices, then devices drawn for the first time or replanned
+batch sizes); :func:`standalone_record` stores the answers and dispatches the round;
+:func:`standalone_watchdog` dispatches it anyway at the deadline with the devices that did not
+answer recorded as failed.
 """
 
 from __future__ import annotations
@@ -17,19 +21,20 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
-from controlplane.common.bulk import bulk_set
+from controlplane.common.bulk import bulk_insert, bulk_set
 from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Checkpoint, Run, StandaloneThroughput
+from controlplane.experiments.models import Checkpoint, Round, Run, StandaloneThroughput
 from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.evaluation import model_evaluate
-from controlplane.experiments.services.planning import run_plan
-from controlplane.experiments.services.rounds.requests import shard_ref
-from controlplane.experiments.services.rounds.start import round_start
+from controlplane.experiments.services.lab.scheduler import round_start
+from controlplane.experiments.services.participation import round_participants
+from controlplane.experiments.services.planning import plan_from_json, run_plan
+from controlplane.experiments.services.rounds.start import round_dispatch
 from controlplane.experiments.services.runs import run_fail
 from controlplane.planning.types import Plan
 from workers.fl.artifacts import get_store, global_weights_key
-from workers.protocol.messages import StandaloneItem, StandaloneRequest, StandaloneResult
+from workers.protocol.messages import StandaloneResult
 
 log = logging.getLogger(__name__)
 
@@ -67,40 +72,16 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
             Checkpoint.objects.create(
                 run=run, task=task, round=None, artifact_path=key, sha256=sha, test_accuracy=accuracy, test_loss=loss
             )
-        plan = run_plan(run)
     except Exception as exc:  # noqa: BLE001 - any failure here ends the run, with its cause shown
         run_fail(run_id=run.id, error=f"could not prepare the initial models: {type(exc).__name__}: {exc}")
         return
-    shards = selectors.experiment_shards(experiment, with_indices=True)
-    tasks = {t.id: t for t in experiment.tasks.all()}
-    devices = {d.id: d for d in experiment.devices.all()}
-    requests = []
-    for device_id in sorted({a.device_id for a in plan.assignments}):
-        items = [
-            StandaloneItem(
-                task=selectors.task_ref(tasks[a.task_id]),
-                batch_size=a.batch_size,
-                shard=shard_ref(experiment, shards[(a.device_id, a.task_id)]),
-            )
-            for a in plan.on_device(device_id)
-        ]
-        requests.append(
-            StandaloneRequest(
-                run_id=run.id,
-                device=devices[device_id].name,
-                backend=devices[device_id].backend,
-                warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
-                timed_iterations=mtfl_setting("STANDALONE_TIMED_ITERATIONS"),
-                items=items,
-            )
-        )
-    task_ids = {r.device: dispatch.new_task_id() for r in requests}
-    Run.objects.filter(id=run.id).update(standalone_task_ids=task_ids)
-    dispatch.send_standalone(run.id, requests, deadline_s=float(mtfl_setting("ROUND_DEADLINE_S")), task_ids=task_ids)
+    # Round 0 waits for its devices like any round; once leased, its P_alone are measured first.
+    round_start(run_id=run.id, index=0)
 
 
-def standalone_record(*, run_id: int, results: Iterable[Any]) -> None:
-    """Store every device's ``P_alone`` measurements, then start round 0.
+def standalone_record(*, run_id: int, results: Iterable[Any], before_round: int = 0) -> None:
+    """Store every device's ``P_alone`` measurements, then start round ``before_round`` (0, or
+    a replanned round waiting for batch sizes measured nowhere yet: :mod:`.rounds.alone`).
 
     A device whose measurement failed gets rows with the error and no throughput; its fair
     throughput is then unknown (shown as missing), but the run goes on.
@@ -110,16 +91,37 @@ def standalone_record(*, run_id: int, results: Iterable[Any]) -> None:
         run = Run.objects.select_for_update(of=("self",)).select_related("experiment").get(id=run_id)
         if run.status != Run.Status.RUNNING:
             return
-        _standalone_rows_save(run, results)
-    round_start(run_id=run_id, index=0)
+        _standalone_rows_save(run, results, before_round=before_round)
+    _round_continue(run_id, before_round)
 
 
-def _standalone_rows_save(run: Run, results: Iterable[Any] | None) -> None:
-    """Insert or update the ``P_alone`` rows of every valid result (three queries in all)."""
-    devices = {d.name: d for d in run.experiment.devices.all()}
+def _round_continue(run_id: int, index: int) -> None:
+    """Dispatch round ``index``, which was waiting for ``P_alone`` on its leased devices (a run
+    begun before rounds were queued has no round row yet: it is enqueued)."""
+    rnd = Round.objects.filter(run_id=run_id, index=index).only("id").first()
+    if rnd is None:
+        round_start(run_id=run_id, index=index)
+        return
+    round_dispatch(round_id=rnd.id)
+
+
+def _standalone_rows_save(run: Run, results: Iterable[Any] | None, *, before_round: int = 0) -> None:
+    """Insert or update the ``P_alone`` rows of every valid result (four queries in all), reading
+    only the answering devices' (not the whole federation's)."""
+    results = list(results or [])
+    named = {raw.get("device") for raw in results if isinstance(raw, dict)}
+    answering = run.experiment.devices.only("id", "name")
+    if len(named) <= selectors.DEVICE_FILTER_LIMIT:
+        answering = answering.filter(name__in=named)
+    devices = {d.name: d for d in answering if d.name in named}
     plan: Plan | None = None
     # One query to read what is stored, two to write: a redelivered result updates its rows.
-    stored = {(s.device_id, s.task_id, s.batch_size): s for s in StandaloneThroughput.objects.filter(run=run)}
+    stored = {
+        (s.device_id, s.task_id, s.batch_size): s
+        for s in selectors.device_filtered(
+            StandaloneThroughput.objects.filter(run=run), [d.id for d in devices.values()]
+        )
+    }
     created: dict[tuple[int, int, int], StandaloneThroughput] = {}
     changed: dict[tuple[int, int, int], StandaloneThroughput] = {}
     for raw in results or []:
@@ -136,7 +138,7 @@ def _standalone_rows_save(run: Run, results: Iterable[Any] | None) -> None:
             for m in result.measurements
         ]
         if not measurements:  # the whole device failed: record why against each of its tasks
-            plan = plan or run_plan(run)
+            plan = plan or _awaited_plan(run, before_round)
             measurements = [(a.task_id, a.batch_size, None, result.error, False) for a in plan.on_device(device.id)]
         for task_id, batch_size, throughput, error, simulated in measurements:
             key = (device.id, task_id, batch_size)
@@ -151,25 +153,64 @@ def _standalone_rows_save(run: Run, results: Iterable[Any] | None) -> None:
                 setattr(row, field, value)
             if key not in created:
                 changed[key] = row
-    StandaloneThroughput.objects.bulk_create(created.values())
+    # One prepared statement (controlplane.common.bulk): with partial participation every round
+    # inserts the P_alone of the devices it draws for the first time.
+    bulk_insert(
+        StandaloneThroughput,
+        [
+            {
+                "run_id": run.id,
+                "device_id": row.device_id,
+                "task_id": row.task_id,
+                "batch_size": row.batch_size,
+                "throughput_sps": row.throughput_sps,
+                "error": row.error,
+                "simulated": row.simulated,
+            }
+            for row in created.values()
+        ],
+    )
     bulk_set(StandaloneThroughput, list(changed.values()), ["throughput_sps", "error", "simulated"])
 
 
-def standalone_watchdog(*, run_id: int) -> None:
+def _round_zero_plan(run: Run) -> Plan:
+    """What round 0 trains: the run's plan of round 0's participants
+    (:func:`.participation.round_participants`; every device without partial participation)."""
+    return run_plan(run, device_ids=round_participants(run.experiment, 0))
+
+
+def _awaited_plan(run: Run, before_round: int) -> Plan:
+    """The plan whose ``P_alone`` are being measured: round 0's, or the pending round's (a
+    replanned round, or one that drew devices measured nowhere yet)."""
+    pending = (run.planned or {}).get("pending_round")
+    if pending and pending.get("index") == before_round:
+        return plan_from_json(pending["plan"])
+    return _round_zero_plan(run)
+
+
+def standalone_watchdog(*, run_id: int, before_round: int = 0) -> None:
     """At the deadline of the ``P_alone`` measurements: if the run is still waiting for them,
-    record the devices that did not answer and start round 0 anyway (its own deadline then
-    fails a device that is really gone; a late answer still fills in ``P_alone``)."""
+    record the devices that did not answer and start round ``before_round`` anyway (its own
+    deadline then fails a device that is really gone; a late answer still fills in ``P_alone``)."""
     run = Run.objects.filter(id=run_id, status=Run.Status.RUNNING).first()
-    if run is None or run.rounds.exists():
-        return
+    if run is None or run.rounds.filter(index=before_round, deadline_at__isnull=False).exists():
+        return  # the round was dispatched: the measurements were recorded
     deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
     # Devices that answered while the chord could not complete (another agent died) are in the
     # result backend under their task ids.
     states = dispatch.device_task_states((run.standalone_task_ids or {}).values())
     answered = [st.result for st in states.values() if st.status == "SUCCESS" and isinstance(st.result, dict)]
-    measured = set(StandaloneThroughput.objects.filter(run=run).values_list("device__name", flat=True))
+    # Devices with a row for every (task, batch size) awaited: before round 0 that is any row.
+    awaited = _awaited_plan(run, before_round)
+    awaited_ids = sorted({a.device_id for a in awaited.assignments})
+    rows = set(selectors.standalone_table(run, device_ids=awaited_ids))
+    names = {
+        d.id: d.name for d in selectors.experiment_devices(run.experiment, device_ids=awaited_ids, fields=["name"])
+    }
+    missing_rows = {a.device_id for a in awaited.assignments if (a.device_id, a.task_id, a.batch_size) not in rows}
+    measured = {names[d] for d in awaited_ids if d not in missing_rows}
     measured |= {r.get("device") for r in answered}
-    missing = [d.name for d in run.experiment.devices.order_by("name") if d.name not in measured]
+    missing = sorted(set(names.values()) - measured)
     results = answered + [
         {
             "run_id": run.id,
@@ -179,5 +220,11 @@ def standalone_watchdog(*, run_id: int) -> None:
         }
         for name in missing
     ]
-    log.warning("run %s: no P_alone from %s within %g s; starting round 0", run_id, ", ".join(missing), deadline_s)
-    standalone_record(run_id=run_id, results=results)
+    log.warning(
+        "run %s: no P_alone from %s within %g s; starting round %s",
+        run_id,
+        ", ".join(missing),
+        deadline_s,
+        before_round,
+    )
+    standalone_record(run_id=run_id, results=results, before_round=before_round)

@@ -25,7 +25,7 @@ def run_work_stop(*, run_ids: Iterable[int], reason: str) -> int:
     """Stop the work in flight of runs that were just cancelled: their running rounds become
     ``cancelled`` (unfinished assignments failed with ``reason``; a late result is then
     ignored) and, once the transaction commits, their device tasks — the round's, or the
-    ``P_alone`` measurements' before round 0 — are cancelled on the agents.
+    ``P_alone`` measurements' — are cancelled on the agents.
 
     Returns:
         The number of device tasks cancelled.
@@ -44,7 +44,9 @@ def run_work_stop(*, run_ids: Iterable[int], reason: str) -> int:
     Assignment.objects.filter(
         round_id__in=round_ids, status__in=[Assignment.Status.PENDING, Assignment.Status.RUNNING]
     ).update(status=Assignment.Status.FAILED, error=reason)
-    for ids in Run.objects.filter(id__in=run_ids, rounds__isnull=True).values_list("standalone_task_ids", flat=True):
+    # P_alone measurements in flight (a round that leased its devices and measures them first);
+    # cancelling ids that already finished is harmless.
+    for ids in Run.objects.filter(id__in=run_ids).values_list("standalone_task_ids", flat=True):
         task_ids.update((ids or {}).values())
     device_tasks_cancel_on_commit(sorted(task_ids), reason)
     return len(task_ids)

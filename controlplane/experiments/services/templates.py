@@ -16,7 +16,7 @@ ever downloaded.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from controlplane.experiments.services.catalog import (
     experiment_create,
     task_create,
 )
+from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING
 from workers.registry.datasets import DATASET_REGISTRY
 
 
@@ -246,6 +247,16 @@ def experiment_create_from_template(
     seed: int = 0,
     dataset: str | None = None,
     owner=None,
+    lr_scaling: str = DEFAULT_LR_SCALING,
+    untrusted_predictor: str = "plan",
+    aggregation: str = "fedavg",
+    aggregation_params: Mapping[str, Any] | None = None,
+    task_aggregation: Mapping[Any, Mapping[str, Any]] | None = None,
+    clients_per_round: int | None = None,
+    client_fraction: float | None = None,
+    client_sampling: str = "uniform",
+    keep_device_weights: bool = False,
+    keep_last_checkpoints: int | None = None,
 ) -> Experiment:
     """Create an experiment from a built-in template (:data:`TEMPLATES`) on the given devices.
 
@@ -273,6 +284,16 @@ def experiment_create_from_template(
         dataset: ``digits`` or ``cifar10``; default: ``cifar10`` if :func:`cifar10_root` finds
             it, else ``digits``.
         owner: the experiment's owner (``None``: superusers only); new tasks are theirs too.
+        lr_scaling: how an assignment's learning rate follows its batch size: ``none``,
+            ``linear`` or ``sqrt`` (:mod:`controlplane.planning.lr_scaling`).
+        untrusted_predictor: what a ``vres_*`` run does when the planner's guard distrusts a
+            device's predictor: ``plan``, ``baseline`` or ``measure``
+            (:mod:`controlplane.planning.guard`).
+        aggregation, aggregation_params, clients_per_round, client_fraction, client_sampling,
+        keep_device_weights, keep_last_checkpoints: as
+            :func:`~controlplane.experiments.services.catalog.experiment_create`.
+        task_aggregation: per-task aggregator overrides, each task named by one of the
+            template's architectures (``resnet18``), or by its task's name or id.
 
     Returns:
         The experiment, with its shards.
@@ -312,4 +333,35 @@ def experiment_create_from_template(
         partition_params={"alpha": dirichlet_alpha},
         seed=seed,
         owner=owner,
+        lr_scaling=lr_scaling,
+        untrusted_predictor=untrusted_predictor,
+        aggregation=aggregation,
+        aggregation_params=aggregation_params,
+        task_aggregation=_by_task_id(task_aggregation, tasks),
+        clients_per_round=clients_per_round,
+        client_fraction=client_fraction,
+        client_sampling=client_sampling,
+        keep_device_weights=keep_device_weights,
+        keep_last_checkpoints=keep_last_checkpoints,
     )
+
+
+def _by_task_id(task_aggregation: Any, tasks: list[Task]) -> Any:
+    """``task_aggregation`` with each key that is one of the template's architectures replaced by
+    its task's id (other keys, and anything that is not an object, are left for
+    :func:`~controlplane.experiments.services.catalog.task_aggregation_check` to judge).
+
+    Raises:
+        ApplicationError: (400, ``task_aggregation``) an architecture and its task's id both given.
+    """
+    if not isinstance(task_aggregation, Mapping):
+        return task_aggregation
+    by_architecture = {t.architecture: str(t.id) for t in tasks}
+    names = {t.name for t in tasks}
+    out: dict[Any, Any] = {}
+    for key, entry in task_aggregation.items():
+        task_key = by_architecture[key] if key in by_architecture and key not in names else key
+        if task_key in out:
+            raise ApplicationError(f"task_aggregation: {key!r} names a task given twice", field="task_aggregation")
+        out[task_key] = entry
+    return out

@@ -23,8 +23,8 @@ scikit-learn, split by concern:
 * :mod:`.fit` — grouped cross-validation with whole mixes held out, the physical tables
   refitted inside every fold, the best family kept and refitted (:func:`fit_predictor`).
 * :mod:`.memory` — peak memory per task (:class:`MemoryModel`).
-* :mod:`.model` — the fitted :class:`ThroughputPredictor`, vectorised over ``(n, MAX_MIX)``
-  arrays (:meth:`ThroughputPredictor.predict_arrays`).
+* :mod:`.model` — the fitted :class:`ThroughputPredictor`, vectorised over ``(n, slots)``
+  arrays, up to :data:`MAX_MIX` tasks a configuration (:meth:`ThroughputPredictor.predict_arrays`).
 * :mod:`.physics` — each backend family's physics behind one interface
   (:class:`~.physics.Physics`): how shares land on the device's allocation units, what
   co-located tasks leave each other, passive waiting and the placement term. ``packed`` is
@@ -67,6 +67,7 @@ from controlplane.planning.predictor.physics import (
     sharing_rate,
 )
 from controlplane.planning.predictor.samples import (
+    LEGACY_MAX_MIX,
     MAX_MIX,
     MixTask,
     ModelWorkload,
@@ -78,6 +79,7 @@ from controlplane.planning.predictor.solo import SoloTable, slice_throughput
 
 __all__ = [
     "FAMILIES",
+    "LEGACY_MAX_MIX",
     "MAX_MIX",
     "MIX_FEATURES",
     "SLOT_FEATURES",

@@ -3,7 +3,9 @@
 Yu et al. 2022 (Eq. 2; docs/DESIGN.md §1) learn ``(P_1, …, P_I) = Pre((F_1·B_1, R_1), …,
 (F_I·B_I, R_I))``. A configuration (a mix of 1 to :data:`MAX_MIX` tasks) becomes one row: the
 tasks are put in a canonical order (descending ``F·B``, then share, then model name), so the
-model cannot depend on the order tasks are listed in, and padded to ``MAX_MIX`` slots. Each
+model cannot depend on the order tasks are listed in, and padded with empty slots to the
+space's :attr:`FeatureSpace.slots` (4, or the largest mix it was fitted on; every column of an
+empty slot is 0, so how many empty slots follow changes nothing the physics computes). Each
 slot holds the paper's ``(log F·B, R)`` plus the bytes the task moves per iteration, its
 parameter count, its granted fraction, how many tasks compete for its slice, its standalone
 speed on its slice and the physical baseline's prediction; a few mix-level totals and the
@@ -27,6 +29,7 @@ from controlplane.planning.predictor.physics import (
     physics_for,
 )
 from controlplane.planning.predictor.samples import (
+    LEGACY_MAX_MIX,
     MAX_MIX,
     BoolArray,
     FloatArray,
@@ -56,7 +59,9 @@ MIX_FEATURES = ("mix_size", "share_sum", "granted_sum", "log_flops_sum", "log_by
 
 @dataclass
 class EncodedMixes:
-    """Configurations as ``(n, MAX_MIX)`` arrays in the caller's task order.
+    """Configurations as ``(n, w)`` arrays in the caller's task order, ``w`` slots (:attr:`width`,
+    at least the largest configuration's task count, at most :data:`MAX_MIX` for the predictor
+    to answer).
 
     ``arch`` holds indices into ``architectures`` (-1 for an empty slot); ``batch`` and
     ``share`` are 0 in empty slots. ``rtt`` holds each task's placement measurement (the cpu
@@ -83,26 +88,47 @@ class EncodedMixes:
 
     @property
     def present(self) -> BoolArray:
-        """``(n, MAX_MIX)``: which slots hold a task."""
+        """``(n, w)``: which slots hold a task."""
         present: BoolArray = self.arch >= 0
         return present
 
+    @property
+    def width(self) -> int:
+        """``w``: the slots of every row."""
+        return int(self.arch.shape[1])
 
-def encode_mixes(mixes: Sequence[Sequence[MixTask]], architectures: Sequence[str]) -> EncodedMixes:
-    """Turn configurations into arrays (see :class:`EncodedMixes`).
+    @property
+    def mix_sizes(self) -> IntArray:
+        """``(n,)``: how many tasks each configuration holds."""
+        sizes: IntArray = self.present.sum(axis=1)
+        return sizes
+
+
+def encode_mixes(
+    mixes: Sequence[Sequence[MixTask]], architectures: Sequence[str], width: int | None = None
+) -> EncodedMixes:
+    """Turn configurations into arrays (see :class:`EncodedMixes`) of ``width`` slots (``None``:
+    the largest configuration's task count, at least 1).
 
     Raises:
-        PredictorError: a configuration is empty or has more than :data:`MAX_MIX` tasks, or a
-            model is not in ``architectures``.
+        PredictorError: a configuration is empty, has more than :data:`MAX_MIX` tasks or more
+            than ``width``, or a model is not in ``architectures``.
     """
     index = {a: i for i, a in enumerate(architectures)}
     n = len(mixes)
-    arch = np.full((n, MAX_MIX), -1, dtype=np.int64)
-    batch = np.zeros((n, MAX_MIX))
-    share = np.zeros((n, MAX_MIX))
-    for r, mix in enumerate(mixes):
+    for mix in mixes:
         if not 1 <= len(mix) <= MAX_MIX:
-            raise PredictorError(f"a configuration holds 1 to {MAX_MIX} tasks, got {len(mix)}")
+            raise PredictorError(
+                f"a configuration holds 1 to {MAX_MIX} tasks (the most the predictor plans on one device), "
+                f"got {len(mix)}"
+            )
+    w = max((len(m) for m in mixes), default=1) if width is None else width
+    if any(len(m) > w for m in mixes):
+        raise PredictorError(f"a configuration of {max(len(m) for m in mixes)} tasks does not fit {w} slots")
+    arch = np.full((n, w), -1, dtype=np.int64)
+    batch = np.zeros((n, w))
+    share = np.zeros((n, w))
+    for r, mix in enumerate(mixes):
         for s, task in enumerate(mix):
             if task.architecture not in index:
                 raise PredictorError(
@@ -146,6 +172,20 @@ class FeatureSpace:
     """``κ``: a task whose threads wait passively (:attr:`SlotTerms.passive`) spends
     ``δ = κ·t_0`` more per iteration (:func:`~controlplane.planning.predictor.solo.slice_throughput`),
     fitted by the physical fit."""
+    # The three below default to what a space pickled before issue 22 was: a dataclass field's
+    # default is a class attribute, so an old pickle without them reads these.
+    slots: int = LEGACY_MAX_MIX
+    """The slots of the design matrix (:meth:`features`): at least :data:`LEGACY_MAX_MIX`, else
+    the largest mix fitted on (set by
+    :func:`~controlplane.planning.predictor.physical.fit_space`). A learned family corrects
+    configurations of up to this many tasks; larger ones get the physical baseline alone."""
+    max_mix: int = LEGACY_MAX_MIX
+    """The most tasks a configuration may hold for this space to answer: :data:`MAX_MIX` for a
+    space fitted since issue 22, :data:`LEGACY_MAX_MIX` for one fitted before (refit it to plan
+    larger mixes)."""
+    max_fitted_mix: int | None = None
+    """The largest configuration the space was fitted on (tasks); ``None``: fitted before this
+    was recorded (then at most :data:`LEGACY_MAX_MIX`). Larger configurations are extrapolations."""
 
     @property
     def physics(self) -> Physics:
@@ -159,7 +199,9 @@ class FeatureSpace:
     def spec(self) -> dict[str, object]:
         """A JSON description of the features (stored on the Predictor row)."""
         return {
-            "max_mix": MAX_MIX,
+            "max_mix": self.max_mix,
+            "slots": self.slots,
+            "max_fitted_mix": self.max_fitted_mix,
             "slot_features": list(SLOT_FEATURES),
             "mix_features": list(MIX_FEATURES),
             "slot_order": "descending log(F·B), then share, then model name",
@@ -179,7 +221,7 @@ class FeatureSpace:
         return np.array([values(a) for a in self.architectures] + [0.0])  # index -1 → 0
 
     def slot_arrays(self, enc: EncodedMixes) -> dict[str, npt.NDArray[Any]]:
-        """Per-slot physical quantities, ``(n, MAX_MIX)`` each, in the caller's order:
+        """Per-slot physical quantities, ``(n, w)`` each (``enc``'s width), in the caller's order:
         ``present``, ``flops`` and ``bytes`` per iteration, ``params``, ``granted`` fraction,
         ``solo`` (samples/s on its slice), ``contention`` and ``worst`` (tasks competing for
         its units), ``rate`` (what the others leave it) and ``baseline`` (the physical
@@ -218,7 +260,7 @@ class FeatureSpace:
         }
 
     def link_log_ratio(self, enc: EncodedMixes) -> FloatArray:
-        """``x`` per slot, ``(n, MAX_MIX)``: the physics' placement term
+        """``x`` per slot, ``(n, w)``: the physics' placement term
         (:meth:`Physics.link_log_ratio`) of ``enc``'s measured ``rtt`` against
         :attr:`reference_cross_core_rtt_ns`; 0 for every configuration to predict."""
         reference: float | None = getattr(
@@ -228,12 +270,12 @@ class FeatureSpace:
 
     def contention(self, share: FloatArray, present: BoolArray) -> tuple[FloatArray, FloatArray]:
         """How many tasks compete for each task's slice, the mean over its units and the most
-        on any one of them, each ``(n, MAX_MIX)``, at least 1 (:class:`SlotTerms`)."""
+        on any one of them, each ``(rows, slots)`` as ``share``, at least 1 (:class:`SlotTerms`)."""
         terms = self.physics.slot_terms(share, present, self.cores)
         return terms.contention, terms.worst
 
     def canonical_order(self, enc: EncodedMixes, flops: FloatArray) -> IntArray:
-        """``(n, MAX_MIX)`` slot permutation putting each row in canonical order (present
+        """``(n, w)`` slot permutation putting each row in canonical order (present
         slots first, by descending ``F·B``, then share, then model name)."""
         key_name = np.where(enc.present, enc.arch, len(self.architectures))
         order: IntArray = np.lexsort((key_name, -enc.share, -flops, ~enc.present), axis=1)
@@ -243,9 +285,12 @@ class FeatureSpace:
         """The design matrix, the canonical order and the baseline prediction.
 
         Returns:
-            ``X`` of shape ``(n, MAX_MIX · len(SLOT_FEATURES) + len(MIX_FEATURES))``, the
-            ``(n, MAX_MIX)`` order (``X``'s slot ``s`` is the caller's slot ``order[:, s]``),
-            and the baseline throughput ``(n, MAX_MIX)`` (samples/s) in the caller's order.
+            ``X`` of shape ``(n, slots · len(SLOT_FEATURES) + len(MIX_FEATURES))`` with
+            :attr:`slots` slots whatever ``enc``'s width ``w`` (empty slots are zeros; a
+            configuration of more than :attr:`slots` tasks loses its smallest tasks' columns, so
+            its row must not reach a learned family), the ``(n, w)`` order (``X``'s slot ``s``
+            is the caller's slot ``order[:, s]``), and the baseline throughput ``(n, w)``
+            (samples/s) in the caller's order.
         """
         q = self.slot_arrays(enc)
         order = self.canonical_order(enc, q["flops"])
@@ -275,5 +320,12 @@ class FeatureSpace:
             np.log1p(q["bytes"].sum(axis=1)),
             np.full(len(present), float(self.cores)),
         ]
-        X = np.concatenate([np.stack(slots, axis=2).reshape(len(present), -1), np.stack(mix, axis=1)], axis=1)
+        per_slot = np.stack(slots, axis=2)  # (n, w, len(SLOT_FEATURES))
+        n, w, f = per_slot.shape
+        k = self.slots
+        if w < k:  # every feature of an empty slot is 0 (log1p(0) included)
+            per_slot = np.concatenate([per_slot, np.zeros((n, k - w, f))], axis=1)
+        elif w > k:
+            per_slot = per_slot[:, :k]
+        X = np.concatenate([per_slot.reshape(n, -1), np.stack(mix, axis=1)], axis=1)
         return X, order, q["baseline"]

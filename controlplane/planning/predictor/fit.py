@@ -36,6 +36,7 @@ from controlplane.planning.predictor.model import ThroughputPredictor
 from controlplane.planning.predictor.physical import fit_space
 from controlplane.planning.predictor.physics import physics_for
 from controlplane.planning.predictor.samples import (
+    LEGACY_MAX_MIX,
     MAX_MIX,
     BoolArray,
     FloatArray,
@@ -60,7 +61,7 @@ keeps the caller's settings."""
 
 
 def slice_labels(space: FeatureSpace, enc: EncodedMixes) -> StrArray:
-    """What kind of slice each task runs on, ``(n, MAX_MIX)`` strings in the caller's order
+    """What kind of slice each task runs on, ``(n, w)`` strings in the caller's order
     (``""`` in empty slots), named by the space's physics
     (:meth:`~controlplane.planning.predictor.physics.Physics.slice_labels`): on the cpu
     backend ``"<k> unit(s), alone|shared"``, on a GPU under MPS ``"within the device"`` or
@@ -104,9 +105,12 @@ class FitReport:
 def _training_matrix(
     samples: Sequence[ProfiledTask],
 ) -> tuple[list[tuple[MixTask, ...]], FloatArray, list[str], FloatArray]:
-    """Group samples into configurations: ``(mixes, Y (n, MAX_MIX) with nan where not
-    measured, config keys, RTT (n, MAX_MIX) placement measurements with nan where unknown)``.
-    Repeated measurements of a task average in log space, throughputs and round trips alike."""
+    """Group samples into configurations: ``(mixes, Y (n, w) with nan where not measured,
+    config keys, RTT (n, w) placement measurements with nan where unknown)``, ``w`` the largest
+    mix, at least :data:`LEGACY_MAX_MIX` (the design matrix's slots,
+    :attr:`FeatureSpace.slots`: a sweep of mixes of at most 4 fits the model it always did).
+    Repeated measurements of a task average in log space, throughputs and round trips alike.
+    Samples of more than :data:`MAX_MIX` tasks are left out."""
     mixes: dict[str, tuple[MixTask, ...]] = {}
     values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     rtts: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -119,8 +123,9 @@ def _training_matrix(
         if rtt is not None and rtt > 0:
             rtts[s.config_key][s.task_index].append(math.log(rtt))
     keys = sorted(mixes)
-    Y = np.full((len(keys), MAX_MIX), np.nan)
-    RTT = np.full((len(keys), MAX_MIX), np.nan)
+    width = max([LEGACY_MAX_MIX, *(len(m) for m in mixes.values())])
+    Y = np.full((len(keys), width), np.nan)
+    RTT = np.full((len(keys), width), np.nan)
     for r, key in enumerate(keys):
         for idx, logs in values[key].items():
             Y[r, idx] = math.exp(float(np.mean(logs)))
@@ -138,7 +143,7 @@ def mix_group(mix: Sequence[MixTask]) -> str:
 @dataclass
 class TrainingSet:
     """Samples grouped into configurations with the physical tables fitted on all of them: the
-    rows every family is cross-validated and refitted on (arrays ``(n, MAX_MIX)`` in canonical
+    rows every family is cross-validated and refitted on (arrays ``(n, slots)`` in canonical
     slot order, ``order`` mapping it to ``enc``'s)."""
 
     samples: list[ProfiledTask]
@@ -233,7 +238,7 @@ def training_set(
         )
     architectures = tuple(sorted(workloads))
     known = {a: workloads[a] for a in architectures}
-    enc = replace(encode_mixes(mixes, architectures), rtt=RTT)
+    enc = replace(encode_mixes(mixes, architectures, width=RTT.shape[1]), rtt=RTT)
     reference_rtt = physics.link_reference(RTT[np.isfinite(RTT)])
     space = fit_space(samples, architectures, known, cores, placement, enc, Y, reference_rtt)
     space.reference_speed_index = reference_speed
@@ -363,7 +368,7 @@ def fit_predictor(
                 learned = residual(np.nan_to_num(ts.measured[train]), baseline[train], mask[train])
                 model = make_model(family, seed).fit(X[train], learned)
                 pred[p, test] = unresidual(
-                    np.asarray(model.predict(X[test])).reshape(len(test), MAX_MIX), baseline[test]
+                    np.asarray(model.predict(X[test])).reshape(len(test), ts.space.slots), baseline[test]
                 )
         pred = np.clip(pred, 1e-9, None)
         every = np.broadcast_to(mask, measured.shape)

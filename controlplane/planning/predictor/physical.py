@@ -16,6 +16,7 @@ import numpy as np
 from controlplane.planning.predictor.encoding import EncodedMixes, FeatureSpace
 from controlplane.planning.predictor.physics import granted_fraction
 from controlplane.planning.predictor.samples import (
+    MAX_MIX,
     BoolArray,
     FloatArray,
     IntArray,
@@ -47,7 +48,7 @@ LOSS_SCALE = 0.15
 def fit_sharing_weight(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -> float:
     """``w`` of the physics' sharing rate: the value on the grid ``0.05, 0.10, …, 1``
     minimising the squared log error of the baseline ``P_solo · ρ_i(w)`` over the measured
-    tasks of the multi-task configurations ``enc`` (``measured`` ``(n, MAX_MIX)`` samples/s in
+    tasks of the multi-task configurations ``enc`` (``measured`` ``(n, w)`` samples/s in
     ``enc``'s order, ``nan`` where not measured); 1 when the physics has no weighted sharing
     or without such tasks."""
     sel = ~np.isnan(measured) & enc.present & (enc.present.sum(axis=1) > 1)[:, None]
@@ -81,7 +82,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
     :func:`fit_space`'s tables fit a simpler form (one exponent) one part after another, each
     from its own subset (standalone points, then tasks alone on their units, then the mixes);
     here all parts are fitted jointly to all measured tasks of ``enc`` (``measured``
-    ``(n, MAX_MIX)`` samples/s in ``enc``'s order, ``nan`` where not measured), so every mix
+    ``(n, w)`` samples/s in ``enc``'s order, ``nan`` where not measured), so every mix
     informs every model's speed — what a whole model held out of the standalone measurements
     needs — and one noisy standalone point no longer sets a model's speed at its batch size.
     The loss is soft-L1 in log space (scale :data:`LOSS_SCALE`) with weak priors pulling each
@@ -279,7 +280,9 @@ def fit_space(
     the sharing weight on it, then the SoloTable again with that weight (it only changes the
     speeds inferred for models never measured alone), then all of them refined jointly on every
     measured task (:func:`fit_physical`), the link exponent with them when ``reference_rtt``
-    (the placement predictions are for) is given.
+    (the placement predictions are for) is given. The space's design matrix has ``enc``'s
+    width in slots (:attr:`FeatureSpace.slots`), it answers for up to :data:`MAX_MIX` tasks
+    and records the largest configuration of ``enc`` (:attr:`FeatureSpace.max_fitted_mix`).
 
     Raises:
         PredictorError: an unknown ``placement``.
@@ -292,4 +295,8 @@ def fit_space(
     space = FeatureSpace(
         architectures, workloads, solo, cores, placement, weight, reference_cross_core_rtt_ns=reference_rtt
     )
-    return fit_physical(space, enc, measured)
+    space = fit_physical(space, enc, measured)
+    space.slots = enc.width
+    space.max_mix = MAX_MIX
+    space.max_fitted_mix = int(enc.mix_sizes.max()) if len(enc.arch) else None
+    return space

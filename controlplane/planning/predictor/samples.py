@@ -18,9 +18,18 @@ BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
 StrArray = npt.NDArray[np.str_]
 
-MAX_MIX = 4
-"""Largest number of co-located tasks the predictor encodes (MPS allows up to 48; beyond a few
-the paper's mixes, and our sweeps, do not go)."""
+MAX_MIX = 8
+"""Most co-located tasks the predictor answers for, and so the planner plans, on one device
+(MPS allows up to 48 clients; the paper's mixes stop at 4 and the sweeps at
+:attr:`~workers.protocol.messages.ProfileSweepRequest.max_mix`, at most 8)."""
+
+LEGACY_MAX_MIX = 4
+"""What :data:`MAX_MIX` was until issue 22: predictors fitted before then encode exactly this
+many slots and answer for at most this many tasks
+(:attr:`~controlplane.planning.predictor.encoding.FeatureSpace.max_mix`). It is also the
+fewest slots a learned family's design matrix has
+(:attr:`~controlplane.planning.predictor.encoding.FeatureSpace.slots`), so a predictor fitted
+on mixes of at most 4 tasks is the very model it was before :data:`MAX_MIX` grew."""
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,11 @@ def slice_throughput(
 
 
 def _sample_arrays(samples: Sequence[ProfiledTask]) -> tuple[FloatArray, BoolArray]:
-    """Each sample's mix as ``(n, MAX_MIX)`` shares and presence (mixes truncated to MAX_MIX)."""
-    share = np.zeros((len(samples), MAX_MIX))
-    present = np.zeros((len(samples), MAX_MIX), dtype=bool)
+    """Each sample's mix as ``(n, w)`` shares and presence, ``w`` the largest mix (mixes
+    truncated to :data:`MAX_MIX`)."""
+    width = min(MAX_MIX, max((len(s.mix) for s in samples), default=1))
+    share = np.zeros((len(samples), width))
+    present = np.zeros((len(samples), width), dtype=bool)
     for r, s in enumerate(samples):
         for k, t in enumerate(s.mix[:MAX_MIX]):
             share[r, k], present[r, k] = t.share, True

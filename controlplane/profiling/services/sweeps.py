@@ -296,12 +296,19 @@ def samples_from_round(*, round_id: int) -> int:
 
     Rounds of strategies with ``timeslice`` partitioning (``temporal``) are left out: their
     tasks do not run at their shares; so are rounds of a strategy no longer registered (what its
-    shares meant is unknown). Returns the number of samples stored.
+    shares meant is unknown). So is an assignment too short to time: fewer than
+    ``MTFL_MIN_TIMED_ITERATIONS`` iterations after the warm-up (``E·ceil(|D_ij| / B_ij)`` in
+    all; a 6-sample shard trains one batch a round, and the trainer then times iterations that
+    still carry one-off costs). Returns the number of samples stored.
     """
     from controlplane.common.bulk import bulk_insert
+    from controlplane.conf import mtfl_setting
     from controlplane.experiments.models import Assignment, Round, Task
 
-    rnd = Round.objects.select_related("run").get(id=round_id)
+    rnd = Round.objects.select_related("run__experiment").get(id=round_id)
+    epochs = rnd.run.experiment.local_epochs
+    untimed = int(mtfl_setting("WARMUP_ITERATIONS"))
+    needed = int(mtfl_setting("MIN_TIMED_ITERATIONS"))
     if rnd.run.strategy not in STRATEGY_REGISTRY or STRATEGY_REGISTRY.get(rnd.run.strategy).partitioning != "mps":
         return 0
     # A round of 1,000 devices has 3,000 assignments: plain values, and each device and task
@@ -318,6 +325,7 @@ def samples_from_round(*, round_id: int) -> int:
         "started_at",
         "finished_at",
         "simulated",
+        "samples",
     )
     by_device: dict[int, list[dict]] = {}
     for values in rnd.assignments.order_by("device_id", "task_id").values_list(*columns):
@@ -341,6 +349,8 @@ def samples_from_round(*, round_id: int) -> int:
             for a in assignments
         ]
         for index, a in enumerate(assignments):
+            if epochs * -(-a["samples"] // a["batch_size"]) - untimed < needed:
+                continue
             rows.append(
                 dict(
                     source=ProfileSample.Source.RUN,

@@ -5,7 +5,9 @@ stdout, GO on stdin, RESULT.json). It records its environment (``CUDA_*``, ``MTF
 line in ``FAKE_MPS_RECORD``. Standing in for the CUDA driver and the MPS server: when its
 ``CUDA_MPS_PIPE_DIRECTORY`` holds a (fake) running daemon, it writes what the MPS server logs
 when a client connects to ``CUDA_MPS_LOG_DIRECTORY/server.log`` (the server's active thread
-percentage is ``FAKE_MPS_SERVER_SHARE``, default 100.0).
+percentage is ``FAKE_MPS_SERVER_SHARE``, default 100.0), and reports the SM count MPS would
+leave it (tests/workers/fakes/fake_gpu.py) as ``visible_sm_count``; ``FAKE_MPS_IGNORED=1`` stands
+for a client that never reached the daemon (no log line, every SM).
 
 Behaviour by task name: ``crash-cuda`` exits 1 with a CUDA error after GO, ``crash-oom`` with
 a CUDA out-of-memory error, ``crash-killed`` kills itself with SIGKILL, ``slow`` trains for 60 s;
@@ -18,6 +20,9 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_gpu import visible_sms  # noqa: E402
 
 mode, spec_path, result_path = sys.argv[1:4]
 spec = json.loads(Path(spec_path).read_text())
@@ -32,7 +37,7 @@ if record:
 
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
 log = os.environ.get("CUDA_MPS_LOG_DIRECTORY")
-if pipe and log and (Path(pipe) / "control").exists():
+if pipe and log and (Path(pipe) / "control").exists() and os.environ.get("FAKE_MPS_IGNORED") != "1":
     server = (Path(pipe) / "fake-server-pid").read_text().strip()
     server_log = Path(log) / "server.log"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S.000")
@@ -111,7 +116,7 @@ Path(result_path).write_text(
             "cores": spec["cores"],
             "torch_device": "cuda",
             "peak_memory_bytes": 123456789,
-            "visible_sm_count": 132,
+            "visible_sm_count": visible_sms(),
         }
     )
 )

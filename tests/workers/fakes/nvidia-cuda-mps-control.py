@@ -7,12 +7,16 @@ stands for the control socket, ``fake-server-pid`` for the MPS server it would s
 command read on stdin, the ``CUDA_*`` environment) as a JSON line to ``FAKE_MPS_RECORD``.
 
 ``FAKE_MPS_MODE``: ``hang`` (``-d`` succeeds but no command is ever answered), ``fail_start``
-(``-d`` exits 1 with a message).
+(``-d`` exits 1 with a message), ``stuck`` (``-d`` leaves a real background process standing for
+the daemon, its pid in ``nvidia-cuda-mps-control.pid``, and one for its server as that process's
+child; ``quit`` is answered but neither ever exits). ``terminate_client S C`` is answered when
+``S`` is the server's pid (and recorded).
 """
 
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +47,11 @@ if args == ["-d"]:
         sys.exit(1)
     pipe.mkdir(parents=True, exist_ok=True)
     (pipe / "control").write_text("stands for the control socket\n")
+    if mode == "stuck":
+        # A daemon that ignores `quit`, with its server as its child, as the real daemon forks it.
+        code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"
+        daemon = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        (pipe / "nvidia-cuda-mps-control.pid").write_text(str(daemon.pid))
     (pipe / "fake-server-pid").write_text(str(random.randint(30000, 60000)))
     log_line("control.log", "Control", f"Starting control daemon using socket {pipe}/control")
     sys.exit(0)
@@ -54,6 +63,13 @@ if mode == "hang":
     time.sleep(3600)
 if command == "get_server_list":
     print((pipe / "fake-server-pid").read_text())
+elif command.startswith("terminate_client "):
+    server = (pipe / "fake-server-pid").read_text().strip()
+    if command.split()[1] != server:
+        print(f"no server {command.split()[1]}", file=sys.stderr)
+        sys.exit(1)
+elif command == "quit" and mode == "stuck":
+    pass
 elif command == "quit":
     (pipe / "control").unlink()
     log_line("control.log", "Control", "Exit")

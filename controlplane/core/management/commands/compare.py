@@ -3,11 +3,14 @@ comparison), with a progress bar per run, then print the comparison tables."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from controlplane.common.errors import ApplicationError
 from controlplane.core.cli_support import (
+    comparison_report_tables,
     comparison_tables,
     console,
     follow_runs,
@@ -16,12 +19,14 @@ from controlplane.core.cli_support import (
 )
 from controlplane.core.demo import comparison_rows
 from controlplane.core.embedded import use_running_broker
-from controlplane.core.options import int_option
+from controlplane.core.options import int_option, params_option
 from controlplane.experiments import services
-from controlplane.experiments.models import Experiment, Run
+from controlplane.experiments.models import MAX_REPEATS, Experiment, Run
+from controlplane.experiments.selectors import comparison_report
 from controlplane.experiments.services.planning import planner_options
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
 from controlplane.planning.strategies import compared_strategies, planned_strategies
+from workers.registry.aggregators import AGGREGATOR_REGISTRY
 
 
 class Command(BaseCommand):
@@ -45,19 +50,62 @@ class Command(BaseCommand):
             "(default smaller_batches)",
         )
         parser.add_argument(
+            "--replan",
+            default="every_round",
+            help="the planners' replanning: every_round (closed loop, from what the run measured) or never "
+            "(open loop: the first plan in every round) (default every_round)",
+        )
+        parser.add_argument(
+            "--aggregation",
+            default="",
+            help="every run's aggregator instead of the experiment's: "
+            f"{', '.join(AGGREGATOR_REGISTRY.names())} (default: the experiment's)",
+        )
+        parser.add_argument(
+            "--aggregation-param",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a hyper-parameter of that aggregator (repeat for several; `mtfl plugins` lists each "
+            "aggregator's parameters and ranges); left-out ones take their defaults",
+        )
+        parser.add_argument(
             "--strategies",
             default="",
             help="comma-separated strategies to run, in order, including temporal (default: every compared one)",
+        )
+        parser.add_argument(
+            "--repeats",
+            default="1",
+            help=f"how many times every strategy runs, 1 to {MAX_REPEATS}, in interleaved orders (as given, "
+            "reversed, ...); figures are then means with 95 %% intervals (default 1)",
+        )
+        parser.add_argument(
+            "--target",
+            action="append",
+            default=[],
+            metavar="TASK=ACCURACY",
+            help="test accuracy a task (id or name) must reach for its time to accuracy, in (0, 1]; repeatable "
+            "(default: the lowest final accuracy any run reached)",
         )
         parser.add_argument("--timeout", default="21600", help="seconds allowed per run (default 21600)")
         parser.add_argument("--no-wait", action="store_true", help="launch and exit; follow it on the dashboard")
 
     def handle(self, *args, **opts):
         timeout_s = int_option("timeout", opts["timeout"], 10, 7 * 24 * 3600)
+        repeats = int_option("repeats", opts["repeats"], 1, MAX_REPEATS)
+        targets = _targets(opts["target"])
         try:
-            options = planner_options({"objective": opts["objective"], "slack": opts["slack"]})
+            options: dict[str, Any] = planner_options(
+                {"objective": opts["objective"], "slack": opts["slack"], "replan": opts["replan"]}
+            )
         except ApplicationError as exc:
             raise CommandError(exc.message.replace("options.", "--")) from exc
+        aggregation_params = params_option("aggregation-param", opts["aggregation_param"])
+        if opts["aggregation"]:
+            options["aggregation"] = opts["aggregation"]
+        if aggregation_params:
+            options["aggregation_params"] = aggregation_params
         key = opts["experiment"]
         try:
             experiment = Experiment.objects.filter(id=int(key)).first() if key.isdigit() else None
@@ -79,13 +127,15 @@ class Command(BaseCommand):
         require_control_worker("it runs the rounds")
         try:
             strategies = [n.strip() for n in opts["strategies"].split(",") if n.strip()] or None
-            comparison = services.comparison_create(experiment=experiment, options=options, strategies=strategies)
+            comparison = services.comparison_create(
+                experiment=experiment, options=options, strategies=strategies, repeats=repeats, targets=targets
+            )
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
         runs = list(comparison.runs.order_by("id"))
         console.print(
             f"comparison {comparison.id} on [bold]{experiment.name}[/bold]: "
-            + " → ".join(f"{r.strategy} (run {r.id})" for r in runs)
+            + " → ".join(f"{r.strategy} (run {r.id}{f', repeat {r.repeat}' if repeats > 1 else ''})" for r in runs)
         )
         if opts["no_wait"]:
             console.print(f"follow it on the experiment page: /experiments/{experiment.id}/")
@@ -105,8 +155,34 @@ class Command(BaseCommand):
         rows = [r for r in comparison_rows(experiment) if r["run"] in shown]
         for table in comparison_tables(rows, [t.name for t in experiment.tasks.order_by("id")]):
             console.print(table)
+        comparison.refresh_from_db()
+        for table in comparison_report_tables(comparison_report(comparison)):
+            console.print(table)
         for r in rows:
             if r["error"]:
                 console.print(f"[red]run {r['run']} ({r['strategy']}): {r['error']}[/red]")
         if any(r.status != Run.Status.SUCCEEDED for r in ended):
             raise SystemExit(1)
+
+
+def _targets(given: list[str]) -> dict[str, float] | None:
+    """``--target TASK=ACCURACY`` options as the service's ``targets`` (it checks the task and the
+    range).
+
+    Raises:
+        CommandError: an option without ``=`` or whose accuracy is not a number.
+    """
+    if not given:
+        return None
+    out: dict[str, float] = {}
+    for item in given:
+        task, sep, value = item.partition("=")
+        try:
+            if not sep or not task.strip():
+                raise ValueError
+            out[task.strip()] = float(value)
+        except ValueError:
+            raise CommandError(
+                f"--target: {item!r} is not TASK=ACCURACY (a task id or name, an accuracy in (0, 1])"
+            ) from None
+    return out

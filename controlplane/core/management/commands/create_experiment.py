@@ -15,10 +15,12 @@ from rich.table import Table
 from controlplane.common.errors import ApplicationError
 from controlplane.core.cli_support import console
 from controlplane.core.embedded import use_running_broker
-from controlplane.core.options import list_option
+from controlplane.core.options import USAGE_ERROR, list_option, params_option
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Experiment
+from controlplane.experiments.exports import aggregation_settings
+from controlplane.experiments.models import CLIENT_SAMPLING_RULES, Experiment
 from controlplane.experiments.services import experiment_create_from_template
+from controlplane.experiments.services.storage import keep_last_checkpoints
 from controlplane.experiments.services.templates import (
     DEFAULT_DIRICHLET_ALPHA,
     DEFAULT_LOCAL_EPOCHS,
@@ -27,10 +29,10 @@ from controlplane.experiments.services.templates import (
     template_get,
 )
 from controlplane.fleet.models import Device
+from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
+from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
 from controlplane.profiling.services import workload_ensure
-
-USAGE_ERROR = 2
-"""Exit status of bad input (as argparse's)."""
+from workers.registry.aggregators import AGGREGATOR_REGISTRY
 
 
 def _error(message: str) -> CommandError:
@@ -45,6 +47,60 @@ def _typed(name: str, value: str | None, kind: type, what: str):
         return kind(value)
     except ValueError:
         raise _error(f"--{name} must be {what}, got {value!r}") from None
+
+
+def _task_aggregation_option(values: list[str]) -> dict[str, dict]:
+    """``--task-aggregation TASK=NAME[:k=v,...]`` (repeated) as the service's
+    ``task_aggregation``: ``{TASK: {"aggregation": NAME, "aggregation_params": {k: v}}}``.
+
+    Raises:
+        CommandError: a value not of that form, or a task given twice.
+    """
+    out: dict[str, dict] = {}
+    for value in values:
+        task, sep, rest = value.partition("=")
+        name, _, params = rest.partition(":")
+        task, name = task.strip(), name.strip()
+        if not sep or not task or not name:
+            raise _error(
+                "--task-aggregation must be TASK=AGGREGATOR[:NAME=VALUE,...] (TASK: an architecture of the template, "
+                f"a task name or id; e.g. resnet18=fedprox:mu=0.01), got {value!r}"
+            )
+        if task in out:
+            raise _error(f"--task-aggregation gives task {task!r} more than once")
+        items = [p for p in params.split(",") if p.strip()]
+        out[task] = {"aggregation": name, "aggregation_params": params_option("task-aggregation", items)}
+    return out
+
+
+def _fl_line(experiment: Experiment) -> str:
+    """``aggregation: fedadam (beta1=0.9, ...); per task: ...; participation: ...`` in one line."""
+    settings = aggregation_settings(experiment)
+
+    def named(name: str, params: dict) -> str:
+        return name + (f" ({', '.join(f'{k}={v:g}' for k, v in sorted(params.items()))})" if params else "")
+
+    line = "aggregation: " + named(settings["aggregation"], settings["aggregation_params"] or {})
+    if settings["task_aggregation"]:
+        line += "; per task: " + ", ".join(
+            f"{task} {named(o['aggregation'], o.get('aggregation_params') or {})}"
+            for task, o in settings["task_aggregation"].items()
+        )
+    if settings["clients_per_round"] is not None:
+        line += f"; {settings['clients_per_round']} device(s) per round, drawn {settings['client_sampling']}"
+    elif settings["client_fraction"] is not None:
+        line += f"; {settings['client_fraction']:g} of the devices per round, drawn {settings['client_sampling']}"
+    return line
+
+
+def _retention_line(experiment: Experiment) -> str:
+    """``retention: device weights deleted after aggregation; checkpoints: the last 3 (lab default), ...``."""
+    weights = "kept" if experiment.keep_device_weights else "deleted once their round is aggregated"
+    source = "" if experiment.keep_last_checkpoints else " (lab default)"
+    return (
+        f"retention: device weights {weights}; global checkpoints kept per run and task: the last "
+        f"{keep_last_checkpoints(experiment)}{source}, the best, the initial and the latest"
+    )
 
 
 class Command(BaseCommand):
@@ -74,6 +130,65 @@ class Command(BaseCommand):
         parser.add_argument("--seed", help="seed of the partition, 0 to 2147483647 (default 0)")
         parser.add_argument("--dataset", help="digits or cifar10 (default: cifar10 when MTFL_CIFAR10_ROOT holds it)")
         parser.add_argument(
+            "--lr-scaling",
+            default=DEFAULT_LR_SCALING,
+            help="how the learning rate follows the batch size B: none, linear (× B/128, Goyal et al. 2017) "
+            "or sqrt (× √(B/128)); default none",
+        )
+        parser.add_argument(
+            "--untrusted-predictor",
+            default="plan",
+            help="what a vres_* run does when the planner's guard distrusts a device's predictor: plan (anyway, "
+            "with the warnings on the run), baseline (train the best baseline's plan instead) or measure (train it "
+            "in round 0, then replan from what it measured); default plan",
+        )
+        parser.add_argument(
+            "--aggregation",
+            default="fedavg",
+            help="how each task's device models become its next global model: "
+            f"{', '.join(AGGREGATOR_REGISTRY.names())} (default fedavg)",
+        )
+        parser.add_argument(
+            "--aggregation-param",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a hyper-parameter of the aggregator (repeat for several; `mtfl plugins` lists each "
+            "aggregator's parameters and ranges); left-out ones take their defaults",
+        )
+        parser.add_argument(
+            "--task-aggregation",
+            action="append",
+            default=[],
+            metavar="TASK=NAME[:K=V,...]",
+            help="a task's own aggregator and parameters (repeat for several tasks); TASK: one of the template's "
+            "architectures, a task name or id; e.g. resnet18=fedprox:mu=0.01",
+        )
+        parser.add_argument(
+            "--clients-per-round",
+            help="partial participation: devices trained per round, 1 to the number of devices (default: every "
+            "device); exclusive with --client-fraction",
+        )
+        parser.add_argument(
+            "--client-fraction", help="partial participation: the fraction of the devices trained per round, (0, 1]"
+        )
+        parser.add_argument(
+            "--client-sampling",
+            default="uniform",
+            help="how each round's participants are drawn: uniform, or weighted by data volume (default uniform)",
+        )
+        parser.add_argument(
+            "--keep-device-weights",
+            action="store_true",
+            help="keep every device's weights after its round is aggregated (for debugging); by default the "
+            "retention policy deletes them",
+        )
+        parser.add_argument(
+            "--keep-last-checkpoints",
+            help="global checkpoints kept per run and task besides the initial, the best and the latest, 1 to 10000 "
+            "(default: MTFL_KEEP_LAST_CHECKPOINTS)",
+        )
+        parser.add_argument(
             "--owner",
             help="user name of the researcher who owns it (sees and shares it on the "
             "dashboard and the API); default: none, so only superusers see it",
@@ -84,6 +199,32 @@ class Command(BaseCommand):
             raise _error(f"--template is required: one of {', '.join(TEMPLATES)}")
         if not opts["devices"]:
             raise _error("--devices is required: comma-separated names of registered devices")
+        if opts["lr_scaling"] not in LR_SCALING_RULES:
+            raise _error(f"--lr-scaling: {opts['lr_scaling']!r} is not allowed; allowed: {', '.join(LR_SCALING_RULES)}")
+        if opts["untrusted_predictor"] not in UNTRUSTED_PREDICTOR_CHOICES:
+            raise _error(
+                f"--untrusted-predictor: {opts['untrusted_predictor']!r} is not allowed; allowed: "
+                f"{', '.join(UNTRUSTED_PREDICTOR_CHOICES)}"
+            )
+        if opts["client_sampling"] not in CLIENT_SAMPLING_RULES:
+            raise _error(
+                f"--client-sampling: {opts['client_sampling']!r} is not allowed; allowed: "
+                f"{', '.join(CLIENT_SAMPLING_RULES)}"
+            )
+        if opts["clients_per_round"] is not None and opts["client_fraction"] is not None:
+            raise _error("--clients-per-round and --client-fraction are exclusive: give one of them")
+        fl_settings = {
+            "aggregation": opts["aggregation"],
+            "aggregation_params": params_option("aggregation-param", opts["aggregation_param"]),
+            "task_aggregation": _task_aggregation_option(opts["task_aggregation"]),
+            "clients_per_round": _typed("clients-per-round", opts["clients_per_round"], int, "an integer"),
+            "client_fraction": _typed("client-fraction", opts["client_fraction"], float, "a number"),
+            "client_sampling": opts["client_sampling"],
+        }
+        retention = {
+            "keep_device_weights": bool(opts["keep_device_weights"]),
+            "keep_last_checkpoints": _typed("keep-last-checkpoints", opts["keep_last_checkpoints"], int, "an integer"),
+        }
         try:
             template_get(opts["template"])
             names = list_option("devices", opts["devices"])
@@ -115,6 +256,10 @@ class Command(BaseCommand):
                 name=opts["name"],
                 dataset=opts["dataset"],
                 owner=owner,
+                lr_scaling=opts["lr_scaling"],
+                untrusted_predictor=opts["untrusted_predictor"],
+                **fl_settings,
+                **retention,
                 **{k: v for k, v in numbers.items() if v is not None},
             )
         except ApplicationError as exc:
@@ -146,6 +291,8 @@ class Command(BaseCommand):
         console.print(f"experiment {experiment.id} {experiment.name!r}", soft_wrap=True)
         console.print(f"dataset: {tasks[0].dataset if tasks else '—'}", soft_wrap=True)
         console.print(experiment.description, soft_wrap=True)
+        console.print(_fl_line(experiment), soft_wrap=True)
+        console.print(_retention_line(experiment), soft_wrap=True)
         table = Table(title="|D_ij|: training samples of each task (column) on each device (row)")
         table.add_column("device", no_wrap=True)
         for task in tasks:

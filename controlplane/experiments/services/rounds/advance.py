@@ -1,11 +1,11 @@
-"""After a round: start the next one, or end the run."""
+"""After a round: start the next round, or end the run; then free what the retention policy allows."""
 
 from __future__ import annotations
 
 from django.db import transaction
 
 from controlplane.experiments.models import Round, Run
-from controlplane.experiments.services import dispatch
+from controlplane.experiments.services import dispatch, storage
 from controlplane.experiments.services.runs import run_fail, run_finish
 
 
@@ -13,15 +13,24 @@ def round_advance(rnd: Round) -> None:
     """Move a run on after its round ``rnd`` ended: a round that failed on every device fails
     the run; otherwise the next round is queued once the transaction commits
     (``ROUND_START``, idempotent: one round row per index), or, after the experiment's last
-    round, the run is finished (:func:`.runs.run_finish`). Nothing happens when the run is no
-    longer running (cancelled, or already moved on)."""
+    round, the run is finished (:func:`.runs.run_finish`). Nothing of that happens when the run
+    is no longer running (cancelled, or already moved on).
+
+    Then, once the round's checkpoints are committed and the next round is sent, the retention
+    policy runs (:func:`.storage.retention_after_round`: device weights of ended rounds,
+    checkpoints no longer kept), so the next round never waits for it (at 1,000 devices it
+    removes 3,000 files and 1,000 folders). Running beside that round is safe: the policy plans
+    from what is committed when it runs, so it keeps the checkpoint the round reads (the latest)
+    and never touches the weights of a round that has not ended. It only logs its failures.
+    """
     run = Run.objects.select_related("experiment").get(id=rnd.run_id)
-    if run.status != Run.Status.RUNNING:
-        return
-    if rnd.status == Round.Status.FAILED:
-        run_fail(run_id=run.id, error=f"round {rnd.index} failed on every device: {rnd.error}")
-        return
-    if rnd.index + 1 < run.experiment.rounds:
-        transaction.on_commit(lambda: dispatch.send_round_start(run.id, rnd.index + 1))
-    else:
-        run_finish(run_id=run.id)
+    if run.status == Run.Status.RUNNING:
+        if rnd.status == Round.Status.FAILED:
+            run_fail(run_id=run.id, error=f"round {rnd.index} failed on every device: {rnd.error}")
+        elif rnd.index + 1 < run.experiment.rounds:
+            transaction.on_commit(lambda: dispatch.send_round_start(run.id, rnd.index + 1))
+        else:
+            run_finish(run_id=run.id)
+    if rnd.status in storage.ROUND_ENDED:
+        run_id, index = rnd.run_id, rnd.index
+        transaction.on_commit(lambda: storage.retention_after_round(run_id, index))

@@ -23,6 +23,8 @@ from pydantic import ValidationError as PydanticValidationError
 from controlplane.common.bulk import bulk_set, db_value
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Round
+from controlplane.experiments.services import dispatch
+from controlplane.experiments.services.lab.leases import leases_release
 from controlplane.experiments.services.rounds.advance import round_advance
 from controlplane.experiments.services.rounds.aggregate import round_models_aggregate
 from controlplane.experiments.services.runs import run_fail
@@ -154,6 +156,10 @@ def round_finish(
     if not claimed:
         log.info("round %s is not running; its results were already recorded", round_id)
         return None
+    # Its devices are done: a waiting round (another run's, or this run's next) may have them
+    # while this one is aggregated on the control plane.
+    if leases_release(round_ids=[round_id], reason="its round's results are in"):
+        transaction.on_commit(dispatch.send_lab_schedule)
     rnd = Round.objects.select_related("run__experiment").get(id=round_id)
     try:
         _record_and_aggregate(rnd, results, cause, causes or {}, list(notes))
@@ -235,6 +241,7 @@ def _record_and_aggregate(
             a.peak_memory_bytes = r.peak_memory_bytes
             a.torch_device = r.torch_device or ""
             a.mps_active_thread_percentage = r.mps_active_thread_percentage
+            a.visible_sm_count = r.visible_sm_count
             a.mps_verified = r.mps_verified
             a.mps_detail = r.mps_detail[:10_000]
 
@@ -310,6 +317,7 @@ def _record_and_aggregate(
                 "peak_memory_bytes",
                 "torch_device",
                 "mps_active_thread_percentage",
+                "visible_sm_count",
                 "mps_verified",
                 "mps_detail",
             ],

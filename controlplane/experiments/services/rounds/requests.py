@@ -17,7 +17,9 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import Checkpoint, Experiment, Round
 from controlplane.experiments.selectors import ShardSpan
 from controlplane.experiments.services.planning import run_plan
+from controlplane.experiments.services.rounds.aggregate import task_trainer_options
 from controlplane.fleet.models import Device
+from controlplane.planning.lr_scaling import scaled_learning_rate
 from workers.fl.artifacts import device_weights_key
 from workers.protocol.messages import AssignmentSpec, ShardRef, TaskRef, TrainRoundRequest, round_idempotency_key
 
@@ -68,14 +70,24 @@ def round_device_request(
         task_refs: ``{task_id: TaskRef}``.
         warmup_iterations: untimed iterations before throughput is measured.
 
-    Each task's seed is ``experiment.seed × 1000 + round index``; each output goes to the
-    device's own artifact key (:func:`workers.fl.artifacts.device_weights_key`), the only key the
-    round's recording accepts weights from.
+    Each assignment's learning rate follows its batch size by the experiment's ``lr_scaling``
+    (:func:`assignment_learning_rate`). Each task's seed is ``experiment.seed × 1000 + round
+    index``; each output goes to the device's own artifact key
+    (:func:`workers.fl.artifacts.device_weights_key`), the only key the round's recording accepts
+    weights from.
+
+    Each assignment also carries what its task's aggregator in the run (``rnd.run``, whose
+    ``options`` may override the experiment's aggregator) asks of trainers
+    (:func:`.aggregate.task_trainer_options`: FedProx's ``proximal_mu``).
 
     Raises:
         KeyError: an assignment whose device–task pair has no shard, or a task with no
             checkpoint or task reference.
+        workers.registry.base.UnknownEntryError, ValueError: a task's aggregator is no longer
+            installed or no longer takes its stored parameters.
     """
+    assignments = list(assignments)
+    trainer_options = {task_id: task_trainer_options(rnd.run, task_id) for task_id in {a.task_id for a in assignments}}
     specs = [
         AssignmentSpec(
             assignment_id=a.assignment_id,
@@ -87,6 +99,8 @@ def round_device_request(
             global_weights=latest[a.task_id].artifact_path,
             output_weights=device_weights_key(rnd.run_id, rnd.index, device.name, a.task_id),
             seed=experiment.seed * 1000 + rnd.index,
+            learning_rate=assignment_learning_rate(task_refs[a.task_id], a.batch_size, experiment.lr_scaling),
+            **trainer_options[a.task_id],
         )
         for a in assignments
     ]
@@ -102,6 +116,18 @@ def round_device_request(
         attempt=attempt,
         idempotency_key=round_idempotency_key(rnd.id, device.name, attempt),
     )
+
+
+def assignment_learning_rate(task: TaskRef, batch_size: int, rule: str) -> float | None:
+    """The learning rate an assignment of ``batch_size`` is sent: the task's, scaled by the
+    experiment's rule relative to batch 128
+    (:func:`controlplane.planning.lr_scaling.scaled_learning_rate`), or ``None`` (the trainer
+    keeps ``task.optimizer.learning_rate``) under ``none`` or when scaling leaves it unchanged, so
+    such requests are what they were before the rule existed."""
+    if rule == "none":
+        return None
+    scaled = scaled_learning_rate(task.optimizer.learning_rate, batch_size, rule)
+    return None if scaled == task.optimizer.learning_rate else scaled
 
 
 def round_device_request_load(*, rnd: Round, device_id: int, attempt: int) -> TrainRoundRequest:

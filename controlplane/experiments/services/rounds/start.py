@@ -1,48 +1,86 @@
-"""Starting a round: plan it, save its assignments (each with its device's task id and the
-round's deadline) and dispatch it as a chord, with its watchdog's first check."""
+"""Dispatching a round the lab scheduler leased its devices to
+(:mod:`controlplane.experiments.services.lab.scheduler`): plan its participants, save their
+assignments (each with its device's task id and the round's deadline) and dispatch it as a
+chord, with its watchdog's first check.
+
+With partial participation (``Experiment.clients_per_round`` or ``client_fraction``) a round
+reads, plans, saves and dispatches its participants only (:mod:`..participation`): its cost
+follows the number of participants, not the size of the federation. The devices left out have
+no assignment in the round, so the aggregate, the metrics and the watchdog (all built on a
+round's assignments) never see them.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from controlplane.common.bulk import bulk_insert
+from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Round, Run
 from controlplane.experiments.services import dispatch
-from controlplane.experiments.services.planning import run_plan
+from controlplane.experiments.services.planning import plan_from_json, plan_to_json, round_plan
+from controlplane.experiments.services.rounds.alone import standalone_dispatch
 from controlplane.experiments.services.rounds.deadlines import round_check_after_s, round_deadline_s
 from controlplane.experiments.services.rounds.requests import RequestedAssignment, round_device_request
 from controlplane.experiments.services.runs import run_fail
-from controlplane.planning.types import PlannedAssignment, PlanningError
+from controlplane.planning.types import Plan, PlannedAssignment, PlanningError
 
 
-def round_start(*, run_id: int, index: int) -> Round | None:
-    """Plan round ``index`` of a running run, save its assignments and dispatch it.
+def round_dispatch(*, round_id: int) -> Round | None:
+    """Plan a round the lab scheduler has just leased its devices to, save its assignments and
+    dispatch it (:mod:`controlplane.experiments.services.lab.scheduler` calls this once the
+    round is ``running`` with its leases held).
 
-    A plan the strategy can no longer make fails the run with the planner's message.
+    The round's participants (``Round.participants``: drawn when it was enqueued, or the pool
+    devices it was placed on; ``None``: every device) are planned. Predictor-driven runs replan
+    from what they measured (:func:`.planning.round_plan`; the decisions are kept in
+    ``Round.replan``). A plan the strategy can no longer make fails the run with the planner's
+    message. A participant whose ``P_alone`` at its planned batch sizes was measured nowhere yet
+    (round 0's devices, one drawn for the first time, or a replanned batch size) is measured
+    first on the leased devices (:mod:`.alone`); the round is then dispatched again by
+    ``STANDALONE_RECORDED`` and trains the plan kept on the run. The round's deadline counts
+    from the training dispatch.
 
     Returns:
-        The round, or ``None`` when the run is no longer running, its planning failed, or the
-        round already exists (a duplicate delivery).
+        The round, or ``None`` when the run or the round is no longer running, its planning
+        failed, or it was already dispatched (a duplicate delivery).
     """
-    run = Run.objects.select_related("experiment").get(id=run_id)
+    rnd = Round.objects.select_related("run__experiment").filter(id=round_id).first()
+    if rnd is None or rnd.status != Round.Status.RUNNING or rnd.deadline_at is not None:
+        return None
+    run = rnd.run
     if run.status != Run.Status.RUNNING:
         return None
     experiment = run.experiment
-    try:
-        plan = run_plan(run)
-    except PlanningError as exc:
-        run_fail(run_id=run.id, error=f"planning round {index} failed: {exc}")
-        return None
-    shards = selectors.experiment_shards(experiment, with_indices=True)
+    index = rnd.index
+    participants = rnd.participants
+    pending = (run.planned or {}).get("pending_round")
+    if pending and pending.get("index") == index:
+        # Planned before its missing P_alone were measured: train that plan.
+        plan, replan = plan_from_json(pending["plan"]), pending.get("replan")
+    else:
+        try:
+            plan, replan = round_plan(run, index, device_ids=participants)
+        except (PlanningError, ApplicationError) as exc:
+            run_fail(run_id=run.id, error=f"planning round {index} failed: {exc}")
+            return None
+        if _await_standalone(run, index, plan, replan, participants):
+            return rnd
+    planned_devices = sorted({a.device_id for a in plan.assignments})
+    shards = selectors.experiment_shards(experiment, with_indices=True, device_ids=planned_devices)
     tasks = {t.id: t for t in experiment.tasks.all()}
-    devices = {d.id: d for d in experiment.devices.only("id", "name", "backend")}
-    alone = selectors.standalone_table(run)
+    devices = {
+        d.id: d
+        for d in selectors.experiment_devices(experiment, device_ids=planned_devices, fields=["id", "name", "backend"])
+    }
+    alone = selectors.standalone_table(run, device_ids=planned_devices)
     latest = selectors.latest_checkpoints(run)
     deadline_s = round_deadline_s(predicted_round_time_s=plan.predicted_round_time_s, factor=experiment.deadline_factor)
     task_ids = {d.name: dispatch.new_task_id() for d in devices.values()}
@@ -54,19 +92,14 @@ def round_start(*, run_id: int, index: int) -> Round | None:
     ]
     now = timezone.now()
     with transaction.atomic():
-        rnd, created = Round.objects.get_or_create(
-            run=run,
-            index=index,
-            defaults={
-                "status": Round.Status.RUNNING,
-                "started_at": now,
-                "flags": flags,
-                "predicted_round_time_s": plan.predicted_round_time_s,
-                "deadline_s": deadline_s,
-                "deadline_at": now + dt.timedelta(seconds=deadline_s),
-            },
+        dispatched_now = Round.objects.filter(id=rnd.id, status=Round.Status.RUNNING, deadline_at__isnull=True).update(
+            flags=[*rnd.flags, *flags],
+            predicted_round_time_s=plan.predicted_round_time_s,
+            replan=replan,
+            deadline_s=deadline_s,
+            deadline_at=now + dt.timedelta(seconds=deadline_s),
         )
-        if not created:
+        if not dispatched_now:
             return None
         bulk_insert(
             Assignment,
@@ -117,4 +150,31 @@ def round_start(*, run_id: int, index: int) -> Round | None:
                 rnd.id, requests, task_ids=dispatched, check_after_s=round_check_after_s(deadline_s)
             )
         )
+    rnd.refresh_from_db()
     return rnd
+
+
+def _await_standalone(
+    run: Run, index: int, plan: Plan, replan: dict[str, Any] | None, participants: list[int] | None
+) -> bool:
+    """Whether round ``index`` must wait for ``P_alone`` of batch sizes its plan gives and
+    nothing measured yet (a replanned batch size, or a participant drawn for the first time:
+    :mod:`.alone`); if so, keep the plan on the run and ask the devices. A (device, task, batch
+    size) measured before, even unsuccessfully, is not asked again. Only the participants' rows
+    are read.
+    """
+    known = set(selectors.standalone_table(run, device_ids=participants))
+    missing = [a for a in plan.assignments if (a.device_id, a.task_id, a.batch_size) not in known]
+    if not missing:
+        return False
+    planned = dict(run.planned or {})
+    planned["pending_round"] = {
+        "index": index,
+        "plan": plan_to_json(plan),
+        "replan": replan,
+        "participants": participants,
+    }
+    Run.objects.filter(id=run.id).update(planned=planned)
+    run.planned = planned
+    transaction.on_commit(lambda: standalone_dispatch(run, missing, before_round=index))
+    return True

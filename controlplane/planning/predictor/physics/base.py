@@ -13,7 +13,8 @@ the device's allocation units: the rate ``ρ_i`` co-located tasks leave a task
 passively at their barriers (:meth:`Physics.slot_terms`), the placement term ``x_i``
 (:meth:`Physics.link_log_ratio`, with its reference :meth:`Physics.link_reference`) and the
 names of the kinds of slice error is broken down by (:meth:`Physics.slice_labels`). Every array
-argument and result is ``(rows, MAX_MIX)``: one row per configuration, one slot per task.
+argument and result is ``(rows, slots)``: one row per configuration, one slot per task
+(any number of slots: empty ones hold no task and change nothing).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class SlotTerms(NamedTuple):
 class Physics(Protocol):
     """How one backend family lays shares onto a device's allocation units.
 
-    Arguments common to every method: ``share`` ``(rows, MAX_MIX)`` percent (0 in empty
-    slots), ``present`` ``(rows, MAX_MIX)`` bool (which slots hold a task), ``units`` the
+    Arguments common to every method: ``share`` ``(rows, slots)`` percent (0 in empty
+    slots), ``present`` ``(rows, slots)`` bool (which slots hold a task), ``units`` the
     device's allocation units (cores, SMs). Implementations are stateless; the fitted
     parameters (sharing weights, link exponent, passive-wait ratio) live on the
     :class:`~controlplane.planning.predictor.encoding.FeatureSpace` and are passed in.

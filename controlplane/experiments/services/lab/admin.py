@@ -1,0 +1,108 @@
+"""An admin's hand on the lab's fleet: pausing and resuming a device, and device pools.
+
+A paused device is leased to no new round (the round holding it finishes); resuming it runs a
+scheduling pass. A pool groups devices of one device class
+(:func:`controlplane.fleet.selectors.device_class`) so that runs may name the pool instead of
+devices (:func:`..runs.run_create`'s ``pool``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from controlplane.common.errors import ApplicationError
+from controlplane.experiments.services import dispatch
+from controlplane.fleet.models import Device, DevicePool
+from controlplane.fleet.selectors import device_class
+
+
+def _staff(user, action: str) -> None:
+    if user is not None and not (user.is_staff or user.is_superuser):
+        raise ApplicationError(f"only a lab admin (staff) may {action}", field="user", status_code=403)
+
+
+def device_pause(*, device: Device, user=None, reason: str = "") -> Device:
+    """Pause a device: the lab scheduler leases it to no new round until it is resumed; the
+    round holding it now finishes.
+
+    Raises:
+        ApplicationError: ``user`` is not staff (403); ``reason`` longer than 200 characters.
+    """
+    _staff(user, "pause a device")
+    if len(reason) > 200:
+        raise ApplicationError(f"reason must be at most 200 characters, got {len(reason)}", field="reason")
+    Device.objects.filter(id=device.id).update(paused=True, paused_reason=reason, paused_at=timezone.now())
+    device.refresh_from_db()
+    return device
+
+
+def device_resume(*, device: Device, user=None) -> Device:
+    """Resume a paused device; a scheduling pass then hands it to a waiting round.
+
+    Raises:
+        ApplicationError: ``user`` is not staff (403).
+    """
+    _staff(user, "resume a device")
+    Device.objects.filter(id=device.id).update(paused=False, paused_reason="", paused_at=None)
+    transaction.on_commit(dispatch.send_lab_schedule)
+    device.refresh_from_db()
+    return device
+
+
+def _pool_devices(devices: Iterable[Device | int | str]) -> list[Device]:
+    """The devices named (instances, ids or names), checked to be of one device class."""
+    wanted = list(devices)
+    ids = {
+        d.id if isinstance(d, Device) else d for d in wanted if isinstance(d, Device | int) and not isinstance(d, bool)
+    }
+    names = {d for d in wanted if isinstance(d, str)}
+    found = list(Device.objects.filter(id__in=ids)) + list(Device.objects.filter(name__in=names).exclude(id__in=ids))
+    missing = sorted(str(x) for x in (ids - {d.id for d in found}) | (names - {d.name for d in found}))
+    if missing:
+        raise ApplicationError(f"devices: no device {', '.join(missing[:5])}", field="devices")
+    classes = {device_class(d) for d in found}
+    if len(classes) > 1:
+        raise ApplicationError(
+            f"devices of a pool must be of one device class, got {', '.join(sorted(classes))}", field="devices"
+        )
+    return found
+
+
+@transaction.atomic
+def pool_create(
+    *, name: str, description: str = "", devices: Iterable[Device | int | str] = (), user=None
+) -> DevicePool:
+    """Create a device pool of devices of one class.
+
+    Raises:
+        ApplicationError: ``user`` is not staff (403); ``name`` not a slug (1-63 letters,
+            digits, '-' or '_') or taken (409); devices unknown or of different classes.
+    """
+    _staff(user, "create a pool")
+    if not name or slugify(name) != name or len(name) > 63:
+        raise ApplicationError(f"name must be 1-63 lower-case letters, digits, '-' or '_', got {name!r}", field="name")
+    if DevicePool.objects.filter(name=name).exists():
+        raise ApplicationError(f"pool {name} already exists", field="name", status_code=409)
+    members = _pool_devices(devices)
+    pool = DevicePool.objects.create(name=name, description=description)
+    Device.objects.filter(id__in=[d.id for d in members]).update(pool=pool)
+    return pool
+
+
+@transaction.atomic
+def pool_set_devices(*, pool: DevicePool, devices: Iterable[Device | int | str], user=None) -> DevicePool:
+    """Make ``devices`` the pool's devices (others leave it).
+
+    Raises:
+        ApplicationError: ``user`` is not staff (403); devices unknown or of different classes.
+    """
+    _staff(user, "change a pool")
+    members = _pool_devices(devices)
+    Device.objects.filter(pool=pool).exclude(id__in=[d.id for d in members]).update(pool=None)
+    Device.objects.filter(id__in=[d.id for d in members]).update(pool=pool)
+    transaction.on_commit(dispatch.send_lab_schedule)
+    return pool

@@ -1,0 +1,75 @@
+"""Partial participation: the devices that train in a round of an experiment.
+
+The draw itself is pure (:mod:`controlplane.planning.participation`); this module reads what it
+needs from the database: the experiment's devices and, for ``weighted`` sampling, each device's
+data volume (the sum of its shards' ``num_samples`` over the experiment's tasks).
+"""
+
+from __future__ import annotations
+
+from django.db.models import Sum
+
+from controlplane.common.errors import ApplicationError
+from controlplane.experiments.models import Experiment, Shard
+from controlplane.planning.participation import draw_participants, participant_count
+
+
+def participation_set(experiment: Experiment) -> bool:
+    """Whether the experiment trains a sample of its devices per round (``clients_per_round`` or
+    ``client_fraction`` set); it may still draw every device when the count reaches them all."""
+    return experiment.clients_per_round is not None or experiment.client_fraction is not None
+
+
+def round_participants(experiment: Experiment, index: int) -> list[int] | None:
+    """The ids of the devices that train round ``index`` of any run of ``experiment``, in
+    increasing order, or ``None`` when every device takes part (no participation set, or a
+    count that reaches every device).
+
+    Drawn by :func:`controlplane.planning.participation.draw_participants` with the experiment's
+    ``client_sampling`` (``uniform``, or ``weighted`` by data volume), seeded by the experiment's
+    ``seed`` and ``index``: the same devices every time it is asked, whichever run asks, and
+    independent of the other rounds' draws. Two queries at most (the device ids; for
+    ``weighted``, the volumes summed by the database), whatever the number of shards.
+
+    Raises:
+        ApplicationError: a stored setting out of range (400, the field named): both
+            ``clients_per_round`` and ``client_fraction``, a fraction outside (0, 1], a count
+            below 1, or an unknown ``client_sampling``.
+    """
+    if not participation_set(experiment):
+        return None
+    # The membership table alone (no join onto the devices): 10,000 ids in a few milliseconds.
+    device_ids = list(
+        Experiment.devices.through.objects.filter(experiment_id=experiment.id).values_list("device_id", flat=True)
+    )
+    try:
+        count = participant_count(
+            len(device_ids),
+            clients_per_round=experiment.clients_per_round,
+            client_fraction=experiment.client_fraction,
+        )
+    except ValueError as exc:
+        field = "client_fraction" if "client_fraction=" in str(exc) else "clients_per_round"
+        raise ApplicationError(str(exc), field=field) from exc
+    if count >= len(device_ids):
+        return None
+    volumes = None
+    if experiment.client_sampling == "weighted":
+        volumes = dict(
+            Shard.objects.filter(experiment=experiment)
+            .values("device_id")
+            .annotate(n=Sum("num_samples"))
+            .order_by()
+            .values_list("device_id", "n")
+        )
+    try:
+        return draw_participants(
+            device_ids,
+            count=count,
+            rule=experiment.client_sampling,
+            seed=experiment.seed,
+            round_index=index,
+            volumes=volumes,
+        )
+    except ValueError as exc:
+        raise ApplicationError(str(exc), field="client_sampling") from exc

@@ -1,0 +1,69 @@
+"""Asking devices for ``P_alone``: each task alone on the whole device at a batch size, the
+denominator of fair throughput (Yu et al. 2022, §5).
+
+Before round 0 every (device, task, batch size) round 0 trains is measured
+(:func:`..standalone.run_begin`): every device's, or with partial participation round 0's
+participants' only. A later round may train what was measured nowhere yet: a batch size a
+replanning run (:mod:`controlplane.planning.closed_loop`) gives, or a participant drawn for the
+first time. :func:`.start.round_start` then keeps the round's plan on the run
+(``Run.planned["pending_round"]``), asks for the missing ``P_alone`` only, and starts the round
+with that plan when they are recorded or at their deadline.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from controlplane.conf import mtfl_setting
+from controlplane.experiments import selectors
+from controlplane.experiments.models import Run
+from controlplane.experiments.services import dispatch
+from controlplane.experiments.services.rounds.requests import shard_ref
+from controlplane.planning.types import PlannedAssignment
+from workers.protocol.messages import StandaloneItem, StandaloneRequest
+
+
+def standalone_dispatch(run: Run, assignments: Iterable[PlannedAssignment], *, before_round: int) -> None:
+    """Ask every device of ``assignments`` for ``P_alone`` of its tasks at their batch sizes,
+    then (``STANDALONE_RECORDED``) start round ``before_round``; its watchdog starts the round
+    anyway at ``MTFL_ROUND_DEADLINE_S``."""
+    experiment = run.experiment
+    on_device: dict[int, list[PlannedAssignment]] = defaultdict(list)
+    for a in assignments:
+        on_device[a.device_id].append(a)
+    shards = selectors.experiment_shards(experiment, with_indices=True, device_ids=list(on_device))
+    tasks = {t.id: selectors.task_ref(t) for t in experiment.tasks.all()}
+    devices = {
+        d.id: d
+        for d in selectors.experiment_devices(experiment, device_ids=list(on_device), fields=["id", "name", "backend"])
+    }
+    requests = []
+    for device_id in sorted(on_device):
+        items = [
+            StandaloneItem(
+                task=tasks[a.task_id],
+                batch_size=a.batch_size,
+                shard=shard_ref(experiment, shards[(a.device_id, a.task_id)]),
+            )
+            for a in on_device[device_id]
+        ]
+        requests.append(
+            StandaloneRequest(
+                run_id=run.id,
+                device=devices[device_id].name,
+                backend=devices[device_id].backend,
+                warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
+                timed_iterations=mtfl_setting("STANDALONE_TIMED_ITERATIONS"),
+                items=items,
+            )
+        )
+    task_ids = {r.device: dispatch.new_task_id() for r in requests}
+    Run.objects.filter(id=run.id).update(standalone_task_ids=task_ids)
+    dispatch.send_standalone(
+        run.id,
+        requests,
+        deadline_s=float(mtfl_setting("ROUND_DEADLINE_S")),
+        task_ids=task_ids,
+        before_round=before_round,
+    )

@@ -1,0 +1,542 @@
+"""Closed-loop replanning: a predictor-driven run replans before every round with a predictor
+corrected by what the run itself measured, and a device moves to a new plan only when the
+predicted gain is larger than the corrected predictor's uncertainty.
+
+Notation as in :mod:`controlplane.planning.planner`. For a device ``j`` with tasks ``i`` the
+fitted predictor gives ``P̂_ij(c)`` for a configuration ``c`` (every task's batch size and share).
+After a round the run knows, for the configuration ``c_j`` the device trained, each task's
+measured throughput ``P_ij``. The **residual** ``r_ij(c) = log P_ij(c) − log P̂_ij(c)`` is
+modelled per device and task by a Gaussian process (Rasmussen & Williams 2006, §2.2, Eq. 2.25–
+2.26; scikit-learn's :class:`~sklearn.gaussian_process.GaussianProcessRegressor`) over the
+configuration's features ``x = (log2 B_1 … log2 B_I, R_1/100 … R_I/100)``, with the kernel
+
+    k(x, x') = σ_off² + σ_loc²·exp(−½ Σ_d (x_d − x'_d)² / ℓ_d²)
+
+and measurement noise ``σ_n²`` on the diagonal. ``σ_off²`` is a constant offset shared by every
+configuration of the task on that device: a device slower or faster than the one the predictor
+was fitted on moves every prediction alike. Its scale is the root mean square of the residuals
+measured on this device (at least the held-out RMSLE): what the run says. ``σ_loc²`` is the
+error of the predictor's *shape*, local to configurations near the measured ones (length scales
+:data:`LENGTH_SCALE_LOG2_BATCH`, :data:`LENGTH_SCALE_SHARE`); its scale is the predictor's
+held-out RMSLE (what its own cross-validation says; at least :data:`MIN_SHAPE_ERROR`). One
+measured round thus learns the offset, and the uncertainty left at a configuration far from
+any measured one is about the held-out error. The corrected prediction is
+``P̂_ij(c)·exp(μ_ij(c))`` with ``μ`` the posterior mean; the **uncertainty** of a prediction is
+the posterior standard deviation ``s_ij(c)`` of the log residual (noise excluded). ``σ_n``
+(:data:`MEASUREMENT_NOISE`) is the spread of one configuration's throughput from round to round.
+
+**Decisions.** After replanning with the corrected predictors, each device compares the new
+configuration with the best configuration it has *measured* so far in the run (the fallback):
+
+* ``vres_sync`` and any planner other than ``vres_greedy`` judge a device by its round time
+  ``T_j = max_i E·|D_ij| / P_ij`` (lower is better); ``vres_greedy`` by its objective, raw
+  ``Σ_i P_ij`` or fair ``Σ_i P_ij / P_ij^alone`` (higher is better).
+* The predicted gain is the log ratio of the new configuration's corrected objective to the
+  fallback's measured one; its uncertainty is the new configuration's ``s`` (for ``T_j`` the
+  ``s`` of the task that sets ``T_j``; for a sum, ``sqrt(Σ (P_i s_i)²) / Σ P_i``, the delta
+  method). The device **moves** when ``gain > Z·uncertainty`` (:data:`Z`), otherwise it
+  **keeps** its fallback. A device with nothing measured yet takes the new plan.
+* With ``vres_sync``'s slack policy a device off the critical path may take a slower plan with
+  more optimizer steps: it does when its new configuration's time, pessimistic by ``Z·s``,
+  stays within the slack margin of the round time the chosen configurations set.
+
+Pure: NumPy and scikit-learn only (no Django, no torch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+from controlplane.planning.planner import SLACK_MARGIN, PlannerContext
+from controlplane.planning.predictor import EncodedMixes, ThroughputPredictor
+from controlplane.planning.strategies import make_plan
+from controlplane.planning.types import Plan, PlannedAssignment, PlanningInput
+
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+
+MEASUREMENT_NOISE = 0.05
+"""``σ_n``: standard deviation of a configuration's log throughput from one round to the next
+(repeatability measurements of the cpu backend and the simulated backend's 3 % noise are below
+it)."""
+
+MIN_SHAPE_ERROR = 0.05
+"""Floor of ``σ_loc``: no predictor's shape is trusted to better than 5 % away from measurements."""
+
+LENGTH_SCALE_LOG2_BATCH = 1.0
+"""``ℓ`` of a batch size, in doublings: a residual measured at batch 64 says much about 128."""
+
+LENGTH_SCALE_SHARE = 0.25
+"""``ℓ`` of a share, as a fraction of the device."""
+
+Z = 1.0
+"""A device moves when the predicted gain exceeds ``Z`` standard deviations of its uncertainty."""
+
+Action = Literal["moved", "kept", "new", "slack"]
+
+
+@dataclass(frozen=True)
+class MeasuredConfiguration:
+    """One device's configuration in one round of the run, and what it measured.
+
+    Attributes:
+        device_id: the device.
+        round_index: the round it was measured in.
+        task_ids: the device's tasks, in the experiment's task order.
+        batch_size: ``B_ij`` per task.
+        active_thread_percentage: ``R_ij`` per task, percent.
+        throughput_sps: measured ``P_ij`` per task, samples/s (all > 0).
+    """
+
+    device_id: int
+    round_index: int
+    task_ids: tuple[int, ...]
+    batch_size: tuple[int, ...]
+    active_thread_percentage: tuple[int, ...]
+    throughput_sps: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class DeviceDecision:
+    """What replanning did on one device, and why.
+
+    Attributes:
+        device_id: the device.
+        action: ``moved`` (to the new plan, predicted better beyond the uncertainty), ``kept``
+            (its best measured configuration), ``new`` (nothing measured yet: the new plan),
+            ``slack`` (``vres_sync``: a slower new plan with more optimizer steps, taken because
+            even pessimistically it ends within the round's slack; its gain is negative by design).
+        reason: one sentence a researcher reads on the run page.
+        predicted_gain: log ratio of the new plan's corrected objective over the fallback's
+            measured one (positive: better), ``None`` without a fallback.
+        objective: what the gain compares: ``round_time`` (the device's, inverted so that
+            positive is faster), ``raw`` or ``fair`` throughput (``vres_greedy``).
+        uncertainty: the new plan's standard deviation of that log ratio.
+        offset_scale: ``σ_off`` used for this device.
+        shape_scale: ``σ_loc`` used for this device.
+        residual_rms: root mean square of this device's measured log residuals (``None``: none).
+    """
+
+    device_id: int
+    action: Action
+    reason: str
+    predicted_gain: float | None = None
+    objective: str | None = None
+    uncertainty: float | None = None
+    offset_scale: float | None = None
+    shape_scale: float | None = None
+    residual_rms: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The decision as plain JSON (for ``Round.replan``)."""
+        return {
+            "device_id": self.device_id,
+            "action": self.action,
+            "reason": self.reason,
+            "predicted_gain": self.predicted_gain,
+            "objective": self.objective,
+            "uncertainty": self.uncertainty,
+            "offset_scale": self.offset_scale,
+            "shape_scale": self.shape_scale,
+            "residual_rms": self.residual_rms,
+        }
+
+
+def configuration_features(batch: FloatArray, share: FloatArray) -> FloatArray:
+    """GP inputs ``(m, 2I)``: ``log2`` of each batch size and each share as a fraction.
+
+    Args:
+        batch: ``(m, I)`` batch sizes (≥ 1).
+        share: ``(m, I)`` shares, percent.
+    """
+    x: FloatArray = np.concatenate([np.log2(np.maximum(batch, 1.0)), share / 100.0], axis=1)
+    return x
+
+
+@dataclass
+class DeviceResidual:
+    """The Gaussian-process model of one device's log residuals (module docstring).
+
+    Attributes:
+        architectures: the device's models in its slot order (length ``I``).
+        offset_scale: ``σ_off``.
+        shape_scale: ``σ_loc``.
+        noise: ``σ_n``.
+        x: ``(n, 2I)`` features of the measured configurations.
+        residual: ``(n, I)`` log residuals.
+    """
+
+    architectures: tuple[str, ...]
+    offset_scale: float
+    shape_scale: float
+    noise: float
+    x: FloatArray
+    residual: FloatArray
+    _models: list[GaussianProcessRegressor] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        k = len(self.architectures)
+        scales = [LENGTH_SCALE_LOG2_BATCH] * k + [LENGTH_SCALE_SHARE] * k
+        kernel = ConstantKernel(self.offset_scale**2, "fixed") + ConstantKernel(self.shape_scale**2, "fixed") * RBF(
+            scales, "fixed"
+        )
+        for i in range(k):
+            gp = GaussianProcessRegressor(kernel=kernel, alpha=self.noise**2, optimizer=None, normalize_y=False)
+            gp.fit(self.x, self.residual[:, i])
+            self._models.append(gp)
+
+    def predict(self, batch: FloatArray, share: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Posterior mean and standard deviation of the log residual, ``(m, I)`` each.
+
+        Args:
+            batch: ``(m, I)`` batch sizes in the device's slot order.
+            share: ``(m, I)`` shares, percent.
+        """
+        x = configuration_features(batch, share)
+        mean = np.empty(batch.shape)
+        std = np.empty(batch.shape)
+        for i, gp in enumerate(self._models):
+            mean[:, i], std[:, i] = gp.predict(x, return_std=True)
+        return mean, std
+
+
+@dataclass
+class CorrectedPredictor(ThroughputPredictor):
+    """A device's predictor with its measured residuals applied to the device's own mix.
+
+    Predictions of configurations that are exactly the device's mix (its models in its slot
+    order, nothing else) are multiplied by ``exp(μ)``; every other configuration (each task
+    alone, other mixes) is predicted as the base predictor does.
+    """
+
+    correction: DeviceResidual | None = None
+
+    def _matching(self, enc: EncodedMixes) -> tuple[np.ndarray, int]:
+        assert self.correction is not None
+        archs = self.correction.architectures
+        k = len(archs)
+        index = np.array([self.space.architectures.index(a) for a in archs])
+        present = enc.present
+        rows = (present.sum(axis=1) == k) & np.all(enc.arch[:, :k] == index[None, :], axis=1)
+        return np.flatnonzero(rows), k
+
+    def predict_arrays(self, enc: EncodedMixes) -> FloatArray:
+        """As :meth:`ThroughputPredictor.predict_arrays`, corrected on the device's mix."""
+        out = super().predict_arrays(enc)
+        if self.correction is None:
+            return out
+        rows, k = self._matching(enc)
+        if len(rows):
+            mean, _ = self.correction.predict(enc.batch[rows, :k], enc.share[rows, :k])
+            out[rows, :k] = out[rows, :k] * np.exp(mean)
+        return out
+
+    def uncertainty_arrays(self, enc: EncodedMixes) -> FloatArray:
+        """Standard deviation of the log prediction, ``(n, slots)``; the prior's
+        ``sqrt(σ_off² + σ_loc²)`` outside the device's mix (nothing measured says more there),
+        ``nan`` in empty slots."""
+        assert self.correction is not None
+        prior = math.hypot(self.correction.offset_scale, self.correction.shape_scale)
+        out = np.where(enc.present, prior, np.nan)
+        rows, k = self._matching(enc)
+        if len(rows):
+            _, std = self.correction.predict(enc.batch[rows, :k], enc.share[rows, :k])
+            out[rows, :k] = std
+        result: FloatArray = out
+        return result
+
+
+def _encode(predictor: ThroughputPredictor, archs: Sequence[str], batch: FloatArray, share: FloatArray) -> EncodedMixes:
+    """Configurations of one mix (``archs`` in slot order; ``(m, I)`` batches and shares)."""
+    m, k = batch.shape
+    # As wide as the mix: the predictor pads to its own slots (empty slots change nothing).
+    arch = np.full((m, k), -1, dtype=np.int64)
+    b = np.zeros((m, k))
+    r = np.zeros((m, k))
+    arch[:, :k] = [predictor.space.architectures.index(a) for a in archs]
+    b[:, :k], r[:, :k] = batch, share
+    return EncodedMixes(predictor.space.architectures, arch, b, r)
+
+
+def device_residual(
+    predictor: ThroughputPredictor,
+    archs: Sequence[str],
+    history: Sequence[MeasuredConfiguration],
+    *,
+    heldout_rmsle: float | None,
+    noise: float = MEASUREMENT_NOISE,
+) -> DeviceResidual:
+    """Fit a device's residual model from its measured configurations (module docstring).
+
+    Args:
+        predictor: the device's fitted (uncorrected) predictor.
+        archs: the device's models in its slot order, length ``I``.
+        history: that device's measured configurations, each with ``I`` tasks.
+        heldout_rmsle: the predictor's held-out RMSLE (``None``: unknown, taken as 0).
+
+    Raises:
+        ValueError: ``history`` is empty or a configuration does not hold ``I`` tasks.
+    """
+    if not history:
+        raise ValueError("a residual model needs at least one measured configuration")
+    k = len(archs)
+    if any(len(h.throughput_sps) != k for h in history):
+        raise ValueError(f"every measured configuration must hold the device's {k} tasks")
+    batch = np.array([h.batch_size for h in history], dtype=float)
+    share = np.array([h.active_thread_percentage for h in history], dtype=float)
+    measured = np.array([h.throughput_sps for h in history], dtype=float)
+    base = predictor.predict_arrays(_encode(predictor, archs, batch, share))[:, :k]
+    residual = np.log(measured) - np.log(base)
+    rms = float(np.sqrt(np.mean(residual**2)))
+    shape = max(float(heldout_rmsle or 0.0), MIN_SHAPE_ERROR)
+    offset = max(rms, shape)
+    return DeviceResidual(tuple(archs), offset, shape, noise, configuration_features(batch, share), residual)
+
+
+def corrected_context(
+    spec: PlanningInput,
+    ctx: PlannerContext,
+    history: Sequence[MeasuredConfiguration],
+    heldout_rmsle: Mapping[int, float | None],
+) -> tuple[PlannerContext, dict[int, CorrectedPredictor]]:
+    """The planner context with every measured device's predictor corrected.
+
+    Args:
+        heldout_rmsle: ``device_id → held-out RMSLE`` of its predictor.
+
+    Returns:
+        The new context and ``device_id → CorrectedPredictor`` for the devices corrected.
+    """
+    by_device: dict[int, list[MeasuredConfiguration]] = {}
+    for h in history:
+        if h.task_ids == spec.tasks_on(h.device_id):
+            by_device.setdefault(h.device_id, []).append(h)
+    devices = dict(ctx.devices)
+    corrected: dict[int, CorrectedPredictor] = {}
+    for device_id, measured in by_device.items():
+        if device_id not in devices:
+            continue
+        capacity = devices[device_id]
+        base = capacity.predictor
+        archs = [ctx.architectures[t] for t in spec.tasks_on(device_id)]
+        residual = device_residual(base, archs, measured, heldout_rmsle=heldout_rmsle.get(device_id))
+        predictor = CorrectedPredictor(base.family, base.space, base.model, base.memory, correction=residual)
+        corrected[device_id] = predictor
+        devices[device_id] = replace(capacity, predictor=predictor)
+    return replace(ctx, devices=devices), corrected
+
+
+def _device_time(epochs: int, samples: FloatArray, throughput: FloatArray) -> FloatArray:
+    out: FloatArray = np.max(epochs * samples / throughput, axis=-1)
+    return out
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """A device configuration's objective in the replan's terms (log scale, higher better)."""
+
+    log_value: float
+    std: float
+
+
+def _score(
+    strategy: str,
+    objective: str,
+    epochs: int,
+    samples: FloatArray,
+    P: FloatArray,
+    std: FloatArray,
+    alone: FloatArray | None,
+) -> _Scored:
+    if strategy == "vres_greedy":
+        weights = P / alone if objective == "fair" and alone is not None else P
+        total = float(weights.sum())
+        return _Scored(math.log(total), float(np.sqrt(np.sum((weights * std) ** 2))) / total)
+    times = epochs * samples / P
+    i = int(np.argmax(times))
+    return _Scored(-math.log(float(times[i])), float(std[i]))
+
+
+def replan(
+    strategy: str,
+    spec: PlanningInput,
+    ctx: PlannerContext,
+    history: Sequence[MeasuredConfiguration],
+    *,
+    heldout_rmsle: Mapping[int, float | None],
+) -> tuple[Plan, list[DeviceDecision]]:
+    """Plan the next round of a predictor-driven run from its measurements so far.
+
+    Args:
+        strategy: the run's strategy (a registered one with ``needs_predictor``).
+        spec: the experiment as the planner sees it.
+        ctx: the run's planner context (uncorrected predictors).
+        history: every measured configuration of the run's earlier rounds (devices whose
+            whole round succeeded).
+        heldout_rmsle: ``device_id → held-out RMSLE`` of the device's predictor.
+
+    Returns:
+        The plan (each device either on the new plan or on its best measured configuration,
+        with corrected predicted throughputs) and one decision per planned device.
+
+    Raises:
+        PlanningError: the strategy cannot plan (as :func:`~controlplane.planning.strategies.make_plan`).
+    """
+    corrected_ctx, corrected = corrected_context(spec, ctx, history, heldout_rmsle)
+    candidate = make_plan(strategy, spec, planner=corrected_ctx)
+    epochs = spec.local_epochs
+    chosen: dict[int, tuple[PlannedAssignment, ...]] = {}
+    decisions: dict[int, DeviceDecision] = {}
+    pessimistic_time: dict[int, float] = {}
+    slack_candidates: dict[int, tuple[float, tuple[PlannedAssignment, ...]]] = {}
+    for device_id in spec.device_ids:
+        new = candidate.on_device(device_id)
+        if not new:
+            continue
+        predictor = corrected.get(device_id)
+        measured = [h for h in history if h.device_id == device_id and h.task_ids == tuple(a.task_id for a in new)]
+        if predictor is None or predictor.correction is None or not measured:
+            chosen[device_id] = new
+            decisions[device_id] = DeviceDecision(device_id, "new", "nothing measured on this device yet: new plan")
+            continue
+        archs = predictor.correction.architectures
+        samples = np.array([a.samples for a in new], dtype=float)
+        b_new = np.array([[a.batch_size for a in new]], dtype=float)
+        r_new = np.array([[a.active_thread_percentage for a in new]], dtype=float)
+        enc_new = _encode(predictor, archs, b_new, r_new)
+        k = len(archs)
+        P_new = predictor.predict_arrays(enc_new)[0, :k]
+        s_new = predictor.uncertainty_arrays(enc_new)[0, :k]
+        alone_new = alone_best = None
+        if strategy == "vres_greedy" and ctx.objective == "fair":
+            alone_new = _alone(predictor, archs, b_new[0])
+        scored_new = _score(strategy, ctx.objective, epochs, samples, P_new, s_new, alone_new)
+        best_h: MeasuredConfiguration | None = None
+        best_value = -math.inf
+        for h in measured:
+            P_h = np.array(h.throughput_sps, dtype=float)
+            if strategy == "vres_greedy" and ctx.objective == "fair":
+                alone_best = _alone(predictor, archs, np.array(h.batch_size, dtype=float))
+            value = _score(strategy, ctx.objective, epochs, samples, P_h, np.zeros(k), alone_best).log_value
+            if value > best_value:
+                best_value, best_h = value, h
+        assert best_h is not None
+        gain = scored_new.log_value - best_value
+        same = best_h.batch_size == tuple(int(x) for x in b_new[0]) and best_h.active_thread_percentage == tuple(
+            int(x) for x in r_new[0]
+        )
+        objective = ctx.objective if strategy == "vres_greedy" else "round_time"
+        info: dict[str, Any] = dict(
+            predicted_gain=gain,
+            objective=objective,
+            uncertainty=scored_new.std,
+            offset_scale=predictor.correction.offset_scale,
+            shape_scale=predictor.correction.shape_scale,
+            residual_rms=float(np.sqrt(np.mean(predictor.correction.residual**2))),
+        )
+        fallback = _measured_plan(best_h, new, predictor, archs)
+        if same:
+            chosen[device_id] = fallback
+            decisions[device_id] = DeviceDecision(
+                device_id, "kept", "the new plan is the best configuration measured so far", **info
+            )
+        elif gain > Z * scored_new.std:
+            chosen[device_id] = new
+            decisions[device_id] = DeviceDecision(
+                device_id,
+                "moved",
+                f"predicted {_percent(gain)} better than the best measured configuration (round "
+                f"{best_h.round_index}), beyond the prediction's uncertainty ±{_percent(scored_new.std)}",
+                **info,
+            )
+        else:
+            chosen[device_id] = fallback
+            decisions[device_id] = DeviceDecision(
+                device_id,
+                "kept",
+                f"kept the best measured configuration (round {best_h.round_index}): the new plan's predicted "
+                f"gain {_percent(gain)} does not exceed its uncertainty ±{_percent(scored_new.std)}",
+                **info,
+            )
+            if strategy == "vres_sync" and ctx.slack == "smaller_batches":
+                slack_candidates[device_id] = (
+                    float(_device_time(epochs, samples, P_new)) * math.exp(Z * scored_new.std),
+                    new,
+                )
+        pessimistic_time[device_id] = _pessimistic_time(chosen[device_id], decisions[device_id], epochs)
+    # vres_sync's slack: a device whose new (slower, more steps) plan still ends well within the
+    # round the chosen configurations set takes it.
+    if slack_candidates and pessimistic_time:
+        round_time = max(pessimistic_time.values())
+        for device_id, (time_hi, new) in slack_candidates.items():
+            steps_new = sum(math.ceil(a.samples / a.batch_size) for a in new)
+            steps_kept = sum(math.ceil(a.samples / a.batch_size) for a in chosen[device_id])
+            if steps_new > steps_kept and time_hi <= SLACK_MARGIN * round_time:
+                chosen[device_id] = new
+                decisions[device_id] = replace(
+                    decisions[device_id],
+                    action="slack",
+                    reason=f"uses the round's slack: more optimizer steps ({steps_new} against {steps_kept}), "
+                    f"predicted to end within {SLACK_MARGIN:.0%} of the round even {Z:g} standard deviation(s) slower",
+                )
+    assignments = tuple(a for d in spec.device_ids for a in chosen.get(d, ()))
+    predicted = [
+        float(_device_time(epochs, np.array([a.samples for a in v]), np.array([a.predicted_throughput_sps for a in v])))
+        for v in chosen.values()
+        if v and all(a.predicted_throughput_sps for a in v)
+    ]
+    plan = Plan(
+        strategy=candidate.strategy,
+        partitioning=candidate.partitioning,
+        assignments=assignments,
+        predicted_round_time_s=max(predicted) if predicted else candidate.predicted_round_time_s,
+    )
+    return plan, [decisions[d] for d in spec.device_ids if d in decisions]
+
+
+def _percent(log_ratio: float) -> str:
+    return f"{100 * math.expm1(log_ratio):+.0f} %" if log_ratio < 0 else f"{100 * math.expm1(log_ratio):.0f} %"
+
+
+def _alone(predictor: ThroughputPredictor, archs: Sequence[str], batch: FloatArray) -> FloatArray:
+    """``P_alone`` ``(I,)``: each task alone on the whole device at its batch size ``batch`` ``(I,)``."""
+    k = len(archs)
+    arch = np.full((k, 1), -1, dtype=np.int64)
+    b = np.zeros((k, 1))
+    r = np.zeros((k, 1))
+    arch[:, 0] = [predictor.space.architectures.index(a) for a in archs]
+    b[:, 0], r[:, 0] = batch, 100.0
+    out: FloatArray = predictor.predict_arrays(EncodedMixes(predictor.space.architectures, arch, b, r))[:, 0]
+    return out
+
+
+def _measured_plan(
+    h: MeasuredConfiguration,
+    new: tuple[PlannedAssignment, ...],
+    predictor: CorrectedPredictor,
+    archs: Sequence[str],
+) -> tuple[PlannedAssignment, ...]:
+    """The fallback configuration as assignments, with the corrected predictions for it."""
+    batch = np.array([h.batch_size], dtype=float)
+    share = np.array([h.active_thread_percentage], dtype=float)
+    P = predictor.predict_arrays(_encode(predictor, archs, batch, share))[0, : len(archs)]
+    return tuple(
+        replace(
+            a,
+            batch_size=h.batch_size[i],
+            active_thread_percentage=h.active_thread_percentage[i],
+            predicted_throughput_sps=float(P[i]),
+        )
+        for i, a in enumerate(new)
+    )
+
+
+def _pessimistic_time(chosen: tuple[PlannedAssignment, ...], decision: DeviceDecision, epochs: int) -> float:
+    times = [epochs * a.samples / a.predicted_throughput_sps for a in chosen if a.predicted_throughput_sps]
+    return max(times, default=0.0) * math.exp(Z * (decision.uncertainty or 0.0))

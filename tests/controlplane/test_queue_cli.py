@@ -1,0 +1,113 @@
+"""The lab's commands (issue 24, item 3): ``mtfl queue`` (text and ``--json``), ``mtfl
+device-pause`` / ``device-resume`` and ``mtfl pool``, with one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from controlplane.fleet.models import Device, DevicePool
+from tests.controlplane.queue_world import two_researchers
+from tests.controlplane.test_cli import _mtfl
+
+pytestmark = pytest.mark.django_db
+
+
+def _call(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def lab(make_experiment, make_device, user):
+    return two_researchers(make_experiment, make_device, user, now=timezone.now())
+
+
+def test_queue_prints_each_devices_holder_and_the_waiting_rounds_in_order(lab):
+    text = _call("queue")
+
+    lines = text.splitlines()
+    assert lines[0].startswith("Policy: ")
+    assert "1 round(s) waiting · 2 of 2 device(s) held · 0 paused" in text
+    dev_a = next(line for line in lines if line.strip().startswith("dev-a"))
+    assert "held" in dev_a and f"run {lab.holder.id} sharing (researcher) round 0" in dev_a
+    waiting = next(line for line in lines if line.startswith("  1 "))
+    assert f"run {lab.waiter.id} sharing" in waiting and "colleague" in waiting
+    assert f"dev-a (run {lab.holder.id}, researcher)" in waiting
+
+
+def test_queue_json_is_the_apis_body(lab, api):
+    body = json.loads(_call("queue", "--json"))
+
+    api_body = api.get("/api/queue/").json()
+    assert body["waiting"][0]["run"] == lab.waiter.id
+    for answer in (body, api_body):  # what moves with the clock
+        answer.pop("now")
+        for w in answer["waiting"]:
+            w.pop("waited_s")
+    assert body == api_body
+
+
+def test_an_empty_queue_says_so(db):
+    text = _call("queue")
+
+    assert "none: every device is free" in text and "0 round(s) waiting" in text
+
+
+def test_device_pause_and_resume_by_name(lab):
+    paused = _call("device_pause", "dev-a", "--reason", "driver update")
+    shown = _call("queue")
+    resumed = _call("device_resume", "dev-a")
+
+    assert paused.strip() == "paused dev-a (driver update): no new round gets it until `mtfl device-resume dev-a`"
+    assert "paused (driver update)" in shown
+    assert resumed.strip() == "resumed dev-a"
+    assert not Device.objects.get(name="dev-a").paused
+
+
+def test_an_unknown_device_is_one_line_naming_the_known_ones(lab):
+    with pytest.raises(CommandError) as err:
+        _call("device_pause", "dev-z")
+    assert str(err.value) == "no device named 'dev-z'; devices: dev-a, dev-b"
+
+
+def test_pool_create_list_and_set(lab):
+    created = _call("pool", "create", "cpus", "--devices", "dev-a,dev-b", "--description", "the cpu hosts")
+    changed = _call("pool", "set", "cpus", "--devices", "dev-b")
+    listed = _call("pool", "list")
+
+    assert created.strip() == "created pool cpus with 2 device(s)"
+    assert changed.strip() == "pool cpus now has 1 device(s)"
+    assert listed.strip() == "cpus — the cpu hosts: 1 device(s) dev-b; 0 run(s) name it"
+    assert list(DevicePool.objects.get(name="cpus").devices.values_list("name", flat=True)) == ["dev-b"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("pool", "drop", "x"), "action 'drop' is not allowed; allowed: list, create, set"),
+        (("pool", "create"), "mtfl pool create needs the pool's name"),
+        (("pool", "create", "p"), "mtfl pool create needs --devices: comma-separated device names"),
+        (("pool", "create", "p", "--devices", "dev-a,dev-a"), "--devices lists 'dev-a' more than once"),
+        (("pool", "create", "p", "--devices", "dev-q"), "--devices: no device dev-q"),
+        (("pool", "set", "nope", "--devices", "dev-a"), "no device pool 'nope'; pools: none"),
+    ],
+)
+def test_pool_bad_input_is_one_line(lab, args, message):
+    with pytest.raises(CommandError) as err:
+        _call(*args)
+    assert str(err.value) == message
+
+
+def test_queue_on_a_new_home_is_one_line_without_traceback(tmp_path):
+    out = _mtfl("queue", env_extra={"MTFL_HOME": str(tmp_path)})
+
+    assert out.returncode != 0
+    assert "cannot read the queue from the database" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
