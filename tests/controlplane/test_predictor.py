@@ -685,3 +685,36 @@ def test_the_generic_modules_reach_a_backends_physics_only_through_the_interface
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith("controlplane.planning.predictor.physics."), (path.name, node.module)
+
+
+def test_the_physical_fit_of_a_real_gpu_profile_stays_finite():
+    """The H200 profile of the first GPU check (benchmarks/results/gpu_check_h200) sent the
+    solver's trial steps to times that overflowed ``exp`` and throughputs of 0 into ``log``."""
+    import importlib.util
+    import json
+    import warnings
+
+    from controlplane.planning.predictor import ModelWorkload, fit_predictor
+    from workers.protocol.messages import ProfileConfigResult
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("gpu_check", root / "benchmarks" / "gpu_check.py")
+    assert spec and spec.loader
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    data = json.loads((root / "benchmarks/results/gpu_check_h200/light_short.json").read_text())
+    results = [ProfileConfigResult.model_validate(c) for c in data["profile"]["configs"]]
+    # Workload features of the three models as the check computed them (GFLOP and parameters
+    # printed in its log); the fit's overflow does not depend on their exact values.
+    workloads = {
+        "resnet18": ModelWorkload(0.217e9, 2.0e6, 11.2e6, 44.8e6),
+        "mobilenet_v3_large": ModelWorkload(0.042e9, 3.0e6, 4.2e6, 16.8e6),
+        "shufflenet_v2_x1_0": ModelWorkload(0.017e9, 1.5e6, 1.3e6, 5.2e6),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        predictor, report = fit_predictor(
+            gpu_check.to_samples(results), workloads, cores=132, placement="pooled", families=["baseline"], seed=0
+        )
+    assert report.kept == "baseline"
+    assert all(math.isfinite(f.rmsle) for f in report.families)

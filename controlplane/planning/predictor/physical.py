@@ -43,6 +43,11 @@ PASSIVE_START = math.log(0.3)
 """``log κ`` where the fit starts."""
 LOSS_SCALE = 0.15
 """Log error beyond which a residual counts linearly (soft L1): disturbed measurements weigh less."""
+LOG_TIME_BOUND = 60.0
+"""Bound on the fitted log times ``log t0``, ``log t1`` during the solve (e^60 s is far past any
+real per-sample time), so trial steps never overflow."""
+TINY_THROUGHPUT = 1e-300
+"""Floor under a modelled throughput before its log (samples/s), so the residuals stay finite."""
 
 
 def fit_sharing_weight(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -> float:
@@ -152,8 +157,10 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
 
     def unpack(theta: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, float, float, float, float]:
         return (
-            np.exp(theta[:k]),
-            np.exp(theta[k : 2 * k]),
+            # The solver's trial steps can reach exponents that overflow; clipping keeps every
+            # residual finite (the optimum is far inside: times in seconds per sample).
+            np.exp(np.clip(theta[:k], -LOG_TIME_BOUND, LOG_TIME_BOUND)),
+            np.exp(np.clip(theta[k : 2 * k], -LOG_TIME_BOUND, LOG_TIME_BOUND)),
             theta[2 * k : 3 * k],
             theta[3 * k : 4 * k],
             float(theta[4 * k]),
@@ -170,7 +177,8 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
         t0, t1, alpha, beta, w, escape, gamma, kappa = unpack(theta)
         j = np.maximum(arch_slot, 0)
         d = np.where(passive, kappa * t0[j], 0.0)
-        log_p = np.log(slice_throughput(batch, granted, t0[j], t1[j], alpha[j], beta[j], d)) - gamma * link_x
+        throughput = slice_throughput(batch, granted, t0[j], t1[j], alpha[j], beta[j], d)
+        log_p = np.log(np.maximum(throughput, TINY_THROUGHPUT)) - gamma * link_x
         log_p = log_p + log_rate(w, escape)
         alpha_mean, alpha_weight = ALPHA_PRIOR
         beta_mean, beta_weight = BETA_PRIOR
