@@ -288,3 +288,71 @@ def test_deleting_a_run_does_not_erase_its_owners_device_time(make_experiment, u
     assert not Run.objects.filter(id=run.id).exists()
     assert after[user.id] == pytest.approx(before[user.id]) == pytest.approx(60.0)  # 2 devices x 30 s
     assert DeviceLease.objects.filter(owner=user, run__isnull=True).count() == 2
+
+
+def test_the_liveness_sweep_grants_a_round_whose_scheduling_pass_was_lost(make_experiment, make_device, dispatched):
+    devices = [make_device("dev-a"), make_device("dev-b")]
+    experiment = make_experiment(devices=devices)
+    now = timezone.now()
+    # Queued a minute ago with both devices free: the LAB_SCHEDULE that should have granted
+    # them never arrived (a broker restart).
+    waiting = queued_round(running_run(experiment), queued_at=now - dt.timedelta(seconds=60))
+
+    counts = services.runs_liveness_sweep(now=now)
+
+    waiting.refresh_from_db()
+    assert counts["passes"] == 1 and dispatched == [waiting.id] and waiting.status == Round.Status.RUNNING
+
+
+def test_the_liveness_sweep_leaves_a_just_queued_round_to_its_own_pass(make_experiment, make_device, dispatched):
+    devices = [make_device("dev-a")]
+    experiment = make_experiment(devices=devices)
+    now = timezone.now()
+    queued_round(running_run(experiment), queued_at=now - dt.timedelta(seconds=1))
+
+    assert services.runs_liveness_sweep(now=now) == {"passes": 0, "advanced": 0}
+    assert dispatched == []
+
+
+def test_the_liveness_sweep_sends_the_next_round_again_of_a_run_left_with_none_in_flight(
+    make_experiment, make_device, monkeypatch, django_capture_on_commit_callbacks
+):
+    from controlplane.experiments.services import dispatch, reliability
+
+    devices = [make_device("dev-a")]
+    experiment = make_experiment(devices=devices, rounds=3)
+    now = timezone.now()
+    grace = reliability.liveness_grace_s()
+    stuck, fresh = running_run(experiment), running_run(experiment)
+    for run, ended in ((stuck, now - dt.timedelta(seconds=grace + 5)), (fresh, now - dt.timedelta(seconds=1))):
+        Round.objects.create(run=run, index=0, status=Round.Status.SUCCEEDED, queued_at=ended, finished_at=ended)
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(dispatch, "send_round_start", lambda run_id, index: sent.append((run_id, index)))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = services.runs_liveness_sweep(now=now)
+
+    # the run whose ROUND_START was lost gets it again; the one that just aggregated is left alone
+    assert counts == {"passes": 0, "advanced": 1} and sent == [(stuck.id, 1)]
+
+
+def test_an_agents_heartbeat_runs_the_liveness_sweep_at_most_once_per_check_interval(
+    make_experiment, make_device, dispatched, monkeypatch
+):
+    from controlplane.experiments import receivers
+    from controlplane.fleet.tasks import device_heartbeat
+    from tests.conftest import inventory
+
+    devices = [make_device("dev-a"), make_device("dev-b")]
+    experiment = make_experiment(devices=devices)
+    first = queued_round(running_run(experiment), queued_at=timezone.now() - dt.timedelta(minutes=5))
+    monkeypatch.setitem(receivers._last_sweep, "at", float("-inf"))
+
+    device_heartbeat(inventory("dev-a"))
+    second = queued_round(running_run(experiment), queued_at=timezone.now() - dt.timedelta(minutes=5))
+    leases.leases_release(round_ids=[first.id], reason="test")
+    device_heartbeat(inventory("dev-b"))  # within MTFL_ROUND_CHECK_S of the first: no sweep
+
+    assert dispatched == [first.id]
+    second.refresh_from_db()
+    assert second.status == Round.Status.QUEUED

@@ -27,6 +27,7 @@ from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.reliability import (
     round_check,
     round_watchdog,
+    runs_liveness_sweep,
     runs_resume,
 )
 from controlplane.experiments.services.rounds.deadlines import round_deadline_s
@@ -65,6 +66,7 @@ __all__ = [
     "run_fail",
     "run_finish",
     "run_work_stop",
+    "runs_liveness_sweep",
     "runs_resume",
     "standalone_record",
     "standalone_watchdog",

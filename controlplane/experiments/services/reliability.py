@@ -38,6 +38,12 @@ The pieces here handle what a chord cannot:
   restart, broker restart) it checks every running round now (re-arming its watchdog, whose
   countdown a restart may have lost), takes back aggregations whose worker died, and moves on
   runs whose next step was lost.
+- **Liveness** (:func:`runs_liveness_sweep`): between connections, a message can still be lost
+  (one a control worker had prefetched when the broker went away waits for the broker's
+  visibility timeout). At most every ``MTFL_ROUND_CHECK_S``, driven by the agents' heartbeats,
+  the control worker runs a scheduling pass if a round has been queued that long, and sends the
+  next step again of a running run that has had no round in flight for longer than
+  :func:`liveness_grace_s`.
 
 Cancelling a run's work in flight is :func:`.stop.run_work_stop`.
 """
@@ -427,4 +433,58 @@ def runs_resume(
             counts["restarted"] += 1
     if any(counts.values()):
         log.warning("resumed after a (re)connection of %s: %s", nodename or "a control worker", counts)
+    return counts
+
+
+def liveness_grace_s() -> float:
+    """Seconds a running run may have no round in flight (between one round's aggregation and
+    the next round's enqueue) before :func:`runs_liveness_sweep` sends its next step again:
+    twice ``MTFL_ROUND_CHECK_S``, at least 10 s (the step is one message; the grace only keeps
+    the sweep from racing it)."""
+    return max(10.0, 2.0 * float(mtfl_setting("ROUND_CHECK_S")))
+
+
+def runs_liveness_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
+    """The safety net under the round protocol's chain of messages: nothing a lost message
+    leaves waiting waits for ever.
+
+    - Rounds ``queued`` for longer than ``MTFL_ROUND_CHECK_S``: one scheduling pass now
+      (:func:`.lab.scheduler.lab_schedule`, idempotent): the ``LAB_SCHEDULE`` that should have
+      granted their freed devices may have been lost.
+    - A running run with rounds, none of them in flight, whose last round ended more than
+      :func:`liveness_grace_s` ago: its next step again (:func:`.rounds.advance.round_advance`:
+      ``ROUND_START`` is idempotent, one round row per index; or the run's end).
+
+    Called by the control worker on agents' heartbeats, at most every ``MTFL_ROUND_CHECK_S``
+    (:mod:`controlplane.experiments.receivers`).
+
+    Returns:
+        Counts of what was done: ``passes`` (0 or 1) and ``advanced`` (runs).
+    """
+    from controlplane.experiments.services.lab.scheduler import lab_schedule
+
+    now = now or timezone.now()
+    counts = {"passes": 0, "advanced": 0}
+    waited = now - dt.timedelta(seconds=float(mtfl_setting("ROUND_CHECK_S")))
+    if Round.objects.filter(status=Round.Status.QUEUED, queued_at__lt=waited).exists():
+        lab_schedule(now=now)
+        counts["passes"] = 1
+    in_flight = {Round.Status.PENDING, Round.Status.QUEUED, Round.Status.RUNNING, Round.Status.AGGREGATING}
+    ended_before = now - dt.timedelta(seconds=liveness_grace_s())
+    idle = (
+        Run.objects.filter(status=Run.Status.RUNNING, rounds__isnull=False)
+        .exclude(rounds__status__in=in_flight)
+        .distinct()
+        .values_list("id", flat=True)
+    )
+    for run_id in idle:
+        last = Round.objects.filter(run_id=run_id).order_by("-index").first()
+        if last is None or last.finished_at is None or last.finished_at >= ended_before:
+            continue
+        with transaction.atomic():
+            log.warning(
+                "run %s: no round in flight since round %s ended; sending its next step again", run_id, last.index
+            )
+            round_advance(last)
+        counts["advanced"] += 1
     return counts
