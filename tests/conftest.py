@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -201,6 +202,34 @@ _DATABASE_FIXTURES = frozenset(
 )
 
 
+ENGINE_SENSITIVE = frozenset(
+    {
+        # one conditional insert per lease and a partial unique constraint (one held lease per device)
+        "controlplane/test_lab_scheduler.py",
+        "controlplane/test_queue_state.py",
+        # conditional updates that claim a round, row locks, the resume sweeps
+        "controlplane/test_round_protocol.py",
+        "controlplane/test_reliability.py",
+        "controlplane/test_aggregation_resume.py",
+        # cascades and SET_NULL when runs and experiments are deleted; bulk inserts and updates
+        "controlplane/test_storage.py",
+        "controlplane/test_fast_lists.py",
+        # query counts, owner-only querysets, filters and ordering through the API
+        "controlplane/test_query_counts.py",
+        "controlplane/test_permissions.py",
+        "controlplane/test_api.py",
+        "controlplane/test_health.py",
+        "test_database_selection.py",
+    }
+)
+"""Modules (paths under tests/) whose tests the PostgreSQL pass runs besides the integration
+tests: what they check depends on the database engine."""
+
+
+def _module(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent).as_posix()
+
+
 def uses_the_database(item: pytest.Item) -> bool:
     """Whether a test opens the test database: marked ``django_db`` or asking, directly or
     through its fixtures, for one of pytest-django's database fixtures."""
@@ -214,10 +243,13 @@ def pytest_collection_modifyitems(config, items):
     id and would silently run only one of them (tests/controlplane/test_fuzz_api.py says how
     schemathesis 4 came to do that). Files with an ``integration`` test go first.
 
-    ``MTFL_TESTS_DATABASE_ONLY=1`` keeps only the tests that use the database: CI's second,
-    PostgreSQL pass (.ci/run) runs those; the others never open a connection, so they would
-    repeat the first pass exactly. Tests marked ``one_database`` are left out of it too (CI's
-    time limit; what they do on the database the other integration tests cover there)."""
+    ``MTFL_TESTS_DATABASE_ONLY=1`` keeps, for CI's second, PostgreSQL pass (.ci/run), the tests
+    that use the database *and* depend on what the engine does: the integration tests (real
+    workers racing on the rows) and the modules of :data:`ENGINE_SENSITIVE`. The others open no
+    connection, or do plain reads and writes the ORM makes the same on both engines, so they
+    would repeat the first pass (the whole suite, on the embedded SQLite) at twice its cost in
+    CI's time limit. Tests marked ``one_database`` are left out too (long end-to-end flows whose
+    database work the other integration tests cover there)."""
     shared = sorted(nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1)
     if shared:
         raise pytest.UsageError(f"tests share a node id, so pytest-xdist would run only one of each: {shared[:3]}")
@@ -233,7 +265,8 @@ def pytest_collection_modifyitems(config, items):
         # comparison, the browser) runs once, in the first pass; the faults, Celery-round and
         # remote-agent tests exercise the same services on PostgreSQL.
         once = item.get_closest_marker("one_database") is not None
-        (kept if uses_the_database(item) and not once else dropped).append(item)
+        sensitive = item.get_closest_marker("integration") is not None or _module(item) in ENGINE_SENSITIVE
+        (kept if uses_the_database(item) and sensitive and not once else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
