@@ -1011,6 +1011,15 @@ class ComparisonCreateSerializer(StrictSerializer):
         help_text='test accuracy to reach per task, by task id or name, each in (0, 1], e.g. {"3": 0.8}; a task '
         "left out takes the lowest final accuracy any run of the comparison reached",
     )
+    pool = IdOrNameField(
+        required=False,
+        default=None,
+        allow_null=True,
+        help_text="a device pool (id or name) every run of the comparison is placed in, as for a run",
+    )
+    priority = integer(
+        -10, 10, required=False, default=0, help_text="-10 to 10: the priority of every run of the comparison"
+    )
 
 
 class ComparisonSerializer(serializers.ModelSerializer):

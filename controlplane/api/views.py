@@ -258,6 +258,8 @@ class ExperimentViewSet(
             strategies=data["strategies"],
             repeats=data["repeats"],
             targets=data["targets"],
+            pool=data["pool"],
+            priority=data["priority"],
         )
         return Response(s.ComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
 

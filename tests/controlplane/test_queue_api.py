@@ -206,6 +206,26 @@ def test_a_run_with_a_bad_pool_or_priority_is_a_400_naming_it(lab):
     assert too_high.json()["errors"] == {"priority": ["must be at most 10: allowed -10 to 10"]}
 
 
+def test_a_comparison_places_every_run_in_its_pool_with_its_priority(
+    lab, predictor, django_capture_on_commit_callbacks
+):
+    pool = DevicePool.objects.create(name="cpu-pool")
+    Device.objects.filter(id__in=[d.id for d in lab.devices]).update(pool=pool)
+    researcher = _api_for(lab.owner)
+    url = f"/api/experiments/{lab.holder.experiment_id}/compare/"
+
+    with django_capture_on_commit_callbacks(execute=False):
+        made = researcher.post(
+            url, {"strategies": ["temporal", "sharing"], "pool": "cpu-pool", "priority": -2}, format="json"
+        )
+    bad = researcher.post(url, {"strategies": ["temporal", "sharing"], "pool": "nowhere"}, format="json")
+
+    assert made.status_code == 201, made.json()
+    runs = Run.objects.filter(comparison_id=made.json()["id"])
+    assert runs.count() == 2 and {(r.pool_id, r.priority) for r in runs} == {(pool.id, -2)}
+    assert bad.status_code == 400 and list(bad.json()["errors"]) == ["pool"]
+
+
 def test_the_schema_documents_the_lab_operations(api):
     schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
 

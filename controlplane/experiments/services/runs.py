@@ -249,6 +249,8 @@ def comparison_create(
     strategies: Sequence[str] | None = None,
     repeats: int = 1,
     targets: Mapping[Any, Any] | None = None,
+    pool: DevicePool | int | str | None = None,
+    priority: int = 0,
 ) -> Comparison:
     """Launch strategies on the same experiment, one run after another (same devices, data and
     seeds): by default every strategy of
@@ -272,6 +274,8 @@ def comparison_create(
         targets: the test accuracy each task's time to accuracy is taken to, ``{task id or
             name: accuracy in (0, 1]}``; a task left out takes the lowest final accuracy any run
             of the comparison reaches (:func:`comparison_targets`).
+        pool, priority: where and how urgently every run of the comparison is scheduled in
+            the lab, as for :func:`run_create`.
 
     Raises:
         ApplicationError: as :func:`run_create`, for any of the strategies; ``strategies``
@@ -285,6 +289,7 @@ def comparison_create(
             f"repeats={repeats!r} is not allowed: an integer from 1 to {MAX_REPEATS}", field="repeats"
         )
     chosen_targets = comparison_targets(experiment, targets)
+    lab = run_lab_options(experiment, pool=pool, priority=priority)
     running = experiment.comparisons.filter(status=Comparison.Status.RUNNING).order_by("id").first()
     if running is not None:
         # Two comparisons of one experiment would interleave their runs on the same devices and
@@ -316,6 +321,7 @@ def comparison_create(
                     comparison=comparison,
                     planner=planner if planned else None,
                     repeat=repeat,
+                    lab=lab,
                 )
             )
     first = runs[0].id

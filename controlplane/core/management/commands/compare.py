@@ -70,6 +70,17 @@ class Command(BaseCommand):
             "aggregator's parameters and ranges); left-out ones take their defaults",
         )
         parser.add_argument(
+            "--pool",
+            default=None,
+            help="a device pool (name or id, `mtfl pool list`) every run is placed in (default: the experiment's devices)",
+        )
+        parser.add_argument(
+            "--priority",
+            type=int,
+            default=0,
+            help="-10 to 10: every run's priority in the lab's queue, higher first (default 0)",
+        )
+        parser.add_argument(
             "--strategies",
             default="",
             help="comma-separated strategies to run, in order, including temporal (default: every compared one)",
@@ -128,7 +139,13 @@ class Command(BaseCommand):
         try:
             strategies = [n.strip() for n in opts["strategies"].split(",") if n.strip()] or None
             comparison = services.comparison_create(
-                experiment=experiment, options=options, strategies=strategies, repeats=repeats, targets=targets
+                experiment=experiment,
+                options=options,
+                strategies=strategies,
+                repeats=repeats,
+                targets=targets,
+                pool=opts["pool"],
+                priority=opts["priority"],
             )
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
