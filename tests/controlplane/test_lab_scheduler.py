@@ -356,3 +356,33 @@ def test_an_agents_heartbeat_runs_the_liveness_sweep_at_most_once_per_check_inte
     assert dispatched == [first.id]
     second.refresh_from_db()
     assert second.status == Round.Status.QUEUED
+
+
+def test_a_device_being_profiled_is_granted_to_no_round_and_a_leased_one_is_not_profiled(
+    make_experiment, make_device, dispatched, django_capture_on_commit_callbacks
+):
+    from controlplane.profiling.models import ProfileSweep
+    from controlplane.profiling.services import profile_done, sweep_start
+    from tests.controlplane.test_api import _queued_control_messages
+    from workers.protocol.queues import TaskName
+
+    devices = [make_device("dev-a"), make_device("dev-b")]
+    experiment = make_experiment(devices=devices)
+    _queued_control_messages()
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep = sweep_start(device=devices[0], budget_s=30, architectures=["mobilenet_v3_small"])
+    waiting = queued_round(running_run(experiment), queued_at=timezone.now())
+
+    assert scheduler.lab_schedule() == [] and dispatched == []  # dev-a profiles; the round needs both
+
+    _queued_control_messages()
+    with django_capture_on_commit_callbacks(execute=True):
+        profile_done(summary={"sweep_id": sweep.id, "device": "dev-a", "status": "succeeded", "configs": 0})
+    assert ProfileSweep.objects.get(id=sweep.id).status == "succeeded"
+    assert TaskName.LAB_SCHEDULE in [name for name, _ in _queued_control_messages()]  # the device is free again
+    assert scheduler.lab_schedule() == [waiting.id]
+
+    with pytest.raises(ApplicationError) as refused:
+        sweep_start(device=devices[1], budget_s=30, architectures=["mobilenet_v3_small"])
+    assert refused.value.status_code == 409 and refused.value.field == "device"
+    assert f"round 0 of run {waiting.run_id}" in refused.value.message and "device-pause" in refused.value.message

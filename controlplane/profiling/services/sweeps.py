@@ -63,7 +63,9 @@ def sweep_start(
         ApplicationError: budget out of range, unknown models or task ids, two tasks of one
             architecture at different shapes (a sweep profiles a model at one shape), a model
             the device's agent does not declare, bad batch sizes or mix size, or a device whose
-            agent never connected (409).
+            agent never connected (409), or a device leased to a run's round (409: the lab
+            scheduler gives no round a device while its sweep is pending or running, and a
+            sweep must not hold up a round whose deadline runs).
     """
     try:
         budget_s = float(budget_s)
@@ -93,6 +95,7 @@ def sweep_start(
             field="device",
             status_code=409,
         )
+    _refuse_a_leased_device(device)
     sweep = ProfileSweep.objects.create(device=device, backend=device.backend, budget_s=budget_s, request={})
     fields = {
         "sweep_id": sweep.id,
@@ -133,6 +136,32 @@ def sweep_start(
 REFERENCE_SHAPE = {"num_classes": 10, "input_shape": [3, 32, 32]}
 """What a sweep profiles an architecture at when its request names no shape for it (the
 request's own ``num_classes`` default and ``DEFAULT_INPUT_SHAPE``)."""
+
+
+def _refuse_a_leased_device(device: Device) -> None:
+    """Refuse (409, field ``device``) to profile a device that a run's round holds."""
+    from controlplane.experiments.models import DeviceLease
+
+    lease = (
+        DeviceLease.objects.filter(device=device, released_at__isnull=True)
+        .select_related("run", "owner", "round")
+        .first()
+    )
+    if lease is not None:
+        owner = lease.owner.get_username() if lease.owner else "nobody"
+        held = f"round {lease.round.index} of run {lease.run_id}" if lease.round and lease.run_id else "a run"
+        raise ApplicationError(
+            f"device {device.name} is leased to {held} (owner {owner}) since "
+            f"{lease.granted_at:%Y-%m-%d %H:%M:%S}: profile it once `mtfl queue` shows it free, or pause it first "
+            f"(`mtfl device-pause {device.name}`) so no new round takes it",
+            field="device",
+            status_code=409,
+        )
+
+
+def _send_lab_schedule() -> None:
+    # A sweep ended: its device is free for waiting rounds (the lab scheduler counted it busy).
+    app.send_task(TaskName.LAB_SCHEDULE, queue=CONTROL_QUEUE)
 
 
 def _refuse_reference_shape_of_a_shaped_model(architecture: str, workloads: Mapping[str, dict]) -> None:
@@ -276,18 +305,22 @@ def profile_done(*, summary: dict) -> ProfileSweep | None:
         repeat_spread=s.repeat_spread,
         finished_at=timezone.now(),
     )
+    if updated:
+        transaction.on_commit(_send_lab_schedule)
     return ProfileSweep.objects.filter(id=s.sweep_id).first() if updated else None
 
 
 def sweep_watchdog(*, sweep_id: int) -> None:
     """Fail a sweep whose agent never reported its end (what it did report is kept)."""
-    ProfileSweep.objects.filter(
+    failed = ProfileSweep.objects.filter(
         id=sweep_id, status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]
     ).update(
         status=ProfileSweep.Status.FAILED,
         finished_at=timezone.now(),
         error="the agent did not report the end of the sweep within its budget and timeouts; samples received are kept",
     )
+    if failed:
+        transaction.on_commit(_send_lab_schedule)
 
 
 def samples_from_round(*, round_id: int) -> int:

@@ -90,6 +90,18 @@ def round_start(*, run_id: int, index: int) -> Round | None:
     return rnd
 
 
+def profiling_devices() -> set[int]:
+    """Ids of the devices with a profiling sweep pending or running: no round is granted them
+    (the sweep runs on the same agent and would hold the round up while its deadline runs)."""
+    from controlplane.profiling.models import ProfileSweep
+
+    return set(
+        ProfileSweep.objects.filter(status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]).values_list(
+            "device_id", flat=True
+        )
+    )
+
+
 def lab_schedule(*, now: dt.datetime | None = None) -> list[int]:
     """One scheduling pass (see the module): release stale leases, grant free devices to
     waiting rounds by the policy, lease them and dispatch the granted rounds.
@@ -104,6 +116,7 @@ def lab_schedule(*, now: dt.datetime | None = None) -> list[int]:
         return []
     busy = set(held_leases().values_list("device_id", flat=True))
     busy |= set(Device.objects.filter(paused=True).values_list("id", flat=True))
+    busy |= profiling_devices()
     pools = {r.pool for r in waiting if r.pool is not None}
     pool_devices: dict[int, list[int]] = defaultdict(list)
     for device_id, pool_id in Device.objects.filter(pool_id__in=pools).values_list("id", "pool_id"):
