@@ -68,25 +68,30 @@ def capture_dispatch(target) -> dict[str, list]:
     return sent
 
 
-def begin(experiment, strategy: str = "sharing") -> Run:
-    """Create and begin a run (initial models), record ``P_alone`` (100 samples/s at every
-    batch size), which starts round 0."""
-    run = services.run_create(experiment=experiment, strategy=strategy)
-    services.run_begin(run_id=run.id)
-    standalone = [
+def standalone_at_100_sps(run: Run, devices) -> list[dict]:
+    """Every device's ``P_alone`` result for ``run``: 100 samples/s for each task it holds data
+    of, at the batch sizes a round may plan (128, or the shard's size when smaller)."""
+    return [
         {
             "run_id": run.id,
             "device": d.name,
             "status": "succeeded",
             "measurements": [
                 {"task_id": s.task_id, "batch_size": b, "throughput_sps": 100.0}
-                for s in experiment.shards.filter(device=d, num_samples__gt=0)
+                for s in run.experiment.shards.filter(device=d, num_samples__gt=0)
                 for b in (min(128, s.num_samples), 128)
             ],
         }
-        for d in experiment.devices.order_by("id")
+        for d in devices
     ]
-    services.standalone_record(run_id=run.id, results=standalone)
+
+
+def begin(experiment, strategy: str = "sharing") -> Run:
+    """Create and begin a run (initial models), record ``P_alone`` (100 samples/s at every
+    batch size), which starts round 0."""
+    run = services.run_create(experiment=experiment, strategy=strategy)
+    services.run_begin(run_id=run.id)
+    services.standalone_record(run_id=run.id, results=standalone_at_100_sps(run, experiment.devices.order_by("id")))
     return run
 
 

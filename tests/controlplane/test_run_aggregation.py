@@ -28,6 +28,7 @@ from tests.controlplane.test_aggregation_resume import (
     capture_dispatch,
     device_results,
     global_state,
+    standalone_at_100_sps,
     trained,
 )
 
@@ -246,22 +247,7 @@ def test_a_runs_aggregator_reaches_its_trainers_and_its_checkpoints(make_experim
 
     for run in runs.values():
         services.run_begin(run_id=run.id)
-        services.standalone_record(
-            run_id=run.id,
-            results=[
-                {
-                    "run_id": run.id,
-                    "device": d.name,
-                    "status": "succeeded",
-                    "measurements": [
-                        {"task_id": s.task_id, "batch_size": b, "throughput_sps": 100.0}
-                        for s in experiment.shards.filter(device=d, num_samples__gt=0)
-                        for b in (min(128, s.num_samples), 128)
-                    ],
-                }
-                for d in devices
-            ],
-        )
+        services.standalone_record(run_id=run.id, results=standalone_at_100_sps(run, devices))
         rnd = Round.objects.get(run=run, index=0)
         updates = {
             (device, task): trained(global_state(run, task, None), seed=k)
