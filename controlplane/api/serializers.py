@@ -695,6 +695,9 @@ class QueueBlockerSerializer(serializers.Serializer):
     holder_owner = serializers.CharField(read_only=True, allow_null=True)
     since = serializers.DateTimeField(read_only=True, allow_null=True)
     expected_free_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    profiling_sweep = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="the profiling sweep pending or running on it, if any"
+    )
 
 
 class QueueWaitingSerializer(serializers.Serializer):
@@ -728,6 +731,12 @@ class QueueWaitingSerializer(serializers.Serializer):
     blockers_count = serializers.IntegerField(read_only=True)
 
 
+class QueueProfilingSerializer(serializers.Serializer):
+    sweep = serializers.IntegerField(read_only=True)
+    since = serializers.DateTimeField(read_only=True)
+    expected_end = serializers.DateTimeField(read_only=True, help_text="its start plus its budget")
+
+
 class QueueDeviceSerializer(serializers.Serializer):
     """A device that is held, paused, or needed by a waiting round."""
 
@@ -738,6 +747,9 @@ class QueueDeviceSerializer(serializers.Serializer):
     paused_reason = serializers.CharField(read_only=True)
     paused_at = serializers.DateTimeField(read_only=True, allow_null=True)
     holder = QueueHolderSerializer(read_only=True, allow_null=True)
+    profiling = QueueProfilingSerializer(
+        read_only=True, allow_null=True, help_text="a profiling sweep pending or running on it: no round gets it"
+    )
     waiting = serializers.ListField(
         child=serializers.IntegerField(), read_only=True, help_text="ids of the first 10 rounds waiting for it"
     )

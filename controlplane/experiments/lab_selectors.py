@@ -127,6 +127,22 @@ def _usernames(user_ids: Iterable[int | None]) -> dict[int, str]:
     return dict(get_user_model().objects.filter(id__in=ids).values_list("id", "username"))
 
 
+def _profiling(now: dt.datetime) -> dict[int, dict[str, Any]]:
+    """``{device id: {"sweep", "since", "expected_end"}}`` of the devices with a profiling sweep
+    pending or running (the lab scheduler grants them to no round); the expected end is the
+    sweep's start (or creation) plus its budget, never before ``now``."""
+    from controlplane.profiling.models import ProfileSweep
+
+    out: dict[int, dict[str, Any]] = {}
+    for sweep_id, device_id, created_at, started_at, budget_s in ProfileSweep.objects.filter(
+        status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]
+    ).values_list("id", "device_id", "created_at", "started_at", "budget_s"):
+        since = started_at or created_at
+        end = max(now, since + dt.timedelta(seconds=float(budget_s)))
+        out[device_id] = {"sweep": sweep_id, "since": since, "expected_end": end}
+    return out
+
+
 def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
     """The lab's queue as the scheduler sees it now.
 
@@ -142,12 +158,15 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
           "slots", "expected_s" (its expected round time, seconds), "estimated_start"
           (datetime, or None when no replayed pass can start it: it needs a paused device or
           more devices than its pool has), "blockers": [{"device", "paused", "holder_run",
-          "holder_owner", "since", "expected_free_at"}] (its devices that are held by another
-          round or paused, up to :data:`MAX_NAMES`), "blockers_count"}``; ``waiting_total``;
+          "holder_owner", "since", "expected_free_at", "profiling_sweep"}] (its devices that are
+          held by another round, profiling or paused, up to :data:`MAX_NAMES`),
+          "blockers_count"}``; ``waiting_total``;
         - ``devices``: one row per listed device, by name: ``{"id", "name", "pool", "paused",
           "paused_reason", "paused_at", "holder" (None or {"run", "run_strategy",
           "experiment", "experiment_name", "owner", "round", "round_index", "since",
-          "expected_free_at"}), "waiting" (round ids needing it, queue order, up to
+          "expected_free_at"}), "profiling" (None or {"sweep", "since", "expected_end"}: a
+          profiling sweep pending or running on it, which no round may share), "waiting" (round
+          ids needing it, queue order, up to
           :data:`MAX_WAITING_PER_DEVICE`), "waiting_count", "next_start" (the first of those
           rounds' estimated start)}``; ``devices_listed``, ``devices_involved`` (held, paused
           or waited for), ``devices_held``, ``devices_paused``, ``devices_total``;
@@ -168,6 +187,11 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
     for device_id, pool_id in Device.objects.filter(pool_id__in=pool_ids).values_list("id", "pool_id"):
         pool_devices[pool_id].append(device_id)
     free_at = {d: holders[h["round"]]["expected_free_at"].timestamp() for d, h in held.items() if h["round"] in holders}
+    profiling = _profiling(now)
+    for d, sweep in profiling.items():
+        # The scheduler grants no round a device whose sweep is pending or running: it is free
+        # for them when the sweep's budget has run out (or later, if a round holds it too).
+        free_at[d] = max(free_at.get(d, 0.0), sweep["expected_end"].timestamp())
     starts = estimate_starts(
         ordered,
         free_at=free_at,
@@ -202,19 +226,19 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
     for w in ordered:
         for d in sorted(w.devices or ()):
             waited_by[d].append(w.key)
-    involved = set(held) | paused | set(waited_by)
-    # Held and paused devices first, then those the earliest rounds wait for.
+    involved = set(held) | paused | set(profiling) | set(waited_by)
+    # Held, paused and profiling devices first, then those the earliest rounds wait for.
     position = {w.key: i for i, w in enumerate(ordered)}
     first_wait = {d: position[keys[0]] for d, keys in waited_by.items()}
     chosen = sorted(
         involved,
-        key=lambda d: (0 if d in held or d in paused else 1, first_wait.get(d, 0), d),
+        key=lambda d: (0 if d in held or d in paused or d in profiling else 1, first_wait.get(d, 0), d),
     )[:MAX_DEVICES_LISTED]
-    # Blockers of the listed rounds: their devices held by another round, or paused.
+    # Blockers of the listed rounds: their devices held by another round, profiling, or paused.
     blocker_ids: dict[int, list[int]] = {}
     for w in listed_rounds:
         needed = w.devices if w.devices is not None else w.candidates
-        blocked = [d for d in needed if d in paused or d in held]
+        blocked = [d for d in needed if d in paused or d in held or d in profiling]
         blocked.sort(key=lambda d: (d not in paused, free_at.get(d, float("inf")), d))
         blocker_ids[w.key] = blocked
     named = set(chosen)
@@ -266,7 +290,12 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
                 "estimated_start": _ts(starts.get(w.key)),
                 "blockers": sorted(
                     (
-                        {"device": names.get(d, str(d)), "paused": d in paused, **_blocker_holder(holder_of(d))}
+                        {
+                            "device": names.get(d, str(d)),
+                            "paused": d in paused,
+                            "profiling_sweep": profiling[d]["sweep"] if d in profiling else None,
+                            **_blocker_holder(holder_of(d), profiling.get(d)),
+                        }
                         for d in blockers[:MAX_NAMES]
                     ),
                     key=lambda b: (not b["paused"], b["expected_free_at"] or now, b["device"]),
@@ -290,6 +319,7 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
                 "paused_reason": row["paused_reason"],
                 "paused_at": row["paused_at"],
                 "holder": holder_of(d),
+                "profiling": profiling.get(d),
                 "waiting": keys[:MAX_WAITING_PER_DEVICE],
                 "waiting_count": len(keys),
                 "next_start": _ts(next_starts[0]) if next_starts else None,
@@ -312,9 +342,14 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
     }
 
 
-def _blocker_holder(holder: dict[str, Any] | None) -> dict[str, Any]:
+def _blocker_holder(holder: dict[str, Any] | None, sweep: dict[str, Any] | None = None) -> dict[str, Any]:
     if holder is None:
-        return {"holder_run": None, "holder_owner": None, "since": None, "expected_free_at": None}
+        return {
+            "holder_run": None,
+            "holder_owner": None,
+            "since": sweep["since"] if sweep else None,
+            "expected_free_at": sweep["expected_end"] if sweep else None,
+        }
     return {
         "holder_run": holder["run"],
         "holder_owner": holder["owner"],

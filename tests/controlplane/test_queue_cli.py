@@ -42,6 +42,22 @@ def test_queue_prints_each_devices_holder_and_the_waiting_rounds_in_order(lab):
     assert f"dev-a (run {lab.holder.id}, researcher)" in waiting
 
 
+def test_queue_names_a_profiling_sweep_that_holds_up_a_round(lab):
+    from controlplane.experiments.models import DeviceLease, Round
+    from controlplane.profiling.models import ProfileSweep
+
+    DeviceLease.objects.update(released_at=timezone.now())
+    Round.objects.filter(id=lab.holder_round.id).update(status=Round.Status.SUCCEEDED)
+    sweep = ProfileSweep.objects.create(device=lab.devices[1], backend="cpu", budget_s=60, request={})
+
+    lines = _call("queue").splitlines()
+
+    dev_b = next(line for line in lines if line.strip().startswith("dev-b"))
+    assert "profiling" in dev_b and f"profiling sweep {sweep.id}" in dev_b
+    waiting = next(line for line in lines if line.startswith("  1 "))
+    assert f"dev-b (profiling sweep {sweep.id})" in waiting
+
+
 def test_queue_json_is_the_apis_body(lab, api):
     body = json.loads(_call("queue", "--json"))
 

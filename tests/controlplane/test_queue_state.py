@@ -178,6 +178,26 @@ def test_a_paused_device_is_listed_with_its_reason_and_blocks_its_rounds(lab, no
     assert state["devices_paused"] == 1
 
 
+def test_a_device_being_profiled_is_listed_with_its_sweep_and_delays_the_rounds_that_need_it(lab, now):
+    from controlplane.profiling.models import ProfileSweep
+
+    DeviceLease.objects.update(released_at=now)  # the holder is done: only the sweep blocks
+    Round.objects.filter(id=lab.holder_round.id).update(status=Round.Status.SUCCEEDED)
+    sweep = ProfileSweep.objects.create(
+        device=lab.devices[1], backend="cpu", budget_s=120, request={}, status=ProfileSweep.Status.RUNNING
+    )
+    ProfileSweep.objects.filter(id=sweep.id).update(started_at=now - dt.timedelta(seconds=20))
+
+    state = queue_state(now=now)
+
+    row = {d["name"]: d for d in state["devices"]}["dev-b"]
+    assert row["holder"] is None and row["profiling"]["sweep"] == sweep.id
+    assert row["profiling"]["expected_end"] == now + dt.timedelta(seconds=100)
+    [entry] = state["waiting"]
+    assert [(b["device"], b["profiling_sweep"]) for b in entry["blockers"]] == [("dev-b", sweep.id)]
+    assert entry["estimated_start"] == now + dt.timedelta(seconds=100)
+
+
 def test_a_pool_rounds_slots_and_the_pools_counts(lab, now):
     pool = DevicePool.objects.create(name="cpu-pool")
     Device.objects.filter(id__in=[d.id for d in lab.devices]).update(pool=pool)

@@ -47,19 +47,25 @@ def queue_lines(state: dict[str, Any]) -> list[str]:
     lines.append(f"Devices held, paused or waited for ({state['devices_involved']}{shown}):")
     rows = []
     for d in state["devices"]:
-        h = d["holder"]
-        state_text = "paused" if d["paused"] else "held" if h else "free"
+        h, sweep = d["holder"], d.get("profiling")
+        state_text = "paused" if d["paused"] else "held" if h else "profiling" if sweep else "free"
         if d["paused"] and d["paused_reason"]:
             state_text += f" ({d['paused_reason']})"
-        holder = f"run {h['run']} {h['run_strategy']} ({h['owner'] or 'nobody'}) round {h['round_index']}" if h else "-"
+        if h:
+            holder = f"run {h['run']} {h['run_strategy']} ({h['owner'] or 'nobody'}) round {h['round_index']}"
+            since, free_at = h["since"], h["expected_free_at"]
+        elif sweep:
+            holder, since, free_at = f"profiling sweep {sweep['sweep']}", sweep["since"], sweep["expected_end"]
+        else:
+            holder, since, free_at = "-", None, None
         rows.append(
             (
                 d["name"],
                 d["pool"] or "-",
                 state_text,
                 holder,
-                _clock(h["since"]) if h else "-",
-                _clock(h["expected_free_at"]) if h else "-",
+                _clock(since) if since else "-",
+                _clock(free_at) if free_at else "-",
                 str(d["waiting_count"]),
                 _clock(d["next_start"]),
             )
@@ -78,6 +84,8 @@ def queue_lines(state: dict[str, Any]) -> list[str]:
             f"{b['device']} paused"
             if b["paused"]
             else f"{b['device']} (run {b['holder_run']}, {b['holder_owner'] or 'nobody'})"
+            if b["holder_run"]
+            else f"{b['device']} (profiling sweep {b.get('profiling_sweep')})"
             for b in w["blockers"]
         ]
         if w["blockers_count"] > len(w["blockers"]):
