@@ -199,13 +199,17 @@ def schedule_pass(
             r = left[0]
         left.remove(r)
         if r.devices is not None:
-            if not r.devices or r.devices & taken:
+            # The devices of the pool rounds admitted before it are theirs: the pool's matching
+            # may move them within the pool, never hand them to a round served later.
+            reserved = {d for placement in placed.values() for ds in placement.values() for d in ds}
+            if not r.devices or r.devices & (taken | reserved):
                 continue
             taken |= r.devices
             granted[r.key] = sorted(r.devices)
         else:
             if r.pool is None or r.slots < 1:
                 continue
+            # A device is in one pool at most, so only named-device rounds take from this one.
             free = sorted(pools.get(r.pool, set()) - taken)
             trial = place_pool_rounds([*admitted.get(r.pool, []), r], free)
             if trial is None:

@@ -91,6 +91,23 @@ def test_pool_rounds_are_matched_to_the_cheapest_free_candidates():
     assert place_pool_rounds([r1], [1]) is None
 
 
+@pytest.mark.parametrize("policy", ["fifo", "fair"])
+def test_a_pool_round_served_first_keeps_its_devices_from_a_named_round_served_later(policy):
+    # Found by a new user: the pool round (priority 2, queued first) was placed on devices 1 and
+    # 2 and the named round on the same two: both granted, and the later one won the leases.
+    first = WaitingRound(
+        key=7, owner=1, priority=2, queued_at=1.0, pool=1, candidates=frozenset({1, 2}), slots=2, expected_s=10.0
+    )
+    later = WaitingRound(key=6, owner=2, priority=0, queued_at=2.0, devices=frozenset({1, 2}), expected_s=10.0)
+    other = WaitingRound(key=5, owner=2, priority=0, queued_at=3.0, devices=frozenset({3, 4}), expected_s=10.0)
+
+    granted = schedule_pass([first, later, other], busy=set(), pool_devices={1: [1, 2, 3]}, policy=policy)
+
+    assert granted == {7: [1, 2], 5: [3, 4]}
+    starts = estimate_starts([first, later], free_at={}, now=0.0, pool_devices={1: [1, 2, 3]}, policy=policy)
+    assert starts == {7: 0.0, 6: 10.0}
+
+
 def test_estimated_starts_replay_the_policy_as_devices_come_free():
     waiting = [named(1, "a", [1], at=0.0, expected_s=10.0), named(2, "b", [1], at=1.0, expected_s=5.0)]
     starts = estimate_starts(waiting, free_at={1: 130.0}, now=100.0, policy="fifo")
