@@ -386,3 +386,22 @@ def test_a_device_being_profiled_is_granted_to_no_round_and_a_leased_one_is_not_
         sweep_start(device=devices[1], budget_s=30, architectures=["mobilenet_v3_small"])
     assert refused.value.status_code == 409 and refused.value.field == "device"
     assert f"round 0 of run {waiting.run_id}" in refused.value.message and "device-pause" in refused.value.message
+
+
+def test_a_run_that_outranks_every_waiting_round_keeps_its_turn_between_its_rounds(make_experiment, make_device):
+    from controlplane.experiments.services.rounds.record import _outranks_the_queue
+
+    devices = [make_device("dev-a")]
+    urgent = make_experiment(name="urgent", devices=devices, rounds=3)
+    other = make_experiment(name="other", devices=devices, rounds=3, tasks=list(urgent.tasks.all()))
+    now = timezone.now()
+    first = running_round(running_run(urgent, priority=2), devices=devices, started_at=now)
+    waiter = queued_round(running_run(other, priority=0), queued_at=now)
+
+    # its next round's enqueue runs the pass, so the priority-0 round cannot slip in between
+    assert _outranks_the_queue(first.id)
+    Run.objects.filter(id=waiter.run_id).update(priority=2)
+    assert not _outranks_the_queue(first.id)  # an equal: the policy decides, at once
+    last = running_round(first.run, index=2, devices=[], started_at=now)
+    Run.objects.filter(id=waiter.run_id).update(priority=0)
+    assert not _outranks_the_queue(last.id)  # the run ends: nothing of it comes back

@@ -157,8 +157,10 @@ def round_finish(
         log.info("round %s is not running; its results were already recorded", round_id)
         return None
     # Its devices are done: a waiting round (another run's, or this run's next) may have them
-    # while this one is aggregated on the control plane.
-    if leases_release(round_ids=[round_id], reason="its round's results are in"):
+    # while this one is aggregated on the control plane, unless this run outranks every waiting
+    # round: then its next round's enqueue runs the pass, so its priority is not lost between
+    # two of its rounds (a run that fails or ends asks for a pass itself).
+    if leases_release(round_ids=[round_id], reason="its round's results are in") and not _outranks_the_queue(round_id):
         transaction.on_commit(dispatch.send_lab_schedule)
     rnd = Round.objects.select_related("run__experiment").get(id=round_id)
     try:
@@ -353,3 +355,22 @@ def _telemetry_row(rnd: Round, device, result: DeviceRoundResult) -> DeviceTelem
         memory_total_bytes=max(totals) if totals else None,
         mps_restarted=result.mps_restarted,
     )
+
+
+def _outranks_the_queue(round_id: int) -> bool:
+    """Whether the run of round ``round_id`` has rounds left and a higher priority than every
+    round waiting now (none waiting: nothing to hand its devices to either)."""
+    rnd = (
+        Round.objects.select_related("run__experiment")
+        .only("index", "run__priority", "run__experiment__rounds")
+        .get(id=round_id)
+    )
+    if rnd.index + 1 >= rnd.run.experiment.rounds:
+        return False
+    top = (
+        Round.objects.filter(status=Round.Status.QUEUED)
+        .order_by("-run__priority")
+        .values_list("run__priority", flat=True)
+        .first()
+    )
+    return top is None or rnd.run.priority > top
