@@ -222,7 +222,7 @@ def test_a_comparison_closes_after_its_last_run(make_experiment, predictor, djan
 def test_compare_without_a_predictor_creates_nothing(api, make_experiment):
     experiment = make_experiment()
     response = api.post(f"/api/experiments/{experiment.id}/compare/", {}, format="json")
-    assert response.status_code == 400 and "strategy" in response.json()["errors"]
+    assert response.status_code == 400 and "strategies" in response.json()["errors"]
     assert not Comparison.objects.exists() and not Run.objects.exists()
     assert not Round.objects.exists()
 

@@ -226,6 +226,21 @@ def test_a_comparison_places_every_run_in_its_pool_with_its_priority(
     assert bad.status_code == 400 and list(bad.json()["errors"]) == ["pool"]
 
 
+def test_a_comparison_of_baselines_needs_no_predictor_and_a_planned_one_names_strategies(
+    lab, django_capture_on_commit_callbacks
+):
+    researcher = _api_for(lab.owner)
+    url = f"/api/experiments/{lab.holder.experiment_id}/compare/"
+
+    planned = researcher.post(url, {"strategies": ["temporal", "vres_sync"]}, format="json")
+    with django_capture_on_commit_callbacks(execute=False):
+        baselines = researcher.post(url, {"strategies": ["temporal", "sharing"]}, format="json")
+
+    assert baselines.status_code == 201, baselines.json()
+    assert planned.status_code == 400 and list(planned.json()["errors"]) == ["strategies"]
+    assert "no fitted throughput predictor" in planned.json()["message"]
+
+
 def test_the_schema_documents_the_lab_operations(api):
     schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
 

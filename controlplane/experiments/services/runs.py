@@ -303,7 +303,12 @@ def comparison_create(
     aggregation = run_aggregation_options(experiment, options)
     options = planning.planner_options(options)  # passes over the aggregator
     experiment_plugins_check(experiment)
-    planner = planning.planner_context(experiment=experiment, options=options)
+    # Baselines plan without a predictor: a comparison of baselines only needs none.
+    planner = (
+        _comparison_planner(experiment, options)
+        if any(get_strategy(name).needs_predictor for name in strategies)
+        else None
+    )
     comparison = Comparison.objects.create(
         experiment=experiment, strategies=list(strategies), repeats=int(repeats), targets=chosen_targets
     )
@@ -327,6 +332,17 @@ def comparison_create(
     first = runs[0].id
     transaction.on_commit(lambda: dispatch.send_run_begin(first))
     return comparison
+
+
+def _comparison_planner(experiment: Experiment, options: Mapping[str, Any]):
+    """The planners' context for a comparison's predictor-driven runs; its refusals name
+    ``strategies`` (the comparison's field), not a run's ``strategy``."""
+    try:
+        return planning.planner_context(experiment=experiment, options=options)
+    except ApplicationError as exc:
+        if exc.field != "strategy":
+            raise
+        raise ApplicationError(exc.message, field="strategies", status_code=exc.status_code) from None
 
 
 def comparison_targets(experiment: Experiment, targets: Mapping[Any, Any] | None) -> dict[str, float]:
