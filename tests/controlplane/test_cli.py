@@ -43,6 +43,7 @@ def _mtfl(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProc
         (["demo", "--addr", "127.0.0.1:99999"], "--addr port=99999 is out of range: allowed 1 to 65535"),
         (["up", "--agents", "Bad Name"], "'Bad Name' is not a valid device name"),
         (["up", "--agents", "a,a"], "--agents lists 'a' more than once"),
+        (["up", "--backend", "nope"], "--backend 'nope' is unknown; allowed: cpu, simulated"),
         (["agent", "--device", "x"], "CELERY_BROKER_URL is not set and no embedded broker is running"),
         (["compare", "light mix", "--timeout", "0"], "--timeout=0 is out of range: allowed 10 to 604800"),
         (["compare", "light mix"], "cannot read experiments from the database (no such table"),

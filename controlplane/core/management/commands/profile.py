@@ -12,6 +12,7 @@ from controlplane.core.cli_support import console, interrupt_on_signals, require
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import float_option, int_option, list_option
 from controlplane.fleet.models import Device
+from controlplane.fleet.selectors import device_class
 from controlplane.profiling import services
 from controlplane.profiling.models import ProfileSweep
 from controlplane.profiling.selectors import sweep_progress
@@ -96,7 +97,10 @@ class Command(BaseCommand):
             console.print(f"[red]{sweep.error}[/red]")
         if sweep.status == ProfileSweep.Status.FAILED:
             raise SystemExit(1)
-        console.print("next: `mtfl fit-predictor` fits a predictor on every sample of this device class")
+        console.print(
+            f"next: `mtfl fit-predictor --backend {device.backend} --device-class {device_class(device)}` fits a "
+            "predictor on every sample of this device class"
+        )
 
     def _task_ids(self, given: str) -> list[int]:
         """The ids of ``--tasks``' comma-separated ids or names; an unknown one is a one-line error."""
