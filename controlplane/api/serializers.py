@@ -691,6 +691,7 @@ class QueueBlockerSerializer(serializers.Serializer):
 
     device = serializers.CharField(read_only=True)
     paused = serializers.BooleanField(read_only=True, help_text="an admin paused it")
+    paused_reason = serializers.CharField(read_only=True, help_text="the admin's reason, when paused")
     holder_run = serializers.IntegerField(read_only=True, allow_null=True)
     holder_owner = serializers.CharField(read_only=True, allow_null=True)
     since = serializers.DateTimeField(read_only=True, allow_null=True)

@@ -59,21 +59,22 @@ class DeviceViewSet(
 ):
     """Devices of the federation; each is served by ``mtfl agent --device NAME``."""
 
-    serializer_class = s.DeviceSerializer
+    # Pool and pause (the lab's) with the device, as the pause and resume answers give them.
+    serializer_class = s.LabDeviceSerializer
     filterset_class = DeviceFilter
 
     def get_queryset(self):
-        return fleet_selectors.device_list()
+        return fleet_selectors.device_list().select_related("pool")
 
-    @extend_schema(request=s.DeviceCreateSerializer, responses={201: s.DeviceSerializer})
+    @extend_schema(request=s.DeviceCreateSerializer, responses={201: s.LabDeviceSerializer})
     def create(self, request: Request) -> Response:
         device = fleet_services.device_create(**_validated(s.DeviceCreateSerializer, request))
-        return Response(s.DeviceSerializer(device).data, status=status.HTTP_201_CREATED)
+        return Response(s.LabDeviceSerializer(device).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=s.DeviceUpdateSerializer, responses={200: s.DeviceSerializer})
+    @extend_schema(request=s.DeviceUpdateSerializer, responses={200: s.LabDeviceSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
         device = fleet_services.device_update(device=self.get_object(), **_validated(s.DeviceUpdateSerializer, request))
-        return Response(s.DeviceSerializer(device).data)
+        return Response(s.LabDeviceSerializer(device).data)
 
     @extend_schema(request=s.ProfileSweepCreateSerializer, responses={202: s.ProfileSweepSerializer})
     @action(detail=True, methods=["post"])

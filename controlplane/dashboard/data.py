@@ -723,7 +723,13 @@ def queue_banner(entry: dict[str, Any] | None, *, now: dt.datetime | None = None
     if not blockers:
         waiting = f"position {entry['position']} in the queue, its devices free at the next scheduling pass"
     elif blockers[0]["paused"]:
-        waiting = f"waiting for {blockers[0]['device']}, paused by a lab admin"
+        reason = blockers[0].get("paused_reason")
+        waiting = f"waiting for {blockers[0]['device']}, paused by a lab admin{f' ({reason})' if reason else ''}"
+    elif blockers[0].get("profiling_sweep") and not blockers[0]["holder_run"]:
+        b = blockers[0]
+        waiting = (
+            f"waiting for {b['device']}, being profiled (sweep {b['profiling_sweep']}) since {_clock(b['since'], now)}"
+        )
     else:
         # the first blocker's holder, and every device it holds that the round waits for
         b = blockers[0]

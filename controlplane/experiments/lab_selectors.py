@@ -158,7 +158,7 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
           "slots", "expected_s" (its expected round time, seconds), "estimated_start"
           (datetime, or None when no replayed pass can start it: it needs a paused device or
           more devices than its pool has), "blockers": [{"device", "paused", "holder_run",
-          "holder_owner", "since", "expected_free_at", "profiling_sweep"}] (its devices that are
+          "holder_owner", "since", "expected_free_at", "paused_reason", "profiling_sweep"}] (its devices that are
           held by another round, profiling or paused, up to :data:`MAX_NAMES`),
           "blockers_count"}``; ``waiting_total``;
         - ``devices``: one row per listed device, by name: ``{"id", "name", "pool", "paused",
@@ -293,6 +293,7 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
                         {
                             "device": names.get(d, str(d)),
                             "paused": d in paused,
+                            "paused_reason": rows[d]["paused_reason"] if d in paused and d in rows else "",
                             "profiling_sweep": profiling[d]["sweep"] if d in profiling else None,
                             **_blocker_holder(holder_of(d), profiling.get(d)),
                         }

@@ -87,6 +87,17 @@ def test_device_pause_and_resume_by_name(lab):
     assert not Device.objects.get(name="dev-a").paused
 
 
+def test_pausing_twice_keeps_the_first_reason_and_time_and_resuming_a_running_device_says_so(lab):
+    _call("device_pause", "dev-a", "--reason", "driver update")
+    first = Device.objects.get(name="dev-a")
+    _call("device_pause", "dev-a")
+    again = Device.objects.get(name="dev-a")
+    _call("device_resume", "dev-a")
+
+    assert (again.paused_reason, again.paused_at) == ("driver update", first.paused_at)
+    assert _call("device_resume", "dev-a").strip() == "dev-a was not paused: nothing to resume"
+
+
 def test_an_unknown_device_is_one_line_naming_the_known_ones(lab):
     with pytest.raises(CommandError) as err:
         _call("device_pause", "dev-z")

@@ -167,6 +167,26 @@ def test_the_banner_names_a_paused_device_and_says_there_is_no_estimate():
     )
 
 
+def test_the_banner_gives_a_pause_its_reason_and_names_a_profiling_sweep():
+    now = dt.datetime(2026, 12, 4, 13, 0, tzinfo=dt.UTC)
+    paused = {"device": "gpu-1", "paused": True, "paused_reason": "driver update", "holder_run": None}
+    profiling = {
+        "device": "gpu-2",
+        "paused": False,
+        "holder_run": None,
+        "profiling_sweep": 9,
+        "since": now - dt.timedelta(seconds=30),
+    }
+    entry = {"position": 1, "blockers": [paused], "blockers_count": 1, "estimated_start": None}
+
+    assert queue_banner(entry, now=now).startswith("queued: waiting for gpu-1, paused by a lab admin (driver update),")
+    entry.update(blockers=[profiling], estimated_start=now + dt.timedelta(seconds=90))
+    assert queue_banner(entry, now=now) == (
+        "queued: waiting for gpu-2, being profiled (sweep 9) since 12:59:30 (30 s ago), "
+        "estimated start 13:01:30 (in 90 s)"
+    )
+
+
 def test_a_queued_round_has_its_own_badge_colour():
     from pathlib import Path
 

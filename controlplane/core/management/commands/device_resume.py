@@ -16,5 +16,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         device = read_lab("devices", lambda: device_named(opts["device"]))
+        if not device.paused:
+            self.stdout.write(f"{device.name} was not paused: nothing to resume")
+            return
         device = read_lab("devices", lambda: device_resume(device=device, user=None))
         self.stdout.write(f"resumed {device.name}")

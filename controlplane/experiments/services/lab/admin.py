@@ -27,7 +27,8 @@ def _staff(user, action: str) -> None:
 
 def device_pause(*, device: Device, user=None, reason: str = "") -> Device:
     """Pause a device: the lab scheduler leases it to no new round until it is resumed; the
-    round holding it now finishes.
+    round holding it now finishes. Pausing a paused device keeps when it was paused, and its
+    reason unless a new one is given.
 
     Raises:
         ApplicationError: ``user`` is not staff (403); ``reason`` longer than 200 characters.
@@ -35,7 +36,11 @@ def device_pause(*, device: Device, user=None, reason: str = "") -> Device:
     _staff(user, "pause a device")
     if len(reason) > 200:
         raise ApplicationError(f"reason must be at most 200 characters, got {len(reason)}", field="reason")
-    Device.objects.filter(id=device.id).update(paused=True, paused_reason=reason, paused_at=timezone.now())
+    if Device.objects.filter(id=device.id, paused=True).exists():
+        if reason:
+            Device.objects.filter(id=device.id).update(paused_reason=reason)
+    else:
+        Device.objects.filter(id=device.id).update(paused=True, paused_reason=reason, paused_at=timezone.now())
     device.refresh_from_db()
     return device
 
