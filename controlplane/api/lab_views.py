@@ -110,12 +110,18 @@ class PoolViewSet(
         pool = lab_admin.pool_create(
             name=data["name"], description=data["description"], devices=data["devices"], user=request.user
         )
-        return Response(s.PoolSerializer(self.get_queryset().get(id=pool.id)).data, status=status.HTTP_201_CREATED)
+        answer = self.get_queryset().get(id=pool.id)
+        answer.warnings = getattr(pool, "warnings", [])
+        return Response(s.PoolSerializer(answer).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.PoolUpdateSerializer, responses={200: s.PoolSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
         pool = self.get_object()
         data = _validated(s.PoolUpdateSerializer, request, partial=True)
+        warnings: list[str] = []
         if "devices" in data:
-            lab_admin.pool_set_devices(pool=pool, devices=data["devices"], user=request.user)
-        return Response(s.PoolSerializer(self.get_queryset().get(id=pool.id)).data)
+            changed = lab_admin.pool_set_devices(pool=pool, devices=data["devices"], user=request.user)
+            warnings = getattr(changed, "warnings", [])
+        answer = self.get_queryset().get(id=pool.id)
+        answer.warnings = warnings
+        return Response(s.PoolSerializer(answer).data)

@@ -821,6 +821,13 @@ class PoolSerializer(serializers.Serializer):
     device_names = serializers.SerializerMethodField()
     runs = serializers.IntegerField(source="run_count", read_only=True, help_text="runs that name it")
     created_at = serializers.DateTimeField(read_only=True)
+    warnings = serializers.SerializerMethodField(
+        help_text="after a create or change: running runs of pools that lost a device (their next rounds train on "
+        "fewer devices)"
+    )
+
+    def get_warnings(self, pool) -> list[str]:
+        return list(getattr(pool, "warnings", []))
 
     def get_devices(self, pool) -> list[int]:
         return [d.id for d in pool.devices.all()]

@@ -241,6 +241,20 @@ def test_a_comparison_of_baselines_needs_no_predictor_and_a_planned_one_names_st
     assert "no fitted throughput predictor" in planned.json()["message"]
 
 
+def test_changing_a_pool_answers_with_warnings_for_the_running_runs_that_lose_devices(lab, admin_api):
+    pool = DevicePool.objects.create(name="cpu-pool")
+    Device.objects.filter(id__in=[d.id for d in lab.devices]).update(pool=pool)
+    Run.objects.filter(id=lab.waiter.id).update(pool=pool)
+
+    changed = admin_api.patch(f"/api/pools/{pool.id}/", {"devices": [lab.devices[1].name]}, format="json")
+    again = admin_api.patch(f"/api/pools/{pool.id}/", {"devices": [lab.devices[1].name]}, format="json")
+
+    assert changed.status_code == 200, changed.json()
+    [line] = changed.json()["warnings"]
+    assert line.startswith(f"run {lab.waiter.id} (colleague) on pool cpu-pool loses {lab.devices[0].name}")
+    assert again.json()["warnings"] == []
+
+
 def test_the_schema_documents_the_lab_operations(api):
     schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
 

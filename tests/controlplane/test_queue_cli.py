@@ -104,6 +104,20 @@ def test_an_unknown_device_is_one_line_naming_the_known_ones(lab):
     assert str(err.value) == "no device named 'dev-z'; devices: dev-a, dev-b"
 
 
+def test_taking_a_device_from_a_pool_warns_of_the_running_runs_that_lose_it(lab):
+    from controlplane.experiments.models import Run
+
+    _call("pool", "create", "cpus", "--devices", "dev-a,dev-b")
+    Run.objects.filter(id=lab.waiter.id).update(pool=DevicePool.objects.get(name="cpus"))
+
+    changed = _call("pool", "set", "cpus", "--devices", "dev-b")
+    moved = _call("pool", "create", "other", "--devices", "dev-b")
+
+    assert f"warning: run {lab.waiter.id} (colleague) on pool cpus loses dev-a:" in changed
+    assert f"warning: run {lab.waiter.id} (colleague) on pool cpus loses dev-b:" in moved
+    assert "warning" not in _call("pool", "set", "other", "--devices", "dev-b")
+
+
 def test_pool_create_list_and_set(lab):
     created = _call("pool", "create", "cpus", "--devices", "dev-a,dev-b", "--description", "the cpu hosts")
     changed = _call("pool", "set", "cpus", "--devices", "dev-b")

@@ -46,8 +46,10 @@ class Command(BaseCommand):
             self.stdout.write(f"created pool {pool.name} with {len(names)} device(s)")
         else:
             pool = read_lab("pools", lambda: pool_by_ref(name))
-            read_lab("pools", lambda: admin.pool_set_devices(pool=pool, devices=names))
+            pool = read_lab("pools", lambda: admin.pool_set_devices(pool=pool, devices=names))
             self.stdout.write(f"pool {pool.name} now has {len(names)} device(s)")
+        for line in getattr(pool, "warnings", []):
+            self.stdout.write(f"warning: {line}")
 
     def _list(self) -> None:
         pools = read_lab("pools", lambda: list(pool_list()))

@@ -93,21 +93,53 @@ def pool_create(
     if DevicePool.objects.filter(name=name).exists():
         raise ApplicationError(f"pool {name} already exists", field="name", status_code=409)
     members = _pool_devices(devices)
+    warnings = _pool_leaving_warnings(Device.objects.filter(id__in=[d.id for d in members], pool__isnull=False))
     pool = DevicePool.objects.create(name=name, description=description)
     Device.objects.filter(id__in=[d.id for d in members]).update(pool=pool)
+    pool.warnings = warnings  # type: ignore[attr-defined]
     return pool
 
 
 @transaction.atomic
 def pool_set_devices(*, pool: DevicePool, devices: Iterable[Device | int | str], user=None) -> DevicePool:
-    """Make ``devices`` the pool's devices (others leave it).
+    """Make ``devices`` the pool's devices (others leave it). The pool's ``warnings`` (set on
+    the returned object, as by :func:`pool_create`) name the running runs of pools that lose a
+    device.
 
     Raises:
         ApplicationError: ``user`` is not staff (403); devices unknown or of different classes.
     """
     _staff(user, "change a pool")
     members = _pool_devices(devices)
-    Device.objects.filter(pool=pool).exclude(id__in=[d.id for d in members]).update(pool=None)
-    Device.objects.filter(id__in=[d.id for d in members]).update(pool=pool)
+    ids = [d.id for d in members]
+    leaving = Device.objects.filter(pool=pool).exclude(id__in=ids) | Device.objects.filter(
+        id__in=ids, pool__isnull=False
+    ).exclude(pool=pool)
+    warnings = _pool_leaving_warnings(leaving)
+    Device.objects.filter(pool=pool).exclude(id__in=ids).update(pool=None)
+    Device.objects.filter(id__in=ids).update(pool=pool)
     transaction.on_commit(dispatch.send_lab_schedule)
+    pool.warnings = warnings  # type: ignore[attr-defined]
     return pool
+
+
+def _pool_leaving_warnings(leaving) -> list[str]:
+    """One line per running run on a pool that loses devices (a queryset of the devices that
+    leave their pool): its next rounds train on fewer devices, so fewer of its shards."""
+    from controlplane.experiments.models import Run
+
+    lost: dict[int, list[str]] = {}
+    for name, pool_id in leaving.values_list("name", "pool_id"):
+        lost.setdefault(pool_id, []).append(name)
+    lines = []
+    runs = Run.objects.filter(pool_id__in=list(lost), status=Run.Status.RUNNING).select_related(
+        "pool", "experiment__owner"
+    )
+    for run in runs.order_by("id"):
+        names = ", ".join(sorted(lost[run.pool_id]))
+        owner = run.experiment.owner.get_username() if run.experiment.owner else "nobody"
+        lines.append(
+            f"run {run.id} ({owner}) on pool {run.pool.name} loses {names}: its next rounds train on the pool's "
+            "other devices, and the data on these sits out"
+        )
+    return lines
