@@ -46,6 +46,7 @@ def _mtfl(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProc
         (["up", "--backend", "nope"], "--backend 'nope' is unknown; allowed: cpu, simulated"),
         (["agent", "--device", "x"], "CELERY_BROKER_URL is not set and no embedded broker is running"),
         (["compare", "light mix", "--timeout", "0"], "--timeout=0 is out of range: allowed 10 to 604800"),
+        (["compare", "light mix", "--pool", " "], "--pool is empty: give a pool's name or id (`mtfl pool list`)"),
         (["compare", "light mix"], "cannot read experiments from the database (no such table"),
         (
             ["compare", "light mix", "--objective", "fastest"],

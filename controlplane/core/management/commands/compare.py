@@ -117,6 +117,8 @@ class Command(BaseCommand):
             options["aggregation"] = opts["aggregation"]
         if aggregation_params:
             options["aggregation_params"] = aggregation_params
+        if opts["pool"] is not None and not opts["pool"].strip():
+            raise CommandError("--pool is empty: give a pool's name or id (`mtfl pool list`)")
         key = opts["experiment"]
         try:
             experiment = Experiment.objects.filter(id=int(key)).first() if key.isdigit() else None
