@@ -90,6 +90,7 @@ class PoolViewSet(
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
     mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
     """Device pools: devices of one device class that a run may name (``pool`` on
@@ -99,7 +100,7 @@ class PoolViewSet(
 
     serializer_class = s.PoolSerializer
     permission_classes = [IsLabAdminOrReadOnly]
-    http_method_names = ["get", "post", "patch", "head", "options"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
         return lab_selectors.pool_list()
@@ -113,6 +114,12 @@ class PoolViewSet(
         answer = self.get_queryset().get(id=pool.id)
         answer.warnings = getattr(pool, "warnings", [])
         return Response(s.PoolSerializer(answer).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request: Request, pk=None) -> Response:
+        """Delete a pool (lab admins); 409 while runs name it. Its devices serve in no pool."""
+        lab_admin.pool_delete(pool=self.get_object(), user=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=s.PoolUpdateSerializer, responses={200: s.PoolSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:

@@ -255,6 +255,21 @@ def test_changing_a_pool_answers_with_warnings_for_the_running_runs_that_lose_de
     assert again.json()["warnings"] == []
 
 
+def test_an_admin_deletes_a_pool_no_run_names_and_only_an_admin(lab, admin_api):
+    empty = DevicePool.objects.create(name="empty")
+    named = DevicePool.objects.create(name="named")
+    Run.objects.filter(id=lab.waiter.id).update(pool=named)
+
+    refused = _api_for(lab.owner).delete(f"/api/pools/{empty.id}/")
+    deleted = admin_api.delete(f"/api/pools/{empty.id}/")
+    kept = admin_api.delete(f"/api/pools/{named.id}/")
+
+    assert refused.status_code == 403 and deleted.status_code == 204
+    assert not DevicePool.objects.filter(id=empty.id).exists()
+    assert kept.status_code == 409 and list(kept.json()["errors"]) == ["pool"]
+    assert f"named by runs {lab.waiter.id}" in kept.json()["message"]
+
+
 def test_the_schema_documents_the_lab_operations(api):
     schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
 

@@ -118,6 +118,16 @@ def test_taking_a_device_from_a_pool_warns_of_the_running_runs_that_lose_it(lab)
     assert "warning" not in _call("pool", "set", "other", "--devices", "dev-b")
 
 
+def test_pool_delete_removes_a_pool_no_run_names(lab):
+    _call("pool", "create", "spare", "--devices", "dev-a")
+
+    assert _call("pool", "delete", "spare").strip() == "deleted pool spare"
+    assert Device.objects.get(name="dev-a").pool is None
+    with pytest.raises(CommandError) as err:
+        _call("pool", "delete", "spare")
+    assert "spare" in str(err.value)
+
+
 def test_pool_create_list_and_set(lab):
     created = _call("pool", "create", "cpus", "--devices", "dev-a,dev-b", "--description", "the cpu hosts")
     changed = _call("pool", "set", "cpus", "--devices", "dev-b")
@@ -132,7 +142,7 @@ def test_pool_create_list_and_set(lab):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("pool", "drop", "x"), "action 'drop' is not allowed; allowed: list, create, set"),
+        (("pool", "drop", "x"), "action 'drop' is not allowed; allowed: list, create, set, delete"),
         (("pool", "create"), "mtfl pool create needs the pool's name"),
         (("pool", "create", "p"), "mtfl pool create needs --devices: comma-separated device names"),
         (("pool", "create", "p", "--devices", "dev-a,dev-a"), "--devices lists 'dev-a' more than once"),

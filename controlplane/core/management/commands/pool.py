@@ -1,5 +1,5 @@
 """``mtfl pool list`` / ``mtfl pool create NAME --devices a,b [--description TEXT]`` / ``mtfl pool
-set NAME --devices a,b``: device pools, the sets of devices of one class that a run may name
+set NAME --devices a,b`` / ``mtfl pool delete NAME``: device pools, the sets of devices of one class that a run may name
 instead of devices (``pool`` on ``POST /api/experiments/{id}/runs/``)."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from controlplane.core.options import list_option
 from controlplane.experiments.lab_selectors import pool_by_ref, pool_list
 from controlplane.experiments.services.lab import admin
 
-ACTIONS = ("list", "create", "set")
+ACTIONS = ("list", "create", "set", "delete")
 
 
 class Command(BaseCommand):
     help = (
         "Device pools: `list` them, `create NAME --devices a,b` one (devices of one class; a device moves from "
-        "any other pool), or `set NAME --devices a,b` its devices."
+        "any other pool), `set NAME --devices a,b` its devices, or `delete NAME` one that no run names."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("action", help=f"one of {', '.join(ACTIONS)}")
-        parser.add_argument("name", nargs="?", help="the pool's name (create, set)")
+        parser.add_argument("name", nargs="?", help="the pool's name (create, set, delete)")
         parser.add_argument("--devices", default=None, help="comma-separated device names")
         parser.add_argument("--description", default="", help="what the pool is (create)")
 
@@ -35,9 +35,14 @@ class Command(BaseCommand):
             return
         if not name:
             raise CommandError(f"mtfl pool {action} needs the pool's name")
+        if action == "delete":
+            pool = read_lab("pools", lambda: pool_by_ref(name))
+            read_lab("pools", lambda: admin.pool_delete(pool=pool))
+            self.stdout.write(f"deleted pool {pool.name}")
+            return
         if opts["devices"] is None:
             raise CommandError(f"mtfl pool {action} needs --devices: comma-separated device names")
-        names = list_option("devices", opts["devices"], allow_empty=action == "set")
+        names = list_option("devices", opts["devices"], allow_empty=True)  # an empty pool, as the API allows
         if action == "create":
             pool = read_lab(
                 "pools",

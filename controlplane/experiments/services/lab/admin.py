@@ -123,6 +123,29 @@ def pool_set_devices(*, pool: DevicePool, devices: Iterable[Device | int | str],
     return pool
 
 
+@transaction.atomic
+def pool_delete(*, pool: DevicePool, user=None) -> None:
+    """Delete a pool; its devices serve in no pool afterwards.
+
+    Raises:
+        ApplicationError: ``user`` is not staff (403); runs name the pool (409: a run keeps the
+            pool it ran on, so the pool goes once they are deleted).
+    """
+    from controlplane.experiments.models import Run
+
+    _staff(user, "delete a pool")
+    runs = list(Run.objects.filter(pool=pool).order_by("id").values_list("id", flat=True)[:6])
+    if runs:
+        shown = ", ".join(map(str, runs[:5])) + (", ..." if len(runs) > 5 else "")
+        raise ApplicationError(
+            f"pool {pool.name} is named by runs {shown}: a run keeps the pool it ran on; delete those runs "
+            "(DELETE /api/runs/{id}/) or keep the pool",
+            field="pool",
+            status_code=409,
+        )
+    pool.delete()
+
+
 def _pool_leaving_warnings(leaving) -> list[str]:
     """One line per running run on a pool that loses devices (a queryset of the devices that
     leave their pool): its next rounds train on fewer devices, so fewer of its shards."""
