@@ -339,7 +339,7 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
         "devices_held": len(held),
         "devices_paused": len(paused),
         "devices_total": Device.objects.count(),
-        "pools": _pool_rows(held=set(held), paused=paused, waiting=ordered),
+        "pools": _pool_rows(held=set(held), paused=paused, waiting=ordered, profiling=set(profiling)),
     }
 
 
@@ -359,14 +359,20 @@ def _blocker_holder(holder: dict[str, Any] | None, sweep: dict[str, Any] | None 
     }
 
 
-def _pool_rows(*, held: set[int], paused: set[int], waiting: list[WaitingRound]) -> list[dict[str, Any]]:
-    """Per pool: its devices, how many are held, paused and free, and its waiting rounds."""
+def _pool_rows(
+    *, held: set[int], paused: set[int], waiting: list[WaitingRound], profiling: set[int] | None = None
+) -> list[dict[str, Any]]:
+    """Per pool: its devices, how many are held and paused (a paused device a round still
+    holds counts in both, as in the queue's totals), how many are free (neither, nor being
+    profiled), and its waiting rounds."""
+    profiling = profiling or set()
     pools = list(DevicePool.objects.annotate(n=Count("devices")).order_by("name").values("id", "name", "n"))
     if not pools:
         return []
     members: dict[int, set[int]] = defaultdict(set)
-    if held or paused:
-        for device_id, pool_id in Device.objects.filter(Q(id__in=held | paused) & Q(pool_id__isnull=False)).values_list(
+    if held or paused or profiling:
+        busy = held | paused | profiling
+        for device_id, pool_id in Device.objects.filter(Q(id__in=busy) & Q(pool_id__isnull=False)).values_list(
             "id", "pool_id"
         ):
             members[pool_id].add(device_id)
@@ -378,7 +384,7 @@ def _pool_rows(*, held: set[int], paused: set[int], waiting: list[WaitingRound])
     for p in pools:
         in_pool = members[p["id"]]
         n_held = len(in_pool & held)
-        n_paused = len(in_pool & paused - held)
+        n_paused = len(in_pool & paused)
         rows.append(
             {
                 "id": p["id"],
@@ -386,7 +392,7 @@ def _pool_rows(*, held: set[int], paused: set[int], waiting: list[WaitingRound])
                 "devices": p["n"],
                 "held": n_held,
                 "paused": n_paused,
-                "free": max(0, p["n"] - n_held - n_paused),
+                "free": max(0, p["n"] - len(in_pool)),
                 "waiting": waiting_by_pool[p["id"]],
             }
         )

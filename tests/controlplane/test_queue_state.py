@@ -218,6 +218,18 @@ def test_a_pool_rounds_slots_and_the_pools_counts(lab, now):
     ]
 
 
+def test_a_pools_counts_agree_with_the_queues_totals_for_a_paused_device_still_held(lab, now):
+    pool = DevicePool.objects.create(name="cpu-pool")
+    Device.objects.filter(id__in=[d.id for d in lab.devices]).update(pool=pool)
+    Device.objects.filter(id=lab.devices[0].id).update(paused=True, paused_at=now)
+
+    state = queue_state(now=now)
+
+    assert (state["devices_held"], state["devices_paused"]) == (2, 1)
+    [row] = state["pools"]
+    assert (row["held"], row["paused"], row["free"]) == (2, 1, 0)
+
+
 def test_an_empty_lab_has_an_empty_queue(db):
     state = queue_state()
 
