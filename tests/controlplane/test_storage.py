@@ -372,8 +372,8 @@ def test_mtfl_gc_prints_each_experiment_and_the_total(make_experiment):
     out = io.StringIO()
     call_command("gc", stdout=out)
 
-    assert f"printed (experiment {experiment.id})" in dry and "would free 35.2 KiB in 18 files" in dry
-    assert "freed 35.2 KiB in 18 files" in out.getvalue()
+    assert f"printed (experiment {experiment.id})" in dry and "would free 35.2 KiB in 18 file(s)" in dry
+    assert "freed 35.2 KiB in 18 file(s)" in out.getvalue()
     out = io.StringIO()
     call_command("gc", stdout=out)
     assert "nothing to free" in out.getvalue()

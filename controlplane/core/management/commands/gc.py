@@ -30,13 +30,13 @@ class Command(BaseCommand):
             name = (
                 e.experiment_name if e.experiment_id is None else f"{e.experiment_name} (experiment {e.experiment_id})"
             )
-            self.stdout.write(f"{name}: {verb} {format_bytes(e.bytes)} in {e.files} files of {e.runs} run(s)")
+            self.stdout.write(f"{name}: {verb} {format_bytes(e.bytes)} in {e.files} file(s) of {e.runs} run(s)")
         if report.entries:
-            self.stdout.write(f"total: {verb} {format_bytes(report.bytes)} in {report.files} files")
+            self.stdout.write(f"total: {verb} {format_bytes(report.bytes)} in {report.files} file(s)")
         else:
             self.stdout.write("nothing to free: every finished run already follows the retention policy")
         totals = storage.storage_totals()
         self.stdout.write(
-            f"ARTIFACT_ROOT {totals.root}: {format_bytes(totals.bytes)} in {totals.files} files, "
+            f"ARTIFACT_ROOT {totals.root}: {format_bytes(totals.bytes)} in {totals.files} file(s), "
             f"{format_bytes(totals.free_bytes)} free"
         )
