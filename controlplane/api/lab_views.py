@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
+from controlplane.api.views import _validated
 from controlplane.experiments import lab_selectors
 from controlplane.experiments.services.lab import admin as lab_admin
 from controlplane.fleet.models import Device
@@ -38,12 +39,6 @@ class IsLabAdminOrReadOnly(IsLabAdmin):
         if request.method in SAFE_METHODS:
             return bool(request.user and request.user.is_authenticated)
         return super().has_permission(request, view)
-
-
-def _validated(serializer_class, request: Request, **kwargs) -> dict:
-    serializer = serializer_class(data=request.data, **kwargs)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 class QueueApi(APIView):

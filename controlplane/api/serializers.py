@@ -911,8 +911,13 @@ class RunSerializer(serializers.ModelSerializer):
         page of runs reads the queue once."""
         if run.status != Run.Status.RUNNING:
             return None
-        from controlplane.experiments.lab_selectors import queue_state, run_queue_entry
+        from controlplane.experiments.lab_selectors import queue_state, queued_run_ids, run_queue_entry
 
+        # Replaying the queue is the costly part: only for a run with a round waiting in it.
+        if "queued_runs" not in self.context:
+            self.context["queued_runs"] = queued_run_ids()
+        if run.id not in self.context["queued_runs"]:
+            return None
         if "queue_state" not in self.context:
             self.context["queue_state"] = queue_state()
         entry = run_queue_entry(run, self.context["queue_state"])

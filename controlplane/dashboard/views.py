@@ -78,10 +78,11 @@ def _index_context(request: HttpRequest, template_form: ExperimentFromTemplateFo
     disk = storage.experiments_disk_use(e.id for e in experiments)
     for e in experiments:
         e.disk_use = disk[e.id]
+    totals = storage.storage_totals()
     return {
         "experiments": experiments,
-        "storage": storage.storage_totals(),
-        "storage_problem": storage.storage_space_problem(),
+        "storage": totals,
+        "storage_problem": totals.problem,
         "devices": devices["rows"],
         "device_page": devices,
         "runs": selectors.run_list(user=request.user)[:20],

@@ -131,12 +131,12 @@ def _profiling(now: dt.datetime) -> dict[int, dict[str, Any]]:
     """``{device id: {"sweep", "since", "expected_end"}}`` of the devices with a profiling sweep
     pending or running (the lab scheduler grants them to no round); the expected end is the
     sweep's start (or creation) plus its budget, never before ``now``."""
-    from controlplane.profiling.models import ProfileSweep
+    from controlplane.profiling.selectors import sweeps_in_progress
 
     out: dict[int, dict[str, Any]] = {}
-    for sweep_id, device_id, created_at, started_at, budget_s in ProfileSweep.objects.filter(
-        status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]
-    ).values_list("id", "device_id", "created_at", "started_at", "budget_s"):
+    for sweep_id, device_id, created_at, started_at, budget_s in sweeps_in_progress().values_list(
+        "id", "device_id", "created_at", "started_at", "budget_s"
+    ):
         since = started_at or created_at
         end = max(now, since + dt.timedelta(seconds=float(budget_s)))
         out[device_id] = {"sweep": sweep_id, "since": since, "expected_end": end}
@@ -360,12 +360,11 @@ def _blocker_holder(holder: dict[str, Any] | None, sweep: dict[str, Any] | None 
 
 
 def _pool_rows(
-    *, held: set[int], paused: set[int], waiting: list[WaitingRound], profiling: set[int] | None = None
+    *, held: set[int], paused: set[int], waiting: list[WaitingRound], profiling: set[int]
 ) -> list[dict[str, Any]]:
     """Per pool: its devices, how many are held and paused (a paused device a round still
     holds counts in both, as in the queue's totals), how many are free (neither, nor being
     profiled), and its waiting rounds."""
-    profiling = profiling or set()
     pools = list(DevicePool.objects.annotate(n=Count("devices")).order_by("name").values("id", "name", "n"))
     if not pools:
         return []
@@ -397,6 +396,11 @@ def _pool_rows(
             }
         )
     return rows
+
+
+def queued_run_ids() -> set[int]:
+    """Ids of the runs with a round waiting (``queued``) for its devices."""
+    return set(Round.objects.filter(status=Round.Status.QUEUED).values_list("run_id", flat=True))
 
 
 def run_queue_entry(run: Run, state: dict[str, Any] | None = None) -> dict[str, Any] | None:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.profiling.models import Predictor, ProfileSweep
+
+
+def sweeps_in_progress() -> QuerySet[ProfileSweep]:
+    """Sweeps pending or running: each holds its device's agent, so the lab scheduler grants
+    that device to no round."""
+    return ProfileSweep.objects.filter(status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING])
 
 
 def sweep_progress(sweep: ProfileSweep) -> float:

@@ -391,6 +391,9 @@ def test_a_device_being_profiled_is_granted_to_no_round_and_a_leased_one_is_not_
 def test_a_run_that_outranks_every_waiting_round_keeps_its_turn_between_its_rounds(make_experiment, make_device):
     from controlplane.experiments.services.rounds.record import _outranks_the_queue
 
+    def _loaded(rnd):
+        return Round.objects.select_related("run__experiment").get(id=rnd.id)
+
     devices = [make_device("dev-a")]
     urgent = make_experiment(name="urgent", devices=devices, rounds=3)
     other = make_experiment(name="other", devices=devices, rounds=3, tasks=list(urgent.tasks.all()))
@@ -399,9 +402,9 @@ def test_a_run_that_outranks_every_waiting_round_keeps_its_turn_between_its_roun
     waiter = queued_round(running_run(other, priority=0), queued_at=now)
 
     # its next round's enqueue runs the pass, so the priority-0 round cannot slip in between
-    assert _outranks_the_queue(first.id)
+    assert _outranks_the_queue(_loaded(first))
     Run.objects.filter(id=waiter.run_id).update(priority=2)
-    assert not _outranks_the_queue(first.id)  # an equal: the policy decides, at once
+    assert not _outranks_the_queue(_loaded(first))  # an equal: the policy decides, at once
     last = running_round(first.run, index=2, devices=[], started_at=now)
     Run.objects.filter(id=waiter.run_id).update(priority=0)
-    assert not _outranks_the_queue(last.id)  # the run ends: nothing of it comes back
+    assert not _outranks_the_queue(_loaded(last))  # the run ends: nothing of it comes back

@@ -74,6 +74,9 @@ from workers.protocol.messages import DeviceRoundResult, round_idempotency_key
 
 log = logging.getLogger(__name__)
 
+IN_FLIGHT = frozenset({Round.Status.PENDING, Round.Status.QUEUED, Round.Status.RUNNING, Round.Status.AGGREGATING})
+"""Round states of a run that is not between rounds: its next step is on its way."""
+
 
 # ------------------------------------------------------------------------------- deadlines
 
@@ -408,10 +411,9 @@ def runs_resume(
     # Rounds waiting for devices, and leases a worker that died never released: one pass.
     transaction.on_commit(dispatch.send_lab_schedule)
 
-    in_flight = {Round.Status.PENDING, Round.Status.QUEUED, Round.Status.RUNNING, Round.Status.AGGREGATING}
     for run in Run.objects.filter(status=Run.Status.RUNNING).select_related("experiment"):
         rounds = list(run.rounds.order_by("index").only("id", "index", "status", "run_id", "error"))
-        if any(r.status in in_flight for r in rounds):
+        if any(r.status in IN_FLIGHT for r in rounds):
             continue
         if rounds:
             round_advance(rounds[-1])
@@ -469,17 +471,18 @@ def runs_liveness_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     if Round.objects.filter(status=Round.Status.QUEUED, queued_at__lt=waited).exists():
         lab_schedule(now=now)
         counts["passes"] = 1
-    in_flight = {Round.Status.PENDING, Round.Status.QUEUED, Round.Status.RUNNING, Round.Status.AGGREGATING}
     ended_before = now - dt.timedelta(seconds=liveness_grace_s())
-    idle = (
+    idle = list(
         Run.objects.filter(status=Run.Status.RUNNING, rounds__isnull=False)
-        .exclude(rounds__status__in=in_flight)
+        .exclude(rounds__status__in=IN_FLIGHT)
         .distinct()
         .values_list("id", flat=True)
     )
-    for run_id in idle:
-        last = Round.objects.filter(run_id=run_id).order_by("-index").first()
-        if last is None or last.finished_at is None or last.finished_at >= ended_before:
+    last_rounds: dict[int, Round] = {}
+    for rnd in Round.objects.filter(run_id__in=idle).order_by("run_id", "-index"):
+        last_rounds.setdefault(rnd.run_id, rnd)
+    for run_id, last in last_rounds.items():
+        if last.finished_at is None or last.finished_at >= ended_before:
             continue
         with transaction.atomic():
             log.warning(

@@ -149,10 +149,6 @@ class Freed:
     files: int = 0
     bytes: int = 0
 
-    def add(self, other: Freed) -> None:
-        self.files += other.files
-        self.bytes += other.bytes
-
 
 @dataclass
 class _Plan:
@@ -381,8 +377,10 @@ def storage_space_problem() -> str | None:
     ``MTFL_MIN_FREE_BYTES``, else ``None``. A round refuses to start with this message: its
     devices' weights and its global models need room."""
     root = _store().root
-    free = shutil.disk_usage(root).free
-    threshold = int(mtfl_setting("MIN_FREE_BYTES"))
+    return _space_problem(root, shutil.disk_usage(root).free, int(mtfl_setting("MIN_FREE_BYTES")))
+
+
+def _space_problem(root: Path, free: int, threshold: int) -> str | None:
     if free >= threshold:
         return None
     return (
@@ -443,6 +441,11 @@ class StorageTotals:
     bytes: int
     free_bytes: int
     min_free_bytes: int
+
+    @property
+    def problem(self) -> str | None:
+        """:func:`storage_space_problem`'s message for these figures (``None``: rounds start)."""
+        return _space_problem(self.root, self.free_bytes, self.min_free_bytes)
 
 
 def storage_totals() -> StorageTotals:
@@ -636,6 +639,6 @@ def storage_overview(experiments: Iterable[Experiment]) -> dict:
         "bytes": totals.bytes,
         "free_bytes": totals.free_bytes,
         "min_free_bytes": totals.min_free_bytes,
-        "problem": storage_space_problem(),
+        "problem": totals.problem,
         "experiments": sorted(rows, key=lambda r: (-r["bytes"], r["experiment"])),
     }

@@ -93,13 +93,9 @@ def round_start(*, run_id: int, index: int) -> Round | None:
 def profiling_devices() -> set[int]:
     """Ids of the devices with a profiling sweep pending or running: no round is granted them
     (the sweep runs on the same agent and would hold the round up while its deadline runs)."""
-    from controlplane.profiling.models import ProfileSweep
+    from controlplane.profiling.selectors import sweeps_in_progress
 
-    return set(
-        ProfileSweep.objects.filter(status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]).values_list(
-            "device_id", flat=True
-        )
-    )
+    return set(sweeps_in_progress().values_list("device_id", flat=True))
 
 
 def lab_schedule(*, now: dt.datetime | None = None) -> list[int]:

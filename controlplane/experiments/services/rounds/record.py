@@ -160,9 +160,9 @@ def round_finish(
     # while this one is aggregated on the control plane, unless this run outranks every waiting
     # round: then its next round's enqueue runs the pass, so its priority is not lost between
     # two of its rounds (a run that fails or ends asks for a pass itself).
-    if leases_release(round_ids=[round_id], reason="its round's results are in") and not _outranks_the_queue(round_id):
-        transaction.on_commit(dispatch.send_lab_schedule)
     rnd = Round.objects.select_related("run__experiment").get(id=round_id)
+    if leases_release(round_ids=[round_id], reason="its round's results are in") and not _outranks_the_queue(rnd):
+        transaction.on_commit(dispatch.send_lab_schedule)
     try:
         _record_and_aggregate(rnd, results, cause, causes or {}, list(notes))
     except Exception as exc:  # noqa: BLE001 - the round must end, with its cause, whatever broke
@@ -357,14 +357,9 @@ def _telemetry_row(rnd: Round, device, result: DeviceRoundResult) -> DeviceTelem
     )
 
 
-def _outranks_the_queue(round_id: int) -> bool:
-    """Whether the run of round ``round_id`` has rounds left and a higher priority than every
-    round waiting now (none waiting: nothing to hand its devices to either)."""
-    rnd = (
-        Round.objects.select_related("run__experiment")
-        .only("index", "run__priority", "run__experiment__rounds")
-        .get(id=round_id)
-    )
+def _outranks_the_queue(rnd: Round) -> bool:
+    """Whether the run of ``rnd`` (its run and experiment loaded) has rounds left and a higher
+    priority than every round waiting now (none waiting: nothing to hand its devices to either)."""
     if rnd.index + 1 >= rnd.run.experiment.rounds:
         return False
     top = (
