@@ -17,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from controlplane.core.demo import Credentials, demo_user_ensure, run_wait
+from controlplane.planning.metrics import format_estimate
 
 console = Console(highlight=False)
 
@@ -77,14 +78,6 @@ def comparison_tables(rows: list[dict], task_names: list[str]) -> list[Table]:
     return [throughput, accuracy]
 
 
-def _estimate(e: dict | None, fmt: str, suffix: str = "") -> str:
-    """``mean ± half-width`` of a comparison report's estimate (the mean alone with one repeat)."""
-    if not e or e["mean"] is None:
-        return "—"
-    text = format(e["mean"], fmt) + suffix
-    return text if e["high"] is None else f"{text} ± {format(e['high'] - e['mean'], fmt)}"
-
-
 def comparison_report_tables(report: dict) -> list[Table]:
     """The tables of a comparison report
     (:func:`controlplane.experiments.selectors.comparison_report`): throughput and speedups per
@@ -99,12 +92,12 @@ def comparison_report_tables(report: dict) -> list[Table]:
         throughput.add_row(
             row["strategy"],
             f"{row['succeeded']}/{len(row['runs'])}",
-            _estimate(row["raw_throughput_sps"], ".1f"),
-            _estimate(row["fair_throughput"], ".3f"),
-            _estimate(row["fl_throughput_sps"], ".1f"),
-            _estimate(row["raw_speedup"], ".2f", "×"),
-            _estimate(row["fair_speedup"], ".2f", "×"),
-            _estimate(row["fl_speedup"], ".2f", "×"),
+            format_estimate(row["raw_throughput_sps"], 1),
+            format_estimate(row["fair_throughput"], 3),
+            format_estimate(row["fl_throughput_sps"], 1),
+            format_estimate(row["raw_speedup"], 2, "×"),
+            format_estimate(row["fair_speedup"], 2, "×"),
+            format_estimate(row["fl_speedup"], 2, "×"),
         )
     targets = ", ".join(f"{t['task_name']} ≥ {_num(t['target'], '.3f')} ({t['source']})" for t in report["targets"])
     tta = Table(title=f"Time to accuracy: seconds of FL rounds / rounds ({how}); targets: {targets}")
@@ -115,8 +108,8 @@ def comparison_report_tables(report: dict) -> list[Table]:
         tta.add_row(
             target["task_name"],
             *[
-                f"{_estimate(row['tasks'][k]['time_to_accuracy_s'], '.1f')} s / "
-                f"{_estimate(row['tasks'][k]['rounds_to_accuracy'], '.1f')}"
+                f"{format_estimate(row['tasks'][k]['time_to_accuracy_s'], 1)} s / "
+                f"{format_estimate(row['tasks'][k]['rounds_to_accuracy'], 1)}"
                 for row in report["strategies"]
             ],
         )

@@ -29,6 +29,7 @@ from controlplane.experiments.services.rounds.aggregate import task_aggregation_
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.models import Device
 from controlplane.planning import metrics
+from controlplane.planning.metrics import format_estimate
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy, compared_strategies
 from controlplane.profiling.models import Predictor
 from controlplane.profiling.selectors import predictor_history
@@ -265,17 +266,6 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
             ),
         },
     }
-
-
-def format_estimate(e: dict[str, Any] | None, digits: int = 1, suffix: str = "") -> str:
-    """``"mean ± half-width"`` of an estimate (``{"mean", "low", "high", "n"}``; its Student-t
-    interval is symmetric), the mean alone with no interval, ``"—"`` with no mean."""
-    if not e or e["mean"] is None:
-        return "—"
-    text = f"{e['mean']:.{digits}f}{suffix}"
-    if e["high"] is not None:
-        text += f" ± {e['high'] - e['mean']:.{digits}f}"
-    return text
 
 
 FIGURE_NAMES = {

@@ -749,3 +749,15 @@ def interleaved_orders(strategies: Sequence[str], repeats: int) -> list[list[str
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     forward = list(strategies)
     return [forward if k % 2 == 0 else forward[::-1] for k in range(repeats)]
+
+
+def format_estimate(e: Mapping[str, Any] | None, digits: int = 1, suffix: str = "") -> str:
+    """``"mean ± half-width"`` of an estimate as reports carry it (``{"mean", "low", "high",
+    "n"}``; its Student-t interval is symmetric), the mean alone with no interval, ``"—"`` with
+    no mean: the dashboard's and ``mtfl compare``'s one text for a figure over repeats."""
+    if not e or e["mean"] is None:
+        return "—"
+    text = f"{e['mean']:.{digits}f}{suffix}"
+    if e["high"] is not None:
+        text += f" ± {e['high'] - e['mean']:.{digits}f}"
+    return text
