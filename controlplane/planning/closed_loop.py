@@ -395,12 +395,17 @@ def replan(
     decisions: dict[int, DeviceDecision] = {}
     pessimistic_time: dict[int, float] = {}
     slack_candidates: dict[int, tuple[float, tuple[PlannedAssignment, ...]]] = {}
+    # One pass over the history, not one per device (it holds every device's every round).
+    history_of: dict[int, list[MeasuredConfiguration]] = {}
+    for h in history:
+        history_of.setdefault(h.device_id, []).append(h)
     for device_id in spec.device_ids:
         new = candidate.on_device(device_id)
         if not new:
             continue
         predictor = corrected.get(device_id)
-        measured = [h for h in history if h.device_id == device_id and h.task_ids == tuple(a.task_id for a in new)]
+        task_ids = tuple(a.task_id for a in new)
+        measured = [h for h in history_of.get(device_id, ()) if h.task_ids == task_ids]
         if predictor is None or predictor.correction is None or not measured:
             chosen[device_id] = new
             decisions[device_id] = DeviceDecision(device_id, "new", "nothing measured on this device yet: new plan")
