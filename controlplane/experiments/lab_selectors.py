@@ -53,10 +53,6 @@ def _ts(value: float | None) -> dt.datetime | None:
     return None if value is None else dt.datetime.fromtimestamp(value, tz=dt.UTC)
 
 
-def _expected_s(r: WaitingRound) -> float:
-    return r.expected_s if r.expected_s and r.expected_s > 0 else DEFAULT_ROUND_S
-
-
 def _holders(now: dt.datetime) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
     """The held devices and the rounds holding them.
 
@@ -286,7 +282,7 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
                 "devices_count": w.width,
                 "pool": rnd.run.pool.name if rnd.run.pool_id else None,
                 "slots": w.slots if w.pool is not None else None,
-                "expected_s": _expected_s(w),
+                "expected_s": w.round_s,
                 "estimated_start": _ts(starts.get(w.key)),
                 "blockers": sorted(
                     (

@@ -91,9 +91,14 @@ class WaitingRound:
         return len(self.devices) if self.devices is not None else self.slots
 
     @property
+    def round_s(self) -> float:
+        """Its expected round time, seconds: ``expected_s``, or :data:`DEFAULT_ROUND_S` when unknown."""
+        return self.expected_s if self.expected_s and self.expected_s > 0 else DEFAULT_ROUND_S
+
+    @property
     def device_seconds(self) -> float:
         """Device-seconds it is expected to hold: width × expected round time."""
-        return self.width * (self.expected_s if self.expected_s and self.expected_s > 0 else DEFAULT_ROUND_S)
+        return self.width * self.round_s
 
 
 def owner_usage(
@@ -244,7 +249,7 @@ def place_pool_rounds(rounds: Sequence[WaitingRound], free: Sequence[int]) -> di
     infeasible = 1e12
     cost = np.full((len(rows), len(free)), infeasible)
     for i, (rank, r) in enumerate(rows):
-        fallback = r.expected_s if r.expected_s and r.expected_s > 0 else DEFAULT_ROUND_S
+        fallback = r.round_s
         for j, device in enumerate(free):
             if device in r.candidates:
                 cost[i, j] = float(r.cost_s.get(device, fallback)) + rank * _TIE_S
@@ -300,7 +305,7 @@ def estimate_starts(
             r = by_key[key]
             starts[key] = clock
             for d in devices:
-                busy_until[d] = clock + (r.expected_s if r.expected_s and r.expected_s > 0 else DEFAULT_ROUND_S)
+                busy_until[d] = clock + r.round_s
             served[r.owner] = served.get(r.owner, 0.0) + r.device_seconds
         left = [r for r in left if r.key not in granted]
         later = [t for d, t in busy_until.items() if t > clock and d not in blocked]

@@ -18,7 +18,7 @@ by :meth:`Aggregator.check_params`), and may turn them into options of every dev
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -193,9 +193,7 @@ AGGREGATOR_REGISTRY.register(
         _server_optimizer("fedavgm"),
         uses_previous=True,
         parameters=(
-            Parameter(
-                "server_learning_rate", _SERVER_LEARNING_RATE, "float", 0.0, 10.0, minimum_open=True, default=0.5
-            ),
+            replace(_ADAPTIVE_ETA, default=0.5),
             Parameter("server_momentum", "β, the server momentum", "float", 0.0, 0.999, default=0.5),
         ),
         stateful=True,
@@ -207,7 +205,7 @@ AGGREGATOR_REGISTRY.register(
         "FedAdagrad — Adagrad on the server over the mean device update (Reddi et al. 2021)",
         _server_optimizer("fedadagrad"),
         uses_previous=True,
-        parameters=(_ADAPTIVE_ETA, Parameter(_BETA1.name, _BETA1.label, "float", 0.0, 0.999, default=0.0), _TAU),
+        parameters=(_ADAPTIVE_ETA, replace(_BETA1, default=0.0), _TAU),
         stateful=True,
     )
 )
