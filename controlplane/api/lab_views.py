@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
-from controlplane.api.views import _validated
+from controlplane.api.views import validated_data
 from controlplane.experiments import lab_selectors
 from controlplane.experiments.services.lab import admin as lab_admin
 from controlplane.fleet.models import Device
@@ -61,7 +61,7 @@ class DevicePauseApi(APIView):
     @extend_schema(request=s.DevicePauseSerializer, responses={200: s.LabDeviceSerializer})
     def post(self, request: Request, id: int) -> Response:
         device = get_object_or_404(Device, pk=id)
-        data = _validated(s.DevicePauseSerializer, request)
+        data = validated_data(s.DevicePauseSerializer, request)
         device = lab_admin.device_pause(device=device, user=request.user, reason=data["reason"])
         return Response(s.LabDeviceSerializer(device).data)
 
@@ -74,7 +74,7 @@ class DeviceResumeApi(APIView):
     @extend_schema(request=s.DeviceResumeSerializer, responses={200: s.LabDeviceSerializer})
     def post(self, request: Request, id: int) -> Response:
         device = get_object_or_404(Device, pk=id)
-        _validated(s.DeviceResumeSerializer, request)
+        validated_data(s.DeviceResumeSerializer, request)
         device = lab_admin.device_resume(device=device, user=request.user)
         return Response(s.LabDeviceSerializer(device).data)
 
@@ -102,7 +102,7 @@ class PoolViewSet(
 
     @extend_schema(request=s.PoolCreateSerializer, responses={201: s.PoolSerializer})
     def create(self, request: Request) -> Response:
-        data = _validated(s.PoolCreateSerializer, request)
+        data = validated_data(s.PoolCreateSerializer, request)
         pool = lab_admin.pool_create(
             name=data["name"], description=data["description"], devices=data["devices"], user=request.user
         )
@@ -119,7 +119,7 @@ class PoolViewSet(
     @extend_schema(request=s.PoolUpdateSerializer, responses={200: s.PoolSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
         pool = self.get_object()
-        data = _validated(s.PoolUpdateSerializer, request, partial=True)
+        data = validated_data(s.PoolUpdateSerializer, request, partial=True)
         warnings: list[str] = []
         if "devices" in data:
             changed = lab_admin.pool_set_devices(pool=pool, devices=data["devices"], user=request.user)

@@ -27,7 +27,14 @@ from controlplane.profiling import services as profiling_services
 from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 
 
-def _validated(serializer_class, request: Request, **kwargs) -> dict:
+def validated_data(serializer_class, request: Request, **kwargs) -> dict:
+    """The request body checked by ``serializer_class`` (``kwargs`` go to it, e.g.
+    ``partial=True``).
+
+    Raises:
+        rest_framework.exceptions.ValidationError: the body is invalid (the API answers 400,
+            naming each field).
+    """
     serializer = serializer_class(data=request.data, **kwargs)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
@@ -68,12 +75,14 @@ class DeviceViewSet(
 
     @extend_schema(request=s.DeviceCreateSerializer, responses={201: s.LabDeviceSerializer})
     def create(self, request: Request) -> Response:
-        device = fleet_services.device_create(**_validated(s.DeviceCreateSerializer, request))
+        device = fleet_services.device_create(**validated_data(s.DeviceCreateSerializer, request))
         return Response(s.LabDeviceSerializer(device).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.DeviceUpdateSerializer, responses={200: s.LabDeviceSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
-        device = fleet_services.device_update(device=self.get_object(), **_validated(s.DeviceUpdateSerializer, request))
+        device = fleet_services.device_update(
+            device=self.get_object(), **validated_data(s.DeviceUpdateSerializer, request)
+        )
         return Response(s.LabDeviceSerializer(device).data)
 
     @extend_schema(request=s.ProfileSweepCreateSerializer, responses={202: s.ProfileSweepSerializer})
@@ -82,7 +91,7 @@ class DeviceViewSet(
         """Start a profiling sweep on the device for ``budget_s`` seconds; follow it at
         ``/api/profile-sweeps/{id}/`` (``progress``, ``configs``, ``samples``)."""
         sweep = profiling_services.sweep_start(
-            device=self.get_object(), **_validated(s.ProfileSweepCreateSerializer, request)
+            device=self.get_object(), **validated_data(s.ProfileSweepCreateSerializer, request)
         )
         return Response(s.ProfileSweepSerializer(sweep).data, status=status.HTTP_202_ACCEPTED)
 
@@ -118,12 +127,12 @@ class TaskViewSet(
 
     @extend_schema(request=s.TaskWriteSerializer, responses={201: s.TaskSerializer})
     def create(self, request: Request) -> Response:
-        task = exp_services.task_create(owner=request.user, **_validated(s.TaskWriteSerializer, request))
+        task = exp_services.task_create(owner=request.user, **validated_data(s.TaskWriteSerializer, request))
         return Response(s.TaskSerializer(task).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.TaskWriteSerializer, responses={200: s.TaskSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
-        data = _validated(s.TaskWriteSerializer, request, partial=partial)
+        data = validated_data(s.TaskWriteSerializer, request, partial=partial)
         if partial:
             data = {k: v for k, v in data.items() if k in request.data}
         task = exp_services.task_update(task=self.get_object(), actor=request.user, **data)
@@ -151,7 +160,7 @@ class ExperimentViewSet(
 
     @extend_schema(request=s.ExperimentCreateSerializer, responses={201: s.ExperimentSerializer})
     def create(self, request: Request) -> Response:
-        data = _validated(s.ExperimentCreateSerializer, request)
+        data = validated_data(s.ExperimentCreateSerializer, request)
         experiment = exp_services.experiment_create(
             name=data["name"],
             description=data["description"],
@@ -188,7 +197,7 @@ class ExperimentViewSet(
         """Create an experiment from a built-in template (``GET /api/experiment-templates/``):
         its three tasks on the given devices, Dirichlet-skewed data volumes per task and device,
         on CIFAR-10 when ``MTFL_CIFAR10_ROOT`` holds it and on the digits otherwise."""
-        data = dict(_validated(s.ExperimentFromTemplateSerializer, request))
+        data = dict(validated_data(s.ExperimentFromTemplateSerializer, request))
         experiment = exp_services.experiment_create_from_template(
             template=data.pop("template"), device_ids=data.pop("devices"), owner=request.user, **data
         )
@@ -198,7 +207,7 @@ class ExperimentViewSet(
 
     @extend_schema(request=s.ExperimentUpdateSerializer, responses={200: s.ExperimentSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
-        data = _validated(s.ExperimentUpdateSerializer, request, partial=True)
+        data = validated_data(s.ExperimentUpdateSerializer, request, partial=True)
         experiment = exp_services.experiment_update(experiment=self.get_object(), actor=request.user, **data)
         return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data)
 
@@ -217,7 +226,7 @@ class ExperimentViewSet(
         planner (``vres_greedy``, ``vres_sync``; ``options`` set it up) or ``manual`` (``plan``).
         In the shared lab its rounds wait (``queued``) for their devices; ``pool`` places them on a
         device pool's free devices, ``priority`` serves them before lower ones."""
-        data = _validated(s.RunCreateSerializer, request)
+        data = validated_data(s.RunCreateSerializer, request)
         run = exp_services.run_create(
             experiment=self.get_object(),
             strategy=data["strategy"],
@@ -252,7 +261,7 @@ class ExperimentViewSet(
         """Run strategies one after another on this experiment (default: every compared one,
         ``temporal``, ``isolation``, ``sharing``, ``vres_greedy``, ``vres_sync`` and any plug-in's;
         ``strategies`` picks a subset holding ``temporal``); the experiment page compares them."""
-        data = _validated(s.ComparisonCreateSerializer, request)
+        data = validated_data(s.ComparisonCreateSerializer, request)
         comparison = exp_services.comparison_create(
             experiment=self.get_object(),
             options=data["options"],
@@ -476,7 +485,7 @@ class PredictorViewSet(
 
     @extend_schema(request=s.PredictorCreateSerializer, responses={202: s.PredictorSerializer})
     def create(self, request: Request) -> Response:
-        predictor = profiling_services.predictor_request(**_validated(s.PredictorCreateSerializer, request))
+        predictor = profiling_services.predictor_request(**validated_data(s.PredictorCreateSerializer, request))
         return Response(s.PredictorSerializer(predictor).data, status=status.HTTP_202_ACCEPTED)
 
 
