@@ -565,7 +565,19 @@ class DeviceTelemetry(models.Model):
 
 
 class Checkpoint(models.Model):
-    """The global model of a task after a round (``round`` null: the initial model)."""
+    """The global model of a task after a round (``round`` null: the initial model).
+
+    Its test accuracy and loss are filled in beside the next round
+    (:mod:`controlplane.experiments.services.evaluation`): ``evaluation_status`` says whether
+    they are still ``pending`` (both null), ``done``, or ``failed`` (both null,
+    ``evaluation_error`` says why). ``created_at`` is when the model existed; ``evaluated_at``
+    when its evaluation ended.
+    """
+
+    class Evaluation(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        FAILED = "failed"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="checkpoints")
@@ -574,6 +586,14 @@ class Checkpoint(models.Model):
     sha256 = models.CharField(max_length=64)
     test_accuracy = models.FloatField(null=True, blank=True)
     test_loss = models.FloatField(null=True, blank=True)
+    evaluation_status = models.CharField(
+        max_length=16,
+        choices=Evaluation.choices,
+        default=Evaluation.DONE,
+        help_text="pending: test accuracy and loss not evaluated yet; failed: see evaluation_error",
+    )
+    evaluation_error = models.TextField(blank=True, default="", help_text="why the evaluation failed")
+    evaluated_at = models.DateTimeField(null=True, blank=True, help_text="when its evaluation ended")
     kept_previous = models.BooleanField(
         default=False, help_text="no device had samples of this task: the previous model was kept"
     )
@@ -597,6 +617,14 @@ class Checkpoint(models.Model):
 
     class Meta:
         ordering = ["run", "task", "created_at"]
+        indexes = [
+            # The resume sweep looks for pending evaluations among every run's checkpoints.
+            models.Index(
+                fields=["evaluation_status"],
+                name="checkpoint_eval_pending",
+                condition=models.Q(evaluation_status="pending"),
+            )
+        ]
 
 
 class DeviceLease(models.Model):
