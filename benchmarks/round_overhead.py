@@ -66,13 +66,16 @@ Per round:
     start, imports, model built, shard and weights loaded);
   - ``collection`` = ``T5 - T4``: the trainer's end to the results recorded as arrived (trainer
     exit, the agent's result, the chord's callback);
-  - ``aggregation`` and ``evaluation``: when the global models are already evaluated the moment
-    their checkpoints appear (evaluation on the critical path), only their sum ``T6 - T5`` is
-    recorded (``agg+eval``); the database keeps no timestamp between the two, so each alone is
-    n/a. When a checkpoint appears without its test accuracy (evaluation beside the critical
-    path), ``T6 - T5`` is the aggregation, and the evaluation is printed as *beside*: the
-    seconds from ``T6`` to when this script first saw the accuracy (polled: an upper bound by
-    up to ``POLL_S``), and whether it overlapped the next round's training;
+  - ``aggregation`` and ``evaluation``: a global model evaluated before the round ended
+    (``Checkpoint.evaluated_at`` ≤ ``T6``, or its checkpoint already ``done`` when first seen:
+    evaluation on the critical path) leaves only the sum ``T6 - T5`` recorded (``agg+eval``):
+    no timestamp marks where its aggregation ends and its evaluation begins, so each alone is
+    n/a. When the evaluations end after the round (``evaluated_at`` > ``T6``; the checkpoint
+    was ``pending`` when first seen: evaluation *beside* the critical path), ``T6 - T5`` is the
+    aggregation, and the evaluation is printed as beside: ``max(evaluated_at) - T6`` (its wait
+    for the control worker included; where ``evaluated_at`` is missing, when this script first
+    saw it done, polled: late by up to ``POLL_S``), and whether it ended after the next round's
+    training dispatch (it overlapped that round);
   - ``other`` = overhead − the parts above: the critical device's training can be shorter than
     the slowest device's (the devices start at different times), which makes it negative.
 
@@ -148,7 +151,7 @@ def round_figures(run: Mapping[str, Any]) -> list[dict[str, Any]]:
         run: ``{"started_at": T, "rounds": [...]}`` with the rounds in index order, each
             ``{"index", "status", "started_at", "dispatched_at", "aggregating_at",
             "finished_at", "retried": bool, "devices": {name: {"received_at", "first_step_at",
-            "last_end_at"}}, "evaluations": [{"on_path": bool, "done_at": T | None}]}``; times
+            "last_end_at"}}, "evaluations": [{"on_path": bool, "done_at": T | None, "failed": bool}]}``; times
             in Unix seconds, ``None`` where not recorded. ``devices`` holds the devices whose
             trainers reported a start and an end.
 
@@ -157,8 +160,8 @@ def round_figures(run: Mapping[str, Any]) -> list[dict[str, Any]]:
         ``training_share``, ``critical_device`` and the parts ``start_s``, ``plan_s``,
         ``send_s``, ``dispatch_s``, ``process_start_s``, ``collection_s``, ``agg_eval_s``,
         ``aggregation_s``, ``evaluation_s``, ``evaluation`` (``"on path"``, ``"beside"`` or
-        ``None`` when unknown), ``evaluation_overlaps_next``, ``other_s``; seconds, ``None``
-        where a timestamp is missing.
+        ``None`` when unknown), ``evaluation_overlaps_next``, ``evaluation_failed``,
+        ``other_s``; seconds, ``None`` where a timestamp is missing.
     """
     rounds = list(run["rounds"])
     out = []
@@ -224,6 +227,7 @@ def round_figures(run: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "evaluation_s": evaluation,
                 "evaluation": where,
                 "evaluation_overlaps_next": overlaps_next,
+                "evaluation_failed": any(e.get("failed") for e in evaluations),
                 "other_s": other,
             }
         )
@@ -279,9 +283,9 @@ class Observed:
     Attributes:
         received: ``{(round_id, device_id): Unix s}``, the agent's receipt (``ROUND_PROGRESS``'s
             ``at``), read from ``Assignment.started_at`` while the assignment is ``running``.
-        evaluated_when_created: ``{checkpoint_id: bool}``, whether its test accuracy was
-            already there when the checkpoint was first seen.
-        evaluated_seen: ``{checkpoint_id: Unix s}``, when its test accuracy was first seen.
+        evaluated_when_created: ``{checkpoint_id: bool}``, whether its evaluation had already
+            ended (``Checkpoint.evaluation_status`` not ``pending``) when it was first seen.
+        evaluated_seen: ``{checkpoint_id: Unix s}``, when its evaluation was first seen ended.
     """
 
     received: dict[tuple[int, int], float] = field(default_factory=dict)
@@ -297,11 +301,12 @@ class Observed:
         ).values_list("round_id", "device_id", "started_at"):
             self.received.setdefault((round_id, device_id), started.timestamp())
         now = time.time()
-        for cid, accuracy in Checkpoint.objects.filter(run_id=run_id, round__isnull=False).values_list(
-            "id", "test_accuracy"
+        for cid, evaluation in Checkpoint.objects.filter(run_id=run_id, round__isnull=False).values_list(
+            "id", "evaluation_status"
         ):
-            self.evaluated_when_created.setdefault(cid, accuracy is not None)
-            if accuracy is not None:
+            ended = evaluation != Checkpoint.Evaluation.PENDING
+            self.evaluated_when_created.setdefault(cid, ended)
+            if ended:
                 self.evaluated_seen.setdefault(cid, now)
 
 
@@ -334,7 +339,9 @@ def watch(run_id: int, *, timeout_s: float, check: Callable[[], None], observed:
         status = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
         if status in FINISHED:
             ended_at = ended_at or time.monotonic()
-            pending = Checkpoint.objects.filter(run_id=run_id, round__isnull=False, test_accuracy__isnull=True)
+            pending = Checkpoint.objects.filter(
+                run_id=run_id, round__isnull=False, evaluation_status=Checkpoint.Evaluation.PENDING
+            )
             if not pending.exists() or time.monotonic() - ended_at > EVAL_GRACE_S:
                 return str(status)
         elif time.monotonic() - started > timeout_s:
@@ -380,13 +387,18 @@ def run_rows(run_id: int, observed: Observed) -> dict[str, Any]:
             rnd.deadline_at.timestamp() - rnd.deadline_s if rnd.deadline_at is not None and rnd.deadline_s else None
         )
         retried = Assignment.objects.filter(round=rnd, attempt__gt=0).exists()
-        evaluations = [
-            {
-                "on_path": observed.evaluated_when_created.get(cid, accuracy is not None),
-                "done_at": observed.evaluated_seen.get(cid),
-            }
-            for cid, accuracy in Checkpoint.objects.filter(round=rnd).values_list("id", "test_accuracy")
-        ]
+        evaluations = []
+        for cid, evaluation, evaluated_at in Checkpoint.objects.filter(round=rnd).values_list(
+            "id", "evaluation_status", "evaluated_at"
+        ):
+            done_at = ts(evaluated_at) or observed.evaluated_seen.get(cid)
+            if evaluated_at is not None and rnd.finished_at is not None:
+                on_path = evaluated_at <= rnd.finished_at
+            else:
+                on_path = observed.evaluated_when_created.get(cid, evaluation != Checkpoint.Evaluation.PENDING)
+            evaluations.append(
+                {"on_path": on_path, "done_at": done_at, "failed": evaluation == Checkpoint.Evaluation.FAILED}
+            )
         rounds.append(
             {
                 "index": rnd.index,
@@ -452,6 +464,9 @@ def print_rounds(case: str, runs: Sequence[Mapping[str, Any]]) -> None:
     overlapping = [
         (run["id"], r["index"]) for run in runs for r in run["round_figures"] if r["evaluation_overlaps_next"]
     ]
+    failed = [(run["id"], r["index"]) for run in runs for r in run["round_figures"] if r["evaluation_failed"]]
+    if failed:
+        print("a global model's evaluation failed: " + ", ".join(f"run {a} round {b}" for a, b in failed))
     if overlapping:
         print(
             "evaluation overlapped the next round's training: "
