@@ -4,7 +4,8 @@ Late acknowledgement (``acks_late=True``) only for tasks that are safe to run tw
 its work with one conditional update (``RUN_BEGIN``: pending → running; ``ROUND_START``: one
 round row per index; ``ROUND_FINISH``/``ROUND_WATCHDOG``: running → aggregating, retries by
 attempt; ``STANDALONE_*``: under the run's row lock, only while no round exists;
-``RUNS_RESUME``: every action conditional), so a message redelivered after a worker died
+``RUNS_RESUME``: every action conditional; ``CHECKPOINTS_EVALUATE``: only checkpoints still
+pending, settled with one conditional update), so a message redelivered after a worker died
 changes nothing twice. ``ROUND_PROGRESS`` is display only and acked on receipt.
 """
 
@@ -55,6 +56,12 @@ def round_finish(self, results: list, round_id: int) -> None:
 @app.task(name=TaskName.ROUND_WATCHDOG, ignore_result=True, acks_late=True, bind=True)
 def round_watchdog(self, round_id: int) -> None:
     services.round_watchdog(round_id=round_id, claimant=self.request.hostname or "")
+
+
+@app.task(name=TaskName.CHECKPOINTS_EVALUATE, ignore_result=True, acks_late=True)
+def checkpoints_evaluate(checkpoint_ids: list[int]) -> None:
+    # Beside the next round's training (the control worker runs two tasks at a time).
+    services.checkpoints_evaluate(checkpoint_ids=checkpoint_ids)
 
 
 @app.task(name=TaskName.RUNS_RESUME, ignore_result=True, acks_late=True)

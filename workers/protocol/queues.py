@@ -62,6 +62,7 @@ class TaskName:
     ROUND_PROGRESS = "mtfl.round_progress"
     ROUND_FINISH = "mtfl.round_finish"
     ROUND_WATCHDOG = "mtfl.round_watchdog"
+    CHECKPOINTS_EVALUATE = "mtfl.checkpoints_evaluate"
     RUNS_RESUME = "mtfl.runs_resume"
     LAB_SCHEDULE = "mtfl.lab_schedule"
     PROFILE_RECORD = "mtfl.profile_record"

@@ -8,6 +8,7 @@ importing only the ones listed before it:
 - :mod:`.plugins` — the models and data sets a run needs, on every device and the control plane;
 - :mod:`.stop` — stopping work in flight (a cancelled run's rounds and device tasks);
 - :mod:`.runs` — runs and comparisons: create, cancel, fail, finish;
+- :mod:`.evaluation` — global models evaluated on their test split, beside the next round;
 - :mod:`.rounds` — the round protocol: requests, deadlines, start, aggregate, advance, record;
 - :mod:`.standalone` — a run's beginning: initial models, ``P_alone``, round 0;
 - :mod:`.reliability` — the round watchdog, retries, stragglers, resume after a restart.
@@ -22,6 +23,7 @@ from controlplane.experiments.services.catalog import (
     task_metadata_ensure,
     task_update,
 )
+from controlplane.experiments.services.evaluation import checkpoints_evaluate
 from controlplane.experiments.services.lab.scheduler import lab_schedule, round_start
 from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.reliability import (
@@ -46,6 +48,7 @@ from controlplane.experiments.services.stop import run_work_stop
 from controlplane.experiments.services.templates import experiment_create_from_template
 
 __all__ = [
+    "checkpoints_evaluate",
     "comparison_cancel",
     "comparison_create",
     "experiment_create",

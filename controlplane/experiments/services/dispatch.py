@@ -123,6 +123,12 @@ def send_lab_schedule() -> None:
     app.send_task(TaskName.LAB_SCHEDULE, queue=CONTROL_QUEUE)
 
 
+def send_checkpoints_evaluate(checkpoint_ids: Iterable[int]) -> None:
+    """Queue :data:`TaskName.CHECKPOINTS_EVALUATE` of ``checkpoint_ids`` on ``control``: their
+    evaluation runs beside the next round (:mod:`.evaluation`)."""
+    app.send_task(TaskName.CHECKPOINTS_EVALUATE, args=[sorted(checkpoint_ids)], queue=CONTROL_QUEUE)
+
+
 def send_round_start(run_id: int, index: int) -> None:
     """Queue ``ROUND_START`` of round ``index`` of a run on ``control``."""
     app.send_task(TaskName.ROUND_START, args=[run_id, index], queue=CONTROL_QUEUE)

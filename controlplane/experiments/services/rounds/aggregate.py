@@ -1,6 +1,8 @@
 """Aggregating a round: each task's device models become the next global model through the
-aggregator registry (:data:`workers.registry.aggregators.AGGREGATOR_REGISTRY`), which is then evaluated
-and kept as the round's checkpoint.
+aggregator registry (:data:`workers.registry.aggregators.AGGREGATOR_REGISTRY`), kept as the
+round's checkpoint. Its evaluation on the test split is not on the round's path: the checkpoint
+is saved with its test results pending and evaluated beside the next round
+(:mod:`controlplane.experiments.services.evaluation`).
 
 Each task uses the aggregator :func:`task_aggregation_choice` resolves: the experiment's override
 for the task (``Experiment.task_aggregation``), else the run's (``Run.options["aggregation"]``, an
@@ -20,9 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run
-from controlplane.experiments.services.evaluation import model_evaluate
 from workers.fl.artifacts import ArtifactStore, global_weights_key, server_state_key
 from workers.fl.fedavg import NoSamplesError, load_state, save_state
 from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext, Aggregator
@@ -188,7 +188,7 @@ def _previous_state(store: ArtifactStore, previous: Checkpoint, record: Aggregat
 def round_models_aggregate(
     *, rnd: Round, usable: Iterable[Assignment], latest: Mapping[int, Checkpoint], store: ArtifactStore
 ) -> tuple[list[Checkpoint], list[str]]:
-    """The new global model of every task of ``rnd``'s run, evaluated on its test split.
+    """The new global model of every task of ``rnd``'s run, its evaluation pending.
 
     Each task is aggregated with its aggregator (:func:`task_aggregator`); the checkpoint
     records which one, and a stateful one's server state
@@ -204,7 +204,9 @@ def round_models_aggregate(
         a task no usable device trained keeps its previous model (``kept_previous``) and its
         server state (so an aggregator's state carries over rounds in which none of the task's
         devices trained), with a flag line saying so. A model identical to the previous one
-        (same SHA-256) keeps its test results instead of being evaluated again.
+        (same SHA-256) takes its test results when it has them (:func:`_same_model_results`);
+        every other checkpoint's are pending, for
+        :func:`controlplane.experiments.services.evaluation.checkpoints_evaluate`.
 
     Raises:
         FileNotFoundError, ValueError: as :func:`task_model_aggregate` and :func:`task_aggregator`.
@@ -240,8 +242,7 @@ def round_models_aggregate(
                     round=rnd,
                     artifact_path=previous.artifact_path,
                     sha256=previous.sha256,
-                    test_accuracy=previous.test_accuracy,
-                    test_loss=previous.test_loss,
+                    **_same_model_results(previous),
                     kept_previous=True,
                     aggregation=previous.aggregation,
                     server_state_path=previous.server_state_path,
@@ -250,9 +251,9 @@ def round_models_aggregate(
             )
             continue
         if made.sha256 == previous.sha256:  # the same model: its test results are the previous ones
-            accuracy, loss = previous.test_accuracy, previous.test_loss
+            results = _same_model_results(previous)
         else:
-            accuracy, loss = model_evaluate(selectors.task_ref(task), store.path(made.artifact_path))
+            results = {"evaluation_status": Checkpoint.Evaluation.PENDING}
         checkpoints.append(
             Checkpoint(
                 run=run,
@@ -260,11 +261,24 @@ def round_models_aggregate(
                 round=rnd,
                 artifact_path=made.artifact_path,
                 sha256=made.sha256,
-                test_accuracy=accuracy,
-                test_loss=loss,
+                **results,
                 aggregation=record.name,
                 server_state_path=made.server_state_path,
                 server_state_sha256=made.server_state_sha256,
             )
         )
     return checkpoints, flags
+
+
+def _same_model_results(previous: Checkpoint) -> dict[str, Any]:
+    """The test results of a new checkpoint of the same model as ``previous`` (same SHA-256):
+    ``previous``'s when it was evaluated, else pending (evaluated, or copied from it, once it is:
+    :func:`controlplane.experiments.services.evaluation.checkpoints_evaluate`)."""
+    if previous.evaluation_status != Checkpoint.Evaluation.DONE:
+        return {"evaluation_status": Checkpoint.Evaluation.PENDING}
+    return {
+        "test_accuracy": previous.test_accuracy,
+        "test_loss": previous.test_loss,
+        "evaluation_status": Checkpoint.Evaluation.DONE,
+        "evaluated_at": previous.evaluated_at,
+    }
