@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol, Self
+from typing import IO, Protocol, Self, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,10 @@ READY_LINE = "READY"
 """What a process prints on stdout when it is loaded and waits at the start barrier."""
 GO_LINE = "GO"
 """What the parent writes to every process's stdin once all are ready."""
+JOB_LINE = "JOB"
+"""What starts a job line to a warm trainer (``JOB {json}``, :func:`workers.training.trainer.serve`)."""
+DONE_LINE = "DONE"
+"""What a warm trainer prints on stdout after a job (``DONE <exit code>``), instead of exiting."""
 
 POLL_S = 0.05
 """Default seconds between two looks at the children while waiting."""
@@ -113,6 +117,17 @@ class ChildProcess(Protocol):
 
     def kill(self) -> None:
         """Send it SIGKILL."""
+
+
+@runtime_checkable
+class ReusableProcess(Protocol):
+    """A started process that outlives its dispatch (a warm trainer's job,
+    :class:`workers.warm.WarmJob`): :meth:`ProcessGroup.close` hands it back with
+    :meth:`release` instead of considering it gone once reaped."""
+
+    def release(self, keep: bool) -> None:
+        """The dispatch is over: keep the process for another one if ``keep`` (the dispatch
+        succeeded as far as the group saw) and its job ended well, else end it."""
 
 
 class Launcher(Protocol):
@@ -506,7 +521,12 @@ class ProcessGroup:
 
     def close(self) -> None:
         """Kill (SIGKILL) and reap every child (after ``before_kill`` for those still running),
-        close its pipes, join its reader, stop tracking it. Idempotent."""
+        close its pipes, join its reader, stop tracking it. Idempotent.
+
+        A :class:`ReusableProcess` (a warm trainer's job) that finished is released instead:
+        kept for the next dispatch only when no child of this one has a fate, so a failed
+        dispatch leaves no process behind, as with cold ones."""
+        keep = all(c.fate is None for c in self.children)
         running = [c.proc.pid for c in self.children if c.proc is not None and c.proc.poll() is None]
         if running and self.before_kill is not None:
             try:
@@ -531,3 +551,5 @@ class ProcessGroup:
                 proc.stdout.close()
             with _CHILDREN_LOCK:
                 _CHILDREN.pop(proc.pid, None)
+            if isinstance(proc, ReusableProcess):
+                proc.release(keep)

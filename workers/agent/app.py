@@ -852,6 +852,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
     except ValueError as exc:  # the backend's own settings, e.g. MTFL_SIM_DEVICE, MTFL_AGENT_GPU
         return refuse(f"backend {args.backend!r} misconfigured: {exc}")
     try:
+        config.warm_trainers()
+        config.warm_trainers_memory_bytes()
+    except ValueError as exc:
+        return refuse(str(exc))
+    try:
         configure_broker()
     except RuntimeError as exc:
         return refuse(str(exc))

@@ -10,6 +10,10 @@ Variables:
         message before giving it to another worker; default 21600 (6 h). It must exceed the
         longest round deadline (``MTFL_ROUND_DEADLINE_S``; the control plane refuses to start
         otherwise).
+    ``MTFL_WARM_TRAINERS``: most warm trainer processes an agent keeps alive between rounds
+        (:mod:`workers.warm`); default 4; 0 starts a new trainer process for every round.
+    ``MTFL_WARM_TRAINERS_MEMORY_MB``: most private resident memory of an agent's idle warm
+        trainers together, MiB; default a quarter of the host's memory.
 """
 
 from __future__ import annotations
@@ -83,3 +87,58 @@ def positive_seconds(text: str) -> float | None:
     except ValueError:
         return None
     return value if 0 < value < float("inf") else None
+
+
+DEFAULT_WARM_TRAINERS = 4
+ENV_WARM_TRAINERS = "MTFL_WARM_TRAINERS"
+ENV_WARM_TRAINERS_MEMORY_MB = "MTFL_WARM_TRAINERS_MEMORY_MB"
+
+
+def warm_trainers() -> int:
+    """Return ``$MTFL_WARM_TRAINERS`` (default 4): most warm trainer processes an agent keeps
+    (:class:`workers.warm.TrainerPool`); 0 disables the pool (a new process every round).
+
+    Raises:
+        ValueError: naming the variable, if it is not an integer in ``[0, 1000]``.
+    """
+    text = os.environ.get(ENV_WARM_TRAINERS, "").strip()
+    if not text:
+        return DEFAULT_WARM_TRAINERS
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 1000:
+        raise ValueError(f"{ENV_WARM_TRAINERS}={text!r} must be an integer in [0, 1000] (0: no warm trainers)")
+    return value
+
+
+def warm_trainers_memory_bytes() -> int:
+    """Return ``$MTFL_WARM_TRAINERS_MEMORY_MB`` in bytes: most private resident memory of an
+    agent's idle warm trainers together; default a quarter of the host's memory
+    (``MemTotal`` of ``/proc/meminfo``; 4 GiB where it cannot be read).
+
+    Raises:
+        ValueError: naming the variable, if it is not an integer number of MiB ``>= 0``.
+    """
+    text = os.environ.get(ENV_WARM_TRAINERS_MEMORY_MB, "").strip()
+    if not text:
+        return _host_memory_bytes() // 4
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{ENV_WARM_TRAINERS_MEMORY_MB}={text!r} must be an integer number of MiB >= 0")
+    return value * 2**20
+
+
+def _host_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 16 * 2**30

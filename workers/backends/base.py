@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from pydantic import ValidationError
 
+from workers.agent import config
 from workers.launch import (
     Child,
     ProcessGroup,
@@ -48,12 +49,13 @@ from workers.protocol.messages import (
     TrainRoundRequest,
 )
 from workers.training.trainer import StandaloneSpec, TrainerSpec
+from workers.warm import TRAINER_MODULE, TrainerPool
 
 logger = logging.getLogger(__name__)
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
-TRAINER_COMMAND: list[str] = [sys.executable, "-m", "workers.training.trainer"]
+TRAINER_COMMAND: list[str] = [sys.executable, "-m", TRAINER_MODULE]
 """The command that starts one trainer process; the mode (``train``/``standalone``), SPEC.json
 and RESULT.json are appended."""
 
@@ -348,6 +350,52 @@ class TrainerProcessBackend(ExecutionBackend):
         """
         return results
 
+    # ------------------------------------------------------------------- warm trainers
+
+    warm_process_limit: ClassVar[int | None] = None
+    """Most trainer processes the device holds at once whatever the setting says (``cuda-mps``:
+    the MPS client limit, which an idle warm client counts against), or ``None``."""
+
+    def warm_pool(self) -> TrainerPool | None:
+        """The backend's pool of warm trainers (:mod:`workers.warm`), created on first use from
+        ``MTFL_WARM_TRAINERS`` and ``MTFL_WARM_TRAINERS_MEMORY_MB``
+        (:func:`workers.agent.config.warm_trainers`); ``None`` when the count is 0: every
+        trainer is then a new process, as before the pool.
+
+        Raises:
+            ValueError: a bad setting (naming it).
+        """
+        pool: TrainerPool | None = getattr(self, "_warm_pool", None)
+        if pool is not None or getattr(self, "_warm_pool_off", False):
+            return pool
+        count = config.warm_trainers()
+        if self.warm_process_limit is not None:
+            count = min(count, self.warm_process_limit)
+        if count == 0:
+            self._warm_pool_off = True
+            return None
+        self._warm_pool = TrainerPool(count, config.warm_trainers_memory_bytes())
+        return self._warm_pool
+
+    def close_warm_pool(self) -> None:
+        """Kill every warm trainer (the next dispatch starts new ones). Never raises."""
+        pool: TrainerPool | None = getattr(self, "_warm_pool", None)
+        if pool is not None:
+            pool.close()
+
+    def stop(self) -> None:
+        """Kill the warm trainers (:meth:`close_warm_pool`). Idempotent; never raises."""
+        self.close_warm_pool()
+
+    def _launcher(self) -> TrainerPool | None:
+        """The pool for a dispatch; a bad setting is logged and the dispatch runs cold."""
+        try:
+            return self.warm_pool()
+        except ValueError as exc:
+            logger.error("warm trainers off: %s", exc)
+            self._warm_pool_off = True
+            return None
+
     # ----------------------------------------------------------------- environment & launch
 
     def trainer_env(self, resources: TrainerResources) -> dict[str, str]:
@@ -369,6 +417,7 @@ class TrainerProcessBackend(ExecutionBackend):
             env=self.trainer_env(resources),
             stderr_path=stem.with_suffix(".stderr.log"),
             label=label,
+            module=TRAINER_MODULE,
             result_path=stem.with_suffix(".result.json"),
         )
 
@@ -414,7 +463,12 @@ class TrainerProcessBackend(ExecutionBackend):
             return failed(f"cannot write the trainers' specs: {type(exc).__name__}: {exc}")
 
         ready_deadline = time.monotonic() + min(ctx.ready_timeout_s, ctx.trainer_timeout_s)
-        with ProcessGroup(specs, where=" on this device", before_kill=self.kill_hook(request.partitioning)) as group:
+        with ProcessGroup(
+            specs,
+            where=" on this device",
+            before_kill=self.kill_hook(request.partitioning),
+            launcher=self._launcher(),
+        ) as group:
             try:
                 group.launch()
                 if group.wait_ready(ready_deadline, "ready_timeout_s") and group.go():
@@ -542,7 +596,11 @@ class TrainerProcessBackend(ExecutionBackend):
             stem = work / "standalone"
             stem.with_suffix(".spec.json").write_text(spec.model_dump_json(indent=2))
             measured = self._run_standalone(
-                request, ctx, self._process("standalone", stem, resources, "standalone measurement"), failed
+                request,
+                ctx,
+                self._process("standalone", stem, resources, "standalone measurement"),
+                failed,
+                self._launcher(),
             )
         finally:
             self.finish_dispatch(ctx, failed=measured is None or measured.status != "succeeded")
@@ -550,10 +608,15 @@ class TrainerProcessBackend(ExecutionBackend):
 
     @staticmethod
     def _run_standalone(
-        request: StandaloneRequest, ctx: AgentContext, spec: ProcessSpec, failed: Callable[[str], StandaloneResult]
+        request: StandaloneRequest,
+        ctx: AgentContext,
+        spec: ProcessSpec,
+        failed: Callable[[str], StandaloneResult],
+        launcher: TrainerPool | None = None,
     ) -> StandaloneResult:
-        """Launch the standalone trainer, wait for it, read its result (never raises)."""
-        with ProcessGroup([spec], barrier=False) as group:
+        """Launch the standalone trainer (a warm one from ``launcher``), wait for it, read its
+        result (never raises)."""
+        with ProcessGroup([spec], barrier=False, launcher=launcher) as group:
             try:
                 group.launch()
                 group.wait_exit(time.monotonic() + ctx.trainer_timeout_s, "trainer_timeout_s")

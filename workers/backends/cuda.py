@@ -299,6 +299,8 @@ class CudaMpsBackend(CudaBackend):
 
     name = "cuda-mps"
     uses_mps = True
+    # An idle warm trainer is still an MPS client and holds one of the server's client slots.
+    warm_process_limit = MPS_MAX_CLIENTS
 
     def __init__(self, gpu_selector: str | None = None) -> None:
         super().__init__(gpu_selector)
@@ -389,7 +391,9 @@ class CudaMpsBackend(CudaBackend):
         return self._mps_refusal
 
     def stop(self) -> None:
-        """Quit the MPS control daemon if this backend started it; logs, never raises."""
+        """Kill the warm trainers, then quit the MPS control daemon if this backend started it
+        (it waits for its clients to exit); logs, never raises."""
+        super().stop()
         if self._daemon is None:
             return
         try:
@@ -411,10 +415,13 @@ class CudaMpsBackend(CudaBackend):
             daemon = self.daemon(ctx)
             if self._restart_pending and daemon.started:
                 logger.warning("cuda-mps: restarting the MPS daemon after a failed dispatch")
+                # Idle warm trainers are the daemon's clients: it would wait for them to exit.
+                self.close_warm_pool()
                 daemon.restart()
                 self._restarted = True
             elif partitioning == "mps" and not daemon.answering:
                 # Half-way up (an earlier start timed out): quit what may be there first.
+                self.close_warm_pool()
                 daemon.restart() if daemon.started else daemon.start()
         except MpsError as exc:
             raise BackendUnavailableError(f"cuda-mps: {exc}") from None

@@ -64,7 +64,7 @@ from workers.fl.artifacts import (
     load_model_weights,
     save_model_weights,
 )
-from workers.launch import GO_LINE, READY_LINE
+from workers.launch import DONE_LINE, GO_LINE, JOB_LINE, READY_LINE
 from workers.protocol.indices import decode_indices
 from workers.protocol.messages import (
     AssignmentResult,
@@ -668,8 +668,63 @@ def recalibrate_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: i
     model.train()
 
 
-def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> AssignmentResult:
+class TrainerCache:
+    """What a warm trainer (:func:`serve`) keeps between its jobs: one model and one shard.
+
+    The model is keyed by what fixes its structure (architecture, number of classes, input
+    shape) and the device; the shard by the data set, the shard's description and the device.
+    A job for another key replaces the entry (a warm process serves one task identity: the
+    agent's pool, :class:`workers.warm.TrainerPool`, keys processes by it).
+    """
+
+    def __init__(self) -> None:
+        self._model_key: tuple[object, ...] | None = None
+        self._model: torch.nn.Module | None = None
+        self._shard_key: tuple[object, ...] | None = None
+        self._shard: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.models_built = 0
+        """How many models this cache built (tests: a warm job builds none)."""
+        self.shards_loaded = 0
+        """How many shards this cache loaded (tests: an unchanged shard is not re-loaded)."""
+
+    def model(self, task: TaskRef, seed: int, device: torch.device) -> torch.nn.Module:
+        """The task's model on ``device``: the cached one, or one built with ``seed`` (its
+        values are overwritten by the caller's global weights either way)."""
+        key = (task.architecture, task.num_classes, tuple(task.input_shape), str(device))
+        if self._model is None or key != self._model_key:
+            self._model = None  # free the old one before building the next
+            model = build_model(task.architecture, task.num_classes, seed, task.input_shape)
+            self._model, self._model_key = model.to(device), key
+            self.models_built += 1
+        return self._model
+
+    def shard(self, task: TaskRef, shard: ShardRef, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shard's ``(x, y)`` on ``device`` (:func:`_load_shard`), loaded again only when
+        the data set, the shard or the checks' inputs (input shape, classes) change."""
+        key = (
+            task.dataset.model_dump_json(),
+            tuple(task.input_shape),
+            task.num_classes,
+            shard.model_dump_json(),
+            str(device),
+        )
+        if self._shard is None or key != self._shard_key:
+            self._shard = None
+            x, y = _load_shard(task, shard)
+            self._shard, self._shard_key = (x.to(device), y.to(device)), key
+            self.shards_loaded += 1
+        return self._shard
+
+
+def train(
+    spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO, cache: TrainerCache | None = None
+) -> AssignmentResult:
     """Run ``train`` mode: set up, pass the start barrier, train, write weights.
+
+    With ``cache`` (a warm trainer, :func:`serve`) the model and the shard come from it: the
+    model is built once and gets the global weights loaded into it, the shard is loaded once
+    and again only when it changes. The optimizer, FedProx's term and every seed are set up as
+    in a cold trainer, so the round's weights are bit-identical to a cold one's.
 
     ``samples_trained`` counts every sample of every epoch (``shard.count · local_epochs``);
     ``train_loss`` is the last epoch's mean cross-entropy weighted by batch sizes (without
@@ -689,15 +744,25 @@ def train(spec: TrainerSpec, protocol_out: TextIO, protocol_in: TextIO) -> Assig
     apply_resources(spec.threads, spec.cores)
     device = open_device(trainer_device())
     store = LocalArtifactStore(spec.artifact_root)
-    x, y = _load_shard(spec.task, spec.shard)
-    model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed, spec.task.input_shape)
     global_path = store.path(spec.global_weights)
-    if not global_path.is_file():
-        raise FileNotFoundError(f"global_weights {spec.global_weights!r} not found at {global_path}")
-    load_model_weights(model, global_path)
-    # Model and data go to the device once, before the barrier: no copies inside the timing.
-    model.to(device)
-    x, y = x.to(device), y.to(device)
+    if cache is None:
+        x, y = _load_shard(spec.task, spec.shard)
+        model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed, spec.task.input_shape)
+        if not global_path.is_file():
+            raise FileNotFoundError(f"global_weights {spec.global_weights!r} not found at {global_path}")
+        load_model_weights(model, global_path)
+        # Model and data go to the device once, before the barrier: no copies inside the timing.
+        model.to(device)
+        x, y = x.to(device), y.to(device)
+    else:
+        x, y = cache.shard(spec.task, spec.shard, device)
+        model = cache.model(spec.task, spec.seed, device)
+        if not global_path.is_file():
+            raise FileNotFoundError(f"global_weights {spec.global_weights!r} not found at {global_path}")
+        # Every parameter and persistent buffer is overwritten (strict), so the model is in the
+        # state a freshly built one would be after loading: the seed it was built with is moot.
+        load_model_weights(model, global_path)
+        model.zero_grad(set_to_none=True)
     if device.type == "cuda" and len(y):
         # Before the dropout seed below, so training draws the same masks as without it.
         model.train()
@@ -868,30 +933,36 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
         tmp.write_text(json.dumps(payload, indent=2))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m workers.training.trainer {train,standalone} SPEC.json RESULT.json``.
+def run_job(
+    mode: str,
+    spec_path: Path,
+    result_path: Path,
+    protocol_out: TextIO,
+    protocol_in: TextIO,
+    cache: TrainerCache | None = None,
+) -> int:
+    """Run one ``train`` or ``standalone`` job: read SPEC.json, do the work, write RESULT.json
+    (atomically).
+
+    Args:
+        mode: ``"train"`` or ``"standalone"``.
+        spec_path: the job's SPEC.json.
+        result_path: where RESULT.json goes.
+        protocol_out: where ``READY`` is written (``train``).
+        protocol_in: where ``GO`` is read from (``train``).
+        cache: a warm trainer's :class:`TrainerCache`, or ``None`` (a cold one-shot trainer).
 
     Returns:
         The exit code: 0 success, 1 training error, 2 bad spec.
     """
-    parser = argparse.ArgumentParser(prog="python -m workers.training.trainer", description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("train", "standalone"))
-    parser.add_argument("spec", type=Path, help="spec JSON file")
-    parser.add_argument("result", type=Path, help="where the result JSON is written")
-    args = parser.parse_args(argv)
-
-    # The protocol owns the real stdout; stray prints (library warnings) go to stderr.
-    protocol_out = sys.stdout
-    sys.stdout = sys.stderr
-
-    model_cls = TrainerSpec if args.mode == "train" else StandaloneSpec
+    model_cls = TrainerSpec if mode == "train" else StandaloneSpec
     try:
-        spec = model_cls.model_validate_json(args.spec.read_text())
+        spec = model_cls.model_validate_json(spec_path.read_text())
     except (OSError, ValidationError, ValueError) as exc:
-        error = f"bad spec {args.spec}: {_describe(exc)}"
+        error = f"bad spec {spec_path}: {_describe(exc)}"
         print(error, file=sys.stderr)
         with contextlib.suppress(OSError):
-            _write_json(args.result, {"status": "failed", "error": error})
+            _write_json(result_path, {"status": "failed", "error": error})
         return EXIT_BAD_SPEC
 
     if isinstance(spec, StandaloneSpec):
@@ -900,11 +971,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
             traceback.print_exc(file=sys.stderr)
             measured = StandaloneResult(run_id=spec.run_id, device=spec.device, status="failed", error=_describe(exc))
-        _write_json(args.result, measured.model_dump(mode="json"))
+        _write_json(result_path, measured.model_dump(mode="json"))
         return EXIT_OK if measured.status == "succeeded" else EXIT_TRAINING_ERROR
 
     try:
-        result = train(spec, protocol_out, sys.stdin)
+        result = train(spec, protocol_out, protocol_in, cache)
     except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
         traceback.print_exc(file=sys.stderr)
         result = AssignmentResult(
@@ -915,8 +986,104 @@ def main(argv: Sequence[str] | None = None) -> int:
             threads=spec.threads,
             cores=spec.cores,
         )
-    _write_json(args.result, result.model_dump(mode="json"))
+    _write_json(result_path, result.model_dump(mode="json"))
     return EXIT_OK if result.status == "succeeded" else EXIT_TRAINING_ERROR
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Ask the kernel for SIGKILL when the parent exits (``PR_SET_PDEATHSIG``, Linux; as the
+    fork server's children do, :mod:`workers.forkserver`), and exit now if ``parent`` is
+    already gone. The signal follows the parent *thread* that started this process: the agent
+    starts warm trainers from the thread that runs its tasks (the main thread of its solo
+    pool). Elsewhere than Linux, the parent's death still closes stdin, which ends :func:`serve`
+    once the current job is done."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent is not None and os.getppid() != parent:
+        os._exit(EXIT_OK)
+
+
+def _redirect_stderr(path: str) -> None:
+    """Send this process's stderr (file descriptor 2, and so ``sys.stderr``) to ``path``
+    (appended: the parent truncates it before handing over the job), so each job's errors land
+    in that job's log, as a cold trainer's do."""
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+
+
+def serve(protocol_out: TextIO, protocol_in: TextIO, parent: int | None = None) -> int:
+    """Run a warm trainer: one job after another, each handed over on stdin, until stdin closes.
+
+    Each job is one line, a JSON object ``{"mode": "train"|"standalone", "spec": PATH,
+    "result": PATH, "stderr": PATH}`` (:data:`workers.launch.JOB_LINE`, then the object). The
+    job's stderr goes to ``stderr``; it then runs exactly as the one-shot mode ``mode`` would
+    (:func:`run_job`: ``READY`` and the wait for ``GO`` for ``train``), with a
+    :class:`TrainerCache` kept across jobs, and ends with ``DONE <code>``
+    (:data:`workers.launch.DONE_LINE`, ``code`` the exit code the one-shot trainer would have
+    returned) on stdout. End of stdin between jobs: exit 0.
+
+    Returns:
+        The exit code: 0 at end of input, 2 for a job line that cannot be read.
+    """
+    _die_with_parent(parent)
+    cache = TrainerCache()
+    while True:
+        line = protocol_in.readline()
+        if not line:
+            return EXIT_OK
+        head, _, payload = line.strip().partition(" ")
+        try:
+            if head != JOB_LINE:
+                raise ValueError(f"expected {JOB_LINE!r}, got {head!r}")
+            job = json.loads(payload)
+            mode, spec_path, result_path, stderr_path = job["mode"], job["spec"], job["result"], job["stderr"]
+            if mode not in ("train", "standalone"):
+                raise ValueError(f"mode must be 'train' or 'standalone', got {mode!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            # The parent speaks the protocol or is broken: nothing sensible to go on with.
+            print(f"bad job line {line!r}: {_describe(exc)}", file=sys.stderr)
+            return EXIT_BAD_SPEC
+        _redirect_stderr(stderr_path)
+        code = run_job(mode, Path(spec_path), Path(result_path), protocol_out, protocol_in, cache)
+        sys.stderr.flush()
+        protocol_out.write(f"{DONE_LINE} {code}\n")
+        protocol_out.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m workers.training.trainer {train,standalone} SPEC.json RESULT.json``
+    (one job, then exit) and ``python -m workers.training.trainer serve [--parent PID]`` (a warm
+    trainer: :func:`serve`).
+
+    Returns:
+        The exit code: 0 success, 1 training error, 2 bad spec.
+    """
+    parser = argparse.ArgumentParser(prog="python -m workers.training.trainer", description=__doc__.split("\n")[0])
+    parser.add_argument("mode", choices=("train", "standalone", "serve"))
+    parser.add_argument("spec", type=Path, nargs="?", help="spec JSON file (train, standalone)")
+    parser.add_argument("result", type=Path, nargs="?", help="where the result JSON is written (train, standalone)")
+    parser.add_argument("--parent", type=int, default=None, help="serve: the parent's pid (exit if it is gone)")
+    args = parser.parse_args(argv)
+
+    # The protocol owns the real stdout; stray prints (library warnings) go to stderr.
+    protocol_out = sys.stdout
+    sys.stdout = sys.stderr
+
+    if args.mode == "serve":
+        return serve(protocol_out, sys.stdin, args.parent)
+    if args.spec is None or args.result is None:
+        parser.error(f"{args.mode} needs SPEC and RESULT")
+    return run_job(args.mode, args.spec, args.result, protocol_out, sys.stdin)
 
 
 if __name__ == "__main__":
