@@ -64,6 +64,7 @@ from pydantic import ValidationError as PydanticValidationError
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
 from controlplane.experiments.services import dispatch
+from controlplane.experiments.services.evaluation import checkpoints_evaluate_resend
 from controlplane.experiments.services.rounds.advance import round_advance
 from controlplane.experiments.services.rounds.deadlines import round_check_after_s
 from controlplane.experiments.services.rounds.record import round_finish
@@ -364,6 +365,9 @@ def runs_resume(
       deadline, or — if its initial models were being written by a worker that is gone — a
       fresh begin.
 
+    - Every checkpoint whose evaluation is pending has it sent again
+      (:func:`.evaluation.checkpoints_evaluate_resend`: the message may have died with the worker).
+
     Args:
         nodename: the Celery node name of the worker that connected (``control@host``).
         booted_at: Unix time that worker started, on its first connection only (``None`` on a
@@ -433,6 +437,7 @@ def runs_resume(
             )
             transaction.on_commit(lambda run_id=run.id: dispatch.send_run_begin(run_id))
             counts["restarted"] += 1
+    counts["evaluations"] = checkpoints_evaluate_resend()
     if any(counts.values()):
         log.warning("resumed after a (re)connection of %s: %s", nodename or "a control worker", counts)
     return counts

@@ -26,7 +26,7 @@ from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Checkpoint, Round, Run, StandaloneThroughput
 from controlplane.experiments.services import dispatch
-from controlplane.experiments.services.evaluation import model_evaluate
+from controlplane.experiments.services.evaluation import checkpoints_evaluate_on_commit
 from controlplane.experiments.services.lab.scheduler import round_start
 from controlplane.experiments.services.participation import round_participants
 from controlplane.experiments.services.planning import plan_from_json, run_plan
@@ -40,10 +40,12 @@ log = logging.getLogger(__name__)
 
 
 def run_begin(*, run_id: int, claimant: str = "") -> None:
-    """Claim a pending run, write and evaluate the initial models, ask for ``P_alone``.
+    """Claim a pending run, write the initial models, ask for ``P_alone``.
 
     Every strategy of an experiment starts from the same initial weights (seeded by the
-    experiment's seed), so runs differ only in how devices are shared.
+    experiment's seed), so runs differ only in how devices are shared. The initial models are
+    evaluated beside the run's start (``CHECKPOINTS_EVALUATE``, queued with round 0:
+    :mod:`.evaluation`; a run's second strategy takes the first's results of the same model).
 
     Args:
         claimant: the control worker's name, kept so a restart of it can begin again a run it
@@ -58,6 +60,7 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
     run = Run.objects.select_related("experiment").get(id=run_id)
     experiment = run.experiment
     store = get_store()
+    initial: list[int] = []
     try:
         from workers.fl.artifacts import save_model_weights
         from workers.training.zoo import build_model
@@ -68,15 +71,22 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
             # (its first layer's size follows from the shape) has no 3×32×32 form.
             model = build_model(task.architecture, task.num_classes, experiment.seed, tuple(task.input_shape))
             sha = save_model_weights(model, store.path(key))
-            accuracy, loss = model_evaluate(selectors.task_ref(task), store.path(key))
-            Checkpoint.objects.create(
-                run=run, task=task, round=None, artifact_path=key, sha256=sha, test_accuracy=accuracy, test_loss=loss
+            initial.append(
+                Checkpoint.objects.create(
+                    run=run,
+                    task=task,
+                    round=None,
+                    artifact_path=key,
+                    sha256=sha,
+                    evaluation_status=Checkpoint.Evaluation.PENDING,
+                ).id
             )
     except Exception as exc:  # noqa: BLE001 - any failure here ends the run, with its cause shown
         run_fail(run_id=run.id, error=f"could not prepare the initial models: {type(exc).__name__}: {exc}")
         return
     # Round 0 waits for its devices like any round; once leased, its P_alone are measured first.
     round_start(run_id=run.id, index=0)
+    checkpoints_evaluate_on_commit(initial)
 
 
 def standalone_record(*, run_id: int, results: Iterable[Any], before_round: int = 0) -> None:

@@ -248,6 +248,13 @@ def _checkpoints_plan(run: Run, store: LocalArtifactStore, plan: _Plan, *, sweep
     kept: set[int] = set()
     for task_rows in by_task.values():
         kept |= checkpoints_kept(task_rows, keep_last)
+    # A model still to be evaluated (beside the next round, services.evaluation) keeps its file
+    # until it is: it may turn out the best, and its evaluation reads it.
+    kept |= set(
+        Checkpoint.objects.filter(
+            run_id=run.id, deleted_at__isnull=True, evaluation_status=Checkpoint.Evaluation.PENDING
+        ).values_list("id", flat=True)
+    )
     protected = {p for r in rows if r[0] in kept for p in r[4:] if p}
     candidates: set[str] = set()
     for ckpt_id, _, _, _, model_key, state_key in rows:
