@@ -16,6 +16,9 @@ DEFAULTS: dict[str, Any] = {
     "ROUND_CHECK_S": 30.0,
     "WARMUP_ITERATIONS": 2,
     "STANDALONE_TIMED_ITERATIONS": 5,
+    # How old a cached P_alone (controlplane.experiments.services.standalone_cache) may be and
+    # still stand in for a measurement, in seconds; 0 turns the cache off (every run measures).
+    "STANDALONE_CACHE_MAX_AGE_S": 7 * 24 * 3600.0,
     "HEARTBEAT_OFFLINE_S": 60.0,
     "BASELINE_BATCH_SIZE": 128,
     "CIFAR10_ROOT": "",

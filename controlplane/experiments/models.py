@@ -334,7 +334,16 @@ class Run(models.Model):
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(
+        null=True, blank=True, help_text="when it first began; kept when a restart begins it again (its wall time)"
+    )
+    claimed_at = models.DateTimeField(
+        null=True, blank=True, help_text="when claimed_by last began it (a claim older than a worker is abandoned)"
+    )
+    restarts = models.PositiveIntegerField(
+        default=0, help_text="times it was begun again after the control worker preparing it was lost"
+    )
+    last_restart_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     pool = models.ForeignKey(
@@ -374,7 +383,17 @@ class Run(models.Model):
 
 
 class StandaloneThroughput(models.Model):
-    """``P_alone``: a task's throughput alone on the whole device at a batch size, per run."""
+    """``P_alone``: a task's throughput alone on the whole device at a batch size, per run.
+
+    ``source`` says where the number came from: ``measured`` for this run, or ``cache`` (a
+    :class:`StandaloneCacheEntry` another run measured on the same device, for the same workload
+    and environment, within ``MTFL_STANDALONE_CACHE_MAX_AGE_S``; ``measured_at`` is then the
+    entry's measurement time).
+    """
+
+    class Source(models.TextChoices):
+        MEASURED = "measured"
+        CACHE = "cache"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="standalone_throughputs")
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="+")
@@ -383,11 +402,50 @@ class StandaloneThroughput(models.Model):
     throughput_sps = models.FloatField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     simulated = models.BooleanField(default=False)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.MEASURED)
     measured_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["run", "device", "task", "batch_size"], name="uniq_standalone"),
+        ]
+
+
+class StandaloneCacheEntry(models.Model):
+    """A successful ``P_alone`` measurement kept across runs
+    (:mod:`controlplane.experiments.services.standalone_cache`), so a run of a workload already
+    measured on a device asks that device nothing before round 0.
+
+    The key is everything the number depends on: the ``device`` (never shared between devices,
+    even of one class), its ``backend``, the agent's ``code_version`` (mtfl-lab and torch
+    versions) and ``hardware`` (accelerator, GPU UUID, cores) as the device last reported them,
+    the task's ``workload_key`` (a digest of what determines its training speed: architecture,
+    classes, input shape, data set, optimizer and its momentum and weight decay; not its name,
+    learning rate or data folder), the ``batch_size`` and the ``share`` (``P_alone`` runs on the
+    whole device: 100). An entry older than ``MTFL_STANDALONE_CACHE_MAX_AGE_S`` is not used.
+    """
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="+")
+    backend = models.CharField(max_length=32)
+    code_version = models.CharField(max_length=200, blank=True, default="")
+    hardware = models.CharField(max_length=400, blank=True, default="")
+    workload_key = models.CharField(max_length=64, help_text="sha256 of the task's workload identity")
+    workload = models.JSONField(default=dict, help_text="the workload identity the key digests (for reading)")
+    batch_size = models.PositiveIntegerField()
+    share = models.PositiveSmallIntegerField(default=100, help_text="active-thread percentage (P_alone: 100)")
+    throughput_sps = models.FloatField()
+    simulated = models.BooleanField(default=False)
+    measured_at = models.DateTimeField()
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", help_text="the run that measured it"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["device", "backend", "code_version", "hardware", "workload_key", "batch_size", "share"],
+                name="uniq_standalone_cache",
+            ),
         ]
 
 

@@ -20,7 +20,7 @@ from controlplane.experiments.selectors import can_manage_experiment
 from controlplane.fleet.models import Device
 from controlplane.planning.guard import untrusted_choice
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, lr_scaling_check
-from controlplane.profiling.services import workload_request
+from controlplane.profiling.services import workload_ensure, workload_request
 from workers.protocol.indices import encode_indices
 from workers.protocol.messages import OPTIMIZERS
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
@@ -150,6 +150,10 @@ DATA_FIELDS = ("architecture", "dataset", "dataset_root", "num_classes")
 
 MAX_NUM_CLASSES = 100_000
 
+TASK_FEATURES_WHEN = ("queue", "now")
+"""When :func:`task_create` computes a new task's workload features: by the control worker
+right after the task is saved, or in the caller before it returns."""
+
 
 def _check_root_given(dataset: str, dataset_root: str) -> None:
     if DATASET_REGISTRY.get(dataset).needs_root and not dataset_root:
@@ -266,6 +270,7 @@ def task_create(
     momentum: float = 0.9,
     weight_decay: float = 5e-4,
     owner=None,
+    features: str = "queue",
 ) -> Task:
     """Define a learning task, owned by ``owner`` (a user, or ``None`` from the command line).
 
@@ -273,7 +278,15 @@ def task_create(
     (:func:`_task_check`): the task then carries its ``input_shape``, ``train_size``,
     ``test_size``, training labels and ``label_counts`` as the data gives them.
 
+    Its workload features (:mod:`controlplane.profiling.services.workloads`) are computed now,
+    as part of creating it, never on a run's start: nothing a run's start does reads them, and a
+    run created right after the task no longer shares the control worker with their computation.
+
     Args:
+        features: ``"queue"`` (default; a web request): the control worker computes them as
+            soon as the task is saved (no-op when a task of the same model and shape has them);
+            ``"now"`` (the command line, the demo, benchmarks): computed here before returning
+            (imports torch: seconds the first time in a process).
         num_classes: ``None`` (default): the data's class count (``max(label) + 1`` over both
             splits, or the data set's declared count); a stated count may exceed the data's
             (2 to 100000), never fall below it.
@@ -303,10 +316,17 @@ def task_create(
     check = _task_check(
         architecture=architecture, dataset=dataset, dataset_root=fields["dataset_root"], num_classes=num_classes
     )
+    if features not in TASK_FEATURES_WHEN:
+        raise ApplicationError(
+            f"features must be one of {', '.join(TASK_FEATURES_WHEN)}, not {features!r}", field="features"
+        )
     task = Task(owner=owner, **fields)
     _apply_check(task, check)
     task.save()
-    workload_request(architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape)
+    if features == "now":
+        workload_ensure(architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape)
+    else:
+        workload_request(architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape)
     return task
 
 

@@ -58,6 +58,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
@@ -363,7 +364,8 @@ def runs_resume(
     - A running run with no round in flight has its next step sent again: the next round
       (idempotent), or its end; before round 0, the ``P_alone`` watchdog at the remaining
       deadline, or — if its initial models were being written by a worker that is gone — a
-      fresh begin.
+      fresh begin, which keeps the run's first ``started_at`` (its reported wall time includes
+      the delay) and counts the restart (``Run.restarts``, ``Run.last_restart_at``).
 
     - Every checkpoint whose evaluation is pending has it sent again
       (:func:`.evaluation.checkpoints_evaluate_resend`: the message may have died with the worker).
@@ -428,12 +430,23 @@ def runs_resume(
                 lambda run_id=run.id, left=left: dispatch.send_standalone_watchdog(run_id, countdown_s=max(0.0, left))
             )
             counts["standalone"] += 1
-        elif abandoned(run.claimed_by, run.started_at) and Run.objects.filter(
-            id=run.id, status=Run.Status.RUNNING, standalone_task_ids={}, started_at=run.started_at
-        ).update(status=Run.Status.PENDING, started_at=None, claimed_by=""):
+        elif abandoned(run.claimed_by, run.claimed_at or run.started_at) and Run.objects.filter(
+            id=run.id, status=Run.Status.RUNNING, standalone_task_ids={}, claimed_at=run.claimed_at
+        ).update(
+            # started_at stays: the run's wall time counts from its first begin, restart included.
+            status=Run.Status.PENDING,
+            claimed_at=None,
+            claimed_by="",
+            restarts=F("restarts") + 1,
+            last_restart_at=now,
+        ):
             Checkpoint.objects.filter(run=run, round__isnull=True).delete()
             log.warning(
-                "run %s: its initial models were being written by a worker that is gone; beginning again", run.id
+                "run %s: its initial models were being written by a worker that is gone; beginning again "
+                "(restart %s, first begun %s)",
+                run.id,
+                run.restarts + 1,
+                run.started_at,
             )
             transaction.on_commit(lambda run_id=run.id: dispatch.send_run_begin(run_id))
             counts["restarted"] += 1

@@ -35,6 +35,7 @@ from controlplane.experiments.services.catalog import aggregation_check
 from controlplane.experiments.services.lab.leases import leases_release
 from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.stop import run_work_stop
+from controlplane.experiments.services.storage import run_start_undo
 from controlplane.fleet.models import DevicePool
 from controlplane.planning import metrics
 from controlplane.planning.planner import PlannerContext
@@ -485,6 +486,8 @@ def run_cancel(*, run: Run) -> Run:
         raise ApplicationError(f"run {run.id} has already ended ({run.status})", field="status", status_code=409)
     run_work_stop(run_ids=[run.id], reason="cancelled: the run was cancelled by a user")
     _run_devices_free(run.id, reason="its run was cancelled")
+    # Cancelled while starting: its initial models go (run_begin stops at its next step).
+    run_start_undo(run_id=run.id)
     _comparison_advance(run.id)
     run.refresh_from_db()
     return run

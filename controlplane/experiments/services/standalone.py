@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
@@ -32,6 +34,8 @@ from controlplane.experiments.services.participation import round_participants
 from controlplane.experiments.services.planning import plan_from_json, run_plan
 from controlplane.experiments.services.rounds.start import round_dispatch
 from controlplane.experiments.services.runs import run_fail
+from controlplane.experiments.services.standalone_cache import Measured, standalone_cache_store
+from controlplane.experiments.services.storage import run_start_undo
 from controlplane.planning.types import Plan
 from workers.fl.artifacts import get_store, global_weights_key
 from workers.protocol.messages import StandaloneResult
@@ -51,8 +55,14 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
         claimant: the control worker's name, kept so a restart of it can begin again a run it
             was preparing (:func:`controlplane.experiments.services.reliability.runs_resume`).
     """
+    now = timezone.now()
+    # A run begun again after a restart (runs_resume) keeps its first started_at: its wall time
+    # includes the restart's delay. claimed_at is this claim's time, which runs_resume judges.
     claimed = Run.objects.filter(id=run_id, status=Run.Status.PENDING).update(
-        status=Run.Status.RUNNING, started_at=timezone.now(), claimed_by=claimant[:200]
+        status=Run.Status.RUNNING,
+        started_at=Coalesce(F("started_at"), Value(now)),
+        claimed_at=now,
+        claimed_by=claimant[:200],
     )
     if not claimed:
         log.info("run %s is not pending; RUN_BEGIN ignored", run_id)
@@ -66,6 +76,8 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
         from workers.training.zoo import build_model
 
         for task in experiment.tasks.order_by("id"):
+            if _start_cancelled(run.id):
+                return
             key = global_weights_key(run.id, task.id, None)
             # Built at the task's own input shape: a plug-in model on other data than images
             # (its first layer's size follows from the shape) has no 3×32×32 form.
@@ -84,9 +96,22 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
     except Exception as exc:  # noqa: BLE001 - any failure here ends the run, with its cause shown
         run_fail(run_id=run.id, error=f"could not prepare the initial models: {type(exc).__name__}: {exc}")
         return
-    # Round 0 waits for its devices like any round; once leased, its P_alone are measured first.
+    if _start_cancelled(run.id):
+        return
+    # Round 0 waits for its devices like any round; once leased, its P_alone missing from the
+    # cache are measured first.
     round_start(run_id=run.id, index=0)
     checkpoints_evaluate_on_commit(initial)
+
+
+def _start_cancelled(run_id: int) -> bool:
+    """Whether the run stopped running while it was being prepared (a user cancelled it, or it
+    failed); if so, remove what its start wrote (:func:`.storage.run_start_undo`)."""
+    if Run.objects.filter(id=run_id, status=Run.Status.RUNNING).exists():
+        return False
+    log.info("run %s ended while it was being prepared; its start stops and its initial models go", run_id)
+    run_start_undo(run_id=run_id)
+    return True
 
 
 def standalone_record(*, run_id: int, results: Iterable[Any], before_round: int = 0) -> None:
@@ -181,6 +206,15 @@ def _standalone_rows_save(run: Run, results: Iterable[Any] | None, *, before_rou
         ],
     )
     bulk_set(StandaloneThroughput, list(changed.values()), ["throughput_sps", "error", "simulated"])
+    # Kept for the next runs of these workloads on these devices (:mod:`.standalone_cache`).
+    standalone_cache_store(
+        run,
+        [
+            Measured(row.device_id, row.task_id, row.batch_size, row.throughput_sps, row.simulated)
+            for row in (*created.values(), *changed.values())
+            if row.throughput_sps is not None and not row.error
+        ],
+    )
 
 
 def _round_zero_plan(run: Run) -> Plan:

@@ -520,6 +520,30 @@ def run_delete(*, run: Run, actor=None) -> DiskUse:
     return held
 
 
+def run_start_undo(*, run_id: int) -> bool:
+    """Remove what the start of a run that ended before training wrote: its initial models
+    (:class:`Checkpoint` rows without a round, and the run's artifact folder once that commits).
+
+    Called when a run is cancelled (or fails) while starting — while
+    :func:`.standalone.run_begin` writes its initial models, or while round 0 waits for its
+    devices or measures ``P_alone`` — by the cancel and by ``run_begin`` itself when it sees the
+    run has ended (whichever comes last finds what the other left). A run still running, or one
+    with a round dispatched to its devices (``Round.deadline_at`` set), is left alone: its files
+    are its history, which retention and :func:`run_delete` manage.
+
+    Returns:
+        Whether the run's start was undone.
+    """
+    if Run.objects.filter(id=run_id, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).exists():
+        return False
+    if Round.objects.filter(run_id=run_id, deadline_at__isnull=False).exists():
+        return False
+    with transaction.atomic():
+        Checkpoint.objects.filter(run_id=run_id, round__isnull=True).delete()
+        transaction.on_commit(lambda: _folders_remove([run_id]))
+    return True
+
+
 def experiment_delete(*, experiment: Experiment, actor=None) -> DiskUse:
     """Delete an experiment whose runs have all ended: its rows (shards, comparisons, runs and
     everything below them; its tasks stay in the catalogue) and, once that commits, its runs'

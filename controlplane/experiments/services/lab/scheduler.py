@@ -139,12 +139,20 @@ class _Lost(Exception):
 
 
 def _grant(r: WaitingRound, devices: list[int], now: dt.datetime) -> bool:
-    """Lease ``devices`` to round ``r.key`` and mark it running, together or not at all."""
+    """Lease ``devices`` to round ``r.key`` and mark it running, together or not at all.
+
+    The lease and the round's start are stamped once the claim has been written, not with
+    ``now`` (when the scheduling pass began): the claim can only succeed after the previous
+    holder's release committed, so a time read after it is never before that release. ``now``
+    only bounds it from below (a pass run for a given time, e.g. in tests).
+    """
     rnd = Round.objects.only("id", "run_id", "queued_at").get(id=r.key)
     try:
         with transaction.atomic():
             if not leases_claim(rnd=rnd, device_ids=devices, owner_id=r.owner, now=now):
                 return False
+            now = max(now, timezone.now())
+            held_leases().filter(round_id=rnd.id).update(granted_at=now)
             fields: dict[str, object] = {
                 "status": Round.Status.RUNNING,
                 "started_at": now,

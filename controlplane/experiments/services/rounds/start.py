@@ -30,6 +30,7 @@ from controlplane.experiments.services.rounds.alone import standalone_dispatch
 from controlplane.experiments.services.rounds.deadlines import round_check_after_s, round_deadline_s
 from controlplane.experiments.services.rounds.requests import RequestedAssignment, round_device_request
 from controlplane.experiments.services.runs import run_fail
+from controlplane.experiments.services.standalone_cache import standalone_cache_fill
 from controlplane.planning.types import Plan, PlannedAssignment, PlanningError
 
 
@@ -158,13 +159,17 @@ def _await_standalone(
     run: Run, index: int, plan: Plan, replan: dict[str, Any] | None, participants: list[int] | None
 ) -> bool:
     """Whether round ``index`` must wait for ``P_alone`` of batch sizes its plan gives and
-    nothing measured yet (a replanned batch size, or a participant drawn for the first time:
-    :mod:`.alone`); if so, keep the plan on the run and ask the devices. A (device, task, batch
-    size) measured before, even unsuccessfully, is not asked again. Only the participants' rows
-    are read.
+    nothing measured yet (round 0's, a replanned batch size, or a participant drawn for the
+    first time: :mod:`.alone`); if so, keep the plan on the run and ask the devices. A (device,
+    task, batch size) measured before for this run, even unsuccessfully, is not asked again; one
+    the cross-run cache holds (:mod:`..standalone_cache`: same device, workload and environment,
+    young enough) is recorded from it and not asked either, so a run whose ``P_alone`` are all
+    cached dispatches round 0 at once. Only the participants' rows are read.
     """
     known = set(selectors.standalone_table(run, device_ids=participants))
     missing = [a for a in plan.assignments if (a.device_id, a.task_id, a.batch_size) not in known]
+    if missing:
+        missing = standalone_cache_fill(run, missing)
     if not missing:
         return False
     planned = dict(run.planned or {})
