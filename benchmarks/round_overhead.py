@@ -80,7 +80,11 @@ Per round:
     the slowest device's (the devices start at different times), which makes it negative.
 
 Per run: **run start → first training step** = the earliest ``Assignment.started_at`` of round 0
-− ``Run.started_at``.
+− ``Run.started_at``; the run's wall time (``Run.finished_at - Run.started_at``) and its *tail*,
+the last round's end to the run's end (what still runs before the run is finished, e.g. the
+last global models' evaluation); how many of its ``P_alone`` (``StandaloneThroughput`` rows)
+were measured for it and how many came from the cache (round 0's ``plan`` holds the
+measurement).
 
 Printed: a table per case of every round of every run, a table per run, then ``name=value``
 lines per case, and last ``round_overhead_s=<median over runs of the run's median overhead of
@@ -237,11 +241,14 @@ def round_figures(run: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def run_summary(run: Mapping[str, Any], rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One run's figures: run start → first training step, round 0's overhead, the median
-    overhead and training share of rounds 1.. (counted rounds only: :data:`COUNTED`).
+    overhead and training share of rounds 1.. (counted rounds only: :data:`COUNTED`), the
+    run's wall time and its last round's end → the run's end (what the run does after its
+    last round, e.g. evaluating the last global models).
 
     Args:
         run: as :func:`round_figures` takes it, with ``first_step_at`` (the earliest trainer
-            start of round 0), ``created_at`` and ``finished_at``.
+            start of round 0), ``created_at``, ``finished_at`` and ``standalone`` (``{source:
+            count}`` of its ``P_alone`` rows, ``measured`` or ``cache``; passed through).
         rounds: :func:`round_figures` of that run.
     """
     counted = [r for r in rounds if r["status"] in COUNTED]
@@ -258,6 +265,10 @@ def run_summary(run: Mapping[str, Any], rounds: Sequence[Mapping[str, Any]]) -> 
         "later_rounds_counted": len(later),
         "rounds_not_counted": [r["index"] for r in rounds if r["status"] not in COUNTED],
         "run_wall_s": _diff(run.get("finished_at"), run["started_at"]),
+        "last_round_to_run_end_s": _diff(
+            run.get("finished_at"), run["rounds"][-1].get("finished_at") if run["rounds"] else None
+        ),
+        "standalone": run.get("standalone") or {},
     }
 
 
@@ -358,7 +369,7 @@ def watch(run_id: int, *, timeout_s: float, check: Callable[[], None], observed:
 
 def run_rows(run_id: int, observed: Observed) -> dict[str, Any]:
     """One ended run's timestamps as :func:`round_figures` takes them."""
-    from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
+    from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, StandaloneThroughput
 
     def ts(value: dt.datetime | None) -> float | None:
         return value.timestamp() if value is not None else None
@@ -412,9 +423,13 @@ def run_rows(run_id: int, observed: Observed) -> dict[str, Any]:
                 "evaluations": evaluations,
             }
         )
+    standalone: dict[str, int] = {}
+    for source in StandaloneThroughput.objects.filter(run_id=run_id).values_list("source", flat=True):
+        standalone[source] = standalone.get(source, 0) + 1
     return {
         "id": run.id,
         "status": run.status,
+        "standalone": standalone,
         "error": run.error,
         "created_at": ts(run.created_at),
         "started_at": ts(run.started_at),
@@ -458,8 +473,8 @@ def print_rounds(case: str, runs: Sequence[Mapping[str, Any]]) -> None:
             )
     print(
         "eval: 'in a+e' = on the critical path, inside agg+ev (no timestamp splits the two, so agg and eval "
-        "alone are n/a); 'bX' = beside the critical path, its accuracy seen X s after the round's end "
-        f"(polled every {POLL_S:g} s); '*' = a device was retried (send is then short by the retry's delay)"
+        "alone are n/a); 'bX' = beside the critical path, ended X s after the round's end "
+        "(Checkpoint.evaluated_at, or polled); '*' = a device was retried (send is then short by the retry's delay)"
     )
     overlapping = [
         (run["id"], r["index"]) for run in runs for r in run["round_figures"] if r["evaluation_overlaps_next"]
@@ -476,10 +491,10 @@ def print_rounds(case: str, runs: Sequence[Mapping[str, Any]]) -> None:
 
 def print_runs(case: str, runs: Sequence[Mapping[str, Any]]) -> None:
     """A table of a case's runs."""
-    print(f"\n[{case}] per run (seconds)")
+    print(f"\n[{case}] per run (seconds; tail: last round's end to the run's end; P_alone: its rows by source)")
     print(
         f"{'run':>4} {'status':<10} {'launch->start':>13} {'start->1st step':>15} {'round 0 ovh':>11} "
-        f"{'later ovh (med)':>15} {'later share (med)':>17} {'run wall':>8}"
+        f"{'later ovh (med)':>15} {'later share (med)':>17} {'run wall':>8} {'tail':>6}  P_alone"
     )
     for run in runs:
         s = run["summary"]
@@ -487,7 +502,8 @@ def print_runs(case: str, runs: Sequence[Mapping[str, Any]]) -> None:
             f"{run['id']:>4} {s['status']:<10} {_f(s['launch_to_start_s'], '13.2f')} "
             f"{_f(s['start_to_first_step_s'], '15.2f')} {_f(s['first_round_overhead_s'], '11.2f')} "
             f"{_f(s['later_overhead_median_s'], '15.2f')} {_f(s['later_training_share_median'], '17.2f')} "
-            f"{_f(s['run_wall_s'], '8.1f')}"
+            f"{_f(s['run_wall_s'], '8.1f')} {_f(s['last_round_to_run_end_s'])}  "
+            f"{', '.join(f'{n} {k}' for k, n in sorted(s['standalone'].items())) or 'none'}"
         )
         if run.get("error"):
             print(f"     error: {run['error']}")
