@@ -68,10 +68,13 @@ def one_task_round(make_task_ref, make_assignment, make_round, initial_weights, 
     """A round of one task (``architecture``) with ``global_key`` (default: initial weights),
     writing to ``output``."""
 
-    def build(architecture: str = "mobilenet_v3_small", *, task_id: int = 1, global_key=None, output=None, count=64):
+    def build(
+        architecture: str = "mobilenet_v3_small", *, task_id: int = 1, global_key=None, output=None, count=64, epochs=1
+    ):
         task = make_task_ref(task_id, architecture)
         key = global_key or initial_weights(task)
         assignment = make_assignment(task, key, assignment_id=task_id, offset=0, count=count, share=100)
+        assignment = assignment.model_copy(update={"local_epochs": epochs})
         if output is not None:
             assignment = assignment.model_copy(update={"output_weights": output})
         return make_round([assignment], "mps")
@@ -122,7 +125,7 @@ def test_least_recently_used_process_is_evicted_at_the_count_bound(warm_backend,
     assert pool is not None
     a = one_task_round("mobilenet_v3_small", task_id=1)
     b = one_task_round("shufflenet_v2_x1_0", task_id=2)
-    c = one_task_round("squeezenet1_1", task_id=3)
+    c = one_task_round("resnet18", task_id=3)
 
     _ok(backend.run_round(a, agent_context))
     (pid_a,) = pool.idle_pids()
@@ -271,8 +274,8 @@ _PARENT = textwrap.dedent(
         print("BUSY", *pool.pids(), flush=True)
 
     threading.Thread(target=report, daemon=True).start()
-    backend.run_round(TrainRoundRequest.model_validate_json(setup["long"]), ctx)  # killed in here
-    print("FINISHED", flush=True)
+    result = backend.run_round(TrainRoundRequest.model_validate_json(setup["long"]), ctx)  # killed in here
+    print("FINISHED", result.status, result.error, flush=True)
     """
 )
 
@@ -283,7 +286,7 @@ def test_warm_trainers_die_with_their_parent(tmp_path, one_task_round, agent_con
     # Two keys, both warmed by the parent's main thread: a idles at the kill, b trains.
     short_a = one_task_round("mobilenet_v3_small", task_id=1)
     short_b = one_task_round("shufflenet_v2_x1_0", task_id=2)
-    long_b = one_task_round("shufflenet_v2_x1_0", task_id=2, count=1500)
+    long_b = one_task_round("shufflenet_v2_x1_0", task_id=2, count=1000, epochs=20)
     setup = {
         "ctx": {
             "device": agent_context.device,
