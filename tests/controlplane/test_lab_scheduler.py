@@ -210,7 +210,7 @@ def test_pool_devices_must_be_of_one_class(make_device, user):
 
 
 def test_two_researchers_on_the_same_devices_the_second_is_queued_with_its_deadline_from_its_start(
-    started_round, make_experiment, django_capture_on_commit_callbacks, monkeypatch
+    started_round, make_experiment, django_capture_on_commit_callbacks, monkeypatch, settings
 ):
     """Issue 24's first paragraph through the round protocol: a colleague's run on the devices
     a round holds waits queued; when the round's results are in, its devices go to the colleague,
@@ -218,6 +218,9 @@ def test_two_researchers_on_the_same_devices_the_second_is_queued_with_its_deadl
     from controlplane.experiments.services import dispatch
     from tests.controlplane.test_round_protocol import _device_results
 
+    # The colleague's run measures its P_alone on the leased devices (the phase whose time must
+    # not count against its deadline): the cross-run cache, which would vouch for them, is off.
+    settings.MTFL = {**settings.MTFL, "STANDALONE_CACHE_MAX_AGE_S": 0}
     run, rnd = started_round(rounds=2)
     colleague = _colleague()
     theirs = make_experiment(
