@@ -208,8 +208,8 @@ def round_figures(run: Mapping[str, Any]) -> list[dict[str, Any]]:
                 following = rounds[k + 1] if k + 1 < len(rounds) else None
                 if following is not None and following.get("dispatched_at") is not None:
                     overlaps_next = max(done) > following["dispatched_at"]
-        parts = [dispatch, process_start, collection, agg_eval]
-        other = overhead - sum(parts) if overhead is not None and all(p is not None for p in parts) else None
+        parts = [p for p in (dispatch, process_start, collection, agg_eval) if p is not None]
+        other = overhead - sum(parts) if overhead is not None and len(parts) == 4 else None
         out.append(
             {
                 "index": r["index"],
@@ -552,7 +552,7 @@ def git_commit() -> dict[str, Any]:
 
 def save(path: Path, entry: dict[str, Any]) -> None:
     """Append ``entry`` to the results file at ``path`` (created with its header if missing)."""
-    data = (
+    data: dict[str, Any] = (
         json.loads(path.read_text())
         if path.exists()
         else {
@@ -587,8 +587,14 @@ def save(path: Path, entry: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ main
 
 
-def run_case(case: str, args: argparse.Namespace, stack, devices, owner) -> list[dict[str, Any]]:
-    """Create the case's experiment and run ``args.runs`` runs of it one after another."""
+def run_case(case: str, args: argparse.Namespace, stack: Any, devices: list[Any], owner: Any) -> list[dict[str, Any]]:
+    """Create the case's experiment (on ``devices``, owned by ``owner``) and run ``args.runs``
+    runs of it one after another on ``stack`` (a started :class:`~controlplane.core.stack.LocalStack`).
+
+    Raises:
+        TimeoutError: a run did not end within ``args.timeout`` (it was cancelled).
+        RuntimeError: a process of the stack exited.
+    """
     from controlplane.core.demo import demo_experiment_create
     from controlplane.experiments.services import run_create
 
