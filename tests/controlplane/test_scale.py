@@ -132,6 +132,10 @@ def test_a_round_of_unchanged_models_keeps_the_previous_file_and_its_evaluation(
     run, rnd = begun_round
     results = _results(rnd, lambda device, state: None)
     import workers.training.evaluate
+    from controlplane.experiments.services import checkpoints_evaluate
+
+    # The initial model was evaluated beside round 0, as the control worker does.
+    checkpoints_evaluate(checkpoint_ids=run.checkpoints.values_list("id", flat=True))
 
     def no_evaluation(*_args, **_kwargs):
         raise AssertionError("the same model was evaluated again")
@@ -144,6 +148,7 @@ def test_a_round_of_unchanged_models_keeps_the_previous_file_and_its_evaluation(
     after = Checkpoint.objects.get(run=run, round=rnd)
     assert rnd.status == Round.Status.SUCCEEDED
     assert (after.artifact_path, after.sha256) == (initial.artifact_path, initial.sha256)
+    assert initial.test_accuracy is not None and after.evaluation_status == "done"
     assert (after.test_accuracy, after.test_loss, after.kept_previous) == (
         initial.test_accuracy,
         initial.test_loss,

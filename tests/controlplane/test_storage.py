@@ -77,9 +77,9 @@ def test_the_latest_checkpoint_is_kept_even_when_it_is_not_the_last_round():
 
 @pytest.fixture
 def accuracies(monkeypatch):
-    """Test accuracies by round index (``None``: the initial model), instead of evaluating."""
-    import controlplane.experiments.services.rounds.aggregate as aggregate
-    import controlplane.experiments.services.standalone as standalone
+    """Test accuracies by round index (``None``: the initial model), instead of evaluating; each
+    evaluation runs as soon as it is queued, as the control worker's second slot does."""
+    from controlplane.experiments.services import dispatch, evaluation
 
     chosen: dict[int | None, float] = {None: 0.1}
 
@@ -88,8 +88,10 @@ def accuracies(monkeypatch):
         index = None if name.startswith("initial") else int(name.split("-")[1].split(".")[0])
         return chosen.get(index, 0.5), 1.0
 
-    monkeypatch.setattr(aggregate, "model_evaluate", fake)
-    monkeypatch.setattr(standalone, "model_evaluate", fake)
+    monkeypatch.setattr(evaluation, "model_evaluate", fake)
+    monkeypatch.setattr(
+        dispatch, "send_checkpoints_evaluate", lambda ids: evaluation.checkpoints_evaluate(checkpoint_ids=ids)
+    )
     return chosen
 
 
