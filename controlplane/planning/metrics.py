@@ -41,7 +41,10 @@ task, round ``r`` has the round time ``round_time_s`` (first trainer start to la
 over the devices that count: the FL round time the planners minimise; a failed round has none
 and adds 0 s), the wall time ``wall_time_s`` (dispatch to aggregation done, start-up and FedAvg
 included), the samples of that task trained by its succeeded assignments, and the test accuracy
-of the task's global model after the round (its checkpoint). The time to accuracy of a task for
+of the task's global model after the round (its checkpoint). A round's times end when its global
+model was saved: the model is evaluated beside the next round, and that evaluation's duration
+counts in no round's time, so the time to accuracy is the time until the model that reached
+the target existed, not until its evaluation said so. The time to accuracy of a task for
 a target accuracy ``a*`` is ``Σ round_time_s`` over rounds ``0..r``, where ``r`` is the first
 round whose test accuracy is ``≥ a*``; the rounds to accuracy are ``r + 1``; the wall time and
 the samples to accuracy are the sums of those rounds' wall times and samples. A run that never
@@ -508,7 +511,8 @@ class AccuracyPoint:
         wall_time_s: dispatch to aggregation done, seconds; ``None`` when unknown.
         samples_trained: samples of the task trained in the round by its succeeded assignments.
         test_accuracy: the task's global model's test accuracy after the round, in [0, 1];
-            ``None`` when it was not evaluated.
+            ``None`` when it was not evaluated (yet: a running run's newest rounds; or its
+            evaluation failed). Such a round adds its times but cannot reach a target.
     """
 
     round_index: int
