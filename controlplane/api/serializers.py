@@ -890,6 +890,8 @@ class RunSerializer(serializers.ModelSerializer):
             "comparison",
             "created_at",
             "started_at",
+            "restarts",
+            "last_restart_at",
             "finished_at",
             "error",
             "raw_throughput_sps",

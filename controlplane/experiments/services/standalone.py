@@ -4,11 +4,16 @@ denominator of fair throughput).
 
 :func:`run_begin` claims a pending run, writes and evaluates the seeded initial models and
 enqueues round 0 (:func:`.lab.scheduler.round_start`). Once the lab scheduler has leased its
-devices, :func:`.rounds.start.round_dispatch` asks them for the ``P_alone`` measured nowhere yet
+devices, :func:`.rounds.start.round_dispatch` takes what the cross-run cache knows
+(:mod:`.standalone_cache`) and asks them for the ``P_alone`` measured nowhere yet
 (:mod:`.rounds.alone`: round 0's devices, then devices drawn for the first time or replanned
-batch sizes); :func:`standalone_record` stores the answers and dispatches the round;
-:func:`standalone_watchdog` dispatches it anyway at the deadline with the devices that did not
-answer recorded as failed.
+batch sizes); :func:`standalone_record` stores the answers (and keeps the successful ones in the
+cache) and dispatches the round; :func:`standalone_watchdog` dispatches it anyway at the
+deadline with the devices that did not answer recorded as failed.
+
+A run cancelled while it starts stops at its next step and its initial models go
+(:func:`.storage.run_start_undo`); a run begun again after its control worker was lost keeps its
+first ``started_at`` (:func:`.reliability.runs_resume` counts the restart).
 """
 
 from __future__ import annotations
