@@ -57,6 +57,10 @@ logger = logging.getLogger(__name__)
 TRAINER_MODULE = "workers.training.trainer"
 """The module whose ``serve`` mode the pool runs."""
 
+SERVE_COMMAND: list[str] = [sys.executable, "-m", TRAINER_MODULE]
+"""The command that starts a warm trainer; ``serve --parent <agent pid>`` is appended (the GPU
+tests put a stand-in here, tests/workers/fakes/fake_trainer.py)."""
+
 _EOF = b""
 _REAP_S = 5.0
 
@@ -137,7 +141,7 @@ class WarmProcess:
         """
         with open(stderr_path, "wb") as stderr:
             popen = subprocess.Popen(
-                [sys.executable, "-m", TRAINER_MODULE, "serve", "--parent", str(os.getpid())],
+                [*SERVE_COMMAND, "serve", "--parent", str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,

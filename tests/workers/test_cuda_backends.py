@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from workers import launch
+from workers import launch, warm
 from workers.agent import app as agent
 from workers.backends import (
     BackendUnavailableError,
@@ -897,3 +897,53 @@ def test_agent_stopped_while_starting_still_quits_mps(start_agent, fake_mps, tmp
     agent_process.stop()  # SIGTERM at once: before or while Celery sets up
 
     assert fake_mps.calls() == ["-d", "get_server_list", "quit"], agent_process.output
+
+
+# ------------------------------------------------------------------ warm trainers (workers/warm.py)
+
+
+@pytest.fixture
+def warm_fake_trainer(monkeypatch):
+    """Warm trainers on: the stand-in's ``serve`` mode plays the warm trainer."""
+    monkeypatch.setattr(warm, "SERVE_COMMAND", [sys.executable, str(FAKES / "fake_trainer.py")])
+    monkeypatch.setenv("MTFL_WARM_TRAINERS", "100")
+
+
+def test_warm_mps_trainers_keep_their_share_across_rounds_and_go_before_the_daemon_restarts(
+    mps_backend, fake_mps, warm_fake_trainer, gpu_round, agent_context
+):
+    mps_backend.start(agent_context)
+
+    first = mps_backend.run_round(gpu_round(["a", "b"], [30, 70]), agent_context)
+
+    assert first.status == "succeeded", first.error
+    pool = mps_backend.warm_pool()
+    assert pool is not None and pool.max_processes == 48  # the MPS client limit bounds the setting
+    warm_pids = set(pool.idle_pids())
+    assert len(warm_pids) == 2
+
+    second = mps_backend.run_round(gpu_round(["a", "b"], [30, 70]), agent_context)
+
+    assert second.status == "succeeded", second.error
+    assert set(pool.idle_pids()) == warm_pids and pool.started == 2
+    launches = [e for e in fake_mps.entries() if "trainer" in e]
+    assert [e["trainer"] for e in launches[2:]] == [e["trainer"] for e in launches[:2]]
+    assert [e["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for e in launches[2:]] == ["30", "70"]
+    # Their connection lines are from round 1; the shares are still verified in round 2.
+    assert [a.mps_verified for a in second.assignments] == [True, True]
+    assert [a.visible_sm_count for a in second.assignments] == [38, 92]
+
+    failed = mps_backend.run_round(gpu_round(["slow", "crash-cuda"], [30, 70]), agent_context)
+
+    assert failed.status == "failed" and "task 2 (crash-cuda)" in failed.error
+    assert "killed because task 2 (crash-cuda)" in failed.assignments[0].error
+    assert pool.idle_pids() == [] and launch.live_children() == []
+
+    again = mps_backend.run_round(gpu_round(["a", "b"], [30, 70]), agent_context)
+
+    assert again.status == "succeeded", again.error
+    assert again.mps_restarted and all(a.mps_verified for a in again.assignments)
+    fresh = set(pool.idle_pids())
+    assert len(fresh) == 2 and not fresh & warm_pids and pool.started == 4
+    mps_backend.stop()
+    assert pool.pids() == []

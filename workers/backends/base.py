@@ -6,6 +6,10 @@ that answers from a model instead of running anything (``simulated``).
 ``python -m workers.training.trainer`` process per assignment, started, held at the READY/GO barrier so
 they really overlap, watched and reaped by the launch engine (:class:`workers.launch.ProcessGroup`).
 A subclass only decides each trainer's resources (threads, cores, lock, environment).
+Unless ``MTFL_WARM_TRAINERS=0``, the trainers are warm processes from the backend's
+:class:`workers.warm.TrainerPool`, kept between rounds (and standalone measurements): a later
+round on the same tasks and resources hands its jobs to them instead of starting processes; the
+barrier, the fates and the results are the same as with new processes.
 
 Failures are data: if any trainer fails, times out, the agent shuts down or the control plane
 cancels the task (:func:`workers.launch.request_cancel`), every trainer of the device is killed
@@ -417,7 +421,9 @@ class TrainerProcessBackend(ExecutionBackend):
             env=self.trainer_env(resources),
             stderr_path=stem.with_suffix(".stderr.log"),
             label=label,
-            module=TRAINER_MODULE,
+            # Only the package's own trainer has the warm mode; another command (a stand-in)
+            # is always started anew.
+            module=TRAINER_MODULE if TRAINER_COMMAND[-1] == TRAINER_MODULE else None,
             result_path=stem.with_suffix(".result.json"),
         )
 

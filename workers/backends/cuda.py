@@ -310,6 +310,9 @@ class CudaMpsBackend(CudaBackend):
         self._restarted = False
         self._log_marks: dict[Path, int] = {}
         self._probed = False
+        # MPS clients seen connecting in the server log, by pid, since the daemon last started:
+        # a warm trainer connected in an earlier round than the one it trains now.
+        self._clients: dict[int, int] = {}
 
     def check_available(self) -> None:
         """Also check for ``nvidia-cuda-mps-control`` (``MTFL_MPS_CONTROL`` or ``PATH``).
@@ -419,9 +422,11 @@ class CudaMpsBackend(CudaBackend):
                 self.close_warm_pool()
                 daemon.restart()
                 self._restarted = True
+                self._clients = {}
             elif partitioning == "mps" and not daemon.answering:
                 # Half-way up (an earlier start timed out): quit what may be there first.
                 self.close_warm_pool()
+                self._clients = {}
                 daemon.restart() if daemon.started else daemon.start()
         except MpsError as exc:
             raise BackendUnavailableError(f"cuda-mps: {exc}") from None
@@ -507,10 +512,15 @@ class CudaMpsBackend(CudaBackend):
         reported against the GPU's (:func:`~workers.backends.gpu_mps.verify_client_sms`), with
         the MPS server log's connection line as the evidence at 100 % (``mps_verified``,
         ``mps_active_thread_percentage``: the SMs it saw as a percentage of the GPU's,
-        ``mps_detail``)."""
+        ``mps_detail``). A warm trainer's connection line may be from an earlier round of the
+        same daemon: every connection since the daemon started counts."""
         if request.partitioning != "mps" or self._daemon is None:
             return results
         log = read_server_log(self._daemon.server_logs(), self._log_marks)
+        self._clients.update(log.client_server)
+        pool = getattr(self, "_warm_pool", None)
+        # Only a warm trainer connected before this round: a new process's pid may be a reused one.
+        warm = set(pool.pids()) if pool is not None else set()
         try:
             total = self.gpu_info().sm_count
         except BackendUnavailableError:
@@ -521,7 +531,8 @@ class CudaMpsBackend(CudaBackend):
                 result.visible_sm_count,
                 total,
                 assignment.active_thread_percentage,
-                connected_to=client_server(log, pid),
+                connected_to=client_server(log, pid)
+                or (self._clients.get(pid) if pid is not None and pid in warm else None),
             )
             reviewed.append(
                 result.model_copy(

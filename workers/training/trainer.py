@@ -4,6 +4,7 @@ Run by an execution backend, one OS process per task (never forked)::
 
     python -m workers.training.trainer train SPEC.json RESULT.json
     python -m workers.training.trainer standalone SPEC.json RESULT.json
+    python -m workers.training.trainer serve [--parent PID]
 
 ``train``: SPEC.json is a :class:`TrainerSpec` (an :class:`~workers.protocol.messages.AssignmentSpec`
 plus the resources the backend gave it). The trainer pins itself to its cores, loads its shard,
@@ -15,6 +16,11 @@ then trains ``local_epochs`` epochs, writes the weights to ``output_weights`` an
 ``standalone``: SPEC.json is a :class:`StandaloneSpec`; each item runs alone with all the given
 threads and cores for ``warmup_iterations + timed_iterations`` training steps and RESULT.json is
 a :class:`~workers.protocol.messages.StandaloneResult` (``P_alone``, docs/DESIGN.md §1). No barrier.
+
+``serve``: a warm trainer (:func:`serve`, kept by the agent's pool, :mod:`workers.warm`): it runs
+``train`` and ``standalone`` jobs handed over on stdin one after the other, each exactly as the
+one-shot mode would, printing ``DONE <exit code>`` after each instead of exiting; the model and
+the shard stay in memory between jobs (:class:`TrainerCache`).
 
 Exit codes: 0 success, 1 training error (RESULT.json has ``status="failed"`` and
 ``error="ExcType: message"``), 2 bad spec or usage (RESULT.json, when it can be written, holds
