@@ -26,7 +26,9 @@ def round_advance(rnd: Round) -> None:
     (``CHECKPOINTS_EVALUATE``) is queued right after the next round, so it runs while the devices
     train. After the last round nothing waits on the run, so whatever of it is still pending is
     evaluated inline before it is finished (:func:`.evaluation.run_checkpoints_evaluate`): a run
-    reported finished has every round's accuracy.
+    reported finished has every round's accuracy (or, where an evaluation failed, the reason on
+    the checkpoint and its round's flags). A run that fails or was cancelled is not waited for:
+    its queued evaluations still run.
 
     Then, once the round's checkpoints are committed and the next round is sent, the retention
     policy runs (:func:`.storage.retention_after_round`: device weights of ended rounds,
