@@ -19,7 +19,10 @@ The facts of docs/DESIGN.md §2 this module keeps:
   child would inherit broken, and Celery prefork children are daemonic and may not start
   ``multiprocessing`` children. The one exception is a caller-supplied ``launcher`` (the
   profilers' :class:`workers.forkserver.ForkServerPool`), whose server process imported torch
-  but never initialised CUDA or a thread pool;
+  but never initialised CUDA or a thread pool. A launcher may also hand the work to a process
+  that outlives the dispatch (the agent's warm trainers, :class:`workers.warm.TrainerPool`): it
+  then returns a :class:`ReusableProcess` that "exits" when its job is done, and
+  :meth:`ProcessGroup.close` releases it instead of reaping it;
 - the start barrier: each process prints ``READY`` on stdout once loaded and blocks until it
   reads ``GO`` on stdin; GO goes to all only when all are ready, so they really overlap;
 - a dispatch fails as a whole: when one process dies, times out or the dispatch is interrupted,

@@ -808,6 +808,10 @@ def run_sweep(
         except Exception:  # noqa: BLE001 - a lost record must not end the sweep
             logger.exception("could not emit configuration %s of sweep %s", index, request.sweep_id)
 
+    if processes is not None and processes.warm_process_limit is not None:
+        # Idle warm trainers (workers.warm) hold device client slots (cuda-mps: MPS clients) that
+        # the sweep's profilers need; the next round starts new ones.
+        processes.close_warm_pool()
     launcher = (
         _start_fork_servers(request, ctx, processes)
         if processes is not None and (fork_server if fork_server is not None else fork_server_wanted(backend))
