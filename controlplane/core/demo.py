@@ -108,6 +108,8 @@ def demo_experiment_create(
             optimizer="adam",
             learning_rate=1e-3,
             weight_decay=0.0,
+            # Computed here, before any run starts: not in the control worker beside run 1's start.
+            features="now",
         )
         tasks.append(task)
     name = f"demo {timezone.now():%Y-%m-%d %H:%M:%S}"
