@@ -56,6 +56,19 @@ class Measured(NamedTuple):
     simulated: bool
 
 
+WORKLOAD_FIELDS = (
+    "id",
+    "architecture",
+    "num_classes",
+    "input_shape",
+    "dataset",
+    "optimizer",
+    "momentum",
+    "weight_decay",
+)
+"""The task fields :func:`workload_identity` reads."""
+
+
 def workload_identity(task: Task) -> dict[str, Any]:
     """What determines a task's training speed, as plain JSON (see the module): its
     architecture, classes, input shape, data set and optimizer kind, momentum and weight decay."""
@@ -117,7 +130,8 @@ class _Keys:
                 run.experiment, device_ids=device_ids, fields=["id", "backend", "inventory", "plugins"]
             )
         }
-        tasks = Task.objects.filter(id__in=list(task_ids))
+        # Not the whole row: a task carries its training labels (megabytes for a large data set).
+        tasks = Task.objects.filter(id__in=list(task_ids)).only(*WORKLOAD_FIELDS)
         self.identity = {t.id: workload_identity(t) for t in tasks}
         self.workload = {task_id: workload_key(identity) for task_id, identity in self.identity.items()}
 
