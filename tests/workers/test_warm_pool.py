@@ -20,6 +20,7 @@ from workers import launch
 from workers.agent import config
 from workers.backends import CpuBackend
 from workers.protocol.messages import ShardRef, StandaloneItem, StandaloneRequest
+from workers.protocol.queues import TaskName
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -343,3 +344,82 @@ def test_bad_settings_are_refused_naming_the_variable(monkeypatch):
         config.warm_trainers_memory_bytes()
     monkeypatch.setenv(config.ENV_WARM_TRAINERS_MEMORY_MB, "512")
     assert config.warm_trainers_memory_bytes() == 512 * 2**20
+
+
+def test_the_trainer_cache_builds_the_model_once_and_reloads_the_shard_only_when_it_changes(make_task_ref):
+    import torch
+
+    from workers.training.trainer import TrainerCache
+
+    cache = TrainerCache()
+    task = make_task_ref(1, "mobilenet_v3_small")
+    shard = ShardRef(permutation_seed=7, offset=0, count=32)
+    cpu = torch.device("cpu")
+
+    model = cache.model(task, 3, cpu)
+    x, y = cache.shard(task, shard, cpu)
+    assert cache.model(task.model_copy(update={"task_id": 9, "name": "other"}), 4, cpu) is model
+    assert cache.shard(task, shard, cpu)[0] is x
+    assert (cache.models_built, cache.shards_loaded) == (1, 1)
+
+    moved = cache.shard(task, shard.model_copy(update={"offset": 32}), cpu)  # the partition changed
+
+    assert cache.shards_loaded == 2 and len(moved[1]) == 32 and not torch.equal(moved[0], x)
+    assert cache.model(task.model_copy(update={"architecture": "shufflenet_v2_x1_0"}), 3, cpu) is not model
+    assert cache.models_built == 2
+
+
+def _warm_children(parent: int) -> list[int]:
+    """Pids of the ``trainer serve`` processes whose parent is ``parent``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"workers.training.trainer" in command and b"serve" in command:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_an_agents_warm_trainers_end_with_it(start_agent, make_task_ref, signum):
+    agent_process = start_agent("--device", "warm", "--heartbeat-s", "600", MTFL_WARM_TRAINERS="2")
+    request = {
+        "run_id": 2,
+        "device": "warm",
+        "warmup_iterations": 1,
+        "timed_iterations": 1,
+        "items": [
+            {
+                "task": make_task_ref(1, "mobilenet_v3_small").model_dump(mode="json"),
+                "batch_size": 8,
+                "shard": {"permutation_seed": 0, "offset": 0, "count": 16},
+            }
+        ],
+    }
+    try:
+        for run_id in (2, 3):
+            result = agent_process.client.send_task(
+                TaskName.MEASURE_STANDALONE,
+                args=[{**request, "run_id": run_id}],
+                queue="device.warm",
+            ).get(timeout=180)
+            assert result["status"] == "succeeded", result
+        warm_pids = _warm_children(agent_process.proc.pid)
+        assert len(warm_pids) == 1  # the second measurement reused the first one's process
+
+        if signum == signal.SIGTERM:
+            agent_process.stop()
+            assert agent_process.proc.returncode == 0, agent_process.output
+        else:
+            agent_process.proc.kill()
+            agent_process.proc.wait(timeout=30)
+
+        assert _gone_within(warm_pids, 10), [pid for pid in warm_pids if _alive(pid)]
+    finally:
+        agent_process.stop()
