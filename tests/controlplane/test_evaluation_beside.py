@@ -237,3 +237,43 @@ def test_evaluations_lost_with_the_control_worker_are_done_by_the_restarted_one(
     for ckpt in Checkpoint.objects.filter(run=run).select_related("task"):
         assert ckpt.evaluation_status == DONE
         assert (ckpt.test_accuracy, ckpt.test_loss) == _uncached(ckpt)
+
+
+@pytest.mark.django_db
+def test_a_model_is_evaluated_once_for_every_checkpoint_of_it_across_rounds_and_runs(
+    make_experiment, two_tasks, monkeypatch
+):
+    _sent_in_order(monkeypatch)
+    calls: list[str] = []
+    real = evaluation.model_evaluate
+
+    def counted(task, path):
+        calls.append(Path(path).name)
+        return real(task, path)
+
+    monkeypatch.setattr(evaluation, "model_evaluate", counted)
+    experiment = _experiment(make_experiment, two_tasks, rounds=2)
+    first, second = begin(experiment), begin(experiment)  # two strategies: the same initial models
+    rnd0 = Round.objects.get(run=first, index=0)
+    store = get_store()
+    # the devices pass the models through unchanged (as the simulated backend does)
+    unchanged = {
+        (d, t): store.path(Checkpoint.objects.get(run=first, round=None, task__name=t).artifact_path).read_bytes()
+        for d, t in [("dev-a", "t-mobilenet"), ("dev-b", "t-mobilenet"), ("dev-b", "t-shufflenet")]
+    }
+    services.round_finish(round_id=rnd0.id, results=device_results(rnd0, unchanged))
+    kept = _ids(Checkpoint.objects.filter(round=rnd0))
+    assert set(Checkpoint.objects.filter(id__in=kept).values_list("evaluation_status", flat=True)) == {PENDING}
+
+    # round 0's message and the second run's leave the models to the first run's initial
+    # checkpoints, evaluated with their own message: once per model, for all six checkpoints
+    assert services.checkpoints_evaluate(checkpoint_ids=kept) == 0
+    assert services.checkpoints_evaluate(checkpoint_ids=_ids(second.checkpoints.all())) == 0
+    assert calls == []
+    assert services.checkpoints_evaluate(checkpoint_ids=_ids(first.checkpoints.filter(round=None))) == 6
+    assert sorted(calls) == ["initial.safetensors", "initial.safetensors"]
+    by_task = {}
+    for ckpt in Checkpoint.objects.filter(run__in=[first, second]).select_related("task"):
+        assert ckpt.evaluation_status == DONE
+        by_task.setdefault(ckpt.task.name, set()).add((ckpt.test_accuracy, ckpt.test_loss))
+    assert all(len(results) == 1 for results in by_task.values())

@@ -16,8 +16,11 @@ Nothing is lost or counted twice:
 - :func:`checkpoints_evaluate` settles only checkpoints still pending, with one conditional
   update, so a redelivered message (the task is ``acks_late``) or two messages naming the same
   checkpoint change nothing twice;
-- a checkpoint whose model (same task, same SHA-256) was evaluated before takes those results
-  (a round that kept the previous model, every run's identical initial models);
+- a model (same task, same SHA-256) is evaluated once: a checkpoint of a model evaluated before
+  takes those results, and one evaluation settles every checkpoint of its model still pending
+  (a round that kept the previous model, the simulated backend's unchanged models, every
+  strategy's identical initial models), so a message whose model is pending in an earlier
+  checkpoint leaves it to that checkpoint's evaluation and frees its worker slot at once;
 - a failed evaluation leaves the accuracy ``None``, records why on the checkpoint
   (``evaluation_error``) and on its round's flags, and logs it;
 - a control worker that restarts sends every pending evaluation again
@@ -73,21 +76,27 @@ def model_evaluate(task: TaskRef, weights_path: Path | str) -> tuple[float, floa
     return result
 
 
-def checkpoints_evaluate(*, checkpoint_ids: Iterable[int]) -> int:
+def checkpoints_evaluate(*, checkpoint_ids: Iterable[int], force: bool = False) -> int:
     """Evaluate the checkpoints of ``checkpoint_ids`` whose test results are still pending.
 
     Checkpoints of the same task and model (SHA-256) are evaluated once, or not at all when a
-    checkpoint of that model was evaluated before (its results are copied). Each group is
-    settled with one conditional update (pending → done or failed), so a checkpoint settled
-    meanwhile by another call keeps that call's results (the same numbers: evaluation is
-    deterministic). A failure is recorded, never raised: the checkpoint is ``failed`` with
-    ``evaluation_error``, its round gets a flag line, and the error is logged.
+    checkpoint of that model was evaluated before (its results are copied). A model is left
+    alone when an earlier checkpoint of it (a lower id, of any run) is pending too and not among
+    ``checkpoint_ids``, unless ``force``: that checkpoint's own evaluation settles this one (a
+    lost message of it is sent again by :func:`checkpoints_evaluate_resend`). Each model's
+    results are written to every checkpoint of it still pending with one conditional update
+    (pending → done or failed), so a checkpoint settled meanwhile by another call keeps that
+    call's results (the same numbers: evaluation is deterministic). A failure is recorded, never
+    raised: the checkpoints of ``checkpoint_ids`` are ``failed`` with ``evaluation_error``, their
+    rounds get a flag line, and the error is logged.
 
     Args:
         checkpoint_ids: checkpoint ids; those not pending (or gone) are skipped.
+        force: evaluate every model of ``checkpoint_ids`` still pending now, whatever else is
+            pending (a run about to be reported finished).
 
     Returns:
-        How many checkpoints this call settled.
+        How many checkpoints this call settled (other runs' checkpoints of the same models included).
     """
     pending = list(
         Checkpoint.objects.filter(id__in=list(checkpoint_ids), evaluation_status=PENDING)
@@ -105,6 +114,16 @@ def checkpoints_evaluate(*, checkpoint_ids: Iterable[int]) -> int:
             .values_list("test_accuracy", "test_loss")
             .first()
         )
+        if known is None and not force:
+            earliest = (
+                Checkpoint.objects.filter(task_id=task_id, sha256=sha256, evaluation_status=PENDING)
+                .order_by("id")
+                .values_list("id", flat=True)
+                .first()
+            )
+            if earliest is not None and earliest < members[0].id:
+                log.info("checkpoint %s: its model is evaluated with checkpoint %s", members[0].id, earliest)
+                continue
         error = ""
         accuracy = loss = None
         if known is not None:
@@ -121,11 +140,18 @@ def checkpoints_evaluate(*, checkpoint_ids: Iterable[int]) -> int:
 
 
 def _settle(members: list[Checkpoint], accuracy: float | None, loss: float | None, error: str) -> int:
-    """Record one model's results (or ``error``) on ``members`` still pending; flag their
-    rounds when it failed. Returns the rows changed."""
-    ids = [c.id for c in members]
+    """Record one model's results on every checkpoint of it (the task and SHA-256 of
+    ``members``) still pending, or its ``error`` on ``members`` only (it may be theirs alone: a
+    file gone) with a flag on their rounds. Returns the rows changed."""
+    first = members[0]
     with transaction.atomic():
-        changed = Checkpoint.objects.filter(id__in=ids, evaluation_status=PENDING).update(
+        same = Checkpoint.objects.filter(evaluation_status=PENDING)
+        if error:
+            same = same.filter(id__in=[c.id for c in members])
+        else:
+            same = same.filter(task_id=first.task_id, sha256=first.sha256)
+        rows = list(same.values_list("id", "round_id"))
+        changed = Checkpoint.objects.filter(id__in=[i for i, _ in rows], evaluation_status=PENDING).update(
             test_accuracy=None if error else accuracy,
             test_loss=None if error else loss,
             evaluation_status=Checkpoint.Evaluation.FAILED if error else Checkpoint.Evaluation.DONE,
@@ -133,8 +159,8 @@ def _settle(members: list[Checkpoint], accuracy: float | None, loss: float | Non
             evaluated_at=timezone.now(),
         )
         if error and changed:
-            line = f"task {members[0].task.name}: its global model could not be evaluated ({error[:500]}); no test accuracy"
-            for rnd in Round.objects.select_for_update().filter(id__in={c.round_id for c in members if c.round_id}):
+            line = f"task {first.task.name}: its global model could not be evaluated ({error[:500]}); no test accuracy"
+            for rnd in Round.objects.select_for_update().filter(id__in={r for _, r in rows if r}):
                 Round.objects.filter(id=rnd.id).update(flags=[*rnd.flags, line])
     return changed
 
@@ -161,7 +187,7 @@ def run_checkpoints_evaluate(run_id: int) -> int:
         How many checkpoints this call settled.
     """
     ids = Checkpoint.objects.filter(run_id=run_id, evaluation_status=PENDING).values_list("id", flat=True)
-    return checkpoints_evaluate(checkpoint_ids=list(ids))
+    return checkpoints_evaluate(checkpoint_ids=list(ids), force=True)
 
 
 def checkpoints_evaluate_resend() -> int:
