@@ -423,22 +423,29 @@ class TrainerPool:
             OSError: a process could not be started or written to.
         """
         key = process_key(module, argv, env)
-        with self._lock:
-            process = self._take_idle(key)
-            if process is None:
-                self._make_room(1)
-                process = WarmProcess.start(key, env, stderr_path)
-                self.started += 1
-            self._busy[process.pid] = process
-        try:
-            job = process.submit(argv, stderr_path, pipes=pipes)
-        except (OSError, ValueError):
+        while True:
             with self._lock:
-                self._busy.pop(process.pid, None)
-            process.kill()
-            raise
-        job.pool = self
-        return job
+                process = self._take_idle(key)
+                reused = process is not None
+                if process is None:
+                    self._make_room(1)
+                    process = WarmProcess.start(key, env, stderr_path)
+                    self.started += 1
+                self._busy[process.pid] = process
+            try:
+                job = process.submit(argv, stderr_path, pipes=pipes)
+            except (OSError, ValueError):
+                with self._lock:
+                    self._busy.pop(process.pid, None)
+                process.kill()
+                if not reused:
+                    raise
+                # It died while idle, after the liveness check: a new one takes the job.
+                logger.warning("warm trainer %s died while idle; starting a new one", process.pid)
+                self.evicted += 1
+                continue
+            job.pool = self
+            return job
 
     def _take_idle(self, key: tuple[object, ...]) -> WarmProcess | None:
         """The most recently used live idle process of ``key`` (dead ones met are replaced)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from workers import launch
+from workers import launch, warm
 from workers.agent import config
 from workers.backends import CpuBackend
 from workers.protocol.messages import ShardRef, StandaloneItem, StandaloneRequest
@@ -164,6 +164,26 @@ def test_a_process_killed_while_idle_is_replaced_before_the_round(warm_backend, 
 
     _ok(backend.run_round(one_task_round(), agent_context))
 
+    (new,) = pool.idle_pids()
+    assert new != old and pool.started == 2 and pool.evicted == 1
+
+
+def test_a_process_that_dies_after_the_liveness_check_is_replaced_too(
+    warm_backend, one_task_round, agent_context, monkeypatch
+):
+    backend = warm_backend(count=2)
+    pool = backend.warm_pool()
+    assert pool is not None
+    _ok(backend.run_round(one_task_round(), agent_context))
+    (old,) = pool.idle_pids()
+    os.kill(old, signal.SIGKILL)
+    assert _gone_within([old], 5)
+    # It still looks alive when it is taken: the job line is what finds it dead.
+    monkeypatch.setattr(warm.WarmProcess, "alive", lambda self: True)
+
+    _ok(backend.run_round(one_task_round(), agent_context))
+
+    monkeypatch.undo()
     (new,) = pool.idle_pids()
     assert new != old and pool.started == 2 and pool.evicted == 1
 
