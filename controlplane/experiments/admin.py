@@ -8,6 +8,7 @@ from controlplane.experiments.models import (
     Round,
     Run,
     Shard,
+    StandaloneCacheEntry,
     StandaloneThroughput,
     Task,
     UserShare,
@@ -68,7 +69,16 @@ class CheckpointAdmin(admin.ModelAdmin):
 
 @admin.register(StandaloneThroughput)
 class StandaloneThroughputAdmin(admin.ModelAdmin):
-    list_display = ["id", "run", "device", "task", "batch_size", "throughput_sps"]
+    list_display = ["id", "run", "device", "task", "batch_size", "throughput_sps", "source"]
+
+
+@admin.register(StandaloneCacheEntry)
+class StandaloneCacheEntryAdmin(admin.ModelAdmin):
+    """P_alone kept across runs; deleting an entry makes the next run on its device measure it."""
+
+    list_display = ["id", "device", "backend", "batch_size", "throughput_sps", "code_version", "measured_at"]
+    list_filter = ["backend"]
+    list_select_related = ["device"]
 
 
 @admin.register(UserShare)
