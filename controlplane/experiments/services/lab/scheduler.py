@@ -24,11 +24,12 @@ twice.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import logging
 from collections import defaultdict
 
 from django.db import transaction
-from django.db.models import Q, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from controlplane.common.errors import ApplicationError
@@ -280,13 +281,19 @@ def lab_usage(*, now: dt.datetime | None = None) -> tuple[dict[int | None, float
     now = now or timezone.now()
     window_s = float(mtfl_setting("FAIR_WINDOW_S"))
     start = now - dt.timedelta(seconds=window_s)
-    leases = DeviceLease.objects.filter(Q(released_at__isnull=True) | Q(released_at__gte=start)).values_list(
-        "owner_id", "granted_at", "released_at"
+    # A round's leases share their grant and release times: one row per (owner, granted,
+    # released) with its count, each repeated, instead of 1,000 rows per round of the window.
+    leases = (
+        DeviceLease.objects.filter(Q(released_at__isnull=True) | Q(released_at__gte=start))
+        .values("owner_id", "granted_at", "released_at")
+        .annotate(n=Count("id"))
+        .order_by()
+        .values_list("owner_id", "granted_at", "released_at", "n")
     )
     usage = owner_usage(
-        (
-            (owner, granted.timestamp(), released.timestamp() if released else None)
-            for owner, granted, released in leases
+        itertools.chain.from_iterable(
+            itertools.repeat((owner, granted.timestamp(), released.timestamp() if released else None), n)
+            for owner, granted, released, n in leases
         ),
         now=now.timestamp(),
         window_s=window_s,
