@@ -5,7 +5,7 @@ next round reads), restarted, and the run finishes, having kept exactly what the
 
 Real processes as in tests/integration/test_faults.py (its helpers and settings): a Celery
 control worker and two ``simulated`` device agents against a broker of their own, rounds paced
-in real time (about 2 s each).
+in real time (about 3 s each).
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ from workers.fl.artifacts import get_store
 
 pytestmark = pytest.mark.integration
 
-SIM_SCALE_2S = "30"
-"""About 2 s of real time per simulated round (test_faults.py: 150 makes about 10 s)."""
+SIM_SCALE_3S = "45"
+"""About 3 s of real time per simulated round (test_faults.py: 150 makes about 10 s): long enough
+for the initial models' evaluation (beside round 0, the control worker's first, which imports
+torch) to settle round 0's unchanged models before the policy runs after round 1."""
 
 
 def test_the_control_worker_killed_mid_run_with_retention_active_resumes_and_the_run_finishes(fast_faults):  # noqa: F811
-    fast_faults.setenv("MTFL_SIM_TIME_SCALE", SIM_SCALE_2S)
+    fast_faults.setenv("MTFL_SIM_TIME_SCALE", SIM_SCALE_3S)
     names = ["ret-a", "ret-b"]
     with LocalStack(agents=names, backend="simulated", log=lambda line: None) as stack:
         stack.wait_ready(timeout_s=180)
