@@ -136,7 +136,9 @@ def round_finish(
     ``idempotency_key``), once: duplicates and results of superseded attempts are ignored.
 
     Args:
-        results: :class:`workers.protocol.messages.DeviceRoundResult` JSON of the devices that reported.
+        results: :class:`workers.protocol.messages.DeviceRoundResult` JSON of the devices that reported,
+            or the results already validated (the round check's; pydantic hands an instance on
+            without validating it again).
             Devices that did not report have their assignments failed with ``causes[device]``
             or else ``cause``.
         cause: why results are missing (default for every device).
