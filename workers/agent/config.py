@@ -13,7 +13,7 @@ Variables:
     ``MTFL_WARM_TRAINERS``: most warm trainer processes an agent keeps alive between rounds
         (:mod:`workers.warm`); default 4; 0 starts a new trainer process for every round.
     ``MTFL_WARM_TRAINERS_MEMORY_MB``: most private resident memory of an agent's idle warm
-        trainers together, MiB; default a quarter of the host's memory.
+        trainers together, MiB; default a quarter of the host's memory, at most 8 GiB.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def positive_seconds(text: str) -> float | None:
 
 
 DEFAULT_WARM_TRAINERS = 4
+DEFAULT_WARM_TRAINERS_MEMORY_CAP_BYTES = 8 * 2**30
 ENV_WARM_TRAINERS = "MTFL_WARM_TRAINERS"
 ENV_WARM_TRAINERS_MEMORY_MB = "MTFL_WARM_TRAINERS_MEMORY_MB"
 
@@ -115,15 +116,16 @@ def warm_trainers() -> int:
 
 def warm_trainers_memory_bytes() -> int:
     """Return ``$MTFL_WARM_TRAINERS_MEMORY_MB`` in bytes: most private resident memory of an
-    agent's idle warm trainers together; default a quarter of the host's memory
-    (``MemTotal`` of ``/proc/meminfo``; 4 GiB where it cannot be read).
+    agent's idle warm trainers together; default a quarter of the host's memory (``MemTotal`` of
+    ``/proc/meminfo``; 16 GiB assumed where it cannot be read), at most 8 GiB: a GPU host runs
+    one agent per GPU, and their warm trainers together must leave the host room.
 
     Raises:
         ValueError: naming the variable, if it is not an integer number of MiB ``>= 0``.
     """
     text = os.environ.get(ENV_WARM_TRAINERS_MEMORY_MB, "").strip()
     if not text:
-        return _host_memory_bytes() // 4
+        return min(_host_memory_bytes() // 4, DEFAULT_WARM_TRAINERS_MEMORY_CAP_BYTES)
     try:
         value = int(text)
     except ValueError:
