@@ -267,6 +267,22 @@ def _trainers(agent_pid: int) -> list[psutil.Process]:
     return found
 
 
+def _round_trainers(agent_pid: int) -> list[psutil.Process]:
+    """The agent's trainers working on a round: a warm trainer writes its stderr to its job's
+    file (``.../round-<index>/assignment-<id>.stderr.log``), while an idle one of an earlier
+    standalone measurement still points at that job's (``.../standalone/...``) and lives on in
+    the agent's warm pool, as it should."""
+    found = []
+    for proc in _trainers(agent_pid):
+        try:
+            stderr = os.readlink(f"/proc/{proc.pid}/fd/2")
+        except OSError:
+            continue
+        if "/round-" in stderr:
+            found.append(proc)
+    return found
+
+
 def test_cancel_mid_round_kills_the_trainers_and_queued_work_never_runs(fast_faults, tmp_path):
     with LocalStack(agents=["cx-a"], backend="cpu", log=lambda line: None) as stack:
         stack.wait_ready(timeout_s=180)
@@ -274,7 +290,7 @@ def test_cancel_mid_round_kills_the_trainers_and_queued_work_never_runs(fast_fau
         experiment = _experiment(["cx-a"], rounds=2, samples=1000, local_epochs=100)
         training = services.run_create(experiment=experiment, strategy="sharing")
         _wait_for(
-            lambda: _device_started(training, 0, "cx-a") and _trainers(agent_pid), 300, "round 0's trainer process"
+            lambda: _device_started(training, 0, "cx-a") and _round_trainers(agent_pid), 300, "round 0's trainer process"
         )
 
         # A second run on the same device waits in the lab's queue: its round 0 holds no lease
@@ -290,7 +306,7 @@ def test_cancel_mid_round_kills_the_trainers_and_queued_work_never_runs(fast_fau
         services.run_cancel(run=queued)
         services.run_cancel(run=training)
 
-        _wait_for(lambda: not _trainers(agent_pid), 30, "the trainers to be killed")
+        _wait_for(lambda: not _round_trainers(agent_pid), 30, "the round's trainers to be killed")
         _wait_for(lambda: not DeviceLease.objects.filter(released_at__isnull=True).exists(), 30, "the lease to go")
         stack.children.check_alive()  # the agent serves on
 
