@@ -5,7 +5,8 @@ its work with one conditional update (``RUN_BEGIN``: pending → running; ``ROUN
 round row per index; ``ROUND_FINISH``/``ROUND_WATCHDOG``: running → aggregating, retries by
 attempt; ``STANDALONE_*``: under the run's row lock, only while no round exists;
 ``RUNS_RESUME``: every action conditional; ``CHECKPOINTS_EVALUATE``: only checkpoints still
-pending, settled with one conditional update), so a message redelivered after a worker died
+pending, settled with one conditional update; ``RUN_RETENTION``: rows marked only while
+unmarked, files already gone skipped), so a message redelivered after a worker died
 changes nothing twice. ``ROUND_PROGRESS`` is display only and acked on receipt.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from controlplane.celery import app
 from controlplane.experiments import services
+from controlplane.experiments.services import storage
 from workers.protocol.queues import TaskName
 
 
@@ -62,6 +64,13 @@ def round_watchdog(self, round_id: int) -> None:
 def checkpoints_evaluate(checkpoint_ids: list[int]) -> None:
     # Beside the next round's training (the control worker runs two tasks at a time).
     services.checkpoints_evaluate(checkpoint_ids=checkpoint_ids)
+
+
+@app.task(name=TaskName.RUN_RETENTION, ignore_result=True, acks_late=True)
+def run_retention(run_id: int, round_index: int) -> None:
+    # Beside the next round's training; safe twice (rows are marked only while unmarked, a
+    # file already gone is skipped), and a lost one is made up by the next round's or mtfl gc.
+    storage.retention_after_round(run_id, round_index)
 
 
 @app.task(name=TaskName.RUNS_RESUME, ignore_result=True, acks_late=True)

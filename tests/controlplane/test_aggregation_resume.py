@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
-from controlplane.experiments.services import dispatch
+from controlplane.experiments.services import dispatch, storage
 from controlplane.experiments.services.rounds.requests import round_device_request_load
 from tests.controlplane import stateful_aggregator
 from workers.fl.artifacts import (
@@ -65,6 +65,13 @@ def capture_dispatch(target) -> dict[str, list]:
     target.setattr(dispatch, "send_round_watchdog", lambda round_id, *, countdown_s: sent["watchdog"].append(round_id))
     target.setattr(dispatch, "send_standalone", lambda *a, **kw: sent["standalone"].append(a))
     target.setattr(dispatch, "send_standalone_watchdog", lambda *a, **kw: None)
+
+    def retention(run_id: int, index: int) -> None:
+        # At once, as the control worker's other slot runs RUN_RETENTION beside the next round.
+        sent["retention"].append((run_id, index))
+        storage.retention_after_round(run_id, index)
+
+    target.setattr(dispatch, "send_run_retention", retention)
     return sent
 
 

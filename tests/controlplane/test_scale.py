@@ -156,6 +156,49 @@ def test_a_round_of_unchanged_models_keeps_the_previous_file_and_its_evaluation(
     )
 
 
+def test_recording_a_round_queues_the_retention_policy_after_the_next_round_and_the_task_applies_it(
+    started_round, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The retention policy is its own control task (RUN_RETENTION), sent after the next
+    round's start: recording the round leaves its device weights on disk (at 1,000 devices,
+    3,000 files and 1,000 folders that no longer hold the round up), and the task removes them
+    and marks their rows."""
+    from controlplane.experiments import tasks
+    from controlplane.experiments.services import dispatch
+
+    run, rnd = started_round(
+        rounds=2,
+        device_names=("dev-a", "dev-b", "dev-c"),
+        counts_fn=lambda devices, tasks: [
+            {"device": d.id, "task": tasks[0].id, "num_samples": n} for d, n in zip(devices, (30, 20, 10), strict=True)
+        ],
+    )
+    results = _results(rnd, lambda device, state: None)
+    sent: list[tuple] = []
+    monkeypatch.setattr(dispatch, "send_round_start", lambda run_id, index: sent.append(("round_start", run_id, index)))
+    monkeypatch.setattr(dispatch, "send_run_retention", lambda run_id, index: sent.append(("retention", run_id, index)))
+    monkeypatch.setattr(dispatch, "send_checkpoints_evaluate", lambda ids: sent.append(("evaluate",)))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.round_finish(round_id=rnd.id, results=results)
+
+    rnd.refresh_from_db()
+    assert rnd.status == Round.Status.SUCCEEDED
+    assert [m for m in sent if m[0] != "evaluate"] == [("round_start", run.id, 1), ("retention", run.id, 0)]
+    store = get_store()
+    files = [store.path(a.weights_path) for a in rnd.assignments.all()]
+    assert len(files) == 3 and all(f.is_file() for f in files)
+    assert not rnd.assignments.filter(weights_deleted_at__isnull=False).exists()
+
+    tasks.run_retention(run.id, 0)
+
+    assert not any(f.exists() for f in files)
+    assert not files[0].parent.parent.exists()  # the round's folder went with its device folders
+    assert rnd.assignments.filter(weights_deleted_at__isnull=False).count() == 3
+    tasks.run_retention(run.id, 0)  # a redelivered message changes nothing
+    assert rnd.assignments.filter(weights_deleted_at__isnull=False).count() == 3
+
+
 def test_identical_weights_files_are_read_once_and_weighted_by_their_devices(begun_round, monkeypatch):
     run, rnd = begun_round
     scale = {"dev-a": 2.0, "dev-b": 2.0, "dev-c": 5.0}  # dev-a and dev-b report the same model

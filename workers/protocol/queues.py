@@ -63,6 +63,7 @@ class TaskName:
     ROUND_FINISH = "mtfl.round_finish"
     ROUND_WATCHDOG = "mtfl.round_watchdog"
     CHECKPOINTS_EVALUATE = "mtfl.checkpoints_evaluate"
+    RUN_RETENTION = "mtfl.run_retention"
     RUNS_RESUME = "mtfl.runs_resume"
     LAB_SCHEDULE = "mtfl.lab_schedule"
     PROFILE_RECORD = "mtfl.profile_record"

@@ -129,6 +129,13 @@ def send_checkpoints_evaluate(checkpoint_ids: Iterable[int]) -> None:
     app.send_task(TaskName.CHECKPOINTS_EVALUATE, args=[sorted(checkpoint_ids)], queue=CONTROL_QUEUE)
 
 
+def send_run_retention(run_id: int, round_index: int) -> None:
+    """Queue :data:`TaskName.RUN_RETENTION` on ``control``: the retention policy after round
+    ``round_index`` of a run ended (:func:`.storage.retention_after_round`), beside the next
+    round's training instead of in the task that recorded the round."""
+    app.send_task(TaskName.RUN_RETENTION, args=[run_id, round_index], queue=CONTROL_QUEUE)
+
+
 def send_round_start(run_id: int, index: int) -> None:
     """Queue ``ROUND_START`` of round ``index`` of a run on ``control``."""
     app.send_task(TaskName.ROUND_START, args=[run_id, index], queue=CONTROL_QUEUE)
