@@ -360,6 +360,15 @@ def samples_from_round(*, round_id: int) -> int:
         "simulated",
         "samples",
     )
+    if epochs > 0:
+        # A round whose shards are too short to time any assignment stores nothing: one EXISTS
+        # instead of reading its 3,000 assignments, devices and tasks. The test below keeps an
+        # assignment exactly when ceil(samples / batch) >= least, i.e. samples > (least - 1) * batch.
+        least = -(-(needed + untimed) // epochs)
+        if not rnd.assignments.filter(
+            status=Assignment.Status.SUCCEEDED, samples__gt=(least - 1) * F("batch_size")
+        ).exists():
+            return 0
     by_device: dict[int, list[dict]] = {}
     for values in rnd.assignments.order_by("device_id", "task_id").values_list(*columns):
         a = dict(zip(columns, values, strict=True))
