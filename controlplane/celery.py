@@ -18,6 +18,7 @@ import time
 
 from celery import Celery, bootsteps, signals
 
+from controlplane.common.gc_tuning import control_worker_gc
 from controlplane.core.broker_file import embedded_broker_url, shutdown_embedded_broker
 from workers.agent.broker_compat import patch_kombu_redis_restore
 from workers.agent.lifecycle import exit_with_parent, parent_died
@@ -130,6 +131,15 @@ app.steps["consumer"].add(ResumeRunsOnConnect)
 def _stop_with_the_mtfl_command(**_kwargs) -> None:
     # Started by `mtfl up`/`mtfl demo`: do not outlive it (see workers.agent.lifecycle).
     exit_with_parent()
+
+
+@signals.worker_process_init.connect
+@signals.worker_ready.connect
+def _tune_the_garbage_collector(**_kwargs) -> None:
+    # Each process that runs control tasks (a pool child once forked; the worker itself with a
+    # solo or thread pool): its start-up heap out of the full collections a round at scale
+    # starts again and again (see controlplane.common.gc_tuning).
+    control_worker_gc()
 
 
 @signals.worker_shutdown.connect
