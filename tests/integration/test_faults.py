@@ -290,7 +290,9 @@ def test_cancel_mid_round_kills_the_trainers_and_queued_work_never_runs(fast_fau
         experiment = _experiment(["cx-a"], rounds=2, samples=1000, local_epochs=100)
         training = services.run_create(experiment=experiment, strategy="sharing")
         _wait_for(
-            lambda: _device_started(training, 0, "cx-a") and _round_trainers(agent_pid), 300, "round 0's trainer process"
+            lambda: _device_started(training, 0, "cx-a") and _round_trainers(agent_pid),
+            300,
+            "round 0's trainer process",
         )
 
         # A second run on the same device waits in the lab's queue: its round 0 holds no lease
