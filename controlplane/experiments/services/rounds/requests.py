@@ -10,7 +10,7 @@ global models and seeds) under its next ``attempt``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
@@ -54,6 +54,7 @@ def round_device_request(
     task_refs: Mapping[int, TaskRef],
     warmup_iterations: int,
     attempt: int = 0,
+    trainer_options: Mapping[int, dict[str, Any]] | None = None,
 ) -> TrainRoundRequest:
     """Build one device's part of round ``rnd`` for its ``attempt`` (0 first, then one more
     per retry).
@@ -69,6 +70,9 @@ def round_device_request(
             (:func:`.selectors.latest_checkpoints`).
         task_refs: ``{task_id: TaskRef}``.
         warmup_iterations: untimed iterations before throughput is measured.
+        trainer_options: ``{task_id: task_trainer_options(rnd.run, task_id)}`` when the caller
+            builds many devices' requests (a round of 1,000 devices asked the registry 3,000
+            times); ``None``: asked here.
 
     Each assignment's learning rate follows its batch size by the experiment's ``lr_scaling``
     (:func:`assignment_learning_rate`). Each task's seed is ``experiment.seed × 1000 + round
@@ -87,7 +91,10 @@ def round_device_request(
             installed or no longer takes its stored parameters.
     """
     assignments = list(assignments)
-    trainer_options = {task_id: task_trainer_options(rnd.run, task_id) for task_id in {a.task_id for a in assignments}}
+    if trainer_options is None:
+        trainer_options = {
+            task_id: task_trainer_options(rnd.run, task_id) for task_id in {a.task_id for a in assignments}
+        }
     specs = [
         AssignmentSpec(
             assignment_id=a.assignment_id,

@@ -26,6 +26,7 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Round, Run
 from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.planning import plan_from_json, plan_to_json, round_plan
+from controlplane.experiments.services.rounds.aggregate import task_trainer_options
 from controlplane.experiments.services.rounds.alone import standalone_dispatch
 from controlplane.experiments.services.rounds.deadlines import round_check_after_s, round_deadline_s
 from controlplane.experiments.services.rounds.requests import RequestedAssignment, round_device_request
@@ -123,6 +124,8 @@ def round_dispatch(*, round_id: int) -> Round | None:
         id_of = {(d, t): pk for pk, d, t in rnd.assignments.values_list("id", "device_id", "task_id")}
         task_refs = {task_id: selectors.task_ref(task) for task_id, task in tasks.items()}
         warmup_iterations = mtfl_setting("WARMUP_ITERATIONS")
+        # Each task's once, not once per device (rnd.run is run).
+        trainer_options = {t: task_trainer_options(run, t) for t in {a.task_id for a in plan.assignments}}
         on_device: dict[int, list[PlannedAssignment]] = defaultdict(list)
         for a in plan.assignments:
             on_device[a.device_id].append(a)
@@ -142,6 +145,7 @@ def round_dispatch(*, round_id: int) -> Round | None:
                 latest=latest,
                 task_refs=task_refs,
                 warmup_iterations=warmup_iterations,
+                trainer_options=trainer_options,
             )
             for device_id in sorted(on_device)
         ]
