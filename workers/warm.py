@@ -65,8 +65,9 @@ _EOF = b""
 _REAP_S = 5.0
 
 
-def rss_anon_bytes(pid: int) -> int | None:
-    """Process ``pid``'s private resident memory (``RssAnon`` of ``/proc/<pid>/status``), bytes;
+def rss_anon_bytes(pid: int | str) -> int | None:
+    """Process ``pid``'s private resident memory (``RssAnon`` of ``/proc/<pid>/status``; ``"self"``
+    for the calling process), bytes;
     ``None`` where ``/proc`` does not say (the process is gone, or not Linux). Not the resident
     set size, which also counts torch's shared libraries that every process shares
     (:func:`workers.training.trainer.cpu_memory_bytes`)."""

@@ -86,6 +86,7 @@ from workers.registry.datasets import split_arrays
 from workers.training.datasets import load_split, load_splits
 from workers.training.partition import shard_indices
 from workers.training.zoo import build_model
+from workers.warm import rss_anon_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -163,14 +164,8 @@ def cpu_memory_bytes() -> int:
     freed memory stays in the heap) it never shrinks, so its value at the end of a run is its
     peak.
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    private = rss_anon_bytes("self")
+    return private if private is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 CUDA_CONTEXT_FALLBACK_BYTES = 512 * 2**20
