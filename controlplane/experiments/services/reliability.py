@@ -506,10 +506,9 @@ def runs_liveness_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     for run_id, last in last_rounds.items():
         if last.finished_at is None or last.finished_at >= ended_before:
             continue
-        with transaction.atomic():
-            log.warning(
-                "run %s: no round in flight since round %s ended; sending its next step again", run_id, last.index
-            )
-            round_advance(last)
+        # Not inside a transaction: after a run's last round, round_advance evaluates what is
+        # still pending before finishing the run, which must not hold SQLite's write lock.
+        log.warning("run %s: no round in flight since round %s ended; sending its next step again", run_id, last.index)
+        round_advance(last)
         counts["advanced"] += 1
     return counts
