@@ -41,13 +41,15 @@ from workers.protocol.queues import TaskName
 pytestmark = pytest.mark.django_db
 
 
-def _one_task(make_experiment, make_device, make_task, *, names=("dev-a", "dev-b"), task=None, name="exp"):
-    """One task on two devices (30 and 10 samples), one round."""
+def _one_task(
+    make_experiment, make_device, make_task, *, names=("dev-a", "dev-b"), task=None, name="exp", samples=(30, 10)
+):
+    """One task on two devices (30 and 10 samples unless ``samples`` says), one round."""
     devices = [make_device(n) for n in names]
     task = task or make_task("t-mobilenet", "mobilenet_v3_small")
     counts = [
-        {"device": devices[0].id, "task": task.id, "num_samples": 30},
-        {"device": devices[1].id, "task": task.id, "num_samples": 10},
+        {"device": devices[0].id, "task": task.id, "num_samples": samples[0]},
+        {"device": devices[1].id, "task": task.id, "num_samples": samples[1]},
     ]
     experiment = make_experiment(
         name=name, devices=devices, tasks=[task], counts=counts, partition_rule="explicit", rounds=1
@@ -340,3 +342,68 @@ def test_a_lease_is_stamped_when_it_is_claimed_not_when_the_pass_began(make_expe
     waiter.refresh_from_db()
     assert waiter.started_at >= released_at
     assert waiter.queue_s == pytest.approx((waiter.started_at - waiter.queued_at).total_seconds())
+
+
+def test_a_shard_smaller_than_the_batch_is_cached_at_the_batch_it_trains(
+    make_experiment, make_device, make_task, monkeypatch, django_capture_on_commit_callbacks
+):
+    # P_alone of a 30-sample shard trains batches of 30, whatever the batch size: another
+    # experiment giving dev-a 60 samples trains batches of 60, and must be measured.
+    sent = capture_dispatch(monkeypatch)
+    experiment, devices = _one_task(make_experiment, make_device, make_task)
+    _first_run_measured(experiment, devices, django_capture_on_commit_callbacks)
+    larger, _ = _one_task(
+        make_experiment,
+        lambda n: devices[0 if n == "dev-a" else 1],
+        make_task,
+        task=experiment.tasks.get(),
+        name="larger shard on dev-a",
+        samples=(60, 10),
+    )
+
+    sent.clear()
+    run = services.run_create(experiment=larger, strategy="sharing")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_begin(run_id=run.id)
+
+    assert _measured_devices(sent) == ["dev-a"]
+    assert StandaloneThroughput.objects.get(run=run, device__name="dev-b").source == "cache"
+
+
+def test_the_simulated_backend_is_never_cached(
+    make_experiment, make_device, make_task, monkeypatch, django_capture_on_commit_callbacks
+):
+    # Its noise comes from the run's seed: a cached answer would tie a run's figures to its past.
+    sent = capture_dispatch(monkeypatch)
+    experiment, devices = _one_task(
+        make_experiment, lambda n: make_device(n, backend="simulated"), make_task, name="simulated"
+    )
+    _first_run_measured(experiment, devices, django_capture_on_commit_callbacks)
+    assert not StandaloneCacheEntry.objects.exists()
+
+    sent.clear()
+    run = services.run_create(experiment=experiment, strategy="sharing")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_begin(run_id=run.id)
+
+    assert _measured_devices(sent) == ["dev-a", "dev-b"]
+
+
+def test_the_agent_reports_a_code_version_that_follows_its_training_code(tmp_path, monkeypatch):
+    import workers
+    from workers.agent import app as agent_app
+
+    assert agent_app.agent_version().startswith(f"{workers.__version__}+src.")
+    # A copy of the package whose trainer differs by one line reports another version.
+    package = tmp_path / "workers"
+    (package / "training").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "training" / "trainer.py").write_text("STEP = 1\n")
+    monkeypatch.setattr(workers, "__file__", str(package / "__init__.py"))
+    agent_app.agent_version.cache_clear()
+    before = agent_app.agent_version()
+    (package / "training" / "trainer.py").write_text("STEP = 2\n")
+    agent_app.agent_version.cache_clear()
+    after = agent_app.agent_version()
+    agent_app.agent_version.cache_clear()
+    assert before != after

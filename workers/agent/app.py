@@ -61,7 +61,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import fcntl
+import functools
+import hashlib
 import importlib.metadata
 import logging
 import math
@@ -311,6 +314,31 @@ def _context(settings: AgentSettings) -> AgentContext:
 def _int_or(value: Any, default: int = -1) -> int:
     """An id from an unvalidated request, for labelling a failed result."""
     return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+TRAINING_SOURCES: tuple[str, ...] = ("training", "backends", "warm.py", "launch.py")
+"""The parts of the ``workers`` package (folders and modules) whose code decides what a trainer
+does and how fast: their digest is part of :func:`agent_version`."""
+
+
+@functools.cache
+def agent_version() -> str:
+    """This agent's code version as it reports it (``DeviceInventory.agent_version``):
+    mtfl-lab's version and the first 12 hex digits of a SHA-256 over the source files of
+    :data:`TRAINING_SOURCES`, e.g. ``"0.1.0+src.1a2b3c4d5e6f"``. The package's version alone
+    does not change between commits, and the control plane keeps measurements per code version
+    (the cross-run ``P_alone`` cache), so a change to the trainer must change it."""
+    root = Path(workers.__file__).resolve().parent
+    files: list[Path] = []
+    for part in TRAINING_SOURCES:
+        path = root / part
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode())
+        with contextlib.suppress(OSError):
+            digest.update(path.read_bytes())
+    return f"{workers.__version__}+src.{digest.hexdigest()[:12]}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -692,7 +720,7 @@ def build_inventory(settings: AgentSettings) -> DeviceInventory:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch_version": torch_version,
-        "agent_version": workers.__version__,
+        "agent_version": agent_version(),
         "agent_pid": os.getpid(),
         "plugins": installed_plugins(),
     }

@@ -15,7 +15,12 @@ run asks. The cache key is therefore:
   and the optimizer's kind, momentum and weight decay (momentum and weight decay change the
   optimizer step's work). The task's row id, name, learning rate and data folder are left out:
   two tasks that train the same thing the same way share entries;
-- the **batch size** and the **share** (``P_alone`` is measured on the whole device: 100).
+- the **batch size** the measurement really trains at, ``min(batch size, shard size)`` (a shard
+  smaller than the batch is trained whole as every batch: :func:`workers.training.trainer.measure_item`),
+  and the **share** (``P_alone`` is measured on the whole device: 100).
+
+The ``simulated`` backend is never cached: its measurement noise is drawn from the run's seed,
+so a cached answer would make one run's figures depend on which runs came before it.
 
 Only successful measurements are kept (a failure is retried by the next run), each with when it
 was measured; one older than ``MTFL_STANDALONE_CACHE_MAX_AGE_S`` (default 7 days; 0 turns the
@@ -134,13 +139,23 @@ class _Keys:
         tasks = Task.objects.filter(id__in=list(task_ids)).only(*WORKLOAD_FIELDS)
         self.identity = {t.id: workload_identity(t) for t in tasks}
         self.workload = {task_id: workload_key(identity) for task_id, identity in self.identity.items()}
+        self.shard_sizes = {
+            key: span.num_samples
+            for key, span in selectors.experiment_shards(run.experiment, device_ids=device_ids).items()
+        }
 
     def key(self, device_id: int, task_id: int, batch_size: int) -> tuple[Any, ...] | None:
+        """The cache key of a (device, task, batch size) of the run, or ``None`` where nothing
+        may be cached (an unknown device or task, the ``simulated`` backend, an empty shard)."""
         device = self.devices.get(device_id)
-        if device is None or task_id not in self.identity:
+        if device is None or task_id not in self.identity or device.backend == "simulated":
+            return None
+        shard_size = self.shard_sizes.get((device_id, task_id), 0)
+        if shard_size < 1:
             return None
         code_version, hardware = device_environment(device, self.identity[task_id])
-        return (device_id, device.backend, code_version, hardware, self.workload[task_id], batch_size, ALONE_SHARE)
+        trained = min(batch_size, shard_size)
+        return (device_id, device.backend, code_version, hardware, self.workload[task_id], trained, ALONE_SHARE)
 
 
 def _entry_key(e: StandaloneCacheEntry) -> tuple[Any, ...]:
