@@ -297,3 +297,23 @@ def test_the_proximal_gradient_is_the_gradient_of_the_term():
     term.add_gradient()
 
     assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(term.parameters, by_autograd, strict=True))
+
+
+def test_a_warm_trainer_hands_cached_gpu_memory_back_between_jobs(monkeypatch):
+    import sys
+    import types
+
+    from workers.training import trainer as trainer_module
+
+    emptied: list[bool] = []
+
+    def fake_torch(initialized: bool) -> types.SimpleNamespace:
+        cuda = types.SimpleNamespace(is_initialized=lambda: initialized, empty_cache=lambda: emptied.append(True))
+        return types.SimpleNamespace(cuda=cuda)
+
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(False))
+    trainer_module._release_cached_device_memory()
+    assert emptied == []  # cpu, or CUDA never used: nothing to hand back
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(True))
+    trainer_module._release_cached_device_memory()
+    assert emptied == [True]

@@ -1056,9 +1056,21 @@ def serve(protocol_out: TextIO, protocol_in: TextIO, parent: int | None = None) 
             return EXIT_BAD_SPEC
         _redirect_stderr(stderr_path)
         code = run_job(mode, Path(spec_path), Path(result_path), protocol_out, protocol_in, cache)
+        _release_cached_device_memory()
         sys.stderr.flush()
         protocol_out.write(f"{DONE_LINE} {code}\n")
         protocol_out.flush()
+
+
+def _release_cached_device_memory() -> None:
+    """Between a warm trainer's jobs, hand the GPU memory its caching allocator holds but no
+    tensor uses back to the device (``torch.cuda.empty_cache``): an idle warm process then keeps
+    only its context, model and shard, not its last job's peak, which a co-located trainer of
+    another key may need, and the next job's peak (:func:`peak_memory`) is its own. Nothing on
+    ``cpu`` or before CUDA was used."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
