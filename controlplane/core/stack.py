@@ -96,7 +96,9 @@ class LocalStack:
                 "--loglevel",
                 "INFO",
             ),
-            env=env,
+            # Its evaluations run beside the next round's training on the same cores as the
+            # local agents' trainers: one thread each takes one core from them, not all.
+            env={**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if self.agent_names else env,
         )
         if self.agent_names:
             split = split_cores(self.cores, len(self.agent_names))
