@@ -82,7 +82,7 @@ from workers.protocol.messages import (
     StandaloneResult,
     TaskRef,
 )
-from workers.registry.datasets import split_arrays
+from workers.registry.datasets import root_fingerprint, split_arrays
 from workers.training.datasets import load_split, load_splits
 from workers.training.partition import shard_indices
 from workers.training.zoo import build_model
@@ -701,9 +701,11 @@ class TrainerCache:
 
     def shard(self, task: TaskRef, shard: ShardRef, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The shard's ``(x, y)`` on ``device`` (:func:`_load_shard`), loaded again only when
-        the data set, the shard or the checks' inputs (input shape, classes) change."""
+        the data set (or its files on disk: :func:`~workers.registry.datasets.root_fingerprint`),
+        the shard or the checks' inputs (input shape, classes) change."""
         key = (
             task.dataset.model_dump_json(),
+            root_fingerprint(task.dataset.root),
             tuple(task.input_shape),
             task.num_classes,
             shard.model_dump_json(),
