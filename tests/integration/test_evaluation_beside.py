@@ -64,7 +64,10 @@ def test_each_rounds_models_are_evaluated_beside_the_next_round_and_the_run_ends
     for ckpt in checkpoints:
         assert ckpt.evaluation_status == "done", (ckpt.round_id, ckpt.evaluation_error)
         expected = evaluate(selectors.task_ref(ckpt.task), store.path(ckpt.artifact_path), cached=False)
-        assert (ckpt.test_accuracy, ckpt.test_loss) == expected
+        # The control worker evaluates with one thread (it shares the agents' cores), this
+        # process with several: the sums differ by float rounding only.
+        assert ckpt.test_accuracy == pytest.approx(expected[0], abs=1e-9)
+        assert ckpt.test_loss == pytest.approx(expected[1], rel=1e-6)
 
     evaluated = {c.round.index if c.round else None: c.evaluated_at for c in checkpoints}
     timeline = {
