@@ -12,6 +12,43 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 
+def in_a_fresh_django_process(target: str, *args: object) -> dict:
+    """Call ``target`` (``"module:function"``, importable from the project root) with ``args``
+    (JSON values) in a new Python process with Django set up on this test's database, as a
+    restarted control worker would start, and return its JSON answer.
+
+    Raises:
+        AssertionError: the process failed (its stderr's tail is the message).
+    """
+    import json
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    module, function = target.split(":")
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(connection.settings_dict, connection.vendor),
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+    }
+    code = (
+        f"import json, sys, django; django.setup(); from {module} import {function} as w; "
+        "print('RESULT ' + json.dumps(w(*json.loads(sys.argv[1]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(list(args))],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
 def database_url(settings_dict: dict, vendor: str) -> str:
     """A ``DATABASE_URL`` naming the database of ``settings_dict`` (Django's connection settings)."""
     if vendor == "sqlite":

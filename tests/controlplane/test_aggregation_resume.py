@@ -16,23 +16,19 @@ and the artifact store, as a restarted control worker does.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
 from controlplane.experiments.services import dispatch, storage
 from controlplane.experiments.services.rounds.requests import round_device_request_load
+from tests.conftest import in_a_fresh_django_process
 from tests.controlplane import stateful_aggregator
 from workers.fl.artifacts import (
     device_weights_key,
@@ -427,30 +423,13 @@ def _record(folder: Path, index: int, updates: dict[tuple[str, str], bytes]) -> 
 
 
 def _in_a_fresh_process(run_id: int, recorded: Path, finish: int, die_aggregating: int | None) -> dict:
-    from tests.conftest import database_url
-
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(connection.settings_dict, connection.vendor),
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-    }
-    code = (
-        "import json, sys, django; django.setup(); "
-        "from tests.controlplane.test_aggregation_resume import restarted_control_worker as w; "
-        "print('RESULT ' + json.dumps(w(*json.loads(sys.argv[1]))))"
+    return in_a_fresh_django_process(
+        "tests.controlplane.test_aggregation_resume:restarted_control_worker",
+        run_id,
+        str(recorded),
+        finish,
+        die_aggregating,
     )
-    args = json.dumps([run_id, str(recorded), finish, die_aggregating])
-    done = subprocess.run(
-        [sys.executable, "-c", code, args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=Path(__file__).resolve().parents[2],
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-5000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
 
 
 def _digests(run: Run) -> dict[tuple[str, int], tuple[str, str]]:

@@ -13,21 +13,17 @@ real digits test split.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from controlplane.experiments import selectors, services
 from controlplane.experiments.models import Checkpoint, Round, Run
 from controlplane.experiments.services import dispatch, evaluation
 from controlplane.planning import metrics
+from tests.conftest import in_a_fresh_django_process
 from tests.controlplane.test_aggregation_resume import _round_updates, begin, capture_dispatch, device_results
 from workers.fl.artifacts import get_store
 from workers.training.evaluate import evaluate
@@ -189,32 +185,6 @@ def restarted_control_worker() -> dict:
     return {"resume": resume, "sent": sent, "settled": settled}
 
 
-def _in_a_fresh_process() -> dict:
-    from tests.conftest import database_url
-
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(connection.settings_dict, connection.vendor),
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-    }
-    code = (
-        "import json, django; django.setup(); "
-        "from tests.controlplane.test_evaluation_beside import restarted_control_worker as w; "
-        "print('RESULT ' + json.dumps(w()))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=Path(__file__).resolve().parents[2],
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-5000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
-
-
 @pytest.mark.django_db(transaction=True)
 def test_evaluations_lost_with_the_control_worker_are_done_by_the_restarted_one(
     make_experiment, two_tasks, monkeypatch
@@ -229,7 +199,7 @@ def test_evaluations_lost_with_the_control_worker_are_done_by_the_restarted_one(
     assert len(pending) == 4
     assert set(Checkpoint.objects.filter(run=run).values_list("evaluation_status", flat=True)) == {PENDING}
 
-    done = _in_a_fresh_process()
+    done = in_a_fresh_django_process("tests.controlplane.test_evaluation_beside:restarted_control_worker")
 
     assert done["resume"]["evaluations"] == 4 and done["resume"]["advanced"] == 1
     assert sorted({i for ids in done["sent"] for i in ids}) == pending
