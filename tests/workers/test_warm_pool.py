@@ -153,7 +153,8 @@ def test_idle_processes_past_the_memory_bound_are_evicted(warm_backend, one_task
     assert result.assignments[0].peak_memory_bytes > 2**20
 
 
-def test_a_process_killed_while_idle_is_replaced_before_the_round(warm_backend, one_task_round, agent_context):
+def _a_round_then_its_trainer_killed(warm_backend, one_task_round, agent_context):
+    """A pool of 2 after one round, whose idle trainer has been SIGKILLed: ``(backend, pool, pid)``."""
     backend = warm_backend(count=2)
     pool = backend.warm_pool()
     assert pool is not None
@@ -161,6 +162,11 @@ def test_a_process_killed_while_idle_is_replaced_before_the_round(warm_backend, 
     (old,) = pool.idle_pids()
     os.kill(old, signal.SIGKILL)
     assert _gone_within([old], 5)
+    return backend, pool, old
+
+
+def test_a_process_killed_while_idle_is_replaced_before_the_round(warm_backend, one_task_round, agent_context):
+    backend, pool, old = _a_round_then_its_trainer_killed(warm_backend, one_task_round, agent_context)
 
     _ok(backend.run_round(one_task_round(), agent_context))
 
@@ -171,13 +177,7 @@ def test_a_process_killed_while_idle_is_replaced_before_the_round(warm_backend, 
 def test_a_process_that_dies_after_the_liveness_check_is_replaced_too(
     warm_backend, one_task_round, agent_context, monkeypatch
 ):
-    backend = warm_backend(count=2)
-    pool = backend.warm_pool()
-    assert pool is not None
-    _ok(backend.run_round(one_task_round(), agent_context))
-    (old,) = pool.idle_pids()
-    os.kill(old, signal.SIGKILL)
-    assert _gone_within([old], 5)
+    backend, pool, old = _a_round_then_its_trainer_killed(warm_backend, one_task_round, agent_context)
     # It still looks alive when it is taken: the job line is what finds it dead.
     monkeypatch.setattr(warm.WarmProcess, "alive", lambda self: True)
 
