@@ -37,7 +37,6 @@ evaluations inline.
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
@@ -46,6 +45,7 @@ from pathlib import Path
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.common.gc_tuning import control_worker_gc
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Checkpoint, Round
 from controlplane.experiments.services import dispatch
@@ -211,22 +211,12 @@ _FROZEN = False
 
 
 def _freeze_long_lived() -> None:
-    """Keep the garbage collector off the objects the control worker holds for its whole life.
-
-    Evaluating a model imports torch and torchvision: some 400,000 objects that live as long
-    as the process, which every full collection walked again; recording a round of 1,000
-    devices set off several. After the first evaluation the garbage is collected once and
-    everything left is moved to the permanent generation (``gc.freeze``, what long-lived Python
-    servers do after start-up). A round also allocates hundreds of thousands of objects that
-    live until it is recorded; with CPython's default thresholds (700, 10, 10) they went through
-    hundreds of young collections and were promoted and scanned again, so the young generation
-    is let grow to 20,000 objects first (``gc.set_threshold``). Objects made later are
-    collected as before.
-    """
+    """Once per process, after its first evaluation: freeze what importing torch and
+    torchvision left (some 400,000 objects that live as long as the process, which every full
+    collection walked again) out of the garbage collector's generations, with the control
+    worker's settings (:func:`controlplane.common.gc_tuning.control_worker_gc`)."""
     global _FROZEN
     if _FROZEN:
         return
     _FROZEN = True
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
+    control_worker_gc()
