@@ -533,8 +533,9 @@ def _thread_count() -> int:
         return threading.active_count()
 
 
-def _die_with_parent() -> None:
-    """``PR_SET_PDEATHSIG``: the kernel sends SIGKILL when the server (the parent) exits."""
+def die_with_parent() -> None:
+    """Ask the kernel to send this process SIGKILL when its parent exits (``PR_SET_PDEATHSIG``,
+    Linux; nothing elsewhere). The signal follows the parent *thread* that started the process."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -547,7 +548,7 @@ def _run_child(message: dict[str, Any], fds: Sequence[int], server_pid: int) -> 
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        _die_with_parent()
+        die_with_parent()
         if os.getppid() != server_pid:  # the server died before the line above
             os._exit(128 + signal.SIGKILL)
         for target, fd in enumerate(fds):

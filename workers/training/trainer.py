@@ -70,6 +70,7 @@ from workers.fl.artifacts import (
     load_model_weights,
     save_model_weights,
 )
+from workers.forkserver import die_with_parent
 from workers.launch import DONE_LINE, GO_LINE, JOB_LINE, READY_LINE
 from workers.protocol.indices import decode_indices
 from workers.protocol.messages import (
@@ -993,9 +994,6 @@ def run_job(
     return EXIT_OK if result.status == "succeeded" else EXIT_TRAINING_ERROR
 
 
-_PR_SET_PDEATHSIG = 1
-
-
 def _die_with_parent(parent: int | None) -> None:
     """Ask the kernel for SIGKILL when the parent exits (``PR_SET_PDEATHSIG``, Linux; as the
     fork server's children do, :mod:`workers.forkserver`), and exit now if ``parent`` is
@@ -1003,11 +1001,7 @@ def _die_with_parent(parent: int | None) -> None:
     starts warm trainers from the thread that runs its tasks (the main thread of its solo
     pool). Elsewhere than Linux, the parent's death still closes stdin, which ends :func:`serve`
     once the current job is done."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent()
     if parent is not None and os.getppid() != parent:
         os._exit(EXIT_OK)
 
