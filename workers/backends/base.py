@@ -360,6 +360,10 @@ class TrainerProcessBackend(ExecutionBackend):
     """Most trainer processes the device holds at once whatever the setting says (``cuda-mps``:
     the MPS client limit, which an idle warm client counts against), or ``None``."""
 
+    _warm_pool: TrainerPool | None = None
+    _warm_pool_off: bool = False
+    """The count setting is 0, or a setting was bad: every dispatch starts new processes."""
+
     def warm_pool(self) -> TrainerPool | None:
         """The backend's pool of warm trainers (:mod:`workers.warm`), created on first use from
         ``MTFL_WARM_TRAINERS`` and ``MTFL_WARM_TRAINERS_MEMORY_MB``
@@ -369,9 +373,8 @@ class TrainerProcessBackend(ExecutionBackend):
         Raises:
             ValueError: a bad setting (naming it).
         """
-        pool: TrainerPool | None = getattr(self, "_warm_pool", None)
-        if pool is not None or getattr(self, "_warm_pool_off", False):
-            return pool
+        if self._warm_pool is not None or self._warm_pool_off:
+            return self._warm_pool
         count = config.warm_trainers()
         if self.warm_process_limit is not None:
             count = min(count, self.warm_process_limit)
@@ -383,9 +386,8 @@ class TrainerProcessBackend(ExecutionBackend):
 
     def close_warm_pool(self) -> None:
         """Kill every warm trainer (the next dispatch starts new ones). Never raises."""
-        pool: TrainerPool | None = getattr(self, "_warm_pool", None)
-        if pool is not None:
-            pool.close()
+        if self._warm_pool is not None:
+            self._warm_pool.close()
 
     def stop(self) -> None:
         """Kill the warm trainers (:meth:`close_warm_pool`). Idempotent; never raises."""

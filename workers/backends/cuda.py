@@ -518,7 +518,7 @@ class CudaMpsBackend(CudaBackend):
             return results
         log = read_server_log(self._daemon.server_logs(), self._log_marks)
         self._clients.update(log.client_server)
-        pool = getattr(self, "_warm_pool", None)
+        pool = self._warm_pool
         # Only a warm trainer connected before this round: a new process's pid may be a reused one.
         warm = set(pool.pids()) if pool is not None else set()
         try:

@@ -248,25 +248,21 @@ def _checkpoints_plan(run: Run, store: LocalArtifactStore, plan: _Plan, *, sweep
     keep_last = keep_last_checkpoints(run.experiment)
     rows = list(
         Checkpoint.objects.filter(run_id=run.id, deleted_at__isnull=True).values_list(
-            "id", "task_id", "round__index", "test_accuracy", "artifact_path", "server_state_path"
+            "id", "task_id", "round__index", "test_accuracy", "artifact_path", "server_state_path", "evaluation_status"
         )
     )
     by_task: dict[int, list[CheckpointRow]] = defaultdict(list)
-    for ckpt_id, task_id, index, accuracy, _, _ in rows:
+    for ckpt_id, task_id, index, accuracy, _, _, _ in rows:
         by_task[task_id].append(CheckpointRow(ckpt_id, index, accuracy))
     kept: set[int] = set()
     for task_rows in by_task.values():
         kept |= checkpoints_kept(task_rows, keep_last)
     # A model still to be evaluated (beside the next round, services.evaluation) keeps its file
     # until it is: it may turn out the best, and its evaluation reads it.
-    kept |= set(
-        Checkpoint.objects.filter(
-            run_id=run.id, deleted_at__isnull=True, evaluation_status=Checkpoint.Evaluation.PENDING
-        ).values_list("id", flat=True)
-    )
-    protected = {p for r in rows if r[0] in kept for p in r[4:] if p}
+    kept |= {r[0] for r in rows if r[6] == Checkpoint.Evaluation.PENDING}
+    protected = {p for r in rows if r[0] in kept for p in r[4:6] if p}
     candidates: set[str] = set()
-    for ckpt_id, _, _, _, model_key, state_key in rows:
+    for ckpt_id, _, _, _, model_key, state_key, _ in rows:
         if ckpt_id in kept:
             continue
         plan.checkpoint_ids.append(ckpt_id)
