@@ -81,6 +81,16 @@ def rss_anon_bytes(pid: int | str) -> int | None:
     return None
 
 
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (state ``Z`` in ``/proc/<pid>/stat``);
+    ``False`` where ``/proc`` does not say."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def process_key(module: str, argv: Sequence[str], env: Mapping[str, str]) -> tuple[object, ...]:
     """The pool key of a job ``module.main(argv)`` started with ``env``.
 
@@ -124,9 +134,6 @@ class WarmProcess:
     def __init__(self, key: tuple[object, ...], popen: subprocess.Popen[bytes]) -> None:
         self.key = key
         self.popen = popen
-        self.last_used = time.monotonic()
-        self.jobs = 0
-        """Jobs handed to it so far."""
         self._job: WarmJob | None = None
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"warm-{popen.pid}-stdout")
@@ -157,8 +164,10 @@ class WarmProcess:
         return self.popen.pid
 
     def alive(self) -> bool:
-        """Whether the process runs."""
-        return self.popen.poll() is None
+        """Whether the process runs. A killed trainer with threads (torch's) is a zombie leader
+        until its last thread has exited, and ``poll()`` cannot reap it yet: its stdin still
+        takes a job line that nobody will read. So a zombie counts as dead here."""
+        return self.popen.poll() is None and not _zombie(self.pid)
 
     def memory_bytes(self) -> int:
         """Its private resident memory, bytes (:func:`rss_anon_bytes`; 0 when unknown)."""
@@ -180,7 +189,6 @@ class WarmProcess:
         assert self.popen.stdin is not None
         self.popen.stdin.write(f"{JOB_LINE} {json.dumps(payload)}\n".encode())
         self.popen.stdin.flush()
-        self.jobs += 1
         return job
 
     def write(self, data: bytes) -> None:
@@ -240,14 +248,6 @@ class WarmProcess:
                 except OSError:
                     pass  # a dead reader: nothing to flush
         self._reader.join(timeout=_REAP_S)
-
-    def close_input(self) -> None:
-        """Close its stdin: an idle warm trainer then exits (code 0)."""
-        if self.popen.stdin is not None and not self.popen.stdin.closed:
-            try:
-                self.popen.stdin.close()
-            except OSError:
-                pass
 
 
 class _JobStdin:
@@ -375,9 +375,6 @@ class WarmJob:
             self.process.kill()
 
 
-_POOLS: weakref.WeakSet[TrainerPool] = weakref.WeakSet()
-
-
 class TrainerPool:
     """Warm trainer processes of one agent, by key, least recently used evicted first.
 
@@ -409,7 +406,6 @@ class TrainerPool:
         """Processes started so far."""
         self.evicted = 0
         """Idle processes evicted (bounds) or replaced (found dead) so far."""
-        _POOLS.add(self)
         weakref.finalize(self, _kill_all, self._idle, self._busy)
 
     # -- Launcher
@@ -479,7 +475,6 @@ class TrainerPool:
         with self._lock:
             self._busy.pop(process.pid, None)
             if keep and process.alive():
-                process.last_used = time.monotonic()
                 self._idle[process.pid] = process
                 self._idle.move_to_end(process.pid)
                 self._trim()
@@ -492,7 +487,11 @@ class TrainerPool:
             self._evict_oldest()
         if self.memory_bytes is None:
             return
-        while self._idle and sum(p.memory_bytes() for p in self._idle.values()) > self.memory_bytes:
+        # Each idle process's memory read once (from /proc), not again after every eviction.
+        memory = {pid: p.memory_bytes() for pid, p in self._idle.items()}
+        total = sum(memory.values())
+        while self._idle and total > self.memory_bytes:
+            total -= memory[next(iter(self._idle))]
             self._evict_oldest()
 
     # -- state
@@ -506,15 +505,6 @@ class TrainerPool:
         """Every process's pid (idle and busy)."""
         with self._lock:
             return [*self._idle, *self._busy]
-
-    def clear(self) -> None:
-        """Kill every idle process (``cuda-mps``: before the MPS daemon restarts, which waits
-        for its clients to exit)."""
-        with self._lock:
-            idle = list(self._idle.values())
-            self._idle.clear()
-        for process in idle:
-            process.kill()
 
     def close(self) -> None:
         """Kill every process, idle or busy (the agent is stopping). Idempotent; never raises."""
@@ -532,18 +522,11 @@ def _kill_all(idle: OrderedDict[int, WarmProcess], busy: dict[int, WarmProcess])
             logger.warning("could not kill warm trainer %s", process.pid, exc_info=True)
 
 
-def close_all_pools() -> None:
-    """Close every :class:`TrainerPool` of this process (at the agent's exit)."""
-    for pool in list(_POOLS):
-        pool.close()
-
-
 __all__ = [
     "TRAINER_MODULE",
     "TrainerPool",
     "WarmJob",
     "WarmProcess",
-    "close_all_pools",
     "process_key",
     "rss_anon_bytes",
 ]
