@@ -136,6 +136,29 @@ class ShardRef(_Message):
     )
 
 
+ExecutionMode = Literal["auto", "eager", "graphs"]
+"""How a trainer runs its training step: ``graphs`` captures the whole step (forward, loss,
+backward, optimiser step) once per batch size as a CUDA graph and replays it; ``eager`` runs it
+op by op; ``auto`` is ``graphs`` on the GPU backends and ``eager`` on ``cpu`` (and on
+``simulated``, which models the mode it is told)."""
+
+Precision = Literal["fp32", "bf16"]
+"""``bf16``: the forward pass and loss under ``torch.autocast(dtype=torch.bfloat16)`` (GPU only)."""
+
+
+class ExecutionOptions(_Message):
+    """How a task's trainer executes its steps; the same for every strategy of a comparison
+    (they are the task's), so speedups compare like with like."""
+
+    mode: ExecutionMode = "auto"
+    precision: Precision = "fp32"
+    channels_last: bool = Field(default=False, description="4-D inputs and weights in torch.channels_last")
+
+
+EXECUTED_MODES = ("eager", "graphs")
+"""What a trainer reports it ran (``AssignmentResult.execution_mode``): never ``auto``."""
+
+
 class AssignmentSpec(_Message):
     """One task on one device in one round: what the trainer process must do."""
 
@@ -176,6 +199,7 @@ class AssignmentSpec(_Message):
         description="the planner's estimate of the trainer's peak device memory, bytes; a GPU "
         "device refuses a round whose trainers cannot fit together",
     )
+    execution: ExecutionOptions = ExecutionOptions()
 
 
 def round_idempotency_key(round_id: int, device: str, attempt: int) -> str:
@@ -263,6 +287,14 @@ class AssignmentResult(_Message):
         "100 %, all SMs and the MPS server log shows it connected); None when not under MPS",
     )
     mps_detail: str = Field(default="", description="why mps_verified is False (or what was seen)")
+    execution_mode: Literal["eager", "graphs"] | None = Field(
+        default=None, description="how the trainer ran its steps (``auto`` resolved); None: it did not report"
+    )
+    execution_fallback: str = Field(
+        default="",
+        description="why the trainer ran eager although graphs were asked for (capture failed: the reason); "
+        "empty when it ran what was asked",
+    )
     simulated: bool = _simulated_field()
 
 
@@ -317,6 +349,7 @@ class StandaloneItem(_Message):
     task: TaskRef
     batch_size: int = Field(ge=1, le=4096)
     shard: ShardRef
+    execution: ExecutionOptions = ExecutionOptions()
 
 
 class StandaloneRequest(_Message):
@@ -336,6 +369,8 @@ class StandaloneMeasurement(_Message):
     task_id: int
     batch_size: int
     throughput_sps: float | None = None
+    execution_mode: Literal["eager", "graphs"] | None = None
+    execution_fallback: str = ""
     error: str = ""
     simulated: bool = _simulated_field()
 
@@ -458,6 +493,11 @@ class ProfileSweepRequest(_Message):
         description="architecture → the classes and input shape it is profiled at, for an architecture "
         "whose task is not (num_classes, [3, 32, 32]) (a plug-in model on tabular data, say)",
     )
+    execution: ExecutionOptions = Field(
+        default=ExecutionOptions(),
+        description="how every profiled trainer runs its steps; a predictor is fitted on one execution "
+        "mode's samples, so profile with the mode the rounds will use",
+    )
 
     def workload_shape(self, architecture: str) -> WorkloadShape:
         """The classes and sample shape ``architecture`` is built and fed at in this sweep:
@@ -496,6 +536,21 @@ class ProfileMeasurement(_Message):
     speed_index: float | None = Field(default=None, gt=0)
     cross_core_rtt_ns: float | None = Field(default=None, gt=0)
     timed_iterations: int = 0
+    execution_mode: Literal["eager", "graphs"] | None = Field(
+        default=None, description="how the trainer ran its steps; None: not reported"
+    )
+    host_step_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="host (CPU) seconds the trainer spent issuing one step, timed window mean: launch cost; "
+        "on cpu, where the host does the work, the whole step",
+    )
+    gpu_busy_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="fraction of the timed window the GPU was busy (NVML utilisation, whole device); None on cpu",
+    )
     error: str = ""
     simulated: bool = _simulated_field()
 
@@ -534,4 +589,7 @@ class ProfileSweepSummary(_Message):
     samples: int = 0
     elapsed_s: float = 0.0
     repeat_spread: list[float] = []
+    seconds_per_config: float | None = Field(
+        default=None, ge=0, description="elapsed_s over configs: what one configuration cost, its set-up included"
+    )
     simulated: bool = _simulated_field()
