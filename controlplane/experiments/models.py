@@ -13,6 +13,8 @@ a plug-in's names need no migration.
 
 from __future__ import annotations
 
+from typing import get_args
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -20,7 +22,22 @@ from django.db import models
 from controlplane.fleet.models import Device
 from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
-from workers.protocol.messages import DEFAULT_INPUT_SHAPE, OPTIMIZERS
+from workers.protocol.messages import (
+    DEFAULT_INPUT_SHAPE,
+    EXECUTED_MODES,
+    OPTIMIZERS,
+    ExecutionMode,
+    ExecutionOptions,
+    Precision,
+)
+
+EXECUTION_MODES: tuple[str, ...] = get_args(ExecutionMode)
+"""``Task.execution_mode`` choices: the values of :data:`workers.protocol.messages.ExecutionMode`."""
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+"""``Task.precision`` choices: the values of :data:`workers.protocol.messages.Precision`."""
+EXECUTION_HELP = (
+    "; the task's, not a strategy's: every strategy of a comparison runs it so, and speedups compare like with like"
+)
 
 MAX_DEVICE_RETRIES = 10
 CLIENT_SAMPLING_RULES = ("uniform", "weighted")
@@ -71,6 +88,25 @@ class Task(models.Model):
     learning_rate = models.FloatField(default=0.05)
     momentum = models.FloatField(default=0.9)
     weight_decay = models.FloatField(default=5e-4)
+    execution_mode = models.CharField(
+        max_length=8,
+        choices=[(m, m) for m in EXECUTION_MODES],
+        default=ExecutionOptions().mode,
+        help_text="how its trainers run a training step: graphs (captured once per batch size as a CUDA graph and "
+        "replayed; GPU backends only), eager (op by op) or auto (graphs on a GPU backend, eager on cpu)"
+        + EXECUTION_HELP,
+    )
+    precision = models.CharField(
+        max_length=8,
+        choices=[(p, p) for p in PRECISIONS],
+        default=ExecutionOptions().precision,
+        help_text="fp32, or bf16 (forward pass and loss under torch.autocast in bfloat16; GPU backends only)"
+        + EXECUTION_HELP,
+    )
+    channels_last = models.BooleanField(
+        default=ExecutionOptions().channels_last,
+        help_text="4-D inputs and weights in torch.channels_last memory format" + EXECUTION_HELP,
+    )
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -584,6 +620,20 @@ class Assignment(models.Model):
         "server logged its connection (null: not under MPS)",
     )
     mps_detail = models.TextField(blank=True, default="", help_text="what the agent found in the MPS server log")
+    execution_mode = models.CharField(
+        max_length=8,
+        blank=True,
+        default="",
+        choices=[(m, m) for m in EXECUTED_MODES],
+        help_text="how the trainer ran its steps, as it reported (eager or graphs: the task's auto resolved); "
+        "empty: not reported",
+    )
+    execution_fallback = models.TextField(
+        blank=True,
+        default="",
+        help_text="why the trainer ran eager although graphs were asked for (the capture's failure); empty when it "
+        "ran what was asked",
+    )
     attempt = models.PositiveSmallIntegerField(
         default=0,
         help_text="the dispatch of the device's part this row waits for or was recorded from (0: first, "
