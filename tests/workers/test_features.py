@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from workers.profiling.features import leaf_module_count, workload_features
+from workers.profiling.features import leaf_module_count, training_ops_per_step, workload_features
 from workers.registry.models import MODEL_REGISTRY, Model
 
 ARCHITECTURES = MODEL_REGISTRY.names()
@@ -160,3 +160,36 @@ def test_a_model_with_outputs_of_the_wrong_shape_is_refused(register):
 
     with pytest.raises(ValueError, match=r"input_shape: test_wrong_outputs gave outputs of shape \(2, 4\)"):
         workload_features("test_wrong_outputs", num_classes=3, input_shape=(5,))
+
+
+@pytest.mark.parametrize(
+    "architecture,h200_ops",
+    [("resnet18", 480), ("mobilenet_v3_large", 1_281), ("shufflenet_v2_x1_0", 1_397)],
+)
+def test_training_ops_per_step_match_the_h200_counts_in_order_of_magnitude(architecture, h200_ops):
+    # issue 31 counted these per step on an H200; the count here leaves out aliasing views
+    ops = training_ops_per_step(architecture)
+
+    assert 0.7 * h200_ops <= ops <= 1.3 * h200_ops
+    assert workload_features(architecture).ops_per_step == ops
+
+
+def test_a_tabular_mlp_issues_a_few_operations_per_layer_and_four_per_parameter(register):
+    register("test_ops_mlp", _TabularMLP)
+
+    ops = training_ops_per_step("test_ops_mlp", num_classes=3, input_shape=(20,))
+
+    # 8 parameter tensors, each updated by SGD with weight decay and momentum in 4 operations
+    # (add, mul_, add_, add_); 6 layers forward and backward, the loss and its gradient
+    sgd = 4 * 8
+    assert sgd + 2 * 6 <= ops <= sgd + 6 * 6
+
+
+def test_a_model_counted_on_the_cpu_has_its_ops_counted_too(register):
+    register("test_ops_value_reading", _ValueReadingNet)
+
+    features = workload_features("test_ops_value_reading", num_classes=4, input_shape=(10,))
+
+    # weight and bias: 4 SGD operations each; the forward reads a value (mean, item, mul), one
+    # addmm, the loss; backward mirrors it
+    assert features.ops_per_step is not None and 2 * 4 + 8 <= features.ops_per_step <= 2 * 4 + 24

@@ -22,6 +22,18 @@ one input shape (an image ``(C, H, W)``, a feature vector ``(F,)``, any 1 to 4 d
   convolution does). Per-channel statistics BatchNorm saves do not grow with the batch and are
   negligible next to feature maps. This is the memory training holds beyond the weights,
   gradients and optimizer state, the part that scales with the batch size.
+- **Operations per training step** (issue 31 item 3, the host launch term): the aten operations
+  one steady training step dispatches below autograd — forward, cross-entropy, backward and an
+  SGD step (momentum 0.9, weight decay, the trainer's default optimizer) — counted with a
+  :class:`torch.utils._python_dispatch.TorchDispatchMode` on the same batch-2 model, after one
+  untimed step has created the momentum buffers. The optimizer runs **per parameter**
+  (``foreach=False``: about four operations per parameter tensor; a ``foreach`` step would issue
+  a handful for all of them). Pure aliasing operations (``op.is_view``: ``detach``, ``view``,
+  ``t``, …) are left out: they launch no kernel and allocate nothing. Composite operations are
+  seen decomposed, as the GPU runs them (``linear`` is ``t`` + ``addmm``). At 32×32 with 10
+  classes this gives resnet18 435, mobilenet_v3_large 1,218, shufflenet_v2_x1_0 1,187,
+  against 480, 1,281 and 1,397 operations counted per step on an H200 (issue 31). The count
+  does not depend on the batch size.
 
 Where it runs (issue 21 item 1): on torch's **meta device** (shapes only: no arithmetic, no
 weight initialisation; VGG16 at 224×224 takes 0.1 s) when the model allows it, else on the
@@ -92,7 +104,7 @@ def workload_features(
     Returns:
         The features: FLOPs per sample (2 per multiply-add; published GMACs are
         ``forward_flops_per_sample / 2e9``), parameters and their float32 bytes, activation
-        bytes per sample.
+        bytes per sample, operations one training step dispatches (``ops_per_step``).
 
     Raises:
         ValueError: for an unknown architecture (listing the allowed ones), ``num_classes < 2``,
@@ -111,6 +123,21 @@ def leaf_module_count(architecture: str, num_classes: int = 10, input_shape: Seq
         ValueError: as :func:`workload_features`.
     """
     return _measure(*_check(architecture, num_classes, input_shape))[1]
+
+
+def training_ops_per_step(architecture: str, num_classes: int = 10, input_shape: Sequence[int] = (3, 32, 32)) -> int:
+    """Count the operations one training step of the model dispatches: forward, cross-entropy,
+    backward and a per-parameter SGD step (see the module docstring for what is counted and the
+    H200 reference counts). Each costs the host roughly 20 µs on an eager GPU loop, so
+    ``ops_per_step × host seconds per op`` is a step's host launch time. Independent of the batch
+    size; computed and cached with :func:`workload_features`.
+
+    Raises:
+        ValueError: as :func:`workload_features`.
+    """
+    ops = _measure(*_check(architecture, num_classes, input_shape))[0].ops_per_step
+    assert ops is not None  # _count always fills it
+    return ops
 
 
 def _check(architecture: str, num_classes: int, input_shape: Any) -> tuple[str, int, tuple[int, ...]]:
@@ -207,6 +234,7 @@ def _count(
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     forward = forward_counter.get_total_flops()
     backward = backward_counter.get_total_flops()
+    ops_per_step = _steady_step_ops(model, x, y)
     features = WorkloadFeatures(
         architecture=architecture,
         num_classes=num_classes,
@@ -216,9 +244,42 @@ def _count(
         params=sum(p.numel() for p in params),
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         activation_bytes_per_sample=sum(saved.values()) / _BATCH,
+        ops_per_step=ops_per_step,
     )
     layers = sum(1 for module in model.modules() if next(module.children(), None) is None)
     return features, layers
+
+
+def _steady_step_ops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Operations (non-view aten calls) of one SGD training step of ``model`` on ``(x, y)``,
+    counted on the second step: the first creates the momentum buffers (a ``clone`` per
+    parameter instead of the steady ``mul_`` + ``add_``). ``model`` has gradients from one
+    backward already."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves the mode unannotated
+        def __init__(self) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.ops = 0
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
+            if not func.is_view:  # aliases launch no kernel and allocate nothing
+                self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    # the trainer's default optimizer (OptimizerConfig), per parameter as the CPU runs it
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, foreach=False)
+    optimizer.step()
+    counter = OpCounter()
+    with counter:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
+        optimizer.step()
+    return counter.ops
 
 
 def _conv_backward_flop(

@@ -443,6 +443,12 @@ class WorkloadFeatures(_Message):
     params: int = Field(ge=0)
     param_bytes: int = Field(ge=0)
     activation_bytes_per_sample: float = Field(ge=0, description="tensors saved for backward")
+    ops_per_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="operations one training step dispatches (forward, loss, backward, per-parameter SGD step); "
+        "None where not counted",
+    )
 
 
 # --------------------------------------------------------------------------- profiling sweeps
