@@ -61,6 +61,10 @@ SERVE_COMMAND: list[str] = [sys.executable, "-m", TRAINER_MODULE]
 """The command that starts a warm trainer; ``serve --parent <agent pid>`` is appended (the GPU
 tests put a stand-in here, tests/workers/fakes/fake_trainer.py)."""
 
+_JOB_MODES = ("train", "standalone", "profile")
+"""The jobs a warm trainer takes (:data:`workers.training.trainer.JOB_MODES`, not imported: the
+trainer imports this module)."""
+
 _EOF = b""
 _REAP_S = 5.0
 
@@ -96,15 +100,20 @@ def process_key(module: str, argv: Sequence[str], env: Mapping[str, str]) -> tup
 
     ``argv`` is ``[mode, SPEC.json, RESULT.json]``. A ``train`` job's key holds its task identity
     (architecture, classes, input shape, data set) and resources (threads, cores, lock) from its
-    spec; a ``standalone`` job's its threads and cores (its items vary). Both hold the whole
-    environment, which is fixed at the process's start.
+    spec; a ``profile`` job's its model (architecture, classes, input shape: what
+    :class:`workers.profiling.child.WarmModels` keeps; not the batch size, which a warm process
+    changes from one job to the next) and resources; a ``standalone`` job's its threads and
+    cores (its items vary). All hold the whole environment, which is fixed at the process's
+    start (under MPS its ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: a process serves one share).
 
     Raises:
         ValueError: ``argv`` is not ``[mode, spec, result]`` or the spec cannot be read (the
             dispatch then fails as the launch would have).
     """
-    if module != TRAINER_MODULE or len(argv) != 3 or argv[0] not in ("train", "standalone"):
-        raise ValueError(f"a warm trainer runs {TRAINER_MODULE} train|standalone SPEC RESULT, got {module} {argv}")
+    if module != TRAINER_MODULE or len(argv) != 3 or argv[0] not in _JOB_MODES:
+        raise ValueError(
+            f"a warm trainer runs {TRAINER_MODULE} {'|'.join(_JOB_MODES)} SPEC RESULT, got {module} {argv}"
+        )
     mode, spec_path = argv[0], Path(argv[1])
     try:
         spec = json.loads(spec_path.read_text())
@@ -117,6 +126,8 @@ def process_key(module: str, argv: Sequence[str], env: Mapping[str, str]) -> tup
                 tuple(task.get("input_shape") or ()),
                 json.dumps(task["dataset"], sort_keys=True),
             )
+        elif mode == "profile":
+            identity = (spec["architecture"], spec.get("num_classes"), tuple(spec.get("input_shape") or ()))
         else:
             identity = ()
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -53,7 +53,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -66,6 +66,10 @@ from workers.protocol.messages import (
     InputShapeField,
     OptimizerConfig,
 )
+from workers.training import zoo
+
+if TYPE_CHECKING:
+    import torch
 
 EXIT_OK = 0
 EXIT_PROFILE_ERROR = 1
@@ -166,6 +170,13 @@ class StdinCommands:
                 return None
             self._fill(None)
 
+    def readline(self) -> str:
+        """The next whole line with its newline, ``""`` at end of file (blocking): what a reader
+        of ``sys.stdin`` expects (:func:`workers.training.trainer.train` reads ``GO`` so in a
+        warm trainer, whose job lines come through this same reader)."""
+        line = self.wait_line()
+        return "" if line is None else line + "\n"
+
     def poll_line(self) -> str | None:
         """Return a line if one has arrived, ``""`` if none has, ``None`` at end of file."""
         line = self._pop_line()
@@ -177,6 +188,47 @@ class StdinCommands:
         if line is not None:
             return line
         return None if self.closed else ""
+
+
+_PER_JOB_FIELDS = {"batch_size", "threads", "cores", "lock_path", "warmup_iterations"}
+"""Fields of a :class:`ProfileChildSpec` that do not change the model a job builds."""
+
+
+class WarmModels:
+    """What a warm trainer (:func:`workers.training.trainer.serve`) keeps between profile jobs:
+    the last model built and its initial weights.
+
+    Keyed by every field of the spec that fixes the model (architecture, classes, input shape,
+    seed, and whatever else the spec adds, e.g. its execution options) and the device; not by
+    the batch size, threads, cores, lock or warm-up, which do not change it. A job for the same
+    key gets the same module with its initial parameters and buffers (BatchNorm statistics
+    included) loaded back, so it starts from exactly the state a cold profiler's freshly built
+    model has; another key replaces the entry (the agent's pool keys processes by model, so a
+    process serves one).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[str, str] | None = None
+        self._model: torch.nn.Module | None = None
+        self._initial: dict[str, torch.Tensor] = {}
+        self.models_built = 0
+        """How many models this cache built (tests: a warm job builds none)."""
+
+    def model(self, spec: ProfileChildSpec, device: torch.device) -> torch.nn.Module:
+        """The spec's model on ``device`` in its freshly built state (:func:`workers.training.zoo.build_model`
+        with ``spec.seed``), gradients cleared."""
+        key = (spec.model_dump_json(exclude=_PER_JOB_FIELDS), str(device))
+        if self._model is None or key != self._key:
+            self._model, self._initial = None, {}  # free the old one before building the next
+            model = zoo.build_model(spec.architecture, spec.num_classes, spec.seed, spec.input_shape).to(device)
+            self._initial = {name: value.detach().clone() for name, value in model.state_dict().items()}
+            self._model, self._key = model, key
+            self.models_built += 1
+        else:
+            # In place (copy_ into the existing tensors): the parameters keep their addresses.
+            self._model.load_state_dict(self._initial, strict=True)
+        self._model.zero_grad(set_to_none=True)
+        return self._model
 
 
 _DEVICE = None  # the torch device profile() trains on, once chosen
@@ -195,8 +247,13 @@ def peak_memory_bytes() -> int:
     return cpu_memory_bytes()
 
 
-def profile(spec: ProfileChildSpec, protocol_out: TextIO, commands: StdinCommands) -> int:
+def profile(
+    spec: ProfileChildSpec, protocol_out: TextIO, commands: StdinCommands, models: WarmModels | None = None
+) -> int:
     """Set up, pass the barrier, train until ``STOP``; return the iterations run after ``GO``.
+
+    With ``models`` (a warm trainer's :class:`WarmModels`) the model comes from it, in the state
+    a freshly built one has, instead of being built.
 
     Raises:
         RuntimeError: if the barrier is aborted (anything but ``GO`` on stdin).
@@ -218,7 +275,10 @@ def profile(spec: ProfileChildSpec, protocol_out: TextIO, commands: StdinCommand
     global _DEVICE
     apply_resources(spec.threads, spec.cores)
     device = _DEVICE = open_device(trainer_device())
-    model = build_model(spec.architecture, spec.num_classes, spec.seed, spec.input_shape)
+    if models is None:
+        model = build_model(spec.architecture, spec.num_classes, spec.seed, spec.input_shape)
+    else:
+        model = models.model(spec, device)
     model.to(device)
     model.train()
     optimizer = build_optimizer(model, OptimizerConfig())
@@ -260,8 +320,65 @@ def _write_result(path: Path, result: ProfileChildResult) -> None:
         tmp.write_text(result.model_dump_json(indent=2))
 
 
+def run_profile_job(
+    spec_path: Path,
+    result_path: Path,
+    protocol_out: TextIO,
+    commands: StdinCommands,
+    models: WarmModels | None = None,
+) -> int:
+    """Run one profile job: read SPEC.json, :func:`profile`, write RESULT.json (atomically).
+
+    The one job of a profiler process (:func:`main`) and each ``profile`` job of a warm trainer
+    (:func:`workers.training.trainer.serve`, which passes its :class:`WarmModels` and the reader
+    its job lines come through, so no byte of stdin is read by anyone else).
+
+    Args:
+        spec_path: the job's SPEC.json (a :class:`ProfileChildSpec`).
+        result_path: where RESULT.json (a :class:`ProfileChildResult`) goes.
+        protocol_out: where ``READY`` and the ``ITER`` lines are written.
+        commands: where ``GO`` and ``STOP`` are read from.
+        models: a warm trainer's model cache, or ``None`` (build the model).
+
+    Returns:
+        The exit code: 0 success, 1 profiling error, 2 bad spec.
+    """
+    try:
+        spec = ProfileChildSpec.model_validate_json(spec_path.read_text())
+    except (OSError, ValidationError, ValueError) as exc:
+        error = f"bad spec {spec_path}: {type(exc).__name__}: {exc}"
+        print(error, file=sys.stderr)
+        with contextlib.suppress(OSError):
+            _write_result(result_path, ProfileChildResult(status="failed", error=error))
+        return EXIT_BAD_SPEC
+
+    try:
+        iterations = profile(spec, protocol_out, commands, models)
+    except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
+        traceback.print_exc(file=sys.stderr)
+        _write_result(
+            result_path,
+            ProfileChildResult(
+                status="failed",
+                error=f"{type(exc).__name__}: {exc}",
+                peak_memory_bytes=peak_memory_bytes(),
+            ),
+        )
+        return EXIT_PROFILE_ERROR
+    _write_result(
+        result_path,
+        ProfileChildResult(
+            status="succeeded",
+            iterations=iterations,
+            peak_memory_bytes=peak_memory_bytes(),
+        ),
+    )
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m workers.profiling.child SPEC.json RESULT.json``.
+    """Entry point of ``python -m workers.profiling.child SPEC.json RESULT.json``: one
+    :func:`run_profile_job` on this process's stdin and stdout.
 
     Returns:
         The exit code: 0 success, 1 profiling error, 2 bad spec.
@@ -274,38 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The protocol owns the real stdout; stray prints (library warnings) go to stderr.
     protocol_out = sys.stdout
     sys.stdout = sys.stderr
-
-    try:
-        spec = ProfileChildSpec.model_validate_json(args.spec.read_text())
-    except (OSError, ValidationError, ValueError) as exc:
-        error = f"bad spec {args.spec}: {type(exc).__name__}: {exc}"
-        print(error, file=sys.stderr)
-        with contextlib.suppress(OSError):
-            _write_result(args.result, ProfileChildResult(status="failed", error=error))
-        return EXIT_BAD_SPEC
-
-    try:
-        iterations = profile(spec, protocol_out, StdinCommands(sys.stdin.fileno()))
-    except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
-        traceback.print_exc(file=sys.stderr)
-        _write_result(
-            args.result,
-            ProfileChildResult(
-                status="failed",
-                error=f"{type(exc).__name__}: {exc}",
-                peak_memory_bytes=peak_memory_bytes(),
-            ),
-        )
-        return EXIT_PROFILE_ERROR
-    _write_result(
-        args.result,
-        ProfileChildResult(
-            status="succeeded",
-            iterations=iterations,
-            peak_memory_bytes=peak_memory_bytes(),
-        ),
-    )
-    return EXIT_OK
+    return run_profile_job(args.spec, args.result, protocol_out, StdinCommands(sys.stdin.fileno()))
 
 
 if __name__ == "__main__":

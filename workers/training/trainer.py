@@ -18,8 +18,9 @@ threads and cores for ``warmup_iterations + timed_iterations`` training steps an
 a :class:`~workers.protocol.messages.StandaloneResult` (``P_alone``, docs/DESIGN.md §1). No barrier.
 
 ``serve``: a warm trainer (:func:`serve`, kept by the agent's pool, :mod:`workers.warm`): it runs
-``train`` and ``standalone`` jobs handed over on stdin one after the other, each exactly as the
-one-shot mode would, printing ``DONE <exit code>`` after each instead of exiting; the model and
+``train``, ``standalone`` and ``profile`` jobs (a profiling sweep's profiler,
+:func:`workers.profiling.child.run_profile_job`) handed over on stdin one after the other, each
+exactly as the one-shot mode would, printing ``DONE <exit code>`` after each instead of exiting; the model and
 the shard stay in memory between jobs (:class:`TrainerCache`).
 
 Exit codes: 0 success, 1 training error (RESULT.json has ``status="failed"`` and
@@ -59,7 +60,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -72,6 +73,7 @@ from workers.fl.artifacts import (
 )
 from workers.forkserver import die_with_parent
 from workers.launch import DONE_LINE, GO_LINE, JOB_LINE, READY_LINE
+from workers.profiling.child import StdinCommands, WarmModels, run_profile_job
 from workers.protocol.indices import decode_indices
 from workers.protocol.messages import (
     AssignmentResult,
@@ -95,6 +97,9 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_TRAINING_ERROR = 1
 EXIT_BAD_SPEC = 2
+
+JOB_MODES = ("train", "standalone", "profile")
+"""The jobs a trainer runs, one-shot or warm (:func:`run_job`)."""
 
 
 ENV_DEVICE = "MTFL_TRAINER_DEVICE"
@@ -942,23 +947,34 @@ def run_job(
     spec_path: Path,
     result_path: Path,
     protocol_out: TextIO,
-    protocol_in: TextIO,
+    commands: StdinCommands,
     cache: TrainerCache | None = None,
+    models: WarmModels | None = None,
 ) -> int:
-    """Run one ``train`` or ``standalone`` job: read SPEC.json, do the work, write RESULT.json
-    (atomically).
+    """Run one ``train``, ``standalone`` or ``profile`` job: read SPEC.json, do the work, write
+    RESULT.json (atomically).
+
+    ``profile`` is a profiler process's job (:func:`workers.profiling.child.run_profile_job`:
+    SPEC.json a :class:`~workers.profiling.child.ProfileChildSpec`, ``READY``/``GO``, ``ITER``
+    lines until ``STOP``), so a warm trainer serves profiling sweeps too.
 
     Args:
-        mode: ``"train"`` or ``"standalone"``.
+        mode: ``"train"``, ``"standalone"`` or ``"profile"``.
         spec_path: the job's SPEC.json.
         result_path: where RESULT.json goes.
-        protocol_out: where ``READY`` is written (``train``).
-        protocol_in: where ``GO`` is read from (``train``).
+        protocol_out: where ``READY`` (and a profile job's ``ITER`` lines) are written.
+        commands: where ``GO`` (and a profile job's ``STOP``) are read from: stdin read
+            unbuffered (:class:`~workers.profiling.child.StdinCommands`), the same reader a warm
+            trainer's job lines come through, so no job's bytes sit in another reader's buffer.
         cache: a warm trainer's :class:`TrainerCache`, or ``None`` (a cold one-shot trainer).
+        models: a warm trainer's profile models (:class:`~workers.profiling.child.WarmModels`),
+            or ``None``.
 
     Returns:
         The exit code: 0 success, 1 training error, 2 bad spec.
     """
+    if mode == "profile":
+        return run_profile_job(spec_path, result_path, protocol_out, commands, models)
     model_cls = TrainerSpec if mode == "train" else StandaloneSpec
     try:
         spec = model_cls.model_validate_json(spec_path.read_text())
@@ -979,7 +995,8 @@ def run_job(
         return EXIT_OK if measured.status == "succeeded" else EXIT_TRAINING_ERROR
 
     try:
-        result = train(spec, protocol_out, protocol_in, cache)
+        # train reads GO with readline(), which StdinCommands answers as a text stream does.
+        result = train(spec, protocol_out, cast(TextIO, commands), cache)
     except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
         traceback.print_exc(file=sys.stderr)
         result = AssignmentResult(
@@ -1018,40 +1035,51 @@ def _redirect_stderr(path: str) -> None:
         os.close(fd)
 
 
-def serve(protocol_out: TextIO, protocol_in: TextIO, parent: int | None = None) -> int:
+def serve(protocol_out: TextIO, commands: StdinCommands, parent: int | None = None) -> int:
     """Run a warm trainer: one job after another, each handed over on stdin, until stdin closes.
 
-    Each job is one line, a JSON object ``{"mode": "train"|"standalone", "spec": PATH,
+    Each job is one line, a JSON object ``{"mode": "train"|"standalone"|"profile", "spec": PATH,
     "result": PATH, "stderr": PATH}`` (:data:`workers.launch.JOB_LINE`, then the object). The
     job's stderr goes to ``stderr``; it then runs exactly as the one-shot mode ``mode`` would
-    (:func:`run_job`: ``READY`` and the wait for ``GO`` for ``train``), with a
-    :class:`TrainerCache` kept across jobs, and ends with ``DONE <code>``
+    (:func:`run_job`: ``READY`` and the wait for ``GO`` for ``train`` and ``profile``, then a
+    profile job's ``ITER`` lines until ``STOP``), with a :class:`TrainerCache` and a
+    :class:`~workers.profiling.child.WarmModels` kept across jobs (so the model, the shard and
+    the CUDA context with its cuDNN autotuning results stay warm), and ends with ``DONE <code>``
     (:data:`workers.launch.DONE_LINE`, ``code`` the exit code the one-shot trainer would have
     returned) on stdout. End of stdin between jobs: exit 0.
+
+    Job lines, ``GO`` and ``STOP`` are all read through ``commands``, one unbuffered reader of
+    stdin: a profile job polls it with ``select`` while it trains, which a buffered reader
+    holding the next lines would defeat. Each job's peak memory is its own: on a GPU the
+    device is opened per job (:func:`open_device` resets the allocator's peak statistics) and
+    the cached unused memory is handed back between jobs; on ``cpu`` the private resident
+    memory never shrinks, which is why sweeps on ``cpu`` fork a fresh profiler per task instead
+    (:mod:`workers.profiling.sweep`).
 
     Returns:
         The exit code: 0 at end of input, 2 for a job line that cannot be read.
     """
     _die_with_parent(parent)
     cache = TrainerCache()
+    models = WarmModels()
     while True:
-        line = protocol_in.readline()
-        if not line:
+        line = commands.wait_line()
+        if line is None:
             return EXIT_OK
-        head, _, payload = line.strip().partition(" ")
+        head, _, payload = line.partition(" ")
         try:
             if head != JOB_LINE:
                 raise ValueError(f"expected {JOB_LINE!r}, got {head!r}")
             job = json.loads(payload)
             mode, spec_path, result_path, stderr_path = job["mode"], job["spec"], job["result"], job["stderr"]
-            if mode not in ("train", "standalone"):
-                raise ValueError(f"mode must be 'train' or 'standalone', got {mode!r}")
+            if mode not in JOB_MODES:
+                raise ValueError(f"mode must be one of {', '.join(map(repr, JOB_MODES))}, got {mode!r}")
         except (ValueError, KeyError, TypeError) as exc:
             # The parent speaks the protocol or is broken: nothing sensible to go on with.
             print(f"bad job line {line!r}: {_describe(exc)}", file=sys.stderr)
             return EXIT_BAD_SPEC
         _redirect_stderr(stderr_path)
-        code = run_job(mode, Path(spec_path), Path(result_path), protocol_out, protocol_in, cache)
+        code = run_job(mode, Path(spec_path), Path(result_path), protocol_out, commands, cache, models)
         _release_cached_device_memory()
         sys.stderr.flush()
         protocol_out.write(f"{DONE_LINE} {code}\n")
@@ -1070,17 +1098,19 @@ def _release_cached_device_memory() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m workers.training.trainer {train,standalone} SPEC.json RESULT.json``
-    (one job, then exit) and ``python -m workers.training.trainer serve [--parent PID]`` (a warm
-    trainer: :func:`serve`).
+    """Entry point of ``python -m workers.training.trainer {train,standalone,profile} SPEC.json
+    RESULT.json`` (one job, then exit) and ``python -m workers.training.trainer serve [--parent
+    PID]`` (a warm trainer: :func:`serve`).
 
     Returns:
         The exit code: 0 success, 1 training error, 2 bad spec.
     """
     parser = argparse.ArgumentParser(prog="python -m workers.training.trainer", description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=("train", "standalone", "serve"))
-    parser.add_argument("spec", type=Path, nargs="?", help="spec JSON file (train, standalone)")
-    parser.add_argument("result", type=Path, nargs="?", help="where the result JSON is written (train, standalone)")
+    parser.add_argument("mode", choices=(*JOB_MODES, "serve"))
+    parser.add_argument("spec", type=Path, nargs="?", help="spec JSON file (train, standalone, profile)")
+    parser.add_argument(
+        "result", type=Path, nargs="?", help="where the result JSON is written (train, standalone, profile)"
+    )
     parser.add_argument("--parent", type=int, default=None, help="serve: the parent's pid (exit if it is gone)")
     args = parser.parse_args(argv)
 
@@ -1088,11 +1118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     protocol_out = sys.stdout
     sys.stdout = sys.stderr
 
+    commands = StdinCommands(sys.stdin.fileno())
     if args.mode == "serve":
-        return serve(protocol_out, sys.stdin, args.parent)
+        return serve(protocol_out, commands, args.parent)
     if args.spec is None or args.result is None:
         parser.error(f"{args.mode} needs SPEC and RESULT")
-    return run_job(args.mode, args.spec, args.result, protocol_out, sys.stdin)
+    return run_job(args.mode, args.spec, args.result, protocol_out, commands)
 
 
 if __name__ == "__main__":
