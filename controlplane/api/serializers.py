@@ -10,8 +10,10 @@ from rest_framework import serializers
 from controlplane.api.fast_lists import FastReadListSerializer
 from controlplane.experiments.models import (
     CLIENT_SAMPLING_RULES,
+    EXECUTION_MODES,
     MAX_DEVICE_RETRIES,
     MAX_REPEATS,
+    PRECISIONS,
     Assignment,
     Checkpoint,
     Comparison,
@@ -47,7 +49,7 @@ from controlplane.profiling.models import (
     ProfileSample,
     ProfileSweep,
 )
-from workers.protocol.messages import OPTIMIZERS
+from workers.protocol.messages import OPTIMIZERS, ExecutionOptions
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.datasets import DATASET_REGISTRY
@@ -246,6 +248,9 @@ class TaskSerializer(serializers.ModelSerializer):
             "learning_rate",
             "momentum",
             "weight_decay",
+            "execution_mode",
+            "precision",
+            "channels_last",
             "owner",
             "created_at",
             "workload",
@@ -269,6 +274,21 @@ class TaskSerializer(serializers.ModelSerializer):
         return ModelWorkloadSerializer(workload).data if workload else None
 
 
+EXECUTION_MODE_HELP = (
+    "how the task's trainers run a step: graphs (the whole step captured once per batch size as a CUDA graph and "
+    "replayed; needs a GPU backend, cuda-mps or cuda-timeslice, on every device holding its data), eager (op by op) "
+    "or auto (graphs on a GPU backend, eager on cpu); default auto. The task's, not a strategy's: every strategy of "
+    "a comparison runs it so, and speedups compare like with like"
+)
+PRECISION_HELP = (
+    "fp32, or bf16 (forward pass and loss under torch.autocast in bfloat16; needs a GPU backend); default fp32. "
+    "The task's, not a strategy's"
+)
+CHANNELS_LAST_HELP = (
+    "4-D inputs and weights in torch.channels_last memory format; default false. The task's, not a strategy's"
+)
+
+
 class TaskWriteSerializer(StrictSerializer):
     name = StrictCharField(max_length=100)
     architecture = RegisteredField(MODEL_REGISTRY.names)
@@ -286,6 +306,11 @@ class TaskWriteSerializer(StrictSerializer):
     learning_rate = number(default=0.05)
     momentum = number(default=0.9)
     weight_decay = number(default=5e-4)
+    execution_mode = ChoiceField(
+        choices=EXECUTION_MODES, default=ExecutionOptions().mode, help_text=EXECUTION_MODE_HELP
+    )
+    precision = ChoiceField(choices=PRECISIONS, default=ExecutionOptions().precision, help_text=PRECISION_HELP)
+    channels_last = StrictBooleanField(default=ExecutionOptions().channels_last, help_text=CHANNELS_LAST_HELP)
 
 
 # --- experiments ---------------------------------------------------------------------------
@@ -632,6 +657,9 @@ class ExperimentFromTemplateSerializer(StrictSerializer):
     client_sampling = client_sampling_field(required=False)
     keep_device_weights = keep_device_weights_field(required=False)
     keep_last_checkpoints = keep_last_checkpoints_field(required=False)
+    execution_mode = ChoiceField(choices=EXECUTION_MODES, required=False, help_text=EXECUTION_MODE_HELP)
+    precision = ChoiceField(choices=PRECISIONS, required=False, help_text=PRECISION_HELP)
+    channels_last = StrictBooleanField(required=False, help_text=CHANNELS_LAST_HELP)
 
 
 # --- the lab: queue, pools, an admin's pause ------------------------------------------------
@@ -1263,6 +1291,8 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "visible_sm_count",
             "mps_verified",
             "mps_detail",
+            "execution_mode",
+            "execution_fallback",
             "attempt",
         ]
         read_only_fields = fields

@@ -556,10 +556,21 @@ def _decision_row(decision: dict[str, Any]) -> dict[str, Any]:
     return {"action": decision.get("action", ""), "reason": decision.get("reason", ""), "gain_text": gain_text}
 
 
+def execution_text(mode: str, fallback: str, *, limit: int = 80) -> str:
+    """How a trainer ran its steps, for a table cell: ``"graphs"``, ``"eager"``, ``"eager (graphs
+    failed: <reason>)"`` with the reason cut to ``limit`` characters (the cell's title carries it
+    whole), or ``""`` when the trainer did not report."""
+    if fallback:
+        reason = fallback if len(fallback) <= limit else fallback[: limit - 1] + "…"
+        return f"{mode or 'eager'} (graphs failed: {reason})"
+    return mode
+
+
 def run_round_plans(run: Run) -> dict[str, Any]:
     """The run page's "Plan per round": for each of the newest :data:`PLAN_ROUNDS` rounds,
     the assignments (task, ``batch_size``, ``active_thread_percentage``, predicted and measured
-    ``throughput_sps``) of at most :data:`PLAN_DEVICES` devices — a round of sampled devices
+    ``throughput_sps``, how the trainer ran: :func:`execution_text`) of at most
+    :data:`PLAN_DEVICES` devices — a round of sampled devices
     (partial participation) its first participants by id, a round of every device the first
     devices by name — listed by name, and, when the round was replanned (``Round.replan``),
     each device's decision: action, reason and predicted gain ± its uncertainty in percent
@@ -604,10 +615,12 @@ def run_round_plans(run: Run) -> dict[str, Any]:
             "predicted_throughput_sps",
             "throughput_sps",
             "status",
+            "execution_mode",
+            "execution_fallback",
         )
     )
     by_round: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for round_id, device_id, task, batch, share, predicted, measured, status in rows:
+    for round_id, device_id, task, batch, share, predicted, measured, status, mode, fallback in rows:
         by_round[round_id][device_id].append(
             {
                 "task": task,
@@ -616,6 +629,8 @@ def run_round_plans(run: Run) -> dict[str, Any]:
                 "predicted_throughput_sps": finite_or_none(predicted),
                 "throughput_sps": finite_or_none(measured),
                 "status": status,
+                "execution": execution_text(mode, fallback),
+                "execution_fallback": fallback,
             }
         )
     out = []

@@ -73,6 +73,8 @@ ASSIGNMENT_COLUMNS: dict[str, str] = {
     "peak_memory_bytes": "peak_memory_bytes",
     "mps_active_thread_percentage": "mps_active_thread_percentage",
     "mps_verified": "mps_verified",
+    "execution_mode": "execution_mode",
+    "execution_fallback": "execution_fallback",
     "error": "error",
 }
 """Columns of the assignments table → the :class:`Assignment` field each comes from."""

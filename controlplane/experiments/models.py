@@ -457,7 +457,7 @@ class StandaloneCacheEntry(models.Model):
     versions) and ``hardware`` (accelerator, GPU UUID, cores) as the device last reported them,
     the task's ``workload_key`` (a digest of what determines its training speed: architecture,
     classes, input shape, data set, optimizer and its momentum and weight decay; not its name,
-    learning rate or data folder), the ``batch_size`` trained (``min(batch size, shard size)``:
+    learning rate or data folder; its execution options, which change the speed, are in), the ``batch_size`` trained (``min(batch size, shard size)``:
     a smaller shard is trained whole as every batch) and the ``share`` (``P_alone`` runs on the
     whole device: 100). An entry older than ``MTFL_STANDALONE_CACHE_MAX_AGE_S`` is not used; the
     ``simulated`` backend keeps none.

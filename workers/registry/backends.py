@@ -49,6 +49,10 @@ class Backend:
         partitionings: the :data:`PARTITIONINGS` it can realise (the table above).
         simulated: it trains nothing and answers from a model; what it reports carries
             ``simulated=True``.
+        gpu: its trainers run on a CUDA GPU, so a task may ask for the GPU execution options
+            (``execution_mode="graphs"``, ``precision="bf16"``:
+            :class:`workers.protocol.messages.ExecutionOptions`); the control plane refuses an
+            explicit request of them on a backend that is neither ``gpu`` nor ``simulated``.
 
     Raises:
         ValueError: (on construction) an empty ``partitionings`` or one not in
@@ -60,6 +64,7 @@ class Backend:
     create: Callable[[], Any]
     partitionings: tuple[str, ...] = PARTITIONINGS
     simulated: bool = False
+    gpu: bool = False
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.partitionings if p not in PARTITIONINGS]
@@ -97,12 +102,18 @@ for _backend in (
         _builtin("workers.backends.simulated:SimulatedBackend"),
         simulated=True,
     ),
-    Backend("cuda-mps", "cuda-mps — one NVIDIA GPU shared with MPS", _builtin("workers.backends.cuda:CudaMpsBackend")),
+    Backend(
+        "cuda-mps",
+        "cuda-mps — one NVIDIA GPU shared with MPS",
+        _builtin("workers.backends.cuda:CudaMpsBackend"),
+        gpu=True,
+    ),
     Backend(
         "cuda-timeslice",
         "cuda-timeslice — one NVIDIA GPU without MPS (temporal only)",
         _builtin("workers.backends.cuda:CudaTimesliceBackend"),
         partitionings=("timeslice",),
+        gpu=True,
     ),
 ):
     BACKEND_REGISTRY.register(_backend)

@@ -15,14 +15,22 @@ from django.db import transaction
 
 from controlplane.common.errors import ApplicationError
 from controlplane.common.registered import registered
-from controlplane.experiments.models import CLIENT_SAMPLING_RULES, Experiment, Shard, Task
+from controlplane.experiments.models import (
+    CLIENT_SAMPLING_RULES,
+    EXECUTION_MODES,
+    PRECISIONS,
+    Experiment,
+    Shard,
+    Task,
+)
 from controlplane.experiments.selectors import can_manage_experiment
+from controlplane.experiments.services.execution import EXECUTION_FIELDS, execution_holders_check
 from controlplane.fleet.models import Device
 from controlplane.planning.guard import untrusted_choice
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, lr_scaling_check
 from controlplane.profiling.services import workload_ensure, workload_request
 from workers.protocol.indices import encode_indices
-from workers.protocol.messages import OPTIMIZERS
+from workers.protocol.messages import OPTIMIZERS, ExecutionOptions
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
@@ -143,6 +151,12 @@ def _check_task_fields(fields: Mapping[str, Any]) -> None:
         check_finite_range("momentum", fields["momentum"], 0.0, 1.0, hi_open=True)
     if "weight_decay" in fields:
         check_finite_range("weight_decay", fields["weight_decay"], 0.0, 1.0)
+    if "execution_mode" in fields:
+        _check_choice("execution_mode", fields["execution_mode"], EXECUTION_MODES)
+    if "precision" in fields:
+        _check_choice("precision", fields["precision"], PRECISIONS)
+    if "channels_last" in fields and not isinstance(fields["channels_last"], bool):
+        raise ApplicationError("channels_last must be true or false", field="channels_last")
 
 
 DATA_FIELDS = ("architecture", "dataset", "dataset_root", "num_classes")
@@ -269,6 +283,9 @@ def task_create(
     learning_rate: float = 0.05,
     momentum: float = 0.9,
     weight_decay: float = 5e-4,
+    execution_mode: str = ExecutionOptions().mode,
+    precision: str = ExecutionOptions().precision,
+    channels_last: bool = ExecutionOptions().channels_last,
     owner=None,
     features: str = "queue",
 ) -> Task:
@@ -290,10 +307,15 @@ def task_create(
         num_classes: ``None`` (default): the data's class count (``max(label) + 1`` over both
             splits, or the data set's declared count); a stated count may exceed the data's
             (2 to 100000), never fall below it.
+        execution_mode, precision, channels_last: how its trainers run a step
+            (:class:`workers.protocol.messages.ExecutionOptions`): ``auto``/``eager``/``graphs``,
+            ``fp32``/``bf16``, channels-last memory format. They are the task's, so every strategy
+            of a comparison trains it the same way; ``graphs`` and ``bf16`` need a GPU backend
+            on every device holding its data (checked when an experiment uses it).
 
     Raises:
-        ApplicationError: unknown architecture, data set or optimizer; a hyper-parameter out of
-            range; a duplicate name; a missing ``dataset_root`` for a data set read from files;
+        ApplicationError: unknown architecture, data set, optimizer, execution mode or
+            precision; a hyper-parameter out of range; a duplicate name; a missing ``dataset_root`` for a data set read from files;
             (400, under the field at fault) any failure of the plug-in check, including
             ``num_classes`` below the data's and a root that does not exist.
     """
@@ -306,6 +328,9 @@ def task_create(
         learning_rate=learning_rate,
         momentum=momentum,
         weight_decay=weight_decay,
+        execution_mode=execution_mode,
+        precision=precision,
+        channels_last=channels_last,
     )
     _check_task_fields({**fields, "num_classes": num_classes})
     if not name:
@@ -343,8 +368,9 @@ def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
 
     Raises:
         ApplicationError: (403) ``actor`` is neither the task's owner nor a superuser; as
-            :func:`task_create`; or (409) changing anything but the name of a task that runs
-            have trained.
+            :func:`task_create`; (409) changing anything but the name of a task that runs
+            have trained; or (400, field ``devices``) execution options a device holding the
+            task's data in one of its experiments cannot run (``graphs`` or ``bf16`` on ``cpu``).
     """
     if actor is not None and not (actor.is_superuser or (task.owner_id and task.owner_id == actor.pk)):
         raise ApplicationError(
@@ -361,6 +387,7 @@ def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
         "learning_rate",
         "momentum",
         "weight_decay",
+        *EXECUTION_FIELDS,
     }
     unknown = set(fields) - allowed
     if unknown:
@@ -379,6 +406,8 @@ def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
         )
     if "name" in fields and Task.objects.exclude(pk=task.pk).filter(name=fields["name"]).exists():
         raise ApplicationError(f"a task named {fields['name']!r} already exists", field="name")
+    if changed & set(EXECUTION_FIELDS):
+        _task_holders_check(task, {k: fields.get(k, getattr(task, k)) for k in EXECUTION_FIELDS})
     recheck = bool(changed & set(DATA_FIELDS))
     if recheck:
         dataset = fields.get("dataset", task.dataset)
@@ -399,6 +428,25 @@ def task_update(*, task: Task, actor=None, **fields: Any) -> Task:
     if recheck:
         workload_request(architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape)
     return task
+
+
+def _task_holders_check(task: Task, execution: Mapping[str, Any]) -> None:
+    """Refuse new execution options of ``task`` that a device holding its data in one of its
+    experiments cannot run (:func:`.execution.execution_holders_check`).
+
+    Raises:
+        ApplicationError: (400, field ``devices``) naming the task, the option, the device and
+            its experiment.
+    """
+    proposed = Task(name=task.name, **execution)
+    shards = (
+        Shard.objects.filter(task=task, num_samples__gt=0)
+        .select_related("device", "experiment")
+        .only("device__name", "device__backend", "experiment__name")
+        .order_by("experiment_id", "device__name")
+    )
+    for shard in shards:
+        execution_holders_check([(shard.device, proposed)], where=f" (experiment {shard.experiment.name!r})")
 
 
 class _ShardRow:
@@ -884,7 +932,9 @@ def experiment_create(
             a partition rule or parameter that is not allowed, explicit counts that are
             negative or exceed a training split, a task whose check fails now, a duplicate name,
             an aggregator, aggregator parameter, per-task override or participation setting
-            that is not allowed (naming the field and the allowed values).
+            that is not allowed (naming the field and the allowed values); (field ``devices``) a
+            task asking for ``execution_mode`` ``graphs`` or ``precision`` ``bf16`` while a device
+            holding its data is not a GPU backend (:mod:`.execution`).
     """
     if not name:
         raise ApplicationError("name is required", field="name")
@@ -936,6 +986,7 @@ def experiment_create(
     )
     if not any(r.num_samples > 0 for r in rows):
         raise ApplicationError("no device holds any sample: nothing would be trained", field="sample_counts")
+    execution_holders_check((r.device, r.task) for r in rows if r.num_samples > 0)
     experiment = Experiment.objects.create(
         name=name,
         description=description or "",

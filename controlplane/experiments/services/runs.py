@@ -32,6 +32,7 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import MAX_REPEATS, Comparison, Experiment, Round, Run
 from controlplane.experiments.services import dispatch, planning
 from controlplane.experiments.services.catalog import aggregation_check
+from controlplane.experiments.services.execution import experiment_execution_check
 from controlplane.experiments.services.lab.leases import leases_release
 from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.stop import run_work_stop
@@ -87,7 +88,9 @@ def run_create(
             predictor for every device, or a plan the planner cannot make (memory, empty shard,
             unknown model); a device whose agent never connected (409); a task's model or
             dataset that a device holding its data, or the control plane, lacks
-            (:func:`.plugins.experiment_plugins_check`); an aggregator override that is not
+            (:func:`.plugins.experiment_plugins_check`); a task's ``graphs`` or ``bf16`` execution
+            options on a device that is no longer a GPU backend
+            (:func:`.execution.experiment_execution_check`); an aggregator override that is not
             allowed (``options.aggregation``, ``options.aggregation_params.<name>``); an unknown
             ``pool`` or one holding none of the experiment's devices; a ``priority`` outside
             -10..10.
@@ -128,6 +131,8 @@ def _run_new(
             status_code=409,
         )
     experiment_plugins_check(experiment)
+    # A device's backend may have changed since the experiment was created (cpu now, say).
+    experiment_execution_check(experiment)
     manual = None
     if plan is not None:
         manual = [

@@ -13,8 +13,11 @@ run asks. The cache key is therefore:
   swap or a new core set makes every entry of the device miss;
 - the task's **workload** (:func:`workload_identity`): architecture, classes, input shape, data set
   and the optimizer's kind, momentum and weight decay (momentum and weight decay change the
-  optimizer step's work). The task's row id, name, learning rate and data folder are left out:
-  two tasks that train the same thing the same way share entries;
+  optimizer step's work), and its **execution options** (``execution_mode``, ``precision``,
+  ``channels_last``: a step replayed as a CUDA graph, or in bfloat16, is not an eager fp32 one).
+  The options are keyed as the task asks for them, not as a trainer resolved ``auto``: a task
+  whose options change is measured again. The task's row id, name, learning rate and data
+  folder are left out: two tasks that train the same thing the same way share entries;
 - the **batch size** the measurement really trains at, ``min(batch size, shard size)`` (a shard
   smaller than the batch is trained whole as every batch: :func:`workers.training.trainer.measure_item`),
   and the **share** (``P_alone`` is measured on the whole device: 100).
@@ -43,6 +46,7 @@ from controlplane.common.bulk import bulk_insert
 from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Run, StandaloneCacheEntry, StandaloneThroughput, Task
+from controlplane.experiments.services.execution import EXECUTION_FIELDS, task_execution
 from controlplane.fleet.models import Device
 from controlplane.planning.types import PlannedAssignment
 from workers.protocol.messages import DEFAULT_INPUT_SHAPE
@@ -70,13 +74,15 @@ WORKLOAD_FIELDS = (
     "optimizer",
     "momentum",
     "weight_decay",
+    *EXECUTION_FIELDS,
 )
 """The task fields :func:`workload_identity` reads."""
 
 
 def workload_identity(task: Task) -> dict[str, Any]:
     """What determines a task's training speed, as plain JSON (see the module): its
-    architecture, classes, input shape, data set and optimizer kind, momentum and weight decay."""
+    architecture, classes, input shape, data set, optimizer kind, momentum and weight decay, and
+    its execution options (``{"mode", "precision", "channels_last"}``)."""
     return {
         "architecture": task.architecture,
         "num_classes": int(task.num_classes),
@@ -85,6 +91,7 @@ def workload_identity(task: Task) -> dict[str, Any]:
         "optimizer": task.optimizer,
         "momentum": float(task.momentum),
         "weight_decay": float(task.weight_decay),
+        "execution": task_execution(task).model_dump(mode="json"),
     }
 
 

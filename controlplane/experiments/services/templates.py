@@ -33,6 +33,7 @@ from controlplane.experiments.services.catalog import (
     task_create,
 )
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING
+from workers.protocol.messages import ExecutionOptions
 from workers.registry.datasets import DATASET_REGISTRY
 
 
@@ -219,11 +220,14 @@ def _experiment_name(template: ExperimentTemplate, name: str | None) -> str:
     return candidate
 
 
-def _template_task(*, architecture: str, dataset: str, dataset_root: str, owner=None) -> Task:
-    """The task training ``architecture`` on the data set with :data:`TASK_RECIPE`: an existing
+def _template_task(
+    *, architecture: str, dataset: str, dataset_root: str, execution: Mapping[str, Any], owner=None
+) -> Task:
+    """The task training ``architecture`` on the data set with :data:`TASK_RECIPE` and the
+    ``execution`` options (``execution_mode``, ``precision``, ``channels_last``): an existing
     identical one (the oldest), or a new one named ``<dataset>-<architecture>`` (with ``-2``,
     ``-3``, … if that name holds a different task)."""
-    fields = dict(architecture=architecture, dataset=dataset, dataset_root=dataset_root, **TASK_RECIPE)
+    fields = dict(architecture=architecture, dataset=dataset, dataset_root=dataset_root, **TASK_RECIPE, **execution)
     existing = Task.objects.filter(**fields).order_by("id").first()
     if existing is not None:
         return existing
@@ -257,6 +261,9 @@ def experiment_create_from_template(
     client_sampling: str = "uniform",
     keep_device_weights: bool = False,
     keep_last_checkpoints: int | None = None,
+    execution_mode: str = ExecutionOptions().mode,
+    precision: str = ExecutionOptions().precision,
+    channels_last: bool = ExecutionOptions().channels_last,
 ) -> Experiment:
     """Create an experiment from a built-in template (:data:`TEMPLATES`) on the given devices.
 
@@ -294,6 +301,9 @@ def experiment_create_from_template(
             :func:`~controlplane.experiments.services.catalog.experiment_create`.
         task_aggregation: per-task aggregator overrides, each task named by one of the
             template's architectures (``resnet18``), or by its task's name or id.
+        execution_mode, precision, channels_last: how every task of the template runs its
+            steps (:func:`~controlplane.experiments.services.catalog.task_create`); ``graphs``
+            and ``bf16`` need a GPU backend on every device.
 
     Returns:
         The experiment, with its shards.
@@ -314,8 +324,9 @@ def experiment_create_from_template(
     dataset, dataset_root = _resolve_dataset(dataset)
     name = _experiment_name(spec, name)
     device_ids = list(device_ids or [])
+    execution = {"execution_mode": execution_mode, "precision": precision, "channels_last": channels_last}
     tasks = [
-        _template_task(architecture=a, dataset=dataset, dataset_root=dataset_root, owner=owner)
+        _template_task(architecture=a, dataset=dataset, dataset_root=dataset_root, execution=execution, owner=owner)
         for a in spec.architectures
     ]
     return experiment_create(

@@ -18,7 +18,7 @@ from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import USAGE_ERROR, list_option, params_option
 from controlplane.experiments import selectors
 from controlplane.experiments.exports import aggregation_settings
-from controlplane.experiments.models import CLIENT_SAMPLING_RULES, Experiment
+from controlplane.experiments.models import CLIENT_SAMPLING_RULES, EXECUTION_MODES, PRECISIONS, Experiment
 from controlplane.experiments.services import experiment_create_from_template
 from controlplane.experiments.services.storage import keep_last_checkpoints
 from controlplane.experiments.services.templates import (
@@ -32,6 +32,7 @@ from controlplane.fleet.models import Device
 from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
 from controlplane.profiling.services import workload_ensure
+from workers.protocol.messages import ExecutionOptions
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
 
 
@@ -189,6 +190,21 @@ class Command(BaseCommand):
             "(default: MTFL_KEEP_LAST_CHECKPOINTS)",
         )
         parser.add_argument(
+            "--execution-mode",
+            default=ExecutionOptions().mode,
+            help="how the tasks' trainers run a step: auto (graphs on a GPU backend, eager on cpu), eager (op by op) "
+            "or graphs (a CUDA graph per batch size; every device must be a GPU backend); the tasks', so every "
+            "strategy runs them alike (default auto)",
+        )
+        parser.add_argument(
+            "--precision",
+            default=ExecutionOptions().precision,
+            help="fp32, or bf16 (autocast in bfloat16; every device must be a GPU backend) (default fp32)",
+        )
+        parser.add_argument(
+            "--channels-last", action="store_true", help="4-D inputs and weights in torch.channels_last memory format"
+        )
+        parser.add_argument(
             "--owner",
             help="user name of the researcher who owns it (sees and shares it on the "
             "dashboard and the API); default: none, so only superusers see it",
@@ -211,6 +227,10 @@ class Command(BaseCommand):
                 f"--client-sampling: {opts['client_sampling']!r} is not allowed; allowed: "
                 f"{', '.join(CLIENT_SAMPLING_RULES)}"
             )
+        for option, allowed in (("execution_mode", EXECUTION_MODES), ("precision", PRECISIONS)):
+            if opts[option] not in allowed:
+                flag = "--" + option.replace("_", "-")
+                raise _error(f"{flag}: {opts[option]!r} is not allowed; allowed: {', '.join(allowed)}")
         if opts["clients_per_round"] is not None and opts["client_fraction"] is not None:
             raise _error("--clients-per-round and --client-fraction are exclusive: give one of them")
         fl_settings = {
@@ -258,6 +278,9 @@ class Command(BaseCommand):
                 owner=owner,
                 lr_scaling=opts["lr_scaling"],
                 untrusted_predictor=opts["untrusted_predictor"],
+                execution_mode=opts["execution_mode"],
+                precision=opts["precision"],
+                channels_last=bool(opts["channels_last"]),
                 **fl_settings,
                 **retention,
                 **{k: v for k, v in numbers.items() if v is not None},

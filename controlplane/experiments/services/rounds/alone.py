@@ -25,6 +25,7 @@ from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Run
 from controlplane.experiments.services import dispatch
+from controlplane.experiments.services.execution import task_execution
 from controlplane.experiments.services.rounds.requests import shard_ref
 from controlplane.planning.types import PlannedAssignment
 from workers.protocol.messages import StandaloneItem, StandaloneRequest
@@ -39,7 +40,7 @@ def standalone_dispatch(run: Run, assignments: Iterable[PlannedAssignment], *, b
     for a in assignments:
         on_device[a.device_id].append(a)
     shards = selectors.experiment_shards(experiment, with_indices=True, device_ids=list(on_device))
-    tasks = {t.id: selectors.task_ref(t) for t in experiment.tasks.all()}
+    tasks = {t.id: (selectors.task_ref(t), task_execution(t)) for t in experiment.tasks.all()}
     devices = {
         d.id: d
         for d in selectors.experiment_devices(experiment, device_ids=list(on_device), fields=["id", "name", "backend"])
@@ -48,9 +49,12 @@ def standalone_dispatch(run: Run, assignments: Iterable[PlannedAssignment], *, b
     for device_id in sorted(on_device):
         items = [
             StandaloneItem(
-                task=tasks[a.task_id],
+                task=tasks[a.task_id][0],
                 batch_size=a.batch_size,
                 shard=shard_ref(experiment, shards[(a.device_id, a.task_id)]),
+                # The task's own options: P_alone is the denominator of the rounds' fair
+                # throughput, so it is measured the way the rounds train.
+                execution=tasks[a.task_id][1],
             )
             for a in on_device[device_id]
         ]

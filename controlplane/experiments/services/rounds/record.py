@@ -248,6 +248,8 @@ def _record_and_aggregate(
             a.visible_sm_count = r.visible_sm_count
             a.mps_verified = r.mps_verified
             a.mps_detail = r.mps_detail[:10_000]
+            a.execution_mode = r.execution_mode or ""
+            a.execution_fallback = r.execution_fallback[:10_000]
 
     # Aggregate only over devices whose whole round succeeded: a failed device's weights never
     # enter the global model, even the tasks that finished before the failure.
@@ -324,6 +326,8 @@ def _record_and_aggregate(
                 "visible_sm_count",
                 "mps_verified",
                 "mps_detail",
+                "execution_mode",
+                "execution_fallback",
             ],
         )
         # a redelivered result replaces the series instead of failing on the unique constraint

@@ -16,12 +16,20 @@ from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Checkpoint, Experiment, Round
 from controlplane.experiments.selectors import ShardSpan
+from controlplane.experiments.services.execution import task_execution
 from controlplane.experiments.services.planning import run_plan
 from controlplane.experiments.services.rounds.aggregate import task_trainer_options
 from controlplane.fleet.models import Device
 from controlplane.planning.lr_scaling import scaled_learning_rate
 from workers.fl.artifacts import device_weights_key
-from workers.protocol.messages import AssignmentSpec, ShardRef, TaskRef, TrainRoundRequest, round_idempotency_key
+from workers.protocol.messages import (
+    AssignmentSpec,
+    ExecutionOptions,
+    ShardRef,
+    TaskRef,
+    TrainRoundRequest,
+    round_idempotency_key,
+)
 
 
 def shard_ref(experiment: Experiment, shard: ShardSpan) -> ShardRef:
@@ -52,6 +60,7 @@ def round_device_request(
     shards: Mapping[tuple[int, int], ShardSpan],
     latest: Mapping[int, Checkpoint],
     task_refs: Mapping[int, TaskRef],
+    executions: Mapping[int, ExecutionOptions],
     warmup_iterations: int,
     attempt: int = 0,
     trainer_options: Mapping[int, dict[str, Any]] | None = None,
@@ -69,6 +78,8 @@ def round_device_request(
         latest: ``{task_id: Checkpoint}``, the global models to start from
             (:func:`.selectors.latest_checkpoints`).
         task_refs: ``{task_id: TaskRef}``.
+        executions: ``{task_id: ExecutionOptions}``, each task's own
+            (:func:`..execution.task_execution`): every strategy trains a task the same way.
         warmup_iterations: untimed iterations before throughput is measured.
         trainer_options: ``{task_id: task_trainer_options(rnd.run, task_id)}`` when the caller
             builds many devices' requests (a round of 1,000 devices asked the registry 3,000
@@ -86,7 +97,7 @@ def round_device_request(
 
     Raises:
         KeyError: an assignment whose device–task pair has no shard, or a task with no
-            checkpoint or task reference.
+            checkpoint, task reference or execution options.
         workers.registry.base.UnknownEntryError, ValueError: a task's aggregator is no longer
             installed or no longer takes its stored parameters.
     """
@@ -107,6 +118,7 @@ def round_device_request(
             output_weights=device_weights_key(rnd.run_id, rnd.index, device.name, a.task_id),
             seed=experiment.seed * 1000 + rnd.index,
             learning_rate=assignment_learning_rate(task_refs[a.task_id], a.batch_size, experiment.lr_scaling),
+            execution=executions[a.task_id],
             **trainer_options[a.task_id],
         )
         for a in assignments
@@ -158,6 +170,7 @@ def round_device_request_load(*, rnd: Round, device_id: int, attempt: int) -> Tr
         shards=selectors.experiment_shards(experiment, with_indices=True),
         latest=selectors.latest_checkpoints(run),
         task_refs={a.task_id: selectors.task_ref(a.task) for a in rows},
+        executions={a.task_id: task_execution(a.task) for a in rows},
         warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
         attempt=attempt,
     )

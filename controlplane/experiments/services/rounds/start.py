@@ -25,6 +25,7 @@ from controlplane.conf import mtfl_setting
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Round, Run
 from controlplane.experiments.services import dispatch
+from controlplane.experiments.services.execution import task_execution
 from controlplane.experiments.services.planning import plan_from_json, plan_to_json, round_plan
 from controlplane.experiments.services.rounds.aggregate import task_trainer_options
 from controlplane.experiments.services.rounds.alone import standalone_dispatch
@@ -123,6 +124,7 @@ def round_dispatch(*, round_id: int) -> Round | None:
         # Reloaded: an INSERT run for many rows returns no primary keys.
         id_of = {(d, t): pk for pk, d, t in rnd.assignments.values_list("id", "device_id", "task_id")}
         task_refs = {task_id: selectors.task_ref(task) for task_id, task in tasks.items()}
+        executions = {task_id: task_execution(task) for task_id, task in tasks.items()}
         warmup_iterations = mtfl_setting("WARMUP_ITERATIONS")
         # Each task's once, not once per device (rnd.run is run).
         trainer_options = {t: task_trainer_options(run, t) for t in {a.task_id for a in plan.assignments}}
@@ -144,6 +146,7 @@ def round_dispatch(*, round_id: int) -> Round | None:
                 shards=shards,
                 latest=latest,
                 task_refs=task_refs,
+                executions=executions,
                 warmup_iterations=warmup_iterations,
                 trainer_options=trainer_options,
             )
