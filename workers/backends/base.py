@@ -33,6 +33,7 @@ from typing import ClassVar
 from pydantic import ValidationError
 
 from workers.agent import config
+from workers.backends.gpu import GpuTelemetry
 from workers.launch import (
     Child,
     ProcessGroup,
@@ -272,6 +273,13 @@ class TrainerProcessBackend(ExecutionBackend):
     starting a new interpreter for each. Off where it has not been checked on the real device
     (the GPU backends: no GPU was at hand)."""
 
+    profiles_warm: ClassVar[bool] = False
+    """Whether profiling sweeps take their profiler processes from the backend's warm pool
+    (:meth:`profiler_pool`: a ``profile`` job of a warm trainer, its model and CUDA context kept
+    from one configuration to the next) instead of starting or forking one per task. On where
+    a process's peak memory is right when it is reused (a GPU: the allocator's peak statistics
+    are reset per job); off on ``cpu``, where the private resident memory never shrinks."""
+
     @abstractmethod
     def resources_for_shares(
         self, shares: Sequence[int], partitioning: Partitioning, ctx: AgentContext
@@ -392,6 +400,18 @@ class TrainerProcessBackend(ExecutionBackend):
     def stop(self) -> None:
         """Kill the warm trainers (:meth:`close_warm_pool`). Idempotent; never raises."""
         self.close_warm_pool()
+
+    def profiler_pool(self) -> TrainerPool | None:
+        """The warm pool a profiling sweep takes its profiler processes from: the backend's
+        pool where it :attr:`profiles_warm` and the pool is on (a bad setting is logged and the
+        sweep runs cold), else ``None``."""
+        return self._launcher() if self.profiles_warm else None
+
+    def gpu_telemetry(self, interval_s: float) -> GpuTelemetry | None:
+        """A sampler of the device's GPU utilisation every ``interval_s`` seconds (not started),
+        for a profiling configuration's busy fraction; ``None`` (the default) where the device
+        has no GPU."""
+        return None
 
     def _launcher(self) -> TrainerPool | None:
         """The pool for a dispatch; a bad setting is logged and the dispatch runs cold."""

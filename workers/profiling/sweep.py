@@ -7,7 +7,8 @@ profiled runs. A sweep (:func:`run_sweep`, served by the agent's ``profile_sweep
 - :func:`sweep_design` proposes configurations — 1 to ``max_mix`` tasks, each an architecture,
   a batch size and a share — as a seeded space-filling sequence, not a grid;
 - :func:`measure_configuration` measures one configuration: one ``workers.profiling.child``
-  process per task (``subprocess``, never ``fork``), each with the resources the backend's
+  process per task (a new interpreter, a fork of a fork server that has imported torch, or a
+  ``profile`` job of a warm trainer: see "Where profilers come from"), each with the resources the backend's
   :meth:`~workers.backends.base.TrainerProcessBackend.resources_for_shares` gives its share,
   held at a READY/GO barrier, stopped together once every task has been timed long enough
   while all the others ran (:func:`common_window`); each process builds and feeds its
@@ -17,6 +18,22 @@ profiled runs. A sweep (:func:`run_sweep`, served by the agent's ``profile_sweep
   configurations to estimate the noise, and hands every result to ``emit`` as soon as it exists.
   On an :class:`~workers.backends.base.AnalyticBackend` (``simulated``) the same loop asks the
   backend's model instead of measuring, and the budget is spent in virtual seconds.
+
+Where profilers come from (:func:`run_sweep`): on the GPU backends (``cuda-mps``,
+``cuda-timeslice``: :attr:`~workers.backends.base.TrainerProcessBackend.profiles_warm`) each
+task is a ``profile`` job of a warm trainer from the agent's
+:class:`~workers.warm.TrainerPool`, reused across configurations of the same model and
+resources (its environment included, so under MPS its share: the pool's key), which keeps the
+CUDA context, the model and cuDNN's autotuning between configurations — what cost 15-27 s per
+configuration on an H200 with a new process each — and reports its own peak GPU memory (the
+allocator's statistics are reset per job). On ``cpu`` each task is forked from a fork server
+(torch imported once per sweep): a process's private resident memory never shrinks, so a
+reused one would report the largest peak it ever had, not this configuration's.
+
+Each configuration reports, per task, the GPU's busy fraction over its timed iterations (NVML
+utilisation sampled every :data:`BUSY_SAMPLE_INTERVAL_S`, :func:`busy_fraction`; ``None``
+without a GPU); the sweep reports seconds per configuration (``seconds_per_config``), logged as
+it goes.
 
 Failures are data: a configuration whose process crashes or that runs past
 ``config_timeout_s`` comes back ``status="failed"`` (all its processes killed) and the sweep
@@ -51,6 +68,7 @@ from workers.forkserver import ForkServerError, ForkServerPool
 from workers.launch import (
     FATES_CAUSING,
     Child,
+    Launcher,
     ProcessGroup,
     ProcessSpec,
     shutdown_requested,
@@ -64,6 +82,7 @@ from workers.profiling.child import (
 from workers.profiling.core_link_probe import CoreLinkProbe
 from workers.profiling.speed_probe import SpeedProbe
 from workers.protocol.messages import (
+    GpuSample,
     Partitioning,
     ProfileConfigResult,
     ProfileMeasurement,
@@ -71,6 +90,7 @@ from workers.protocol.messages import (
     ProfileSweepSummary,
     ProfileTaskSpec,
 )
+from workers.warm import TRAINER_MODULE, TrainerPool
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +100,17 @@ PROFILER_COMMAND: list[str] = [sys.executable, "-m", "workers.profiling.child"]
 PROFILER_MODULE = "workers.profiling.child"
 """The module whose ``main([SPEC.json, RESULT.json])`` a forked profiler process runs
 (:class:`~workers.forkserver.ForkServerPool`): the same program as :data:`PROFILER_COMMAND`."""
+
+WARM_PROFILER_COMMAND: list[str] = [sys.executable, "-m", TRAINER_MODULE, "profile"]
+"""The profiler as a trainer job (``python -m workers.training.trainer profile SPEC RESULT``, the
+same program as :data:`PROFILER_COMMAND`): what a warm trainer of the backend's
+:class:`~workers.warm.TrainerPool` runs (:func:`run_sweep` on the GPU backends)."""
+
+BUSY_SAMPLE_INTERVAL_S = 0.1
+"""Seconds between NVML utilisation samples during a configuration on a GPU. NVML's
+utilisation is the fraction of its own sample period (1/6 s to 1 s, by GPU) with a kernel
+running, so sampling faster only repeats values; slower would leave a short timed window
+(about 0.5 s when a configuration is to cost 2 s) with one sample or none."""
 
 FORK_SERVER_ENV = "MTFL_PROFILER_FORK_SERVER"
 """``0`` turns the profilers' fork server off (:func:`run_sweep`): every profiler process is
@@ -224,6 +255,30 @@ def window_complete(
     return all(len(its) >= min_iterations for its in counted)
 
 
+def busy_fraction(samples: Sequence[GpuSample], start: float, end: float) -> float | None:
+    """The GPU's busy fraction over ``[start, end]`` (Unix seconds, the samples' clock): the
+    mean NVML utilisation (``gpu_util_percent / 100``) of the samples taken in it.
+
+    NVML's utilisation at a sample is the fraction of its last sample period (1/6 s to 1 s, by
+    GPU) during which a kernel ran (``nvmlDeviceGetUtilizationRates``), so a sample describes the
+    time just before it. A window too short to hold a sample gets the first sample taken after
+    it, which covers its end.
+
+    Returns:
+        A fraction in ``[0, 1]``, or ``None`` without a sample in or after the window (or for
+        ``end < start``).
+    """
+    if end < start:
+        return None
+    inside = [s.gpu_util_percent for s in samples if start <= s.t <= end]
+    if not inside:
+        after = [s for s in samples if s.t > end]
+        if not after:
+            return None
+        inside = [min(after, key=lambda s: s.t).gpu_util_percent]
+    return min(1.0, max(0.0, sum(inside) / len(inside) / 100))
+
+
 # -------------------------------------------------------------------- one configuration
 
 
@@ -270,7 +325,7 @@ def measure_configuration(
     repeat_of: int | None = None,
     should_stop: Callable[[], bool] = shutdown_requested,
     partitioning: Partitioning = "mps",
-    launcher: ForkServerPool | None = None,
+    launcher: Launcher | None = None,
 ) -> ProfileConfigResult:
     """Measure one co-located configuration on the device; never raises for its failures.
 
@@ -286,7 +341,11 @@ def measure_configuration(
     ``request.min_window_s`` the parent sends STOP to all at once, so every counted iteration
     ran while all the other tasks were training. Throughput is :func:`window_throughput` over
     :func:`common_window`'s iterations; peak memory is each process's own (on ``cpu`` its private
-    resident memory, :func:`workers.training.trainer.cpu_memory_bytes`). Where the
+    resident memory, :func:`workers.training.trainer.cpu_memory_bytes`; on a GPU the allocator's
+    peak reserved memory plus the context, :func:`workers.training.trainer.peak_memory`, reset
+    per job in a warm process). Where the backend has a GPU (:meth:`~workers.backends.base.TrainerProcessBackend.gpu_telemetry`),
+    its utilisation is sampled through NVML from GO to STOP and each measurement's
+    ``gpu_busy_fraction`` is :func:`busy_fraction` over the task's timed iterations. Where the
     backend ``probes_host_speed`` (``cpu``), a :class:`~workers.profiling.speed_probe.SpeedProbe` runs on
     the device's cores from GO to STOP and each measurement's ``speed_index`` is its cores'
     speed over the task's timed iterations; on a device of 2 or more cores a
@@ -309,9 +368,12 @@ def measure_configuration(
         partitioning: how the processes share the device (:data:`~workers.protocol.messages.Partitioning`),
             passed to ``backend.resources_for_shares`` and ``backend.prepare_dispatch``; an
             unknown one fails the configuration ("cannot allocate the device").
-        launcher: fork the profiler processes from these fork servers (:data:`PROFILER_MODULE`,
-            torch already imported) instead of starting :data:`PROFILER_COMMAND`; the same
-            program either way. A server that cannot start or fork fails the configuration.
+        launcher: fork the profiler processes from these fork servers (a
+            :class:`~workers.forkserver.ForkServerPool`: :data:`PROFILER_MODULE`, torch already
+            imported), or hand each task to a warm trainer of this pool (a
+            :class:`~workers.warm.TrainerPool`: :data:`WARM_PROFILER_COMMAND`'s ``profile``
+            job), instead of starting :data:`PROFILER_COMMAND`; the same program every way. A
+            launcher that cannot start a process fails the configuration.
 
     Returns:
         ``status="succeeded"`` with a measurement per task, or ``"failed"`` with ``error``
@@ -359,7 +421,7 @@ def measure_configuration(
         return failed(f"device not ready: {exc}")
     work = ctx.state_dir / "work" / f"sweep-{request.sweep_id}" / f"config-{config_index}"
     try:
-        specs = _write_specs(tasks, allocations, request, work, backend)
+        specs = _write_specs(tasks, allocations, request, work, backend, warm=isinstance(launcher, TrainerPool))
     except (OSError, ValueError, ValidationError) as exc:
         return failed(f"cannot write the profilers' specs: {type(exc).__name__}: {exc}")
 
@@ -370,7 +432,12 @@ def measure_configuration(
 
     profilers: dict[int, _Profiler] = {}
     group = ProcessGroup(
-        specs, interrupt=interrupt, on_line=_record_iteration(profilers), launcher=launcher, poll_s=_POLL_S
+        specs,
+        interrupt=interrupt,
+        on_line=_record_iteration(profilers),
+        launcher=launcher,
+        poll_s=_POLL_S,
+        before_kill=backend.kill_hook(partitioning),
     )
     for k, (task, resources, child) in enumerate(zip(tasks, allocations, group.children, strict=True)):
         profilers[id(child)] = _Profiler(k, task, resources, child)
@@ -380,6 +447,9 @@ def measure_configuration(
     phases = [time.monotonic()]  # launch, GO, STOP, exit: where a configuration's time goes
     probe = SpeedProbe(ctx.cores) if backend.probes_host_speed else None
     link = CoreLinkProbe(ctx.cores) if backend.probes_host_speed and len(set(ctx.cores)) > 1 else None
+    telemetry = backend.gpu_telemetry(BUSY_SAMPLE_INTERVAL_S)
+    # GpuSample.t is Unix time; iterations are monotonic: one offset maps the windows onto it.
+    wall_offset = time.time() - time.monotonic()
     with group:
         try:
             if link is not None:
@@ -389,6 +459,8 @@ def measure_configuration(
                 phases.append(time.monotonic())
                 if probe is not None:
                     probe.start()
+                if telemetry is not None:
+                    telemetry.start()
                 if group.go(close=False):
                     stop_at = group.wait_until(
                         _window_done(ordered, request, deadline, link), deadline, "config_timeout_s"
@@ -399,6 +471,8 @@ def measure_configuration(
                         probe.stop()  # the window is closed: no reading after STOP is used
                     if link is not None:
                         link.stop()
+                    if telemetry is not None:
+                        telemetry.stop()
                     group.broadcast(STOP_LINE, close=True)
                     group.wait_exit(
                         min(deadline, time.monotonic() + _EXIT_GRACE_S), "config_timeout_s", phase="after STOP"
@@ -420,6 +494,7 @@ def measure_configuration(
                 probe.stop()
             if link is not None:
                 link.stop()
+            samples = telemetry.stop() if telemetry is not None else []
 
     outcomes = [_child_result(p) for p in ordered]
     causes = [p for p in ordered if p.child.fate in FATES_CAUSING]
@@ -464,6 +539,11 @@ def measure_configuration(
             cross_core_rtt_ns=(
                 link.rtt_ns(p.resources.cores or [], its[0].start, its[-1].end) if link is not None and its else None
             ),
+            gpu_busy_fraction=(
+                busy_fraction(samples, its[0].start + wall_offset, its[-1].end + wall_offset)
+                if telemetry is not None and its
+                else None
+            ),
             timed_iterations=len(its),
         )
         for p, its, outcome in zip(ordered, counted, outcomes, strict=True)
@@ -489,8 +569,12 @@ def _write_specs(
     request: ProfileSweepRequest,
     work: Path,
     backend: TrainerProcessBackend,
+    *,
+    warm: bool = False,
 ) -> list[ProcessSpec]:
-    """Write one SPEC.json per task; return the profilers to launch, in task order."""
+    """Write one SPEC.json per task; return the profilers to launch, in task order: profiler
+    processes (:data:`PROFILER_COMMAND`), or with ``warm`` warm trainers' ``profile`` jobs
+    (:data:`WARM_PROFILER_COMMAND`)."""
     if len(allocations) != len(tasks):
         raise ValueError(f"backend allocated {len(allocations)} processes for {len(tasks)} tasks")
     work.mkdir(parents=True, exist_ok=True)
@@ -512,12 +596,12 @@ def _write_specs(
         spec_path.write_text(spec.model_dump_json(indent=2))
         specs.append(
             ProcessSpec(
-                command=PROFILER_COMMAND,
+                command=WARM_PROFILER_COMMAND if warm else PROFILER_COMMAND,
                 args=[str(spec_path), str(stem.with_suffix(".result.json"))],
                 env=backend.trainer_env(resources),
                 stderr_path=stem.with_suffix(".stderr.log"),
                 label=_label(k, task),
-                module=PROFILER_MODULE,
+                module=TRAINER_MODULE if warm else PROFILER_MODULE,
                 result_path=stem.with_suffix(".result.json"),
             )
         )
@@ -659,6 +743,7 @@ def run_sweep(
     should_stop: Callable[[], bool] = shutdown_requested,
     *,
     fork_server: bool | None = None,
+    warm: bool | None = None,
 ) -> ProfileSweepSummary:
     """Measure configurations of :func:`sweep_design` until ``request.budget_s`` is spent.
 
@@ -699,11 +784,22 @@ def run_sweep(
             not once per process: a configuration takes 2–3 times less than its measurement
             window plus 3–9 s of interpreter starts); default: where the backend
             :attr:`~workers.backends.base.TrainerProcessBackend.forks_profilers` and
-            :data:`FORK_SERVER_ENV` is not ``0``. Ignored on an analytic backend.
+            :data:`FORK_SERVER_ENV` is not ``0``. Ignored on an analytic backend and where the
+            profilers are warm trainers.
+        warm: take the profiler processes from the backend's warm pool
+            (:meth:`~workers.backends.base.TrainerProcessBackend.profiler_pool`: ``profile``
+            jobs of warm trainers, reused across configurations of the same model and
+            resources); default: where the backend
+            :attr:`~workers.backends.base.TrainerProcessBackend.profiles_warm` (the GPU
+            backends). Idle warm trainers are killed when the sweep starts (they hold GPU memory
+            and, under MPS, client slots its profilers need) and when it ends (its profilers
+            hold the same, which the next round needs). Without a pool (``MTFL_WARM_TRAINERS=0``)
+            each profiler is a new process, as before.
 
     Returns:
         The summary: ``configs`` emitted (failed ones included), ``samples`` = task
-        measurements with a throughput, ``elapsed_s``, ``repeat_spread``. ``status`` is
+        measurements with a throughput, ``elapsed_s``, ``seconds_per_config``
+        (``elapsed_s / configs``; ``None`` for none), ``repeat_spread``. ``status`` is
         ``"failed"`` with ``error`` if the request was refused (another device, a backend
         without profiler processes), the sweep was stopped before
         its budget was spent, or every configuration failed (the first error quoted); never
@@ -733,6 +829,7 @@ def run_sweep(
             samples=samples,
             elapsed_s=elapsed(),
             repeat_spread=spreads,
+            seconds_per_config=elapsed() / configs if configs else None,
             simulated=analytic,
         )
 
@@ -803,21 +900,38 @@ def run_sweep(
             spread = relative_spread(original.throughputs, _throughputs(result))
             if spread is not None:
                 spreads.append(spread)
+        logger.info(
+            "sweep %s: configuration %s %s in %.1f s (%d tasks); %.2f s per configuration so far",
+            request.sweep_id,
+            index,
+            result.status,
+            result.finished_at - result.started_at,
+            len(tasks),
+            elapsed() / configs,
+        )
         try:
             emit(result)
         except Exception:  # noqa: BLE001 - a lost record must not end the sweep
             logger.exception("could not emit configuration %s of sweep %s", index, request.sweep_id)
 
-    if processes is not None and processes.warm_process_limit is not None:
-        # Idle warm trainers (workers.warm) hold device client slots (cuda-mps: MPS clients) that
-        # the sweep's profilers need; the next round starts new ones.
-        processes.close_warm_pool()
-    launcher = (
-        _start_fork_servers(request, ctx, processes)
-        if processes is not None and (fork_server if fork_server is not None else fork_server_wanted(backend))
+    warm_pool = (
+        processes.profiler_pool()
+        if processes is not None and (warm if warm is not None else processes.profiles_warm)
         else None
     )
+    if processes is not None and (warm_pool is not None or processes.warm_process_limit is not None):
+        # Idle warm trainers (workers.warm) hold device memory and client slots (cuda-mps: MPS
+        # clients) that the sweep's profilers need; the next round starts new ones.
+        processes.close_warm_pool()
+    launcher: Launcher | None = warm_pool
+    if (
+        launcher is None
+        and processes is not None
+        and (fork_server if fork_server is not None else fork_server_wanted(backend))
+    ):
+        launcher = _start_fork_servers(request, ctx, processes)
     started = time.monotonic()  # the budget is for measuring: the fork server's start is not charged
+    pool_started = warm_pool.started if warm_pool is not None else 0
     try:
         while True:
             if should_stop():
@@ -850,8 +964,16 @@ def run_sweep(
         logger.exception("sweep %s crashed", request.sweep_id)
         return summary("failed", f"sweep crashed: {type(exc).__name__}: {exc}")
     finally:
-        if launcher is not None:
+        if isinstance(launcher, ForkServerPool):
             launcher.close()
+        elif processes is not None and warm_pool is not None:
+            logger.info(
+                "sweep %s: %d profiler processes started for %d configurations",
+                request.sweep_id,
+                warm_pool.started - pool_started,
+                configs,
+            )
+            processes.close_warm_pool()  # the profilers hold what the next round needs
 
     if stopped:
         reason = "agent shutting down" if shutdown_requested() else "stopped"
