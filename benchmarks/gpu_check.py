@@ -53,7 +53,7 @@ ends with one line ``gpu_check: FAILED: <why>``; success with ``gpu_check: OK ..
 JSON (``$OUT/gpu_check.json`` when ``OUT`` is set, and/or ``--json PATH``), written at the end
 whether the check succeeded or not, and by the watchdog if the time limit is overrun::
 
-    {"schema": "mtfl-gpu-check/1", "status": "succeeded" | "failed", "exit_code": int,
+    {"schema": SCHEMA, "status": "succeeded" | "failed", "exit_code": int,
      "error": str, "started_at": unix s, "elapsed_s": float, "args": {option: value},
      "host": {"hostname", "python", "torch", "backend", "cores": [int], "device": {GPU
               description from the backend: accelerator, memory_bytes, sm_count, gpu_uuid, ...},
@@ -103,7 +103,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,6 +119,9 @@ MIXES: dict[str, tuple[str, ...]] = {
 """The paper's mixes (Yu et al. 2022, §5) by name, and ``tiny`` for ``--quick``."""
 
 PAPER_RAW_SPEEDUP = (2.16, 2.38)
+SCHEMA = "mtfl-gpu-check/2"
+"""Version of the JSON: 2 added ``e2e``, ``alone_modes``, ``compare`` and ``targets`` (``null``
+outside --issue31) and the ``simulated`` backend."""
 REQUIRED_PACKAGES = (
     ("pydantic", "pydantic", "workers/ validates its messages with it"),
     ("numpy", "numpy", "planning and the simulated backend"),
@@ -159,6 +162,45 @@ DEFAULTS = {
     # spinning on a dozen rows); the CPU smoke run compares the other three.
     "families": ("baseline,random_forest,gradient_boosting,extra_trees", "baseline,random_forest,extra_trees"),
 }
+
+# --issue31's defaults: (GPU, simulated). Options given on the command line win. The profile
+# budget is wall seconds on a GPU and virtual seconds on simulated (the sweep's own clock there).
+ISSUE31_DEFAULTS = {
+    "mixes": ("light", "light"),
+    "budget": (90.0, 700.0),
+    "min_configs": (60, 60),
+    "profile_batch_sizes": ("32,64,128,256", "32,64,128,256"),
+    "baseline_batch": (128, 128),
+    "samples_per_task": (5000, 5000),
+    "time_limit": (450.0, 300.0),
+    "config_timeout": (60.0, 60.0),
+    "profile_warmup": (3, 3),
+    "profile_iterations": (5, 5),
+    "profile_window": (0.5, 0.5),
+    "measure_warmup": (5, 5),
+    "measure_iterations": (10, 10),
+    "measure_window": (1.5, 1.5),
+    "families": ("baseline,random_forest,gradient_boosting,extra_trees", "baseline,random_forest"),
+    "e2e_time_limit": (150.0, 150.0),
+}
+ISSUE31_STRATEGIES = ("temporal", "isolation", "sharing", "vres_sync")
+"""What --issue31 compares: the paper's three baselines and the planner for the round time."""
+ISSUE31_BATCH = 128
+"""The batch size of --issue31's alone phase (the paper's baselines' batch size)."""
+EAGER_TEMPORAL_H200_SPS = 20885.5
+"""Raw throughput of the light mix under eager ``temporal`` on the H200 before issue 31
+(benchmarks/results/gpu_check_h200/full_default.json): the yardstick of the graphs target."""
+TARGETS = {
+    "graphs_over_eager_alone": 2.0,
+    "best_over_eager_temporal_h200": 3.0,
+    "vres_sync_over_best_baseline": 1.2,
+    "profile_seconds_per_config": 2.0,
+    "e2e_rounds": 2,
+}
+"""Issue 31's targets on a real H100/H200 (benchmarks, not tests): graphs at least 2x eager
+alone per task; the best strategy with graphs at least 3x :data:`EAGER_TEMPORAL_H200_SPS`;
+vres_sync at least 1.2x the best baseline with the 95 % interval above 1.0; profiling at most
+2 s per configuration; 2 FL rounds through the control plane."""
 
 
 class CheckFailed(Exception):
@@ -211,10 +253,11 @@ class Check:
         self.phase = "start"
         self.stop_reason = ""
         self.backend = None
+        self.e2e_proc = None  # the e2e phase's child (benchmarks/gpu_e2e.py) while it runs
         self.state_dir: Path | None = None
         self.finished = threading.Event()
         self.report: dict = {
-            "schema": "mtfl-gpu-check/1",
+            "schema": SCHEMA,
             "status": "failed",
             "exit_code": None,
             "error": "",
@@ -236,6 +279,10 @@ class Check:
             "predictor": None,
             "alone": [],
             "mixes": [],
+            "alone_modes": None,
+            "compare": None,
+            "e2e": None,
+            "targets": None,
             "paper": {"raw_speedup_one_device": list(PAPER_RAW_SPEEDUP)},
         }
 
@@ -295,6 +342,9 @@ class Check:
         request_shutdown = getattr(sys.modules.get("workers.launch"), "request_shutdown", None)
         if request_shutdown is not None:
             request_shutdown()
+        proc = self.e2e_proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()  # it stops its stack (and the agent its MPS daemon) on the way out
 
     def start_watchdog(self) -> None:
         """If the check is still running ``WATCHDOG_GRACE_S`` after the time limit (a phase that
@@ -401,6 +451,14 @@ def preflight(check: Check):
     except BackendUnavailableError as exc:
         raise CheckFailed(first_line(str(exc)), EXIT_UNAVAILABLE) from None
     check.report["host"].update(cores=cores, device=device or None)
+    if args.backend == "simulated":
+        units = int(device["allocation_units"])
+        memory = float(device["memory_bytes"])
+        check.say(
+            f"simulated {device['accelerator']} (MTFL_SIM_DEVICE): {units} SMs, {memory / 2**30:.1f} GiB; "
+            "every figure below is the analytic model's, not a measurement"
+        )
+        return backend, ctx, units, memory, "pooled"
     if args.backend == "cpu":
         units = len(cores)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -461,6 +519,7 @@ def profile_request(check: Check, ctx, architectures: Sequence[str], max_mix: in
         config_timeout_s=args.config_timeout,
         repeat_every=args.repeat_every,
         seed=args.seed,
+        execution={"mode": args.execution},
     )
 
 
@@ -469,12 +528,17 @@ def profile(check: Check, backend, ctx, request, reserve: Callable[[float], floa
 
     ``request.budget_s`` becomes the time left: the sweep stops through ``should_stop`` (the
     budget, ``--min-configs``, the reserve), never through its own budget."""
+    from workers.backends.base import AnalyticBackend
     from workers.profiling.sweep import run_sweep
 
     args = check.args
     sweep_started = time.monotonic()
     hard_stop = sweep_started + max(5.0, check.remaining())
-    request = request.model_copy(update={"budget_s": max(5.0, min(7 * 24 * 3600.0, hard_stop - sweep_started))})
+    # An analytic backend's sweep runs on a virtual clock: its own budget (virtual seconds)
+    # ends it, and the wall clock only guards the time limit.
+    analytic = isinstance(backend, AnalyticBackend)
+    budget_s = args.budget if analytic else max(5.0, min(7 * 24 * 3600.0, hard_stop - sweep_started))
+    request = request.model_copy(update={"budget_s": budget_s})
     architectures, max_mix = request.architectures, request.max_mix
     results: list = []
     state = {"succeeded": 0, "abort": "", "last": sweep_started, "reserve_said": False}
@@ -506,6 +570,8 @@ def profile(check: Check, backend, ctx, request, reserve: Callable[[float], floa
         now = time.monotonic()
         if check.stopping() or state["abort"] or now > hard_stop:
             return True
+        if analytic:
+            return False
         # Once the predictor has what it needs, leave the later phases their time at the pace
         # measured so far (before that, stopping would only make the fit fail).
         pace = seconds_per_config()
@@ -530,7 +596,13 @@ def profile(check: Check, backend, ctx, request, reserve: Callable[[float], floa
         "summary": summary.model_dump(mode="json"),
         "configs": [r.model_dump(mode="json") for r in results],
         "succeeded": state["succeeded"],
+        # Wall seconds per configuration as this check saw them; the sweep's own figure (virtual
+        # seconds on an analytic backend) is summary.seconds_per_config.
         "seconds_per_config": seconds_per_config(),
+        "sweep_seconds_per_config": summary.seconds_per_config
+        if summary.seconds_per_config is not None
+        else (summary.elapsed_s / summary.configs if summary.configs else None),
+        "execution": args.execution,
     }
     check.raise_if_stopping()
     if state["abort"]:
@@ -642,9 +714,16 @@ def data_volumes(args, count: int, mix_index: int) -> list[int]:
 
 
 def plan_mix(
-    check: Check, name: str, architectures: Sequence[str], samples: Sequence[int], predictor, memory_bytes: float | None
+    check: Check,
+    name: str,
+    architectures: Sequence[str],
+    samples: Sequence[int],
+    predictor,
+    memory_bytes: float | None,
+    strategies: Sequence[str] | None = None,
 ) -> dict:
-    """Every strategy's plan for one device holding the mix; returns the mix's report entry."""
+    """Every strategy's plan (``strategies``, default every one a comparison runs) for one
+    device holding the mix; returns the mix's report entry."""
     from controlplane.planning.planner import DeviceCapacity, PlannerContext
     from controlplane.planning.predictor import MixTask, PredictorError
     from controlplane.planning.strategies import (
@@ -678,7 +757,7 @@ def plan_mix(
         },
         "strategies": [],
     }
-    for strategy in compared_strategies():
+    for strategy in strategies or compared_strategies():
         row = {
             "strategy": strategy,
             "partitioning": None,
@@ -772,37 +851,51 @@ class Measurer:
             config_timeout_s=args.config_timeout,
             repeat_every=0,
             seed=args.seed,
+            execution={"mode": args.execution},
         )
 
     def expected_s(self, fallback: float) -> float:
         return max(self.durations) if self.durations else fallback
 
-    def measure(self, tasks, partitioning: str):
+    def measure(self, tasks, partitioning: str, execution: str | None = None):
         """One configuration; returns ``(result, seconds, telemetry samples)``.
+
+        Args:
+            tasks: :class:`~workers.protocol.messages.ProfileTaskSpec` of the configuration.
+            partitioning: ``"mps"`` or ``"timeslice"``.
+            execution: ``ExecutionOptions.mode`` of its trainers (default ``--execution``).
 
         Raises:
             CheckFailed: less than 10 s left.
         """
+        from workers.backends.base import AnalyticBackend
+
         left = self.check.remaining()
         if left < 10:
             raise CheckFailed("no time left to measure", EXIT_STOPPED)
-        request = self.request.model_copy(
-            update={"config_timeout_s": max(1.0, min(self.check.args.config_timeout, left - 5))}
-        )
+        update: dict = {"config_timeout_s": max(1.0, min(self.check.args.config_timeout, left - 5))}
+        if execution is not None:
+            update["execution"] = self.request.execution.model_copy(update={"mode": execution})
+        request = self.request.model_copy(update=update)
         telemetry = self._telemetry()
         started = time.monotonic()
         try:
             from workers.profiling.sweep import measure_configuration
 
-            result = measure_configuration(
-                tasks,
-                request,
-                self.ctx,
-                self.backend,
-                config_index=self.index,
-                partitioning=partitioning,
-                should_stop=self.check.stopping,
-            )
+            if isinstance(self.backend, AnalyticBackend):
+                result = simulated_configuration(
+                    self.backend, tasks, request, self.ctx, config_index=self.index, partitioning=partitioning
+                )
+            else:
+                result = measure_configuration(
+                    tasks,
+                    request,
+                    self.ctx,
+                    self.backend,
+                    config_index=self.index,
+                    partitioning=partitioning,
+                    should_stop=self.check.stopping,
+                )
         finally:
             samples = telemetry.stop() if telemetry is not None else []
         self.index += 1
@@ -819,6 +912,85 @@ class Measurer:
         telemetry = gpu.GpuTelemetry(device["gpu_uuid"], 0.5)
         telemetry.start()
         return telemetry
+
+
+def simulated_configuration(backend, tasks, request, ctx, *, config_index: int, partitioning: str):
+    """One configuration answered by an analytic backend (``simulated``), as
+    :func:`workers.profiling.sweep.measure_configuration` measures it on a real one.
+
+    ``mps``: the backend's own :meth:`~workers.backends.base.AnalyticBackend.profile_configuration`
+    (the execution mode of ``request.execution`` modelled). ``timeslice`` (``temporal``: shares
+    ignored, the driver's time slices): the same model,
+    :func:`workers.backends.simulated.simulate_throughput` with ``partitioning="timeslice"``, with
+    the same seeded noise, since ``profile_configuration`` answers MPS shares only. Nothing
+    runs and nothing is slept: the result's timestamps are the virtual cost.
+    """
+    if partitioning == "mps":
+        return backend.profile_configuration(
+            tasks, request, ctx, config_index=config_index, repeat_of=None, started_at=time.time()
+        )
+    from workers.backends.simulated import (
+        PROFILE_STARTUP_S,
+        noise_factors,
+        simulate_throughput,
+        simulated_execution_mode,
+        simulation_workload,
+    )
+    from workers.protocol.messages import ProfileConfigResult, ProfileMeasurement
+
+    mode = simulated_execution_mode(request.execution)
+    shapes = [request.workload_shape(t.architecture) for t in tasks]
+    workloads = [
+        simulation_workload(t.architecture, shape.num_classes, shape.input_shape)
+        for t, shape in zip(tasks, shapes, strict=True)
+    ]
+    prediction = simulate_throughput(
+        [w.flops_per_sample for w in workloads],
+        [w.activation_bytes_per_sample for w in workloads],
+        [w.param_bytes for w in workloads],
+        [w.layers for w in workloads],
+        [t.batch_size for t in tasks],
+        [100] * len(tasks),
+        backend.device,
+        partitioning=partitioning,
+        noise=noise_factors(request.seed, config_index, ctx.device, range(len(tasks))),
+        ops_per_step=[w.ops_per_step for w in workloads],
+        graphs=mode == "graphs",
+    )
+    slowest = float(prediction.iteration_s.max())
+    window = max(request.min_window_s, (request.min_timed_iterations + 1) * slowest)
+    started = time.time()
+    oom = bool(prediction.oom.any())
+    measurements = [
+        ProfileMeasurement(
+            task_index=k,
+            architecture=t.architecture,
+            batch_size=t.batch_size,
+            active_thread_percentage=t.active_thread_percentage,
+            execution_mode=mode,
+            throughput_sps=None if oom else float(prediction.throughput_sps[k]),
+            peak_memory_bytes=int(prediction.peak_memory_bytes[k]),
+            timed_iterations=max(request.min_timed_iterations, int(window // prediction.iteration_s[k])),
+            host_step_s=float(prediction.host_step_s[k]),
+            gpu_busy_fraction=float(prediction.gpu_busy_fraction),
+            error="out of memory (simulated)" if oom else "",
+            simulated=True,
+        )
+        for k, t in enumerate(tasks)
+    ]
+    return ProfileConfigResult(
+        sweep_id=request.sweep_id,
+        device=ctx.device,
+        backend=request.backend,
+        config_index=config_index,
+        tasks=list(tasks),
+        measurements=measurements,
+        started_at=started,
+        finished_at=started + PROFILE_STARTUP_S + (request.warmup_iterations + 1) * slowest + window,
+        status="failed" if oom else "succeeded",
+        error="out of memory (simulated)" if oom else "",
+        simulated=True,
+    )
 
 
 def measure_mixes(check: Check, measurer: Measurer, mixes: list[dict]) -> None:
@@ -1046,6 +1218,515 @@ def print_table(check: Check, mixes: list[dict]) -> None:
     )
 
 
+# ----------------------------------------------------------------------------- --issue31
+
+
+def alone_modes(check: Check, measurer: Measurer, architectures: Sequence[str]) -> list[dict]:
+    """Each task alone on the whole device (``timeslice``: no MPS share) at :data:`ISSUE31_BATCH`,
+    eager then graphs, one after the other; returns (and reports as ``alone_modes``) one row per
+    task: ``{"architecture", "batch_size", "eager_sps", "graphs_sps", "graphs_over_eager",
+    "eager_ran", "graphs_ran", "eager_host_step_s", "graphs_host_step_s", "error"}`` (``*_ran``:
+    the mode the trainer reports it ran, ``eager`` where graphs fell back)."""
+    from workers.protocol.messages import ProfileTaskSpec
+
+    rows: list[dict] = []
+    check.report["alone_modes"] = rows
+    for arch in architectures:
+        row: dict = {"architecture": arch, "batch_size": ISSUE31_BATCH, "graphs_over_eager": None, "error": ""}
+        rows.append(row)
+        for mode in ("eager", "graphs"):
+            row.update({f"{mode}_sps": None, f"{mode}_ran": None, f"{mode}_host_step_s": None})
+            task = ProfileTaskSpec(architecture=arch, batch_size=ISSUE31_BATCH, active_thread_percentage=100)
+            try:
+                result, seconds, _ = measurer.measure([task], "timeslice", execution=mode)
+            except CheckFailed as exc:
+                row["error"] = f"{mode}: not measured: {exc}"
+                break
+            m = result.measurements[0]
+            if result.status != "succeeded" or not m.throughput_sps:
+                row["error"] += f"{mode}: {first_line(result.error, 300)} "
+                check.say(f"{arch} B{ISSUE31_BATCH} {mode} FAILED: {first_line(result.error)}")
+                continue
+            row.update(
+                {f"{mode}_sps": m.throughput_sps, f"{mode}_ran": m.execution_mode, f"{mode}_host_step_s": m.host_step_s}
+            )
+            check.say(
+                f"{arch} B{ISSUE31_BATCH} {mode} (ran {m.execution_mode}): {m.throughput_sps:.1f} samples/s ({seconds:.1f} s)"
+            )
+        if row["eager_sps"] and row["graphs_sps"]:
+            row["graphs_over_eager"] = row["graphs_sps"] / row["eager_sps"]
+        row["error"] = row["error"].strip()
+    return rows
+
+
+def alone_table(
+    check: Check, architectures_batches: set[tuple[str, int]], profiled: dict, modes: list[dict], predictor, workloads
+) -> dict[tuple[str, int], tuple[float, str]]:
+    """``P_alone`` at ``--execution`` of every (model, batch size) the comparison trains: measured
+    by the alone phase, else profiled alone, else interpolated by the predictor (``~``)."""
+    import numpy as np
+
+    table: dict[tuple[str, int], tuple[float, str]] = {k: (v, "profiled") for k, v in profiled.items()}
+    mode = "eager" if check.args.execution == "eager" else "graphs"
+    for row in modes:
+        if row.get(f"{mode}_sps"):
+            table[(row["architecture"], row["batch_size"])] = (row[f"{mode}_sps"], "measured")
+    for arch, batch in sorted(architectures_batches - set(table)):
+        table[(arch, batch)] = (
+            float(predictor.space.solo.alone(arch, np.array([batch]), workloads)[0]),
+            "interpolated",
+        )
+    return table
+
+
+def compare(check: Check, measurer: Measurer, entry: dict, table: dict) -> dict:
+    """The mix's planned strategies measured in ``--blocks`` interleaved blocks: each block
+    measures every strategy once, its order rotated by one from the block before, so no
+    strategy always runs first or last and a drift of the device (clocks, heat) falls on all
+    of them alike. Each figure is a mean over blocks with its 95 % Student-t interval
+    (:func:`controlplane.planning.metrics.estimate`); ``vres_sync`` over the best baseline (the
+    baseline of the highest mean raw throughput) is paired over blocks on the log scale,
+    ``exp(mean ± t·sd/√n)`` of the per-block ``log(vres_sync / baseline)``, so it is a ratio
+    whose interval cannot cross zero. Returns (and reports as ``compare``) ``{"blocks",
+    "execution", "strategies": [...], "vres_sync_over_best_baseline": {...}}``."""
+    from controlplane.planning.metrics import estimate
+    from workers.protocol.messages import ProfileTaskSpec
+
+    rows = [r for r in entry["strategies"] if r["partitioning"] is not None]
+    out: dict = {"mix": entry["name"], "blocks": [], "execution": check.args.execution, "strategies": []}
+    check.report["compare"] = out
+    for b in range(check.args.blocks):
+        k = b % len(rows)
+        order = rows[k:] + rows[:k]
+        block: dict = {"block": b, "order": [r["strategy"] for r in order], "measurements": {}}
+        out["blocks"].append(block)
+        for row in order:
+            tasks = [
+                ProfileTaskSpec(
+                    architecture=t["architecture"], batch_size=t["batch_size"], active_thread_percentage=t["share"]
+                )
+                for t in row["tasks"]
+            ]
+            record: dict = {"status": "skipped", "raw_sps": None, "fair": None, "tasks_sps": [], "ran": [], "error": ""}
+            block["measurements"][row["strategy"]] = record
+            try:
+                result, seconds, telemetry = measurer.measure(tasks, row["partitioning"])
+            except CheckFailed as exc:
+                record["error"] = f"not measured: {exc}"
+                continue
+            record.update(
+                status=result.status,
+                error=result.error,
+                seconds=round(seconds, 2),
+                tasks_sps=[m.throughput_sps for m in result.measurements],
+                ran=[m.execution_mode for m in result.measurements],
+                gpu_busy_fraction=[m.gpu_busy_fraction for m in result.measurements],
+                gpu_util_busy_percent=busy_utilisation([t.gpu_util_percent for t in telemetry]) if telemetry else None,
+            )
+            if result.status == "succeeded" and all(record["tasks_sps"]):
+                record["raw_sps"] = sum(record["tasks_sps"])
+                alone = [table.get((t.architecture, t.batch_size), (None, ""))[0] for t in tasks]
+                if all(alone):
+                    record["fair"] = sum(p / a for p, a in zip(record["tasks_sps"], alone, strict=True))
+                check.say(
+                    f"block {b} {row['strategy']} ({row['partitioning']}): {record['raw_sps']:.1f} samples/s "
+                    f"({', '.join(f'{t.architecture} {p:.0f}' for t, p in zip(tasks, record['tasks_sps'], strict=True))})"
+                )
+            else:
+                record["status"] = "failed"
+                check.say(f"block {b} {row['strategy']} FAILED: {first_line(result.error)}")
+    for row in rows:
+        name = row["strategy"]
+        records = [blk["measurements"].get(name, {}) for blk in out["blocks"]]
+        raw = estimate(r.get("raw_sps") for r in records)
+        fair = estimate(r.get("fair") for r in records)
+        out["strategies"].append(
+            {
+                "strategy": name,
+                "partitioning": row["partitioning"],
+                "tasks": [
+                    {
+                        "architecture": t["architecture"],
+                        "batch_size": t["batch_size"],
+                        "share": t["share"],
+                        "predicted_sps": t["predicted_sps"],
+                        "measured_sps": estimate(
+                            (r["tasks_sps"][i] if r.get("raw_sps") else None) for r in records
+                        ).as_dict(),
+                        "alone_sps": table.get((t["architecture"], t["batch_size"]), (None, ""))[0],
+                        "alone_source": table.get((t["architecture"], t["batch_size"]), (None, None))[1],
+                    }
+                    for i, t in enumerate(row["tasks"])
+                ],
+                "raw_sps": raw.as_dict(),
+                "fair": fair.as_dict(),
+                "blocks_succeeded": raw.n,
+                "raw_over_temporal": None,
+            }
+        )
+    by_name = {r["strategy"]: r for r in out["strategies"]}
+    temporal = by_name.get("temporal", {}).get("raw_sps", {}).get("mean")
+    for r in out["strategies"]:
+        if temporal and r["raw_sps"]["mean"]:
+            r["raw_over_temporal"] = r["raw_sps"]["mean"] / temporal
+    out["vres_sync_over_best_baseline"] = paired_ratio(out, "vres_sync", ("temporal", "isolation", "sharing"))
+    return out
+
+
+def paired_ratio(compare_out: dict, candidate: str, baselines: Sequence[str]) -> dict | None:
+    """``candidate`` over the baseline of the highest mean raw throughput, paired over blocks:
+    ``{"baseline", "ratio", "low", "high", "n"}`` with ``ratio = exp(mean log r_b)`` and the
+    interval ``exp(mean ± t_{0.975, n-1} · sd / √n)`` of the per-block log ratios ``r_b``
+    (both measured in block ``b``); ``None`` without the candidate or any baseline."""
+    from controlplane.planning.metrics import estimate
+
+    means = {
+        r["strategy"]: r["raw_sps"]["mean"]
+        for r in compare_out["strategies"]
+        if r["strategy"] in baselines and r["raw_sps"]["mean"]
+    }
+    if not means or candidate not in {r["strategy"] for r in compare_out["strategies"]}:
+        return None
+    best = max(means, key=lambda name: means[name])
+    logs = []
+    for block in compare_out["blocks"]:
+        a = block["measurements"].get(candidate, {}).get("raw_sps")
+        b = block["measurements"].get(best, {}).get("raw_sps")
+        if a and b:
+            logs.append(math.log(a / b))
+    e = estimate(logs)
+    return {
+        "baseline": best,
+        "ratio": math.exp(e.mean) if e.mean is not None else None,
+        "low": math.exp(e.low) if e.low is not None else None,
+        "high": math.exp(e.high) if e.high is not None else None,
+        "n": e.n,
+    }
+
+
+def e2e_phase(check: Check, profile_file: Path | None) -> dict:
+    """The end-to-end phase (``benchmarks/gpu_e2e.py``) in a child process of its own session:
+    the control plane on its embedded defaults (their variables unset for it) with one local
+    agent of ``--backend``, 2 FL rounds of the light mix, ``sharing`` then ``vres_sync``, its
+    predictor fitted on ``profile_file`` (this check's sweep). Time-boxed by
+    ``--e2e-time-limit``: past it, SIGTERM (the child stops its stack and the agent its MPS
+    daemon), 20 s later SIGKILL to its whole process group. Its lines are printed as they come;
+    its JSON becomes ``report["e2e"]``.
+
+    Raises:
+        CheckFailed: the child could not start, or did not write its JSON.
+    """
+    import subprocess
+
+    args = check.args
+    assert check.state_dir is not None  # made by preflight
+    out = check.state_dir / "e2e.json"
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_e2e.py"),
+        "--backend",
+        args.backend,
+        "--json",
+        str(out),
+        "--home",
+        str(check.state_dir / "e2e-home"),
+        "--time-limit",
+        f"{args.e2e_time_limit:g}",
+        "--families",
+        args.families,
+    ]
+    if profile_file is not None:
+        argv += ["--profile-results", str(profile_file)]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATABASE_URL", "MTFL_HOME", "ARTIFACT_ROOT"}
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    check.say(f"the control plane on its embedded defaults, one {args.backend} agent, {args.e2e_time_limit:g} s")
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+    except OSError as exc:
+        raise CheckFailed(f"e2e: cannot start {argv[1]}: {exc}") from None
+    check.e2e_proc = proc
+
+    def overrun() -> None:
+        check.say(f"past its {args.e2e_time_limit:g} s: stopping it")
+        with suppress(ProcessLookupError):
+            proc.terminate()
+        time.sleep(20)
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(args.e2e_time_limit + 15, overrun)
+    timer.daemon = True
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(f"      | {line.rstrip()}", flush=True)
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        check.e2e_proc = None
+    if not out.exists():
+        raise CheckFailed(f"e2e: {argv[1]} exited with {code} without writing its JSON")
+    report = json.loads(out.read_text())
+    report["exit_code"] = code
+    check.report["e2e"] = report
+    return report
+
+
+def e2e_rounds_succeeded(e2e: dict | None) -> int | None:
+    """Fewest rounds with test accuracy recorded for every task over the e2e phase's runs
+    (``None`` without an e2e report; 0 when a run did not succeed)."""
+    if not e2e or not e2e.get("runs"):
+        return None if not e2e else 0
+    counts = []
+    for run in e2e["runs"]:
+        if run["status"] != "succeeded":
+            counts.append(0)
+            continue
+        counts.append(
+            sum(
+                r["status"] == "succeeded"
+                and bool(r["checkpoints"])
+                and all(c["test_accuracy"] is not None for c in r["checkpoints"])
+                for r in run["rounds"]
+            )
+        )
+    return min(counts)
+
+
+def targets(check: Check) -> list[dict]:
+    """Issue 31's targets (:data:`TARGETS`) beside the figures: one row per target,
+    ``{"name", "value", "low", "high", "target", "met"}`` (``met`` ``None`` when not measured).
+    On ``simulated`` they are the model's answers, not the GPU's (``report["targets_simulated"]``)."""
+    rows: list[dict] = []
+
+    def add(name: str, value, target: str, met, low=None, high=None) -> None:
+        rows.append({"name": name, "value": value, "low": low, "high": high, "target": target, "met": met})
+
+    for row in check.report.get("alone_modes") or []:
+        ratio = row["graphs_over_eager"]
+        goal = TARGETS["graphs_over_eager_alone"]
+        add(
+            f"graphs / eager alone, {row['architecture']} B{row['batch_size']}",
+            ratio,
+            f">= {goal:g}x",
+            None if ratio is None else ratio >= goal,
+        )
+    out = check.report.get("compare") or {}
+    strategies = out.get("strategies") or []
+    best = max(strategies, key=lambda r: r["raw_sps"]["mean"] or 0, default=None)
+    if best is not None and best["raw_sps"]["mean"]:
+        goal = TARGETS["best_over_eager_temporal_h200"]
+        ratio = best["raw_sps"]["mean"] / EAGER_TEMPORAL_H200_SPS
+        add(
+            f"best with {out.get('execution')} ({best['strategy']}) / eager temporal on the H200 ({EAGER_TEMPORAL_H200_SPS:,.0f} samples/s)",
+            ratio,
+            f">= {goal:g}x",
+            ratio >= goal,
+            *(v / EAGER_TEMPORAL_H200_SPS if v else None for v in (best["raw_sps"]["low"], best["raw_sps"]["high"])),
+        )
+    else:
+        add(
+            "best strategy / eager temporal on the H200",
+            None,
+            f">= {TARGETS['best_over_eager_temporal_h200']:g}x",
+            None,
+        )
+    paired = out.get("vres_sync_over_best_baseline")
+    goal = TARGETS["vres_sync_over_best_baseline"]
+    if paired and paired["ratio"] is not None:
+        met = paired["ratio"] >= goal and paired["low"] is not None and paired["low"] > 1.0
+        add(
+            f"vres_sync / best baseline ({paired['baseline']})",
+            paired["ratio"],
+            f">= {goal:g}x, interval above 1",
+            met,
+            paired["low"],
+            paired["high"],
+        )
+    else:
+        add("vres_sync / best baseline", None, f">= {goal:g}x, interval above 1", None)
+    profiled = check.report.get("profile") or {}
+    per_config = profiled.get("sweep_seconds_per_config")
+    goal = TARGETS["profile_seconds_per_config"]
+    add(
+        "profiling seconds per configuration",
+        per_config,
+        f"<= {goal:g} s",
+        None if per_config is None else per_config <= goal,
+    )
+    configs = profiled.get("succeeded")
+    add(
+        "profiled configurations",
+        configs,
+        f">= {check.args.min_configs}",
+        None if configs is None else configs >= check.args.min_configs,
+    )
+    rounds = e2e_rounds_succeeded(check.report.get("e2e"))
+    goal = TARGETS["e2e_rounds"]
+    add(
+        "FL rounds through the control plane (each run)",
+        rounds,
+        f">= {goal}",
+        None if rounds is None else rounds >= goal,
+    )
+    check.report["targets"] = rows
+    check.report["targets_simulated"] = check.args.backend == "simulated"
+    return rows
+
+
+def print_issue31(check: Check) -> None:
+    """The tables of --issue31, in Markdown (ready for docs/benchmarks.md)."""
+    report = check.report
+    device = report["host"].get("device") or {}
+    where = device.get("accelerator") or check.args.backend
+    simulated = " — SIMULATED (the analytic model, not a measurement)" if check.args.backend == "simulated" else ""
+    print(f"\n### issue 31 check: {where}, backend {check.args.backend}{simulated}\n", flush=True)
+    print("| task (alone, B128, 32×32) | eager samples/s | graphs samples/s | graphs / eager | ran as |")
+    print("|---|---|---|---|---|")
+    for row in report.get("alone_modes") or []:
+        print(
+            f"| {row['architecture']} | {fmt(row.get('eager_sps'), ',.0f')} | {fmt(row.get('graphs_sps'), ',.0f')} "
+            f"| {fmt(row['graphs_over_eager'], '.2f', '×')} | {row.get('eager_ran') or '—'} / {row.get('graphs_ran') or '—'} |"
+        )
+    out = report.get("compare") or {}
+    blocks = len(out.get("blocks") or [])
+    print(
+        f"\n| strategy ({out.get('execution')}, {blocks} blocks) | partition | raw samples/s (95 % interval) | × temporal | fair | batch / share per task |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in out.get("strategies") or []:
+        raw = r["raw_sps"]
+        interval = f" ({fmt(raw['low'], ',.0f')}–{fmt(raw['high'], ',.0f')})" if raw["low"] is not None else ""
+        shares = ", ".join(f"B{t['batch_size']}/{t['share']}%" for t in r["tasks"])
+        print(
+            f"| {r['strategy']} | {r['partitioning']} | {fmt(raw['mean'], ',.0f')}{interval} "
+            f"| {fmt(r['raw_over_temporal'], '.2f', '×')} | {fmt(r['fair']['mean'], '.2f')} "
+            f"| {shares} |"
+        )
+    e2e = report.get("e2e") or {}
+    if e2e.get("runs"):
+        print(
+            "\n| run (control plane, 1 agent) | status | rounds | FL samples/s | round s | test accuracy, last round | execution |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for run in e2e["runs"]:
+            last = run["rounds"][-1] if run["rounds"] else {"checkpoints": [], "assignments": []}
+            accuracy = ", ".join(f"{c['architecture']} {fmt(c['test_accuracy'], '.3f')}" for c in last["checkpoints"])
+            modes = sorted({a["execution_mode"] or "—" for r in run["rounds"] for a in r["assignments"]})
+            times = ", ".join(fmt(r["round_time_s"], ".2f") for r in run["rounds"])
+            print(
+                f"| {run['strategy']} | {run['status']} | {len(run['rounds'])} | {fmt(run['fl_throughput_sps'], ',.0f')} "
+                f"| {times} | {accuracy or '—'} | {', '.join(modes)} |"
+            )
+    elif e2e:
+        print(f"\nend to end: {e2e.get('status')}: {e2e.get('error')}")
+    print("\n| target | value | 95 % interval | goal | met |")
+    print("|---|---|---|---|---|")
+    for t in report.get("targets") or []:
+        value = t["value"]
+        shown = fmt(value, ".2f") if isinstance(value, float) else ("—" if value is None else str(value))
+        interval = f"{fmt(t['low'], '.2f')}–{fmt(t['high'], '.2f')}" if t["low"] is not None else ""
+        met = {True: "yes", False: "NO", None: "—"}[t["met"]]
+        print(f"| {t['name']} | {shown} | {interval} | {t['target']} | {met} |")
+    print(flush=True)
+
+
+def run_issue31(check: Check) -> str:
+    """--issue31's phases (module docstring); returns the closing line's text.
+
+    Raises:
+        CheckFailed: the first phase that failed, or, at the end, the first part that did not
+            produce its figures (the targets themselves are benchmarks: missing one is not a
+            failure).
+    """
+    args = check.args
+    if args.mixes != "light":
+        raise CheckFailed(f"--issue31 checks the light mix only, got --mixes {args.mixes}", EXIT_UNAVAILABLE)
+    architectures = list(MIXES["light"])
+    if args.backend == "simulated":
+        from workers.backends.simulated import ENV_DEVICE
+
+        os.environ[ENV_DEVICE] = args.sim_device  # this process's backend and the e2e agent's
+    total_limit = args.time_limit
+    e2e_reserve = 0.0 if args.no_e2e else args.e2e_time_limit + 20
+    if e2e_reserve >= total_limit:
+        raise CheckFailed(
+            f"--e2e-time-limit {args.e2e_time_limit:g} leaves nothing of --time-limit {total_limit:g}", EXIT_UNAVAILABLE
+        )
+    # The workers-only phases end in time to leave the e2e phase its own.
+    check.deadline = check.t0 + total_limit - e2e_reserve
+    check.say(
+        f"issue 31 on backend {args.backend}: light mix, execution {args.execution}, profile budget "
+        f"{args.budget:g} s and >= {args.min_configs} configurations, {args.blocks} blocks, e2e "
+        f"{'skipped' if args.no_e2e else f'{args.e2e_time_limit:g} s'}, time limit {total_limit:g} s"
+    )
+    with check.stage("preflight"):
+        backend, ctx, units, memory, placement = preflight(check)
+    sweep = profile_request(check, ctx, architectures, 3)
+    measurer = Measurer(check, backend, ctx)
+    with check.stage("features"):
+        workloads = features(check, architectures)
+    with check.stage("profile"):
+        configs = len(ISSUE31_STRATEGIES) * args.blocks + 2 * len(architectures)
+        results, profiled = profile(
+            check, backend, ctx, sweep, reserve=lambda pace: FIT_AND_PLAN_RESERVE_S + 1.3 * configs * pace
+        )
+    with check.stage("fit"):
+        predictor = fit(check, to_samples(results), workloads, units, placement)
+    with check.stage("plan"):
+        samples = data_volumes(args, len(architectures), 0)
+        entry = plan_mix(check, "light", architectures, samples, predictor, memory, ISSUE31_STRATEGIES)
+        check.report["mixes"] = [entry]
+    with check.stage("alone", strict=False):
+        modes = alone_modes(check, measurer, architectures)
+    with check.stage("compare", strict=False):
+        needed = {(t["architecture"], t["batch_size"]) for r in entry["strategies"] for t in r["tasks"]}
+        table = alone_table(check, needed, profiled, modes, predictor, workloads)
+        compare(check, measurer, entry, table)
+    check.report["host"]["django_imported"] = "django" in sys.modules
+    check.report["host"]["celery_imported"] = "celery" in sys.modules
+    # The e2e agent starts its own MPS control daemon: one per user and GPU, so this one goes first.
+    check.close_backend()
+    check.backend = None
+    check.deadline = check.t0 + total_limit
+    if not args.no_e2e:
+        with check.stage("e2e", strict=False):
+            profile_file = check.state_dir / "profile.json" if check.state_dir else None
+            if profile_file is not None:
+                profile_file.write_text(
+                    json.dumps({k: check.report["profile"][k] for k in ("request", "summary", "configs")})
+                )
+            e2e_phase(check, profile_file)
+    with check.stage("report", strict=False):
+        targets(check)
+        print_issue31(check)
+
+    problems = []
+    for row in check.report["alone_modes"] or []:
+        if row["graphs_over_eager"] is None:
+            problems.append(f"alone {row['architecture']}: {row['error'] or 'not measured'}")
+    for r in (check.report["compare"] or {}).get("strategies", []):
+        if r["blocks_succeeded"] < args.blocks:
+            problems.append(f"compare {r['strategy']}: {r['blocks_succeeded']} of {args.blocks} blocks measured")
+    e2e = check.report["e2e"]
+    if not args.no_e2e and (not e2e or e2e.get("status") != "succeeded"):
+        problems.append(f"e2e: {(e2e or {}).get('error') or 'no report'}")
+    if problems:
+        raise CheckFailed("; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+    met = [t for t in check.report["targets"] if t["met"]]
+    return (
+        f"OK in {check.elapsed():.0f} s{' (simulated)' if args.backend == 'simulated' else ''}: "
+        f"{len(met)} of {len(check.report['targets'])} targets met"
+    )
+
+
 # ------------------------------------------------------------------------------------- main
 
 
@@ -1068,15 +1749,43 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
     def default(key: str) -> str:
         gpu, quick = DEFAULTS[key]
-        return f"[{gpu} / {quick}]"
+        issue31 = f"; --issue31: {ISSUE31_DEFAULTS[key][0]}" if key in ISSUE31_DEFAULTS else ""
+        return f"[{gpu} / {quick}{issue31}]"
+
+    def default31(key: str) -> str:
+        gpu, sim = ISSUE31_DEFAULTS[key]
+        return f"[{gpu}; simulated {sim}]"
 
     add = parser.add_argument
     add(
         "--backend",
-        choices=("cuda-mps", "cpu"),
+        choices=("cuda-mps", "cpu", "simulated"),
         default="cuda-mps",
-        help="cuda-mps (an NVIDIA GPU under MPS; temporal without MPS) or cpu [cuda-mps]",
+        help="cuda-mps (an NVIDIA GPU under MPS; temporal without MPS), cpu, or simulated (the "
+        "analytic GPU model of --sim-device, every figure labelled simulated) [cuda-mps]",
     )
+    add(
+        "--issue31",
+        action="store_true",
+        help="issue 31's check: the light mix end to end through the control plane (2 FL rounds, "
+        "sharing then vres_sync), eager against graphs alone, >= 60 profiled configurations, "
+        "temporal/isolation/sharing/vres_sync in interleaved blocks, the targets beside the figures",
+    )
+    add("--blocks", type=int, default=5, help="--issue31: interleaved blocks of the comparison [5]")
+    add(
+        "--execution",
+        choices=("auto", "eager", "graphs"),
+        default=None,
+        help="--issue31: how the profiled and compared trainers run their steps [graphs; eager on cpu]",
+    )
+    add(
+        "--e2e-time-limit",
+        type=float,
+        default=None,
+        help=f"--issue31: seconds of the e2e phase {default31('e2e_time_limit')}",
+    )
+    add("--no-e2e", action="store_true", help="--issue31: leave out the end-to-end phase (no Django needed)")
+    add("--sim-device", default="h200", help="--backend simulated: the simulated GPU preset [h200]")
     add(
         "--quick",
         action="store_true",
@@ -1136,9 +1845,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--seed", type=int, default=0)
     add("--json", default=None, help="also write the JSON here (it goes to $OUT/gpu_check.json when OUT is set)")
     args = parser.parse_args(argv)
+    if args.issue31:
+        for key, (gpu, sim) in ISSUE31_DEFAULTS.items():
+            if getattr(args, key, None) is None:
+                setattr(args, key, sim if args.backend == "simulated" else gpu)
+        if args.execution is None:
+            args.execution = "eager" if args.backend == "cpu" else "graphs"
+        if args.blocks < 2:
+            raise CheckFailed(
+                f"--blocks must be at least 2 (an interval needs two), got {args.blocks}", EXIT_UNAVAILABLE
+            )
     for key, (gpu, quick) in DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else gpu)
+    if args.execution is None:
+        args.execution = "auto"
     return args
 
 
@@ -1233,7 +1954,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.start_watchdog()
     code, error, closing = EXIT_FAILED, "", ""
     try:
-        closing = run(check)
+        closing = run_issue31(check) if args.issue31 else run(check)
         code = EXIT_OK
     except CheckFailed as exc:
         code, error = exc.code, str(exc)

@@ -74,7 +74,8 @@ def test_gpu_check_on_cpu_prints_the_speedup_table_and_writes_the_json(tmp_path)
     assert all(rows[s][0] == "mps" for s in STRATEGIES[1:])
 
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert (report["schema"], report["status"], report["exit_code"]) == ("mtfl-gpu-check/1", "succeeded", 0)
+    assert (report["schema"], report["status"], report["exit_code"]) == ("mtfl-gpu-check/2", "succeeded", 0)
+    assert report["compare"] is report["e2e"] is report["targets"] is None
     assert report["host"]["django_imported"] is False
     assert report["profile"]["succeeded"] >= 10 and report["predictor"]["configurations"] >= 10
     assert [p["name"] for p in report["phases"]] == [
