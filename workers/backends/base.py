@@ -402,10 +402,10 @@ class TrainerProcessBackend(ExecutionBackend):
         self.close_warm_pool()
 
     def profiler_pool(self) -> TrainerPool | None:
-        """The warm pool a profiling sweep takes its profiler processes from: the backend's
-        pool where it :attr:`profiles_warm` and the pool is on (a bad setting is logged and the
-        sweep runs cold), else ``None``."""
-        return self._launcher() if self.profiles_warm else None
+        """The warm pool a profiling sweep takes its profiler processes from (by default where
+        the backend :attr:`profiles_warm`): the backend's pool, or ``None`` when it is off (a
+        bad setting is logged and the sweep runs cold)."""
+        return self._launcher()
 
     def gpu_telemetry(self, interval_s: float) -> GpuTelemetry | None:
         """A sampler of the device's GPU utilisation every ``interval_s`` seconds (not started),
