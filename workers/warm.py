@@ -6,6 +6,9 @@ building the model and loading its shard (measured on 2 cores for resnet18 on th
 about 5 s to the first step, and 1.7 s more to exit and be collected). A warm trainer
 (:func:`workers.training.trainer.serve`) pays that once per key: it builds the model and loads the
 shard once, and each later job only loads the global weights into the model it already has.
+Profiling sweeps on the GPU backends hand the pool ``profile`` jobs too
+(:mod:`workers.profiling.sweep`): a warm profiler keeps its CUDA context, model and cuDNN
+autotuning from one configuration to the next.
 
 The pool is a :class:`workers.launch.Launcher`: a :class:`workers.launch.ProcessGroup` given it
 as ``launcher`` hands each trainer's job to a warm process of the right key instead of starting
