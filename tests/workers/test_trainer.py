@@ -18,16 +18,18 @@ from workers.training.trainer import (
     EXIT_BAD_SPEC,
     IterationRecord,
     TrainerSpec,
+    batches_per_epoch,
     epoch_batches,
     steady_state,
     train,
+    window_ends,
 )
 
 REPO = Path(workers.__file__).parents[1]
 
 
 def _records(*samples: int) -> list[IterationRecord]:
-    return [IterationRecord(epoch=0, samples=n, seconds=0.5, loss=1.0) for n in samples]
+    return [IterationRecord(epoch=0, samples=n, seconds=0.5) for n in samples]
 
 
 def test_steady_state_skips_warmup_iterations():
@@ -43,6 +45,46 @@ def test_steady_state_falls_back_when_run_is_short(samples, expected_timed):
 
     assert len(timed) == expected_timed
     assert (throughput is None) == (expected_timed == 0)
+
+
+def test_steady_state_times_the_windows_after_the_warm_up_steps():
+    records = [
+        IterationRecord(epoch=0, samples=32, seconds=9.0, iterations=2),  # warm-up and capture
+        IterationRecord(epoch=0, samples=48, seconds=1.0, iterations=3),
+        IterationRecord(epoch=1, samples=80, seconds=2.0, iterations=5),
+    ]
+
+    timed, throughput = steady_state(records, warmup_iterations=2)
+
+    assert timed == records[1:]
+    assert throughput == pytest.approx(128 / 3.0)
+
+
+def test_steady_state_refuses_a_window_that_straddles_the_warm_up():
+    with pytest.raises(ValueError, match="straddles the end of the 2 warm-up steps"):
+        steady_state([IterationRecord(epoch=0, samples=48, seconds=1.0, iterations=3)], warmup_iterations=2)
+
+
+@pytest.mark.parametrize(
+    ("steps_per_epoch", "epochs", "warmup", "ends"),
+    [
+        (4, 2, 2, [2, 4, 8]),  # the warm-up's end, then each epoch's
+        (4, 1, 4, [1, 4]),  # no more steps than warm-up: only the first is left out
+        (1, 1, 2, [1]),  # a single step is timed
+        (3, 2, 3, [3, 6]),  # warm-up ends with the first epoch
+        (5, 1, 0, [5]),
+        (0, 3, 2, []),
+    ],
+)
+def test_a_trainer_synchronises_only_where_warm_up_and_epochs_end(steps_per_epoch, epochs, warmup, ends):
+    assert window_ends(steps_per_epoch, epochs, warmup) == ends
+
+
+@pytest.mark.parametrize(("n", "batch"), [(64, 16), (70, 16), (65, 16), (1, 16), (17, 16), (33, 32)])
+def test_batches_per_epoch_counts_what_epoch_batches_cuts(n, batch):
+    import torch
+
+    assert batches_per_epoch(n, batch) == len(epoch_batches(n, batch, torch.Generator().manual_seed(0)))
 
 
 @pytest.mark.parametrize(
@@ -192,11 +234,13 @@ def test_proximal_term_is_half_mu_times_the_squared_distance_to_the_start():
     assert model[1].weight.grad.tolist() == [0.5, 0.0]
 
 
-def test_train_step_with_the_proximal_term_steps_along_both_gradients():
+def test_a_step_with_the_proximal_term_steps_along_both_gradients():
     import torch
     import torch.nn.functional as F
 
-    from workers.training.trainer import ProximalTerm, train_step
+    from workers.protocol.messages import ExecutionOptions
+    from workers.training.execution import StepRunner
+    from workers.training.trainer import ProximalTerm
 
     model = _tiny_linear()
     term = ProximalTerm(model, mu=2.0)
@@ -210,7 +254,10 @@ def test_train_step_with_the_proximal_term_steps_along_both_gradients():
     before = model[0].weight.detach().clone()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
 
-    loss = train_step(model, optimizer, x, y, proximal=term)
+    runner = StepRunner(model, optimizer, torch.device("cpu"), ExecutionOptions(), proximal=term)
+    runner.step(x, y)
+    total, samples = runner.take_loss()
+    loss = total / samples
 
     # w1 = w − lr (∇CE + μ (w − w0)), with w − w0 = 0.25 everywhere in the first weight
     expected = before - 0.1 * (reference[0].weight.grad + 2.0 * 0.25)
@@ -254,7 +301,6 @@ def test_proximal_mu_zero_trains_exactly_as_plain_sgd_steps(make_task_ref, make_
         assignment_optimizer,
         build_optimizer,
         recalibrate_batchnorm,
-        train_step,
     )
     from workers.training.zoo import build_model
 
@@ -272,7 +318,9 @@ def test_proximal_mu_zero_trains_exactly_as_plain_sgd_steps(make_task_ref, make_
     torch.manual_seed(spec.seed)
     model.train()
     for idx in epoch_batches(len(y), spec.batch_size, torch.Generator().manual_seed(spec.seed)):
-        train_step(model, optimizer, x[idx], y[idx])
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        optimizer.step()
     recalibrate_batchnorm(model, x, spec.batch_size)
 
     by_hand = {k: v.detach().numpy() for k, v in model.state_dict().items()}

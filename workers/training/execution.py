@@ -59,6 +59,10 @@ and the cuBLAS/cuDNN workspaces; cuDNN autotuning has already run for every batc
 round before the start barrier (:func:`workers.training.trainer.warm_up_shapes`), or runs in
 this step. More warm-up steps would only keep more of a short round eager."""
 
+STEPS_BEFORE_REPLAY = GRAPH_WARMUP_STEPS + 1
+"""Steps of one batch size before its graph replays: the warm-up steps and the capturing step
+(which a first replay trains). A measurement leaves at least these out of its timed window."""
+
 FALLBACK_MAX_CHARS = 200
 """A fallback reason is trimmed to this many characters (it is shown in tables)."""
 

@@ -33,11 +33,13 @@ already put the trainer's share in its environment, read by CUDA when it initial
 ``cuda`` the shard is moved to the GPU once, before ``READY``; cuDNN autotuning
 (``cudnn.benchmark``) is on, and every distinct batch shape of the round (the full batch and an
 epoch's short last one) is autotuned before ``READY`` (:func:`warm_up_shapes`), so no autotuning
-lands in a timed iteration, its own or a co-located trainer's; every timed step ends with
-``torch.cuda.synchronize()`` so its wall time covers the kernels it queued; peak memory is what
+lands in a timed iteration, its own or a co-located trainer's. Steps run through a
+:class:`~workers.training.execution.StepRunner` in the task's execution mode (``spec.execution``:
+CUDA graphs by default on a GPU, eager on ``cpu``) and are never waited for one by one: the
+host synchronises at the end of the warm-up and of each epoch (:func:`run_epochs`), so a timing
+window's wall time covers the kernels it queued, and reads the loss once per epoch. Peak memory is what
 a pinned memory limit must allow: the caching allocator's peak reserved memory plus the CUDA
-context (:func:`peak_memory`). On ``cpu`` nothing changes: steps are timed as they return
-and peak memory is the private resident memory (:func:`cpu_memory_bytes`). There is no data loader: batches are slices of
+context (:func:`peak_memory`). On ``cpu`` steps are done when they return, and peak memory is the private resident memory (:func:`cpu_memory_bytes`). There is no data loader: batches are slices of
 tensors already in memory (on the device), so there is no loader wait to separate from compute.
 
 Only ``READY`` is written to the real stdout (everything else printed goes to stderr), so the
@@ -87,6 +89,7 @@ from workers.protocol.messages import (
 )
 from workers.registry.datasets import root_fingerprint, split_arrays
 from workers.training.datasets import load_split, load_splits
+from workers.training.execution import STEPS_BEFORE_REPLAY, StepRunner, resolve_execution
 from workers.training.partition import shard_indices
 from workers.training.zoo import build_model
 from workers.warm import rss_anon_bytes
@@ -304,35 +307,87 @@ class BarrierAborted(RuntimeError):
 
 @dataclass(frozen=True)
 class IterationRecord:
-    """One training step: ``samples`` in the batch, wall ``seconds`` (lock wait included)."""
+    """A timing window: ``iterations`` consecutive training steps of epoch ``epoch`` between
+    two host synchronisations, ``samples`` in their batches, wall ``seconds`` from the window's
+    start to the synchronisation that ends it (lock waits included).
+
+    A window, not a single step: steps are queued without waiting for the device
+    (:class:`~workers.training.execution.StepRunner`), so only a synchronisation says when
+    the work queued before it is done (:func:`window_ends` chooses where the trainer takes
+    one)."""
 
     epoch: int
     samples: int
     seconds: float
-    loss: float
+    iterations: int = 1
+
+
+def untimed_iterations(iterations: int, warmup_iterations: int) -> int:
+    """How many leading steps of a run of ``iterations`` steps :func:`steady_state` leaves out.
+
+    Normally ``warmup_iterations``. When the run has no more steps than that, warm-up is cut
+    short rather than reporting nothing: the first step only if there are at least 2 (it
+    carries one-off allocation costs, and in graphs mode a capture's), else none. The
+    simulated backend mirrors this rule (``workers.backends.simulated._timed_iterations``).
+    """
+    if iterations > warmup_iterations:
+        return warmup_iterations
+    return 1 if iterations >= 2 else 0
+
+
+def window_ends(steps_per_epoch: int, epochs: int, warmup_iterations: int) -> list[int]:
+    """Where a trainer synchronises: after these step counts (1-based, ascending).
+
+    At the end of the warm-up :func:`untimed_iterations` leaves out (so the timed windows hold
+    no warm-up or capture step) and at the end of every epoch (the epoch's loss is read there:
+    :meth:`~workers.training.execution.StepRunner.take_loss`). Nowhere else: a step is never
+    waited for on its own, so the host queues the next one while the device runs this one.
+
+    Args:
+        steps_per_epoch: batches in an epoch, ``>= 0``.
+        epochs: epochs, ``>= 0``.
+        warmup_iterations: leading steps to leave out of the throughput.
+
+    Returns:
+        The step counts after which a window ends; empty for a run of no steps.
+    """
+    total = steps_per_epoch * epochs
+    ends = {steps_per_epoch * (epoch + 1) for epoch in range(epochs)} if steps_per_epoch else set()
+    warmup = untimed_iterations(total, warmup_iterations)
+    if 0 < warmup < total:
+        ends.add(warmup)
+    return sorted(ends)
 
 
 def steady_state(
     records: Sequence[IterationRecord], warmup_iterations: int
 ) -> tuple[list[IterationRecord], float | None]:
-    """Pick the timed iterations and return them with their throughput in samples/s.
+    """Pick the timed windows and return them with their throughput in samples/s.
 
-    Normally the iterations after the first ``warmup_iterations``. When the run has no more
-    iterations than that, warm-up is cut short rather than reporting nothing: all iterations but
-    the first if there are at least 2 (the first carries one-off allocation costs), else the
-    single one. ``throughput_sps = Σ samples / Σ seconds`` over the timed iterations.
+    The windows after the first :func:`untimed_iterations` steps of the run;
+    ``throughput_sps = Σ samples / Σ seconds`` over them.
 
     Returns:
         ``(timed, throughput_sps)``; ``([], None)`` when ``records`` is empty.
+
+    Raises:
+        ValueError: a window holds both warm-up and timed steps (the trainer must end a window
+            where warm-up ends: :func:`window_ends`).
     """
     if not records:
         return [], None
-    if len(records) > warmup_iterations:
-        timed = list(records[warmup_iterations:])
-    elif len(records) >= 2:
-        timed = list(records[1:])
-    else:
-        timed = list(records)
+    skip = untimed_iterations(sum(r.iterations for r in records), warmup_iterations)
+    timed: list[IterationRecord] = []
+    seen = 0
+    for record in records:
+        if seen >= skip:
+            timed.append(record)
+        elif seen + record.iterations > skip:
+            raise ValueError(
+                f"a timing window of steps {seen + 1}-{seen + record.iterations} straddles the end of the "
+                f"{skip} warm-up steps"
+            )
+        seen += record.iterations
     seconds = sum(r.seconds for r in timed)
     samples = sum(r.samples for r in timed)
     return timed, (samples / seconds if seconds > 0 else None)
@@ -569,49 +624,6 @@ class ProximalTerm:
             torch._foreach_add_(grads, distances, alpha=self.mu)
 
 
-def train_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    proximal: ProximalTerm | None = None,
-) -> float:
-    """One training iteration: zero the gradients, cross-entropy forward, backward, step.
-
-    Shared by rounds, standalone measurements and profiling (:mod:`workers.profiling.child`),
-    so all three time the same work. Reading the loss back makes each step synchronous. With
-    ``proximal`` (FedProx), the term's gradient joins the loss's before the optimiser step
-    (:meth:`ProximalTerm.add_gradient`): it is part of the step and of its time.
-
-    Args:
-        model: in training mode.
-        optimizer: over ``model``'s parameters.
-        x: inputs, ``(N, *input_shape)`` float32.
-        y: class labels, ``N`` int64.
-        proximal: FedProx's term; ``None``: the plain cross-entropy step.
-
-    Returns:
-        The batch's mean cross-entropy (without the proximal term, so losses compare across
-        aggregators).
-
-    Raises:
-        FloatingPointError: if the loss is not finite.
-    """
-    import torch.nn.functional as F
-
-    optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
-    if proximal is not None:
-        proximal.add_gradient()
-    optimizer.step()
-    value = float(loss.detach())
-    if not math.isfinite(value):
-        raise FloatingPointError(f"training loss is {value}; lower optimizer.learning_rate")
-    return value
-
-
 def warm_up_shapes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_sizes: Sequence[int]) -> list[int]:
     """Run one forward and backward pass at each distinct batch size, leaving the model as it was.
 
@@ -739,7 +751,10 @@ def train(
     ``train_loss`` is the last epoch's mean cross-entropy weighted by batch sizes (without
     FedProx's proximal term, which ``spec.proximal_mu > 0`` adds to every batch's loss:
     :class:`ProximalTerm`);
-    ``throughput_sps`` is chosen by :func:`steady_state`; ``started_at``/``finished_at`` are
+    ``throughput_sps`` is chosen by :func:`steady_state` over the timing windows of
+    :func:`run_epochs`; ``execution_mode``/``execution_fallback`` are what the
+    :class:`~workers.training.execution.StepRunner` ran and why it is not what ``spec.execution``
+    asked (a shard of 0 samples reports the mode it would have run); ``started_at``/``finished_at`` are
     Unix seconds taken after ``GO`` and after the weights are written, so the span includes
     :func:`recalibrate_batchnorm`'s pass, which the throughput (training steps only) excludes. A shard of 0 samples
     trains nothing: the output weights are a copy of the global weights, ``samples_trained=0``
@@ -791,41 +806,44 @@ def train(
 
     started_at = time.time()
     records: list[IterationRecord] = []
+    train_loss: float | None = None
     num_samples = len(y)
     if num_samples == 0:
         sha = store.put_file(spec.output_weights, global_path)
+        execution_mode, execution_fallback = resolve_execution(spec.execution, device)
     else:
         model.train()
+        runner = StepRunner(model, optimizer, device, spec.execution, proximal=proximal)
         hold = IterationLock(spec.lock_path)
         try:
-            for epoch in range(spec.local_epochs):
-                generator = torch.Generator().manual_seed(spec.seed + epoch)
-                for idx in epoch_batches(num_samples, spec.batch_size, generator):
-                    idx = idx.to(device)
-                    tick = time.perf_counter()
-                    with hold:
-                        loss = train_step(model, optimizer, x[idx], y[idx], proximal=proximal)
-                        synchronize(device)
-                    records.append(IterationRecord(epoch, len(idx), time.perf_counter() - tick, loss))
+            records, train_loss = run_epochs(
+                runner,
+                x,
+                y,
+                batch_size=spec.batch_size,
+                epochs=spec.local_epochs,
+                seed=spec.seed,
+                warmup_iterations=spec.warmup_iterations,
+                hold=hold,
+                sync_each_step=spec.lock_path is not None and device.type == "cuda",
+            )
             with hold:
                 recalibrate_batchnorm(model, x, spec.batch_size)
         finally:
+            runner.close()
             hold.close()
+        execution_mode, execution_fallback = runner.mode, runner.fallback
         sha = save_model_weights(model, store.path(spec.output_weights))
     finished_at = time.time()
 
     timed, throughput = steady_state(records, spec.warmup_iterations)
-    last_epoch = [r for r in records if r.epoch == spec.local_epochs - 1]
-    train_loss = (
-        sum(r.loss * r.samples for r in last_epoch) / sum(r.samples for r in last_epoch) if last_epoch else None
-    )
     return AssignmentResult(
         assignment_id=spec.assignment_id,
         task_id=spec.task.task_id,
         status="succeeded",
         samples_trained=sum(r.samples for r in records),
-        iterations=len(records),
-        timed_iterations=len(timed),
+        iterations=sum(r.iterations for r in records),
+        timed_iterations=sum(r.iterations for r in timed),
         seconds=finished_at - started_at,
         throughput_sps=throughput,
         train_loss=train_loss,
@@ -838,7 +856,100 @@ def train(
         torch_device=device.type,
         peak_memory_bytes=peak_memory(device),
         visible_sm_count=visible_sm_count(device),
+        execution_mode=execution_mode,
+        execution_fallback=execution_fallback,
     )
+
+
+def batches_per_epoch(num_samples: int, batch_size: int) -> int:
+    """How many batches :func:`epoch_batches` cuts from ``num_samples >= 1`` samples:
+    ``ceil(num_samples / batch_size)``, less one when a trailing batch of a single sample is
+    merged into the one before it."""
+    batches = -(-num_samples // batch_size)
+    if batches >= 2 and num_samples % batch_size == 1:
+        batches -= 1
+    return batches
+
+
+def run_epochs(
+    runner: StepRunner,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    warmup_iterations: int,
+    hold: IterationLock,
+    sync_each_step: bool = False,
+) -> tuple[list[IterationRecord], float]:
+    """Train ``epochs`` epochs of the shard ``(x, y)`` with ``runner``, timing windows of steps.
+
+    Epoch ``e`` visits the shard in the order of :func:`epoch_batches` seeded ``seed + e``.
+    The epoch's order goes to the device in one copy (a copy of each batch's host indices would
+    block the host until the device caught up: a pageable host-to-device copy synchronises).
+    The host synchronises with the device only where :func:`window_ends` says, at the end of
+    the warm-up and of each epoch, and reads the epoch's loss once there
+    (:meth:`StepRunner.take_loss`), so it queues steps ahead of the device.
+
+    Each step runs inside ``hold`` (the ``cpu`` backend's time-slicing lock,
+    :class:`IterationLock`). With ``sync_each_step`` (a lock on a GPU) the step also waits for its
+    kernels inside the lock: a time slice must cover the step's execution, not only its launch,
+    or the next holder's kernels would run beside it. On ``cpu`` a step's work is done when it
+    returns, so no wait is needed.
+
+    Args:
+        runner: the step runner over the model and optimiser.
+        x: the shard's inputs ``(N, *input_shape)`` on the device, ``N >= 1``.
+        y: their labels ``(N,)`` int64 on the device.
+        batch_size: ``>= 1``.
+        epochs: ``>= 1``.
+        seed: the shuffles' seed.
+        warmup_iterations: leading steps to end the first window after (:func:`window_ends`).
+        hold: the iteration lock (one without a path does nothing).
+        sync_each_step: wait for each step's kernels inside the lock.
+
+    Returns:
+        ``(records, train_loss)``: the timing windows in order, and the last epoch's mean
+        cross-entropy weighted by batch sizes.
+
+    Raises:
+        FloatingPointError: an epoch's loss is not finite (lower optimizer.learning_rate).
+    """
+    import torch
+
+    device = y.device
+    num_samples = len(y)
+    ends = iter(window_ends(batches_per_epoch(num_samples, batch_size), epochs, warmup_iterations))
+    next_end = next(ends, None)
+    records: list[IterationRecord] = []
+    train_loss = float("nan")
+    step = 0
+    for epoch in range(epochs):
+        batches = epoch_batches(num_samples, batch_size, torch.Generator().manual_seed(seed + epoch))
+        order = torch.cat(batches).to(device)
+        offset = 0
+        window_samples = window_steps = 0
+        tick = time.perf_counter()
+        for batch in batches:
+            idx = order[offset : offset + len(batch)]
+            offset += len(batch)
+            with hold:
+                runner.step(x[idx], y[idx])
+                if sync_each_step:
+                    synchronize(device)
+            step += 1
+            window_samples += len(batch)
+            window_steps += 1
+            if step == next_end:
+                synchronize(device)
+                now = time.perf_counter()
+                records.append(IterationRecord(epoch, window_samples, now - tick, window_steps))
+                tick, window_samples, window_steps = now, 0, 0
+                next_end = next(ends, None)
+        total, samples = runner.take_loss()
+        train_loss = total / samples
+    return records, train_loss
 
 
 def measure_item(
@@ -848,22 +959,27 @@ def measure_item(
 
     Runs ``warmup_iterations`` untimed then ``timed_iterations`` timed training steps at
     ``item.batch_size`` on the task's shard, cycling over reshuffled passes of the shard when it
-    is smaller than needed. A shard smaller than the batch size is used whole as every batch.
-    The model starts from a seeded random initialisation (throughput does not depend on the
-    weights' values). On a GPU the shard is moved there first and each timed step ends with
-    ``torch.cuda.synchronize()``.
+    is smaller than needed, with ``item.execution``'s options (:class:`StepRunner`). A shard
+    smaller than the batch size is used whole as every batch. The model starts from a seeded
+    random initialisation (throughput does not depend on the weights' values). On a GPU the
+    shard is moved there first. The timed steps are one window: one synchronisation before it
+    and one after it, none inside, so the host queues steps ahead of the device as a round's
+    trainer does. In graphs mode at least :data:`~workers.training.execution.STEPS_BEFORE_REPLAY`
+    steps are untimed, so the window holds replays only (no eager warm-up step, no capture).
 
     Args:
-        item: the task, batch size and shard.
-        warmup_iterations: untimed steps.
+        item: the task, batch size, shard and execution options.
+        warmup_iterations: untimed steps (at least the capture's in graphs mode).
         timed_iterations: timed steps, ``>= 1``.
         device: where to train (default CPU).
 
     Returns:
-        The measurement, ``throughput_sps = Σ samples / Σ seconds`` over the timed steps.
+        The measurement, ``throughput_sps = timed samples / the window's seconds``, with the
+        execution mode that ran and why it is not what was asked.
 
     Raises:
         ValueError: if the shard is empty.
+        FloatingPointError: the loss is not finite (lower optimizer.learning_rate).
         Exception: any error of setup or training.
     """
     import torch
@@ -879,27 +995,34 @@ def measure_item(
     model.to(device)
     model.train()
     optimizer = build_optimizer(model, item.task.optimizer)
+    runner = StepRunner(model, optimizer, device, item.execution)
+    if runner.mode == "graphs":
+        warmup_iterations = max(warmup_iterations, STEPS_BEFORE_REPLAY)
     generator = torch.Generator().manual_seed(0)
     steps = warmup_iterations + timed_iterations
     needed = steps * batch
     order = torch.cat([torch.randperm(num_samples, generator=generator) for _ in range(-(-needed // num_samples))]).to(
         device
     )
-    samples = 0
-    seconds = 0.0
-    for step in range(steps):
-        idx = order[step * batch : (step + 1) * batch]
+    try:
         tick = time.perf_counter()
-        train_step(model, optimizer, x[idx], y[idx])
+        for step in range(steps):
+            if step == warmup_iterations:
+                synchronize(device)
+                tick = time.perf_counter()
+            idx = order[step * batch : (step + 1) * batch]
+            runner.step(x[idx], y[idx])
         synchronize(device)
-        elapsed = time.perf_counter() - tick
-        if step >= warmup_iterations:
-            samples += len(idx)
-            seconds += elapsed
+        seconds = time.perf_counter() - tick
+        runner.take_loss()  # its check: a diverged measurement is an error, not a figure
+    finally:
+        runner.close()
     return StandaloneMeasurement(
         task_id=item.task.task_id,
         batch_size=item.batch_size,
-        throughput_sps=samples / seconds if seconds > 0 else None,
+        throughput_sps=timed_iterations * batch / seconds if seconds > 0 else None,
+        execution_mode=runner.mode,
+        execution_fallback=runner.fallback,
     )
 
 
