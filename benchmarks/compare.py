@@ -22,8 +22,11 @@ with speedups over ``temporal``, time and rounds to each task's target accuracy,
 verdicts against the best baseline, each a mean ± half its 95 % interval over repeats), then
 ``name=value`` lines: per mix ``vres_sync_raw_vs_temporal_<mix>`` and
 ``vres_sync_vs_best_baseline_<mix>`` (FL throughput over the best baseline's, means over
-repeats), ``vres_sync_never_worse_<mix>`` (no verdict of ``vres_sync`` is ``worse``), and last
-``vres_sync_vs_best_baseline=<mean over the mixes>``.
+repeats), its two components ``vres_sync_never_worse_fl_<mix>`` (FL throughput not ``worse``
+than the best baseline's at 95 %) and ``vres_sync_never_worse_tta_<mix>`` (no task's time to
+accuracy ``worse`` at 95 %), ``vres_sync_never_worse_<mix>`` (both: the clock FL waits on and
+what it buys; raw and fair throughput, which ``vres_sync`` does not optimise, are listed when
+worse but not counted), and last ``vres_sync_vs_best_baseline=<mean over the mixes>``.
 """
 
 from __future__ import annotations
@@ -126,10 +129,19 @@ def main() -> int:
         ratio = sync["fl_throughput_sps"]["mean"] / best_fl
         ratios.append(ratio)
         worse = [v for v in report["verdicts"] if v["strategy"] == "vres_sync" and v["verdict"] == "worse"]
+        judged = {v["figure"] for v in report["verdicts"] if v["strategy"] == "vres_sync"}
+        worse_fl = [v for v in worse if v["figure"] == "fl_throughput_sps"]
+        worse_tta = [v for v in worse if v["figure"] == "time_to_accuracy_s"]
         raw = sync["raw_speedup"]["mean"]
         print(f"vres_sync_raw_vs_temporal_{mix}={raw:.3f}" if raw else f"vres_sync_raw_vs_temporal_{mix}=nan")
         print(f"vres_sync_vs_best_baseline_{mix}={ratio:.3f}")
-        print(f"vres_sync_never_worse_{mix}={not worse}")
+        # A component with no verdict at all (one repeat, or no task reached its target) is not
+        # shown to be never worse.
+        fl_ok = "fl_throughput_sps" in judged and not worse_fl
+        tta_ok = "time_to_accuracy_s" in judged and not worse_tta
+        print(f"vres_sync_never_worse_fl_{mix}={fl_ok}")
+        print(f"vres_sync_never_worse_tta_{mix}={tta_ok}")
+        print(f"vres_sync_never_worse_{mix}={fl_ok and tta_ok}")
         for v in worse:
             print(
                 f"  worse: {v['figure']}{' of ' + v['task_name'] if v.get('task_name') else ''} against {v['against']}"

@@ -25,14 +25,26 @@ any measured one is about the held-out error. The corrected prediction is
 the posterior standard deviation ``s_ij(c)`` of the log residual (noise excluded). ``σ_n``
 (:data:`MEASUREMENT_NOISE`) is the spread of one configuration's throughput from round to round.
 
-**Decisions.** After replanning with the corrected predictors, each device compares the new
-configuration with the best configuration it has *measured* so far in the run (the fallback):
+**Seconds.** An assignment's seconds are a fixed part plus ``E·|D_ij| / P_ij``
+(:mod:`controlplane.planning.seconds`); the fixed part is refitted before every replan on every
+measured assignment's seconds, so the planner's round time learns what the devices measured,
+not only their throughput.
 
-* ``vres_sync`` and any planner other than ``vres_greedy`` judge a device by its round time
-  ``T_j = max_i E·|D_ij| / P_ij`` (lower is better); ``vres_greedy`` by its objective, raw
-  ``Σ_i P_ij`` or fair ``Σ_i P_ij / P_ij^alone`` (higher is better).
-* The predicted gain is the log ratio of the new configuration's corrected objective to the
-  fallback's measured one; its uncertainty is the new configuration's ``s`` (for ``T_j`` the
+**Decisions.** After replanning with the corrected predictors and seconds, each device compares
+the new configuration with the best configuration *measured* on it (the fallback): the run's
+own rounds and the experiment's finished baseline runs on the same device and tasks (the
+``strategy`` of a :class:`MeasuredConfiguration`), a configuration measured several times
+judged by its mean:
+
+* A strategy whose ``clock`` is ``round_time`` (``vres_sync``) judges a device by its round time
+  ``T_j = max_i t_ij`` (lower is better; measured ``t_ij`` are the trainers' seconds); one whose
+  ``clock`` is ``throughput`` (``vres_greedy``) by its objective, raw ``Σ_i P_ij`` or fair
+  ``Σ_i P_ij / P_ij^alone`` (higher is better).
+* A device whose plan of the run's last measured round measured worse than the best measured
+  on it goes **back** to that one (action ``kept``, the reason says so); a new plan that is a
+  configuration already measured is judged by its measurement.
+* Otherwise the predicted gain is the log ratio of the new configuration's predicted figure to
+  the fallback's measured one; its uncertainty is the new configuration's ``s`` (for ``T_j`` the
   ``s`` of the task that sets ``T_j``; for a sum, ``sqrt(Σ (P_i s_i)²) / Σ P_i``, the delta
   method). The device **moves** when ``gain > Z·uncertainty`` (:data:`Z`), otherwise it
   **keeps** its fallback. A device with nothing measured yet takes the new plan.
@@ -54,10 +66,11 @@ import numpy as np
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel
 
-from controlplane.planning.planner import SLACK_MARGIN, PlannerContext
+from controlplane.planning.planner import SLACK_MARGIN, Clock, PlannerContext
 from controlplane.planning.predictor import EncodedMixes, ThroughputPredictor
-from controlplane.planning.strategies import make_plan
-from controlplane.planning.types import Plan, PlannedAssignment, PlanningInput
+from controlplane.planning.seconds import MeasuredSeconds, SecondsModel, fit_device_seconds
+from controlplane.planning.strategies import get_strategy, make_plan
+from controlplane.planning.types import Partitioning, Plan, PlannedAssignment, PlanningInput
 
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 
@@ -92,6 +105,12 @@ class MeasuredConfiguration:
         batch_size: ``B_ij`` per task.
         active_thread_percentage: ``R_ij`` per task, percent.
         throughput_sps: measured ``P_ij`` per task, samples/s (all > 0).
+        seconds: measured seconds per task (the trainer's span after ``GO``); ``None``: not
+            recorded.
+        partitioning: how the device was shared (``timeslice`` configurations teach the
+            seconds model but not the throughput predictor's residuals: it predicts shares).
+        strategy: ``None`` for the replanned run's own rounds; the strategy of another run of
+            the same experiment (a baseline's) whose measurement it is.
     """
 
     device_id: int
@@ -100,6 +119,9 @@ class MeasuredConfiguration:
     batch_size: tuple[int, ...]
     active_thread_percentage: tuple[int, ...]
     throughput_sps: tuple[float, ...]
+    seconds: tuple[float, ...] | None = None
+    partitioning: Partitioning = "mps"
+    strategy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -332,35 +354,77 @@ def corrected_context(
     return replace(ctx, devices=devices), corrected
 
 
-def _device_time(epochs: int, samples: FloatArray, throughput: FloatArray) -> FloatArray:
-    out: FloatArray = np.max(epochs * samples / throughput, axis=-1)
+def _history_seconds(spec: PlanningInput, history: Sequence[MeasuredConfiguration]) -> list[MeasuredSeconds]:
+    """Every measured assignment with its seconds, for the seconds model's fit."""
+    out = []
+    for h in history:
+        if h.seconds is None:
+            continue
+        for t, b, p, sec in zip(h.task_ids, h.batch_size, h.throughput_sps, h.seconds, strict=True):
+            n = spec.samples_of(h.device_id, t)
+            out.append(MeasuredSeconds(h.device_id, b, n, p, sec, spec.local_epochs))
     return out
 
 
-@dataclass(frozen=True)
-class _Scored:
-    """A device configuration's objective in the replan's terms (log scale, higher better)."""
-
-    log_value: float
-    std: float
+ConfigurationKey = tuple[str, tuple[int, ...], tuple[int, ...]]
+"""A device configuration: ``(partitioning, batch sizes, shares)``, tasks in order."""
 
 
-def _score(
-    strategy: str,
-    objective: str,
-    epochs: int,
-    samples: FloatArray,
-    P: FloatArray,
-    std: FloatArray,
-    alone: FloatArray | None,
-) -> _Scored:
-    if strategy == "vres_greedy":
-        weights = P / alone if objective == "fair" and alone is not None else P
-        total = float(weights.sum())
-        return _Scored(math.log(total), float(np.sqrt(np.sum((weights * std) ** 2))) / total)
-    times = epochs * samples / P
-    i = int(np.argmax(times))
-    return _Scored(-math.log(float(times[i])), float(std[i]))
+@dataclass
+class _Measured:
+    """One configuration of a device and every measurement of it (means over its rounds)."""
+
+    key: ConfigurationKey
+    rounds: list[MeasuredConfiguration]
+    value: float = 0.0
+
+    @property
+    def throughput(self) -> FloatArray:
+        out: FloatArray = np.mean([h.throughput_sps for h in self.rounds], axis=0)
+        return out
+
+    @property
+    def seconds(self) -> FloatArray | None:
+        rows = [h.seconds for h in self.rounds if h.seconds is not None]
+        return np.mean(rows, axis=0) if rows else None
+
+    @property
+    def label(self) -> str:
+        """Where it was measured: ``round 2``, or ``temporal's plan (round 1)`` for another run's."""
+        last = self.rounds[-1]
+        rounds = ", ".join(str(h.round_index) for h in self.rounds if h.strategy == last.strategy)
+        where = f"round{'s' if ',' in rounds else ''} {rounds}"
+        return f"{last.strategy}'s plan ({where})" if last.strategy else where
+
+
+def _key(h: MeasuredConfiguration) -> ConfigurationKey:
+    return (h.partitioning, tuple(h.batch_size), tuple(h.active_thread_percentage))
+
+
+def _plan_key(plan: Plan, items: Sequence[PlannedAssignment]) -> ConfigurationKey:
+    part = plan.partitioning_of(items[0].device_id)
+    return (part, tuple(a.batch_size for a in items), tuple(a.active_thread_percentage for a in items))
+
+
+def _value(
+    clock: Clock, objective: str, seconds: FloatArray, throughput: FloatArray, alone: FloatArray | None
+) -> float:
+    """A configuration's figure on the clock, log scale, higher is better: ``−log T_j`` with
+    ``T_j = max_i t_ij``, or the log objective."""
+    if clock == "round_time":
+        return -math.log(float(np.max(seconds)))
+    weights = throughput / alone if objective == "fair" and alone is not None else throughput
+    return math.log(float(np.sum(weights)))
+
+
+def _uncertainty(clock: Clock, predicted: Sequence[PlannedAssignment], std: FloatArray, objective: str) -> float:
+    """The new plan's standard deviation of its log figure: the ``s`` of the task that sets
+    ``T_j``, or ``sqrt(Σ (P_i s_i)²) / Σ P_i`` for a sum (the delta method)."""
+    if clock == "round_time":
+        i = int(np.argmax([a.predicted_seconds or 0.0 for a in predicted]))
+        return float(std[i])
+    P = np.array([a.predicted_throughput_sps or 0.0 for a in predicted])
+    return float(np.sqrt(np.sum((P * std) ** 2))) / float(P.sum())
 
 
 def replan(
@@ -373,22 +437,35 @@ def replan(
 ) -> tuple[Plan, list[DeviceDecision]]:
     """Plan the next round of a predictor-driven run from its measurements so far.
 
+    The seconds model (:mod:`~controlplane.planning.seconds`) is fitted on every measured
+    assignment of ``history`` with ``ctx.seconds``'s default as its prior, and the throughput
+    predictors are corrected on the ``mps`` configurations (module docstring); the strategy then
+    plans with both (and so never below a baseline's predicted plan:
+    :func:`~controlplane.planning.planner.never_worse`).
+
     Args:
-        strategy: the run's strategy (a registered one with ``needs_predictor``).
+        strategy: the run's strategy (a registered one with ``needs_predictor``; its
+            ``clock`` says how a device's configurations are judged).
         spec: the experiment as the planner sees it.
-        ctx: the run's planner context (uncorrected predictors).
+        ctx: the run's planner context (uncorrected predictors; seconds models as priors).
         history: every measured configuration of the run's earlier rounds (devices whose
-            whole round succeeded).
+            whole round succeeded), and of the experiment's finished baseline runs on the same
+            devices and tasks (``strategy`` set): a device whose last plan measured slower than
+            the best configuration measured on it goes back to that one.
         heldout_rmsle: ``device_id → held-out RMSLE`` of the device's predictor.
 
     Returns:
         The plan (each device either on the new plan or on its best measured configuration,
-        with corrected predicted throughputs) and one decision per planned device.
+        predicted from its measurements) and one decision per planned device.
 
     Raises:
         PlanningError: the strategy cannot plan (as :func:`~controlplane.planning.strategies.make_plan`).
     """
-    corrected_ctx, corrected = corrected_context(spec, ctx, history, heldout_rmsle)
+    clock = get_strategy(strategy).clock
+    seconds = fit_device_seconds(_history_seconds(spec, history), prior=ctx.seconds.default)
+    corrected_ctx, corrected = corrected_context(
+        spec, replace(ctx, seconds=seconds), [h for h in history if h.partitioning == "mps"], heldout_rmsle
+    )
     candidate = make_plan(strategy, spec, planner=corrected_ctx)
     epochs = spec.local_epochs
     chosen: dict[int, tuple[PlannedAssignment, ...]] = {}
@@ -399,65 +476,92 @@ def replan(
     history_of: dict[int, list[MeasuredConfiguration]] = {}
     for h in history:
         history_of.setdefault(h.device_id, []).append(h)
+    fair = clock == "throughput" and ctx.objective == "fair"
+    objective = ctx.objective if clock == "throughput" else "round_time"
     for device_id in spec.device_ids:
         new = candidate.on_device(device_id)
         if not new:
             continue
-        predictor = corrected.get(device_id)
         task_ids = tuple(a.task_id for a in new)
         measured = [h for h in history_of.get(device_id, ()) if h.task_ids == task_ids]
-        if predictor is None or predictor.correction is None or not measured:
+        if not measured:
             chosen[device_id] = new
             decisions[device_id] = DeviceDecision(device_id, "new", "nothing measured on this device yet: new plan")
             continue
-        archs = predictor.correction.architectures
+        base = ctx.devices[device_id].predictor
+        predictor = corrected.get(device_id)
+        archs = [ctx.architectures[t] for t in task_ids]
         samples = np.array([a.samples for a in new], dtype=float)
+        configurations: dict[ConfigurationKey, _Measured] = {}
+        for h in measured:
+            configurations.setdefault(_key(h), _Measured(_key(h), [])).rounds.append(h)
+        model = seconds.of(device_id)
+        for m in configurations.values():
+            batch = np.array(m.key[1], dtype=float)
+            alone = _alone(base, archs, batch) if fair else None
+            # Seconds not recorded: the seconds model's, from the measured throughput.
+            times = m.seconds if m.seconds is not None else model.seconds(batch, samples, m.throughput, epochs)
+            m.value = _value(clock, ctx.objective, times, m.throughput, alone)
+        best = max(configurations.values(), key=lambda m: m.value)
+        own = [h for h in measured if h.strategy is None]
+        last = configurations[_key(max(own, key=lambda h: h.round_index))] if own else None
+        new_key = _plan_key(candidate, new)
         b_new = np.array([[a.batch_size for a in new]], dtype=float)
         r_new = np.array([[a.active_thread_percentage for a in new]], dtype=float)
-        enc_new = _encode(predictor, archs, b_new, r_new)
-        k = len(archs)
-        P_new = predictor.predict_arrays(enc_new)[0, :k]
-        s_new = predictor.uncertainty_arrays(enc_new)[0, :k]
-        alone_new = alone_best = None
-        if strategy == "vres_greedy" and ctx.objective == "fair":
-            alone_new = _alone(predictor, archs, b_new[0])
-        scored_new = _score(strategy, ctx.objective, epochs, samples, P_new, s_new, alone_new)
-        best_h: MeasuredConfiguration | None = None
-        best_value = -math.inf
-        for h in measured:
-            P_h = np.array(h.throughput_sps, dtype=float)
-            if strategy == "vres_greedy" and ctx.objective == "fair":
-                alone_best = _alone(predictor, archs, np.array(h.batch_size, dtype=float))
-            value = _score(strategy, ctx.objective, epochs, samples, P_h, np.zeros(k), alone_best).log_value
-            if value > best_value:
-                best_value, best_h = value, h
-        assert best_h is not None
-        gain = scored_new.log_value - best_value
-        same = best_h.batch_size == tuple(int(x) for x in b_new[0]) and best_h.active_thread_percentage == tuple(
-            int(x) for x in r_new[0]
-        )
-        objective = ctx.objective if strategy == "vres_greedy" else "round_time"
-        info: dict[str, Any] = dict(
-            predicted_gain=gain,
-            objective=objective,
-            uncertainty=scored_new.std,
-            offset_scale=predictor.correction.offset_scale,
-            shape_scale=predictor.correction.shape_scale,
-            residual_rms=float(np.sqrt(np.mean(predictor.correction.residual**2))),
-        )
-        fallback = _measured_plan(best_h, new, predictor, archs)
-        if same:
+        scorer = predictor or base
+        if predictor is not None and predictor.correction is not None:
+            s_new = predictor.uncertainty_arrays(_encode(predictor, archs, b_new, r_new))[0, : len(archs)]
+            info_scales: dict[str, Any] = dict(
+                offset_scale=predictor.correction.offset_scale,
+                shape_scale=predictor.correction.shape_scale,
+                residual_rms=float(np.sqrt(np.mean(predictor.correction.residual**2))),
+            )
+        else:
+            # Nothing measured under shares: the prior's sqrt(σ_off² + σ_loc²), both at the held-out error.
+            s_new = np.full(len(archs), math.sqrt(2.0) * max(heldout_rmsle.get(device_id) or 0.0, MIN_SHAPE_ERROR))
+            info_scales = {}
+        P_new = np.array([a.predicted_throughput_sps or 0.0 for a in new])
+        t_new = np.array([a.predicted_seconds or 0.0 for a in new])
+        if not all(a.predicted_seconds for a in new):
+            t_new = model.seconds(b_new[0], samples, P_new, epochs)
+        alone_new = _alone(scorer, archs, b_new[0]) if fair else None
+        value_new = _value(clock, ctx.objective, t_new, P_new, alone_new)
+        std_new = _uncertainty(clock, new, s_new, ctx.objective)
+        gain = value_new - best.value
+        info: dict[str, Any] = dict(predicted_gain=gain, objective=objective, uncertainty=std_new, **info_scales)
+        fallback = _measured_plan(best, new, candidate, model, epochs)
+        what = "s" if clock == "round_time" else objective
+        if last is not None and last.key != best.key and last.value < best.value:
+            chosen[device_id] = fallback
+            decisions[device_id] = DeviceDecision(
+                device_id,
+                "kept",
+                f"its plan of {last.label} measured {_figure(clock, last.value)} {what} against "
+                f"{_figure(clock, best.value)} {what} for {best.label}, the best measured on it: back to that plan",
+                **info,
+            )
+        elif new_key == best.key:
             chosen[device_id] = fallback
             decisions[device_id] = DeviceDecision(
                 device_id, "kept", "the new plan is the best configuration measured so far", **info
             )
-        elif gain > Z * scored_new.std:
+        elif new_key in configurations:
+            again = configurations[new_key]
+            chosen[device_id] = fallback
+            decisions[device_id] = DeviceDecision(
+                device_id,
+                "kept",
+                f"the new plan measured {_figure(clock, again.value)} {what} in {again.label}, against "
+                f"{_figure(clock, best.value)} {what} for {best.label}: kept the best measured configuration",
+                **info,
+            )
+        elif gain > Z * std_new:
             chosen[device_id] = new
             decisions[device_id] = DeviceDecision(
                 device_id,
                 "moved",
-                f"predicted {_percent(gain)} better than the best measured configuration (round "
-                f"{best_h.round_index}), beyond the prediction's uncertainty ±{_percent(scored_new.std)}",
+                f"predicted {_percent(gain)} better than the best measured configuration ({best.label}), "
+                f"beyond the prediction's uncertainty ±{_percent(std_new)}",
                 **info,
             )
         else:
@@ -465,16 +569,13 @@ def replan(
             decisions[device_id] = DeviceDecision(
                 device_id,
                 "kept",
-                f"kept the best measured configuration (round {best_h.round_index}): the new plan's predicted "
-                f"gain {_percent(gain)} does not exceed its uncertainty ±{_percent(scored_new.std)}",
+                f"kept the best measured configuration ({best.label}): the new plan's predicted "
+                f"gain {_percent(gain)} does not exceed its uncertainty ±{_percent(std_new)}",
                 **info,
             )
-            if strategy == "vres_sync" and ctx.slack == "smaller_batches":
-                slack_candidates[device_id] = (
-                    float(_device_time(epochs, samples, P_new)) * math.exp(Z * scored_new.std),
-                    new,
-                )
-        pessimistic_time[device_id] = _pessimistic_time(chosen[device_id], decisions[device_id], epochs)
+            if clock == "round_time" and ctx.slack == "smaller_batches":
+                slack_candidates[device_id] = (float(np.max(t_new)) * math.exp(Z * std_new), new)
+        pessimistic_time[device_id] = _pessimistic_time(chosen[device_id], decisions[device_id])
     # vres_sync's slack: a device whose new (slower, more steps) plan still ends well within the
     # round the chosen configurations set takes it.
     if slack_candidates and pessimistic_time:
@@ -491,18 +592,20 @@ def replan(
                     f"predicted to end within {SLACK_MARGIN:.0%} of the round even {Z:g} standard deviation(s) slower",
                 )
     assignments = tuple(a for d in spec.device_ids for a in chosen.get(d, ()))
-    predicted = [
-        float(_device_time(epochs, np.array([a.samples for a in v]), np.array([a.predicted_throughput_sps for a in v])))
-        for v in chosen.values()
-        if v and all(a.predicted_throughput_sps for a in v)
-    ]
+    predicted = [a.predicted_seconds for a in assignments if a.predicted_seconds is not None]
     plan = Plan(
         strategy=candidate.strategy,
         partitioning=candidate.partitioning,
         assignments=assignments,
         predicted_round_time_s=max(predicted) if predicted else candidate.predicted_round_time_s,
+        notes=candidate.notes,
     )
     return plan, [decisions[d] for d in spec.device_ids if d in decisions]
+
+
+def _figure(clock: Clock, log_value: float) -> str:
+    """A log figure of :func:`_value` back in its units (seconds for the round-time clock)."""
+    return f"{math.exp(-log_value):.2f}" if clock == "round_time" else f"{math.exp(log_value):.4g}"
 
 
 def _percent(log_ratio: float) -> str:
@@ -522,26 +625,32 @@ def _alone(predictor: ThroughputPredictor, archs: Sequence[str], batch: FloatArr
 
 
 def _measured_plan(
-    h: MeasuredConfiguration,
+    best: _Measured,
     new: tuple[PlannedAssignment, ...],
-    predictor: CorrectedPredictor,
-    archs: Sequence[str],
+    candidate: Plan,
+    seconds: SecondsModel,
+    epochs: int,
 ) -> tuple[PlannedAssignment, ...]:
-    """The fallback configuration as assignments, with the corrected predictions for it."""
-    batch = np.array([h.batch_size], dtype=float)
-    share = np.array([h.active_thread_percentage], dtype=float)
-    P = predictor.predict_arrays(_encode(predictor, archs, batch, share))[0, : len(archs)]
+    """The best measured configuration as assignments, predicted from its measurements: each
+    task's mean measured throughput and seconds (the seconds model's where none were recorded)."""
+    part, batch, share = best.key
+    P = best.throughput
+    t = best.seconds
+    if t is None:
+        t = seconds.seconds(np.array(batch, dtype=float), np.array([a.samples for a in new], dtype=float), P, epochs)
     return tuple(
         replace(
             a,
-            batch_size=h.batch_size[i],
-            active_thread_percentage=h.active_thread_percentage[i],
+            batch_size=batch[i],
+            active_thread_percentage=share[i],
+            partitioning=None if part == candidate.partitioning else part,  # type: ignore[arg-type]
             predicted_throughput_sps=float(P[i]),
+            predicted_seconds=float(t[i]),
         )
         for i, a in enumerate(new)
     )
 
 
-def _pessimistic_time(chosen: tuple[PlannedAssignment, ...], decision: DeviceDecision, epochs: int) -> float:
-    times = [epochs * a.samples / a.predicted_throughput_sps for a in chosen if a.predicted_throughput_sps]
+def _pessimistic_time(chosen: tuple[PlannedAssignment, ...], decision: DeviceDecision) -> float:
+    times = [a.predicted_seconds for a in chosen if a.predicted_seconds is not None]
     return max(times, default=0.0) * math.exp(Z * (decision.uncertainty or 0.0))

@@ -120,8 +120,9 @@ def draw_participants(
 
 def plan_of_devices(plan: Plan, device_ids: Collection[int], *, local_epochs: int) -> Plan:
     """The part of ``plan`` a round's participants train: their assignments only, with the
-    predicted round time recomputed over them, ``max_j max_i E·|D_ij| / P_ij`` (docs/DESIGN.md §1;
-    ``None`` when an assignment has no prediction, as for the baselines).
+    predicted round time recomputed over them, ``max_j max_i t_ij`` (each assignment's predicted
+    seconds; ``E·|D_ij| / P_ij`` where a stored plan has none, docs/DESIGN.md §1; ``None`` when
+    an assignment has no prediction, as for the baselines).
 
     Args:
         plan: a plan of (at least) every participant, e.g. the one a ``vres_*`` run stored at
@@ -133,7 +134,16 @@ def plan_of_devices(plan: Plan, device_ids: Collection[int], *, local_epochs: in
     kept = tuple(a for a in plan.assignments if a.device_id in wanted)
     predicted = None
     if plan.predicted_round_time_s is not None and kept and all(a.predicted_throughput_sps for a in kept):
-        predicted = max(local_epochs * a.samples / float(a.predicted_throughput_sps or 1.0) for a in kept)
+        predicted = max(
+            a.predicted_seconds
+            if a.predicted_seconds is not None
+            else local_epochs * a.samples / float(a.predicted_throughput_sps or 1.0)
+            for a in kept
+        )
     return Plan(
-        strategy=plan.strategy, partitioning=plan.partitioning, assignments=kept, predicted_round_time_s=predicted
+        strategy=plan.strategy,
+        partitioning=plan.partitioning,
+        assignments=kept,
+        predicted_round_time_s=predicted,
+        notes=plan.notes,
     )

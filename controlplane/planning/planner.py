@@ -23,8 +23,12 @@ extrapolations) nor the shard.
    ``Σ_i P_ij / P_ij^alone``), until none does. Shares may add up to more than 100 %.
 
 ``vres_sync`` (beyond the paper): FL waits for the slowest task on the slowest device, so it
-minimises the predicted round time ``T = max_j T_j``, ``T_j = max_i E·|D_ij| / P_ij``, jointly
-over batch sizes and shares, under each device's memory. Devices are independent given their
+minimises the predicted round time ``T = max_j T_j``, ``T_j = max_i t_ij``, jointly over batch
+sizes and shares, under each device's memory. An assignment's seconds are a fixed part and a
+per-sample part, ``t_ij = a_ij + E·|D_ij| / P_ij`` (warm-up iterations at the batch's step time,
+BatchNorm's pass over the shard, a per-device constant: :mod:`controlplane.planning.seconds`,
+fitted on measured seconds), so a few large batches on a small shard are charged their warm-up
+steps; ``vres_greedy``'s predicted round time is taken the same way. Devices are independent given their
 plans, so minimising each ``T_j`` minimises ``T``. Per device class and model mix, one seeded
 pool of candidate configurations is predicted once and scored against every device's data
 (vectorised), the device-specific data-matched and baseline plans are added, then every device
@@ -36,17 +40,27 @@ among the candidates it scored, the plan with the most optimizer steps (smaller 
 SGD updates for the same epochs) whose predicted time stays within ``0.9·T``; the 10 % margin
 keeps a prediction error from making it the new straggler. ``slack="none"`` keeps the fastest
 plan. Both planners are deterministic for a given seed.
+
+**Never worse than a baseline** (:func:`never_worse`, applied by
+:mod:`controlplane.planning.strategies` to every predictor-driven strategy): the baselines'
+plans are predicted with the same predictor and seconds model (:func:`predict_plan`; a
+``timeslice`` plan from each task alone and the round-robin law of
+:func:`~controlplane.planning.seconds.timeslice_throughput`), and a device whose planned
+configuration is predicted worse on the planner's clock than the best baseline's trains that
+baseline's configuration instead, with a note saying so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 
 from controlplane.planning.predictor import EncodedMixes, PredictorError, ThroughputPredictor
+from controlplane.planning.seconds import SecondsModels, fixed_seconds, timeslice_throughput
 from controlplane.planning.types import Plan, PlannedAssignment, PlanningError, PlanningInput
 
 BATCH_STEP = 8
@@ -83,10 +97,14 @@ class DeviceCapacity:
     Attributes:
         predictor: the throughput (and memory) predictor fitted for the device's backend.
         memory_bytes: memory the device's tasks may use together; ``None`` for no limit.
+        partitionings: how the device's backend can share it among tasks
+            (:data:`~controlplane.planning.types.Partitioning`); a baseline plan the backend
+            cannot realise is never chosen for the device (:func:`never_worse`).
     """
 
     predictor: ThroughputPredictor
     memory_bytes: float | None = None
+    partitionings: tuple[str, ...] = ("timeslice", "mps")
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,9 @@ class PlannerContext:
         slack: how ``vres_sync`` uses an early device's slack (see the module docstring).
         seed: seeds ``vres_sync``'s candidate pool.
         max_iterations: bound on greedy and refinement passes.
+        seconds: each device's seconds model (:mod:`controlplane.planning.seconds`): an
+            assignment's time is its fixed part plus ``E·|D_ij| / P_ij``; the prior when
+            nothing was measured.
     """
 
     architectures: Mapping[int, str]
@@ -108,6 +129,7 @@ class PlannerContext:
     slack: Slack = "smaller_batches"
     seed: int = 0
     max_iterations: int = 50
+    seconds: SecondsModels = field(default_factory=SecondsModels)
 
 
 def batch_options(shard: int) -> np.ndarray:
@@ -143,9 +165,13 @@ class _Group:
     task_ids: list[tuple[int, ...]] = field(default_factory=list)
     samples: list[list[int]] = field(default_factory=list)
     memory: list[float] = field(default_factory=list)
+    seconds_models: list[tuple[float, float, float, int]] = field(default_factory=list)
 
     def finish(self) -> None:
         self.D = np.array(self.samples, dtype=float)  # (n, I)
+        # Each device's seconds model (w, β, c, K) as (n, 1) columns beside (n, I) configurations.
+        params = np.array(self.seconds_models, dtype=float).reshape(-1, 4)
+        self.w, self.beta, self.c, self.K = (params[:, q : q + 1] for q in range(4))
         self.lo = _smallest_option(self.D.astype(int))
         # Plans stay where the predictor has data: no batch above the largest one profiled for
         # the model (rounded down to the batch step), since past it predictions extrapolate.
@@ -160,6 +186,24 @@ class _Group:
     @property
     def size(self) -> int:
         return len(self.archs)
+
+    def seconds(self, rows: np.ndarray, batch: np.ndarray, P: np.ndarray, epochs: int) -> np.ndarray:
+        """``t_ij = a_ij + E·|D_ij| / P_ij`` (seconds, :mod:`~controlplane.planning.seconds`),
+        ``(m, I)``, of configurations ``(m, I)`` (batches ``batch``, throughputs ``P``) on the
+        group's devices ``rows`` ``(m,)``."""
+        D = self.D[rows]
+        fixed = fixed_seconds(
+            batch,
+            D,
+            P,
+            epochs,
+            warmup_weight=self.w[rows],
+            bn_weight=self.beta[rows],
+            constant_s=self.c[rows],
+            warmup_iterations=self.K[rows],
+        )
+        out: np.ndarray = fixed + epochs * D / P
+        return out
 
     def predict(self, batch: np.ndarray, share: np.ndarray) -> np.ndarray:
         """Throughput ``(m, I)`` of configurations given as ``(m, I)`` batches and shares.
@@ -236,6 +280,8 @@ def _groups(spec: PlanningInput, ctx: PlannerContext) -> list[_Group]:
         group.task_ids.append(tasks)
         group.samples.append([spec.samples_of(device_id, t) for t in tasks])
         group.memory.append(np.inf if capacity.memory_bytes is None else float(capacity.memory_bytes))
+        model = ctx.seconds.of(device_id)
+        group.seconds_models.append((model.warmup_weight, model.bn_weight, model.constant_s, model.warmup_iterations))
     out = list(groups.values())
     for g in out:
         g.finish()
@@ -252,9 +298,9 @@ def _groups(spec: PlanningInput, ctx: PlannerContext) -> list[_Group]:
     return out
 
 
-def _round_time(g: _Group, P: np.ndarray, epochs: int) -> np.ndarray:
-    """``T_j = max_i E·|D_ij| / P_ij`` (seconds) per device of the group."""
-    T: np.ndarray = np.max(epochs * g.D / P, axis=1)
+def _round_time(g: _Group, batch: np.ndarray, P: np.ndarray, epochs: int) -> np.ndarray:
+    """``T_j = max_i t_ij`` (seconds) per device of the group, ``t_ij`` its seconds model's."""
+    T: np.ndarray = np.max(g.seconds(np.arange(len(g.device_ids)), batch, P, epochs), axis=1)
     return T
 
 
@@ -331,7 +377,10 @@ def _greedy_shares(g: _Group, batch: np.ndarray, objective: Objective, max_itera
     return share
 
 
-def _assignments(g: _Group, batch: np.ndarray, share: np.ndarray, P: np.ndarray) -> list[PlannedAssignment]:
+def _assignments(
+    g: _Group, batch: np.ndarray, share: np.ndarray, P: np.ndarray, epochs: int
+) -> list[PlannedAssignment]:
+    t = g.seconds(np.arange(len(g.device_ids)), batch, P, epochs)
     out = []
     for d, device_id in enumerate(g.device_ids):
         for i, task_id in enumerate(g.task_ids[d]):
@@ -343,6 +392,7 @@ def _assignments(g: _Group, batch: np.ndarray, share: np.ndarray, P: np.ndarray)
                     active_thread_percentage=int(share[d, i]),
                     samples=int(g.D[d, i]),
                     predicted_throughput_sps=float(P[d, i]),
+                    predicted_seconds=float(t[d, i]),
                 )
             )
     return out
@@ -382,8 +432,8 @@ def plan_vres_greedy(spec: PlanningInput, ctx: PlannerContext) -> Plan:
             best_p = np.where(better[:, None], P, best_p)
             best = np.maximum(best, score)
         assert best_b is not None and best_r is not None and best_p is not None  # SCALE_BATCHES is not empty
-        assignments += _assignments(g, best_b, best_r, best_p)
-        round_time = max(round_time, float(_round_time(g, best_p, spec.local_epochs).max()))
+        assignments += _assignments(g, best_b, best_r, best_p, spec.local_epochs)
+        round_time = max(round_time, float(_round_time(g, best_b, best_p, spec.local_epochs).max()))
     return Plan(
         strategy="vres_greedy",
         partitioning="mps",
@@ -426,8 +476,19 @@ def _pool_round_times(
     T = np.where(mem_total[None, :] <= g.mem_cap[rows][:, None], 0.0, np.inf)
     for i in range(g.size):
         fits = (batch[None, :, i] <= g.hi[rows, i][:, None]) & (batch[None, :, i] >= g.lo[rows, i][:, None])
-        t = (epochs * g.D[rows, i])[:, None] / P[None, :, i]
-        T = np.maximum(T, np.where(fits, t, np.inf))
+        D = g.D[rows, i][:, None]
+        p = P[None, :, i]
+        fixed = fixed_seconds(
+            batch[None, :, i],
+            D,
+            p,
+            epochs,
+            warmup_weight=g.w[rows],
+            bn_weight=g.beta[rows],
+            constant_s=g.c[rows],
+            warmup_iterations=g.K[rows],
+        )
+        T = np.maximum(T, np.where(fits, fixed + epochs * D / p, np.inf))
     return T
 
 
@@ -468,7 +529,7 @@ def _sync_start(g: _Group, epochs: int, rng: np.random.Generator) -> _SyncState:
     P_all = g.predict(np.vstack([b for b, _ in starts]), np.vstack([r for _, r in starts]))
     for s, (b, r) in enumerate(starts):
         P = P_all[s * n : (s + 1) * n]
-        T = _round_time(g, P, epochs)
+        T = _round_time(g, b, P, epochs)
         better = T < best_t
         best_b[better], best_r[better], best_p[better], best_t[better] = b[better], r[better], P[better], T[better]
     return _SyncState(best_b, best_r, best_p, best_t, cand_b, cand_r, cand_p)
@@ -491,7 +552,7 @@ def _sync_refine(g: _Group, state: _SyncState, epochs: int, max_iterations: int,
             r[:, m, i] = np.clip(r[:, m, i] + dr, SHARE_STEP, 100)
         flat_b, flat_r = b.reshape(-1, k), r.reshape(-1, k)
         P = g.predict(flat_b, flat_r)
-        T = np.max(epochs * np.repeat(g.D[active], len(moves), axis=0) / P, axis=1)
+        T = np.max(g.seconds(np.repeat(active, len(moves)), flat_b, P, epochs), axis=1)
         fits = g.memory_of(flat_b).sum(axis=1) <= np.repeat(g.mem_cap[active], len(moves))
         T = np.where(fits, T, np.inf).reshape(len(active), len(moves))
         pick = np.argmin(T, axis=1)
@@ -514,7 +575,7 @@ def _sync_slack(g: _Group, state: _SyncState, epochs: int, round_time: float) ->
         b = np.vstack([state.cand_batch[d], state.batch[d][None, :]])
         r = np.vstack([state.cand_share[d], state.share[d][None, :]])
         P = np.vstack([state.cand_P[d], state.P[d][None, :]])
-        T = np.max(epochs * g.D[d][None, :] / P, axis=1)
+        T = np.max(g.seconds(np.full(len(b), d), b, P, epochs), axis=1)
         steps = np.sum(epochs * np.ceil(g.D[d][None, :] / b), axis=1)
         ok = T <= limit
         # Most steps first, then the faster plan; lexsort's last key is the primary one.
@@ -553,7 +614,7 @@ def plan_vres_sync(spec: PlanningInput, ctx: PlannerContext) -> Plan:
     for g, state in zip(groups, states, strict=True):
         if ctx.slack == "smaller_batches":
             _sync_slack(g, state, spec.local_epochs, round_time)
-        assignments += _assignments(g, state.batch, state.share, state.P)
+        assignments += _assignments(g, state.batch, state.share, state.P, spec.local_epochs)
     return Plan(
         strategy="vres_sync",
         partitioning="mps",
@@ -564,3 +625,154 @@ def plan_vres_sync(spec: PlanningInput, ctx: PlannerContext) -> Plan:
 
 PLANNERS = {"vres_greedy": plan_vres_greedy, "vres_sync": plan_vres_sync}
 """The predictor-driven strategies, by name."""
+
+
+# ------------------------------------------------------------------ never worse than a baseline
+
+Clock = Literal["round_time", "throughput"]
+"""What a planner optimises, and so how its plan is judged against a baseline's on a device:
+``round_time`` (``T_j = max_i t_ij``, lower is better; ``vres_sync``) or ``throughput`` (the
+context's objective, raw ``Σ_i P_ij`` or fair ``Σ_i P_ij / P_ij^alone``, higher is better;
+``vres_greedy``)."""
+CLOCKS: tuple[str, ...] = ("round_time", "throughput")
+
+
+def predict_plan(plan: Plan, spec: PlanningInput, ctx: PlannerContext) -> Plan:
+    """``plan`` with every assignment's predicted throughput and seconds, from the predictors and
+    seconds models the planners use: a device shared by ``mps`` from its predictor at the
+    planned shares; a ``timeslice`` device from each task alone on the whole device and the
+    round-robin law of :func:`~controlplane.planning.seconds.timeslice_throughput`.
+    ``predicted_round_time_s`` becomes ``max_j max_i t_ij``.
+
+    Args:
+        plan: a plan of every device–task pair with data (a baseline's, or a planner's).
+
+    Raises:
+        PlanningError: as :func:`_groups`; a device–task pair with data missing from the plan
+            (``field="plan"``).
+    """
+    by_key = {(a.device_id, a.task_id): a for a in plan.assignments}
+    epochs = spec.local_epochs
+    out: list[PlannedAssignment] = []
+    for g in _groups(spec, ctx):
+        try:
+            rows = [[by_key[(d, t)] for t in g.task_ids[r]] for r, d in enumerate(g.device_ids)]
+        except KeyError as exc:
+            raise PlanningError(f"the plan has no assignment for device and task {exc.args[0]}", field="plan") from None
+        batch = np.array([[a.batch_size for a in row] for row in rows], dtype=int)
+        share = np.array([[a.active_thread_percentage for a in row] for row in rows], dtype=int)
+        sliced = np.array([plan.partitioning_of(d) == "timeslice" for d in g.device_ids])
+        P = np.ones(batch.shape)
+        if (~sliced).any():
+            P[~sliced] = g.predict(batch[~sliced], share[~sliced])
+        if sliced.any():
+            P[sliced] = timeslice_throughput(batch[sliced], g.D[sliced], g.alone(batch[sliced]), epochs)
+        t = g.seconds(np.arange(len(g.device_ids)), batch, P, epochs)
+        for r, row in enumerate(rows):
+            out += [
+                replace(a, predicted_throughput_sps=float(P[r, i]), predicted_seconds=float(t[r, i]))
+                for i, a in enumerate(row)
+            ]
+    ordered = _ordered(spec, out)
+    times = [a.predicted_seconds for a in ordered if a.predicted_seconds is not None]
+    return replace(plan, assignments=ordered, predicted_round_time_s=max(times, default=0.0))
+
+
+def _device_values(plan: Plan, spec: PlanningInput, ctx: PlannerContext, clock: Clock) -> dict[int, float]:
+    """Each device's predicted figure of ``plan`` (already predicted) on ``clock``."""
+    values: dict[int, float] = {}
+    per_device: dict[int, list[PlannedAssignment]] = {}
+    for a in plan.assignments:
+        per_device.setdefault(a.device_id, []).append(a)
+    for d, items in per_device.items():
+        if clock == "round_time":
+            values[d] = max(float(a.predicted_seconds or math.inf) for a in items)
+        elif ctx.objective == "fair":
+            predictor = ctx.devices[d].predictor
+            archs = [ctx.architectures[a.task_id] for a in items]
+            alone = alone_throughput(predictor, archs, [a.batch_size for a in items])
+            values[d] = float(sum((a.predicted_throughput_sps or 0.0) / p for a, p in zip(items, alone, strict=True)))
+        else:
+            values[d] = float(sum(a.predicted_throughput_sps or 0.0 for a in items))
+    return values
+
+
+def alone_throughput(predictor: ThroughputPredictor, archs: Sequence[str], batch: Sequence[int]) -> np.ndarray:
+    """``P_alone`` ``(I,)``: each task alone on the whole device (share 100) at its batch size."""
+    k = len(archs)
+    arch = np.array([[predictor.space.architectures.index(a)] for a in archs], dtype=np.int64)
+    enc = EncodedMixes(
+        predictor.space.architectures, arch, np.array(batch, dtype=float).reshape(k, 1), np.full((k, 1), 100.0)
+    )
+    out: np.ndarray = predictor.predict_arrays(enc)[:, 0]
+    return out
+
+
+def never_worse(
+    plan: Plan, baselines: Sequence[Plan], spec: PlanningInput, ctx: PlannerContext, *, clock: Clock
+) -> Plan:
+    """``plan`` with every device whose planned configuration is predicted worse than the best
+    baseline's on that device given that baseline's configuration instead (issue 31: a planner
+    never chooses a plan predicted slower than a baseline's).
+
+    Every plan is predicted alike (:func:`predict_plan`: the same predictor and seconds model),
+    and a baseline is considered on a device only where its backend can realise its
+    partitioning (:attr:`DeviceCapacity.partitionings`). On ``clock="round_time"`` a device
+    keeps its plan when its ``T_j`` is no larger than the best baseline's, or, with
+    ``vres_sync``'s slack policy (``ctx.slack == "smaller_batches"``), when it ends within
+    :data:`SLACK_MARGIN` of the round time ``max_j min(T_j, T_j^baseline)`` the devices set: a
+    device off the critical path may train a slower plan with more optimizer steps. On
+    ``clock="throughput"`` it keeps its plan when its objective is no smaller.
+
+    Args:
+        plan: the planner's plan.
+        baselines: the baselines' plans of the same experiment.
+        clock: what the planner optimises (:data:`Clock`).
+
+    Returns:
+        The plan, with the baselines' assignments (``partitioning`` set where theirs differs
+        from the plan's) on the devices where one is predicted better, a line of ``notes`` for
+        each such device, and ``predicted_round_time_s`` over the result.
+
+    Raises:
+        PlanningError: as :func:`predict_plan`; an unknown clock (``field="strategy"``).
+    """
+    if clock not in CLOCKS:
+        raise PlanningError(f"clock {clock!r} is unknown; allowed: {', '.join(CLOCKS)}", field="strategy")
+    if not baselines:
+        return plan
+    lower = clock == "round_time"
+    mine = predict_plan(plan, spec, ctx)
+    own = _device_values(mine, spec, ctx, clock)
+    best: dict[int, tuple[float, Plan]] = {}
+    for base in baselines:
+        predicted = predict_plan(base, spec, ctx)
+        for d, value in _device_values(predicted, spec, ctx, clock).items():
+            if base.partitioning_of(d) not in ctx.devices[d].partitionings:
+                continue
+            if d not in best or (value < best[d][0] if lower else value > best[d][0]):
+                best[d] = (value, predicted)
+    eps = 1e-9
+    if lower:
+        round_time = max((min(v, best[d][0]) if d in best else v for d, v in own.items()), default=0.0)
+        slack = SLACK_MARGIN * round_time if ctx.slack == "smaller_batches" else -math.inf
+        worse = {d for d, v in own.items() if d in best and v > best[d][0] * (1 + eps) and v > slack}
+    else:
+        worse = {d for d, v in own.items() if d in best and v < best[d][0] * (1 - eps)}
+    if not worse:
+        return mine
+    chosen = [a for a in mine.assignments if a.device_id not in worse]
+    notes = list(plan.notes)
+    unit = "s" if lower else ("fair throughput" if ctx.objective == "fair" else "samples/s")
+    for d in sorted(worse, key=spec.device_ids.index):
+        value, base = best[d]
+        part = base.partitioning_of(d)
+        chosen += [replace(a, partitioning=None if part == plan.partitioning else part) for a in base.on_device(d)]
+        notes.append(
+            f"device {d}: {base.strategy}'s plan is predicted {value:.3g} {unit} against {plan.strategy}'s "
+            f"{own[d]:.3g} {unit}: {base.strategy}'s plan is kept there"
+        )
+    times = [a.predicted_seconds for a in chosen if a.predicted_seconds is not None]
+    return replace(
+        mine, assignments=_ordered(spec, chosen), predicted_round_time_s=max(times, default=0.0), notes=tuple(notes)
+    )

@@ -8,7 +8,11 @@ The baselines are the paper's (Yu et al. 2022, §5; docs/DESIGN.md §1), all wit
 * ``sharing``   — each task gets 100 % (MPS's default): they compete for the whole device.
 
 ``manual`` takes a researcher's own batch sizes and shares and checks them; ``vres_greedy`` and
-``vres_sync`` are the predictor-driven planners of :mod:`controlplane.planning.planner`.
+``vres_sync`` are the predictor-driven planners of :mod:`controlplane.planning.planner`. A
+predictor-driven strategy's plan is never predicted worse than a baseline's on its own clock:
+every registered baseline (a strategy that needs no predictor and takes no plan) is planned and
+predicted alike, and a device where one is predicted better trains that baseline's plan
+(:func:`~controlplane.planning.planner.never_worse`).
 
 Batch sizes are clipped to the shard: a task with 40 samples on a device trains with batch 40,
 never with an empty or padded batch. Tasks with no samples on a device are not planned there,
@@ -20,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from controlplane.planning.planner import PLANNERS, PlannerContext
+from controlplane.planning.planner import PLANNERS, Clock, PlannerContext, never_worse
 from controlplane.planning.types import (
     Partitioning,
     Plan,
@@ -177,6 +181,9 @@ class Strategy:
         baseline: the reference that speedups are taken against (exactly one strategy).
         compared: run by a comparison (``run_compare``), in registration order.
         takes_plan: the plan comes from the request (``manual``) rather than being computed.
+        clock: for ``needs_predictor``, what the planner optimises and its plans are judged by
+            (:data:`~controlplane.planning.planner.Clock`): ``round_time`` (``vres_sync``) or
+            ``throughput`` (the planner context's objective; ``vres_greedy``).
     """
 
     name: str
@@ -187,17 +194,31 @@ class Strategy:
     baseline: bool = False
     compared: bool = True
     takes_plan: bool = False
+    clock: Clock = "round_time"
 
 
 STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy", "mtfl.strategies", Strategy)
 """Every strategy a run may use; plug-ins register in the ``mtfl.strategies`` entry-point group."""
 
 
-def _planned(name: str) -> PlanFunction:
+def baseline_plans(spec: PlanningInput) -> list[Plan]:
+    """The plans of every registered strategy that needs no predictor and takes no plan (the
+    paper's baselines among the built-ins), each with its record's name and partitioning."""
+    plans = []
+    for record in STRATEGY_REGISTRY:
+        if record.needs_predictor or record.takes_plan:
+            continue
+        made = record.plan(spec, StrategyContext())
+        plans.append(replace(made, strategy=record.name, partitioning=record.partitioning))
+    return plans
+
+
+def _planned(name: str, clock: Clock) -> PlanFunction:
     def plan(spec: PlanningInput, ctx: StrategyContext) -> Plan:
         if ctx.planner is None:
             raise PlanningError(f"strategy {name!r} needs a fitted throughput predictor", field="strategy")
-        return PLANNERS[name](spec, ctx.planner)
+        made = PLANNERS[name](spec, ctx.planner)
+        return never_worse(made, baseline_plans(spec), spec, ctx.planner, clock=clock)
 
     return plan
 
@@ -222,14 +243,15 @@ for _strategy in (
         "vres_greedy",
         "vres_greedy — the paper's planner (needs a predictor)",
         "mps",
-        _planned("vres_greedy"),
+        _planned("vres_greedy", "throughput"),
         needs_predictor=True,
+        clock="throughput",
     ),
     Strategy(
         "vres_sync",
         "vres_sync — plans the round time (needs a predictor)",
         "mps",
-        _planned("vres_sync"),
+        _planned("vres_sync", "round_time"),
         needs_predictor=True,
     ),
     Strategy("manual", "manual — your own batch sizes and shares", "mps", _manual, compared=False, takes_plan=True),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 Partitioning = Literal["timeslice", "mps"]
@@ -37,7 +38,13 @@ class PlanningInput:
 @dataclass(frozen=True)
 class PlannedAssignment:
     """One task on one device for one round: its batch size ``B_ij`` and share ``R_ij`` (%),
-    and, for predictor-driven plans, the predicted throughput ``P_ij`` (samples/s)."""
+    and, for predictor-driven plans, the predicted throughput ``P_ij`` (samples/s) and seconds
+    ``t_ij`` (a fixed part plus ``E·|D_ij| / P_ij``, :mod:`controlplane.planning.seconds`).
+
+    ``partitioning`` overrides the plan's for this assignment's device (a ``vres_*`` plan that
+    kept a ``timeslice`` baseline's plan on one device, :func:`controlplane.planning.planner.
+    never_worse`); ``None``: the plan's. Every assignment of a device has the same one.
+    """
 
     device_id: int
     task_id: int
@@ -45,6 +52,8 @@ class PlannedAssignment:
     active_thread_percentage: int
     samples: int
     predicted_throughput_sps: float | None = None
+    predicted_seconds: float | None = None
+    partitioning: Partitioning | None = None
 
 
 @dataclass(frozen=True)
@@ -52,18 +61,31 @@ class Plan:
     """An allocation plan: every assignment of a round, and how the device is partitioned.
 
     ``partitioning`` is ``timeslice`` for ``temporal`` (no partitioning: the device is
-    time-sliced) and ``mps`` for every strategy that gives each task its share.
-    ``predicted_round_time_s`` is ``max_j max_i E·|D_ij| / P_ij`` for predictor-driven plans.
+    time-sliced) and ``mps`` for every strategy that gives each task its share; an assignment
+    may override it for its device (:meth:`partitioning_of`).
+    ``predicted_round_time_s`` is ``max_j max_i t_ij`` for predictor-driven plans, ``t_ij``
+    each assignment's predicted seconds. ``notes`` say why the plan differs from what its
+    planner chose (a device given a baseline's plan predicted faster), one line each.
     """
 
     strategy: str
     partitioning: Partitioning
     assignments: tuple[PlannedAssignment, ...] = field(default_factory=tuple)
     predicted_round_time_s: float | None = None
+    notes: tuple[str, ...] = ()
 
     def on_device(self, device_id: int) -> tuple[PlannedAssignment, ...]:
         """The assignments of one device, in task order."""
         return tuple(a for a in self.assignments if a.device_id == device_id)
+
+    def partitioning_of(self, device_id: int) -> Partitioning:
+        """How the device is shared: its assignments' override, else the plan's."""
+        return self._overrides.get(device_id, self.partitioning)
+
+    @cached_property
+    def _overrides(self) -> dict[int, Partitioning]:
+        # Read once per plan: a round of 1,000 devices asks for every device's.
+        return {a.device_id: a.partitioning for a in self.assignments if a.partitioning is not None}
 
 
 class PlanningError(ValueError):

@@ -21,9 +21,10 @@ from controlplane.planning.closed_loop import (
 from controlplane.planning.guard import PredictorFacts, predictor_warnings
 from controlplane.planning.planner import DeviceCapacity, PlannerContext
 from controlplane.planning.predictor import MixTask, fit_predictor
+from controlplane.planning.seconds import SecondsModel, SecondsModels, timeslice_throughput
 from controlplane.planning.strategies import make_plan
 from controlplane.planning.types import PlanningInput
-from tests.controlplane.contention_law import WORKLOADS, law, synthetic
+from tests.controlplane.contention_law import WORKLOADS, alone, law, synthetic
 
 ARCH = {1: "resnet18", 2: "mobilenet_v3_large", 3: "shufflenet_v2_x1_0"}
 SHARDS = {(10, 1): 2400, (10, 2): 300, (10, 3): 900, (11, 1): 200, (11, 2): 1800, (11, 3): 600}
@@ -39,16 +40,27 @@ def _spec() -> PlanningInput:
     return PlanningInput(device_ids=(10, 11), task_ids=(1, 2, 3), samples=SHARDS)
 
 
-def _ctx(predictor) -> PlannerContext:
-    return PlannerContext(architectures=ARCH, devices={d: DeviceCapacity(predictor) for d in (10, 11)})
+NO_FIXED_COSTS = SecondsModels(SecondsModel(warmup_weight=0.0, bn_weight=0.0, constant_s=0.0))
+"""The contention law has no fixed costs per assignment: its seconds are ``E·|D| / P``."""
+
+
+def _ctx(predictor, seconds: SecondsModels = NO_FIXED_COSTS) -> PlannerContext:
+    return PlannerContext(architectures=ARCH, devices={d: DeviceCapacity(predictor) for d in (10, 11)}, seconds=seconds)
 
 
 def _real(factor: dict[tuple[int, int], float]):
-    """A device that is the law times a per-task factor (what the predictor does not know)."""
+    """A device that is the law times a per-task factor (what the predictor does not know);
+    time-sliced (a ``timeslice`` baseline's plan kept on it), its tasks take turns at their
+    speed alone (:func:`~controlplane.planning.seconds.timeslice_throughput`)."""
 
-    def measure(device_id: int, assignments) -> list[float]:
+    def measure(device_id: int, assignments, partitioning: str = "mps") -> list[float]:
+        scale = np.array([factor.get((device_id, a.task_id), 1.0) for a in assignments])
+        if partitioning == "timeslice":
+            batch = np.array([[a.batch_size for a in assignments]], dtype=float)
+            solo = np.array([[alone(ARCH[a.task_id], a.batch_size) for a in assignments]]) * scale
+            return list(timeslice_throughput(batch, np.array([a.samples for a in assignments]), solo, 1)[0])
         mix = tuple(MixTask(ARCH[a.task_id], a.batch_size, a.active_thread_percentage) for a in assignments)
-        return [law(mix, j) * factor.get((device_id, a.task_id), 1.0) for j, a in enumerate(assignments)]
+        return [law(mix, j) * scale[j] for j in range(len(assignments))]
 
     return measure
 
@@ -57,6 +69,7 @@ def _measured(plan, measure, round_index: int) -> list[MeasuredConfiguration]:
     out = []
     for device_id in sorted({a.device_id for a in plan.assignments}):
         mine = plan.on_device(device_id)
+        part = plan.partitioning_of(device_id)
         out.append(
             MeasuredConfiguration(
                 device_id=device_id,
@@ -64,17 +77,20 @@ def _measured(plan, measure, round_index: int) -> list[MeasuredConfiguration]:
                 task_ids=tuple(a.task_id for a in mine),
                 batch_size=tuple(a.batch_size for a in mine),
                 active_thread_percentage=tuple(a.active_thread_percentage for a in mine),
-                throughput_sps=tuple(measure(device_id, mine)),
+                throughput_sps=tuple(measure(device_id, mine, part)),
+                partitioning=part,
             )
         )
     return out
 
 
 def _round_time(plan, measure) -> float:
-    return max(
-        max(a.samples / p for a, p in zip(plan.on_device(d), measure(d, plan.on_device(d)), strict=True))
-        for d in {a.device_id for a in plan.assignments}
-    )
+    times = []
+    for d in {a.device_id for a in plan.assignments}:
+        mine = plan.on_device(d)
+        speeds = measure(d, mine, plan.partitioning_of(d))
+        times.append(max(a.samples / p for a, p in zip(mine, speeds, strict=True)))
+    return max(times)
 
 
 def test_the_residual_model_learns_a_device_offset_from_one_round(predictor):

@@ -478,6 +478,8 @@ def test_a_sampled_vres_sync_run_trains_and_replans_only_its_participants(api, m
         assert rnd.participants == drawn
         assert sorted(set(rnd.assignments.values_list("device_id", flat=True))) == drawn
     assert sorted(d["device_id"] for d in second.replan["decisions"]) == second.participants
-    # round 0's predicted round time is its participants' slowest task: max E·|D_ij| / P_ij
-    slowest = max(a.samples / a.predicted_throughput_sps for a in first.assignments.all())
-    assert first.predicted_round_time_s == pytest.approx(experiment.local_epochs * slowest)
+    # round 0's predicted round time is its participants' slowest task: max t_ij, the planned
+    # seconds (a fixed part and E·|D_ij| / P_ij)
+    planned = {(a["device_id"], a["task_id"]): a["predicted_seconds"] for a in run.planned["assignments"]}
+    slowest = max(planned[(a.device_id, a.task_id)] for a in first.assignments.all())
+    assert first.predicted_round_time_s == pytest.approx(slowest)

@@ -18,6 +18,7 @@ from controlplane.planning.planner import (
     plan_vres_sync,
 )
 from controlplane.planning.predictor import MixTask, fit_predictor
+from controlplane.planning.seconds import SecondsModel, SecondsModels
 from controlplane.planning.strategies import make_plan, plan_isolation, plan_sharing
 from controlplane.planning.types import PlanningError, PlanningInput
 from tests.controlplane.contention_law import WORKLOADS, alone, law, synthetic
@@ -36,7 +37,12 @@ def _spec(samples: dict[tuple[int, int], int], epochs: int = 1) -> PlanningInput
     return PlanningInput(device_ids=devices, task_ids=tuple(ARCH), samples=samples, local_epochs=epochs)
 
 
+NO_FIXED_COSTS = SecondsModels(SecondsModel(warmup_weight=0.0, bn_weight=0.0, constant_s=0.0))
+"""The contention law has no fixed costs per assignment: its seconds are ``E·|D| / P``."""
+
+
 def _ctx(predictor, devices, memory=None, **kw) -> PlannerContext:
+    kw.setdefault("seconds", NO_FIXED_COSTS)
     return PlannerContext(architectures=ARCH, devices={d: DeviceCapacity(predictor, memory) for d in devices}, **kw)
 
 

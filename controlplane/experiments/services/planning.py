@@ -6,6 +6,11 @@ A run stores the plan they made when it was created (:func:`plan_to_json`), afte
 (:func:`guarded_plan`, :mod:`controlplane.planning.guard`) had its say; round 0 trains it
 (:func:`run_plan`) and every later round replans from what the run measured
 (:func:`round_plan`, :mod:`controlplane.planning.closed_loop`) unless the run says otherwise.
+
+Both plan an assignment's seconds with a fixed part learned from measured seconds
+(:mod:`controlplane.planning.seconds`): a run's first plan from the experiment's finished runs,
+each replan from the run's own rounds and the experiment's finished baseline runs, which are
+also the configurations a device may go back to (:func:`measured_configurations`).
 """
 
 from __future__ import annotations
@@ -27,10 +32,13 @@ from controlplane.planning.closed_loop import MeasuredConfiguration
 from controlplane.planning.guard import FALLBACK_BASELINE, PredictorFacts, predictor_warnings
 from controlplane.planning.participation import plan_of_devices
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES, DeviceCapacity, PlannerContext
+from controlplane.planning.seconds import MeasuredSeconds, SecondsModel, SecondsModels, fit_device_seconds
 from controlplane.planning.strategies import STRATEGY_REGISTRY, make_plan
-from controlplane.planning.types import Plan, PlannedAssignment
+from controlplane.planning.types import Partitioning, Plan, PlannedAssignment
 from controlplane.profiling.models import Predictor, ProfileSample
+from controlplane.profiling.selectors import experiment_regime_warnings
 from controlplane.profiling.services.predictors import predictor_current, predictor_load
+from workers.registry.backends import BACKEND_REGISTRY
 
 DEFAULT_OPTIONS = {"objective": "raw", "slack": "smaller_batches", "replan": "every_round"}
 """Planner settings of a ``vres_*`` run when the researcher gives none: ``replan`` is
@@ -119,12 +127,17 @@ def planner_context(
     options: Mapping[str, str],
     rows: Mapping[int, Predictor] | None = None,
     device_ids: Collection[int] | None = None,
+    fit_seconds: bool = True,
 ) -> PlannerContext:
-    """Predictors, memory and models of an experiment's devices and tasks.
+    """Predictors, memory, partitionings, seconds models and models of an experiment's devices
+    and tasks.
 
     Args:
         rows: the devices' predictor rows when the caller has them (:func:`device_predictors`).
         device_ids: only these devices (a round's participants); ``None``: every device.
+        fit_seconds: fit the seconds models on the experiment's finished runs
+            (:func:`experiment_seconds`); ``False``: the prior only (the closed loop fits them
+            on the history it is given).
 
     Raises:
         ApplicationError: a device whose backend and class have no ready predictor (400, with
@@ -138,14 +151,50 @@ def planner_context(
         if row.id not in loaded:
             loaded[row.id] = predictor_load(row)
         memory = device.inventory.get("memory_bytes")
-        capacities[device.id] = DeviceCapacity(predictor=loaded[row.id], memory_bytes=float(memory) if memory else None)
+        backend = BACKEND_REGISTRY.get(device.backend) if device.backend in BACKEND_REGISTRY else None
+        capacities[device.id] = DeviceCapacity(
+            predictor=loaded[row.id],
+            memory_bytes=float(memory) if memory else None,
+            partitionings=backend.partitionings if backend is not None else ("mps",),
+        )
+    prior = SecondsModel.prior(int(mtfl_setting("WARMUP_ITERATIONS")))
+    seconds = (
+        fit_device_seconds(experiment_seconds(experiment, device_ids=device_ids), prior=prior)
+        if fit_seconds
+        else SecondsModels(default=prior)
+    )
     return PlannerContext(
         architectures={t.id: t.architecture for t in experiment.tasks.all()},
         devices=capacities,
         objective=options["objective"],
         slack=options["slack"],
         seed=experiment.seed,
+        seconds=seconds,
     )
+
+
+def experiment_seconds(experiment: Experiment, *, device_ids: Collection[int] | None = None) -> list[MeasuredSeconds]:
+    """Every succeeded assignment with a throughput and seconds of the experiment's finished
+    runs (any strategy): what the seconds model of a run's first plan is fitted on.
+
+    Args:
+        device_ids: only these devices' (a round's participants); ``None``: every device's.
+    """
+    rows = selectors.device_filtered(
+        Assignment.objects.filter(
+            round__run__experiment=experiment,
+            round__run__status=Run.Status.SUCCEEDED,
+            status=Assignment.Status.SUCCEEDED,
+            throughput_sps__gt=0,
+            seconds__gt=0,
+        ),
+        device_ids,
+    ).values_list("device_id", "batch_size", "samples", "throughput_sps", "seconds")
+    epochs = experiment.local_epochs
+    wanted = None if device_ids is None else set(device_ids)
+    return [
+        MeasuredSeconds(d, b, n, float(p), float(t), epochs) for d, b, n, p, t in rows if wanted is None or d in wanted
+    ]
 
 
 def _fitted_on(row: Predictor) -> tuple[int, set[str]]:
@@ -219,17 +268,20 @@ def guarded_plan(*, experiment: Experiment, plan: Plan) -> tuple[Plan, dict[str,
         warnings and ``experiment.untrusted_predictor`` ``baseline`` or ``measure``, the plan
         stored is the best baseline's (:func:`best_baseline`) and the extra keys say so
         (``{"fallback": "baseline"|"measure", "baseline": name}``); with ``plan``, the plan is
-        kept and the warnings say it was planned anyway.
+        kept and the warnings say it was planned anyway. The devices the guard finds host-bound
+        (:func:`~controlplane.profiling.selectors.experiment_regime_warnings`) are said last, as
+        advice: they never make a run fall back.
 
     Raises:
         ApplicationError: as :func:`device_predictors`.
     """
     warnings = predictor_guard(experiment)
+    advice = experiment_regime_warnings(experiment)
     if not warnings:
-        return plan, {}, []
+        return plan, {}, advice
     choice = experiment.untrusted_predictor
     if choice == "plan":
-        return plan, {}, [*warnings, "planned anyway (the experiment's untrusted_predictor is plan)"]
+        return plan, {}, [*warnings, "planned anyway (the experiment's untrusted_predictor is plan)", *advice]
     name = best_baseline(experiment)
     fallback = make_plan(name, selectors.planning_input(experiment))
     fallback = Plan(strategy=plan.strategy, partitioning=fallback.partitioning, assignments=fallback.assignments)
@@ -238,28 +290,86 @@ def guarded_plan(*, experiment: Experiment, plan: Plan) -> tuple[Plan, dict[str,
         if choice == "baseline"
         else "in round 0, then replans from what round 0 measured (the experiment's untrusted_predictor is measure)"
     )
-    return fallback, {"fallback": choice, "baseline": name}, [*warnings, f"the run trains {name}'s plan {then}"]
+    return (
+        fallback,
+        {"fallback": choice, "baseline": name},
+        [*warnings, f"the run trains {name}'s plan {then}", *advice],
+    )
 
 
 def measured_configurations(
     run: Run, *, before: int, device_ids: Collection[int] | None = None
 ) -> list[MeasuredConfiguration]:
-    """Every device configuration the run measured in its rounds before ``before``: a device
-    counts only when all its assignments of the round succeeded with a throughput (the rule of
-    :mod:`controlplane.planning.metrics`), tasks in id order.
+    """Every device configuration the run measured in its rounds before ``before``, then every
+    one the experiment's finished baseline runs measured (``strategy`` set: a registered
+    strategy that needs no predictor and takes no plan): a device counts only when all its
+    assignments of the round succeeded with a throughput (the rule of
+    :mod:`controlplane.planning.metrics`), tasks in id order, with their seconds when every one
+    was recorded and the device's partitioning in that round (:func:`round_partitionings`).
 
     Args:
         device_ids: only these devices' (a round's participants); ``None``: every device's.
     """
+    own = Assignment.objects.filter(round__run=run, round__index__lt=before)
+    out = _configurations(own, device_ids=device_ids, partitionings=_run_partitionings(run, before), strategy=None)
+    baselines = {r.name: r.partitioning for r in STRATEGY_REGISTRY if not r.needs_predictor and not r.takes_plan}
+    finished = Run.objects.filter(
+        experiment_id=run.experiment_id, status=Run.Status.SUCCEEDED, strategy__in=list(baselines)
+    ).exclude(id=run.id)
+    for other_id, strategy in finished.order_by("id").values_list("id", "strategy"):
+        rows = Assignment.objects.filter(round__run_id=other_id)
+        part: Partitioning = "timeslice" if baselines[strategy] == "timeslice" else "mps"
+        out += _configurations(rows, device_ids=device_ids, partitionings=part, strategy=strategy)
+    return out
+
+
+def _run_partitionings(run: Run, before: int) -> dict[int, dict[int, Partitioning]]:
+    """``round index → device_id → partitioning`` of the run's rounds before ``before``."""
+    first = run_plan(run)
+    base = {d: first.partitioning_of(d) for d in {a.device_id for a in first.assignments}}
+    out: dict[int, dict[int, Partitioning]] = {}
+    for index, record in run.rounds.filter(index__lt=before).values_list("index", "replan"):
+        out[index] = {**base, **round_partitionings(record)} if index else base
+    return out
+
+
+def round_partitionings(replan: Mapping[str, Any] | None) -> dict[int, Partitioning]:
+    """The devices a round's replanning record (``Round.replan``) gave a partitioning other
+    than its plan's (a baseline's ``timeslice`` plan kept on a device), ``device_id → partitioning``."""
+    stored = (replan or {}).get("partitionings") or {}
+    return {int(d): "timeslice" if p == "timeslice" else "mps" for d, p in stored.items()}
+
+
+def round_partitioning(rnd: Any, device_id: int) -> Partitioning:
+    """How ``device_id`` is shared in round ``rnd``: its replanning record's override, else the
+    run's plan's (what a retry of the device's part must send again)."""
+    override = round_partitionings(rnd.replan).get(device_id)
+    return override or run_plan(rnd.run).partitioning_of(device_id)
+
+
+def _configurations(
+    queryset: Any,
+    *,
+    device_ids: Collection[int] | None,
+    partitionings: Mapping[int, Mapping[int, Partitioning]] | Partitioning,
+    strategy: str | None,
+) -> list[MeasuredConfiguration]:
     rows = (
-        selectors.device_filtered(Assignment.objects.filter(round__run=run, round__index__lt=before), device_ids)
+        selectors.device_filtered(queryset, device_ids)
         .order_by("round__index", "device_id", "task_id")
         .values_list(
-            "round__index", "device_id", "task_id", "batch_size", "active_thread_percentage", "status", "throughput_sps"
+            "round__index",
+            "device_id",
+            "task_id",
+            "batch_size",
+            "active_thread_percentage",
+            "status",
+            "throughput_sps",
+            "seconds",
         )
     )
     wanted = None if device_ids is None else set(device_ids)
-    grouped: dict[tuple[int, int], list[tuple]] = {}
+    grouped: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
     for row in rows:
         if wanted is None or row[1] in wanted:
             grouped.setdefault((row[0], row[1]), []).append(row)
@@ -267,6 +377,11 @@ def measured_configurations(
     for (index, device_id), items in grouped.items():
         if not all(r[5] == Assignment.Status.SUCCEEDED and r[6] and r[6] > 0 for r in items):
             continue
+        if isinstance(partitionings, str):
+            part: Partitioning = partitionings
+        else:
+            part = partitionings.get(index, {}).get(device_id, "mps")
+        seconds = tuple(float(r[7]) for r in items) if all(r[7] and r[7] > 0 for r in items) else None
         out.append(
             MeasuredConfiguration(
                 device_id=device_id,
@@ -275,6 +390,9 @@ def measured_configurations(
                 batch_size=tuple(r[3] for r in items),
                 active_thread_percentage=tuple(r[4] for r in items),
                 throughput_sps=tuple(float(r[6]) for r in items),
+                seconds=seconds,
+                partitioning=part,
+                strategy=strategy,
             )
         )
     return out
@@ -312,15 +430,21 @@ def round_plan(
         return first, {"decisions": [], "note": "no device has a measured round yet: the first plan again"}
     names = {d.id: d.name for d in selectors.experiment_devices(experiment, device_ids=device_ids, fields=["name"])}
     rows = device_predictors(experiment, device_ids=device_ids)
-    ctx = planner_context(experiment=experiment, options=options, rows=rows, device_ids=device_ids)
+    # The closed loop fits the seconds model on the history (the experiment's baseline runs are in it).
+    ctx = planner_context(experiment=experiment, options=options, rows=rows, device_ids=device_ids, fit_seconds=False)
     heldout = {d: row.heldout_rmsle for d, row in rows.items()}
     plan, decisions = closed_loop.replan(
         run.strategy, selectors.planning_input(experiment, device_ids=device_ids), ctx, history, heldout_rmsle=heldout
     )
+    devices = sorted({a.device_id for a in plan.assignments})
     return plan, {
-        "measured_rounds": sorted({h.round_index for h in history}),
+        "measured_rounds": sorted({h.round_index for h in history if h.strategy is None}),
         "predicted_round_time_s": plan.predicted_round_time_s,
         "decisions": [{**d.as_json(), "device": names.get(d.device_id, str(d.device_id))} for d in decisions],
+        "partitionings": {
+            str(d): plan.partitioning_of(d) for d in devices if plan.partitioning_of(d) != plan.partitioning
+        },
+        "notes": list(plan.notes),
     }
 
 
@@ -332,6 +456,7 @@ def plan_to_json(plan: Plan, **extra: Any) -> dict[str, Any]:
         "strategy": plan.strategy,
         "partitioning": plan.partitioning,
         "predicted_round_time_s": plan.predicted_round_time_s,
+        "notes": list(plan.notes),
         "assignments": [
             {
                 "device_id": a.device_id,
@@ -340,6 +465,8 @@ def plan_to_json(plan: Plan, **extra: Any) -> dict[str, Any]:
                 "active_thread_percentage": a.active_thread_percentage,
                 "samples": a.samples,
                 "predicted_throughput_sps": a.predicted_throughput_sps,
+                "predicted_seconds": a.predicted_seconds,
+                **({"partitioning": a.partitioning} if a.partitioning else {}),
             }
             for a in plan.assignments
         ],
@@ -353,6 +480,7 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
         partitioning=data["partitioning"],
         predicted_round_time_s=data.get("predicted_round_time_s"),
         assignments=tuple(PlannedAssignment(**a) for a in data["assignments"]),
+        notes=tuple(data.get("notes", ())),
     )
 
 

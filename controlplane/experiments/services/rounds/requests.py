@@ -17,7 +17,7 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import Checkpoint, Experiment, Round
 from controlplane.experiments.selectors import ShardSpan
 from controlplane.experiments.services.execution import task_execution
-from controlplane.experiments.services.planning import run_plan
+from controlplane.experiments.services.planning import round_partitioning
 from controlplane.experiments.services.rounds.aggregate import task_trainer_options
 from controlplane.fleet.models import Device
 from controlplane.planning.lr_scaling import scaled_learning_rate
@@ -165,7 +165,7 @@ def round_device_request_load(*, rnd: Round, device_id: int, attempt: int) -> Tr
         rnd=rnd,
         experiment=experiment,
         device=device,
-        partitioning=run_plan(run).partitioning,
+        partitioning=round_partitioning(rnd, device_id),
         assignments=[RequestedAssignment(a.id, a.task_id, a.batch_size, a.active_thread_percentage) for a in rows],
         shards=selectors.experiment_shards(experiment, with_indices=True),
         latest=selectors.latest_checkpoints(run),

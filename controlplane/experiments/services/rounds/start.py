@@ -136,7 +136,7 @@ def round_dispatch(*, round_id: int) -> Round | None:
                 rnd=rnd,
                 experiment=experiment,
                 device=devices[device_id],
-                partitioning=plan.partitioning,
+                partitioning=plan.partitioning_of(device_id),
                 assignments=[
                     RequestedAssignment(
                         id_of[(a.device_id, a.task_id)], a.task_id, a.batch_size, a.active_thread_percentage
