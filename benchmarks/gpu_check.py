@@ -98,6 +98,7 @@ import platform
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -105,6 +106,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -253,7 +255,9 @@ class Check:
         self.phase = "start"
         self.stop_reason = ""
         self.backend = None
-        self.e2e_proc = None  # the e2e phase's child (benchmarks/gpu_e2e.py) while it runs
+        self.e2e_proc: subprocess.Popen[str] | None = (
+            None  # the e2e phase's child (benchmarks/gpu_e2e.py) while it runs
+        )
         self.state_dir: Path | None = None
         self.finished = threading.Event()
         self.report: dict = {
@@ -873,7 +877,7 @@ class Measurer:
         left = self.check.remaining()
         if left < 10:
             raise CheckFailed("no time left to measure", EXIT_STOPPED)
-        update: dict = {"config_timeout_s": max(1.0, min(self.check.args.config_timeout, left - 5))}
+        update: dict[str, Any] = {"config_timeout_s": max(1.0, min(self.check.args.config_timeout, left - 5))}
         if execution is not None:
             update["execution"] = self.request.execution.model_copy(update={"mode": execution})
         request = self.request.model_copy(update=update)
@@ -914,7 +918,9 @@ class Measurer:
         return telemetry
 
 
-def simulated_configuration(backend, tasks, request, ctx, *, config_index: int, partitioning: str):
+def simulated_configuration(
+    backend: Any, tasks: Sequence[Any], request: Any, ctx: Any, *, config_index: int, partitioning: str
+) -> Any:
     """One configuration answered by an analytic backend (``simulated``), as
     :func:`workers.profiling.sweep.measure_configuration` measures it on a real one.
 
@@ -1221,7 +1227,7 @@ def print_table(check: Check, mixes: list[dict]) -> None:
 # ----------------------------------------------------------------------------- --issue31
 
 
-def alone_modes(check: Check, measurer: Measurer, architectures: Sequence[str]) -> list[dict]:
+def alone_modes(check: Check, measurer: Measurer, architectures: Sequence[str]) -> list[dict[str, Any]]:
     """Each task alone on the whole device (``timeslice``: no MPS share) at :data:`ISSUE31_BATCH`,
     eager then graphs, one after the other; returns (and reports as ``alone_modes``) one row per
     task: ``{"architecture", "batch_size", "eager_sps", "graphs_sps", "graphs_over_eager",
@@ -1229,10 +1235,15 @@ def alone_modes(check: Check, measurer: Measurer, architectures: Sequence[str]) 
     the mode the trainer reports it ran, ``eager`` where graphs fell back)."""
     from workers.protocol.messages import ProfileTaskSpec
 
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     check.report["alone_modes"] = rows
     for arch in architectures:
-        row: dict = {"architecture": arch, "batch_size": ISSUE31_BATCH, "graphs_over_eager": None, "error": ""}
+        row: dict[str, Any] = {
+            "architecture": arch,
+            "batch_size": ISSUE31_BATCH,
+            "graphs_over_eager": None,
+            "error": "",
+        }
         rows.append(row)
         for mode in ("eager", "graphs"):
             row.update({f"{mode}_sps": None, f"{mode}_ran": None, f"{mode}_host_step_s": None})
@@ -1260,7 +1271,12 @@ def alone_modes(check: Check, measurer: Measurer, architectures: Sequence[str]) 
 
 
 def alone_table(
-    check: Check, architectures_batches: set[tuple[str, int]], profiled: dict, modes: list[dict], predictor, workloads
+    check: Check,
+    architectures_batches: set[tuple[str, int]],
+    profiled: dict[tuple[str, int], float],
+    modes: list[dict[str, Any]],
+    predictor: Any,
+    workloads: Any,
 ) -> dict[tuple[str, int], tuple[float, str]]:
     """``P_alone`` at ``--execution`` of every (model, batch size) the comparison trains: measured
     by the alone phase, else profiled alone, else interpolated by the predictor (``~``)."""
@@ -1279,7 +1295,9 @@ def alone_table(
     return table
 
 
-def compare(check: Check, measurer: Measurer, entry: dict, table: dict) -> dict:
+def compare(
+    check: Check, measurer: Measurer, entry: dict[str, Any], table: dict[tuple[str, int], tuple[float, str]]
+) -> dict[str, Any]:
     """The mix's planned strategies measured in ``--blocks`` interleaved blocks: each block
     measures every strategy once, its order rotated by one from the block before, so no
     strategy always runs first or last and a drift of the device (clocks, heat) falls on all
@@ -1293,12 +1311,12 @@ def compare(check: Check, measurer: Measurer, entry: dict, table: dict) -> dict:
     from workers.protocol.messages import ProfileTaskSpec
 
     rows = [r for r in entry["strategies"] if r["partitioning"] is not None]
-    out: dict = {"mix": entry["name"], "blocks": [], "execution": check.args.execution, "strategies": []}
+    out: dict[str, Any] = {"mix": entry["name"], "blocks": [], "execution": check.args.execution, "strategies": []}
     check.report["compare"] = out
     for b in range(check.args.blocks):
         k = b % len(rows)
         order = rows[k:] + rows[:k]
-        block: dict = {"block": b, "order": [r["strategy"] for r in order], "measurements": {}}
+        block: dict[str, Any] = {"block": b, "order": [r["strategy"] for r in order], "measurements": {}}
         out["blocks"].append(block)
         for row in order:
             tasks = [
@@ -1307,7 +1325,14 @@ def compare(check: Check, measurer: Measurer, entry: dict, table: dict) -> dict:
                 )
                 for t in row["tasks"]
             ]
-            record: dict = {"status": "skipped", "raw_sps": None, "fair": None, "tasks_sps": [], "ran": [], "error": ""}
+            record: dict[str, Any] = {
+                "status": "skipped",
+                "raw_sps": None,
+                "fair": None,
+                "tasks_sps": [],
+                "ran": [],
+                "error": "",
+            }
             block["measurements"][row["strategy"]] = record
             try:
                 result, seconds, telemetry = measurer.measure(tasks, row["partitioning"])
@@ -1373,7 +1398,7 @@ def compare(check: Check, measurer: Measurer, entry: dict, table: dict) -> dict:
     return out
 
 
-def paired_ratio(compare_out: dict, candidate: str, baselines: Sequence[str]) -> dict | None:
+def paired_ratio(compare_out: dict[str, Any], candidate: str, baselines: Sequence[str]) -> dict[str, Any] | None:
     """``candidate`` over the baseline of the highest mean raw throughput, paired over blocks:
     ``{"baseline", "ratio", "low", "high", "n"}`` with ``ratio = exp(mean log r_b)`` and the
     interval ``exp(mean ± t_{0.975, n-1} · sd / √n)`` of the per-block log ratios ``r_b``
@@ -1404,7 +1429,7 @@ def paired_ratio(compare_out: dict, candidate: str, baselines: Sequence[str]) ->
     }
 
 
-def e2e_phase(check: Check, profile_file: Path | None) -> dict:
+def e2e_phase(check: Check, profile_file: Path | None) -> dict[str, Any]:
     """The end-to-end phase (``benchmarks/gpu_e2e.py``) in a child process of its own session:
     the control plane on its embedded defaults (their variables unset for it) with one local
     agent of ``--backend``, 2 FL rounds of the light mix, ``sharing`` then ``vres_sync``, its
@@ -1416,8 +1441,6 @@ def e2e_phase(check: Check, profile_file: Path | None) -> dict:
     Raises:
         CheckFailed: the child could not start, or did not write its JSON.
     """
-    import subprocess
-
     args = check.args
     assert check.state_dir is not None  # made by preflight
     out = check.state_dir / "e2e.json"
@@ -1473,13 +1496,13 @@ def e2e_phase(check: Check, profile_file: Path | None) -> dict:
         check.e2e_proc = None
     if not out.exists():
         raise CheckFailed(f"e2e: {argv[1]} exited with {code} without writing its JSON")
-    report = json.loads(out.read_text())
+    report: dict[str, Any] = json.loads(out.read_text())
     report["exit_code"] = code
     check.report["e2e"] = report
     return report
 
 
-def e2e_rounds_succeeded(e2e: dict | None) -> int | None:
+def e2e_rounds_succeeded(e2e: dict[str, Any] | None) -> int | None:
     """Fewest rounds with test accuracy recorded for every task over the e2e phase's runs
     (``None`` without an e2e report; 0 when a run did not succeed)."""
     if not e2e or not e2e.get("runs"):
@@ -1500,13 +1523,20 @@ def e2e_rounds_succeeded(e2e: dict | None) -> int | None:
     return min(counts)
 
 
-def targets(check: Check) -> list[dict]:
+def targets(check: Check) -> list[dict[str, Any]]:
     """Issue 31's targets (:data:`TARGETS`) beside the figures: one row per target,
     ``{"name", "value", "low", "high", "target", "met"}`` (``met`` ``None`` when not measured).
     On ``simulated`` they are the model's answers, not the GPU's (``report["targets_simulated"]``)."""
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
 
-    def add(name: str, value, target: str, met, low=None, high=None) -> None:
+    def add(
+        name: str,
+        value: float | None,
+        target: str,
+        met: bool | None,
+        low: float | None = None,
+        high: float | None = None,
+    ) -> None:
         rows.append({"name": name, "value": value, "low": low, "high": high, "target": target, "met": met})
 
     for row in check.report.get("alone_modes") or []:

@@ -121,7 +121,7 @@ class E2E:
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
-        entry = {"name": name, "elapsed_s": None, "status": "failed"}
+        entry: dict[str, Any] = {"name": name, "elapsed_s": None, "status": "failed"}
         self.report["steps"].append(entry)
         started = time.monotonic()
         try:
