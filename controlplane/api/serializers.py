@@ -1443,6 +1443,7 @@ class ModelWorkloadSerializer(serializers.ModelSerializer):
             "params",
             "param_bytes",
             "activation_bytes_per_sample",
+            "ops_per_step",
             "computed_at",
         ]
         read_only_fields = fields
@@ -1479,6 +1480,21 @@ class ProfileSweepSerializer(serializers.ModelSerializer):
         return sweep_progress(sweep)
 
 
+class SweepExecutionSerializer(StrictSerializer):
+    """How every trainer of a sweep runs its steps (:class:`workers.protocol.messages.ExecutionOptions`)."""
+
+    mode = ChoiceField(
+        choices=EXECUTION_MODES,
+        default=ExecutionOptions().mode,
+        help_text="graphs (each step captured as a CUDA graph; a GPU backend only), eager, or auto (graphs on a GPU "
+        "backend, eager on cpu)",
+    )
+    precision = ChoiceField(
+        choices=PRECISIONS, default=ExecutionOptions().precision, help_text="fp32, or bf16 (a GPU backend only)"
+    )
+    channels_last = StrictBooleanField(default=ExecutionOptions().channels_last)
+
+
 class ProfileSweepCreateSerializer(StrictSerializer):
     budget_s = number()
     architectures = serializers.ListField(
@@ -1491,6 +1507,11 @@ class ProfileSweepCreateSerializer(StrictSerializer):
         required=False,
         help_text="task ids: their architectures are profiled at each task's own classes and input shape "
         "(a plug-in model on non-image data, say), beside `architectures`",
+    )
+    execution = SweepExecutionSerializer(
+        required=False,
+        help_text="how the profiled trainers run their steps (default auto, fp32); profile with the options the "
+        "rounds will use, since a predictor learns what was measured. graphs or bf16 on a cpu device is a 400",
     )
 
 
@@ -1517,6 +1538,9 @@ class ProfileSampleSerializer(serializers.ModelSerializer):
             "peak_memory_bytes",
             "speed_index",
             "cross_core_rtt_ns",
+            "execution_mode",
+            "host_step_s",
+            "gpu_busy_fraction",
             "simulated",
             "repeat_of",
             "started_at",

@@ -23,6 +23,12 @@ class ModelWorkload(models.Model):
     params = models.BigIntegerField()
     param_bytes = models.BigIntegerField()
     activation_bytes_per_sample = models.FloatField()
+    ops_per_step = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="operations one training step dispatches (forward, loss, backward, per-parameter SGD step): "
+        "the host launch term's count; null: computed before it was counted",
+    )
     computed_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -111,6 +117,23 @@ class ProfileSample(models.Model):
         blank=True,
         help_text="median round trip of a cache line between the task's cores while this was measured "
         "(core link probe, ns; cpu backend, tasks on 2+ cores); the predictor learns its effect",
+    )
+    execution_mode = models.CharField(
+        max_length=8,
+        blank=True,
+        default="",
+        help_text="how the trainer ran its steps (eager or graphs), as it reported; empty: not reported",
+    )
+    host_step_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="host (CPU) seconds the trainer spent issuing one step, timed window mean: the launch cost on a "
+        "GPU; on cpu, where the host does the work, the whole step",
+    )
+    gpu_busy_fraction = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="fraction (0-1) of the timed window the GPU was busy (NVML, whole device); null on cpu",
     )
     repeat_of = models.CharField(max_length=64, blank=True, default="", help_text="config_key this one repeats")
     started_at = models.DateTimeField(null=True, blank=True)

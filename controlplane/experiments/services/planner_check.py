@@ -1,5 +1,6 @@
 """The planner check a researcher reads before launching a ``vres_*`` run: what the planner's
-guard would say (:func:`.planning.predictor_guard`), what the experiment does about it, and the
+guard would say (:func:`.planning.predictor_guard`, then the devices it finds host-bound,
+:func:`controlplane.profiling.selectors.experiment_regime_warnings`), what the experiment does about it, and the
 threshold in force. The API (``GET /api/experiments/{id}/planner-check/``) and the experiment
 page show it; it writes nothing.
 """
@@ -12,6 +13,7 @@ from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.models import Experiment
 from controlplane.experiments.services.planning import predictor_guard
+from controlplane.profiling.selectors import experiment_regime_warnings
 
 
 def planner_check(experiment: Experiment) -> dict[str, Any]:
@@ -24,7 +26,8 @@ def planner_check(experiment: Experiment) -> dict[str, Any]:
     Returns:
         ``{"untrusted_predictor": "plan"|"baseline"|"measure", "warnings": [sentence, ...],
         "max_rmsle": MTFL_PREDICTOR_MAX_RMSLE (float), "predictors_ready": bool}``; ``warnings``
-        is empty when every device's predictor is trusted.
+        is empty when every device's predictor is trusted and no device is host-bound (that
+        warning is advice: it does not make a run fall back to a baseline).
     """
     try:
         warnings, ready = predictor_guard(experiment), True
@@ -32,7 +35,7 @@ def planner_check(experiment: Experiment) -> dict[str, Any]:
         warnings, ready = [exc.message], False
     return {
         "untrusted_predictor": experiment.untrusted_predictor,
-        "warnings": warnings,
+        "warnings": [*warnings, *experiment_regime_warnings(experiment)],
         "max_rmsle": float(mtfl_setting("PREDICTOR_MAX_RMSLE")),
         "predictors_ready": ready,
     }

@@ -12,6 +12,7 @@ from controlplane.profiling.services.sweeps import (
     profile_done,
     profile_record,
     samples_from_round,
+    sweep_execution,
     sweep_start,
     sweep_watchdog,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "profile_done",
     "profile_record",
     "samples_from_round",
+    "sweep_execution",
     "sweep_start",
     "sweep_watchdog",
     "workload_ensure",

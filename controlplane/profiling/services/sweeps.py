@@ -13,12 +13,13 @@ from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.celery import app
 from controlplane.common.errors import ApplicationError
+from controlplane.common.execution import execution_check
 from controlplane.common.registered import registered
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class, device_declaration_text, device_declares
 from controlplane.planning.strategies import STRATEGY_REGISTRY
 from controlplane.profiling.models import ProfileSample, ProfileSweep
-from workers.protocol.messages import ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
+from workers.protocol.messages import ExecutionOptions, ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
 from workers.protocol.queues import CONTROL_QUEUE, TaskName, device_queue
 from workers.registry.models import MODEL_REGISTRY
 
@@ -47,6 +48,7 @@ def sweep_start(
     max_mix: int | None = None,
     seed: int = 0,
     tasks: Sequence[int] | None = None,
+    execution: ExecutionOptions | Mapping[str, object] | None = None,
 ) -> ProfileSweep:
     """Ask a device's agent to profile co-located mixes for ``budget_s`` seconds.
 
@@ -58,9 +60,16 @@ def sweep_start(
             :data:`DEFAULT_ARCHITECTURES` when ``tasks`` is not given either.
         tasks: task ids whose architectures are profiled at each task's own classes and input
             shape (``ProfileSweepRequest.workloads``), beside ``architectures``.
+        execution: how every profiled trainer runs its steps
+            (:class:`~workers.protocol.messages.ExecutionOptions` or its fields: ``mode``
+            auto/eager/graphs, ``precision`` fp32/bf16, ``channels_last``); default auto, fp32.
+            A predictor is fitted on what was measured, so profile with the options the rounds
+            will use.
 
     Raises:
-        ApplicationError: budget out of range, unknown models or task ids, two tasks of one
+        ApplicationError: budget out of range, execution options that are malformed or that the
+            device's backend cannot run (400, field ``execution``: ``graphs`` or ``bf16`` on a
+            ``cpu`` device), unknown models or task ids, two tasks of one
             architecture at different shapes (a sweep profiles a model at one shape), a model
             the device's agent does not declare, bad batch sizes or mix size, or a device whose
             agent never connected (409), or a device leased to a run's round (409: the lab
@@ -76,6 +85,7 @@ def sweep_start(
             f"budget_s={budget_s:g} is out of range: allowed {BUDGET_RANGE_S[0]:g} to {BUDGET_RANGE_S[1]:g} seconds",
             field="budget_s",
         )
+    options = sweep_execution(execution, device)
     workloads = _task_workloads(tasks) if tasks is not None else {}
     architectures = list(architectures or ([] if workloads else DEFAULT_ARCHITECTURES))
     for name in architectures:
@@ -104,6 +114,7 @@ def sweep_start(
         "budget_s": budget_s,
         "architectures": architectures,
         "seed": seed,
+        "execution": options,
         "workloads": {
             arch: shape
             for arch, shape in workloads.items()
@@ -131,6 +142,44 @@ def sweep_start(
 
     transaction.on_commit(send)
     return sweep
+
+
+EXECUTION_FIELDS = {"mode": "execution.mode", "precision": "execution.precision"}
+"""How the sweep API names each :class:`ExecutionOptions` field in its messages."""
+
+
+def sweep_execution(
+    execution: ExecutionOptions | Mapping[str, object] | None,
+    device: Device,
+    *,
+    fields: Mapping[str, str] = EXECUTION_FIELDS,
+) -> ExecutionOptions:
+    """``execution`` as :class:`ExecutionOptions` that ``device``'s backend can run; ``fields``
+    names each option in the message (the API's ``execution.mode``, the CLI's ``--execution-mode``).
+
+    Raises:
+        ApplicationError: (400, field ``execution``) a malformed value (naming the bad field and
+            its allowed values), or ``graphs`` / ``bf16`` on a backend that is neither a GPU
+            backend nor ``simulated`` (:func:`controlplane.common.execution.execution_check`).
+    """
+    if execution is None:
+        options = ExecutionOptions()
+    elif isinstance(execution, ExecutionOptions):
+        options = execution
+    else:
+        try:
+            options = ExecutionOptions.model_validate(dict(execution))
+        except (PydanticValidationError, TypeError, ValueError) as exc:
+            errors = exc.errors() if isinstance(exc, PydanticValidationError) else []
+            where = ".".join(str(p) for p in errors[0]["loc"]) if errors and errors[0]["loc"] else ""
+            detail = errors[0]["msg"] if errors else str(exc)
+            raise ApplicationError(
+                f"execution{'.' + where if where else ''}: {detail} (allowed: mode auto/eager/graphs, "
+                "precision fp32/bf16, channels_last true/false)",
+                field="execution",
+            ) from None
+    execution_check(options, device=device.name, backend=device.backend, fields=fields, field="execution")
+    return options
 
 
 REFERENCE_SHAPE = {"num_classes": 10, "input_shape": [3, 32, 32]}
@@ -264,6 +313,9 @@ def profile_record(*, result: dict) -> int:
             peak_memory_bytes=m.peak_memory_bytes,
             speed_index=m.speed_index,
             cross_core_rtt_ns=m.cross_core_rtt_ns,
+            execution_mode=m.execution_mode or "",
+            host_step_s=m.host_step_s,
+            gpu_busy_fraction=m.gpu_busy_fraction,
             simulated=m.simulated or r.simulated,
             repeat_of=config_key(sweep.id, r.repeat_of) if r.repeat_of is not None else "",
             started_at=_ts(r.started_at),
@@ -359,6 +411,7 @@ def samples_from_round(*, round_id: int) -> int:
         "finished_at",
         "simulated",
         "samples",
+        "execution_mode",
     )
     if epochs > 0:
         # A round whose shards are too short to time any assignment stores nothing: one EXISTS
@@ -412,6 +465,7 @@ def samples_from_round(*, round_id: int) -> int:
                     started_at=a["started_at"],
                     finished_at=a["finished_at"],
                     simulated=a["simulated"],
+                    execution_mode=a["execution_mode"],
                 )
             )
     bulk_insert(ProfileSample, rows, ignore_conflicts=True)

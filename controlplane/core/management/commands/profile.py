@@ -11,12 +11,14 @@ from controlplane.common.errors import ApplicationError
 from controlplane.core.cli_support import console, interrupt_on_signals, require_control_worker
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import float_option, int_option, list_option
+from controlplane.experiments.models import EXECUTION_MODES
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class
 from controlplane.profiling import services
 from controlplane.profiling.models import ProfileSweep
 from controlplane.profiling.selectors import sweep_progress
 from controlplane.profiling.services.sweeps import BUDGET_RANGE_S, DEFAULT_ARCHITECTURES
+from workers.protocol.messages import ExecutionOptions
 from workers.registry.models import MODEL_REGISTRY
 
 
@@ -44,6 +46,12 @@ class Command(BaseCommand):
         parser.add_argument("--batch-sizes", default="16,32,64,128,256", help="comma-separated batch sizes")
         parser.add_argument("--max-mix", default="4", help="most co-located tasks per configuration (1-8)")
         parser.add_argument("--seed", default="0", help="seed of the space-filling design")
+        parser.add_argument(
+            "--execution-mode",
+            default=ExecutionOptions().mode,
+            help=f"how the profiled trainers run a step: {'|'.join(EXECUTION_MODES)} (default auto: graphs on a GPU "
+            "backend, eager on cpu; graphs needs a GPU backend). Profile with the mode the rounds will use",
+        )
 
     def handle(self, *args, **opts):
         budget = float_option("budget", opts["budget"], BUDGET_RANGE_S[0] - 1e-9, BUDGET_RANGE_S[1])
@@ -60,6 +68,7 @@ class Command(BaseCommand):
         if device is None:
             known = ", ".join(Device.objects.order_by("name").values_list("name", flat=True)) or "none"
             raise CommandError(f"--device {opts['device']!r} is not registered; known devices: {known}")
+        execution = self._execution(opts["execution_mode"], device)
         try:
             use_running_broker()
         except RuntimeError as exc:
@@ -74,6 +83,7 @@ class Command(BaseCommand):
                 batch_sizes=batch_sizes,
                 max_mix=max_mix,
                 seed=seed,
+                execution=execution,
             )
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
@@ -101,6 +111,16 @@ class Command(BaseCommand):
             f"next: `mtfl fit-predictor --backend {device.backend} --device-class {device_class(device)}` fits a "
             "predictor on every sample of this device class"
         )
+
+    def _execution(self, mode: str, device: Device) -> ExecutionOptions:
+        """``--execution-mode`` as the sweep's options, checked against the device's backend
+        before anything is sent; a bad mode, or graphs on a cpu device, is a one-line error."""
+        if mode not in EXECUTION_MODES:
+            raise CommandError(f"--execution-mode must be one of {', '.join(EXECUTION_MODES)}, got {mode!r}")
+        try:
+            return services.sweep_execution({"mode": mode}, device, fields={"mode": "--execution-mode"})
+        except ApplicationError as exc:
+            raise CommandError(exc.message) from exc
 
     def _task_ids(self, given: str) -> list[int]:
         """The ids of ``--tasks``' comma-separated ids or names; an unknown one is a one-line error."""
