@@ -18,7 +18,9 @@ from workers import launch
 from workers.backends import CpuBackend
 from workers.backends.base import ExecutionBackend, TrainerResources
 from workers.forkserver import ForkServerPool
+from workers.profiling import child as child_module
 from workers.profiling import sweep as profiling
+from workers.profiling.child import ITER_PREFIX, ProfileChildSpec, next_chunk_steps
 from workers.profiling.sweep import (
     Iteration,
     common_window,
@@ -31,6 +33,7 @@ from workers.profiling.sweep import (
     window_throughput,
 )
 from workers.protocol.messages import (
+    ExecutionOptions,
     ProfileConfigResult,
     ProfileMeasurement,
     ProfileSweepRequest,
@@ -150,6 +153,109 @@ def test_window_complete_needs_both_the_duration_and_the_iterations():
     assert not window_complete(tasks, now=2.9, min_iterations=1, min_window_s=3.0)
 
 
+def test_window_complete_counts_the_steps_of_chunks():
+    tasks = [[Iteration(0, 2, 64, 4)], [Iteration(0, 1, 8, 1), Iteration(1, 2, 24, 3)]]
+
+    assert window_complete(tasks, now=2.0, min_iterations=4, min_window_s=0.0)
+    assert not window_complete(tasks, now=2.0, min_iterations=5, min_window_s=0.0)
+
+
+def test_a_chunk_line_is_read_with_its_steps_and_an_old_line_as_one_step():
+    child = SimpleNamespace(label="task 0")
+    profiler = SimpleNamespace(iterations=[])
+    on_line = profiling._record_iteration({id(child): profiler})
+
+    on_line(child, ["ITER", "1.0", "2.5", "48", "3"])
+    on_line(child, ["ITER", "2.5", "3.0", "16"])
+
+    assert profiler.iterations == [Iteration(1.0, 2.5, 48, 3), Iteration(2.5, 3.0, 16, 1)]
+
+
+@pytest.mark.parametrize(
+    ("previous_steps", "previous_s", "expected"),
+    [
+        (1, 0.001, 4),  # fast: grows, but at most fourfold
+        (4, 0.02, 16),
+        (16, 0.1, 32),  # 0.2 s at this pace
+        (100, 0.4, 50),  # slower than aimed: shrinks
+        (1, 5.0, 1),  # never below one step
+        (2, 0.0, 8),  # too fast for the clock: the most growth
+    ],
+)
+def test_next_chunk_steps_aims_at_the_chunk_length(previous_steps, previous_s, expected):
+    assert next_chunk_steps(previous_steps, previous_s) == expected
+
+
+class _Commands:
+    """GO at the barrier, then nothing for ``steps`` polls, then STOP."""
+
+    def __init__(self, steps: int) -> None:
+        self._polls = steps
+
+    def wait_line(self) -> str:
+        return "GO"
+
+    def poll_line(self) -> str:
+        self._polls -= 1
+        return "STOP" if self._polls < 0 else ""
+
+
+def test_the_profiler_reports_chunks_of_steps_with_its_mode_and_host_time(monkeypatch):
+    import io
+
+    import torch
+
+    from workers.training import trainer, zoo
+
+    monkeypatch.setattr(zoo, "build_model", lambda *args: torch.nn.Sequential(torch.nn.Linear(20, 3)))
+    monkeypatch.setattr(trainer, "apply_resources", lambda threads, cores: None)  # keep the test process's threads
+    spec = ProfileChildSpec(
+        architecture="resnet18", batch_size=8, num_classes=3, input_shape=(20,), threads=1, warmup_iterations=2
+    )
+    out = io.StringIO()
+
+    run = child_module.profile(spec, out, _Commands(steps=40))
+
+    lines = [line.split() for line in out.getvalue().splitlines()]
+    assert lines[0] == ["READY"]
+    chunks = lines[1:]
+    assert chunks and all(words[0] == ITER_PREFIX and len(words) == 5 for words in chunks)
+    steps = [int(words[4]) for words in chunks]
+    assert all(int(words[3]) == 8 * n for words, n in zip(chunks, steps, strict=True))
+    assert steps[0] == 1 and all(b <= 4 * a for a, b in itertools.pairwise(steps))
+    spans = [(float(words[1]), float(words[2])) for words in chunks]
+    assert all(start < end for start, end in spans)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))  # one after the other
+    assert 2 + sum(steps) <= run.iterations == 40  # warm-up, the chunks, an unfinished one
+    assert (run.execution_mode, run.execution_fallback) == ("eager", "")
+    assert run.host_step_s is not None and run.host_step_s > 0
+
+
+def test_the_profiler_runs_eager_on_cpu_when_graphs_are_asked_and_says_why(monkeypatch):
+    import io
+
+    import torch
+
+    from workers.training import trainer, zoo
+    from workers.training.execution import GRAPHS_NEED_GPU
+
+    monkeypatch.setattr(zoo, "build_model", lambda *args: torch.nn.Sequential(torch.nn.Linear(20, 3)))
+    monkeypatch.setattr(trainer, "apply_resources", lambda threads, cores: None)  # keep the test process's threads
+    spec = ProfileChildSpec(
+        architecture="resnet18",
+        batch_size=8,
+        num_classes=3,
+        input_shape=(20,),
+        threads=1,
+        warmup_iterations=0,
+        execution=ExecutionOptions(mode="graphs"),
+    )
+
+    run = child_module.profile(spec, io.StringIO(), _Commands(steps=3))
+
+    assert (run.execution_mode, run.execution_fallback, run.iterations) == ("eager", GRAPHS_NEED_GPU, 3)
+
+
 def test_relative_spread_is_the_largest_relative_difference():
     assert relative_spread([100.0, 50.0], [110.0, 50.0]) == pytest.approx(10 / 105)
     assert relative_spread([100.0], [None]) is None
@@ -180,6 +286,7 @@ def test_two_task_configuration_is_measured_while_both_train(agent_context, monk
         assert measurement.peak_memory_bytes > 50 * 2**20  # torch alone is bigger than that
         assert measurement.standalone_sps is None and not measurement.error
         assert measurement.speed_index > 0  # the cpu backend probes its cores' speed
+        assert measurement.execution_mode == "eager" and measurement.host_step_s > 0
     one_core, whole_device = result.measurements
     assert one_core.cross_core_rtt_ns is None  # a task on one core has no link to wait on
     if len(agent_context.cores) > 1:

@@ -112,6 +112,6 @@ def test_a_profiler_process_trains_a_tabular_model_on_inputs_of_its_shape(tmp_pa
         proc.kill()
         proc.wait()
 
-    assert all(line[0] == ITER_PREFIX and line[3] == "16" for line in timed)
+    assert all(line[0] == ITER_PREFIX and int(line[3]) == 16 * int(line[4]) for line in timed)
     result = ProfileChildResult.model_validate(json.loads(result_path.read_text()))
     assert result.status == "succeeded" and result.iterations >= 4

@@ -22,18 +22,24 @@ Protocol on stdin/stdout (line by line, nothing else is written to the real stdo
 
 1. the process prints ``READY`` and blocks until the parent sends ``GO`` (the start barrier,
    as in :mod:`workers.training.trainer`);
-2. it runs ``warmup_iterations`` untimed iterations, then timed ones, printing after each timed
-   iteration ``ITER <start> <end> <samples>`` (``time.monotonic()`` seconds — the same clock in
-   every process of the host — and the batch size);
-3. between iterations it checks stdin without blocking (``select``); on ``STOP`` (or end of
-   file: the parent is gone) it finishes, writes RESULT.json and exits.
+2. it runs ``warmup_iterations`` untimed iterations (in graphs mode at least the capture's,
+   :data:`~workers.training.execution.STEPS_BEFORE_REPLAY`), then timed ones in chunks: the
+   host synchronises with the device only at the end of a chunk, and prints then
+   ``ITER <start> <end> <samples> <steps>`` (``time.monotonic()`` seconds — the same clock in
+   every process of the host —, the chunk's samples and steps). A chunk is as many steps as
+   take about :data:`CHUNK_S` (:func:`next_chunk_steps`, sized from the chunk before: 1 step,
+   then at most 4 times more each time), so the timed window holds no per-step
+   synchronisation and the host queues steps ahead of the device;
+3. between steps it checks stdin without blocking (``select``); on ``STOP`` (or end of
+   file: the parent is gone) it drops the unfinished chunk, writes RESULT.json and exits.
 
-RESULT.json is a :class:`ProfileChildResult`: the peak memory and, on failure, the error.
+RESULT.json is a :class:`ProfileChildResult`: the peak memory, the execution mode that ran,
+the host seconds per timed step and, on failure, the error.
 
 Device: ``MTFL_TRAINER_DEVICE`` in the environment (:func:`workers.training.trainer.trainer_device`,
 set by the GPU backends) chooses ``cpu`` (default) or ``cuda``. On ``cuda`` the model and the
 synthetic batch are created on the GPU before ``READY``, cuDNN autotuning runs during the
-warm-up iterations, each timed iteration's ``end`` is taken after ``torch.cuda.synchronize()``,
+warm-up iterations, each chunk's ``end`` is taken after ``torch.cuda.synchronize()``,
 and the peak memory is ``torch.cuda.max_memory_allocated``. On ``cpu`` the peak memory is the
 private resident memory (:func:`workers.training.trainer.cpu_memory_bytes`: anonymous pages, the same
 whether the process was started anew or forked), in bytes.
@@ -52,6 +58,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -63,10 +70,12 @@ from workers.protocol.messages import (
     DEFAULT_INPUT_SHAPE,
     Architecture,
     AssignmentStatus,
+    ExecutionOptions,
     InputShapeField,
     OptimizerConfig,
 )
 from workers.training import zoo
+from workers.training.execution import STEPS_BEFORE_REPLAY, ExecutedMode, StepRunner
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +86,16 @@ EXIT_BAD_SPEC = 2
 
 STOP_LINE = "STOP"
 ITER_PREFIX = "ITER"
+
+CHUNK_S = 0.2
+"""Target seconds of a timed chunk (one synchronisation and one ``ITER`` line each). Long
+enough that the synchronisation's idle gap (the device waits for the host's next launch, tens of
+microseconds) is under 0.1 % of it; short enough that the common window's edges, where a chunk
+that straddles them is left out (:func:`workers.profiling.sweep.common_window`), lose little of
+a window of a second or two."""
+MAX_CHUNK_GROWTH = 4
+"""A chunk holds at most this many times the steps of the chunk before, so one fast outlier
+cannot size a chunk far past :data:`CHUNK_S`."""
 
 INPUT_SHAPE = DEFAULT_INPUT_SHAPE
 """Shape of one synthetic sample unless the spec says otherwise (CIFAR-10 size, the built-in
@@ -96,6 +115,7 @@ class ProfileChildSpec(BaseModel):
         lock_path: per-iteration exclusive lock (time slicing), or ``None``.
         warmup_iterations: untimed iterations after ``GO``.
         seed: seeds the model's initialisation and the synthetic batch.
+        execution: how the steps run (the sweep's ``ProfileSweepRequest.execution``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -109,6 +129,7 @@ class ProfileChildSpec(BaseModel):
     lock_path: str | None = None
     warmup_iterations: int = Field(default=2, ge=0, le=1000)
     seed: int = Field(default=0, ge=0)
+    execution: ExecutionOptions = ExecutionOptions()
 
 
 class ProfileChildResult(BaseModel):
@@ -120,6 +141,11 @@ class ProfileChildResult(BaseModel):
         iterations: iterations run after ``GO``, warm-up included.
         peak_memory_bytes: the process's peak memory, bytes: ``torch.cuda.max_memory_allocated``
             on a GPU, the private resident memory on CPU (:func:`workers.training.trainer.cpu_memory_bytes`).
+        execution_mode: what the steps ran as (``eager`` or ``graphs``); ``None`` if it failed
+            before choosing.
+        execution_fallback: why ``execution_mode`` is not what the spec asked, ``""`` if it is.
+        host_step_s: host seconds per timed step while issuing it (:class:`ProfileRun`);
+            ``None`` when no chunk completed.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -128,6 +154,9 @@ class ProfileChildResult(BaseModel):
     error: str = ""
     iterations: int = 0
     peak_memory_bytes: int | None = None
+    execution_mode: ExecutedMode | None = None
+    execution_fallback: str = ""
+    host_step_s: float | None = Field(default=None, ge=0)
 
 
 class StdinCommands:
@@ -247,13 +276,51 @@ def peak_memory_bytes() -> int:
     return cpu_memory_bytes()
 
 
+@dataclass(frozen=True)
+class ProfileRun:
+    """What :func:`profile` ran.
+
+    Attributes:
+        iterations: steps run after ``GO``, warm-up and an unfinished last chunk included.
+        execution_mode: ``eager`` or ``graphs``, as the :class:`StepRunner` ran them.
+        execution_fallback: why not what was asked (``""`` if it was).
+        host_step_s: host seconds per step over the reported chunks: on a GPU the issuing
+            thread's CPU time (``time.thread_time``) around its step calls, the launch cost that
+            says whether the device waits for the host; on ``cpu``, where the step's work is the
+            host's and spreads over the intra-op threads, the wall time of the step calls.
+            ``None`` when no chunk completed.
+    """
+
+    iterations: int
+    execution_mode: ExecutedMode
+    execution_fallback: str
+    host_step_s: float | None
+
+
+def next_chunk_steps(previous_steps: int, previous_s: float, target_s: float = CHUNK_S) -> int:
+    """Steps of the next timed chunk: as many as take ``target_s`` at the previous chunk's pace,
+    at least 1 and at most :data:`MAX_CHUNK_GROWTH` times ``previous_steps``.
+
+    Args:
+        previous_steps: steps of the chunk before, ``>= 1``.
+        previous_s: its seconds, ``>= 0`` (0: as fast as the clock can tell: grow the most).
+        target_s: the target chunk length, seconds.
+    """
+    ceiling = MAX_CHUNK_GROWTH * previous_steps
+    if previous_s <= 0:
+        return ceiling
+    return max(1, min(ceiling, int(target_s * previous_steps / previous_s)))
+
+
 def profile(
     spec: ProfileChildSpec, protocol_out: TextIO, commands: StdinCommands, models: WarmModels | None = None
-) -> int:
-    """Set up, pass the barrier, train until ``STOP``; return the iterations run after ``GO``.
+) -> ProfileRun:
+    """Set up, pass the barrier, train until ``STOP``; report what ran.
 
     With ``models`` (a warm trainer's :class:`WarmModels`) the model comes from it, in the state
-    a freshly built one has, instead of being built.
+    a freshly built one has, instead of being built. Steps run through a :class:`StepRunner`
+    with ``spec.execution``'s options; after the warm-up, timed steps go in chunks ended by
+    one synchronisation and one ``ITER`` line each (module docstring).
 
     Raises:
         RuntimeError: if the barrier is aborted (anything but ``GO`` on stdin).
@@ -267,21 +334,21 @@ def profile(
         build_optimizer,
         open_device,
         synchronize,
-        train_step,
         trainer_device,
     )
-    from workers.training.zoo import build_model
 
     global _DEVICE
     apply_resources(spec.threads, spec.cores)
     device = _DEVICE = open_device(trainer_device())
     if models is None:
-        model = build_model(spec.architecture, spec.num_classes, spec.seed, spec.input_shape)
+        model = zoo.build_model(spec.architecture, spec.num_classes, spec.seed, spec.input_shape)
     else:
         model = models.model(spec, device)
     model.to(device)
     model.train()
     optimizer = build_optimizer(model, OptimizerConfig())
+    runner = StepRunner(model, optimizer, device, spec.execution)
+    warmup = max(spec.warmup_iterations, STEPS_BEFORE_REPLAY) if runner.mode == "graphs" else spec.warmup_iterations
     generator = torch.Generator().manual_seed(spec.seed)
     # Drawn on the CPU generator, so the batch is the same on every device, then moved once.
     x = torch.randn(spec.batch_size, *spec.input_shape, generator=generator).to(device)
@@ -295,24 +362,54 @@ def profile(
         raise RuntimeError(f"start barrier aborted: expected {GO_LINE!r} on stdin, got {line!r}")
 
     hold = IterationLock(spec.lock_path)
+    # A lock on a GPU time-slices it: a step must have finished before the lock goes to the
+    # next holder (as in workers.training.trainer.run_epochs).
+    sync_each_step = spec.lock_path is not None and device.type == "cuda"
+    host_clock = time.thread_time if device.type == "cuda" else time.perf_counter
     iterations = 0
+    chunk_steps, chunk_done, chunk_host_s, chunk_start = 1, 0, 0.0, 0.0
+    timed_steps, timed_host_s = 0, 0.0
     try:
         while True:
             command = commands.poll_line()
             if command is None or command == STOP_LINE:
                 break
-            start = time.monotonic()
-            with hold:
-                train_step(model, optimizer, x, y)
+            if iterations == warmup:
                 synchronize(device)
-            end = time.monotonic()
+                chunk_start = time.monotonic()
+            host_tick = host_clock()
+            with hold:
+                runner.step(x, y)
+                if sync_each_step:
+                    synchronize(device)
+            host_s = host_clock() - host_tick
             iterations += 1
-            if iterations > spec.warmup_iterations:
-                protocol_out.write(f"{ITER_PREFIX} {start!r} {end!r} {spec.batch_size}\n")
+            if iterations <= warmup:
+                continue
+            chunk_done += 1
+            chunk_host_s += host_s
+            if chunk_done == chunk_steps:
+                synchronize(device)
+                end = time.monotonic()
+                protocol_out.write(
+                    f"{ITER_PREFIX} {chunk_start!r} {end!r} {chunk_steps * spec.batch_size} {chunk_steps}\n"
+                )
                 protocol_out.flush()
+                timed_steps += chunk_steps
+                timed_host_s += chunk_host_s
+                chunk_steps = next_chunk_steps(chunk_steps, end - chunk_start)
+                chunk_done, chunk_host_s, chunk_start = 0, 0.0, time.monotonic()
+        if iterations:
+            runner.take_loss()  # its check: a diverged profile is an error, not a figure
     finally:
+        runner.close()
         hold.close()
-    return iterations
+    return ProfileRun(
+        iterations=iterations,
+        execution_mode=runner.mode,
+        execution_fallback=runner.fallback,
+        host_step_s=timed_host_s / timed_steps if timed_steps else None,
+    )
 
 
 def _write_result(path: Path, result: ProfileChildResult) -> None:
@@ -353,7 +450,7 @@ def run_profile_job(
         return EXIT_BAD_SPEC
 
     try:
-        iterations = profile(spec, protocol_out, commands, models)
+        run = profile(spec, protocol_out, commands, models)
     except Exception as exc:  # noqa: BLE001 - reported in RESULT.json and the exit code
         traceback.print_exc(file=sys.stderr)
         _write_result(
@@ -369,8 +466,11 @@ def run_profile_job(
         result_path,
         ProfileChildResult(
             status="succeeded",
-            iterations=iterations,
+            iterations=run.iterations,
             peak_memory_bytes=peak_memory_bytes(),
+            execution_mode=run.execution_mode,
+            execution_fallback=run.execution_fallback,
+            host_step_s=run.host_step_s,
         ),
     )
     return EXIT_OK

@@ -200,11 +200,13 @@ def sweep_design(request: ProfileSweepRequest) -> Iterator[list[ProfileTaskSpec]
 
 
 class Iteration(NamedTuple):
-    """One timed training iteration of a profiler process (host monotonic seconds)."""
+    """One timed chunk of a profiler process: ``steps`` training iterations between two
+    synchronisations (host monotonic seconds), ``samples`` in them."""
 
     start: float
     end: float
     samples: int
+    steps: int = 1
 
 
 def common_window(
@@ -252,7 +254,7 @@ def window_complete(
     t_all, counted = common_window(iterations, now)
     if t_all is None or now - t_all < min_window_s:
         return False
-    return all(len(its) >= min_iterations for its in counted)
+    return all(sum(it.steps for it in its) >= min_iterations for its in counted)
 
 
 def busy_fraction(samples: Sequence[GpuSample], start: float, end: float) -> float | None:
@@ -303,12 +305,14 @@ def _label(index: int, task: ProfileTaskSpec) -> str:
 
 
 def _record_iteration(profilers: dict[int, _Profiler]) -> Callable[[Child, list[str]], None]:
-    """The launch engine's ``on_line``: ``ITER <start> <end> <samples>`` lines become
-    :class:`Iteration` records of the profiler that wrote them."""
+    """The launch engine's ``on_line``: ``ITER <start> <end> <samples> [<steps>]`` lines (a
+    chunk of ``steps`` iterations, 1 when left out) become :class:`Iteration` records of the
+    profiler that wrote them."""
 
     def on_line(child: Child, words: list[str]) -> None:
-        if len(words) == 4 and words[0] == ITER_PREFIX:
-            profilers[id(child)].iterations.append(Iteration(float(words[1]), float(words[2]), int(words[3])))
+        if len(words) in (4, 5) and words[0] == ITER_PREFIX:
+            steps = int(words[4]) if len(words) == 5 else 1
+            profilers[id(child)].iterations.append(Iteration(float(words[1]), float(words[2]), int(words[3]), steps))
         else:
             logger.warning("profiler %s wrote an unknown line: %r", child.label, " ".join(words))
 
@@ -544,7 +548,9 @@ def measure_configuration(
                 if telemetry is not None and its
                 else None
             ),
-            timed_iterations=len(its),
+            timed_iterations=sum(it.steps for it in its),
+            host_step_s=outcome.host_step_s if outcome is not None else None,
+            execution_mode=outcome.execution_mode if outcome is not None else None,
         )
         for p, its, outcome in zip(ordered, counted, outcomes, strict=True)
     ]
@@ -591,6 +597,7 @@ def _write_specs(
             cores=resources.cores,
             lock_path=None if resources.lock_path is None else str(resources.lock_path),
             warmup_iterations=request.warmup_iterations,
+            execution=request.execution,
         )
         spec_path = stem.with_suffix(".spec.json")
         spec_path.write_text(spec.model_dump_json(indent=2))
