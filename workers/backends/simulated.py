@@ -37,7 +37,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +50,7 @@ from workers.protocol.messages import (
     AssignmentSpec,
     AssignmentStatus,
     DeviceRoundResult,
+    ExecutionOptions,
     ProfileConfigResult,
     ProfileMeasurement,
     ProfileSweepRequest,
@@ -104,6 +105,17 @@ CONTENTION = 0.3
 NOISE_SIGMA = 0.03
 """Standard deviation of the log of the multiplicative noise: about 3 % run-to-run spread (an
 assumption; the cpu backend's repeated profiling measurements spread a few percent too)."""
+OPS_PER_LAYER = 7.5
+"""PyTorch operations an eager training step issues per leaf module, for a workload whose op
+count is not known (:attr:`SimWorkload.ops_per_step` 0): forward, input and weight gradients,
+autograd's accumulations and the optimiser's per-parameter updates. 7.5 is about the ratio of
+:func:`workers.profiling.features.training_ops_per_step`'s counts (435, 1,218 and 1,187 for
+resnet18, mobilenet_v3_large and shufflenet_v2_x1_0 at 32×32) to their leaf modules (52,
+168, 164)."""
+GRAPH_HOST_OPS = 3.0
+"""Eager operations a CUDA-graph step still issues on the host besides the replay: the batch's
+gather from the shard and the copies into the graph's two static input buffers
+(workers/training/execution.py's StepRunner)."""
 PROFILE_STARTUP_S = 5.0
 """Virtual seconds a profiling configuration spends before its first iteration: processes
 start, torch import, CUDA context, model build (an assumption)."""
@@ -143,6 +155,22 @@ class DeviceSpec:
             cuDNN/cuBLAS handles).
         timeslice_overhead: fraction of each time slice lost to context switches when
             processes share the device without MPS (an assumption).
+        host_op_s: host seconds per PyTorch operation of an eager training step (Python,
+            dispatcher, allocator and driver launch together). When ``> 0`` the eager launch
+            term is ``ops_per_step × host_op_s`` (:attr:`SimWorkload.ops_per_step`), which
+            replaces ``3·N·kernel_s``; 0 keeps the per-layer term. Fitted for ``h200`` and
+            ``h100-sxm`` on this project's H200 measurements (``benchmarks/sim_calibration.py``).
+        graph_launch_s: host seconds to replay one captured CUDA graph (``torch.cuda.CUDAGraph
+            .replay``: one ``cudaGraphLaunch``). 10 µs is an assumption: NVIDIA gives a few µs
+            for ``cudaGraphLaunch`` and, since CUDA 12.6, a launch time independent of the
+            node count for straight-line graphs ("Constant Time Launch for Straight-Line CUDA
+            Graphs", NVIDIA Technical Blog, 2024); PyTorch's replay wrapper adds a few µs.
+        kernel_gap_s: device seconds between consecutive kernels of one stream (the GPU-side
+            launch latency), counted once per operation of a training step: the floor of a
+            graph replay's time, hidden behind the host in eager mode. 1 µs on Hopper is an
+            assumption from NVIDIA's measurement of ~0.5-1 µs per kernel with graphs
+            ("Getting Started with CUDA Graphs", NVIDIA Technical Blog, 2019: 3.4 µs per
+            2.9 µs kernel); 0 (the default) leaves it out.
     """
 
     name: str
@@ -155,6 +183,19 @@ class DeviceSpec:
     flops_efficiency: DeviceValue = 0.8
     context_bytes: DeviceValue = 0.3 * GIB
     timeslice_overhead: DeviceValue = 0.05
+    host_op_s: DeviceValue = 0.0
+    graph_launch_s: DeviceValue = 10e-6
+    kernel_gap_s: DeviceValue = 0.0
+
+
+H200_HOST_OP_S = 22.6e-6
+"""Host seconds per eager PyTorch operation fitted on the H200 measurements
+(``benchmarks/reference-data/mtfl-h200``, ``python benchmarks/sim_calibration.py``): the host of
+that run (16 cores, Python 3.12, torch 2.11, CUDA 13) issuing a training step op by op. The
+H100 preset takes the same value: the launch cost is the host's and the driver's, not the
+GPU's (an assumption until an H100 is measured)."""
+HOPPER_KERNEL_GAP_S = 1e-6
+"""Device seconds between kernels on Hopper (see :attr:`DeviceSpec.kernel_gap_s`; an assumption)."""
 
 
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
@@ -168,11 +209,30 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     "v100": DeviceSpec("v100", 15.7e12, 900e9, 16 * GIB, 80, 2048),
     "a100-40gb": DeviceSpec("a100-40gb", 19.5e12, 1555e9, 40 * GIB, 108, 2048),
     "a100-80gb": DeviceSpec("a100-80gb", 19.5e12, 2039e9, 80 * GIB, 108, 2048),
-    # H100 SXM5 80 GB (H100 data sheet, 2023): 67 TFLOP/s fp32, 3.35 TB/s HBM3, 132 SMs.
-    "h100-sxm": DeviceSpec("h100-sxm", 67e12, 3350e9, 80 * GIB, 132, 2048),
+    # H100 SXM5 80 GB (H100 data sheet, 2023): 67 TFLOP/s fp32 (non-tensor; 989 TFLOP/s
+    # dense bf16 on tensor cores), 3.35 TB/s HBM3, 132 SMs. Host launch term as the H200's.
+    "h100-sxm": DeviceSpec(
+        "h100-sxm",
+        67e12,
+        3350e9,
+        80 * GIB,
+        132,
+        2048,
+        host_op_s=H200_HOST_OP_S,
+        kernel_gap_s=HOPPER_KERNEL_GAP_S,
+    ),
     # H200 SXM 141 GB (H200 data sheet, 2024): the H100's GH100 die (67 TFLOP/s fp32, 132
-    # SMs) with 141 GB of HBM3e at 4.8 TB/s.
-    "h200": DeviceSpec("h200", 67e12, 4800e9, 141 * GIB, 132, 2048),
+    # SMs) with 141 GB of HBM3e at 4.8 TB/s; host launch term fitted on the project's run.
+    "h200": DeviceSpec(
+        "h200",
+        67e12,
+        4800e9,
+        141 * GIB,
+        132,
+        2048,
+        host_op_s=H200_HOST_OP_S,
+        kernel_gap_s=HOPPER_KERNEL_GAP_S,
+    ),
     "t4": DeviceSpec("t4", 8.1e12, 320e9, 15 * GIB, 40, 1024),  # 16 GB, 15 GiB usable
     # Tesla P100 PCIe 16 GB (P100 data sheet, 2016): 9.3 TFLOP/s fp32, 732 GB/s, 56 SMs; the
     # PCIe card is the one clouds rent and Gavel measured (benchmarks/reference-data).
@@ -186,7 +246,9 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
 ``a100-40gb``, ``a100-80gb``, ``h100-sxm``, ``h200``, ``t4``, ``p100``, ``k80``. Their
 ``kernel_s`` and ``flops_efficiency`` are :class:`DeviceSpec`'s defaults (assumptions, see
 there); ``benchmarks/sim_calibration.py`` fits them against measurements for the A100 (MISO,
-ParvaGPU), P100 and K80 (Gavel) and reports the figures without changing the presets."""
+ParvaGPU), P100 and K80 (Gavel) and reports the figures without changing the presets. The
+``h200`` and ``h100-sxm`` presets carry a per-operation host term (``host_op_s``, fitted on
+the project's H200 run, :data:`H200_HOST_OP_S`) and a device-side gap per kernel."""
 
 _NUMERIC_FIELDS = tuple(f.name for f in dataclasses.fields(DeviceSpec) if f.name != "name")
 
@@ -262,12 +324,17 @@ class SimWorkload:
         param_bytes: bytes of the parameters (float32).
         layers: leaf modules of the model (convolutions, norms, activations, ...): each
             launches about one kernel per pass.
+        ops_per_step: PyTorch operations one eager training step issues (forward, loss,
+            backward, optimiser step), ``WorkloadFeatures.ops_per_step``
+            (:func:`workers.profiling.features.training_ops_per_step`); 0 when not known,
+            then estimated as :data:`OPS_PER_LAYER` × ``layers``.
     """
 
     flops_per_sample: float
     activation_bytes_per_sample: float
     param_bytes: float
     layers: int
+    ops_per_step: int = 0
 
 
 def simulation_workload(
@@ -300,6 +367,7 @@ def _workload(architecture: str, num_classes: int, input_shape: tuple[int, ...])
         activation_bytes_per_sample=features.activation_bytes_per_sample,
         param_bytes=float(features.param_bytes),
         layers=leaf_module_count(architecture, num_classes, input_shape),
+        ops_per_step=features.ops_per_step or 0,
     )
 
 
@@ -365,6 +433,10 @@ class MixPrediction:
         oom: ``(..., I)`` bool, True for tasks refused for lack of device memory.
         device_utilisation: ``(...)``, the fraction of the device's attainable compute and
             bandwidth the configuration keeps busy (``Σ v_i / t_i``; see the formula).
+        host_step_s: host seconds each task spends issuing one step (its launch term ``L``),
+            ``(..., I)``; NaN where throughput is.
+        gpu_busy_fraction: ``(...)``, the fraction of time some kernel runs on the device, as
+            NVML's utilisation counts it (see the formula); 0 with no task running.
     """
 
     throughput_sps: np.ndarray
@@ -372,6 +444,8 @@ class MixPrediction:
     peak_memory_bytes: np.ndarray
     oom: np.ndarray
     device_utilisation: np.ndarray
+    host_step_s: np.ndarray
+    gpu_busy_fraction: np.ndarray
 
 
 def _smooth_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -400,6 +474,7 @@ def _check_inputs(present: np.ndarray, **arrays: np.ndarray) -> None:
         "layers": (lambda x: x >= 1, ">= 1"),
         "batch_size": (lambda x: x >= 1, ">= 1"),
         "share": (lambda x: (x > 0) & (x <= 100), "in (0, 100] percent"),
+        "ops_per_step": (lambda x: x >= 0, ">= 0"),
     }
     for name, (ok, text) in rules.items():
         values = arrays[name]
@@ -420,6 +495,8 @@ class _TaskColumns(TypedDict):
     layers: np.ndarray
     batch_size: np.ndarray
     share: np.ndarray
+    ops_per_step: np.ndarray
+    graphs: np.ndarray
 
 
 class _Measured(TypedDict, total=False):
@@ -428,6 +505,8 @@ class _Measured(TypedDict, total=False):
     throughput_sps: float
     peak_memory_bytes: int
     timed_iterations: int
+    host_step_s: float
+    gpu_busy_fraction: float
     error: str
 
 
@@ -444,6 +523,8 @@ def simulate_throughput(
     present: npt.ArrayLike | None = None,
     noise: npt.ArrayLike | None = None,
     inference: bool = False,
+    ops_per_step: npt.ArrayLike = 0,
+    graphs: npt.ArrayLike = False,
 ) -> MixPrediction:
     """Predict every co-located task's training throughput on a device, for many mixes at once.
 
@@ -468,8 +549,16 @@ def simulate_throughput(
       (roofline terms added; a half-device slice draws the full bandwidth,
       :data:`BANDWIDTH_SATURATING_SHARE`), and its work in whole-device seconds
       ``v = W/(η·F_peak) + Q/BW``, so the task keeps ``a = v/D ≤ 1`` of the device busy;
-    - host launch time ``L = 3·N·k_s`` [s] (three kernels per layer, ``k_s`` = ``kernel_s``);
-      the host enqueues while the device runs, so an iteration takes the smooth maximum
+    - host launch time, eager: ``L = O·h`` [s] on a device with a per-operation host time
+      ``h`` = ``host_op_s > 0`` (``O`` = ``ops_per_step``, or :data:`OPS_PER_LAYER`·``N`` when
+      0), else ``L = 3·N·k_s`` (three kernels per layer, ``k_s`` = ``kernel_s``). Under CUDA
+      graphs (``graphs``) the step is one replay: ``L = g + 3·h`` (``g`` = ``graph_launch_s``;
+      :data:`GRAPH_HOST_OPS` eager ops for the batch and its copies into the static inputs;
+      ``h`` = ``kernel_s`` where ``host_op_s`` is 0), so the step takes the GPU's time.
+      Consecutive kernels of one stream leave the device idle ``O·k_g`` [s] per step
+      (``k_g`` = ``kernel_gap_s``, device-side launch latency): added to ``D`` below, not to
+      the work ``v`` (co-located work may fill the gaps);
+    - the host enqueues while the device runs, so an iteration takes the smooth maximum
       ``t = (L^p + (σ·D)^p)^(1/p)``, ``p`` = :data:`SMOOTH_MAX_P`, stretch ``σ ≥ 1``.
 
     Contention (``partitioning="mps"``): the tasks' demand ``Σ v_i / t_i`` [device-seconds per
@@ -484,10 +573,19 @@ def simulate_throughput(
     when all are device-bound ``σ → Σ a_i / c``: each share scaled down by about
     ``max(1, S)``, a little more as the overlap grows.
 
-    Time slicing (``partitioning="timeslice"``, no MPS): shares are ignored; each task runs at
-    its speed alone on the whole device (``r = 1``) for ``1/k`` of the time, ``k`` tasks
-    present, less :attr:`DeviceSpec.timeslice_overhead` lost to context switches when
-    ``k > 1``: ``t = t_alone · k / (1 − overhead)``.
+    Time slicing (``partitioning="timeslice"``, no MPS): shares are ignored; each task's
+    kernels run on the whole device (``r = 1``, device time ``D₁``) one context at a time, so
+    the contexts' device times add up: ``Σ D₁_i / t_i ≤ 1 − overhead`` when ``k > 1`` tasks
+    run (:attr:`DeviceSpec.timeslice_overhead` lost to context switches), with
+    ``t_i = smooth_max(L_i, σ·D₁_i)`` and ``σ ≥ 1`` the smallest stretch that satisfies it.
+    Device-bound tasks get ``t = t_alone · k / (1 − overhead)``, their turn of ``1/k``;
+    host-bound ones barely slow down: the driver hands the idle device to whichever context
+    has work, as measured on the H200 (``temporal`` ran each light-mix task at its alone
+    speed, benchmarks/results/gpu_check_h200).
+
+    GPU busy fraction: task ``i`` keeps kernels running ``b_i = min(1, σ·(D_i − O_i·k_g)/t_i)``
+    of the time; under MPS the device is busy when any task is, ``1 − Π(1 − b_i)``
+    (independent tasks); under time slicing ``min(1, Σ b_i)``.
 
     Memory: task ``i`` holds ``context_bytes + 4·P + A·B`` at its peak (:data:`PARAM_MEMORY`).
     Tasks are admitted in order; one that does not fit beside those admitted before it is
@@ -509,7 +607,11 @@ def simulate_throughput(
         inference: model a forward pass instead of a training step (one kernel per layer,
             parameters read once and held once, only two layers' activations live; the
             caller passes forward FLOPs): for checking the shape against inference
-            measurements such as ``benchmarks/reference-data/parvagpu-a100``.
+            measurements such as ``benchmarks/reference-data/parvagpu-a100``. The launch
+            term is then always ``N·k_s`` (op counts are a training step's).
+        ops_per_step: PyTorch operations per eager training step, ``>= 0`` (0: estimated
+            from ``layers``).
+        graphs: bool per task, True where the step runs as a CUDA graph replay.
 
     Returns:
         A :class:`MixPrediction`.
@@ -522,10 +624,19 @@ def simulate_throughput(
     if partitioning not in ("mps", "timeslice"):
         raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
     try:
-        F, A, P, N, B, R = np.broadcast_arrays(
+        F, A, P, N, B, R, C, G = np.broadcast_arrays(
             *(
                 np.asarray(x, dtype=float)
-                for x in (flops_per_sample, activation_bytes_per_sample, param_bytes, layers, batch_size, share)
+                for x in (
+                    flops_per_sample,
+                    activation_bytes_per_sample,
+                    param_bytes,
+                    layers,
+                    batch_size,
+                    share,
+                    ops_per_step,
+                    graphs,
+                )
             )
         )
     except ValueError as exc:
@@ -535,7 +646,14 @@ def simulate_throughput(
     shape = F.shape
     present = np.ones(shape, dtype=bool) if present is None else np.broadcast_to(np.asarray(present, dtype=bool), shape)
     _check_inputs(
-        present, flops_per_sample=F, activation_bytes_per_sample=A, param_bytes=P, layers=N, batch_size=B, share=R
+        present,
+        flops_per_sample=F,
+        activation_bytes_per_sample=A,
+        param_bytes=P,
+        layers=N,
+        batch_size=B,
+        share=R,
+        ops_per_step=C,
     )
     lead = shape[:-1]
     dev = {f: _device_field(device, f, lead) for f in _NUMERIC_FIELDS}
@@ -562,7 +680,16 @@ def simulate_throughput(
         intensity = np.where(A > 0, F / (kernels * A / 4.0), np.inf)
         kernel_efficiency = np.where(np.isinf(intensity), 1.0, intensity / (intensity + INTENSITY_HALF))
     rate = dev["flops_efficiency"] * kernel_efficiency * dev["peak_flops"]
-    launch = kernels * N * dev["kernel_s"]
+    host_op = dev["host_op_s"]
+    if inference:  # op counts are a training step's: one kernel per layer, the per-layer host term
+        ops = kernels * N
+        launch = ops * dev["kernel_s"]
+    else:
+        ops = np.where(C > 0, C, OPS_PER_LAYER * N)
+        eager_launch = np.where(host_op > 0, ops * host_op, kernels * N * dev["kernel_s"])
+        graph_launch = dev["graph_launch_s"] + GRAPH_HOST_OPS * np.where(host_op > 0, host_op, dev["kernel_s"])
+        launch = np.where(G != 0, graph_launch, eager_launch)
+    gaps = ops * dev["kernel_gap_s"]
     elements = A * B / (4.0 * N)
     slots = dev["sms"] * dev["threads_per_sm"]
     v = work / rate + traffic / dev["memory_bandwidth"]
@@ -574,14 +701,16 @@ def simulate_throughput(
         with np.errstate(divide="ignore", invalid="ignore"):
             compute = np.where(work > 0, work / (rate * r * efficiency), 0.0)
         bandwidth = dev["memory_bandwidth"] * np.minimum(1.0, r / BANDWIDTH_SATURATING_SHARE)
-        seconds: np.ndarray = compute + traffic / bandwidth
+        seconds: np.ndarray = compute + traffic / bandwidth + gaps
         return seconds
 
     if partitioning == "timeslice":
-        alone = _smooth_max(launch, device_time(np.ones(shape)))
-        k = run.sum(axis=-1, keepdims=True)
-        slowdown = np.where(k > 1, k / (1.0 - dev["timeslice_overhead"]), 1.0)
-        t = alone * slowdown
+        D = device_time(np.ones(shape))
+        k = run.sum(axis=-1)
+        cap = np.where(k > 1, 1.0 - np.broadcast_to(dev["timeslice_overhead"], (*lead, 1))[..., 0], 1.0)
+        slots_used = np.where(run & (D > 0), 1.0, 0.0)
+        stretch = _stretch(np.where(run, D, 0.0), launch, D, run, cap, slots_used)
+        t = _smooth_max(launch, stretch[..., None] * D)
     else:
         r = np.where(run, R / 100.0, 1.0)
         D = device_time(r)
@@ -600,12 +729,19 @@ def simulate_throughput(
         throughput = throughput * np.broadcast_to(np.asarray(noise, dtype=float), shape)
     with np.errstate(invalid="ignore"):
         utilisation = np.where(run, v / t, 0.0).sum(axis=-1)
+        kernels_running = np.where(run, np.minimum(1.0, stretch[..., None] * np.maximum(D - gaps, 0.0) / t), 0.0)
+    if partitioning == "timeslice":
+        gpu_busy = np.minimum(1.0, kernels_running.sum(axis=-1))
+    else:
+        gpu_busy = 1.0 - np.prod(1.0 - kernels_running, axis=-1)
     return MixPrediction(
         throughput_sps=np.where(run, throughput, np.nan),
         iteration_s=t,
         peak_memory_bytes=peak,
         oom=oom,
         device_utilisation=utilisation,
+        host_step_s=np.where(run, np.broadcast_to(launch, shape), np.nan),
+        gpu_busy_fraction=gpu_busy,
     )
 
 
@@ -648,8 +784,11 @@ def _stretch(
     return sigma.reshape(lead)
 
 
-def alone_throughput(workload: SimWorkload, batch_size: int, device: DeviceSpec, noise: float = 1.0) -> float | None:
-    """Samples/s of one task alone on the whole device (``P_alone``, share 100).
+def alone_throughput(
+    workload: SimWorkload, batch_size: int, device: DeviceSpec, noise: float = 1.0, *, graphs: bool = False
+) -> float | None:
+    """Samples/s of one task alone on the whole device (``P_alone``, share 100), eager or as a
+    CUDA graph replay (``graphs``).
 
     Returns:
         The throughput, or ``None`` if the task does not fit in the device's memory.
@@ -663,11 +802,21 @@ def alone_throughput(workload: SimWorkload, batch_size: int, device: DeviceSpec,
         [100],
         device,
         noise=[noise],
+        ops_per_step=[workload.ops_per_step],
+        graphs=[graphs],
     )
     return None if prediction.oom[0] else float(prediction.throughput_sps[0])
 
 
 # ------------------------------------------------------------------------------ backend
+
+
+def simulated_execution_mode(options: ExecutionOptions) -> Literal["eager", "graphs"]:
+    """The mode the simulated backend models for ``options``: ``auto`` is ``graphs`` (the
+    backend models a GPU, where ``auto`` captures the step), ``eager`` and ``graphs`` are as
+    asked. A simulated capture never fails, so there is no fallback. ``precision`` and
+    ``channels_last`` are not modelled: every figure is fp32's."""
+    return "eager" if options.mode == "eager" else "graphs"
 
 
 def _effective_batch(batch_size: int, count: int) -> int:
@@ -738,7 +887,9 @@ class SimulatedBackend(AnalyticBackend):
         Each assignment trains ``E·n`` samples (``E`` = ``local_epochs``, ``n`` = shard
         count). The co-located mix is simulated in phases: all tasks run at the mix's
         throughput until the first finishes its samples, then the rest run as a smaller mix,
-        and so on (as real trainers speed up when a neighbour ends). ``seconds`` is when a
+        and so on (as real trainers speed up when a neighbour ends). Each assignment runs in
+        the mode its ``execution`` resolves to (:func:`simulated_execution_mode`: ``auto`` is
+        CUDA graphs), reported as ``execution_mode``. ``seconds`` is when a
         task finished, ``throughput_sps = E·n / seconds``; ``started_at`` is now for all,
         ``finished_at = started_at + seconds`` (virtual: nothing sleeps unless
         ``time_scale > 0``). ``iterations`` and ``timed_iterations`` are what the trainer
@@ -802,6 +953,7 @@ class SimulatedBackend(AnalyticBackend):
             [noise_factors(a.seed, request.round_index, ctx.device, [a.task.task_id])[0] for a in assignments]
         )
         loaded = [w for w in workloads if w is not None]  # all of them: a failed one returned above
+        modes = [simulated_execution_mode(a.execution) for a in assignments]
         arrays = _TaskColumns(
             flops_per_sample=np.array([w.flops_per_sample for w in loaded]),
             activation_bytes_per_sample=np.array([w.activation_bytes_per_sample for w in loaded]),
@@ -809,6 +961,8 @@ class SimulatedBackend(AnalyticBackend):
             layers=np.array([w.layers for w in loaded]),
             batch_size=batches,
             share=np.array([a.active_thread_percentage for a in assignments]),
+            ops_per_step=np.array([w.ops_per_step for w in loaded]),
+            graphs=np.array([m == "graphs" for m in modes]),
         )
         first = simulate_throughput(**arrays, device=self.device, partitioning=request.partitioning, noise=noise)
         if first.oom.any():
@@ -857,6 +1011,7 @@ class SimulatedBackend(AnalyticBackend):
                     finished_at=started_at + float(seconds[k]),
                     weights=assignment.output_weights,
                     weights_sha256=sha,
+                    execution_mode=modes[k],
                     simulated=True,
                 )
             )
@@ -914,7 +1069,9 @@ class SimulatedBackend(AnalyticBackend):
     # -------------------------------------------------------------------------- standalone
 
     def measure_standalone(self, request: StandaloneRequest, ctx: AgentContext) -> StandaloneResult:
-        """Each item's simulated throughput alone on the whole device (share 100).
+        """Each item's simulated throughput alone on the whole device (share 100), in the mode
+        its ``execution`` resolves to (:func:`simulated_execution_mode`), reported as
+        ``execution_mode``.
 
         The batch is ``min(batch_size, shard.count)`` as the trainer uses it; the noise is
         seeded by ``(run_id, -1, device, task_id)``. An empty shard or a task too large for the
@@ -949,7 +1106,11 @@ class SimulatedBackend(AnalyticBackend):
                 else:
                     noise = noise_factors(request.run_id, -1, ctx.device, [task.task_id])[0]
                     throughput = alone_throughput(
-                        workload, _effective_batch(item.batch_size, item.shard.count), self.device, float(noise)
+                        workload,
+                        _effective_batch(item.batch_size, item.shard.count),
+                        self.device,
+                        float(noise),
+                        graphs=simulated_execution_mode(item.execution) == "graphs",
                     )
                     if throughput is None:
                         error = (
@@ -964,6 +1125,7 @@ class SimulatedBackend(AnalyticBackend):
                     task_id=task.task_id,
                     batch_size=item.batch_size,
                     throughput_sps=throughput,
+                    execution_mode=simulated_execution_mode(item.execution),
                     error=error,
                     simulated=True,
                 )
@@ -991,9 +1153,11 @@ class SimulatedBackend(AnalyticBackend):
     ) -> ProfileConfigResult:
         """Simulate one profiling configuration (MPS shares) and what measuring it would cost.
 
-        Throughputs are :func:`simulate_throughput`'s for the mix, with noise seeded by
-        ``(request.seed, config_index, device, task index)`` (a repeat draws new noise, as a
-        re-measurement would). The virtual cost mirrors
+        Throughputs are :func:`simulate_throughput`'s for the mix, in the mode
+        ``request.execution`` resolves to (:func:`simulated_execution_mode`), with noise seeded
+        by ``(request.seed, config_index, device, task index)`` (a repeat draws new noise, as a
+        re-measurement would). Each measurement carries that ``execution_mode``, the modelled
+        ``host_step_s`` (the task's launch term) and the configuration's ``gpu_busy_fraction``. The virtual cost mirrors
         :func:`workers.profiling.sweep.measure_configuration`: :data:`PROFILE_STARTUP_S`, then
         ``warmup_iterations`` of the slowest task, then a window of
         ``max(min_window_s, (min_timed_iterations + 1) · t_max)`` and one more ``t_max`` to
@@ -1026,6 +1190,8 @@ class SimulatedBackend(AnalyticBackend):
                 simulated=True,
             )
 
+        mode = simulated_execution_mode(request.execution)
+
         def measurement(k: int, **values: Unpack[_Measured]) -> ProfileMeasurement:
             task = tasks[k]
             return ProfileMeasurement(
@@ -1033,6 +1199,7 @@ class SimulatedBackend(AnalyticBackend):
                 architecture=task.architecture,
                 batch_size=task.batch_size,
                 active_thread_percentage=task.active_thread_percentage,
+                execution_mode=mode,
                 simulated=True,
                 **values,
             )
@@ -1055,6 +1222,8 @@ class SimulatedBackend(AnalyticBackend):
                 [t.active_thread_percentage for t in tasks],
                 self.device,
                 noise=noise_factors(request.seed, config_index, ctx.device, range(len(tasks))),
+                ops_per_step=[w.ops_per_step for w in workloads],
+                graphs=mode == "graphs",
             )
         except ValueError as exc:
             error = f"cannot simulate the configuration: {exc}"
@@ -1098,6 +1267,8 @@ class SimulatedBackend(AnalyticBackend):
                     throughput_sps=float(prediction.throughput_sps[k]),
                     peak_memory_bytes=peaks[k],
                     timed_iterations=max(request.min_timed_iterations, int(window // iteration[k])),
+                    host_step_s=float(prediction.host_step_s[k]),
+                    gpu_busy_fraction=float(prediction.gpu_busy_fraction),
                 )
                 for k in range(len(tasks))
             ],
@@ -1199,6 +1370,7 @@ __all__ = [
     "epoch_iterations",
     "noise_factors",
     "simulate_throughput",
+    "simulated_execution_mode",
     "simulation_workload",
     "stack_devices",
     "time_scale_from_env",
