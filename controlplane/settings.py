@@ -278,6 +278,9 @@ SPECTACULAR_SETTINGS = {
         "DeviceStatusEnum": "controlplane.fleet.models.Device.Status",
         "PredictorStatusEnum": "controlplane.profiling.models.Predictor.Status",
         "ComparisonStatusEnum": "controlplane.experiments.models.Comparison.Status",
+        # A task's (and a sweep's) execution_mode; what a trainer reports it ran (never auto).
+        "ExecutionModeEnum": "controlplane.experiments.models.EXECUTION_MODES",
+        "ExecutedModeEnum": "workers.protocol.messages.EXECUTED_MODES",
     },
 }
 
