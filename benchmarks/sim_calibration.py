@@ -1,9 +1,9 @@
 """Calibration: the ``simulated`` backend's model against real GPU measurements.
 
-    python benchmarks/sim_calibration.py [--quick] [--fit] [--data DIR] [--miso DIR] [--gavel DIR]
+    python benchmarks/sim_calibration.py [--quick] [--fit] [--data DIR] [--miso DIR] [--gavel DIR] [--h200 DIR]
 
-Three data sets measured by others, vendored in ``benchmarks/reference-data/`` (MIT licences;
-its README describes them):
+Three data sets measured by others and one of this project's, vendored in
+``benchmarks/reference-data/`` (MIT licences; its README describes them):
 
 - **ParvaGPU** (``parvagpu-a100``, SC'24): inference of torchvision models on an A100 80GB, in
   MIG instances of 1, 2, 3, 4 and 7 GPCs, with 1 to 5 identical processes per instance under MPS
@@ -25,6 +25,13 @@ its README describes them):
   (:data:`GAVEL_ZOO`); pairs with another job are left out and counted. A pair is simulated on
   the ``p100``/``k80`` preset as two tasks at 100 % under the ``mps`` law (whether Gavel's runs
   had MPS on is not recorded; ``timeslice`` is printed beside it).
+- **mtfl H200** (``mtfl-h200``, this project's ``benchmarks/gpu_check.py`` on one H200,
+  2026-12-04): eager PyTorch training at 32×32 of resnet18, mobilenet_v3_large,
+  shufflenet_v2_x1_0 and resnet50, alone and co-located under MPS (profiling configurations)
+  and the light mix's measured plans of ``temporal`` (time slicing), ``isolation``,
+  ``sharing`` and ``vres_greedy``. Every configuration was host-bound. Simulated on the
+  ``h200`` preset, eager, each task's launch term its counted operations per step times a
+  host time per operation.
 
 Printed:
 
@@ -61,12 +68,25 @@ Printed:
      and the predictor's physical baseline (``P_solo · ρ`` with the pooled physics' sharing
      rate, controlplane/planning/predictor/physics/gpu.py: ``ρ = 1/2`` for two tasks at 100 %).
 
+   - mtfl H200: each task's samples/s in each profiled configuration and measured plan;
+     groups (run, configuration or plan). Fitted: the device-level ``host_op_s`` only (the
+     data are host-bound and say nothing of the device's own speed). Beside it: the ``h200``
+     preset as shipped and the per-layer launch term of the other presets.
+
    Device-level constants are :class:`~workers.backends.simulated.DeviceSpec` fields, so a
    fit can become a preset's; global constants are the module's, shared by every device: the
    held-out fits change them only inside the benchmark (:func:`module_constants`), never the
    backend's.
 
-Last lines, ``name=value``: each data set's held-out RMSLE, the predictor baseline's on Gavel,
+6. The H200 set in detail: the held-out tasks measured against simulated, each strategy's raw
+   throughput (its plan's tasks summed, mean over the runs that measured it) and the two
+   orderings of the strategies: neighbours further apart than the measured run-to-run spread
+   of a strategy (:func:`tie_tolerance`) are ordered (``>``), closer ones tied (``~``). The
+   simulator predicts the ordering when every pair of strategies compares the same way
+   (faster, slower or tied) in both, with the ``h200`` preset.
+
+Last lines, ``name=value``: each data set's held-out RMSLE, whether the simulator predicts the
+H200 ordering of the strategies (with both orderings), the predictor baseline's RMSLE on Gavel,
 and ``sim_calibration_worst_rmsle``, the worst data set's (target ≤ 0.15).
 
 ``--fit`` first searches the model constants on all of ParvaGPU (the grid above) for the lowest
@@ -88,7 +108,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -864,6 +884,219 @@ def gavel_held_out(pairs: list[GavelPair], quick: bool, left_out: dict[str, int]
     }
 
 
+# mtfl H200 --------------------------------------------------------------------------------
+
+H200_INPUT = (10, (3, 32, 32))
+"""Classes and sample shape of every H200 measurement (CIFAR-10-shaped synthetic data)."""
+H200_PARTITIONINGS = ("mps", "timeslice")
+H200_STRATEGY_ORDER_TOLERANCE_DEFAULT = 0.1
+"""Relative difference under which two strategies' raw throughputs count as tied when the
+data set has no strategy measured twice to take the run-to-run spread from."""
+
+
+class H200Row(NamedTuple):
+    """One task measured on this project's H200 (``benchmarks/reference-data/mtfl-h200``).
+
+    Attributes:
+        run: the gpu_check run (``full_default``, ``light_short``).
+        kind: ``profile`` (a sweep configuration) or ``plan`` (a strategy's measured plan).
+        group: ``configNN`` or ``<mix>/<strategy>``.
+        strategy: the plan's strategy, ``""`` for a profile row.
+        partitioning: ``mps`` or ``timeslice``.
+        task_index: the task's position in ``configuration``.
+        configuration: every task of the configuration, ``(architecture, batch_size, share)``.
+        samples_per_s: the task's measured throughput.
+    """
+
+    run: str
+    kind: str
+    group: str
+    strategy: str
+    partitioning: str
+    task_index: int
+    configuration: tuple[tuple[str, int, int], ...]
+    samples_per_s: float
+
+
+def default_h200_data() -> Path:
+    """The vendored H200 measurements (``benchmarks/reference-data/mtfl-h200``)."""
+    return Path(__file__).resolve().parent / "reference-data" / "mtfl-h200"
+
+
+def load_h200(data: Path) -> list[H200Row]:
+    """Every row of ``measurements.csv`` in ``data``.
+
+    Raises:
+        FileNotFoundError: no ``measurements.csv`` in ``data``.
+        ValueError: a row whose ``partitioning`` is not ``mps``/``timeslice``, whose
+            ``configuration`` cannot be read, or whose own task disagrees with it.
+    """
+    rows = []
+    with open(data / "measurements.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["partitioning"] not in H200_PARTITIONINGS:
+                raise ValueError(f"partitioning must be one of {', '.join(H200_PARTITIONINGS)}; got {row}")
+            try:
+                configuration = tuple(
+                    (arch, int(batch), int(share))
+                    for arch, batch, share in (task.split("@") for task in row["configuration"].split("+"))
+                )
+            except ValueError:
+                raise ValueError(f"configuration must be arch@batch@share joined by '+'; got {row}") from None
+            k = int(row["task_index"])
+            own = (row["architecture"], int(row["batch_size"]), int(row["share"]))
+            if not 0 <= k < len(configuration) or configuration[k] != own:
+                raise ValueError(f"task {k} {own} is not the configuration's task {k}: {row}")
+            rows.append(
+                H200Row(
+                    row["run"],
+                    row["kind"],
+                    row["group"],
+                    row["strategy"],
+                    row["partitioning"],
+                    k,
+                    configuration,
+                    float(row["samples_per_s"]),
+                )
+            )
+    return rows
+
+
+def h200_group(row: H200Row) -> tuple[str, str]:
+    """The unit of the H200 split: one measured configuration or plan of one run (its tasks
+    stay together on one side)."""
+    return (row.run, row.group)
+
+
+def h200_device(host_op_s: float, base: str = "h200") -> sim.DeviceSpec:
+    """The ``h200`` preset with host time per operation ``host_op_s`` (0: the per-layer
+    ``kernel_s`` term the other presets have)."""
+    return dataclasses.replace(sim.device_spec(base), host_op_s=host_op_s)
+
+
+def simulate_h200(rows: list[H200Row], device: sim.DeviceSpec, *, graphs: bool = False) -> list[float]:
+    """Simulated samples/s of each row's task in its configuration on ``device``, eager (as
+    measured) or as CUDA graph replays; each configuration simulated once."""
+    cache: dict[tuple[tuple[tuple[str, int, int], ...], str], np.ndarray] = {}
+    out = []
+    for row in rows:
+        key = (row.configuration, row.partitioning)
+        if key not in cache:
+            loads = [sim.simulation_workload(arch, *H200_INPUT) for arch, _, _ in row.configuration]
+            cache[key] = sim.simulate_throughput(
+                [w.flops_per_sample for w in loads],
+                [w.activation_bytes_per_sample for w in loads],
+                [w.param_bytes for w in loads],
+                [w.layers for w in loads],
+                [b for _, b, _ in row.configuration],
+                [s for _, _, s in row.configuration],
+                device,
+                partitioning=row.partitioning,
+                ops_per_step=[w.ops_per_step for w in loads],
+                graphs=graphs,
+            ).throughput_sps
+        out.append(float(cache[key][row.task_index]))
+    return out
+
+
+def host_op_grid(quick: bool) -> np.ndarray:
+    """Host seconds per operation the H200 fit searches: 8 to 64 µs, a geometric grid of ratio
+    ``2^(1/16)`` (49 values), or ``2^(1/4)`` quick (13 values)."""
+    return 8e-6 * 2.0 ** (np.arange(0, 49, 4 if quick else 1) / 16)
+
+
+def fit_host_op_s(rows: list[H200Row], quick: bool) -> float:
+    """The host seconds per operation of the grid with the lowest RMSLE on ``rows``."""
+    measured = [r.samples_per_s for r in rows]
+    grid = [float(h) for h in host_op_grid(quick)]
+    return min(grid, key=lambda h: rmsle(zip(measured, simulate_h200(rows, h200_device(h)), strict=True)))
+
+
+def strategy_throughputs(rows: list[H200Row], values: list[float]) -> dict[str, list[float]]:
+    """Each strategy's raw throughput (its plan's tasks summed) per run that measured it."""
+    plans: dict[tuple[str, str], float] = {}
+    for row, value in zip(rows, values, strict=True):
+        if row.kind == "plan":
+            plans[(row.strategy, row.run)] = plans.get((row.strategy, row.run), 0.0) + value
+    out: dict[str, list[float]] = {}
+    for (strategy, _), raw in sorted(plans.items()):
+        out.setdefault(strategy, []).append(raw)
+    return out
+
+
+def tie_tolerance(by_strategy: dict[str, list[float]]) -> float:
+    """The measured run-to-run spread of a strategy's raw throughput, ``|a - b| / mean``,
+    median over the strategies measured in two runs or more (their first two runs);
+    :data:`H200_STRATEGY_ORDER_TOLERANCE_DEFAULT` when none was."""
+    spreads = [abs(v[0] - v[1]) / (0.5 * (v[0] + v[1])) for v in by_strategy.values() if len(v) >= 2]
+    return float(np.median(spreads)) if spreads else H200_STRATEGY_ORDER_TOLERANCE_DEFAULT
+
+
+def ordering(raw: dict[str, float], tolerance: float) -> tuple[str, dict[tuple[str, str], int]]:
+    """The strategies from fastest to slowest as text (``>`` between neighbours further apart
+    than ``tolerance`` relative, ``~`` within), and each ordered pair's comparison: +1 when the
+    first is faster by more than ``tolerance``, -1 slower, 0 tied."""
+    names = sorted(raw, key=lambda s: -raw[s])
+    text = names[0] if names else ""
+    for a, b in itertools.pairwise(names):
+        text += f" {'~' if raw[a] <= raw[b] * (1 + tolerance) else '>'} {b}"
+
+    def compare(a: str, b: str) -> int:
+        if raw[a] > raw[b] * (1 + tolerance):
+            return 1
+        if raw[b] > raw[a] * (1 + tolerance):
+            return -1
+        return 0
+
+    return text, {(a, b): compare(a, b) for a in names for b in names if a < b}
+
+
+def h200_held_out(rows: list[H200Row], quick: bool) -> dict[str, Any]:
+    """Fit the device-level host seconds per operation on one part of the H200 set, score the
+    per-task samples/s on the other; check the ``h200`` preset's ordering of the strategies.
+
+    Fitted: ``host_op_s`` only. ``flops_efficiency`` stays the default: every measured
+    configuration was host-bound (the simulator agrees: device time is a fraction of the launch
+    term), so the data say nothing of the device's speed, and fitting it would fit noise.
+    """
+    held = held_out_groups(h200_group(r) for r in rows)
+    fit_rows = [r for r in rows if h200_group(r) not in held]
+    held_rows = [r for r in rows if h200_group(r) in held]
+    measured = [r.samples_per_s for r in held_rows]
+    host_op_s = fit_host_op_s(fit_rows, quick)
+    fitted = simulate_h200(held_rows, h200_device(host_op_s))
+    preset = simulate_h200(held_rows, sim.device_spec("h200"))
+    per_layer = simulate_h200(held_rows, h200_device(0.0))
+    graphs = simulate_h200(held_rows, sim.device_spec("h200"), graphs=True)
+
+    measured_all = strategy_throughputs(rows, [r.samples_per_s for r in rows])
+    simulated_all = strategy_throughputs(rows, simulate_h200(rows, sim.device_spec("h200")))
+    tolerance = tie_tolerance(measured_all)
+    measured_raw = {s: float(np.mean(v)) for s, v in measured_all.items()}
+    simulated_raw = {s: float(np.mean(v)) for s, v in simulated_all.items()}
+    measured_text, measured_pairs = ordering(measured_raw, tolerance)
+    simulated_text, simulated_pairs = ordering(simulated_raw, tolerance)
+    return {
+        "rows": len(rows),
+        "groups": len({h200_group(r) for r in rows}),
+        "fit": len(fit_rows),
+        "held_out": len(held_rows),
+        "host_op_s": host_op_s,
+        "host_op_s_all": fit_host_op_s(rows, quick),
+        "rmsle": rmsle(zip(measured, fitted, strict=True)),
+        "rmsle_preset": rmsle(zip(measured, preset, strict=True)),
+        "rmsle_per_layer_term": rmsle(zip(measured, per_layer, strict=True)),
+        "graphs_over_eager_median": float(np.median(np.array(graphs) / np.array(preset))),
+        "tie_tolerance": tolerance,
+        "measured_raw": measured_raw,
+        "simulated_raw": simulated_raw,
+        "measured_ordering": measured_text,
+        "simulated_ordering": simulated_text,
+        "ordering_matches": measured_pairs == simulated_pairs,
+        "held_out_rows": list(zip(held_rows, measured, fitted, strict=True)),
+    }
+
+
 def report_held_out(parvagpu: dict, miso: dict, gavel: dict) -> None:
     print("\n5. Held out: constants fitted on one part of each data set, scored on the other (RMSLE)")
     p = parvagpu
@@ -928,6 +1161,42 @@ def report_held_out(parvagpu: dict, miso: dict, gavel: dict) -> None:
         print(f"     {label:30s} " + "  ".join(f"{k} {v:.3f}" for k, v in g[key].items()))
 
 
+def report_h200(h: dict[str, Any]) -> None:
+    print(
+        f"\n6. This project's H200 (eager PyTorch, 32x32, host-bound), samples/s of each task of each "
+        f"configuration and plan: {h['rows']} tasks in {h['groups']} groups; fit {h['fit']}, held out "
+        f"{h['held_out']} (every other (run, configuration or plan) group)"
+    )
+    print(
+        f"   fitted (device-level): host_op_s {h['host_op_s'] * 1e6:.1f} us per operation "
+        f"(on all of it: {h['host_op_s_all'] * 1e6:.1f} us; the h200 preset has "
+        f"{sim.device_spec('h200').host_op_s * 1e6:.1f} us)"
+    )
+    print(
+        f"   held out {h['rmsle']:.3f} (the h200 preset {h['rmsle_preset']:.3f}; the per-layer launch term "
+        f"3*N*kernel_s of the other presets {h['rmsle_per_layer_term']:.3f})"
+    )
+    for row, measured, simulated in h["held_out_rows"]:
+        arch, batch, share = row.configuration[row.task_index]
+        where = row.strategy or row.group
+        print(
+            f"     {row.run:12s} {where:12s} {arch:18s} B={batch:<4d} {share:3d} %  "
+            f"measured/simulated {measured:6.0f}/{simulated:<6.0f}"
+        )
+    print(
+        f"   strategies, raw samples/s (mean over runs; ties within {h['tie_tolerance']:.0%}, the measured "
+        f"run-to-run spread):"
+    )
+    for name in sorted(h["measured_raw"], key=lambda n: -h["measured_raw"][n]):
+        print(f"     {name:12s} measured {h['measured_raw'][name]:6.0f}  simulated {h['simulated_raw'][name]:6.0f}")
+    print(f"   measured ordering:  {h['measured_ordering']}")
+    print(f"   simulated ordering: {h['simulated_ordering']} (the h200 preset)")
+    print(
+        f"   the same steps as CUDA graphs (not measured yet): median {h['graphs_over_eager_median']:.2f}x "
+        f"the eager throughput of the held-out tasks"
+    )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -937,6 +1206,9 @@ def main(argv=None) -> int:
         "--miso", type=Path, default=default_miso_data(), help="folder of MISO's training_iterations.csv"
     )
     parser.add_argument("--gavel", type=Path, default=default_gavel_data(), help="folder of Gavel's throughputs.json")
+    parser.add_argument(
+        "--h200", type=Path, default=default_h200_data(), help="folder of the H200 set's measurements.csv"
+    )
     parser.add_argument("--fit", action="store_true", help="search the constants on all of ParvaGPU first")
     parser.add_argument(
         "--quick", action="store_true", help="small grids in the held-out fits and no paper mixes (a few seconds)"
@@ -955,9 +1227,10 @@ def main(argv=None) -> int:
         (args.data, "resnet50.csv"),
         (args.miso, "training_iterations.csv"),
         (args.gavel, "throughputs.json"),
+        (args.h200, "measurements.csv"),
     ):
         if not (folder / name).is_file():
-            print(f"no {name} in {folder}: pass --data, --miso or --gavel", file=sys.stderr)
+            print(f"no {name} in {folder}: pass --data, --miso, --gavel or --h200", file=sys.stderr)
             return 2
     table = load(args.data)
     workloads = inference_workloads()
@@ -981,12 +1254,19 @@ def main(argv=None) -> int:
         "miso": miso_held_out(load_miso(args.miso), args.quick),
         "gavel": gavel_held_out(gavel_pairs, args.quick, gavel_left_out),
     }
-    report_held_out(*figures.values())
-    worst = max(figures["parvagpu"]["rmsle"], figures["miso"]["rmsle"], figures["gavel"]["rmsle"]["all"])
+    h200 = h200_held_out(load_h200(args.h200), args.quick)
+    report_held_out(figures["parvagpu"], figures["miso"], figures["gavel"])
+    report_h200(h200)
+    worst = max(figures["parvagpu"]["rmsle"], figures["miso"]["rmsle"], figures["gavel"]["rmsle"]["all"], h200["rmsle"])
     print()
     print(f"sim_calibration_parvagpu_rmsle={figures['parvagpu']['rmsle']:.3f}")
     print(f"sim_calibration_miso_rmsle={figures['miso']['rmsle']:.3f}")
     print(f"sim_calibration_gavel_rmsle={figures['gavel']['rmsle']['all']:.3f}")
+    print(f"sim_calibration_mtfl_h200_rmsle={h200['rmsle']:.3f}")
+    print(
+        f"sim_calibration_mtfl_h200_ordering={h200['ordering_matches']} "
+        f"(measured: {h200['measured_ordering']}; simulated: {h200['simulated_ordering']})"
+    )
     print(f"predictor_baseline_gavel_rmsle={figures['gavel']['rmsle_predictor_baseline']['all']:.3f}")
     print(f"sim_calibration_worst_rmsle={worst:.3f}")
     return 0

@@ -124,16 +124,19 @@ def test_main_quick_ends_with_the_worst_held_out_figure(calibration, capsys):
     assert calibration.main(["--quick"]) == 0
 
     lines = capsys.readouterr().out.strip().splitlines()
-    figures = dict(line.split("=") for line in lines[-5:])
+    figures = dict(line.split("=", 1) for line in lines[-7:])
     assert list(figures) == [
         "sim_calibration_parvagpu_rmsle",
         "sim_calibration_miso_rmsle",
         "sim_calibration_gavel_rmsle",
+        "sim_calibration_mtfl_h200_rmsle",
+        "sim_calibration_mtfl_h200_ordering",
         "predictor_baseline_gavel_rmsle",
         "sim_calibration_worst_rmsle",
     ]
     assert re.fullmatch(r"sim_calibration_worst_rmsle=\d+\.\d{3}", lines[-1])
-    per_set = [float(figures[f"sim_calibration_{name}_rmsle"]) for name in ("parvagpu", "miso", "gavel")]
+    assert re.fullmatch(r"(True|False) \(measured: .+; simulated: .+\)", figures["sim_calibration_mtfl_h200_ordering"])
+    per_set = [float(figures[f"sim_calibration_{name}_rmsle"]) for name in ("parvagpu", "miso", "gavel", "mtfl_h200")]
     assert float(figures["sim_calibration_worst_rmsle"]) == max(per_set)
     assert all(math.isfinite(v) and 0 < v < 1 for v in per_set)
     # the backend's constants are as they were: the held-out fits change them only inside
@@ -144,3 +147,69 @@ def test_main_refuses_a_folder_without_data(calibration, tmp_path, capsys):
     assert calibration.main(["--quick", "--gavel", str(tmp_path)]) == 2
 
     assert "no throughputs.json in" in capsys.readouterr().err
+
+
+def test_main_refuses_a_folder_without_the_h200_set(calibration, tmp_path, capsys):
+    assert calibration.main(["--quick", "--h200", str(tmp_path)]) == 2
+
+    assert "no measurements.csv in" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ H200 set
+
+
+def test_h200_loader_reads_the_vendored_measurements(calibration):
+    rows = calibration.load_h200(calibration.default_h200_data())
+
+    assert calibration.default_h200_data() == REFERENCE / "mtfl-h200"
+    assert len(rows) == 49  # 28 profiled tasks, 21 tasks of 7 measured plans
+    assert {r.run for r in rows} == {"full_default", "light_short"}
+    plans = {(r.run, r.strategy) for r in rows if r.kind == "plan"}
+    assert plans == {
+        (run, s) for run in ("full_default", "light_short") for s in ("temporal", "isolation", "sharing")
+    } | {("full_default", "vres_greedy")}
+    temporal = [r for r in rows if r.strategy == "temporal" and r.run == "light_short"]
+    assert [r.partitioning for r in temporal] == ["timeslice"] * 3
+    assert temporal[0].configuration[0] == ("resnet18", 128, 100)
+    assert temporal[0].samples_per_s == pytest.approx(13095.253)
+    assert calibration.strategy_throughputs(temporal, [r.samples_per_s for r in temporal]) == {
+        "temporal": [pytest.approx(24990.96, abs=0.01)]
+    }
+
+
+def test_h200_loader_names_a_row_that_disagrees_with_its_configuration(calibration, tmp_path):
+    header = (
+        "run,kind,group,strategy,partitioning,task_index,architecture,batch_size,share,configuration,"
+        "samples_per_s,timed_iterations,peak_memory_bytes,gpu_util_mean_percent\n"
+    )
+    (tmp_path / "measurements.csv").write_text(
+        header + "r,profile,config00,,mps,0,resnet18,64,100,resnet18@32@100,1,1,,\n"
+    )
+
+    with pytest.raises(ValueError, match="is not the configuration's task 0"):
+        calibration.load_h200(tmp_path)
+
+    (tmp_path / "measurements.csv").write_text(
+        header + "r,profile,config00,,mig,0,resnet18,32,100,resnet18@32@100,1,1,,\n"
+    )
+    with pytest.raises(ValueError, match="partitioning must be one of mps, timeslice"):
+        calibration.load_h200(tmp_path)
+
+
+def test_h200_split_keeps_each_configuration_and_plan_whole(calibration):
+    rows = calibration.load_h200(calibration.default_h200_data())
+
+    held = calibration.held_out_groups(calibration.h200_group(r) for r in rows)
+
+    groups = {calibration.h200_group(r) for r in rows}
+    assert len(groups) == 27 and len(held) == 13
+    assert ("full_default", "light/sharing") in held and ("full_default", "light/temporal") not in held
+
+
+def test_orderings_tie_strategies_within_the_tolerance(calibration):
+    text, pairs = calibration.ordering({"temporal": 100.0, "sharing": 95.0, "vres_greedy": 60.0}, 0.1)
+
+    assert text == "temporal ~ sharing > vres_greedy"
+    assert pairs == {("sharing", "temporal"): 0, ("sharing", "vres_greedy"): 1, ("temporal", "vres_greedy"): 1}
+    assert calibration.tie_tolerance({"a": [90.0, 110.0], "b": [50.0]}) == pytest.approx(0.2)
+    assert calibration.tie_tolerance({"b": [50.0]}) == calibration.H200_STRATEGY_ORDER_TOLERANCE_DEFAULT
