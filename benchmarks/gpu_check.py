@@ -39,6 +39,19 @@ network. Phases, each time-boxed and reporting progress as ``[  12.3 s] phase: .
    time is left, else interpolated from the profiled batch sizes (marked ``~`` in the table).
 8. ``report`` — the table and the JSON.
 
+``--issue31`` (issue 31, item 6; :func:`run_issue31`): the light mix only, in this order:
+``preflight``, ``features``, ``profile`` (in ``--execution``, graphs by default, until the later
+phases need the time), ``fit``, ``plan`` (``temporal``, ``isolation``, ``sharing`` at batch 128,
+``vres_sync``), ``alone`` (:func:`alone_modes`: each task alone at batch 128, eager then graphs),
+``compare`` (:func:`compare`: the four plans in ``--blocks`` interleaved blocks, 95 % intervals,
+``vres_sync`` over the best baseline paired on the log scale), ``e2e`` (:func:`e2e_phase`:
+``benchmarks/gpu_e2e.py`` in a child process, the control plane on its embedded defaults with one
+local agent, 2 FL rounds of ``sharing`` then ``vres_sync``; the only phase that imports Django,
+after this process has quit its MPS daemon) and ``report`` (:func:`targets`, :func:`print_issue31`:
+Markdown tables with the issue's targets beside the figures). ``--backend simulated`` runs every
+phase on the analytic model of ``--sim-device`` (the suite's test of the check), every figure
+labelled simulated.
+
 Metrics: the control plane's (:mod:`controlplane.planning.metrics`, docs/DESIGN.md §1), each
 strategy's measurement scored as a one-device round: raw throughput ``T = Σ_i P_i``, fair
 throughput ``T_f = Σ_i P_i / P_i^alone``; speedups are each over the same mix's baseline
@@ -51,9 +64,11 @@ option or an unavailable backend (nothing measured); 3 stopped (time limit or si
 ends with one line ``gpu_check: FAILED: <why>``; success with ``gpu_check: OK ...``.
 
 JSON (``$OUT/gpu_check.json`` when ``OUT`` is set, and/or ``--json PATH``), written at the end
-whether the check succeeded or not, and by the watchdog if the time limit is overrun::
+whether the check succeeded or not, and by the watchdog if the time limit is overrun (with
+``--issue31`` also ``alone_modes``, ``compare``, ``e2e``, ``targets`` and ``targets_simulated``,
+``null`` otherwise; see :func:`alone_modes`, :func:`compare`, :func:`e2e_phase`, :func:`targets`)::
 
-    {"schema": SCHEMA, "status": "succeeded" | "failed", "exit_code": int,
+    {"schema": "mtfl-gpu-check/2", "status": "succeeded" | "failed", "exit_code": int,
      "error": str, "started_at": unix s, "elapsed_s": float, "args": {option: value},
      "host": {"hostname", "python", "torch", "backend", "cores": [int], "device": {GPU
               description from the backend: accelerator, memory_bytes, sm_count, gpu_uuid, ...},
@@ -1771,7 +1786,11 @@ def run_issue31(check: Check) -> str:
                 profile_file.write_text(
                     json.dumps({k: check.report["profile"][k] for k in ("request", "summary", "configs")})
                 )
-            e2e_phase(check, profile_file)
+            try:
+                e2e_phase(check, profile_file)
+            except CheckFailed as exc:  # reported with the targets below, not instead of them
+                check.report["e2e"] = {"status": "failed", "error": str(exc), "runs": []}
+                check.say(str(exc))
     with check.stage("report", strict=False):
         targets(check)
         print_issue31(check)
