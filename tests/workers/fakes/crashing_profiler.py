@@ -11,10 +11,10 @@ from workers.profiling import child as profiler_child
 _real_profile = profiler_child.profile
 
 
-def _profile(spec, protocol_out, commands):
+def _profile(spec, protocol_out, commands, models=None):
     if spec.architecture == "mobilenet_v3_small":
         raise RuntimeError("injected crash")
-    return _real_profile(spec, protocol_out, commands)
+    return _real_profile(spec, protocol_out, commands, models)
 
 
 def main(argv=None) -> int:
