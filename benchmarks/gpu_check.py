@@ -1795,7 +1795,9 @@ def run_issue31(check: Check) -> str:
         targets(check)
         print_issue31(check)
 
-    problems = []
+    problems = [
+        f"plan {r['strategy']}: {first_line(r['error'], 200)}" for r in entry["strategies"] if r["partitioning"] is None
+    ]
     for row in check.report["alone_modes"] or []:
         if row["graphs_over_eager"] is None:
             problems.append(f"alone {row['architecture']}: {row['error'] or 'not measured'}")

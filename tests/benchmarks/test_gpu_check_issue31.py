@@ -197,3 +197,88 @@ def test_issue31_refuses_a_single_block_in_one_line(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 2
     assert lines == ["gpu_check: FAILED: --blocks must be at least 2 (an interval needs two), got 1"]
+
+
+def test_on_a_gpu_backend_alone_and_compare_measure_through_the_warm_pool_in_the_mode_asked(monkeypatch, tmp_path):
+    """No GPU here: the cuda-mps backend object (built, never started) and a stand-in for
+    measure_configuration show what the check asks of a GPU host."""
+    gpu_check = load_benchmark("gpu_check")
+    from workers.backends import AgentContext
+    from workers.protocol.messages import ProfileConfigResult, ProfileMeasurement
+    from workers.registry.backends import get_backend
+
+    calls = []
+
+    def measure_configuration(tasks, request, ctx, backend, *, config_index, partitioning, should_stop, launcher):
+        calls.append((partitioning, request.execution.mode, launcher, [t.architecture for t in tasks]))
+        mode = "eager" if request.execution.mode == "eager" else "graphs"
+        speed = 1000.0 if mode == "eager" else 2500.0
+        return ProfileConfigResult(
+            sweep_id=request.sweep_id,
+            device=ctx.device,
+            backend=request.backend,
+            config_index=config_index,
+            tasks=list(tasks),
+            measurements=[
+                ProfileMeasurement(
+                    task_index=k,
+                    architecture=t.architecture,
+                    batch_size=t.batch_size,
+                    active_thread_percentage=t.active_thread_percentage,
+                    throughput_sps=speed * (k + 1),
+                    execution_mode=mode,
+                )
+                for k, t in enumerate(tasks)
+            ],
+            started_at=0.0,
+            finished_at=1.0,
+            status="succeeded",
+        )
+
+    monkeypatch.setattr("workers.profiling.sweep.measure_configuration", measure_configuration)
+    args = gpu_check.parse_args(["--backend", "cuda-mps", "--issue31", "--blocks", "2"])
+    check = gpu_check.Check(args)
+    backend = get_backend("cuda-mps")
+    ctx = AgentContext(device="gpu-check", cores=[0], state_dir=tmp_path, artifact_root=tmp_path / "a")
+    measurer = gpu_check.Measurer(check, backend, ctx)
+
+    rows = gpu_check.alone_modes(check, measurer, ["resnet18"])
+    entry = {
+        "name": "light",
+        "strategies": [
+            {
+                "strategy": name,
+                "partitioning": partitioning,
+                "tasks": [{"architecture": "resnet18", "batch_size": 128, "share": share, "predicted_sps": None}],
+            }
+            for name, partitioning, share in (("temporal", "timeslice", 100), ("vres_sync", "mps", 60))
+        ],
+    }
+    out = gpu_check.compare(check, measurer, entry, {("resnet18", 128): (2500.0, "measured")})
+
+    pool = backend.profiler_pool()
+    assert pool is not None and all(launcher is pool for _, _, launcher, _ in calls)
+    assert [(p, m) for p, m, _, _ in calls] == [
+        ("timeslice", "eager"),
+        ("timeslice", "graphs"),
+        ("timeslice", "graphs"),
+        ("mps", "graphs"),
+        ("mps", "graphs"),
+        ("timeslice", "graphs"),
+    ]
+    assert rows == [
+        {
+            "architecture": "resnet18",
+            "batch_size": 128,
+            "graphs_over_eager": 2.5,
+            "error": "",
+            "eager_sps": 1000.0,
+            "eager_ran": "eager",
+            "eager_host_step_s": None,
+            "graphs_sps": 2500.0,
+            "graphs_ran": "graphs",
+            "graphs_host_step_s": None,
+        }
+    ]
+    assert [s["raw_sps"]["mean"] for s in out["strategies"]] == [2500.0, 2500.0]
+    assert out["vres_sync_over_best_baseline"]["ratio"] == pytest.approx(1.0)
