@@ -350,7 +350,10 @@ def run_rounds(e2e: E2E, stack: Any, device: Any, args: argparse.Namespace) -> N
 
         try:
             run = run_wait(run, timeout_s=e2e.left(), on_progress=on_progress, poll_s=POLL_S)
-        except TimeoutError as exc:
+        except (TimeoutError, Stopped) as exc:
+            # What the run did before the time ran out (its rounds so far) is still reported.
+            run.refresh_from_db()
+            e2e.report["runs"].append(run_report(run))
             raise Stopped(str(exc)) from None
         if run.status == Run.Status.SUCCEEDED:
             wait_for_evaluations(e2e, run)
