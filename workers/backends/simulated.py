@@ -18,11 +18,19 @@ with 1-5 identical MPS processes): with the constants below, RMSLE 0.11 of the p
 throughput over 622 configurations, 0.07 of the co-location shape ``P_k / P_1``, and the same
 trends (throughput grows with the batch and saturates; per-process throughput falls as processes
 are added; ``k`` processes together get between 1× and ``k``× one). On the paper's Titan V mixes
-it gives 1.8-2.5× over time slicing for the best shares (the paper: 2.16-2.38×). ``python
+it gives 1.8-2.2× over time slicing for the best shares (the paper: 2.16-2.38×). ``python
 benchmarks/sim_calibration.py`` prints the comparison (``--fit`` redoes the search). The same
 benchmark scores the model on data sets held out of each fit: ParvaGPU's, MISO's A100 training
-on MIG slices and Gavel's P100/K80 co-located training pairs (docs/benchmarks.md). Where a
-constant is an assumption rather than a fit, its comment says so.
+on MIG slices, Gavel's P100/K80 co-located training pairs and this project's H200 run
+(docs/benchmarks.md). Where a constant is an assumption rather than a fit, its comment says so.
+
+A step runs eager, its host launching every operation, or as one CUDA graph replay (a task's
+:class:`~workers.protocol.messages.ExecutionOptions`; ``auto`` is graphs, since the backend
+models a GPU): :func:`simulate_throughput`'s launch term. On the ``h200`` and ``h100-sxm``
+presets the eager term is the workload's counted operations per step times a host time per
+operation fitted on the H200 run, where every eager configuration was host-bound. Results
+carry the mode they modelled; profiling measurements carry the modelled host seconds per step
+and GPU busy fraction, as the GPU backends measure them.
 """
 
 from __future__ import annotations
