@@ -28,12 +28,20 @@ EAGER = ExecutionOptions(mode="eager")
 
 
 class _StandInGraph:
-    def __init__(self) -> None:
+    """A "graph": the step it captured, and the addresses of the tensors the step used then. A
+    real graph reads and writes those addresses forever, so a replay checks that every one of
+    those tensors is still where it was (a gradient set to None and allocated anew would leave
+    the real graph writing into freed memory)."""
+
+    def __init__(self, guarded: Callable[[], list[torch.Tensor]]) -> None:
+        self._guarded = guarded
         self.step: Callable[[], None] | None = None
+        self.addresses: list[int] = []
         self.replays = 0
 
     def replay(self) -> None:
         assert self.step is not None, "replayed before capture"
+        assert [t.data_ptr() for t in self._guarded()] == self.addresses, "a tensor the graph captured moved"
         self.replays += 1
         self.step()
 
@@ -55,7 +63,7 @@ class StandInGraphs:
         self.capturing = False
 
     def new_graph(self) -> _StandInGraph:
-        return _StandInGraph()
+        return _StandInGraph(self._guarded)
 
     def capture(self, graph: _StandInGraph, step: Callable[[], None]) -> None:  # type: ignore[override]
         tensors = self._guarded()
@@ -75,6 +83,7 @@ class StandInGraphs:
                 for tensor, value in zip(tensors, saved, strict=True):
                     tensor.copy_(value)
         graph.step = step
+        graph.addresses = [t.data_ptr() for t in tensors]
         self.captures += 1
 
     @contextlib.contextmanager
@@ -228,7 +237,7 @@ def test_take_loss_sums_each_batch_loss_times_its_size_and_resets():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # no update: losses are recomputable
     runner = StepRunner(model, optimizer, CPU, EAGER)
 
-    runner.step(x[:4], y[:4])
+    runner.step(x[:6], y[:6])
     runner.step(x[6:], y[6:])
     total, samples = runner.take_loss()
 
@@ -377,3 +386,39 @@ def test_channels_last_converts_the_model_for_the_job_and_back():
 
     assert model.conv.weight.is_contiguous()
     assert runner.take_loss()[1] == 8
+
+
+# ---------------------------------------------------------------------------- the CUDA api
+
+
+class _FakeCapture:
+    """torch.cuda.graph's stand-in: its exit fails as ending an invalidated capture does."""
+
+    def __init__(self, graph: object, pool: object = None, stream: object = None) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc_info: object) -> None:
+        raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+
+def test_a_failed_capture_reports_the_step_error_not_the_capture_end(monkeypatch):
+    from workers.training import execution
+
+    class FakeGraph:
+        pass
+
+    monkeypatch.setattr(torch.cuda, "graph", _FakeCapture)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    api = execution.CudaGraphApi.__new__(execution.CudaGraphApi)  # no GPU here: skip its stream and pool
+    api._pool, api._stream = None, None
+
+    def step() -> None:
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
+        api.capture(FakeGraph(), step)
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        api.capture(FakeGraph(), lambda: None)  # a step that passed: the end's own error stands

@@ -145,8 +145,19 @@ class CudaGraphApi:
         import torch
 
         assert isinstance(graph, torch.cuda.CUDAGraph)
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-            step()
+        failure: Exception | None = None
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+                try:
+                    step()
+                except Exception as exc:  # noqa: BLE001 - raised below, once the capture has ended
+                    failure = exc
+        except Exception:
+            # Ending a capture the step broke fails too ("invalidated"): the step's error is the cause.
+            if failure is None:
+                raise
+        if failure is not None:
+            raise failure
 
     @contextlib.contextmanager
     def side_stream(self) -> Iterator[None]:
@@ -189,6 +200,9 @@ class StepRunner:
     none, and its learning rate is a constant of the job, baked in) and Adam (switched to
     ``capturable=True`` here before its state exists: its step counter then lives on the
     device). Dropout masks in a graph come from PyTorch's graph-safe Philox offsets.
+
+    Every tensor a graph touches stays where it was captured: static buffers, gradients (never
+    set to ``None`` in graphs mode, warm-up steps included), optimiser state, the loss sum.
 
     The epoch's short last batch (and the one of ``batch_size + 1`` when a trailing single
     sample is merged, :func:`workers.training.trainer.epoch_batches`) is a batch size of its
@@ -321,7 +335,11 @@ class StepRunner:
         self._loss_sum.add_(loss.detach().to(torch.float64), alpha=size)
 
     def _eager_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        # In graphs mode the gradients are zeroed in place, never dropped: a graph captured for
+        # another batch size reads and writes these very tensors, and a gradient allocated anew
+        # would leave it writing into freed memory. Eager mode drops them (less memory between
+        # steps); 0 + g is g exactly, so both give the same weights.
+        self.optimizer.zero_grad(set_to_none=self.mode == "eager")
         self._body(x, y, int(y.shape[0]))
 
     def _graph_body(self, captured: _Captured, size: int) -> None:
