@@ -403,3 +403,33 @@ def test_the_sm_count_a_trainer_saw_is_recorded_and_listed(started_round, api):
         ("dev-a", 40, True),
         ("dev-b", None, None),
     ]
+
+
+def test_a_device_whose_plan_measured_slower_than_a_finished_baseline_run_goes_back_to_its_plan(
+    api, make_experiment, predictor
+):
+    """The experiment's finished temporal run measured every device faster than the vres_sync
+    run's round 0: round 1 trains temporal's configuration on every device, time-sliced, and a
+    retry of a device's part would send that partitioning again (issue 31)."""
+    from controlplane.experiments.services.planning import round_partitioning
+
+    experiment = make_experiment(rounds=3)
+    temporal = _launch(api, experiment, "temporal")
+    baseline_round = _start(temporal, 0)
+    _measured(baseline_round)  # 50 samples/s: seconds = samples / 50
+    Run.objects.filter(id=temporal.id).update(status=Run.Status.SUCCEEDED)
+    run = _launch(api, experiment)
+    first = _start(run, 0)
+    _measured(first)
+    first.assignments.update(seconds=10_000.0)  # far slower than temporal's round on every device
+    second = _start(run, 1)
+
+    devices = sorted(experiment.devices.values_list("id", flat=True))
+    assert second.replan["measured_rounds"] == [0]
+    for d in second.replan["decisions"]:
+        assert d["action"] == "kept"
+        assert "temporal's plan (round 0)" in d["reason"] and "back to that plan" in d["reason"], d["reason"]
+    assert _configuration(second) == _configuration(baseline_round)
+    assert second.replan["partitionings"] == {str(d): "timeslice" for d in devices}
+    assert [round_partitioning(second, d) for d in devices] == ["timeslice"] * len(devices)
+    assert round_partitioning(first, devices[0]) == "mps"

@@ -311,7 +311,14 @@ def measured_configurations(
         device_ids: only these devices' (a round's participants); ``None``: every device's.
     """
     own = Assignment.objects.filter(round__run=run, round__index__lt=before)
-    out = _configurations(own, device_ids=device_ids, partitionings=_run_partitionings(run, before), strategy=None)
+    first = run_plan(run)
+    out = _configurations(
+        own,
+        device_ids=device_ids,
+        partitionings=_run_partitionings(run, first, before),
+        default=first.partitioning,
+        strategy=None,
+    )
     baselines = {r.name: r.partitioning for r in STRATEGY_REGISTRY if not r.needs_predictor and not r.takes_plan}
     finished = Run.objects.filter(
         experiment_id=run.experiment_id, status=Run.Status.SUCCEEDED, strategy__in=list(baselines)
@@ -319,17 +326,18 @@ def measured_configurations(
     for other_id, strategy in finished.order_by("id").values_list("id", "strategy"):
         rows = Assignment.objects.filter(round__run_id=other_id)
         part: Partitioning = "timeslice" if baselines[strategy] == "timeslice" else "mps"
-        out += _configurations(rows, device_ids=device_ids, partitionings=part, strategy=strategy)
+        out += _configurations(rows, device_ids=device_ids, partitionings={}, default=part, strategy=strategy)
     return out
 
 
-def _run_partitionings(run: Run, before: int) -> dict[int, dict[int, Partitioning]]:
-    """``round index → device_id → partitioning`` of the run's rounds before ``before``."""
-    first = run_plan(run)
-    base = {d: first.partitioning_of(d) for d in {a.device_id for a in first.assignments}}
+def _run_partitionings(run: Run, first: Plan, before: int) -> dict[int, dict[int, Partitioning]]:
+    """``round index → device_id → partitioning`` of the run's rounds before ``before`` where it
+    is not ``first``'s partitioning: a replanned round's record says (:func:`round_partitionings`),
+    any other round trained ``first`` (the run's stored plan)."""
+    trained_first = {a.device_id: a.partitioning for a in first.assignments if a.partitioning is not None}
     out: dict[int, dict[int, Partitioning]] = {}
     for index, record in run.rounds.filter(index__lt=before).values_list("index", "replan"):
-        out[index] = {**base, **round_partitionings(record)} if index else base
+        out[index] = round_partitionings(record) if record and "partitionings" in record else trained_first
     return out
 
 
@@ -341,19 +349,25 @@ def round_partitionings(replan: Mapping[str, Any] | None) -> dict[int, Partition
 
 
 def round_partitioning(rnd: Any, device_id: int) -> Partitioning:
-    """How ``device_id`` is shared in round ``rnd``: its replanning record's override, else the
-    run's plan's (what a retry of the device's part must send again)."""
-    override = round_partitionings(rnd.replan).get(device_id)
-    return override or run_plan(rnd.run).partitioning_of(device_id)
+    """How ``device_id`` is shared in round ``rnd`` (what a retry of the device's part must send
+    again): a replanned round's record says (its override, else the plan's partitioning); any
+    other round trains the run's stored plan."""
+    first = run_plan(rnd.run)
+    if rnd.replan and "partitionings" in rnd.replan:
+        return round_partitionings(rnd.replan).get(device_id, first.partitioning)
+    return first.partitioning_of(device_id)
 
 
 def _configurations(
     queryset: Any,
     *,
     device_ids: Collection[int] | None,
-    partitionings: Mapping[int, Mapping[int, Partitioning]] | Partitioning,
+    partitionings: Mapping[int, Mapping[int, Partitioning]],
+    default: Partitioning,
     strategy: str | None,
 ) -> list[MeasuredConfiguration]:
+    """The succeeded device configurations of ``queryset``'s assignments, each device's
+    partitioning ``partitionings[round index][device_id]``, else ``default``."""
     rows = (
         selectors.device_filtered(queryset, device_ids)
         .order_by("round__index", "device_id", "task_id")
@@ -377,10 +391,7 @@ def _configurations(
     for (index, device_id), items in grouped.items():
         if not all(r[5] == Assignment.Status.SUCCEEDED and r[6] and r[6] > 0 for r in items):
             continue
-        if isinstance(partitionings, str):
-            part: Partitioning = partitionings
-        else:
-            part = partitionings.get(index, {}).get(device_id, "mps")
+        part = partitionings.get(index, {}).get(device_id, default)
         seconds = tuple(float(r[7]) for r in items) if all(r[7] and r[7] > 0 for r in items) else None
         out.append(
             MeasuredConfiguration(
