@@ -448,6 +448,10 @@ def preflight(check: Check):
         raise CheckFailed(f"cannot import workers/ or controlplane/planning/: {exc}", EXIT_UNAVAILABLE) from None
 
     args = check.args
+    if args.backend == "simulated":
+        from workers.backends.simulated import ENV_DEVICE
+
+        os.environ[ENV_DEVICE] = args.sim_device  # this process's backend and the e2e phase's agent
     try:
         backend = get_backend(args.backend)
         backend.check_available()
@@ -1733,10 +1737,6 @@ def run_issue31(check: Check) -> str:
     if args.mixes != "light":
         raise CheckFailed(f"--issue31 checks the light mix only, got --mixes {args.mixes}", EXIT_UNAVAILABLE)
     architectures = list(MIXES["light"])
-    if args.backend == "simulated":
-        from workers.backends.simulated import ENV_DEVICE
-
-        os.environ[ENV_DEVICE] = args.sim_device  # this process's backend and the e2e agent's
     total_limit = args.time_limit
     e2e_reserve = 0.0 if args.no_e2e else args.e2e_time_limit + 20
     if e2e_reserve >= total_limit:
