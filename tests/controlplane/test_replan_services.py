@@ -433,3 +433,10 @@ def test_a_device_whose_plan_measured_slower_than_a_finished_baseline_run_goes_b
     assert second.replan["partitionings"] == {str(d): "timeslice" for d in devices}
     assert [round_partitioning(second, d) for d in devices] == ["timeslice"] * len(devices)
     assert round_partitioning(first, devices[0]) == "mps"
+    # Time-sliced devices ran at no share: their round teaches the throughput predictor nothing
+    # (batch 2: enough timed iterations that only the partitioning can leave them out).
+    _measured(second)
+    second.assignments.update(batch_size=2)
+    assert profiling_services.samples_from_round(round_id=second.id) == 0
+    Round.objects.filter(id=second.id).update(replan={**second.replan, "partitionings": {}})
+    assert profiling_services.samples_from_round(round_id=second.id) == second.assignments.count()

@@ -348,6 +348,20 @@ def round_partitionings(replan: Mapping[str, Any] | None) -> dict[int, Partition
     return {int(d): "timeslice" if p == "timeslice" else "mps" for d, p in stored.items()}
 
 
+def round_timesliced_devices(rnd: Any) -> set[int]:
+    """The devices a predictor-driven run's round ``rnd`` time-sliced although its plan shares
+    by ``mps`` (a ``timeslice`` baseline's plan kept there): their tasks did not run at their
+    shares. Empty for any other run (its plan has one partitioning)."""
+    record = STRATEGY_REGISTRY.get(rnd.run.strategy) if rnd.run.strategy in STRATEGY_REGISTRY else None
+    if record is None or not record.needs_predictor:
+        return set()
+    if rnd.replan and "partitionings" in rnd.replan:
+        overrides = round_partitionings(rnd.replan)
+    else:
+        overrides = {a.device_id: a.partitioning for a in run_plan(rnd.run).assignments if a.partitioning}
+    return {d for d, p in overrides.items() if p == "timeslice"}
+
+
 def round_partitioning(rnd: Any, device_id: int) -> Partitioning:
     """How ``device_id`` is shared in round ``rnd`` (what a retry of the device's part must send
     again): a replanned round's record says (its override, else the plan's partitioning); any

@@ -380,7 +380,8 @@ def samples_from_round(*, round_id: int) -> int:
     device's assignments of that round being the co-located configuration.
 
     Rounds of strategies with ``timeslice`` partitioning (``temporal``) are left out: their
-    tasks do not run at their shares; so are rounds of a strategy no longer registered (what its
+    tasks do not run at their shares; so are the devices a predictor-driven round time-sliced (a
+    baseline's plan kept there), and rounds of a strategy no longer registered (what its
     shares meant is unknown). So is an assignment too short to time: fewer than
     ``MTFL_MIN_TIMED_ITERATIONS`` iterations after the warm-up (``E·ceil(|D_ij| / B_ij)`` in
     all; a 6-sample shard trains one batch a round, and the trainer then times iterations that
@@ -389,6 +390,7 @@ def samples_from_round(*, round_id: int) -> int:
     from controlplane.common.bulk import bulk_insert
     from controlplane.conf import mtfl_setting
     from controlplane.experiments.models import Assignment, Round, Task
+    from controlplane.experiments.services.planning import round_timesliced_devices
 
     rnd = Round.objects.select_related("run__experiment").get(id=round_id)
     epochs = rnd.run.experiment.local_epochs
@@ -429,8 +431,12 @@ def samples_from_round(*, round_id: int) -> int:
     used = rnd.assignments.values("device_id")
     devices = {d.id: d for d in Device.objects.filter(id__in=used).only("id", "backend", "inventory")}
     architecture = dict(Task.objects.filter(id__in=rnd.assignments.values("task_id")).values_list("id", "architecture"))
+    # A device a predictor-driven plan kept on a timeslice baseline's plan did not run at its shares.
+    sliced = round_timesliced_devices(rnd)
     rows = []
     for device_id, assignments in by_device.items():
+        if device_id in sliced:
+            continue
         if not all(a["status"] == Assignment.Status.SUCCEEDED and a["throughput_sps"] for a in assignments):
             continue
         device = devices[device_id]
