@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from controlplane.common.execution import runs_gpu_options
-from controlplane.fleet.models import Device
 from controlplane.planning.guard import RegimeFacts, host_bound_warnings
 from controlplane.profiling.models import Predictor, ProfileSample, ProfileSweep
 from workers.registry.backends import BACKEND_REGISTRY
@@ -46,41 +46,54 @@ def predictor_history(*, backend: str, device_class: str) -> list[Predictor]:
     )
 
 
-def device_regimes(device_ids: Iterable[int]) -> list[RegimeFacts]:
+def device_regimes(device_ids: Iterable[int] | QuerySet[Any]) -> list[RegimeFacts]:
     """The regime facts (:class:`~controlplane.planning.guard.RegimeFacts`) of the GPU devices
-    among ``device_ids``, by device name: their latest :data:`REGIME_SAMPLES` profile samples
-    (sweeps and FL rounds) that measured a host time or a GPU busy fraction, of the execution
-    mode of the latest one (a device profiled eager, then with graphs, is judged on graphs).
+    among ``device_ids`` (ids, or a query of them), by device name: their latest
+    :data:`REGIME_SAMPLES` profile samples (sweeps and FL rounds) that measured a host time or a
+    GPU busy fraction, of the execution mode of the latest one (a device profiled eager, then
+    with graphs, is judged on graphs).
 
     Devices of the ``cpu`` backend are left out: there the host does the work, so a step's host
     time is the whole step and says nothing about launch overhead. On the ``simulated`` backend
     only samples of a modelled GPU (with a GPU busy fraction) count. Devices without such samples
-    are left out too.
+    are left out too. One query whatever the number of devices: the experiment page asks for
+    every device of an experiment.
     """
-    out = []
-    for device in Device.objects.filter(id__in=list(device_ids)).order_by("name").only("id", "name", "backend"):
-        if not runs_gpu_options(device.backend):
-            continue
-        gpu = device.backend in BACKEND_REGISTRY and BACKEND_REGISTRY.get(device.backend).gpu
-        timed = Q(gpu_busy_fraction__isnull=False)
-        if gpu:
-            timed |= Q(host_step_s__isnull=False)
-        measured = ProfileSample.objects.filter(device=device).filter(timed)
-        latest = measured.order_by("-id").values_list("execution_mode", flat=True).first()
-        if latest is None:
-            continue
-        rows = (
-            measured.filter(execution_mode=latest)
-            .order_by("-id")
-            .values_list("gpu_busy_fraction", "host_step_s", "throughput_sps", "batch_size")[:REGIME_SAMPLES]
+    ids = device_ids if isinstance(device_ids, QuerySet) else list(device_ids)
+    gpu = [b.name for b in BACKEND_REGISTRY if b.gpu]
+    timed = Q(gpu_busy_fraction__isnull=False) | Q(host_step_s__isnull=False, device__backend__in=gpu)
+    latest_mode = (
+        ProfileSample.objects.filter(timed, device_id=OuterRef("device_id"))
+        .order_by("-id")
+        .values("execution_mode")[:1]
+    )
+    rows = (
+        ProfileSample.objects.filter(timed, device_id__in=ids, device__backend__in=_gpu_option_backends())
+        .annotate(
+            latest_mode=Subquery(latest_mode),
+            recency=Window(RowNumber(), partition_by=[F("device_id"), F("execution_mode")], order_by=F("id").desc()),
         )
-        busy = [b for b, _, _, _ in rows if b is not None]
-        shares = [h * p / batch for _, h, p, batch in rows if h is not None and p and batch]
-        out.append(RegimeFacts(device.name, busy, shares, latest))
-    return out
+        .filter(execution_mode=F("latest_mode"), recency__lte=REGIME_SAMPLES)
+        .values_list(
+            "device__name", "execution_mode", "gpu_busy_fraction", "host_step_s", "throughput_sps", "batch_size"
+        )
+    )
+    by_device: dict[str, tuple[str, list[float], list[float]]] = {}
+    for name, mode, busy, host_step_s, throughput_sps, batch_size in rows:
+        _, busy_fractions, shares = by_device.setdefault(name, (mode, [], []))
+        if busy is not None:
+            busy_fractions.append(busy)
+        if host_step_s is not None and throughput_sps and batch_size:
+            shares.append(host_step_s * throughput_sps / batch_size)  # host seconds × steps per second
+    return [RegimeFacts(name, busy, shares, mode) for name, (mode, busy, shares) in sorted(by_device.items())]
 
 
-def regime_warnings(device_ids: Iterable[int]) -> list[str]:
+def _gpu_option_backends() -> list[str]:
+    """The registered backends that run (or, ``simulated``, model) a GPU's execution options."""
+    return [b.name for b in BACKEND_REGISTRY if runs_gpu_options(b.name)]
+
+
+def regime_warnings(device_ids: Iterable[int] | QuerySet[Any]) -> list[str]:
     """The guard's host-bound warnings (:func:`controlplane.planning.guard.host_bound_warnings`)
     for the devices ``device_ids``: advice shown beside the predictor's warnings, never a reason
     to distrust it."""
@@ -90,5 +103,4 @@ def regime_warnings(device_ids: Iterable[int]) -> list[str]:
 def experiment_regime_warnings(experiment: Experiment) -> list[str]:
     """:func:`regime_warnings` of the devices holding some of ``experiment``'s data (those a run
     of it trains on): shown by the planner check and stored on a predictor-driven run's warnings."""
-    holding = experiment.shards.filter(num_samples__gt=0).values_list("device_id", flat=True).distinct()
-    return regime_warnings(holding)
+    return regime_warnings(experiment.shards.filter(num_samples__gt=0).values("device_id"))
