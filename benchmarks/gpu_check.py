@@ -790,6 +790,7 @@ def plan_mix(
             "status": "skipped",
             "error": "",
             "predicted_round_time_s": None,
+            "notes": [],
             "tasks": [],
             "raw_sps": None,
             "fair": None,
@@ -806,17 +807,21 @@ def plan_mix(
         started = time.monotonic()
         try:
             plan = make_plan(strategy, spec, planner=context)
-            if not get_strategy(strategy).needs_predictor:
+            # A planner that kept the device on a baseline's configuration (never predicted
+            # worse than a baseline: its notes say so) trains that baseline, which this check
+            # measures at --baseline-batch, as it does the baselines themselves.
+            if not get_strategy(strategy).needs_predictor or plan.notes:
                 plan = at_batch_size(plan, args.baseline_batch)
         except PlanningError as exc:
             row.update(status="failed", error=f"plan: {exc}")
             check.say(f"{name}/{strategy}: cannot plan: {exc}")
             continue
-        row["partitioning"] = plan.partitioning
+        row["partitioning"] = plan.partitioning_of(1)
+        row["notes"] = list(plan.notes)
         row["predicted_round_time_s"] = plan.predicted_round_time_s
         assignments = plan.on_device(1)
         predicted = [a.predicted_throughput_sps for a in assignments]
-        if plan.partitioning == "mps" and any(p is None for p in predicted):
+        if row["partitioning"] == "mps" and any(p is None for p in predicted):
             mix = [MixTask(architectures[a.task_id - 1], a.batch_size, a.active_thread_percentage) for a in assignments]
             try:
                 predicted = predictor.predict([mix])[0]
@@ -838,12 +843,13 @@ def plan_mix(
                 }
             )
         check.say(
-            f"{name}/{strategy} ({plan.partitioning}, {time.monotonic() - started:.1f} s): "
+            f"{name}/{strategy} ({row['partitioning']}, {time.monotonic() - started:.1f} s): "
             + ", ".join(
                 f"{t['architecture']} B{t['batch_size']} R{t['share']}%"
                 + (f" → {t['predicted_sps']:.0f} sps predicted" if t["predicted_sps"] else "")
                 for t in row["tasks"]
             )
+            + "".join(f"; {note}" for note in row["notes"])
         )
     return entry
 
