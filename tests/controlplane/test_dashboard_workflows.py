@@ -707,6 +707,8 @@ def test_run_json_parses_and_carries_the_same_rows(browser_client, experiment):
         "peak_memory_bytes": None,
         "mps_active_thread_percentage": None,
         "mps_verified": None,
+        "execution_mode": "",
+        "execution_fallback": "",
         "error": "",
     }
 
