@@ -2,6 +2,8 @@
 importing only the ones listed before it:
 
 - :mod:`.dispatch` — the Celery messages the round protocol sends, and what it reads back;
+- :mod:`.execution` — a task's execution options (graphs, bf16, channels-last), checked against
+  the devices that train it;
 - :mod:`.planning` — the planners' inputs and the plan a run's rounds train;
 - :mod:`.catalog`, :mod:`.templates` — tasks (checked in a child process, their data's metadata),
   experiments, shards (chosen by a partitioner, with label histograms), built-in templates;
