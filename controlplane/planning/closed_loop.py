@@ -392,7 +392,8 @@ class _Measured:
     def label(self) -> str:
         """Where it was measured: ``round 2``, or ``temporal's plan (round 1)`` for another run's."""
         last = self.rounds[-1]
-        rounds = ", ".join(str(h.round_index) for h in self.rounds if h.strategy == last.strategy)
+        # Repeats of one baseline measured the same rounds: each index once.
+        rounds = ", ".join(str(i) for i in sorted({h.round_index for h in self.rounds if h.strategy == last.strategy}))
         where = f"round{'s' if ',' in rounds else ''} {rounds}"
         return f"{last.strategy}'s plan ({where})" if last.strategy else where
 
