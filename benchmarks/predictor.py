@@ -209,7 +209,9 @@ def workloads_of(architectures) -> dict[str, ModelWorkload]:
     out = {}
     for arch in sorted(set(architectures)):
         f = workload_features(arch, 10)
-        out[arch] = ModelWorkload(f.train_flops_per_sample, f.activation_bytes_per_sample, f.params, f.param_bytes)
+        out[arch] = ModelWorkload(
+            f.train_flops_per_sample, f.activation_bytes_per_sample, f.params, f.param_bytes, f.ops_per_step
+        )
     return out
 
 

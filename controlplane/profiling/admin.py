@@ -12,6 +12,7 @@ class ModelWorkloadAdmin(admin.ModelAdmin):
         "train_flops_per_sample",
         "params",
         "activation_bytes_per_sample",
+        "ops_per_step",
     ]
 
 
@@ -32,6 +33,9 @@ class ProfileSampleAdmin(admin.ModelAdmin):
         "active_thread_percentage",
         "mix_size",
         "throughput_sps",
+        "execution_mode",
+        "host_step_s",
+        "gpu_busy_fraction",
     ]
     list_filter = ["source", "backend", "architecture", "mix_size"]
 

@@ -68,7 +68,7 @@ def main() -> int:
     pins = {
         "command": COMMAND,
         "workloads": {
-            a: [w.train_flops_per_sample, w.activation_bytes_per_sample, w.params, w.param_bytes]
+            a: [w.train_flops_per_sample, w.activation_bytes_per_sample, w.params, w.param_bytes, w.ops_per_step]
             for a, w in workloads.items()
         },
         "sweeps": {},

@@ -37,6 +37,7 @@ Callers import from this package; the names below are its public surface.
 from __future__ import annotations
 
 from controlplane.planning.predictor.encoding import (
+    LEGACY_SLOT_FEATURES,
     MIX_FEATURES,
     SLOT_FEATURES,
     EncodedMixes,
@@ -67,12 +68,14 @@ from controlplane.planning.predictor.physics import (
     sharing_rate,
 )
 from controlplane.planning.predictor.samples import (
+    DEFAULT_HOST_S_PER_OP,
     LEGACY_MAX_MIX,
     MAX_MIX,
     MixTask,
     ModelWorkload,
     PredictorError,
     ProfiledTask,
+    host_seconds_per_op,
     normalise_speed,
 )
 from controlplane.planning.predictor.solo import SoloTable, slice_throughput
@@ -81,6 +84,8 @@ __all__ = [
     "FAMILIES",
     "LEGACY_MAX_MIX",
     "MAX_MIX",
+    "DEFAULT_HOST_S_PER_OP",
+    "LEGACY_SLOT_FEATURES",
     "MIX_FEATURES",
     "SLOT_FEATURES",
     "EncodedMixes",
@@ -103,6 +108,7 @@ __all__ = [
     "fit_predictor",
     "fit_sharing_weight",
     "granted_fraction",
+    "host_seconds_per_op",
     "make_model",
     "mape",
     "mix_group",

@@ -8,8 +8,9 @@ space's :attr:`FeatureSpace.slots` (4, or the largest mix it was fitted on; ever
 empty slot is 0, so how many empty slots follow changes nothing the physics computes). Each
 slot holds the paper's ``(log F·B, R)`` plus the bytes the task moves per iteration, its
 parameter count, its granted fraction, how many tasks compete for its slice, its standalone
-speed on its slice and the physical baseline's prediction; a few mix-level totals and the
-device descriptor (its allocation units) follow. The physics of the device's backend family
+speed on its slice, the physical baseline's prediction and its host launch time (issue 31:
+``log(ops_per_step × host seconds per operation)``, what a host-bound GPU step costs whatever
+its batch size); a few mix-level totals and the device descriptor (its allocation units) follow. The physics of the device's backend family
 (:mod:`controlplane.planning.predictor.physics`) supplies everything that depends on where
 shares land.
 """
@@ -51,8 +52,13 @@ SLOT_FEATURES = (
     "worst_contention",
     "log_solo",
     "log_baseline",
+    "log_host_launch_s",
 )
-"""The columns of each slot in the design matrix (:meth:`FeatureSpace.features`)."""
+"""The columns of each slot in the design matrix (:meth:`FeatureSpace.features`) of a space
+with a host time per operation (:attr:`FeatureSpace.host_s_per_op`)."""
+LEGACY_SLOT_FEATURES = SLOT_FEATURES[:-1]
+"""The slot columns of a space fitted before issue 31 (no host launch term): such a predictor
+keeps predicting from exactly these."""
 MIX_FEATURES = ("mix_size", "share_sum", "granted_sum", "log_flops_sum", "log_bytes_sum", "cores")
 """The mix-level columns after the slots."""
 
@@ -186,6 +192,18 @@ class FeatureSpace:
     max_fitted_mix: int | None = None
     """The largest configuration the space was fitted on (tasks); ``None``: fitted before this
     was recorded (then at most :data:`LEGACY_MAX_MIX`). Larger configurations are extrapolations."""
+    host_s_per_op: float | None = None
+    """Host seconds per dispatched operation on the device class
+    (:func:`~controlplane.planning.predictor.samples.host_seconds_per_op`, set by
+    :func:`~controlplane.planning.predictor.physical.fit_space`): each slot's
+    ``log_host_launch_s`` is ``log(ops_per_step × host_s_per_op)``. ``None``: a space fitted
+    before issue 31 (or built by hand), whose design matrix has :data:`LEGACY_SLOT_FEATURES`."""
+
+    @property
+    def slot_features(self) -> tuple[str, ...]:
+        """The slot columns of :meth:`features`: :data:`SLOT_FEATURES`, or
+        :data:`LEGACY_SLOT_FEATURES` without a host time per operation."""
+        return SLOT_FEATURES if getattr(self, "host_s_per_op", None) is not None else LEGACY_SLOT_FEATURES
 
     @property
     def physics(self) -> Physics:
@@ -202,7 +220,7 @@ class FeatureSpace:
             "max_mix": self.max_mix,
             "slots": self.slots,
             "max_fitted_mix": self.max_fitted_mix,
-            "slot_features": list(SLOT_FEATURES),
+            "slot_features": list(self.slot_features),
             "mix_features": list(MIX_FEATURES),
             "slot_order": "descending log(F·B), then share, then model name",
             "target": "log(throughput_sps) - log(baseline throughput) per slot",
@@ -215,6 +233,7 @@ class FeatureSpace:
             "reference_cross_core_rtt_ns": getattr(self, "reference_cross_core_rtt_ns", None),
             "link_exponent": getattr(self, "link_exponent", 0.0),
             "passive_ratio": getattr(self, "passive_ratio", 0.0),
+            "host_s_per_op": getattr(self, "host_s_per_op", None),
         }
 
     def _per_arch(self, values: Callable[[str], float]) -> FloatArray:
@@ -224,12 +243,17 @@ class FeatureSpace:
         """Per-slot physical quantities, ``(n, w)`` each (``enc``'s width), in the caller's order:
         ``present``, ``flops`` and ``bytes`` per iteration, ``params``, ``granted`` fraction,
         ``solo`` (samples/s on its slice), ``contention`` and ``worst`` (tasks competing for
-        its units), ``rate`` (what the others leave it) and ``baseline`` (the physical
-        prediction, samples/s; 0 in empty slots)."""
+        its units), ``rate`` (what the others leave it), ``baseline`` (the physical
+        prediction, samples/s; 0 in empty slots) and ``host_launch_s`` (``ops_per_step ×``
+        :attr:`host_s_per_op`, seconds; 0 in empty slots, for a model whose operations were not
+        counted, and without a host time per operation)."""
         present = enc.present
         flops = self._per_arch(lambda a: self.workloads[a].train_flops_per_sample)[enc.arch] * enc.batch
         bytes_ = self._per_arch(lambda a: self.workloads[a].activation_bytes_per_sample)[enc.arch] * enc.batch
         params = self._per_arch(lambda a: float(self.workloads[a].params))[enc.arch]
+        host_s_per_op: float = getattr(self, "host_s_per_op", None) or 0.0  # getattr: pickled before it existed
+        # getattr: workloads pickled before ops were counted
+        ops = self._per_arch(lambda a: float(getattr(self.workloads[a], "ops_per_step", None) or 0))[enc.arch]
         granted = np.where(present, granted_fraction(enc.share, self.cores), 0.0)
         solo = np.ones(enc.arch.shape)
         physics = self.physics
@@ -257,6 +281,7 @@ class FeatureSpace:
             "worst": terms.worst,
             "rate": rate,
             "baseline": np.where(present, baseline, 0.0),
+            "host_launch_s": np.where(present, ops * host_s_per_op, 0.0),
         }
 
     def link_log_ratio(self, enc: EncodedMixes) -> FloatArray:
@@ -285,7 +310,7 @@ class FeatureSpace:
         """The design matrix, the canonical order and the baseline prediction.
 
         Returns:
-            ``X`` of shape ``(n, slots · len(SLOT_FEATURES) + len(MIX_FEATURES))`` with
+            ``X`` of shape ``(n, slots · len(slot_features) + len(MIX_FEATURES))`` with
             :attr:`slots` slots whatever ``enc``'s width ``w`` (empty slots are zeros; a
             configuration of more than :attr:`slots` tasks loses its smallest tasks' columns, so
             its row must not reach a learned family), the ``(n, w)`` order (``X``'s slot ``s``
@@ -312,6 +337,10 @@ class FeatureSpace:
             np.log1p(take(q["solo"]) * present),
             np.log1p(take(q["baseline"])),
         ]
+        if self.slot_features is SLOT_FEATURES:
+            launch = take(q["host_launch_s"])
+            # log seconds (about -9 to -3); 0, as every column of an empty slot, where unknown
+            slots.append(np.log(launch, out=np.zeros_like(launch), where=launch > 0))
         mix = [
             present.sum(axis=1),
             enc.share.sum(axis=1) / 100.0,
@@ -320,7 +349,7 @@ class FeatureSpace:
             np.log1p(q["bytes"].sum(axis=1)),
             np.full(len(present), float(self.cores)),
         ]
-        per_slot = np.stack(slots, axis=2)  # (n, w, len(SLOT_FEATURES))
+        per_slot = np.stack(slots, axis=2)  # (n, w, len(slot_features))
         n, w, f = per_slot.shape
         k = self.slots
         if w < k:  # every feature of an empty slot is 0 (log1p(0) included)

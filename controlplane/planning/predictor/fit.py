@@ -46,6 +46,7 @@ from controlplane.planning.predictor.samples import (
     PredictorError,
     ProfiledTask,
     StrArray,
+    host_seconds_per_op,
     normalise_speed,
 )
 
@@ -205,6 +206,7 @@ class TrainingSet:
             train_enc,
             Y[rows],
             sp.reference_cross_core_rtt_ns,
+            sp.host_s_per_op,
         )
         X, order, baseline = space.features(self.enc)
         if not (order == self.order).all():  # the canonical order does not depend on the tables
@@ -240,7 +242,9 @@ def training_set(
     known = {a: workloads[a] for a in architectures}
     enc = replace(encode_mixes(mixes, architectures, width=RTT.shape[1]), rtt=RTT)
     reference_rtt = physics.link_reference(RTT[np.isfinite(RTT)])
-    space = fit_space(samples, architectures, known, cores, placement, enc, Y, reference_rtt)
+    space = fit_space(
+        samples, architectures, known, cores, placement, enc, Y, reference_rtt, host_seconds_per_op(samples, known)
+    )
     space.reference_speed_index = reference_speed
     X, order, baseline = space.features(enc)
     return TrainingSet(

@@ -282,6 +282,7 @@ def fit_space(
     enc: EncodedMixes,
     measured: FloatArray,
     reference_rtt: float | None = None,
+    host_s_per_op: float | None = None,
 ) -> FeatureSpace:
     """The feature space with its physical tables fitted on ``samples`` / the configurations
     ``enc`` (measured throughputs ``measured``, ``enc``'s order): the :class:`SoloTable`, then
@@ -290,7 +291,9 @@ def fit_space(
     measured task (:func:`fit_physical`), the link exponent with them when ``reference_rtt``
     (the placement predictions are for) is given. The space's design matrix has ``enc``'s
     width in slots (:attr:`FeatureSpace.slots`), it answers for up to :data:`MAX_MIX` tasks
-    and records the largest configuration of ``enc`` (:attr:`FeatureSpace.max_fitted_mix`).
+    and records the largest configuration of ``enc`` (:attr:`FeatureSpace.max_fitted_mix`) and
+    the device class's host seconds per operation (:attr:`FeatureSpace.host_s_per_op`: with it
+    the design matrix has the host launch term; ``None``, the columns of before issue 31).
 
     Raises:
         PredictorError: an unknown ``placement``.
@@ -307,4 +310,5 @@ def fit_space(
     space.slots = enc.width
     space.max_mix = MAX_MIX
     space.max_fitted_mix = int(enc.mix_sizes.max()) if len(enc.arch) else None
+    space.host_s_per_op = host_s_per_op
     return space

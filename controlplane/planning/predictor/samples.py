@@ -7,7 +7,7 @@ Nothing here depends on how a backend lays shares onto a device (that is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,12 +44,14 @@ class MixTask:
 @dataclass(frozen=True)
 class ModelWorkload:
     """Per-sample workload of a model (``F_i``): training FLOPs, activation bytes and
-    parameters (see :class:`workers.protocol.messages.WorkloadFeatures`)."""
+    parameters, and the operations one training step dispatches (``None``: not counted; see
+    :class:`workers.protocol.messages.WorkloadFeatures`)."""
 
     train_flops_per_sample: float
     activation_bytes_per_sample: float
     params: int
     param_bytes: int
+    ops_per_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class ProfiledTask:
             (the ``cpu`` backend's round trip between its cores, nanoseconds, for tasks on 2 or
             more cores), if known; read by the physics' link term
             (:meth:`controlplane.planning.predictor.physics.Physics.link_log_ratio`).
+        host_step_s: host (CPU) seconds the trainer spent issuing one step, timed-window mean
+            (on a GPU the launch cost; on the cpu backend the whole step), if measured.
+        gpu_busy_fraction: fraction (0-1) of the timed window the GPU was busy, if measured.
     """
 
     config_key: str
@@ -79,6 +84,14 @@ class ProfiledTask:
     peak_memory_bytes: int | None = None
     speed_index: float | None = None
     cross_core_rtt_ns: float | None = None
+    host_step_s: float | None = None
+    gpu_busy_fraction: float | None = None
+
+
+DEFAULT_HOST_S_PER_OP = 20e-6
+"""Host seconds per dispatched operation when no profile sample measured the host's time: an
+eager PyTorch step on an H200 host spent 18-25 µs per operation (issue 31: resnet18 about 11 ms
+for its ~480 operations at batch 32, step time flat in the batch size)."""
 
 
 class PredictorError(ValueError):
@@ -112,3 +125,20 @@ def normalise_speed(samples: Sequence[ProfiledTask]) -> tuple[list[ProfiledTask]
         for s, p in zip(samples, probed, strict=True)
     ]
     return out, reference
+
+
+def host_seconds_per_op(samples: Sequence[ProfiledTask], workloads: Mapping[str, ModelWorkload]) -> float:
+    """Host seconds the device spends per dispatched operation: the median over ``samples``
+    with a measured ``host_step_s`` (and a model whose ``ops_per_step`` is known and positive)
+    of ``host_step_s / ops_per_step``; :data:`DEFAULT_HOST_S_PER_OP` when there is none.
+
+    ``ops_per_step × host_seconds_per_op`` is a step's host launch time (issue 31's regime
+    term): on a GPU whose step is host-bound it is the step time, whatever the batch size.
+    """
+    ratios = []
+    for s in samples:
+        workload = workloads.get(s.mix[s.task_index].architecture)
+        ops = workload.ops_per_step if workload is not None else None
+        if s.host_step_s is not None and s.host_step_s > 0 and ops:
+            ratios.append(s.host_step_s / ops)
+    return float(np.median(ratios)) if ratios else DEFAULT_HOST_S_PER_OP

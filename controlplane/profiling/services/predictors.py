@@ -99,6 +99,8 @@ def _training_samples(backend: str, device_class: str) -> list[ProfiledTask]:
                 s.peak_memory_bytes,
                 s.speed_index,
                 s.cross_core_rtt_ns,
+                s.host_step_s,
+                s.gpu_busy_fraction,
             )
         )
     return out
@@ -144,7 +146,9 @@ def _workloads(backend: str, architectures: set[str]) -> dict[str, ModelWorkload
     for arch in sorted(architectures):
         num_classes, input_shape = shapes[arch]
         w = workload_ensure(architecture=arch, num_classes=num_classes, input_shape=input_shape)
-        out[arch] = ModelWorkload(w.train_flops_per_sample, w.activation_bytes_per_sample, w.params, w.param_bytes)
+        out[arch] = ModelWorkload(
+            w.train_flops_per_sample, w.activation_bytes_per_sample, w.params, w.param_bytes, w.ops_per_step
+        )
     return out
 
 
