@@ -390,12 +390,17 @@ class _Measured:
 
     @property
     def label(self) -> str:
-        """Where it was measured: ``round 2``, or ``temporal's plan (round 1)`` for another run's."""
-        last = self.rounds[-1]
-        # Repeats of one baseline measured the same rounds: each index once.
-        rounds = ", ".join(str(i) for i in sorted({h.round_index for h in self.rounds if h.strategy == last.strategy}))
-        where = f"round{'s' if ',' in rounds else ''} {rounds}"
-        return f"{last.strategy}'s plan ({where})" if last.strategy else where
+        """Where it was measured: ``round 2`` (the run's own), ``temporal's plan (rounds 0, 1)``
+        (another run's), or both joined by ``and``; each round index once (repeats of a
+        baseline measure the same rounds)."""
+        parts = []
+        for strategy in [None, *sorted({h.strategy for h in self.rounds if h.strategy})]:
+            indices = sorted({h.round_index for h in self.rounds if h.strategy == strategy})
+            if not indices:
+                continue
+            where = f"round{'s' if len(indices) > 1 else ''} {', '.join(str(i) for i in indices)}"
+            parts.append(f"{strategy}'s plan ({where})" if strategy else where)
+        return " and ".join(parts)
 
 
 def _key(h: MeasuredConfiguration) -> ConfigurationKey:
