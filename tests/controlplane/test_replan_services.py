@@ -27,7 +27,7 @@ from controlplane.experiments.models import (
     Run,
     StandaloneThroughput,
 )
-from controlplane.experiments.services.planning import predictor_guard
+from controlplane.experiments.services.planning import predictor_guard, round_timesliced_devices
 from controlplane.profiling import services as profiling_services
 from controlplane.profiling.models import ProfileSample
 
@@ -437,6 +437,10 @@ def test_a_device_whose_plan_measured_slower_than_a_finished_baseline_run_goes_b
     # (batch 2: enough timed iterations that only the partitioning can leave them out).
     _measured(second)
     second.assignments.update(batch_size=2)
-    assert profiling_services.samples_from_round(round_id=second.id) == 0
+    sliced = round_timesliced_devices(second)
+    assert sliced == set(devices)
+    assert profiling_services.samples_from_round(round_id=second.id, timesliced_devices=sliced) == 0
     Round.objects.filter(id=second.id).update(replan={**second.replan, "partitionings": {}})
+    second.refresh_from_db()
+    assert round_timesliced_devices(second) == set()
     assert profiling_services.samples_from_round(round_id=second.id) == second.assignments.count()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from workers import launch
-from workers.training import trainer
+from workers.training import runtime, trainer
 
 
 class _Counting(torch.nn.Module):
@@ -84,8 +84,8 @@ def test_gpu_peak_memory_is_peak_reserved_plus_the_context_nvml_attributes_to_th
 
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml([(1, 10 * 2**30), (os.getpid(), 3 * 2**30 + 600 * 2**20)]))
 
-    assert trainer.cuda_context_bytes(on_gpu) == 600 * 2**20
-    assert trainer.peak_memory(on_gpu) == 5 * 2**30 + 600 * 2**20  # not max_memory_allocated's 4 GiB
+    assert runtime.cuda_context_bytes(on_gpu) == 600 * 2**20
+    assert runtime.peak_memory(on_gpu) == 5 * 2**30 + 600 * 2**20  # not max_memory_allocated's 4 GiB
 
 
 def test_an_mps_client_is_found_among_nvmls_mps_processes(on_gpu, monkeypatch):
@@ -93,7 +93,7 @@ def test_an_mps_client_is_found_among_nvmls_mps_processes(on_gpu, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml([], mps=[(os.getpid(), 3 * 2**30 + 300 * 2**20)]))
 
-    assert trainer.cuda_context_bytes(on_gpu) == 300 * 2**20
+    assert runtime.cuda_context_bytes(on_gpu) == 300 * 2**20
 
 
 @pytest.mark.parametrize("visible", ["GPU-5f2c0a1e-7b3d-4c2a-9e61-0123456789ab", "0"])
@@ -101,8 +101,8 @@ def test_without_nvmls_answer_the_context_is_the_assumed_one(on_gpu, monkeypatch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml([(1, 10 * 2**30)]))  # another pid (a PID namespace)
 
-    assert trainer.cuda_context_bytes(on_gpu) == trainer.CUDA_CONTEXT_FALLBACK_BYTES
-    assert trainer.peak_memory(on_gpu) == 5 * 2**30 + trainer.CUDA_CONTEXT_FALLBACK_BYTES
+    assert runtime.cuda_context_bytes(on_gpu) == runtime.CUDA_CONTEXT_FALLBACK_BYTES
+    assert runtime.peak_memory(on_gpu) == 5 * 2**30 + runtime.CUDA_CONTEXT_FALLBACK_BYTES
 
 
 def _sleepers(tmp_path, count: int) -> list[launch.ProcessSpec]:

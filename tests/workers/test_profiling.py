@@ -205,10 +205,10 @@ def test_the_profiler_reports_chunks_of_steps_with_its_mode_and_host_time(monkey
 
     import torch
 
-    from workers.training import trainer, zoo
+    from workers.training import runtime, zoo
 
     monkeypatch.setattr(zoo, "build_model", lambda *args: torch.nn.Sequential(torch.nn.Linear(20, 3)))
-    monkeypatch.setattr(trainer, "apply_resources", lambda threads, cores: None)  # keep the test process's threads
+    monkeypatch.setattr(runtime, "apply_resources", lambda threads, cores: None)  # keep the test process's threads
     spec = ProfileChildSpec(
         architecture="resnet18", batch_size=8, num_classes=3, input_shape=(20,), threads=1, warmup_iterations=2
     )
@@ -236,11 +236,11 @@ def test_the_profiler_runs_eager_on_cpu_when_graphs_are_asked_and_says_why(monke
 
     import torch
 
-    from workers.training import trainer, zoo
+    from workers.training import runtime, zoo
     from workers.training.execution import GRAPHS_NEED_GPU
 
     monkeypatch.setattr(zoo, "build_model", lambda *args: torch.nn.Sequential(torch.nn.Linear(20, 3)))
-    monkeypatch.setattr(trainer, "apply_resources", lambda threads, cores: None)  # keep the test process's threads
+    monkeypatch.setattr(runtime, "apply_resources", lambda threads, cores: None)  # keep the test process's threads
     spec = ProfileChildSpec(
         architecture="resnet18",
         batch_size=8,

@@ -36,12 +36,12 @@ Protocol on stdin/stdout (line by line, nothing else is written to the real stdo
 RESULT.json is a :class:`ProfileChildResult`: the peak memory, the execution mode that ran,
 the host seconds per timed step and, on failure, the error.
 
-Device: ``MTFL_TRAINER_DEVICE`` in the environment (:func:`workers.training.trainer.trainer_device`,
+Device: ``MTFL_TRAINER_DEVICE`` in the environment (:func:`workers.training.runtime.trainer_device`,
 set by the GPU backends) chooses ``cpu`` (default) or ``cuda``. On ``cuda`` the model and the
 synthetic batch are created on the GPU before ``READY``, cuDNN autotuning runs during the
 warm-up iterations, each chunk's ``end`` is taken after ``torch.cuda.synchronize()``,
 and the peak memory is ``torch.cuda.max_memory_allocated``. On ``cpu`` the peak memory is the
-private resident memory (:func:`workers.training.trainer.cpu_memory_bytes`: anonymous pages, the same
+private resident memory (:func:`workers.training.runtime.cpu_memory_bytes`: anonymous pages, the same
 whether the process was started anew or forked), in bytes.
 
 Exit codes: 0 success, 1 error while profiling (RESULT.json says which), 2 bad spec or usage.
@@ -54,6 +54,7 @@ import argparse
 import contextlib
 import os
 import select
+import statistics
 import sys
 import time
 import traceback
@@ -76,6 +77,16 @@ from workers.protocol.messages import (
 )
 from workers.training import zoo
 from workers.training.execution import STEPS_BEFORE_REPLAY, ExecutedMode, StepRunner
+from workers.training.runtime import (
+    IterationLock,
+    apply_resources,
+    build_optimizer,
+    cpu_memory_bytes,
+    open_device,
+    peak_memory,
+    synchronize,
+    trainer_device,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -140,7 +151,7 @@ class ProfileChildResult(BaseModel):
         error: ``"ExcType: message"`` when failed.
         iterations: iterations run after ``GO``, warm-up included.
         peak_memory_bytes: the process's peak memory, bytes: ``torch.cuda.max_memory_allocated``
-            on a GPU, the private resident memory on CPU (:func:`workers.training.trainer.cpu_memory_bytes`).
+            on a GPU, the private resident memory on CPU (:func:`workers.training.runtime.cpu_memory_bytes`).
         execution_mode: what the steps ran as (``eager`` or ``graphs``); ``None`` if it failed
             before choosing.
         execution_fallback: why ``execution_mode`` is not what the spec asked, ``""`` if it is.
@@ -264,15 +275,12 @@ _DEVICE = None  # the torch device profile() trains on, once chosen
 
 
 def peak_memory_bytes() -> int:
-    """This process's peak memory in bytes: ``torch.cuda.max_memory_allocated`` once
-    :func:`profile` has chosen a GPU, else its private resident memory
-    (:func:`workers.training.trainer.cpu_memory_bytes`)."""
+    """This process's peak memory in bytes: once :func:`profile` has chosen a GPU, the
+    allocator's peak reserved memory plus the CUDA context
+    (:func:`workers.training.runtime.peak_memory`), else its private resident memory
+    (:func:`workers.training.runtime.cpu_memory_bytes`)."""
     if _DEVICE is not None and _DEVICE.type == "cuda":
-        from workers.training.trainer import peak_memory
-
         return peak_memory(_DEVICE)
-    from workers.training.trainer import cpu_memory_bytes
-
     return cpu_memory_bytes()
 
 
@@ -284,10 +292,12 @@ class ProfileRun:
         iterations: steps run after ``GO``, warm-up and an unfinished last chunk included.
         execution_mode: ``eager`` or ``graphs``, as the :class:`StepRunner` ran them.
         execution_fallback: why not what was asked (``""`` if it was).
-        host_step_s: host seconds per step over the reported chunks: on a GPU the issuing
-            thread's CPU time (``time.thread_time``) around its step calls, the launch cost that
-            says whether the device waits for the host; on ``cpu``, where the step's work is the
-            host's and spreads over the intra-op threads, the wall time of the step calls.
+        host_step_s: host seconds per step: on a GPU the median over the chunks of the issuing
+            thread's CPU time (``time.thread_time``) of each chunk's first step, issued right
+            after a synchronisation into an empty launch queue (the launch cost that says
+            whether the device waits for the host; later steps of a chunk may wait in the driver
+            for a full queue); on ``cpu``, where the step's work is the host's and spreads over
+            the intra-op threads, the mean wall time of the reported chunks' step calls.
             ``None`` when no chunk completed.
     """
 
@@ -328,15 +338,6 @@ def profile(
     """
     import torch
 
-    from workers.training.trainer import (
-        IterationLock,
-        apply_resources,
-        build_optimizer,
-        open_device,
-        synchronize,
-        trainer_device,
-    )
-
     global _DEVICE
     apply_resources(spec.threads, spec.cores)
     device = _DEVICE = open_device(trainer_device())
@@ -369,6 +370,12 @@ def profile(
     iterations = 0
     chunk_steps, chunk_done, chunk_host_s, chunk_start = 1, 0, 0.0, 0.0
     timed_steps, timed_host_s = 0, 0.0
+    # On a GPU the host time of a step is its issue time only while the launch queue has room:
+    # once it is full, each launch waits in the driver (spinning, so thread time counts the
+    # wait) and a GPU-bound step would read as host-bound. The first step of each chunk is
+    # issued right after a synchronisation, into an empty queue: its host time is the issue
+    # cost alone. On cpu the host does the work, so every step's wall time counts.
+    drained_host_s: list[float] = []
     try:
         while True:
             command = commands.poll_line()
@@ -386,6 +393,8 @@ def profile(
             iterations += 1
             if iterations <= warmup:
                 continue
+            if chunk_done == 0:
+                drained_host_s.append(host_s)
             chunk_done += 1
             chunk_host_s += host_s
             if chunk_done == chunk_steps:
@@ -408,7 +417,11 @@ def profile(
         iterations=iterations,
         execution_mode=runner.mode,
         execution_fallback=runner.fallback,
-        host_step_s=timed_host_s / timed_steps if timed_steps else None,
+        host_step_s=(
+            float(statistics.median(drained_host_s))
+            if device.type == "cuda" and drained_host_s
+            else (timed_host_s / timed_steps if timed_steps else None)
+        ),
     )
 
 

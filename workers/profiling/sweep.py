@@ -345,8 +345,8 @@ def measure_configuration(
     ``request.min_window_s`` the parent sends STOP to all at once, so every counted iteration
     ran while all the other tasks were training. Throughput is :func:`window_throughput` over
     :func:`common_window`'s iterations; peak memory is each process's own (on ``cpu`` its private
-    resident memory, :func:`workers.training.trainer.cpu_memory_bytes`; on a GPU the allocator's
-    peak reserved memory plus the context, :func:`workers.training.trainer.peak_memory`, reset
+    resident memory, :func:`workers.training.runtime.cpu_memory_bytes`; on a GPU the allocator's
+    peak reserved memory plus the context, :func:`workers.training.runtime.peak_memory`, reset
     per job in a warm process). Where the backend has a GPU (:meth:`~workers.backends.base.TrainerProcessBackend.gpu_telemetry`),
     its utilisation is sampled through NVML from GO to STOP and each measurement's
     ``gpu_busy_fraction`` is :func:`busy_fraction` over the task's timed iterations. Where the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from django.db import transaction
 from django.db.models import F
@@ -375,13 +375,14 @@ def sweep_watchdog(*, sweep_id: int) -> None:
         transaction.on_commit(_send_lab_schedule)
 
 
-def samples_from_round(*, round_id: int) -> int:
+def samples_from_round(*, round_id: int, timesliced_devices: Collection[int] = ()) -> int:
     """The closed loop: every measured assignment of an FL round becomes a profile sample, its
     device's assignments of that round being the co-located configuration.
 
     Rounds of strategies with ``timeslice`` partitioning (``temporal``) are left out: their
-    tasks do not run at their shares; so are the devices a predictor-driven round time-sliced (a
-    baseline's plan kept there), and rounds of a strategy no longer registered (what its
+    tasks do not run at their shares; so are ``timesliced_devices``, the devices a
+    predictor-driven round time-sliced (a baseline's plan kept there: the caller knows the
+    round's plan, :func:`controlplane.experiments.services.planning.round_timesliced_devices`), and rounds of a strategy no longer registered (what its
     shares meant is unknown). So is an assignment too short to time: fewer than
     ``MTFL_MIN_TIMED_ITERATIONS`` iterations after the warm-up (``E·ceil(|D_ij| / B_ij)`` in
     all; a 6-sample shard trains one batch a round, and the trainer then times iterations that
@@ -390,7 +391,6 @@ def samples_from_round(*, round_id: int) -> int:
     from controlplane.common.bulk import bulk_insert
     from controlplane.conf import mtfl_setting
     from controlplane.experiments.models import Assignment, Round, Task
-    from controlplane.experiments.services.planning import round_timesliced_devices
 
     rnd = Round.objects.select_related("run__experiment").get(id=round_id)
     epochs = rnd.run.experiment.local_epochs
@@ -432,7 +432,7 @@ def samples_from_round(*, round_id: int) -> int:
     devices = {d.id: d for d in Device.objects.filter(id__in=used).only("id", "backend", "inventory")}
     architecture = dict(Task.objects.filter(id__in=rnd.assignments.values("task_id")).values_list("id", "architecture"))
     # A device a predictor-driven plan kept on a timeslice baseline's plan did not run at its shares.
-    sliced = round_timesliced_devices(rnd)
+    sliced = set(timesliced_devices)
     rows = []
     for device_id, assignments in by_device.items():
         if device_id in sliced:

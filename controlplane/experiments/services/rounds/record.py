@@ -25,6 +25,7 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Round
 from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.lab.leases import leases_release
+from controlplane.experiments.services.planning import round_timesliced_devices
 from controlplane.experiments.services.rounds.advance import round_advance
 from controlplane.experiments.services.rounds.aggregate import round_models_aggregate
 from controlplane.experiments.services.runs import run_fail
@@ -178,7 +179,7 @@ def round_finish(
         return Round.objects.get(id=round_id)
     rnd.refresh_from_db()
     try:
-        samples_from_round(round_id=rnd.id)
+        samples_from_round(round_id=rnd.id, timesliced_devices=round_timesliced_devices(rnd))
     except Exception:  # noqa: BLE001 - the closed loop must never hold up the run
         log.exception("round %s: could not turn its assignments into profile samples", rnd.id)
     round_advance(rnd)
