@@ -49,7 +49,7 @@ from controlplane.profiling.models import (
     ProfileSample,
     ProfileSweep,
 )
-from workers.protocol.messages import OPTIMIZERS, ExecutionOptions
+from workers.protocol.messages import EXECUTED_MODES, OPTIMIZERS, ExecutionOptions
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.datasets import DATASET_REGISTRY
@@ -1256,6 +1256,14 @@ class AssignmentSerializer(serializers.ModelSerializer):
     round_index = serializers.IntegerField(read_only=True)
     device_name = serializers.CharField(read_only=True)
     task_name = serializers.CharField(read_only=True)
+    # Declared: a read-only model field loses allow_blank, and the schema would then refuse the
+    # "" of an assignment whose trainer has not reported yet.
+    execution_mode = serializers.ChoiceField(
+        choices=EXECUTED_MODES,
+        allow_blank=True,
+        read_only=True,
+        help_text="how the trainer ran its steps (eager or graphs); empty until it reports",
+    )
 
     class Meta:
         model = Assignment

@@ -223,13 +223,14 @@ def fit_seconds_model(
     a = phi.T @ (phi / sigma[:, None] ** 2) + np.diag(1.0 / tau**2)
     rhs = phi.T @ (residual / sigma**2) + theta0 / tau**2
     theta = np.linalg.solve(a, rhs)
-    if theta[0] < 0 or theta[1] < 0:
-        # Refit with the offending slope held at 0 (the constrained optimum lies on that face).
-        free = [i for i in range(3) if theta[i] >= 0 or i == 2]
+    free = [0, 1, 2]
+    while theta[0] < 0 or theta[1] < 0:
+        # Active set: hold each negative slope at 0 and re-solve the rest (c too), until no slope
+        # is negative; two slopes, so at most two passes (Lawson & Hanson 1974, NNLS).
+        free = [i for i in free if i == 2 or theta[i] > 0]
         theta = np.zeros(3)
         sub = np.ix_(free, free)
         theta[free] = np.linalg.solve(a[sub], rhs[free])
-        theta[:2] = np.maximum(theta[:2], 0.0)
     return SecondsModel(float(theta[0]), float(theta[1]), float(theta[2]), k, len(rows))
 
 

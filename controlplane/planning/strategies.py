@@ -203,12 +203,17 @@ STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy", "mtfl.strategies", 
 
 def baseline_plans(spec: PlanningInput) -> list[Plan]:
     """The plans of every registered strategy that needs no predictor and takes no plan (the
-    paper's baselines among the built-ins), each with its record's name and partitioning."""
+    paper's baselines among the built-ins), each with its record's name and partitioning. A
+    plug-in baseline that cannot plan this experiment (:class:`PlanningError`) is left out of
+    the comparison rather than failing the planner that compares with it."""
     plans = []
     for record in STRATEGY_REGISTRY:
         if record.needs_predictor or record.takes_plan:
             continue
-        made = record.plan(spec, StrategyContext())
+        try:
+            made = record.plan(spec, StrategyContext())
+        except PlanningError:
+            continue
         plans.append(replace(made, strategy=record.name, partitioning=record.partitioning))
     return plans
 

@@ -13,6 +13,7 @@ from controlplane.planning.guard import RegimeFacts, host_bound_warnings
 from controlplane.profiling import services
 from controlplane.profiling.models import ModelWorkload, ProfileSample, ProfileSweep
 from controlplane.profiling.selectors import device_regimes
+from controlplane.profiling.services.predictors import training_samples
 from tests.controlplane.test_api import _queued_control_messages
 
 pytestmark = pytest.mark.django_db
@@ -228,3 +229,26 @@ def test_the_planner_check_shows_a_host_bound_device(make_experiment, make_devic
     check = planner_check(experiment)
 
     assert check["warnings"][-1].startswith("device gpu-a is host-bound (GPU busy 30 %, host 95 % of each step")
+
+
+def test_a_predictor_is_fitted_on_the_newest_execution_mode_only(gpu_sweep):
+    # Eager and graph throughputs of one configuration differ by the factor graphs exist for,
+    # and a graph step's host time is one replay: fitted together they describe neither mode.
+    for index in range(3):
+        services.profile_record(result=_result(gpu_sweep, index, host_step_s=0.009, gpu_busy_fraction=0.3))
+    ProfileSample.objects.update(device_class="h200")
+    eager = {s.config_key for s in training_samples("cuda-mps", "h200")}
+    assert len(eager) == 3
+
+    for index in range(3, 5):
+        services.profile_record(
+            result=_result(gpu_sweep, index, host_step_s=4e-5, gpu_busy_fraction=0.9, mode="graphs", sps=9000.0)
+        )
+    ProfileSample.objects.update(device_class="h200")
+    graphs = training_samples("cuda-mps", "h200")
+    assert {s.throughput_sps for s in graphs} == {9000.0} and len(graphs) == 2
+    assert {s.host_step_s for s in graphs} == {4e-5}
+
+    ProfileSample.objects.filter(execution_mode="graphs").delete()
+    ProfileSample.objects.filter(config_key__in=list(eager)[:1]).update(execution_mode="")  # before modes existed
+    assert len(training_samples("cuda-mps", "h200")) == 3

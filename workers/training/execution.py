@@ -136,12 +136,19 @@ class CudaGraphApi:
         self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream.__new__ unannotated
 
     def new_graph(self) -> Graph:
+        """A new, empty :class:`torch.cuda.CUDAGraph`."""
         import torch
 
         graph: Graph = torch.cuda.CUDAGraph()
         return graph
 
     def capture(self, graph: Graph, step: Callable[[], None]) -> None:
+        """Capture ``step`` into ``graph`` on the side stream, into the shared pool.
+
+        Raises:
+            Exception: the step's own error when it fails under capture (not the "capture
+                invalidated" error ending the capture then raises).
+        """
         import torch
 
         assert isinstance(graph, torch.cuda.CUDAGraph)
@@ -161,6 +168,7 @@ class CudaGraphApi:
 
     @contextlib.contextmanager
     def side_stream(self) -> Iterator[None]:
+        """Run the body on the side stream, ordered after and before the current stream's work."""
         import torch
 
         current = torch.cuda.current_stream()
@@ -170,6 +178,7 @@ class CudaGraphApi:
         current.wait_stream(self._stream)
 
     def synchronize(self) -> None:
+        """Wait for all work queued on the current CUDA device (``torch.cuda.synchronize``)."""
         import torch
 
         torch.cuda.synchronize()

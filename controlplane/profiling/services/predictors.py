@@ -82,9 +82,23 @@ def _new_version(backend: str, device_class: str) -> Predictor:
     return Predictor.objects.create(backend=backend, device_class=device_class, version=latest + 1)
 
 
-def _training_samples(backend: str, device_class: str) -> list[ProfiledTask]:
+def training_samples(backend: str, device_class: str) -> list[ProfiledTask]:
+    """The class's profile samples of ONE execution mode: the newest sample's (issue 31).
+
+    Eager and CUDA-graph throughputs of one configuration differ by the factor graphs exist
+    for, and a graph step's host time is one replay, not one launch per operation: fitted
+    together, the predictor and its host launch term (``host_seconds_per_op``) would describe
+    neither mode. The newest mode is what the device's rounds run now; samples that recorded no
+    mode (profiled before modes existed, all eager) count as eager.
+    """
+    samples = ProfileSample.objects.filter(backend=backend, device_class=device_class)
+    newest = samples.exclude(execution_mode="").order_by("-id").values_list("execution_mode", flat=True).first()
+    if newest == "graphs":
+        samples = samples.filter(execution_mode="graphs")
+    elif newest == "eager":
+        samples = samples.filter(execution_mode__in=("eager", ""))
     out = []
-    for s in ProfileSample.objects.filter(backend=backend, device_class=device_class).order_by("id").iterator():
+    for s in samples.order_by("id").iterator():
         mix = tuple(
             MixTask(t["architecture"], int(t["batch_size"]), int(t["active_thread_percentage"]))
             for t in s.configuration
@@ -178,7 +192,7 @@ def predictor_fit(
     from controlplane.fleet.selectors import device_class as class_of
     from controlplane.fleet.selectors import device_cores
 
-    samples = _training_samples(predictor.backend, predictor.device_class)
+    samples = training_samples(predictor.backend, predictor.device_class)
     devices = [d for d in Device.objects.filter(backend=predictor.backend) if class_of(d) == predictor.device_class]
     cores = device_cores(devices[0]) if devices else 1
     try:
