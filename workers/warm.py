@@ -77,7 +77,7 @@ def rss_anon_bytes(pid: int | str) -> int | None:
     for the calling process), bytes;
     ``None`` where ``/proc`` does not say (the process is gone, or not Linux). Not the resident
     set size, which also counts torch's shared libraries that every process shares
-    (:func:`workers.training.trainer.cpu_memory_bytes`)."""
+    (:func:`workers.training.runtime.cpu_memory_bytes`)."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
             for line in status:
@@ -102,10 +102,11 @@ def process_key(module: str, argv: Sequence[str], env: Mapping[str, str]) -> tup
     """The pool key of a job ``module.main(argv)`` started with ``env``.
 
     ``argv`` is ``[mode, SPEC.json, RESULT.json]``. A ``train`` job's key holds its task identity
-    (architecture, classes, input shape, data set) and resources (threads, cores, lock) from its
-    spec; a ``profile`` job's its model (architecture, classes, input shape: what
-    :class:`workers.profiling.child.WarmModels` keeps; not the batch size, which a warm process
-    changes from one job to the next) and resources; a ``standalone`` job's its threads and
+    (architecture, classes, input shape, data set) and resources (threads, cores; not the
+    time-slicing lock, which each job takes from its spec); a ``profile`` job's its model
+    (architecture, classes, input shape: what :class:`workers.profiling.child.WarmModels`
+    keeps; not the batch size, which a warm process changes from one job to the next) and
+    resources; a ``standalone`` job's its threads and
     cores (its items vary). All hold the whole environment, which is fixed at the process's
     start (under MPS its ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: a process serves one share).
 
@@ -120,7 +121,11 @@ def process_key(module: str, argv: Sequence[str], env: Mapping[str, str]) -> tup
     mode, spec_path = argv[0], Path(argv[1])
     try:
         spec = json.loads(spec_path.read_text())
-        resources = (spec.get("threads"), tuple(spec.get("cores") or ()), spec.get("lock_path"))
+        # Not the time-slicing lock: a job takes it from its own spec (IterationLock), so one
+        # process serves a task time-sliced in one round and shared in the next, and a plan that
+        # moves a device between the two starts no trainer cold. Cores and threads stay: OpenMP
+        # workers keep the affinity they were created with, whatever the next job asks.
+        resources = (spec.get("threads"), tuple(spec.get("cores") or ()))
         if mode == "train":
             task = spec["task"]
             identity: tuple[object, ...] = (

@@ -31,7 +31,7 @@ from workers.launch import DONE_LINE, GO_LINE, READY_LINE
 from workers.profiling.child import ITER_PREFIX, STOP_LINE, ProfileChildResult, ProfileChildSpec, WarmModels
 from workers.profiling.sweep import BUSY_SAMPLE_INTERVAL_S, PROFILER_COMMAND, busy_fraction, run_sweep
 from workers.protocol.messages import GpuSample, ProfileConfigResult, ProfileSweepRequest
-from workers.training.trainer import ENV_DEVICE
+from workers.training.runtime import ENV_DEVICE
 from workers.training.zoo import build_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -287,3 +287,19 @@ def test_a_sweep_without_configurations_has_no_seconds_per_configuration(agent_c
     refused = run_sweep(request, agent_context, CpuBackend(), lambda r: None)
 
     assert refused.status == "failed" and refused.configs == 0 and refused.seconds_per_config is None
+
+
+def test_a_train_job_time_sliced_or_shared_on_the_same_cores_shares_a_process(tmp_path):
+    # The lock is a job's, not the process's: a plan that moves a device between a time-sliced
+    # and a shared configuration of the same cores must not start its trainers cold.
+    task = {"architecture": "resnet18", "num_classes": 10, "input_shape": [3, 32, 32], "dataset": {"name": "digits"}}
+
+    def key(name: str, **resources: object) -> tuple[object, ...]:
+        spec = tmp_path / name
+        spec.write_text(json.dumps({"task": task, "threads": 1, "cores": [0], **resources}))
+        return warm.process_key(warm.TRAINER_MODULE, ["train", str(spec), str(tmp_path / "r.json")], {})
+
+    shared = key("shared.json")
+
+    assert key("sliced.json", lock_path=str(tmp_path / "device.lock")) == shared
+    assert key("wider.json", threads=2, cores=[0, 1]) != shared
