@@ -972,33 +972,12 @@ def simulated_configuration(
         return backend.profile_configuration(
             tasks, request, ctx, config_index=config_index, repeat_of=None, started_at=time.time()
         )
-    from workers.backends.simulated import (
-        PROFILE_STARTUP_S,
-        noise_factors,
-        simulate_throughput,
-        simulated_execution_mode,
-        simulation_workload,
-    )
+    from workers.backends.simulated import PROFILE_STARTUP_S, simulate_configuration, simulated_execution_mode
     from workers.protocol.messages import ProfileConfigResult, ProfileMeasurement
 
     mode = simulated_execution_mode(request.execution)
-    shapes = [request.workload_shape(t.architecture) for t in tasks]
-    workloads = [
-        simulation_workload(t.architecture, shape.num_classes, shape.input_shape)
-        for t, shape in zip(tasks, shapes, strict=True)
-    ]
-    prediction = simulate_throughput(
-        [w.flops_per_sample for w in workloads],
-        [w.activation_bytes_per_sample for w in workloads],
-        [w.param_bytes for w in workloads],
-        [w.layers for w in workloads],
-        [t.batch_size for t in tasks],
-        [100] * len(tasks),
-        backend.device,
-        partitioning=partitioning,
-        noise=noise_factors(request.seed, config_index, ctx.device, range(len(tasks))),
-        ops_per_step=[w.ops_per_step for w in workloads],
-        graphs=mode == "graphs",
+    prediction = simulate_configuration(
+        request, tasks, backend.device, device_name=ctx.device, config_index=config_index, partitioning=partitioning
     )
     slowest = float(prediction.iteration_s.max())
     window = max(request.min_window_s, (request.min_timed_iterations + 1) * slowest)

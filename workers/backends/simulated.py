@@ -1216,22 +1216,8 @@ class SimulatedBackend(AnalyticBackend):
         if not tasks:
             return result("failed", [], PROFILE_STARTUP_S, "a configuration needs at least one task")
         try:
-            shapes = [request.workload_shape(t.architecture) for t in tasks]
-            workloads = [
-                simulation_workload(t.architecture, shape.num_classes, shape.input_shape)
-                for t, shape in zip(tasks, shapes, strict=True)
-            ]
-            prediction = simulate_throughput(
-                [w.flops_per_sample for w in workloads],
-                [w.activation_bytes_per_sample for w in workloads],
-                [w.param_bytes for w in workloads],
-                [w.layers for w in workloads],
-                [t.batch_size for t in tasks],
-                [t.active_thread_percentage for t in tasks],
-                self.device,
-                noise=noise_factors(request.seed, config_index, ctx.device, range(len(tasks))),
-                ops_per_step=[w.ops_per_step for w in workloads],
-                graphs=mode == "graphs",
+            prediction = simulate_configuration(
+                request, tasks, self.device, device_name=ctx.device, config_index=config_index
             )
         except ValueError as exc:
             error = f"cannot simulate the configuration: {exc}"
@@ -1363,7 +1349,46 @@ def _phased_seconds(
     return finish
 
 
+def simulate_configuration(
+    request: ProfileSweepRequest,
+    tasks: Sequence[ProfileTaskSpec],
+    device: DeviceSpec,
+    *,
+    device_name: str,
+    config_index: int,
+    partitioning: str = "mps",
+) -> MixPrediction:
+    """The simulator's answer for one profiled configuration: ``tasks`` co-located on
+    ``device`` at their batch sizes and shares (``partitioning="timeslice"``: taking turns,
+    shares ignored), in the sweep's execution mode, with the sweep's seeded noise
+    (:func:`noise_factors` of ``(request.seed, config_index, device_name)``).
+
+    Raises:
+        ValueError: a configuration the model cannot answer (as :func:`simulate_throughput`).
+    """
+    graphs = simulated_execution_mode(request.execution) == "graphs"
+    shapes = [request.workload_shape(t.architecture) for t in tasks]
+    workloads = [
+        simulation_workload(t.architecture, shape.num_classes, shape.input_shape)
+        for t, shape in zip(tasks, shapes, strict=True)
+    ]
+    return simulate_throughput(
+        [w.flops_per_sample for w in workloads],
+        [w.activation_bytes_per_sample for w in workloads],
+        [w.param_bytes for w in workloads],
+        [w.layers for w in workloads],
+        [t.batch_size for t in tasks],
+        [100 if partitioning == "timeslice" else t.active_thread_percentage for t in tasks],
+        device,
+        partitioning=partitioning,
+        noise=noise_factors(request.seed, config_index, device_name, range(len(tasks))),
+        ops_per_step=[w.ops_per_step for w in workloads],
+        graphs=graphs,
+    )
+
+
 __all__ = [
+    "simulate_configuration",
     "DEFAULT_DEVICE",
     "DEVICE_PRESETS",
     "ENV_DEVICE",
