@@ -63,7 +63,7 @@ def test_a_round_waits_queued_while_another_run_holds_its_device_then_gets_it(
     holder = running_round(running_run(mine), devices=devices, started_at=now - dt.timedelta(seconds=5))
     waiter_run = running_run(theirs)
 
-    waiting = scheduler.round_start(run_id=waiter_run.id, index=0)
+    waiting = services.round_start(run_id=waiter_run.id, index=0)
 
     assert waiting.status == Round.Status.QUEUED and waiting.queued_at is not None and waiting.started_at is None
     assert dispatched == []
@@ -87,7 +87,7 @@ def test_a_dead_runs_lease_is_released_by_the_next_pass(make_experiment, dispatc
     # a crash that failed the run without the services (a worker killed mid-update)
     Run.objects.filter(id=crashed.id).update(status=Run.Status.FAILED)
     waiter = running_run(experiment)
-    rnd = scheduler.round_start(run_id=waiter.id, index=0)
+    rnd = services.round_start(run_id=waiter.id, index=0)
 
     assert rnd.status == Round.Status.RUNNING
     released = DeviceLease.objects.get(run=crashed, device=devices[0])
@@ -172,7 +172,7 @@ def test_a_paused_device_is_leased_to_no_round_until_resumed(make_experiment, us
         admin.device_pause(device=device, user=user)
 
     admin.device_pause(device=device, user=admin_user, reason="fan replaced")
-    rnd = scheduler.round_start(run_id=running_run(experiment).id, index=0)
+    rnd = services.round_start(run_id=running_run(experiment).id, index=0)
     assert rnd.status == Round.Status.QUEUED
 
     admin.device_resume(device=device, user=admin_user)
@@ -193,7 +193,7 @@ def test_a_pool_run_is_placed_on_the_free_devices_of_its_pool(make_experiment, m
         services.run_create(experiment=other, strategy="sharing", pool="no-such-pool")
     assert refused.value.field == "pool"
     run = running_run(experiment, pool=pool)
-    rnd = scheduler.round_start(run_id=run.id, index=0)
+    rnd = services.round_start(run_id=run.id, index=0)
 
     assert rnd.status == Round.Status.RUNNING
     assert rnd.participants == [devices[1].id, devices[2].id]  # the pool's free ones; dev-3 is not in it

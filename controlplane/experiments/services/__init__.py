@@ -26,7 +26,8 @@ from controlplane.experiments.services.catalog import (
     task_update,
 )
 from controlplane.experiments.services.evaluation import checkpoints_evaluate
-from controlplane.experiments.services.lab.scheduler import lab_schedule, round_start
+from controlplane.experiments.services.lab.scheduler import lab_schedule
+from controlplane.experiments.services.rounds.enqueue import round_start
 from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.reliability import (
     round_check,

@@ -3,7 +3,7 @@
 denominator of fair throughput).
 
 :func:`run_begin` claims a pending run, writes and evaluates the seeded initial models and
-enqueues round 0 (:func:`.lab.scheduler.round_start`). Once the lab scheduler has leased its
+enqueues round 0 (:func:`.rounds.enqueue.round_start`). Once the lab scheduler has leased its
 devices, :func:`.rounds.start.round_dispatch` takes what the cross-run cache knows
 (:mod:`.standalone_cache`) and asks them for the ``P_alone`` measured nowhere yet
 (:mod:`.rounds.alone`: round 0's devices, then devices drawn for the first time or replanned
@@ -34,7 +34,7 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import Checkpoint, Round, Run, StandaloneThroughput
 from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.evaluation import checkpoints_evaluate_on_commit
-from controlplane.experiments.services.lab.scheduler import round_start
+from controlplane.experiments.services.rounds.enqueue import round_start
 from controlplane.experiments.services.participation import round_participants
 from controlplane.experiments.services.planning import plan_from_json, run_plan
 from controlplane.experiments.services.rounds.start import round_dispatch

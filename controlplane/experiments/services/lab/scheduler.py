@@ -1,9 +1,9 @@
 """The lab scheduler: rounds wait (``queued``) for their devices, and a scheduling pass grants
 free devices to waiting rounds by the lab's policy and dispatches them.
 
-A run's round is *enqueued* by :func:`round_start` (``ROUND_START``: a run's first round after
-its initial models, each next round after the previous one's aggregation); it then holds no
-device and is ``queued``. :func:`lab_schedule` runs a pass: it releases leases whose round or
+A run's round is *enqueued* by :func:`..rounds.enqueue.round_start` (``ROUND_START``: a run's
+first round after its initial models, each next round after the previous one's aggregation); it
+then holds no device and is ``queued``. :func:`lab_schedule` runs a pass: it releases leases whose round or
 run has ended (:func:`.leases.leases_sweep`: a crashed run never blocks a device for ever),
 reads the waiting rounds (:func:`waiting_rounds`), lets the pure policy decide
 (:func:`controlplane.planning.scheduling.schedule_pass`: ``MTFL_SCHEDULER_POLICY``, priorities,
@@ -12,7 +12,7 @@ devices at once (:func:`.leases.leases_claim`), marks it ``running`` with ``queu
 and dispatches it (:func:`..rounds.start.round_dispatch`: plan, ``P_alone`` if needed, train).
 Deadlines and straggler detection count from that dispatch, never from the enqueue.
 
-A pass runs whenever the state it reads changes: a round enqueued (here), a round's devices
+A pass runs whenever the state it reads changes: a round enqueued, a round's devices
 released (its results arrived: :func:`..rounds.record.round_finish`; a run ended, failed or was
 cancelled), a device resumed, a control worker (re)started (:mod:`..reliability`); each of
 those sends ``LAB_SCHEDULE`` or calls :func:`lab_schedule`. Passes are idempotent and safe to
@@ -32,14 +32,11 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.models import DeviceLease, Experiment, Round, Run, Shard, UserShare
 from controlplane.experiments.services.lab.leases import held_leases, leases_claim, leases_sweep
-from controlplane.experiments.services.participation import round_participants
 from controlplane.experiments.services.rounds.start import round_dispatch
 from controlplane.experiments.services.runs import run_fail
-from controlplane.experiments.services.storage import storage_space_problem
 from controlplane.fleet.models import Device
 from controlplane.planning.participation import participant_count
 from controlplane.planning.scheduling import WaitingRound, owner_usage, schedule_pass
@@ -47,48 +44,6 @@ from controlplane.planning.scheduling import WaitingRound, owner_usage, schedule
 log = logging.getLogger(__name__)
 
 _FINISHED = (Round.Status.SUCCEEDED, Round.Status.PARTIAL)
-
-
-def round_start(*, run_id: int, index: int) -> Round | None:
-    """Enqueue round ``index`` of a running run, then run a scheduling pass (which dispatches
-    it at once when its devices are free).
-
-    Its participants are drawn now (:func:`..participation.round_participants`, seeded: the
-    same devices whenever it is asked) unless the run names a pool, whose rounds are placed on
-    the pool's free devices when granted.
-
-    Returns:
-        The round (``queued``, or ``running`` when the pass granted it), or ``None`` when the
-        run is not running, the round already exists (a duplicate delivery), or the round could
-        not be enqueued (the run is then failed with the reason: participants that cannot be
-        drawn, or less free space in ``ARTIFACT_ROOT`` than ``MTFL_MIN_FREE_BYTES``).
-    """
-    run = Run.objects.select_related("experiment").get(id=run_id)
-    if run.status != Run.Status.RUNNING:
-        return None
-    if Round.objects.filter(run=run, index=index).exists():
-        return None
-    problem = storage_space_problem()
-    if problem:
-        run_fail(run_id=run.id, error=f"round {index} refused to start: {problem}")
-        return None
-    participants: list[int] | None = None
-    if run.pool_id is None:
-        try:
-            participants = round_participants(run.experiment, index)
-        except ApplicationError as exc:
-            run_fail(run_id=run.id, error=f"drawing the participants of round {index} failed: {exc}")
-            return None
-    rnd, created = Round.objects.get_or_create(
-        run=run,
-        index=index,
-        defaults={"status": Round.Status.QUEUED, "queued_at": timezone.now(), "participants": participants},
-    )
-    if not created:
-        return None
-    lab_schedule()
-    rnd.refresh_from_db()
-    return rnd
 
 
 def profiling_devices() -> set[int]:
