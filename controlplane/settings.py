@@ -50,7 +50,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from workers.agent.config import artifact_root, broker_visibility_timeout_s, mtfl_home
+from workers.config import artifact_root, broker_visibility_timeout_s, mtfl_home
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()

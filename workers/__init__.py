@@ -1,5 +1,7 @@
 """The torch side of mtfl-lab: everything that runs on a device host, in subpackages by role.
 
+- :mod:`workers.config` — locations and settings from the environment (the lowest module: every
+  package reads it);
 - :mod:`workers.protocol` — the wire protocol shared with the control plane (messages, queues);
 - :mod:`workers.fl` — FL arithmetic (FedAvg) and the artifacts it reads and writes;
 - :mod:`workers.registry` — models, datasets, partitioners, aggregators and backends by name,
@@ -10,7 +12,7 @@
 - :mod:`workers.launch` — the one spawn → barrier → watch → collect engine (with
   :mod:`workers.forkserver`);
 - :mod:`workers.profiling` — sweeps, standalone measurements, workload features, host probes;
-- :mod:`workers.agent` — the device agent's Celery app, configuration and CLI.
+- :mod:`workers.agent` — the device agent's Celery app and CLI.
 
 This package never imports Django or :mod:`controlplane`: a GPU host needs only the base
 dependencies (``pip install 'mtfl-lab[agent]'``) and a broker URL. Importing :mod:`workers`,

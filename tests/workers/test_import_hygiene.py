@@ -13,7 +13,7 @@ LIGHT_MODULES = [
     "workers",
     "workers.protocol.messages",
     "workers.protocol.queues",
-    "workers.agent.config",
+    "workers.config",
     "workers.training.partition",
     "workers.fl.fedavg",
     "workers.fl.artifacts",

@@ -23,8 +23,7 @@ from tests.workers.test_cuda_backends import (  # noqa: F401 - fixtures: the GPU
     fake_nvml,
     fake_probe,
 )
-from workers import launch, warm
-from workers.agent import config
+from workers import config, launch, warm
 from workers.backends import CpuBackend, CudaMpsBackend
 from workers.backends.base import TrainerResources
 from workers.launch import DONE_LINE, GO_LINE, READY_LINE

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from workers import launch, warm
-from workers.agent import config
+from workers import config, launch, warm
 from workers.backends import CpuBackend
 from workers.protocol.messages import ShardRef, StandaloneItem, StandaloneRequest
 from workers.protocol.queues import TaskName

@@ -29,7 +29,7 @@ sets (so ``celery -A workers.agent.app worker`` works too when they are exported
 ``$MTFL_HOME/agents/<device>``), ``MTFL_AGENT_TRAINER_TIMEOUT_S`` (default 10800),
 ``MTFL_AGENT_HEARTBEAT_S`` (the default of ``--heartbeat-s``, 15), ``MTFL_AGENT_CANCEL_POLL_S``
 (how often a running device task looks for its cancellation, default 2). The broker comes from
-``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.agent.config`).
+``CELERY_BROKER_URL`` / ``CELERY_RESULT_BACKEND`` (:mod:`workers.config`).
 
 Reliability: device tasks are acknowledged on receipt (none is safe to run twice) and record
 which agent process runs them (``STARTED`` with its pid); the control plane cancels one by
@@ -84,7 +84,7 @@ from celery import Celery, Task, signals
 from pydantic import BaseModel, ValidationError
 
 import workers
-from workers.agent import config
+from workers import config
 from workers.agent.broker_compat import patch_kombu_redis_restore
 from workers.agent.lifecycle import exit_with_parent
 from workers.backends import (

@@ -32,7 +32,7 @@ from typing import ClassVar
 
 from pydantic import ValidationError
 
-from workers.agent import config
+from workers import config
 from workers.backends.gpu import GpuTelemetry
 from workers.launch import (
     Child,
@@ -375,7 +375,7 @@ class TrainerProcessBackend(ExecutionBackend):
     def warm_pool(self) -> TrainerPool | None:
         """The backend's pool of warm trainers (:mod:`workers.warm`), created on first use from
         ``MTFL_WARM_TRAINERS`` and ``MTFL_WARM_TRAINERS_MEMORY_MB``
-        (:func:`workers.agent.config.warm_trainers`); ``None`` when the count is 0: every
+        (:func:`workers.config.warm_trainers`); ``None`` when the count is 0: every
         trainer is then a new process, as before the pool.
 
         Raises:

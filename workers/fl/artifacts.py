@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError, safe_open
 
-from workers.agent import config
+from workers import config
 from workers.protocol.queues import DEVICE_NAME_RE
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ class LocalArtifactStore(ArtifactStore):
 
 
 def get_store(root: Path | str | None = None) -> ArtifactStore:
-    """Return the artifact store at ``root`` (default :func:`workers.agent.config.artifact_root`)."""
+    """Return the artifact store at ``root`` (default :func:`workers.config.artifact_root`)."""
     return LocalArtifactStore(config.artifact_root() if root is None else root)
 
 

@@ -438,7 +438,7 @@ def default_timeout_s() -> float:
     Raises:
         ValueError: the variable is set but not a positive number.
     """
-    from workers.agent.config import positive_seconds
+    from workers.config import positive_seconds
 
     raw = os.environ.get(TIMEOUT_ENV, "").strip()
     if not raw:

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.agent import config
+from workers import config
 from workers.fl.artifacts import atomic_write_path
 from workers.registry.splits import ARRAY_NAMES, ArraySplits, SampleArray
 
