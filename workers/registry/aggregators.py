@@ -23,8 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from workers.registry.base import Registry
-from workers.registry.partitioners import Parameter, ParamValue
+from workers.registry.base import Parameter, ParamValue, Registry
 
 StateDict = Mapping[str, np.ndarray]
 

@@ -24,13 +24,102 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
+import numbers
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
+
+
+ParamValue = int | float
+"""A declared parameter's value: ``int`` for an ``"int"`` :class:`Parameter`, ``float`` for a
+``"float"`` one."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A numeric parameter a registered record declares: a partition rule's (an experiment's
+    ``partition_params``) or an aggregator's (its ``aggregation_params``).
+
+    Attributes:
+        name: the key in ``partition_params`` (``"alpha"``), a Python identifier.
+        label: one line for forms and docs.
+        kind: ``"int"`` or ``"float"``.
+        minimum: smallest allowed value (excluded when ``minimum_open``).
+        maximum: largest allowed value (included).
+        minimum_open: the range is ``(minimum, maximum]`` instead of ``[minimum, maximum]``.
+        default: the value when an experiment gives none; ``None``: the parameter is required.
+
+    Raises:
+        ValueError: (at construction) an empty or non-identifier name, an unknown ``kind``, a
+            range that is empty or not finite, or a default outside it.
+    """
+
+    name: str
+    label: str
+    kind: Literal["int", "float"]
+    minimum: float
+    maximum: float
+    minimum_open: bool = False
+    default: ParamValue | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"a partition parameter's name must be an identifier, got {self.name!r}")
+        if self.kind not in ("int", "float"):
+            raise ValueError(f"partition parameter {self.name!r}: kind must be 'int' or 'float', got {self.kind!r}")
+        if not (math.isfinite(self.minimum) and math.isfinite(self.maximum)) or self.minimum > self.maximum:
+            raise ValueError(
+                f"partition parameter {self.name!r}: minimum and maximum must be finite with minimum <= maximum, "
+                f"got {self.minimum!r}, {self.maximum!r}"
+            )
+        if self.minimum_open and self.minimum == self.maximum:
+            raise ValueError(f"partition parameter {self.name!r}: the range ({self.minimum}, {self.maximum}] is empty")
+        if self.default is not None:
+            self.check(self.default)
+
+    @property
+    def allowed(self) -> str:
+        """The allowed range as written in errors and forms: ``"a number in (0, 1000]"``."""
+        what = "an integer" if self.kind == "int" else "a number"
+        low = "(" if self.minimum_open else "["
+        return f"{what} in {low}{_number(self.minimum)}, {_number(self.maximum)}]"
+
+    def check(self, value: object, *, group: str = "partition_params") -> ParamValue:
+        """Return ``value`` as this parameter's type if it is allowed.
+
+        An ``"int"`` parameter takes an integer (a float with an integral value, as JSON and
+        forms may send ``2.0``, is taken as that integer); a ``"float"`` one any finite number.
+
+        Args:
+            group: the field the parameters are given in, for messages (``"partition_params"``,
+                ``"aggregation_params"``).
+
+        Raises:
+            ValueError: naming ``<group>.<name>`` and the allowed range, for a value
+                that is not a number of the kind, not finite, or outside the range.
+        """
+        field = f"{group}.{self.name}"
+        # numbers.Real takes NumPy's scalars too (they register with it) without importing NumPy.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{field} must be {self.allowed}, got {value!r}")
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"{field} must be {self.allowed}, got {value!r}")
+        if self.kind == "int" and not number.is_integer():
+            raise ValueError(f"{field} must be {self.allowed}, got {value!r}")
+        below = number <= self.minimum if self.minimum_open else number < self.minimum
+        if below or number > self.maximum:
+            raise ValueError(f"{field} must be {self.allowed}, got {value!r}")
+        return int(number) if self.kind == "int" else number
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 class Named(Protocol):

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from workers.registry.partitioners import PARTITIONER_REGISTRY, ParamValue, Partitioner
+from workers.registry.base import ParamValue
+from workers.registry.partitioners import PARTITIONER_REGISTRY, Partitioner
 
 MIN_SHARD_SAMPLES = 2
 """A non-empty shard holds at least 2 samples: training-mode BatchNorm cannot normalise a batch
