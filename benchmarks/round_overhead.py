@@ -38,7 +38,7 @@ control plane's, the agents' and the trainers' clocks are the same clock):
 - ``T4`` — the device's training ended: its latest ``Assignment.finished_at`` (after the
   trainer wrote its weights).
 - ``T5`` — the device results reached the control plane: ``Round.aggregating_at`` (the round
-  claimed for recording by ``round_finish``).
+  claimed for recording by ``round_record``).
 - ``T6`` — the round ended: ``Round.finished_at`` (assignments recorded, every task's global
   model aggregated and saved, and — while evaluation is on the critical path — evaluated; the
   next round is started right after it).

@@ -19,9 +19,9 @@ broker stands in for Celery and Redis:
 
 - the control plane's side is the production code, unchanged: ``run_create`` → ``RUN_BEGIN``
   (initial models written and evaluated) → ``STANDALONE_RECORDED`` → for each round
-  ``ROUND_START`` (plan, assignments saved, one :class:`~workers.protocol.messages.TrainRoundRequest`
+  ``ROUND_ENQUEUE`` (plan, assignments saved, one :class:`~workers.protocol.messages.TrainRoundRequest`
   per device) → one ``ROUND_PROGRESS`` per device (what every agent sends when its trainers
-  start) → ``ROUND_FINISH`` (the round check, every result validated, assignments recorded,
+  start) → ``ROUND_SETTLE`` (the round settle, every result validated, assignments recorded,
   FedAvg per task, evaluation, checkpoints, metrics, profile samples of the closed loop, the
   next round) and the watchdog's check. Messages are delivered to the control plane's own
   Celery tasks (controlplane/experiments/tasks.py). The one Celery boundary, the ``dispatch``
@@ -33,8 +33,8 @@ broker stands in for Celery and Redis:
   result dumped to JSON.
 
 Control-plane seconds per round are the wall-clock seconds spent in the control plane's tasks of
-a round (``ROUND_START`` with its dispatch, every ``ROUND_PROGRESS``, decoding the results,
-``ROUND_FINISH``, the watchdog's check), garbage collection during them included, not the
+a round (``ROUND_ENQUEUE`` with its dispatch, every ``ROUND_PROGRESS``, decoding the results,
+``ROUND_SETTLE``, the watchdog's check), garbage collection during them included, not the
 devices' work (the simulated backend's own time is printed apart; the process's garbage
 collector is set as a control worker's process sets it, controlplane/common/gc_tuning.py) nor Celery's transport, nor
 the tasks a round queues to run beside the next round's training (``RUN_RETENTION``, the
@@ -214,14 +214,14 @@ class InProcessBroker:
         self.tasks = app.tasks
         dispatch.app = self
         dispatch.chord = self.chord
-        # Round 0 starts inside standalone_record: time every round_start on its own, whoever calls it.
-        original = standalone.round_start
+        # Round 0 starts inside standalone_record: time every round_enqueue on its own, whoever calls it.
+        original = standalone.round_enqueue
 
-        def timed_round_start(*, run_id: int, index: int):
-            return self._control("round_start", original, run_id=run_id, index=index, round_index=index)
+        def timed_round_enqueue(*, run_id: int, index: int):
+            return self._control("round_enqueue", original, run_id=run_id, index=index, round_index=index)
 
-        standalone.round_start = timed_round_start  # standalone_record calls it there
-        services.round_start = timed_round_start  # the ROUND_START task calls it here
+        standalone.round_enqueue = timed_round_enqueue  # standalone_record calls it there
+        services.round_enqueue = timed_round_enqueue  # the ROUND_ENQUEUE task calls it here
 
     @property
     def backend(self):
@@ -295,14 +295,14 @@ class InProcessBroker:
     def _round_of(self, name: str, args: list, kwargs: dict | None = None) -> int | None:
         from workers.protocol.queues import TaskName
 
-        if name == TaskName.ROUND_START:
+        if name == TaskName.ROUND_ENQUEUE:
             return args[1]
         if name in (TaskName.STANDALONE_RECORDED, TaskName.STANDALONE_WATCHDOG):
             # P_alone of a later round's newly drawn participants belongs to that round; round 0's
             # to the run's beginning, as before partial participation.
             before = (kwargs or {}).get("before_round", 0)
             return before or None
-        if name in (TaskName.ROUND_FINISH,):
+        if name in (TaskName.ROUND_SETTLE,):
             return self.round_index_of.get(args[1])
         if name in (TaskName.ROUND_WATCHDOG, TaskName.ROUND_PROGRESS):
             return self.round_index_of.get(args[0])
@@ -311,7 +311,7 @@ class InProcessBroker:
     def _deliver(self, message: Signature) -> None:
         from workers.protocol.queues import TaskName
 
-        if message.name == TaskName.ROUND_START:  # timed by install(), wherever round_start is called
+        if message.name == TaskName.ROUND_ENQUEUE:  # timed by install(), wherever round_enqueue is called
             self.tasks[message.name](*message.args, **message.kwargs)
             return
         label = message.name.rsplit(".", 1)[-1]
@@ -399,7 +399,7 @@ class InProcessBroker:
                     round_index=self._round_of(callback.name, [None, *callback.args], callback.kwargs),
                 )
                 self._deliver(Signature(callback.name, [results, *callback.args], callback.kwargs))
-                if callback.name == TaskName.ROUND_FINISH:
+                if callback.name == TaskName.ROUND_SETTLE:
                     self._forget_results(callback.args[0], header)
                     if on_round:
                         on_round(self.round_index_of.get(callback.args[0]))

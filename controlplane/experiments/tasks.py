@@ -1,8 +1,8 @@
 """Control-queue Celery tasks of the round protocol: each loads ids and calls a service.
 
 Late acknowledgement (``acks_late=True``) only for tasks that are safe to run twice: each claims
-its work with one conditional update (``RUN_BEGIN``: pending → running; ``ROUND_START``: one
-round row per index; ``ROUND_FINISH``/``ROUND_WATCHDOG``: running → aggregating, retries by
+its work with one conditional update (``RUN_BEGIN``: pending → running; ``ROUND_ENQUEUE``: one
+round row per index; ``ROUND_SETTLE``/``ROUND_WATCHDOG``: running → aggregating, retries by
 attempt; ``STANDALONE_*``: under the run's row lock, only while no round exists;
 ``RUNS_RESUME``: every action conditional; ``CHECKPOINTS_EVALUATE``: only checkpoints still
 pending, settled with one conditional update; ``RUN_RETENTION``: rows marked only while
@@ -33,9 +33,9 @@ def standalone_watchdog(run_id: int, before_round: int = 0) -> None:
     services.standalone_watchdog(run_id=run_id, before_round=before_round)
 
 
-@app.task(name=TaskName.ROUND_START, ignore_result=True, acks_late=True)
-def round_start(run_id: int, index: int) -> None:
-    services.round_start(run_id=run_id, index=index)
+@app.task(name=TaskName.ROUND_ENQUEUE, ignore_result=True, acks_late=True)
+def round_enqueue(run_id: int, index: int) -> None:
+    services.round_enqueue(run_id=run_id, index=index)
 
 
 @app.task(name=TaskName.LAB_SCHEDULE, ignore_result=True, acks_late=True)
@@ -48,11 +48,11 @@ def round_progress(round_id: int, device: str, phase: str, at: float | None = No
     services.round_progress(round_id=round_id, device=device, phase=phase, at=at)
 
 
-@app.task(name=TaskName.ROUND_FINISH, ignore_result=True, acks_late=True, bind=True)
-def round_finish(self, results: list, round_id: int) -> None:
+@app.task(name=TaskName.ROUND_SETTLE, ignore_result=True, acks_late=True, bind=True)
+def round_settle(self, results: list, round_id: int) -> None:
     # The chord's callback: every device's first attempt answered. A failed device may still be
-    # retried (services.round_check), so this does not record the round unconditionally.
-    services.round_check(round_id=round_id, results=results, claimant=self.request.hostname or "")
+    # retried, so settling does not record the round unconditionally.
+    services.round_settle(round_id=round_id, results=results, claimant=self.request.hostname or "")
 
 
 @app.task(name=TaskName.ROUND_WATCHDOG, ignore_result=True, acks_late=True, bind=True)

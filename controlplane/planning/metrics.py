@@ -1,6 +1,6 @@
 """Throughput metrics of multi-task FL: the only place they are computed.
 
-Recording a round (``round_finish``), the dashboard's tables and figures and the benchmarks all
+Recording a round (``round_record``), the dashboard's tables and figures and the benchmarks all
 call this module, so a number means the same wherever it is shown. Pure Python: no Django, no
 NumPy needed.
 

@@ -1,8 +1,8 @@
 """Aggregation with a server state in the control plane (issue 23), and resuming it after the
 control worker died.
 
-The rounds are driven through the control plane's own services (``round_start``,
-``round_finish``, ``runs_resume``) with device results as agents send them and weights files of
+The rounds are driven through the control plane's own services (``round_enqueue``,
+``round_record``, ``runs_resume``) with device results as agents send them and weights files of
 the run's real models (mobilenet_v3_small, shufflenet_v2_x1_0) written where the round told
 each device to write. Messages the control plane sends are captured at the dispatch boundary.
 
@@ -52,7 +52,7 @@ def capture_dispatch(target) -> dict[str, list]:
     pytest's ``monkeypatch``, or anything with its ``setattr``)."""
     sent: dict[str, list] = defaultdict(list)
     target.setattr(dispatch, "send_run_begin", lambda run_id: sent["run_begin"].append(run_id))
-    target.setattr(dispatch, "send_round_start", lambda run_id, index: sent["round_start"].append((run_id, index)))
+    target.setattr(dispatch, "send_round_enqueue", lambda run_id, index: sent["round_enqueue"].append((run_id, index)))
     target.setattr(
         dispatch,
         "send_round",
@@ -198,9 +198,9 @@ def test_a_stateful_aggregator_keeps_its_state_beside_each_global_model(
 
     for index in range(2):
         rnd = Round.objects.get(run=run, index=index)
-        services.round_finish(round_id=rnd.id, results=device_results(rnd, _round_updates(run, index)))
+        services.round_record(round_id=rnd.id, results=device_results(rnd, _round_updates(run, index)))
         if index == 0:
-            services.round_start(run_id=run.id, index=1)
+            services.round_enqueue(run_id=run.id, index=1)
 
     store = get_store()
     for index in range(2):
@@ -239,11 +239,11 @@ def test_a_task_no_device_trained_carries_its_server_state_to_the_next_round(
     run = begin(experiment)
 
     rnd = Round.objects.get(run=run, index=0)
-    services.round_finish(round_id=rnd.id, results=device_results(rnd, _round_updates(run, 0)))
-    services.round_start(run_id=run.id, index=1)
+    services.round_record(round_id=rnd.id, results=device_results(rnd, _round_updates(run, 0)))
+    services.round_enqueue(run_id=run.id, index=1)
     rnd = Round.objects.get(run=run, index=1)
     # dev-b, the only device holding t-shufflenet, fails: the task is not trained this round
-    services.round_finish(
+    services.round_record(
         round_id=rnd.id, results=device_results(rnd, _round_updates(run, 1), failed=frozenset({"dev-b"}))
     )
     kept = Checkpoint.objects.get(run=run, task=shufflenet, round__index=1)
@@ -254,9 +254,9 @@ def test_a_task_no_device_trained_carries_its_server_state_to_the_next_round(
         first.server_state_path,
         first.server_state_sha256,
     )
-    services.round_start(run_id=run.id, index=2)
+    services.round_enqueue(run_id=run.id, index=2)
     rnd = Round.objects.get(run=run, index=2)
-    services.round_finish(round_id=rnd.id, results=device_results(rnd, _round_updates(run, 2)))
+    services.round_record(round_id=rnd.id, results=device_results(rnd, _round_updates(run, 2)))
 
     third = Checkpoint.objects.get(run=run, task=shufflenet, round__index=2)
     # the state round 0 left was handed back: this is the task's second aggregation
@@ -277,8 +277,8 @@ def test_unchanged_device_models_are_still_stepped_by_a_stateful_aggregator(
     )
     run = begin(experiment)
     rnd = Round.objects.get(run=run, index=0)
-    services.round_finish(round_id=rnd.id, results=device_results(rnd, _round_updates(run, 0)))
-    services.round_start(run_id=run.id, index=1)
+    services.round_record(round_id=rnd.id, results=device_results(rnd, _round_updates(run, 0)))
+    services.round_enqueue(run_id=run.id, index=1)
     store = get_store()
     previous = {t.name: Checkpoint.objects.get(run=run, task=t, round__index=0) for t in experiment.tasks.all()}
 
@@ -288,7 +288,7 @@ def test_unchanged_device_models_are_still_stepped_by_a_stateful_aggregator(
         (device, task): unchanged(store.path(previous[task].artifact_path))
         for device, task in [("dev-a", "t-mobilenet"), ("dev-b", "t-mobilenet"), ("dev-b", "t-shufflenet")]
     }
-    services.round_finish(round_id=rnd.id, results=device_results(rnd, same))
+    services.round_record(round_id=rnd.id, results=device_results(rnd, same))
 
     stepped = Checkpoint.objects.get(run=run, task__name="t-mobilenet", round__index=1)
     averaged = Checkpoint.objects.get(run=run, task__name="t-shufflenet", round__index=1)
@@ -317,7 +317,7 @@ def test_integer_buffers_stay_integers_through_stateful_aggregation(
     updates = _round_updates(run, 0)
     updates[("dev-a", "t-mobilenet")] = trained(initial, seed=1, steps=7)
     updates[("dev-b", "t-mobilenet")] = trained(initial, seed=2, steps=2)
-    services.round_finish(round_id=rnd.id, results=device_results(rnd, updates))
+    services.round_record(round_id=rnd.id, results=device_results(rnd, updates))
 
     ckpt = Checkpoint.objects.get(run=run, task__name="t-mobilenet", round__index=0)
     model = load_state(get_store().path(ckpt.artifact_path))
@@ -382,15 +382,15 @@ def restarted_control_worker(run_id: int, recorded: str, finish: int, die_aggreg
     with stateful_aggregator.registered() if MOMENTUM not in _registered() else contextlib.nullcontext():
         sent = capture_dispatch(_Patch())
         done["resume"] = services.runs_resume(nodename="control@host", booted_at=time.time())
-        for run, index in sent["round_start"]:
-            services.round_start(run_id=run, index=index)
+        for run, index in sent["round_enqueue"]:
+            services.round_enqueue(run_id=run, index=index)
         rnd = Round.objects.get(run_id=run_id, index=finish)
         done["finish_status_before"] = rnd.status
         weights = _recorded(Path(recorded), finish)
-        finished = services.round_finish(round_id=rnd.id, results=device_results(rnd, weights), claimant="control@host")
+        finished = services.round_record(round_id=rnd.id, results=device_results(rnd, weights), claimant="control@host")
         done["finished"] = finished.status if finished else None
         if die_aggregating is not None:
-            services.round_start(run_id=run_id, index=die_aggregating)
+            services.round_enqueue(run_id=run_id, index=die_aggregating)
             dying = Round.objects.get(run_id=run_id, index=die_aggregating)
             claimed = Round.objects.filter(id=dying.id, status=Round.Status.RUNNING).update(
                 status=Round.Status.AGGREGATING, aggregating_at=timezone.now(), claimed_by="control@host"
@@ -466,19 +466,19 @@ def test_a_run_resumed_after_the_control_worker_died_ends_with_the_same_models_a
     through = begin(experiment)
     for index in range(3):
         if index:
-            services.round_start(run_id=through.id, index=index)
+            services.round_enqueue(run_id=through.id, index=index)
         rnd = Round.objects.get(run=through, index=index)
         updates = _round_updates(through, index)
         _record(tmp_path, index, updates)
-        services.round_finish(round_id=rnd.id, results=device_results(rnd, updates))
+        services.round_record(round_id=rnd.id, results=device_results(rnd, updates))
     through.refresh_from_db()
     assert through.status == Run.Status.SUCCEEDED, through.error
 
-    # (b) the same updates; the control worker dies after round 0 (its ROUND_START is lost) and
+    # (b) the same updates; the control worker dies after round 0 (its ROUND_ENQUEUE is lost) and
     # again in the middle of aggregating round 2
     resumed = begin(experiment)
     rnd = Round.objects.get(run=resumed, index=0)
-    services.round_finish(round_id=rnd.id, results=device_results(rnd, _recorded(tmp_path, 0)))
+    services.round_record(round_id=rnd.id, results=device_results(rnd, _recorded(tmp_path, 0)))
     assert not Round.objects.filter(run=resumed, index=1).exists()
 
     first = _in_a_fresh_process(resumed.id, tmp_path, finish=1, die_aggregating=2)

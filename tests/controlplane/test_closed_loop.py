@@ -186,7 +186,7 @@ def _replanned_to(monkeypatch, batch_size: int) -> None:
     from dataclasses import replace as dc_replace
 
     from controlplane.experiments.services.planning import run_plan
-    from controlplane.experiments.services.rounds import start
+    from controlplane.experiments.services.rounds import dispatch
 
     def fake_round_plan(run, index, *, device_ids=None):
         plan = run_plan(run, device_ids=device_ids)
@@ -195,7 +195,7 @@ def _replanned_to(monkeypatch, batch_size: int) -> None:
         moved = tuple(dc_replace(a, batch_size=min(batch_size, a.samples)) for a in plan.assignments)
         return dc_replace(plan, assignments=moved), {"decisions": [], "note": "test"}
 
-    monkeypatch.setattr(start, "round_plan", fake_round_plan)
+    monkeypatch.setattr(dispatch, "round_plan", fake_round_plan)
 
 
 def test_a_replanned_batch_size_is_measured_alone_before_its_round(
@@ -210,9 +210,9 @@ def test_a_replanned_batch_size_is_measured_alone_before_its_round(
     _replanned_to(monkeypatch, 8)
     sent = []
     monkeypatch.setattr(dispatch, "send_standalone", lambda run_id, requests, **kw: sent.append((requests, kw)))
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd))
     with django_capture_on_commit_callbacks(execute=True):
-        waiting = services.round_start(run_id=run.id, index=1)
+        waiting = services.round_enqueue(run_id=run.id, index=1)
     # leased its devices, and measures P_alone at batch 8 on them before it trains
     assert waiting.status == Round.Status.RUNNING and not waiting.assignments.exists()
     run.refresh_from_db()
@@ -248,8 +248,8 @@ def test_the_standalone_watchdog_starts_a_replanned_round_without_the_missing_p_
     run, rnd = started_round(rounds=3)
     _replanned_to(monkeypatch, 8)
     monkeypatch.setattr(dispatch, "send_standalone", lambda *a, **kw: None)
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
-    assert not services.round_start(run_id=run.id, index=1).assignments.exists()  # measuring P_alone
+    services.round_record(round_id=rnd.id, results=_device_results(rnd))
+    assert not services.round_enqueue(run_id=run.id, index=1).assignments.exists()  # measuring P_alone
     services.standalone_watchdog(run_id=run.id, before_round=0)  # round 0's firing: nothing to do
     assert not Round.objects.get(run=run, index=1).assignments.exists()
     services.standalone_watchdog(run_id=run.id, before_round=1)

@@ -38,10 +38,10 @@ def _experiment(make_experiment, two_tasks, **kw):
 
 def _sent_in_order(monkeypatch) -> list[tuple]:
     """Every message the control plane sends (:func:`capture_dispatch`), and, in the order they
-    were sent, its ROUND_START and CHECKPOINTS_EVALUATE messages."""
+    were sent, its ROUND_ENQUEUE and CHECKPOINTS_EVALUATE messages."""
     capture_dispatch(monkeypatch)
     order: list[tuple] = []
-    monkeypatch.setattr(dispatch, "send_round_start", lambda run_id, index: order.append(("round_start", index)))
+    monkeypatch.setattr(dispatch, "send_round_enqueue", lambda run_id, index: order.append(("round_enqueue", index)))
     monkeypatch.setattr(dispatch, "send_checkpoints_evaluate", lambda ids: order.append(("evaluate", sorted(ids))))
     return order
 
@@ -67,20 +67,20 @@ def test_the_next_round_is_sent_before_the_models_of_the_round_are_evaluated_and
     assert set(Checkpoint.objects.filter(id__in=initial).values_list("evaluation_status", flat=True)) == {PENDING}
 
     rnd0 = Round.objects.get(run=run, index=0)
-    services.round_finish(round_id=rnd0.id, results=device_results(rnd0, _round_updates(run, 0)))
+    services.round_record(round_id=rnd0.id, results=device_results(rnd0, _round_updates(run, 0)))
 
     rnd0.refresh_from_db()
     made = _ids(Checkpoint.objects.filter(round=rnd0))
     assert rnd0.status == Round.Status.SUCCEEDED and len(made) == 2
     # the next round first, then the evaluation of the models the round made, beside it
-    assert order[1:] == [("round_start", 1), ("evaluate", made)]
+    assert order[1:] == [("round_enqueue", 1), ("evaluate", made)]
     assert all(
         (c.evaluation_status, c.test_accuracy, c.test_loss) == (PENDING, None, None)
         for c in Checkpoint.objects.filter(id__in=made)
     )
 
     # round 1 is leased and trains while the control worker evaluates what round 0 made
-    services.round_start(run_id=run.id, index=1)
+    services.round_enqueue(run_id=run.id, index=1)
     rnd1 = Round.objects.get(run=run, index=1)
     assert rnd1.status == Round.Status.RUNNING
     assert services.checkpoints_evaluate(checkpoint_ids=initial + made) == 4
@@ -92,7 +92,7 @@ def test_the_next_round_is_sent_before_the_models_of_the_round_are_evaluated_and
     # a redelivered message (acks_late) settles nothing twice
     assert services.checkpoints_evaluate(checkpoint_ids=initial + made) == 0
 
-    services.round_finish(round_id=rnd1.id, results=device_results(rnd1, _round_updates(run, 1)))
+    services.round_record(round_id=rnd1.id, results=device_results(rnd1, _round_updates(run, 1)))
     run.refresh_from_db()
     # the last round's models were evaluated inline before the run was reported finished:
     # no message for them, and every checkpoint of the run has its accuracy
@@ -120,11 +120,11 @@ def test_time_to_accuracy_counts_to_when_the_model_existed_not_to_when_it_was_ev
     monkeypatch.setattr(evaluation, "model_evaluate", slow_evaluation)
     run = begin(_experiment(make_experiment, two_tasks, rounds=2))
     rnd0 = Round.objects.get(run=run, index=0)
-    services.round_finish(round_id=rnd0.id, results=device_results(rnd0, _round_updates(run, 0)))
-    services.round_start(run_id=run.id, index=1)
+    services.round_record(round_id=rnd0.id, results=device_results(rnd0, _round_updates(run, 0)))
+    services.round_enqueue(run_id=run.id, index=1)
     services.checkpoints_evaluate(checkpoint_ids=_ids(Checkpoint.objects.filter(run=run)))
     rnd1 = Round.objects.get(run=run, index=1)
-    services.round_finish(round_id=rnd1.id, results=device_results(rnd1, _round_updates(run, 1)))
+    services.round_record(round_id=rnd1.id, results=device_results(rnd1, _round_updates(run, 1)))
 
     rnd0.refresh_from_db()
     task = run.experiment.tasks.get(name="t-mobilenet")
@@ -147,7 +147,7 @@ def test_a_failed_evaluation_is_flagged_on_its_round_and_logged_and_leaves_no_ac
     _sent_in_order(monkeypatch)
     run = begin(_experiment(make_experiment, two_tasks, rounds=2))
     rnd0 = Round.objects.get(run=run, index=0)
-    services.round_finish(round_id=rnd0.id, results=device_results(rnd0, _round_updates(run, 0)))
+    services.round_record(round_id=rnd0.id, results=device_results(rnd0, _round_updates(run, 0)))
     made = list(Checkpoint.objects.filter(round=rnd0).select_related("task"))
 
     def broken(task, path):
@@ -189,12 +189,12 @@ def restarted_control_worker() -> dict:
 def test_evaluations_lost_with_the_control_worker_are_done_by_the_restarted_one(
     make_experiment, two_tasks, monkeypatch
 ):
-    # the control worker "dies" after round 0: its ROUND_START and its evaluations (the initial
+    # the control worker "dies" after round 0: its ROUND_ENQUEUE and its evaluations (the initial
     # models' and round 0's) are lost
     _sent_in_order(monkeypatch)
     run = begin(_experiment(make_experiment, two_tasks, rounds=2))
     rnd0 = Round.objects.get(run=run, index=0)
-    services.round_finish(round_id=rnd0.id, results=device_results(rnd0, _round_updates(run, 0)))
+    services.round_record(round_id=rnd0.id, results=device_results(rnd0, _round_updates(run, 0)))
     pending = _ids(Checkpoint.objects.filter(run=run))
     assert len(pending) == 4
     assert set(Checkpoint.objects.filter(run=run).values_list("evaluation_status", flat=True)) == {PENDING}
@@ -231,7 +231,7 @@ def test_a_model_is_evaluated_once_for_every_checkpoint_of_it_across_rounds_and_
         (d, t): store.path(Checkpoint.objects.get(run=first, round=None, task__name=t).artifact_path).read_bytes()
         for d, t in [("dev-a", "t-mobilenet"), ("dev-b", "t-mobilenet"), ("dev-b", "t-shufflenet")]
     }
-    services.round_finish(round_id=rnd0.id, results=device_results(rnd0, unchanged))
+    services.round_record(round_id=rnd0.id, results=device_results(rnd0, unchanged))
     kept = _ids(Checkpoint.objects.filter(round=rnd0))
     assert set(Checkpoint.objects.filter(id__in=kept).values_list("evaluation_status", flat=True)) == {PENDING}
 

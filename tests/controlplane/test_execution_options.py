@@ -262,7 +262,7 @@ def test_every_request_carries_its_tasks_options_and_the_results_say_how_it_ran(
             ran_graphs = a["task_id"] == graphs.id and device["device"] == "dev-a"
             a["execution_mode"] = "graphs" if ran_graphs else "eager"
             a["execution_fallback"] = fallback if a["task_id"] == graphs.id and not ran_graphs else ""
-    services.round_finish(round_id=rnd.id, results=results)
+    services.round_record(round_id=rnd.id, results=results)
 
     rows = {
         (a.device.name, a.task.name): (a.execution_mode, a.execution_fallback)
@@ -295,7 +295,7 @@ def test_an_assignment_without_a_reported_mode_records_none(started_round):
     run, rnd = started_round()
     from tests.controlplane.test_round_protocol import _device_results
 
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd))
     assert set(Assignment.objects.filter(round=rnd).values_list("execution_mode", "execution_fallback")) == {("", "")}
 
 

@@ -53,7 +53,7 @@ def _gpu_results(rnd: Round, *, failed: set[str] = frozenset()) -> list[dict]:
 
 def test_gpu_measurements_and_telemetry_are_recorded_and_served(started_round, api):
     run, rnd = started_round()
-    services.round_finish(round_id=rnd.id, results=_gpu_results(rnd))
+    services.round_record(round_id=rnd.id, results=_gpu_results(rnd))
 
     a = Assignment.objects.get(round=rnd, device__name="dev-a")
     assert (a.torch_device, a.peak_memory_bytes, a.mps_verified, a.mps_active_thread_percentage) == (
@@ -77,7 +77,7 @@ def test_gpu_measurements_and_telemetry_are_recorded_and_served(started_round, a
 
 def test_a_crashed_gpu_device_stays_out_of_fedavg_and_its_mps_restart_is_recorded(started_round):
     run, rnd = started_round()
-    services.round_finish(round_id=rnd.id, results=_gpu_results(rnd, failed={"dev-b"}))
+    services.round_record(round_id=rnd.id, results=_gpu_results(rnd, failed={"dev-b"}))
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.PARTIAL and "dev-b" in rnd.error
     assert DeviceTelemetry.objects.get(round=rnd, device__name="dev-b").mps_restarted is True
@@ -88,7 +88,7 @@ def test_a_crashed_gpu_device_stays_out_of_fedavg_and_its_mps_restart_is_recorde
 
 def test_a_cpu_device_result_has_no_telemetry_row(started_round):
     run, rnd = started_round()
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd))
     assert not DeviceTelemetry.objects.exists()
     assert Assignment.objects.filter(round=rnd, mps_verified__isnull=True).count() == 2
 
@@ -113,7 +113,7 @@ def test_the_run_page_draws_gpu_telemetry_under_the_timeline_for_gpu_devices(
 
     run, rnd = started_round()
     Device.objects.filter(name__in=["dev-a", "dev-b"]).update(backend="cuda-mps")
-    services.round_finish(round_id=rnd.id, results=_gpu_results(rnd))
+    services.round_record(round_id=rnd.id, results=_gpu_results(rnd))
     html = browser_client.get(f"/runs/{run.id}/").content.decode()
     assert html.index('id="fig-timeline"') < html.index('id="fig-gpu"')
     live = json.loads(re.search(r'<script id="run-live" type="application/json">(.*?)</script>', html, re.S).group(1))
@@ -125,7 +125,7 @@ def test_the_run_page_draws_gpu_telemetry_under_the_timeline_for_gpu_devices(
 
 def test_the_run_page_of_cpu_devices_has_no_gpu_figure(started_round, browser_client):
     run, rnd = started_round()
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd))
     html = browser_client.get(f"/runs/{run.id}/").content.decode()
     assert 'id="fig-gpu"' not in html and '"gpu"' not in html
 

@@ -63,7 +63,7 @@ def test_a_round_waits_queued_while_another_run_holds_its_device_then_gets_it(
     holder = running_round(running_run(mine), devices=devices, started_at=now - dt.timedelta(seconds=5))
     waiter_run = running_run(theirs)
 
-    waiting = services.round_start(run_id=waiter_run.id, index=0)
+    waiting = services.round_enqueue(run_id=waiter_run.id, index=0)
 
     assert waiting.status == Round.Status.QUEUED and waiting.queued_at is not None and waiting.started_at is None
     assert dispatched == []
@@ -87,7 +87,7 @@ def test_a_dead_runs_lease_is_released_by_the_next_pass(make_experiment, dispatc
     # a crash that failed the run without the services (a worker killed mid-update)
     Run.objects.filter(id=crashed.id).update(status=Run.Status.FAILED)
     waiter = running_run(experiment)
-    rnd = services.round_start(run_id=waiter.id, index=0)
+    rnd = services.round_enqueue(run_id=waiter.id, index=0)
 
     assert rnd.status == Round.Status.RUNNING
     released = DeviceLease.objects.get(run=crashed, device=devices[0])
@@ -172,7 +172,7 @@ def test_a_paused_device_is_leased_to_no_round_until_resumed(make_experiment, us
         admin.device_pause(device=device, user=user)
 
     admin.device_pause(device=device, user=admin_user, reason="fan replaced")
-    rnd = services.round_start(run_id=running_run(experiment).id, index=0)
+    rnd = services.round_enqueue(run_id=running_run(experiment).id, index=0)
     assert rnd.status == Round.Status.QUEUED
 
     admin.device_resume(device=device, user=admin_user)
@@ -193,7 +193,7 @@ def test_a_pool_run_is_placed_on_the_free_devices_of_its_pool(make_experiment, m
         services.run_create(experiment=other, strategy="sharing", pool="no-such-pool")
     assert refused.value.field == "pool"
     run = running_run(experiment, pool=pool)
-    rnd = services.round_start(run_id=run.id, index=0)
+    rnd = services.round_enqueue(run_id=run.id, index=0)
 
     assert rnd.status == Round.Status.RUNNING
     assert rnd.participants == [devices[1].id, devices[2].id]  # the pool's free ones; dev-3 is not in it
@@ -245,8 +245,8 @@ def test_two_researchers_on_the_same_devices_the_second_is_queued_with_its_deadl
     assert list(holder) == [run.id]
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.round_finish(round_id=rnd.id, results=_device_results(rnd))
-        nxt = services.round_start(run_id=run.id, index=1)  # what ROUND_START does after the aggregation
+        services.round_record(round_id=rnd.id, results=_device_results(rnd))
+        nxt = services.round_enqueue(run_id=run.id, index=1)  # what ROUND_ENQUEUE does after the aggregation
     waiting.refresh_from_db()
     # The fair policy: the colleague has had no device-time yet, so its round gets the devices
     # and the first researcher's next round waits, queued.
@@ -330,12 +330,12 @@ def test_the_liveness_sweep_sends_the_next_round_again_of_a_run_left_with_none_i
     for run, ended in ((stuck, now - dt.timedelta(seconds=grace + 5)), (fresh, now - dt.timedelta(seconds=1))):
         Round.objects.create(run=run, index=0, status=Round.Status.SUCCEEDED, queued_at=ended, finished_at=ended)
     sent: list[tuple[int, int]] = []
-    monkeypatch.setattr(dispatch, "send_round_start", lambda run_id, index: sent.append((run_id, index)))
+    monkeypatch.setattr(dispatch, "send_round_enqueue", lambda run_id, index: sent.append((run_id, index)))
 
     with django_capture_on_commit_callbacks(execute=True):
         counts = services.runs_liveness_sweep(now=now)
 
-    # the run whose ROUND_START was lost gets it again; the one that just aggregated is left alone
+    # the run whose ROUND_ENQUEUE was lost gets it again; the one that just aggregated is left alone
     assert counts == {"passes": 0, "advanced": 1} and sent == [(stuck.id, 1)]
 
 

@@ -2,7 +2,7 @@
 measure, aggregate and count only a round's participants.
 
 The sampler's tests are pure (controlplane.planning.participation); the round tests drive the
-real services (run_begin → standalone_record → round_start → round_finish) with the messages an
+real services (run_begin → standalone_record → round_enqueue → round_record) with the messages an
 agent sends, capturing what the control plane dispatches at the Celery boundary
 (controlplane.experiments.services.dispatch).
 """
@@ -243,7 +243,7 @@ def test_aggregation_and_metrics_count_only_the_participants_and_the_watchdog_wa
     a, b = rnd.assignments.select_related("device").order_by("device_id")
 
     # Every participant reported: the round's check records it at once, whoever else is offline.
-    finished = services.round_check(
+    finished = services.round_settle(
         round_id=rnd.id, results=_device_results(rnd, scale={a.device.name: 1.0, b.device.name: 3.0})
     )
 
@@ -270,13 +270,13 @@ def test_a_later_round_measures_its_newly_drawn_participants_before_it_starts(
 
     experiment = sampled_experiment(6, clients_per_round=3, rounds=3)
     run = _begun(experiment, dispatched, django_capture_on_commit_callbacks)
-    services.round_finish(round_id=Round.objects.get(run=run, index=0).id, results=_device_results(run.rounds.get()))
+    services.round_record(round_id=Round.objects.get(run=run, index=0).id, results=_device_results(run.rounds.get()))
     first, second = round_participants(experiment, 0), round_participants(experiment, 1)
     new = sorted(set(second) - set(first))
     assert new, "the seed draws the same devices twice: pick another experiment seed"
 
     with django_capture_on_commit_callbacks(execute=True):
-        waiting = services.round_start(run_id=run.id, index=1)
+        waiting = services.round_enqueue(run_id=run.id, index=1)
     assert not waiting.assignments.exists()  # leased; measures the new devices' P_alone first
     run.refresh_from_db()
     requests, kw = dispatched["standalone"][-1]
@@ -398,7 +398,7 @@ def test_an_aggregators_state_carries_over_the_rounds_a_tasks_devices_skipped(
 
     def start(run, index: int) -> Round:
         with django_capture_on_commit_callbacks(execute=True):
-            rnd = services.round_start(run_id=run.id, index=index)
+            rnd = services.round_enqueue(run_id=run.id, index=index)
         if not rnd.assignments.exists():  # newly drawn devices: their P_alone first
             requests, kw = dispatched["standalone"][-1]
             assert kw["before_round"] == index
@@ -412,7 +412,7 @@ def test_an_aggregators_state_carries_over_the_rounds_a_tasks_devices_skipped(
         run = _begun(experiment, dispatched, django_capture_on_commit_callbacks)
         for index in range(3):
             rnd = Round.objects.get(run=run, index=0) if index == 0 else start(run, index)
-            services.round_finish(round_id=rnd.id, results=_device_results(rnd))
+            services.round_record(round_id=rnd.id, results=_device_results(rnd))
 
     store = get_store()
     kept = {c.round.index: c for c in Checkpoint.objects.filter(run=run, task=rare, round__isnull=False)}

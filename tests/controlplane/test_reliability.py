@@ -35,7 +35,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def sent(monkeypatch):
     """What the control plane sends through :mod:`dispatch`, captured instead of queued."""
-    log: dict[str, list] = {"watchdog": [], "device_round": [], "round_start": [], "round": [], "run_begin": []}
+    log: dict[str, list] = {"watchdog": [], "device_round": [], "round_enqueue": [], "round": [], "run_begin": []}
     monkeypatch.setattr(
         dispatch,
         "send_round_watchdog",
@@ -44,7 +44,7 @@ def sent(monkeypatch):
     monkeypatch.setattr(
         dispatch, "send_device_round", lambda request, *, task_id: log["device_round"].append((request, task_id))
     )
-    monkeypatch.setattr(dispatch, "send_round_start", lambda run_id, index: log["round_start"].append((run_id, index)))
+    monkeypatch.setattr(dispatch, "send_round_enqueue", lambda run_id, index: log["round_enqueue"].append((run_id, index)))
     monkeypatch.setattr(dispatch, "send_run_begin", lambda run_id: log["run_begin"].append(run_id))
     monkeypatch.setattr(
         dispatch,
@@ -261,7 +261,7 @@ def test_results_are_recorded_once_per_device_and_only_from_its_current_attempt(
     stale = _result(rnd, "dev-b", scale=5.0, attempt=0)  # the superseded attempt, answering late
     current = _result(rnd, "dev-b", scale=2.0, attempt=1)
     forged = {**current, "idempotency_key": f"round-{rnd.id}/dev-a/attempt-1"}
-    services.round_check(round_id=rnd.id, results=[stale, forged, _result(rnd, "dev-a", scale=1.0), current, current])
+    services.round_settle(round_id=rnd.id, results=[stale, forged, _result(rnd, "dev-a", scale=1.0), current, current])
 
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.SUCCEEDED
@@ -346,12 +346,12 @@ def test_resume_sends_the_next_round_of_a_run_whose_round_start_was_lost(
     running_round, sent, django_capture_on_commit_callbacks
 ):
     run, rnd = running_round(rounds=2)
-    services.round_finish(round_id=rnd.id, results=[_result(rnd, "dev-a"), _result(rnd, "dev-b")])
-    sent["round_start"].clear()  # ROUND_START was lost with the worker
+    services.round_record(round_id=rnd.id, results=[_result(rnd, "dev-a"), _result(rnd, "dev-b")])
+    sent["round_enqueue"].clear()  # ROUND_ENQUEUE was lost with the worker
     with django_capture_on_commit_callbacks(execute=True):
         counts = services.runs_resume()
     assert counts["advanced"] == 1
-    assert sent["round_start"] == [(run.id, 1)]
+    assert sent["round_enqueue"] == [(run.id, 1)]
 
 
 def test_the_visibility_timeout_must_exceed_the_round_deadline():

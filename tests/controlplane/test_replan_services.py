@@ -4,7 +4,7 @@ replans round 1 from what round 0 measured and stores one decision per device; `
 never`` trains the first plan again; an experiment's ``untrusted_predictor`` decides what a run
 with an untrusted predictor trains; the run page shows the warnings and the plan per round.
 
-Rounds are started with :func:`services.round_start` and their results fabricated on the rows
+Rounds are started with :func:`services.round_enqueue` and their results fabricated on the rows
 (no agent runs); the Celery messages the services queue are never executed.
 """
 
@@ -57,7 +57,7 @@ def _start(run: Run, index: int) -> Round:
     """Start round ``index``; a batch size never measured alone (round 0's, or a replanned one)
     is measured first on the leased devices (``Run.planned["pending_round"]``): record them as
     the devices would, and dispatch the round."""
-    rnd = services.round_start(run_id=run.id, index=index)
+    rnd = services.round_enqueue(run_id=run.id, index=index)
     assert rnd is not None
     if not rnd.assignments.exists():
         run.refresh_from_db()
@@ -394,7 +394,7 @@ def test_the_sm_count_a_trainer_saw_is_recorded_and_listed(started_round, api):
             # dev-a's trainer saw 40 of an 80-SM GPU's SMs; dev-b (a cpu trainer) reports none
             if device["device"] == "dev-a":
                 a.update(visible_sm_count=40, mps_active_thread_percentage=50.0, mps_verified=True)
-    services.round_finish(round_id=rnd.id, results=results)
+    services.round_record(round_id=rnd.id, results=results)
     recorded = dict(rnd.assignments.values_list("device__name", "visible_sm_count"))
     assert recorded == {"dev-a": 40, "dev-b": None}
     rows = api.get(f"/api/assignments/?run={run.id}").json()

@@ -74,7 +74,7 @@ def test_round_is_planned_with_standalone_throughput(started_round):
 
 def test_round_finish_averages_by_samples_and_records_metrics(started_round):
     run, rnd = started_round()
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd, scale={"dev-a": 1.0, "dev-b": 2.0}))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd, scale={"dev-a": 1.0, "dev-b": 2.0}))
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.SUCCEEDED
     assert rnd.round_time_s == pytest.approx(4.0)  # 1000.0 → 1004.0
@@ -97,7 +97,7 @@ def test_round_finish_averages_by_samples_and_records_metrics(started_round):
 
 def test_failed_device_makes_round_partial_and_stays_out_of_fedavg(started_round):
     run, rnd = started_round()
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd, failed={"dev-b"}, scale={"dev-a": 3.0}))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd, failed={"dev-b"}, scale={"dev-a": 3.0}))
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.PARTIAL
     assert "dev-b" in rnd.error and "boom" in rnd.error
@@ -114,7 +114,7 @@ def test_failed_device_makes_round_partial_and_stays_out_of_fedavg(started_round
 
 def test_every_device_failing_fails_the_round_and_the_run(started_round):
     run, rnd = started_round(rounds=3)
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd, failed={"dev-a", "dev-b"}))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd, failed={"dev-a", "dev-b"}))
     rnd.refresh_from_db()
     run.refresh_from_db()
     assert rnd.status == Round.Status.FAILED
@@ -134,7 +134,7 @@ def test_task_without_a_successful_device_keeps_its_model_and_is_flagged(started
         ]
 
     run, rnd = started_round(tasks=tasks, counts_fn=counts)
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd, failed={"dev-a"}))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd, failed={"dev-a"}))
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.PARTIAL
     assert any("t-shufflenet" in flag and "previous global model was kept" in flag for flag in rnd.flags)
@@ -152,7 +152,7 @@ def test_watchdog_fails_devices_that_did_not_report_and_late_results_are_ignored
     assert rnd.status == Round.Status.FAILED
     assert "round deadline" in rnd.error
     assert set(rnd.assignments.values_list("status", flat=True)) == {Assignment.Status.FAILED}
-    assert services.round_finish(round_id=rnd.id, results=results) is None
+    assert services.round_record(round_id=rnd.id, results=results) is None
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED
 
@@ -160,28 +160,28 @@ def test_watchdog_fails_devices_that_did_not_report_and_late_results_are_ignored
 def test_duplicate_round_finish_is_recorded_once(started_round):
     run, rnd = started_round()
     results = _device_results(rnd)
-    assert services.round_finish(round_id=rnd.id, results=results) is not None
-    assert services.round_finish(round_id=rnd.id, results=results) is None
+    assert services.round_record(round_id=rnd.id, results=results) is not None
+    assert services.round_record(round_id=rnd.id, results=results) is None
     assert Checkpoint.objects.filter(run=run, round=rnd).count() == 1
 
 
 def test_next_round_starts_after_a_round_finishes(started_round, django_capture_on_commit_callbacks):
     run, rnd = started_round(rounds=2)
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
-    services.round_start(run_id=run.id, index=1)
+    services.round_record(round_id=rnd.id, results=_device_results(rnd))
+    services.round_enqueue(run_id=run.id, index=1)
     nxt = Round.objects.get(run=run, index=1)
     assert nxt.status == Round.Status.RUNNING
-    assert services.round_start(run_id=run.id, index=1) is None  # duplicate delivery
+    assert services.round_enqueue(run_id=run.id, index=1) is None  # duplicate delivery
 
 
 def test_cancelled_run_starts_no_further_round(started_round):
     run, rnd = started_round(rounds=2)
     services.run_cancel(run=run)
-    services.round_finish(round_id=rnd.id, results=_device_results(rnd))
+    services.round_record(round_id=rnd.id, results=_device_results(rnd))
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.CANCELLED  # its trainers were stopped: a late result is ignored
     assert set(rnd.assignments.values_list("error", flat=True)) == {"cancelled: the run was cancelled by a user"}
-    assert services.round_start(run_id=run.id, index=1) is None
+    assert services.round_enqueue(run_id=run.id, index=1) is None
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED
 
@@ -217,7 +217,7 @@ def test_weights_reported_anywhere_but_the_devices_own_key_fail_the_device(start
     other = next(r for r in results if r["device"] == "dev-a")
     forged["assignments"][0]["weights"] = other["assignments"][0]["weights"]
     forged["assignments"][0]["weights_sha256"] = other["assignments"][0]["weights_sha256"]
-    services.round_finish(round_id=rnd.id, results=results)
+    services.round_record(round_id=rnd.id, results=results)
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.PARTIAL and "not at this device's key" in rnd.error
     assert rnd.samples_trained == 30  # dev-a's shard only

@@ -255,7 +255,7 @@ def test_a_runs_aggregator_reaches_its_trainers_and_its_checkpoints(make_experim
                 [("dev-a", "t-mobilenet"), ("dev-b", "t-mobilenet"), ("dev-b", "t-shufflenet")]
             )
         }
-        services.round_finish(round_id=rnd.id, results=device_results(rnd, updates))
+        services.round_record(round_id=rnd.id, results=device_results(rnd, updates))
 
     # each device's part of round 0, as the round sent it (rebuilt from the database as a retry is)
     mu = {

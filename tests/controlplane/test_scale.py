@@ -141,7 +141,7 @@ def test_a_round_of_unchanged_models_keeps_the_previous_file_and_its_evaluation(
         raise AssertionError("the same model was evaluated again")
 
     monkeypatch.setattr(workers.training.evaluate, "evaluate", no_evaluation)
-    services.round_finish(round_id=rnd.id, results=results)
+    services.round_record(round_id=rnd.id, results=results)
 
     rnd.refresh_from_db()
     initial = Checkpoint.objects.get(run=run, round=None)
@@ -175,16 +175,16 @@ def test_recording_a_round_queues_the_retention_policy_after_the_next_round_and_
     )
     results = _results(rnd, lambda device, state: None)
     sent: list[tuple] = []
-    monkeypatch.setattr(dispatch, "send_round_start", lambda run_id, index: sent.append(("round_start", run_id, index)))
+    monkeypatch.setattr(dispatch, "send_round_enqueue", lambda run_id, index: sent.append(("round_enqueue", run_id, index)))
     monkeypatch.setattr(dispatch, "send_run_retention", lambda run_id, index: sent.append(("retention", run_id, index)))
     monkeypatch.setattr(dispatch, "send_checkpoints_evaluate", lambda ids: sent.append(("evaluate",)))
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.round_finish(round_id=rnd.id, results=results)
+        services.round_record(round_id=rnd.id, results=results)
 
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.SUCCEEDED
-    assert [m for m in sent if m[0] != "evaluate"] == [("round_start", run.id, 1), ("retention", run.id, 0)]
+    assert [m for m in sent if m[0] != "evaluate"] == [("round_enqueue", run.id, 1), ("retention", run.id, 0)]
     store = get_store()
     files = [store.path(a.weights_path) for a in rnd.assignments.all()]
     assert len(files) == 3 and all(f.is_file() for f in files)
@@ -212,7 +212,7 @@ def test_identical_weights_files_are_read_once_and_weighted_by_their_devices(beg
 
     reads = []
     monkeypatch.setattr(aggregate, "load_state", lambda path: reads.append(path) or load_state(path))
-    services.round_finish(round_id=rnd.id, results=results)
+    services.round_record(round_id=rnd.id, results=results)
 
     assert len(reads) == 2  # dev-a's and dev-b's files hold the same bytes: read once
     store = get_store()

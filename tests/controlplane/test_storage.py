@@ -130,9 +130,9 @@ def _play(run: Run, index: int, capture, *, unchanged: bool = False) -> Round:
     rnd = Round.objects.get(run=run, index=index)
     results = device_results(rnd, _updates(run, index, unchanged=unchanged))
     with capture(execute=True):
-        services.round_finish(round_id=rnd.id, results=results)
+        services.round_record(round_id=rnd.id, results=results)
     if index + 1 < run.experiment.rounds:
-        services.round_start(run_id=run.id, index=index + 1)
+        services.round_enqueue(run_id=run.id, index=index + 1)
     rnd.refresh_from_db()
     return rnd
 
@@ -149,7 +149,7 @@ def test_device_weights_are_deleted_once_their_round_is_aggregated(
     assert all(f.is_file() for f in files)
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.round_finish(round_id=rnd.id, results=results)
+        services.round_record(round_id=rnd.id, results=results)
 
     assert not any(f.exists() for f in files)
     assert not store.path(f"runs/{run.id}/rounds/00000").exists()
@@ -245,7 +245,7 @@ def test_a_run_whose_old_checkpoints_were_pruned_resumes_from_its_latest_model_a
     Round.objects.filter(id=rnd.id).update(status=Round.Status.AGGREGATING, aggregating_at=T0, claimed_by="gone")
     with django_capture_on_commit_callbacks(execute=True):
         services.runs_resume(nodename="control@new", now=T0 + dt.timedelta(days=1))
-        services.round_finish(round_id=rnd.id, results=results)
+        services.round_record(round_id=rnd.id, results=results)
 
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
@@ -268,7 +268,7 @@ def test_a_failing_policy_is_logged_and_never_fails_the_run(
         rnd = _play(run, 0, django_capture_on_commit_callbacks)
 
     assert rnd.status == Round.Status.SUCCEEDED
-    assert (run.id, 1) in sent["round_start"]
+    assert (run.id, 1) in sent["round_enqueue"]
     assert "the retention policy failed after round 0" in caplog.text
 
 

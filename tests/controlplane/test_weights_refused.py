@@ -96,7 +96,7 @@ def test_a_malformed_weights_file_fails_its_device_and_the_round_goes_partial(ro
     results = _results(rnd)
     _spoil(rnd, "dev-b", how)
 
-    services.round_finish(round_id=rnd.id, results=results)
+    services.round_record(round_id=rnd.id, results=results)
 
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.PARTIAL
@@ -121,7 +121,7 @@ def test_when_every_device_sent_malformed_weights_the_round_fails_with_the_reaso
     _spoil(rnd, "dev-a", "truncated")
     _spoil(rnd, "dev-b", "pickle")
 
-    services.round_finish(round_id=rnd.id, results=results)
+    services.round_record(round_id=rnd.id, results=results)
 
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.FAILED

@@ -11,7 +11,8 @@ importing only the ones listed before it:
 - :mod:`.stop` — stopping work in flight (a cancelled run's rounds and device tasks);
 - :mod:`.runs` — runs and comparisons: create, cancel, fail, finish;
 - :mod:`.evaluation` — global models evaluated on their test split, beside the next round;
-- :mod:`.rounds` — the round protocol: requests, deadlines, start, aggregate, advance, record;
+- :mod:`.rounds` — the round protocol, one module per step: enqueue, dispatch, settle, record,
+  aggregate, advance (and the requests and deadlines they build on);
 - :mod:`.standalone` — a run's beginning: initial models, ``P_alone``, round 0;
 - :mod:`.reliability` — the round watchdog, retries, stragglers, resume after a restart.
 
@@ -27,17 +28,13 @@ from controlplane.experiments.services.catalog import (
 )
 from controlplane.experiments.services.evaluation import checkpoints_evaluate
 from controlplane.experiments.services.lab.scheduler import lab_schedule
-from controlplane.experiments.services.rounds.enqueue import round_start
 from controlplane.experiments.services.plugins import experiment_plugins_check
-from controlplane.experiments.services.reliability import (
-    round_check,
-    round_watchdog,
-    runs_liveness_sweep,
-    runs_resume,
-)
+from controlplane.experiments.services.reliability import round_watchdog, runs_liveness_sweep, runs_resume
 from controlplane.experiments.services.rounds.deadlines import round_deadline_s
-from controlplane.experiments.services.rounds.record import round_finish, round_progress
-from controlplane.experiments.services.rounds.start import round_dispatch
+from controlplane.experiments.services.rounds.dispatch import round_dispatch
+from controlplane.experiments.services.rounds.enqueue import round_enqueue
+from controlplane.experiments.services.rounds.record import round_progress, round_record
+from controlplane.experiments.services.rounds.settle import round_settle
 from controlplane.experiments.services.runs import (
     comparison_cancel,
     comparison_create,
@@ -58,11 +55,11 @@ __all__ = [
     "experiment_create_from_template",
     "experiment_plugins_check",
     "experiment_update",
-    "round_check",
+    "round_settle",
     "round_deadline_s",
-    "round_finish",
+    "round_record",
     "round_progress",
-    "round_start",
+    "round_enqueue",
     "round_dispatch",
     "lab_schedule",
     "round_watchdog",

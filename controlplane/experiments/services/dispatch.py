@@ -94,10 +94,10 @@ def send_standalone_watchdog(run_id: int, *, countdown_s: float, before_round: i
 def send_round(
     round_id: int, requests: list[TrainRoundRequest], *, task_ids: Mapping[str, str], check_after_s: float
 ) -> None:
-    """Dispatch a round: ``TRAIN_ROUND`` per device (ids ``task_ids[device]``) → ``ROUND_FINISH``;
+    """Dispatch a round: ``TRAIN_ROUND`` per device (ids ``task_ids[device]``) → ``ROUND_SETTLE``;
     the first ``ROUND_WATCHDOG`` check after ``check_after_s`` (each check re-arms the next until
     the round ends, so a round never waits for ever)."""
-    _fan_out(TaskName.TRAIN_ROUND, requests, TaskName.ROUND_FINISH, round_id, task_ids)
+    _fan_out(TaskName.TRAIN_ROUND, requests, TaskName.ROUND_SETTLE, round_id, task_ids)
     send_round_watchdog(round_id, countdown_s=check_after_s)
 
 
@@ -136,9 +136,9 @@ def send_run_retention(run_id: int, round_index: int) -> None:
     app.send_task(TaskName.RUN_RETENTION, args=[run_id, round_index], queue=CONTROL_QUEUE)
 
 
-def send_round_start(run_id: int, index: int) -> None:
-    """Queue ``ROUND_START`` of round ``index`` of a run on ``control``."""
-    app.send_task(TaskName.ROUND_START, args=[run_id, index], queue=CONTROL_QUEUE)
+def send_round_enqueue(run_id: int, index: int) -> None:
+    """Queue ``ROUND_ENQUEUE`` of round ``index`` of a run on ``control``."""
+    app.send_task(TaskName.ROUND_ENQUEUE, args=[run_id, index], queue=CONTROL_QUEUE)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,12 @@ A run, step by step (docs/DESIGN.md §2), one module per step:
 2. :func:`.standalone.run_begin` (control worker) claims it, writes each task's seeded initial
    model, evaluates it, and asks every device for ``P_alone``;
    :func:`.standalone.standalone_record` stores those and starts round 0.
-3. :mod:`.rounds` plays each round: :func:`.rounds.start.round_start` plans and dispatches it,
-   :func:`.rounds.record.round_finish` records, aggregates and evaluates it, and
-   :func:`.rounds.advance.round_advance` starts the next one or calls :func:`run_finish`.
+3. :mod:`.rounds` plays each round: :func:`.rounds.enqueue.round_enqueue` queues it for its
+   devices, :func:`.rounds.dispatch.round_dispatch` plans and dispatches it,
+   :func:`.rounds.settle.round_settle` settles each device's outcome,
+   :func:`.rounds.record.round_record` records it (aggregating with
+   :func:`.rounds.aggregate.round_aggregate`), and :func:`.rounds.advance.round_advance` enqueues
+   the next one or calls :func:`run_finish`.
 4. :mod:`.reliability` watches the rounds (deadlines, lost agents, stragglers, retries) and
    resumes runs after a restart; it calls the modules above, which never import it.
 

@@ -3,8 +3,8 @@
 denominator of fair throughput).
 
 :func:`run_begin` claims a pending run, writes and evaluates the seeded initial models and
-enqueues round 0 (:func:`.rounds.enqueue.round_start`). Once the lab scheduler has leased its
-devices, :func:`.rounds.start.round_dispatch` takes what the cross-run cache knows
+enqueues round 0 (:func:`.rounds.enqueue.round_enqueue`). Once the lab scheduler has leased its
+devices, :func:`.rounds.dispatch.round_dispatch` takes what the cross-run cache knows
 (:mod:`.standalone_cache`) and asks them for the ``P_alone`` measured nowhere yet
 (:mod:`.rounds.alone`: round 0's devices, then devices drawn for the first time or replanned
 batch sizes); :func:`standalone_record` stores the answers (and keeps the successful ones in the
@@ -34,10 +34,10 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import Checkpoint, Round, Run, StandaloneThroughput
 from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.evaluation import checkpoints_evaluate_on_commit
-from controlplane.experiments.services.rounds.enqueue import round_start
+from controlplane.experiments.services.rounds.enqueue import round_enqueue
 from controlplane.experiments.services.participation import round_participants
 from controlplane.experiments.services.planning import plan_from_json, run_plan
-from controlplane.experiments.services.rounds.start import round_dispatch
+from controlplane.experiments.services.rounds.dispatch import round_dispatch
 from controlplane.experiments.services.runs import run_fail
 from controlplane.experiments.services.standalone_cache import Measured, standalone_cache_store
 from controlplane.experiments.services.storage import run_start_undo
@@ -105,7 +105,7 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
         return
     # Round 0 waits for its devices like any round; once leased, its P_alone missing from the
     # cache are measured first.
-    round_start(run_id=run.id, index=0)
+    round_enqueue(run_id=run.id, index=0)
     checkpoints_evaluate_on_commit(initial)
 
 
@@ -140,7 +140,7 @@ def _round_continue(run_id: int, index: int) -> None:
     begun before rounds were queued has no round row yet: it is enqueued)."""
     rnd = Round.objects.filter(run_id=run_id, index=index).only("id").first()
     if rnd is None:
-        round_start(run_id=run_id, index=index)
+        round_enqueue(run_id=run_id, index=index)
         return
     round_dispatch(round_id=rnd.id)
 

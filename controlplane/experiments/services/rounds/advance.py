@@ -18,7 +18,7 @@ from controlplane.experiments.services.runs import run_fail, run_finish
 def round_advance(rnd: Round) -> None:
     """Move a run on after its round ``rnd`` ended: a round that failed on every device fails
     the run; otherwise the next round is queued once the transaction commits
-    (``ROUND_START``, idempotent: one round row per index), or, after the experiment's last
+    (``ROUND_ENQUEUE``, idempotent: one round row per index), or, after the experiment's last
     round, the run is finished (:func:`.runs.run_finish`). Nothing of that happens when the run
     is no longer running (cancelled, or already moved on).
 
@@ -49,7 +49,7 @@ def round_advance(rnd: Round) -> None:
         if rnd.status == Round.Status.FAILED:
             run_fail(run_id=run.id, error=f"round {rnd.index} failed on every device: {rnd.error}")
         elif not finishing:
-            transaction.on_commit(lambda: dispatch.send_round_start(run.id, rnd.index + 1))
+            transaction.on_commit(lambda: dispatch.send_round_enqueue(run.id, rnd.index + 1))
     if finishing:
         run_checkpoints_evaluate(run.id)
         run_finish(run_id=run.id)

@@ -185,7 +185,7 @@ def _previous_state(store: ArtifactStore, previous: Checkpoint, record: Aggregat
     return load_state(store.path(previous.server_state_path))
 
 
-def round_models_aggregate(
+def round_aggregate(
     *, rnd: Round, usable: Iterable[Assignment], latest: Mapping[int, Checkpoint], store: ArtifactStore
 ) -> tuple[list[Checkpoint], list[str]]:
     """The new global model of every task of ``rnd``'s run, its evaluation pending.

@@ -5,12 +5,12 @@ Before round 0 every (device, task, batch size) round 0 trains is measured
 (:func:`..standalone.run_begin`): every device's, or with partial participation round 0's
 participants' only. A later round may train what was measured nowhere yet: a batch size a
 replanning run (:mod:`controlplane.planning.closed_loop`) gives, or a participant drawn for the
-first time. :func:`.start.round_start` then keeps the round's plan on the run
+first time. :func:`.dispatch.round_dispatch` then keeps the round's plan on the run
 (``Run.planned["pending_round"]``), asks for the missing ``P_alone`` only, and starts the round
 with that plan when they are recorded or at their deadline.
 
 What another run measured on the same device for the same workload and environment is not
-measured again (:mod:`..standalone_cache`): :func:`.start.round_dispatch` records it from the
+measured again (:mod:`..standalone_cache`): :func:`.dispatch.round_dispatch` records it from the
 cache first and asks only for what is left, so a run whose ``P_alone`` are all cached dispatches
 round 0 at once. What is missing is measured before the round, not beside it: measured while the
 round trains on the same cores or GPU, both the measurement and the round would be slowed.

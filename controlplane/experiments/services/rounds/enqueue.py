@@ -1,6 +1,6 @@
 """Enqueue: a run's round is created ``queued``, holding no device, and a scheduling pass runs
 (:func:`..lab.scheduler.lab_schedule`), which leases its devices and dispatches it
-(:func:`.start.round_dispatch`) at once when they are free, or later when they are released.
+(:func:`.dispatch.round_dispatch`) at once when they are free, or later when they are released.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from controlplane.experiments.services.runs import run_fail
 from controlplane.experiments.services.storage import storage_space_problem
 
 
-def round_start(*, run_id: int, index: int) -> Round | None:
+def round_enqueue(*, run_id: int, index: int) -> Round | None:
     """Enqueue round ``index`` of a running run, then run a scheduling pass (which dispatches
     it at once when its devices are free).
 

@@ -27,7 +27,7 @@ from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.lab.leases import leases_release
 from controlplane.experiments.services.planning import round_timesliced_devices
 from controlplane.experiments.services.rounds.advance import round_advance
-from controlplane.experiments.services.rounds.aggregate import round_models_aggregate
+from controlplane.experiments.services.rounds.aggregate import round_aggregate
 from controlplane.experiments.services.runs import run_fail
 from controlplane.experiments.services.weights import weights_problems
 from controlplane.fleet.models import Device
@@ -122,7 +122,7 @@ def _parse_device_results(
     return parsed, problems
 
 
-def round_finish(
+def round_record(
     *,
     round_id: int,
     results: Iterable[Any] | None,
@@ -272,7 +272,7 @@ def _record_and_aggregate(
                 failed_devices.setdefault(a.device.name, f"task {a.task.name}: {unusable[a.id]}")
                 refused_devices.add(a.device_id)
         usable = [a for a in usable if a.device_id not in refused_devices]
-    new_checkpoints, aggregate_flags = round_models_aggregate(rnd=rnd, usable=usable, latest=latest, store=store)
+    new_checkpoints, aggregate_flags = round_aggregate(rnd=rnd, usable=usable, latest=latest, store=store)
     flags: list[str] = [*rnd.flags, *problems, *notes, *aggregate_flags]
 
     # One rule for every metric (controlplane.planning.metrics): a device counts only when its

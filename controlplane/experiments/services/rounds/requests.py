@@ -1,6 +1,6 @@
 """A device's part of a round as the agent receives it (:class:`workers.protocol.messages.TrainRoundRequest`).
 
-One builder, :func:`round_device_request`, makes every request: :func:`.start.round_start`
+One builder, :func:`round_device_request`, makes every request: :func:`.dispatch.round_dispatch`
 calls it for each device with what it loaded once for the whole round, and a retry
 (:func:`round_device_request_load`) loads the same from the database for one device, so a
 retried device trains exactly what its first attempt was sent (same assignments, shards,
@@ -151,7 +151,7 @@ def assignment_learning_rate(task: TaskRef, batch_size: int, rule: str) -> float
 
 def round_device_request_load(*, rnd: Round, device_id: int, attempt: int) -> TrainRoundRequest:
     """Rebuild a device's part of a saved round from the database, for ``attempt`` (a retry):
-    the same request :func:`.start.round_start` sent, but for the new attempt.
+    the same request :func:`.dispatch.round_dispatch` sent, but for the new attempt.
 
     Raises:
         Device.DoesNotExist: no such device.
