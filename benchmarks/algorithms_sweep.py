@@ -40,7 +40,7 @@ from workers.fl.fedavg import load_state, save_state  # noqa: E402
 from workers.protocol.indices import encode_indices  # noqa: E402
 from workers.protocol.messages import DatasetRef, OptimizerConfig, ShardRef, TaskRef  # noqa: E402
 from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext  # noqa: E402
-from workers.training.dataset_sources import digits_labels  # noqa: E402
+from workers.registry.dataset_sources import digits_labels  # noqa: E402
 from workers.training.evaluate import evaluate  # noqa: E402
 from workers.training.partition import partition_indices  # noqa: E402
 from workers.training.trainer import TrainerSpec, train  # noqa: E402

@@ -25,7 +25,7 @@ from controlplane.experiments.services.templates import (
     cifar10_problem,
     template_dataset_default,
 )
-from workers.registry.check import TaskCheck
+from workers.training.plugin_check import TaskCheck
 
 DIGITS_TRAIN = 1437
 

@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from workers.protocol.messages import DatasetRef
+from workers.registry.dataset_sources import DatasetNotFoundError, NormalisedImages
 from workers.registry.datasets import DATASET_REGISTRY, Dataset, imagefolder_loader
-from workers.training.dataset_sources import DatasetNotFoundError, NormalisedImages
 from workers.training.datasets import load_split, load_splits
 
 

@@ -85,7 +85,7 @@ def test_digits_numbers_are_those_of_the_previous_loader():
     """The contract's arrays give bit-identical tensors to the torch normalisation they replace."""
     import torch
 
-    from workers.training.dataset_sources import _digits_arrays
+    from workers.registry.dataset_sources import _digits_arrays
 
     arrays = _digits_arrays()
     mean, std = float(arrays["train"][0].mean()), float(arrays["train"][0].std())

@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from tests.plugin_dist import installed_distribution
-from workers.registry.check import (
+from workers.protocol.messages import DatasetRef
+from workers.registry.datasets import DATASET_REGISTRY
+from workers.registry.models import MODEL_REGISTRY
+from workers.training.datasets import load_split, load_splits
+from workers.training.plugin_check import (
     PluginCheckError,
     TaskCheck,
     check_task,
@@ -19,8 +23,6 @@ from workers.registry.check import (
     clear_check_cache,
     default_timeout_s,
 )
-from workers.registry.datasets import DATASET_REGISTRY
-from workers.registry.models import MODEL_REGISTRY
 
 PLUGIN = '''
 """Models and data sets for the check's tests, good and broken."""
@@ -75,6 +77,17 @@ def tabular(root):
     return SimpleNamespace(x_train=x[:48], y_train=y[:48], x_test=x[48:], y_test=y[48:])
 
 
+def tabular_dict(root):
+    """The same tabular data as a mapping of the four arrays."""
+    x, y = _tabular()
+    return {"x_train": x[:48], "y_train": y[:48], "x_test": x[48:], "y_test": y[48:]}
+
+
+def dict_no_test(root):
+    x, y = _tabular()
+    return {"x_train": x, "y_train": y}
+
+
 def mismatched(root):
     x, y = _tabular()
     return ArraySplits(x[:48], y[:47], x[48:], y[48:])
@@ -120,6 +133,8 @@ ck_broken = mtfl_check_plugin_broken:mlp
 
 [mtfl.datasets]
 ck_tabular = mtfl_check_plugin:tabular
+ck_tabular_dict = mtfl_check_plugin:tabular_dict
+ck_dict_no_test = mtfl_check_plugin:dict_no_test
 ck_mismatched = mtfl_check_plugin:mismatched
 ck_negative = mtfl_check_plugin:negative_labels
 ck_float64 = mtfl_check_plugin:float64_x
@@ -170,6 +185,19 @@ def test_a_good_plugin_pair_passes_with_its_shape_and_classes(plugin):
     assert ("dataset", "loading 'ck_tabular'") in stages and stages[-1][0] == "architecture"
 
 
+@pytest.mark.parametrize("dataset", ["ck_tabular", "ck_tabular_dict"], ids=["object", "mapping"])
+def test_a_loader_may_return_an_object_or_a_mapping_of_the_four_arrays(plugin, dataset):
+    """The natural first try, a dict of the four arrays, works as the object with attributes does:
+    in the check and where trainers read the arrays."""
+    check = check_task("ck_mlp", dataset, None)
+    assert (check.input_shape, check.num_classes, check.train_size, check.test_size) == ((20,), 3, 48, 16)
+
+    splits = load_splits(DatasetRef(name=dataset))
+    assert splits.x_train.shape == (48, 20) and splits.y_test.tolist() == [i % 3 for i in range(48, 64)]
+    x, y = load_split(DatasetRef(name=dataset), "test", np.array([0, 2]))
+    assert tuple(x.shape) == (2, 20) and y.tolist() == [48 % 3, 50 % 3]
+
+
 def test_a_stated_num_classes_above_the_labels_is_kept(plugin):
     assert check_task("ck_mlp", "ck_tabular", None, num_classes=5).num_classes == 5
 
@@ -191,6 +219,8 @@ def test_a_builtin_pair_passes(plugin):
         ("ck_mlp", "ck_negative", "dataset", ["label -1", "[0, num_classes)"]),
         ("ck_mlp", "ck_float64", "dataset", ["float64", "must be float32"]),
         ("ck_mlp", "ck_no_test", "dataset", ["no x_test"]),
+        ("ck_mlp", "ck_no_test", "dataset", ["(SimpleNamespace) have no x_test, y_test"]),
+        ("ck_mlp", "ck_dict_no_test", "dataset", ["(dict) have no x_test, y_test", "a mapping with the keys"]),
         ("ck_mlp", "ck_raising", "dataset", ["ValueError: no data today"]),
         ("nope", "ck_tabular", "architecture", ["'nope' is not allowed; allowed: resnet18", "ck_mlp"]),
         ("ck_mlp", "nope", "dataset", ["'nope' is not allowed; allowed: digits", "ck_tabular"]),
@@ -323,7 +353,7 @@ def test_the_inventory_lists_builtins_and_plugins_with_their_sources(plugin, mon
 def test_a_task_without_plugins_is_answered_here_as_the_full_check_would(monkeypatch):
     """The built-in digits with a built-in architecture start no child process (nothing a
     researcher installed runs), and the answer is the full in-process check's."""
-    from workers.registry import check
+    from workers.training import plugin_check as check
 
     clear_check_cache()
 

@@ -1,7 +1,9 @@
 """The data set registry: what a task trains on, by the name stored on the task.
 
 The contract (issue 21 item 2): a data set is a callable ``(root: str | None) -> splits`` whose
-result has the four arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` (:class:`Splits`):
+result holds the four arrays ``x_train``, ``y_train``, ``x_test``, ``y_test``, as the keys of a
+mapping or the attributes of an object (:class:`Splits`; :func:`workers.registry.splits.as_splits`
+reads either):
 
 - ``x``: float32, shape ``(N, *input_shape)`` with 1 to 4 sample dimensions (an image
   ``(3, 32, 32)``, tabular features ``(20,)``), already normalised as the model should see it.
@@ -13,10 +15,10 @@ result has the four arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` (:cl
   :func:`workers.training.datasets.load_split` returns int64).
 
 The task's ``input_shape`` (``x.shape[1:]``) and ``num_classes`` follow from the arrays;
-:func:`workers.registry.check.check_task` derives and checks them when a task is created.
+:func:`workers.training.plugin_check.check_task` derives and checks them when a task is created.
 
 A :class:`Dataset` record wraps such a callable. Built-ins
-(:mod:`workers.training.dataset_sources`): ``digits`` (scikit-learn's handwritten digits, shipped
+(:mod:`workers.registry.dataset_sources`): ``digits`` (scikit-learn's handwritten digits, shipped
 with scikit-learn, so it works offline), ``cifar10`` (read from a local folder; nothing is ever
 downloaded), and two that read a researcher's own files: ``npz`` (one ``.npz`` file with the four
 arrays, or a folder of ``x_train.npy`` … memory-mapped) and ``imagefolder`` (torchvision's
@@ -29,7 +31,9 @@ docstring line and the providing distribution). Optional attributes on the calla
 record's other fields: ``needs_root`` (bool), ``input_shape`` (tuple of ints) and
 ``num_classes`` (int), for forms that show them before anything is loaded.
 
-Importing this module imports neither torch nor scikit-learn: loaders import them when called.
+Importing this module imports neither torch nor scikit-learn: the built-in loaders
+(:mod:`workers.registry.dataset_sources`, below this module: the registry imports them, never the
+other way) import them when called.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.registry.base import Registry, plugin_label
+from workers.registry.dataset_sources import cifar10_splits, digits_splits, imagefolder_splits, npz_splits
 from workers.registry.splits import ARRAY_NAMES, SPLITS, ArraySplits, SampleArray, Splits, split_arrays
 
 __all__ = [
@@ -87,7 +92,7 @@ def root_fingerprint(root: str | None) -> tuple[int, ...] | None:
 
 SplitsLoader = Callable[[str | None], Splits]
 """``(root) -> splits``: ``root`` is the task's ``dataset_root`` (``None`` when unset). Raises
-:class:`workers.training.dataset_sources.DatasetNotFoundError` (a ``FileNotFoundError``) when the
+:class:`workers.registry.dataset_sources.DatasetNotFoundError` (a ``FileNotFoundError``) when the
 files are not where ``root`` says; nothing is downloaded."""
 
 
@@ -165,24 +170,6 @@ DATASET_REGISTRY: Registry[Dataset] = Registry("dataset", "mtfl.datasets", Datas
 """Every data set a task may train on; plug-ins register in the ``mtfl.datasets`` group."""
 
 
-def _digits(root: str | None) -> Splits:
-    from workers.training.dataset_sources import digits_splits
-
-    return digits_splits(root)
-
-
-def _cifar10(root: str | None) -> Splits:
-    from workers.training.dataset_sources import cifar10_splits
-
-    return cifar10_splits(root)
-
-
-def _npz(root: str | None) -> Splits:
-    from workers.training.dataset_sources import npz_splits
-
-    return npz_splits(root)
-
-
 MAX_IMAGE_SIZE = 4096
 """The largest side :func:`imagefolder_loader` resizes to, in pixels."""
 
@@ -196,7 +183,7 @@ def imagefolder_loader(size: int) -> SplitsLoader:
 
     The loader reads ``root/train/<class>/*`` and ``root/test/<class>/*`` (3 channels, RGB),
     normalised per channel with the training split's mean and standard deviation
-    (:func:`workers.training.dataset_sources.imagefolder_splits`); it has ``needs_root = True``
+    (:func:`workers.registry.dataset_sources.imagefolder_splits`); it has ``needs_root = True``
     and ``input_shape = (3, size, size)`` for the registry.
 
     Raises:
@@ -206,8 +193,6 @@ def imagefolder_loader(size: int) -> SplitsLoader:
         raise ValueError(f"size must be an integer in [1, {MAX_IMAGE_SIZE}], got {size!r}")
 
     def load(root: str | None) -> Splits:
-        from workers.training.dataset_sources import imagefolder_splits
-
         return imagefolder_splits(root, size)
 
     load.__doc__ = f"images in torchvision's ImageFolder layout (train/, test/), resized to {size}×{size}"
@@ -226,7 +211,7 @@ DATASET_REGISTRY.register(
     Dataset(
         "digits",
         "digits — scikit-learn's 8×8 handwritten digits at 32×32 (offline)",
-        _digits,
+        digits_splits,
         input_shape=(3, 32, 32),
         num_classes=10,
     )
@@ -235,7 +220,7 @@ DATASET_REGISTRY.register(
     Dataset(
         "cifar10",
         "cifar10 — CIFAR-10 from a local folder (never downloaded)",
-        _cifar10,
+        cifar10_splits,
         needs_root=True,
         input_shape=(3, 32, 32),
         num_classes=10,
@@ -245,7 +230,7 @@ DATASET_REGISTRY.register(
     Dataset(
         "npz",
         "npz — your own arrays: a .npz file with x_train, y_train, x_test, y_test (or a folder of .npy files)",
-        _npz,
+        npz_splits,
         needs_root=True,
     )
 )

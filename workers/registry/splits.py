@@ -1,14 +1,16 @@
 """The shape of a data set's data (issue 21 item 2): the four arrays every data set loader
-returns (:class:`Splits`), what an array of samples must offer (:class:`SampleArray`) and the
-plain record of them (:class:`ArraySplits`).
+returns (:class:`Splits`), what an array of samples must offer (:class:`SampleArray`), the
+plain record of them (:class:`ArraySplits`) and :func:`as_splits`, which reads a loader's result
+whether it is a mapping with the four keys or an object with the four attributes.
 
-A module of its own so that loaders (:mod:`workers.training.dataset_sources`) and the registry
-(:mod:`workers.registry.datasets`, which imports the loaders when they are called) both depend on
-it and not on each other. NumPy only.
+A module of its own, below both the built-in loaders (:mod:`workers.registry.dataset_sources`)
+and the registry (:mod:`workers.registry.datasets`, which registers those loaders). NumPy only.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -92,3 +94,48 @@ def split_arrays(splits: Splits, split: str) -> tuple[SampleArray, np.ndarray]:
     if split == "test":
         return splits.x_test, splits.y_test
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+class MissingArraysError(ValueError):
+    """A data set loader's result lacks some of the four arrays (:data:`ARRAY_NAMES`).
+
+    The message names the data set, what the loader returned and every missing key.
+    """
+
+
+def as_splits(result: object, dataset: str) -> Splits:
+    """A loader's result as :class:`Splits`: a mapping with the keys :data:`ARRAY_NAMES`
+    (``{"x_train": ..., "y_train": ..., "x_test": ..., "y_test": ...}``, the natural first try)
+    becomes an :class:`ArraySplits`; an object with those four attributes is returned as it is.
+
+    The attributes are looked up without calling them (:func:`inspect.getattr_static`), so a
+    loader whose properties read a split on first use (``cifar10``'s) still reads nothing here.
+
+    Args:
+        result: what the data set's loader returned.
+        dataset: the data set's name, for the error.
+
+    Raises:
+        MissingArraysError: a key (mapping) or attribute (object) is missing, naming each.
+    """
+    if isinstance(result, Mapping):
+        missing = [name for name in ARRAY_NAMES if name not in result]
+        if not missing:
+            x_train, y_train, x_test, y_test = (result[name] for name in ARRAY_NAMES)
+            return ArraySplits(x_train, y_train, x_test, y_test)
+    else:
+        missing = [name for name in ARRAY_NAMES if not _has_attribute(result, name)]
+        if not missing:
+            return result  # type: ignore[return-value]  # it has the four: the Splits protocol
+    raise MissingArraysError(
+        f"the splits {dataset!r} returned ({type(result).__name__}) have no {', '.join(missing)}: a loader "
+        f"returns a mapping with the keys {', '.join(ARRAY_NAMES)}, or an object with those attributes"
+    )
+
+
+def _has_attribute(obj: object, name: str) -> bool:
+    try:
+        inspect.getattr_static(obj, name)
+    except AttributeError:
+        return hasattr(obj, name)  # a dynamic one (__getattr__): only now is it asked for
+    return True

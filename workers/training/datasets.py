@@ -2,11 +2,11 @@
 
 The data sets themselves are records of :data:`workers.registry.datasets.DATASET_REGISTRY`
 (built-ins ``digits``, ``cifar10``, ``npz``, ``imagefolder``,
-:mod:`workers.training.dataset_sources`; plug-ins from the ``mtfl.datasets`` entry-point group).
+:mod:`workers.registry.dataset_sources`; plug-ins from the ``mtfl.datasets`` entry-point group).
 This module is what trainers and the evaluation call: :func:`load_splits` gives a data set's
 arrays (read once per process), :func:`load_split` checks a split and indices against them and
 returns the samples as fresh tensors. A task's sizes, input shape and classes come from the task
-(checked when it was created, :func:`workers.registry.check.check_task`); :func:`dataset_info`
+(checked when it was created, :func:`workers.training.plugin_check.check_task`); :func:`dataset_info`
 remains for the two built-ins whose sizes are static, until its callers read the task's fields.
 """
 
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from workers.protocol.messages import DatasetRef
+from workers.registry.dataset_sources import DatasetNotFoundError
 from workers.registry.datasets import (
     CIFAR10_INFO,
     DATASET_REGISTRY,
@@ -30,7 +31,7 @@ from workers.registry.datasets import (
     root_fingerprint,
     split_arrays,
 )
-from workers.training.dataset_sources import DatasetNotFoundError
+from workers.registry.splits import as_splits
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +61,7 @@ def dataset_info(name: str) -> DatasetInfo:
     """Return the static sizes of ``digits`` or ``cifar10`` without loading them (no torch).
 
     Other data sets' sizes follow from their files: a task carries them (checked at creation by
-    :func:`workers.registry.check.check_task`).
+    :func:`workers.training.plugin_check.check_task`).
 
     Raises:
         workers.registry.UnknownEntryError: (a ``ValueError``) for an unknown name, naming the
@@ -73,7 +74,7 @@ def dataset_info(name: str) -> DatasetInfo:
     except KeyError:
         raise ValueError(
             f"dataset: the sizes of {name!r} follow from its files; read them from the task "
-            "(workers.registry.check.check_task), not dataset_info"
+            "(workers.training.plugin_check.check_task), not dataset_info"
         ) from None
 
 
@@ -89,13 +90,17 @@ def load_splits(ref: DatasetRef) -> Splits:
             ``needs_root``).
 
     Returns:
-        Whatever the data set's loader returns: ``x_train``, ``y_train``, ``x_test``, ``y_test``,
-        shared by every caller: do not modify them (:func:`load_split` copies).
+        The loader's four arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` as attributes
+        (a loader may return a mapping with those keys or an object with those attributes:
+        :func:`~workers.registry.splits.as_splits`), shared by every caller: do not modify them
+        (:func:`load_split` copies).
 
     Raises:
         workers.registry.UnknownEntryError: an unknown data set (naming ``dataset``).
         DatasetNotFoundError: ``ref.root`` is unset for a data set that needs one, or the files
             are not there.
+        workers.registry.splits.MissingArraysError: (a ``ValueError``) the loader's result lacks
+            some of the four arrays, naming each.
         Exception: whatever a plug-in's loader raises.
     """
     record: Dataset = DATASET_REGISTRY.get(ref.name, field="dataset")
@@ -108,7 +113,7 @@ def load_splits(ref: DatasetRef) -> Splits:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    splits = record.splits(ref.root)
+    splits = as_splits(record.splits(ref.root), ref.name)
     with _cache_lock:
         _cache[key] = splits
         while len(_cache) > _CACHE_SIZE:

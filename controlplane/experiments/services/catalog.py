@@ -180,9 +180,9 @@ def _check_root_given(dataset: str, dataset_root: str) -> None:
 
 def _task_check(*, architecture: str, dataset: str, dataset_root: str, num_classes: int | None, what: str = ""):
     """Build the model and load the data set in a child process
-    (:func:`workers.registry.check.check_task_in_child`: a time limit, cached per process by its
+    (:func:`workers.training.plugin_check.check_task_in_child`: a time limit, cached per process by its
     arguments and the root's modification time) and return its
-    :class:`~workers.registry.check.TaskCheck`.
+    :class:`~workers.training.plugin_check.TaskCheck`.
 
     Args:
         num_classes: the stated class count, or ``None`` to take it from the data.
@@ -193,10 +193,10 @@ def _task_check(*, architecture: str, dataset: str, dataset_root: str, num_class
         ApplicationError: (400) the plug-in failed — its import or call raised, it is not a
             model, its output does not fit ``num_classes``, the arrays disagree, the labels
             fall outside ``[0, num_classes)``, the root does not exist, the check timed out —
-            under the :class:`~workers.registry.check.PluginCheckError`'s ``field`` with its
+            under the :class:`~workers.training.plugin_check.PluginCheckError`'s ``field`` with its
             reason.
     """
-    from workers.registry.check import PluginCheckError, check_task_in_child
+    from workers.training.plugin_check import PluginCheckError, check_task_in_child
 
     try:
         return check_task_in_child(architecture, dataset, dataset_root or None, num_classes)

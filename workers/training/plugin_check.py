@@ -4,7 +4,7 @@ Issue 21 item 4: a task naming a model and a data set (plug-ins or built-ins) is
 it is created if the data set cannot be loaded, its arrays break the contract of
 :mod:`workers.registry.datasets`, or the model cannot be built or gives outputs of the wrong
 shape for the classes. :func:`check_task` runs the check in the calling process;
-:func:`check_task_in_child` runs it in a ``python -m workers.registry.check`` child process with
+:func:`check_task_in_child` runs it in a ``python -m workers.training.plugin_check`` child process with
 a time limit, so a plug-in that raises, hangs or crashes (a segfault, ``os._exit``) cannot take
 the calling process (the web app) with it: that process never imports the plug-in or calls it,
 it only reads the child's answer. Either way a refusal is a :class:`PluginCheckError` naming the
@@ -14,14 +14,16 @@ What passes gives the task's sizes (:class:`TaskCheck`): its ``input_shape`` and
 ``num_classes`` follow from the arrays, and the training and test labels are kept for
 partitioning (label-skewed rules) and label histograms.
 
-Child protocol: ``python -m workers.registry.check FOLDER`` reads its arguments as one JSON
+Child protocol: ``python -m workers.training.plugin_check FOLDER`` reads its arguments as one JSON
 object on stdin (``architecture``, ``dataset``, ``dataset_root``, ``num_classes``), writes
 ``FOLDER/labels.npz`` (``train``, ``test``) and then ``FOLDER/result.json`` (written last, by
 rename: its presence means the answer is whole), and prints each stage it enters to stderr as
 ``mtfl-check-stage <field> <what>``, so the parent can say which stage a timeout or a crash hit.
 The child sees no GPU (``CUDA_VISIBLE_DEVICES=""``) and runs torch on one thread.
 
-Imports neither torch nor the plug-ins at module level.
+Imports neither torch nor the plug-ins at module level. It sits in :mod:`workers.training`, above
+the registries it reads and beside the zoo and the data set loading it calls, so nothing below it
+imports it back.
 """
 
 from __future__ import annotations
@@ -41,9 +43,15 @@ from typing import Any
 
 import numpy as np
 
-from workers.registry.base import Registry, UnknownEntryError
+from workers.config import positive_seconds
+from workers.protocol.messages import DatasetRef
+from workers.registry.base import Registry, UnknownEntryError, builtin_source
+from workers.registry.dataset_sources import DatasetNotFoundError, digits_labels
 from workers.registry.datasets import ARRAY_NAMES, DATASET_REGISTRY, Dataset, SampleArray, root_fingerprint
 from workers.registry.models import MODEL_REGISTRY
+from workers.registry.splits import MissingArraysError
+from workers.training.datasets import load_splits
+from workers.training.zoo import build_model
 
 FIELDS: tuple[str, ...] = ("architecture", "dataset", "dataset_root", "num_classes")
 """The task fields a refusal can name."""
@@ -137,7 +145,7 @@ def check_task(
        (the import's error is quoted); ``num_classes`` not an integer in ``[2, 100000]``.
     2. the root: ``dataset_root`` given but not existing, or missing for a data set that needs
        one.
-    3. loading: a :class:`~workers.training.dataset_sources.DatasetNotFoundError` names
+    3. loading: a :class:`~workers.registry.dataset_sources.DatasetNotFoundError` names
        ``dataset_root``; anything else the loader raises names ``dataset``.
     4. the arrays (``dataset``): all four present; ``x`` float32 (no other dtype is converted:
        the model trains on what the data set gives) with shape ``(N, *input_shape)``, 1 to 4
@@ -228,22 +236,11 @@ def _check_root(record: Dataset, root: str | None) -> None:
 
 
 def _load_arrays(dataset: str, root: str | None) -> dict[str, Any]:
-    from workers.protocol.messages import DatasetRef
-    from workers.training.dataset_sources import DatasetNotFoundError
-    from workers.training.datasets import load_splits
-
     try:
         splits = load_splits(DatasetRef(name=dataset, root=root))
-        arrays: dict[str, Any] = {}
-        for name in ARRAY_NAMES:
-            try:
-                arrays[name] = getattr(splits, name)
-            except AttributeError:
-                raise PluginCheckError(
-                    "dataset", f"the splits {dataset!r} returned ({type(splits).__name__}) have no {name}"
-                ) from None
-    except PluginCheckError:
-        raise
+        arrays: dict[str, Any] = {name: getattr(splits, name) for name in ARRAY_NAMES}
+    except MissingArraysError as exc:  # a mapping or an object without all four arrays
+        raise PluginCheckError("dataset", str(exc)) from None
     except DatasetNotFoundError as exc:
         raise PluginCheckError("dataset_root", str(exc)) from None
     except Exception as exc:  # a plug-in's loader may raise anything: it is reported, not fatal
@@ -355,9 +352,7 @@ def _check_classes(
 
 
 def _build(architecture: str, num_classes: int, input_shape: tuple[int, ...]) -> Any:
-    import torch
-
-    from workers.training.zoo import build_model
+    import torch  # deferred: torch stays out of the web process, which imports this module
 
     try:
         model = build_model(architecture, num_classes, 0, input_shape)
@@ -381,7 +376,7 @@ def _forward(
     input_shape: tuple[int, ...],
     num_classes: int,
 ) -> None:
-    import torch
+    import torch  # deferred: torch stays out of the web process, which imports this module
 
     positions = np.arange(_FORWARD_BATCH, dtype=np.int64)
     try:
@@ -438,8 +433,6 @@ def default_timeout_s() -> float:
     Raises:
         ValueError: the variable is set but not a positive number.
     """
-    from workers.config import positive_seconds
-
     raw = os.environ.get(TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_TIMEOUT_S
@@ -456,7 +449,7 @@ def check_task_in_child(
     num_classes: int | None = None,
     timeout_s: float | None = None,
 ) -> TaskCheck:
-    """:func:`check_task` in a ``python -m workers.registry.check`` child, within ``timeout_s``.
+    """:func:`check_task` in a ``python -m workers.training.plugin_check`` child, within ``timeout_s``.
 
     This process imports no plug-in and calls none: the child does. A task with no plug-in in
     it (the built-in ``digits`` and a built-in architecture) is answered here instead
@@ -511,7 +504,7 @@ def check_task_in_child(
 
 
 DIGITS_INPUT_SHAPE = (3, 32, 32)
-"""The sample shape of the built-in ``digits`` (:func:`workers.training.dataset_sources.digits_splits`)."""
+"""The sample shape of the built-in ``digits`` (:func:`workers.registry.dataset_sources.digits_splits`)."""
 
 
 def _builtin_digits_check(
@@ -523,14 +516,12 @@ def _builtin_digits_check(
 
     No child process is needed (nothing a researcher installed runs), and no model is built:
     the labels come from scikit-learn's copy of the digits
-    (:func:`workers.training.dataset_sources.digits_labels`), so the web app imports no torch.
+    (:func:`workers.registry.dataset_sources.digits_labels`), so the web app imports no torch.
 
     Raises:
         PluginCheckError: as :func:`check_task` (a ``num_classes`` below 10 or out of range,
             a ``dataset_root`` given that does not exist).
     """
-    from workers.registry.base import builtin_source
-
     if dataset != "digits" or dataset not in DATASET_REGISTRY or architecture not in MODEL_REGISTRY:
         return None
     if DATASET_REGISTRY.source(dataset) != builtin_source() or MODEL_REGISTRY.source(architecture) != builtin_source():
@@ -538,8 +529,6 @@ def _builtin_digits_check(
     _check_num_classes(num_classes)
     record: Dataset = DATASET_REGISTRY.get(dataset)
     _check_root(record, dataset_root)
-    from workers.training.dataset_sources import digits_labels
-
     train_labels, test_labels = digits_labels()
     classes = _check_classes(record, DIGITS_INPUT_SHAPE, train_labels, test_labels, num_classes)
     return TaskCheck(
@@ -590,7 +579,7 @@ def _run_child(
         stderr_path = folder / "stderr.txt"
         with open(stderr_path, "wb") as stderr:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "workers.registry.check", str(folder)],
+                [sys.executable, "-m", "workers.training.plugin_check", str(folder)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -671,7 +660,7 @@ def _stderr_tail(stderr_path: Path) -> str:
 def _child_main(argv: Sequence[str]) -> int:
     """The child: read the arguments from stdin, run :func:`check_task`, write the answer."""
     if len(argv) != 1:
-        print("usage: python -m workers.registry.check FOLDER  (arguments as JSON on stdin)", file=sys.stderr)
+        print("usage: python -m workers.training.plugin_check FOLDER  (arguments as JSON on stdin)", file=sys.stderr)
         return 2
     folder = Path(argv[0])
     current = ["dataset", "starting the check process"]

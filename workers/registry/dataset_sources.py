@@ -21,7 +21,7 @@ shard never materialises the 600 MB float split. Nothing is ever downloaded.
 (read into memory; ``np.savez`` and ``np.savez_compressed`` files alike), or a folder holding
 ``x_train.npy``, ``y_train.npy``, ``x_test.npy``, ``y_test.npy``, memory-mapped read-only
 (``np.load(mmap_mode="r")``) so trainers on one host share the page cache instead of a copy each.
-The arrays are returned as stored: :func:`workers.registry.check.check_task` checks their dtypes
+The arrays are returned as stored: :func:`workers.training.plugin_check.check_task` checks their dtypes
 and shapes.
 
 ``imagefolder``: ``root/train/<class>/<image>`` and ``root/test/<class>/<image>`` (torchvision's
