@@ -10,7 +10,7 @@ network. Phases, each time-boxed and reporting progress as ``[  12.3 s] phase: .
 
 1. ``preflight`` — the Python packages, the backend (``check_available``; ``cuda-mps`` starts its
    private MPS control daemon), the device (GPU name, SMs, memory).
-2. ``features`` — workload features ``F_i`` of every model (:func:`workers.profiling.features.workload_features`).
+2. ``features`` — workload features ``F_i`` of every model (:func:`workers.training.features.workload_features`).
 3. ``profile`` — :func:`workers.profiling.sweep.run_sweep` over the mixes' models on synthetic
    CIFAR-shaped batches (``3×32×32``): co-located mixes of 1 to 3 tasks under MPS-style shares,
    each (model, batch size) measured alone first (``P_alone``). It stops once ``--budget``
@@ -509,7 +509,7 @@ def features(check: Check, architectures: Sequence[str]):
     import torch
 
     from controlplane.planning.predictor import ModelWorkload
-    from workers.profiling.features import workload_features
+    from workers.training.features import workload_features
 
     check.report["host"]["torch"] = torch.__version__
     out = {}

@@ -204,7 +204,7 @@ def print_families(report) -> None:
 
 
 def workloads_of(architectures) -> dict[str, ModelWorkload]:
-    from workers.profiling.features import workload_features
+    from workers.training.features import workload_features
 
     out = {}
     for arch in sorted(set(architectures)):

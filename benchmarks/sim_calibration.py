@@ -175,7 +175,7 @@ def mig_device(gpcs: int, kernel_s: float, efficiency: float) -> sim.DeviceSpec:
 
 
 def inference_workloads() -> dict[str, tuple[float, float, float, int]]:
-    from workers.profiling.features import leaf_module_count, workload_features
+    from workers.training.features import leaf_module_count, workload_features
 
     out = {}
     for model in MODELS:

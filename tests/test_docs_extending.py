@@ -64,8 +64,8 @@ def test_the_strategy_example_plans_through_make_plan(register):
 def test_the_model_example_builds_through_build_model_and_has_workload_features(register):
     import torch
 
-    from workers.profiling.features import workload_features
     from workers.registry.models import MODEL_REGISTRY, model_from_entry_point
+    from workers.training.features import workload_features
     from workers.training.zoo import build_model
 
     record = register(

@@ -6,12 +6,13 @@
 - :mod:`workers.fl` — FL arithmetic (FedAvg) and the artifacts it reads and writes;
 - :mod:`workers.registry` — models, datasets, partitioners, aggregators and backends by name,
   with entry-point plug-ins;
-- :mod:`workers.training` — the model zoo, data sets, partitioning, the trainer and evaluation;
+- :mod:`workers.training` — the model zoo, data sets, partitioning, the trainer (and the profiler
+  process it also runs), workload features, evaluation and the plug-in check;
 - :mod:`workers.backends` — execution backends (``cpu``, ``simulated``, ``cuda-mps``,
   ``cuda-timeslice``);
 - :mod:`workers.launch` — the one spawn → barrier → watch → collect engine (with
   :mod:`workers.forkserver`);
-- :mod:`workers.profiling` — sweeps, standalone measurements, workload features, host probes;
+- :mod:`workers.profiling` — sweeps, standalone measurements, host probes;
 - :mod:`workers.agent` — the device agent's Celery app and CLI.
 
 This package never imports Django or :mod:`controlplane`: a GPU host needs only the base

@@ -24,7 +24,7 @@ profiler at batch 8, median of 5 spawns from ``spawn`` to ``READY``: a new inter
   (billiard) pool worker, ``Process.start()`` raises ``AssertionError: daemonic processes are not
   allowed to have children``. This server is started with :class:`subprocess.Popen`, which works
   from any process;
-- the profilers' protocol is lines on stdin and stdout (:mod:`workers.profiling.child`), which a
+- the profilers' protocol is lines on stdin and stdout (:mod:`workers.training.profiler`), which a
   ``multiprocessing`` child does not get (its stdin is ``/dev/null``); here the spawn request
   carries the child's three standard streams.
 
@@ -84,7 +84,7 @@ PRELOAD: tuple[str, ...] = (
     "torchvision",
     "workers.training.zoo",
     "workers.training.trainer",
-    "workers.profiling.child",
+    "workers.training.profiler",
 )
 """Modules every server imports before it serves: what a profiler process spends its start on."""
 

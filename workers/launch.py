@@ -2,7 +2,7 @@
 
 Every process that trains on a device goes through here: a round's trainers and a standalone
 measurement (``python -m workers.training.trainer``, :mod:`workers.backends.base`) and a profiling
-configuration's profilers (``python -m workers.profiling.child``, :mod:`workers.profiling.sweep`, which
+configuration's profilers (``python -m workers.training.profiler``, :mod:`workers.profiling.sweep`, which
 ``benchmarks/gpu_check.py`` also uses to measure the strategies' plans). A caller describes its
 processes as :class:`ProcessSpec` records, hands them to a :class:`ProcessGroup` and drives it::
 

@@ -104,7 +104,7 @@ def process_key(module: str, argv: Sequence[str], env: Mapping[str, str]) -> tup
     ``argv`` is ``[mode, SPEC.json, RESULT.json]``. A ``train`` job's key holds its task identity
     (architecture, classes, input shape, data set) and resources (threads, cores; not the
     time-slicing lock, which each job takes from its spec); a ``profile`` job's its model
-    (architecture, classes, input shape: what :class:`workers.profiling.child.WarmModels`
+    (architecture, classes, input shape: what :class:`workers.training.profiler.WarmModels`
     keeps; not the batch size, which a warm process changes from one job to the next) and
     resources; a ``standalone`` job's its threads and
     cores (its items vary). All hold the whole environment, which is fixed at the process's

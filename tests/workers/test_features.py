@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from workers.profiling.features import leaf_module_count, training_ops_per_step, workload_features
 from workers.registry.models import MODEL_REGISTRY, Model
+from workers.training.features import leaf_module_count, training_ops_per_step, workload_features
 
 ARCHITECTURES = MODEL_REGISTRY.names()
 
@@ -147,7 +147,7 @@ def test_a_tabular_mlp_has_the_features_of_its_layers(register):
 def test_a_model_that_reads_values_is_counted_on_the_cpu(register, caplog):
     register("test_value_reading", _ValueReadingNet)
 
-    with caplog.at_level(logging.INFO, logger="workers.profiling.features"):
+    with caplog.at_level(logging.INFO, logger="workers.training.features"):
         features = workload_features("test_value_reading", num_classes=4, input_shape=(10,))
 
     assert "the meta device failed" in caplog.text and "counting on the CPU" in caplog.text

@@ -38,9 +38,9 @@ LIGHT_MODULES = [
     "workers.registry.backends",
     "workers.registry.aggregators",
     "workers.training.evaluate",
-    "workers.profiling.features",
+    "workers.training.features",
     "workers.profiling.sweep",
-    "workers.profiling.child",
+    "workers.training.profiler",
 ]
 
 

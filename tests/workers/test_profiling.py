@@ -18,9 +18,7 @@ from workers import launch
 from workers.backends import CpuBackend
 from workers.backends.base import ExecutionBackend, TrainerResources
 from workers.forkserver import ForkServerPool
-from workers.profiling import child as child_module
 from workers.profiling import sweep as profiling
-from workers.profiling.child import ITER_PREFIX, ProfileChildSpec, next_chunk_steps
 from workers.profiling.sweep import (
     Iteration,
     common_window,
@@ -39,6 +37,8 @@ from workers.protocol.messages import (
     ProfileSweepRequest,
     ProfileTaskSpec,
 )
+from workers.training import profiler as child_module
+from workers.training.profiler import ITER_PREFIX, ProfileChildSpec, next_chunk_steps
 
 LIGHT = ["mobilenet_v3_small", "shufflenet_v2_x1_0"]
 PAPER_MIX = ["resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0", "mobilenet_v3_large"]

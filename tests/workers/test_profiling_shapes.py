@@ -12,9 +12,9 @@ from pathlib import Path
 
 from workers.backends import CpuBackend
 from workers.backends.base import TrainerResources
-from workers.profiling.child import ITER_PREFIX, STOP_LINE, ProfileChildResult, ProfileChildSpec
 from workers.profiling.sweep import _write_specs
 from workers.protocol.messages import ProfileSweepRequest, ProfileTaskSpec, WorkloadShape
+from workers.training.profiler import ITER_PREFIX, STOP_LINE, ProfileChildResult, ProfileChildSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ _PLUGIN_CHILD = textwrap.dedent(
 
     MODEL_REGISTRY.register(Model("test_child_mlp", "test_child_mlp", TabularMLP))
 
-    from workers.profiling.child import main
+    from workers.training.profiler import main
 
     sys.exit(main(sys.argv[1:]))
     """

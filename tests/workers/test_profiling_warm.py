@@ -27,9 +27,9 @@ from workers import config, launch, warm
 from workers.backends import CpuBackend, CudaMpsBackend
 from workers.backends.base import TrainerResources
 from workers.launch import DONE_LINE, GO_LINE, READY_LINE
-from workers.profiling.child import ITER_PREFIX, STOP_LINE, ProfileChildResult, ProfileChildSpec, WarmModels
 from workers.profiling.sweep import BUSY_SAMPLE_INTERVAL_S, PROFILER_COMMAND, busy_fraction, run_sweep
 from workers.protocol.messages import GpuSample, ProfileConfigResult, ProfileSweepRequest
+from workers.training.profiler import ITER_PREFIX, STOP_LINE, ProfileChildResult, ProfileChildSpec, WarmModels
 from workers.training.runtime import ENV_DEVICE
 from workers.training.zoo import build_model
 

@@ -66,7 +66,7 @@ def test_eager_step_time_on_the_h200_is_ops_times_host_time_per_operation():
     workload = sim.simulation_workload("mobilenet_v3_large")
     prediction = _light_mix("mps", [100, 100, 100], graphs=False)
 
-    assert workload.ops_per_step > 500  # counted by workers.profiling.features, not estimated
+    assert workload.ops_per_step > 500  # counted by workers.training.features, not estimated
     assert prediction.host_step_s[1] == pytest.approx(workload.ops_per_step * sim.H200_HOST_OP_S)
     # host-bound: the step takes the launch term, whatever the batch (as measured: 23-26 ms)
     assert prediction.iteration_s[1] == pytest.approx(prediction.host_step_s[1], rel=0.01)

@@ -69,6 +69,7 @@ from workers.protocol.messages import (
     TaskRef,
     TrainRoundRequest,
 )
+from workers.training.features import leaf_module_count, workload_features
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -117,7 +118,7 @@ OPS_PER_LAYER = 7.5
 """PyTorch operations an eager training step issues per leaf module, for a workload whose op
 count is not known (:attr:`SimWorkload.ops_per_step` 0): forward, input and weight gradients,
 autograd's accumulations and the optimiser's per-parameter updates. 7.5 is about the ratio of
-:func:`workers.profiling.features.training_ops_per_step`'s counts (435, 1,218 and 1,187 for
+:func:`workers.training.features.training_ops_per_step`'s counts (435, 1,218 and 1,187 for
 resnet18, mobilenet_v3_large and shufflenet_v2_x1_0 at 32×32) to their leaf modules (52,
 168, 164)."""
 GRAPH_HOST_OPS = 3.0
@@ -334,7 +335,7 @@ class SimWorkload:
             launches about one kernel per pass.
         ops_per_step: PyTorch operations one eager training step issues (forward, loss,
             backward, optimiser step), ``WorkloadFeatures.ops_per_step``
-            (:func:`workers.profiling.features.training_ops_per_step`); 0 when not known,
+            (:func:`workers.training.features.training_ops_per_step`); 0 when not known,
             then estimated as :data:`OPS_PER_LAYER` × ``layers``.
     """
 
@@ -350,8 +351,8 @@ def simulation_workload(
 ) -> SimWorkload:
     """Return a registered model's workload at an input shape (1 to 4 dimensions: an image
     ``(C, H, W)``, a feature vector ``(F,)``), from
-    :func:`workers.profiling.features.workload_features` and
-    :func:`~workers.profiling.features.leaf_module_count`; cached per
+    :func:`workers.training.features.workload_features` and
+    :func:`~workers.training.features.leaf_module_count`; cached per
     ``(architecture, num_classes, input_shape)`` in this process.
 
     torch is imported (the model runs on the meta device, shapes only, a fraction of a second;
@@ -360,15 +361,13 @@ def simulation_workload(
     Raises:
         ValueError: for an unknown architecture, ``num_classes < 2``, an input shape out of
             range or one the model cannot take (as
-            :func:`~workers.profiling.features.workload_features`).
+            :func:`~workers.training.features.workload_features`).
     """
     return _workload(architecture, num_classes, tuple(input_shape))
 
 
 @functools.lru_cache(maxsize=128)
 def _workload(architecture: str, num_classes: int, input_shape: tuple[int, ...]) -> SimWorkload:
-    from workers.profiling.features import leaf_module_count, workload_features
-
     features = workload_features(architecture, num_classes, input_shape)
     return SimWorkload(
         flops_per_sample=features.train_flops_per_sample,

@@ -6,7 +6,7 @@ profiled runs. A sweep (:func:`run_sweep`, served by the agent's ``profile_sweep
 
 - :func:`sweep_design` proposes configurations — 1 to ``max_mix`` tasks, each an architecture,
   a batch size and a share — as a seeded space-filling sequence, not a grid;
-- :func:`measure_configuration` measures one configuration: one ``workers.profiling.child``
+- :func:`measure_configuration` measures one configuration: one ``workers.training.profiler``
   process per task (a new interpreter, a fork of a fork server that has imported torch, or a
   ``profile`` job of a warm trainer: see "Where profilers come from"), each with the resources the backend's
   :meth:`~workers.backends.base.TrainerProcessBackend.resources_for_shares` gives its share,
@@ -73,12 +73,6 @@ from workers.launch import (
     ProcessSpec,
     shutdown_requested,
 )
-from workers.profiling.child import (
-    ITER_PREFIX,
-    STOP_LINE,
-    ProfileChildResult,
-    ProfileChildSpec,
-)
 from workers.profiling.core_link_probe import CoreLinkProbe
 from workers.profiling.speed_probe import SpeedProbe
 from workers.protocol.messages import (
@@ -90,14 +84,20 @@ from workers.protocol.messages import (
     ProfileSweepSummary,
     ProfileTaskSpec,
 )
+from workers.training.profiler import (
+    ITER_PREFIX,
+    STOP_LINE,
+    ProfileChildResult,
+    ProfileChildSpec,
+)
 from workers.warm import TRAINER_MODULE, TrainerPool
 
 logger = logging.getLogger(__name__)
 
-PROFILER_COMMAND: list[str] = [sys.executable, "-m", "workers.profiling.child"]
+PROFILER_COMMAND: list[str] = [sys.executable, "-m", "workers.training.profiler"]
 """The command that starts one profiler process; SPEC.json and RESULT.json paths are appended."""
 
-PROFILER_MODULE = "workers.profiling.child"
+PROFILER_MODULE = "workers.training.profiler"
 """The module whose ``main([SPEC.json, RESULT.json])`` a forked profiler process runs
 (:class:`~workers.forkserver.ForkServerPool`): the same program as :data:`PROFILER_COMMAND`."""
 
@@ -333,7 +333,7 @@ def measure_configuration(
 ) -> ProfileConfigResult:
     """Measure one co-located configuration on the device; never raises for its failures.
 
-    One ``python -m workers.profiling.child`` process per task, with the resources
+    One ``python -m workers.training.profiler`` process per task, with the resources
     ``backend.resources_for_shares(shares, partitioning, ctx)`` gives. Sweeps keep the default,
     ``"mps"`` (the predictor's input is the share); ``"timeslice"`` measures the same tasks
     time-sliced, shares ignored, as the ``temporal`` strategy runs them (on ``cuda-mps``: plain

@@ -1,5 +1,5 @@
 """What a trainer or profiler process needs of its device, shared by both
-(:mod:`workers.training.trainer`, :mod:`workers.profiling.child`): which device it computes on
+(:mod:`workers.training.trainer`, :mod:`workers.training.profiler`): which device it computes on
 and how to open it, a synchronisation, peak memory (a GPU's reserved memory plus the CUDA
 context; private resident memory on cpu), the optimiser of a task, the time-slicing lock and the
 process's cores and threads. Kept apart from the trainer so the profiler does not import the

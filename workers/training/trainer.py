@@ -19,7 +19,7 @@ a :class:`~workers.protocol.messages.StandaloneResult` (``P_alone``, docs/DESIGN
 
 ``serve``: a warm trainer (:func:`serve`, kept by the agent's pool, :mod:`workers.warm`): it runs
 ``train``, ``standalone`` and ``profile`` jobs (a profiling sweep's profiler,
-:func:`workers.profiling.child.run_profile_job`) handed over on stdin one after the other, each
+:func:`workers.training.profiler.run_profile_job`) handed over on stdin one after the other, each
 exactly as the one-shot mode would, printing ``DONE <exit code>`` after each instead of exiting; the model and
 the shard stay in memory between jobs (:class:`TrainerCache`).
 
@@ -73,7 +73,6 @@ from workers.fl.artifacts import (
 )
 from workers.forkserver import die_with_parent
 from workers.launch import DONE_LINE, GO_LINE, JOB_LINE, READY_LINE
-from workers.profiling.child import StdinCommands, WarmModels, run_profile_job
 from workers.protocol.indices import decode_indices
 from workers.protocol.messages import (
     AssignmentResult,
@@ -89,6 +88,7 @@ from workers.registry.datasets import root_fingerprint, split_arrays
 from workers.training.datasets import load_split, load_splits
 from workers.training.execution import STEPS_BEFORE_REPLAY, StepRunner, resolve_execution
 from workers.training.partition import shard_indices
+from workers.training.profiler import StdinCommands, WarmModels, run_profile_job
 from workers.training.runtime import (
     IterationLock,
     apply_resources,
@@ -849,8 +849,8 @@ def run_job(
     """Run one ``train``, ``standalone`` or ``profile`` job: read SPEC.json, do the work, write
     RESULT.json (atomically).
 
-    ``profile`` is a profiler process's job (:func:`workers.profiling.child.run_profile_job`:
-    SPEC.json a :class:`~workers.profiling.child.ProfileChildSpec`, ``READY``/``GO``, ``ITER``
+    ``profile`` is a profiler process's job (:func:`workers.training.profiler.run_profile_job`:
+    SPEC.json a :class:`~workers.training.profiler.ProfileChildSpec`, ``READY``/``GO``, ``ITER``
     lines until ``STOP``), so a warm trainer serves profiling sweeps too.
 
     Args:
@@ -859,10 +859,10 @@ def run_job(
         result_path: where RESULT.json goes.
         protocol_out: where ``READY`` (and a profile job's ``ITER`` lines) are written.
         commands: where ``GO`` (and a profile job's ``STOP``) are read from: stdin read
-            unbuffered (:class:`~workers.profiling.child.StdinCommands`), the same reader a warm
+            unbuffered (:class:`~workers.training.profiler.StdinCommands`), the same reader a warm
             trainer's job lines come through, so no job's bytes sit in another reader's buffer.
         cache: a warm trainer's :class:`TrainerCache`, or ``None`` (a cold one-shot trainer).
-        models: a warm trainer's profile models (:class:`~workers.profiling.child.WarmModels`),
+        models: a warm trainer's profile models (:class:`~workers.training.profiler.WarmModels`),
             or ``None``.
 
     Returns:
@@ -938,7 +938,7 @@ def serve(protocol_out: TextIO, commands: StdinCommands, parent: int | None = No
     job's stderr goes to ``stderr``; it then runs exactly as the one-shot mode ``mode`` would
     (:func:`run_job`: ``READY`` and the wait for ``GO`` for ``train`` and ``profile``, then a
     profile job's ``ITER`` lines until ``STOP``), with a :class:`TrainerCache` and a
-    :class:`~workers.profiling.child.WarmModels` kept across jobs (so the model, the shard and
+    :class:`~workers.training.profiler.WarmModels` kept across jobs (so the model, the shard and
     the CUDA context with its cuDNN autotuning results stay warm), and ends with ``DONE <code>``
     (:data:`workers.launch.DONE_LINE`, ``code`` the exit code the one-shot trainer would have
     returned) on stdout. End of stdin between jobs: exit 0.

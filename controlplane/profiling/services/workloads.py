@@ -43,7 +43,7 @@ def workload_ensure(*, architecture: str, num_classes: int, input_shape: Sequenc
     if existing is not None and existing.ops_per_step is not None:
         return existing
     # deferred: torch is imported only where features are computed (never in the web process)
-    from workers.profiling.features import workload_features
+    from workers.training.features import workload_features
 
     f = workload_features(architecture, num_classes, tuple(shape))
     if existing is not None:

@@ -1,12 +1,12 @@
 """A profiler process that crashes for ``mobilenet_v3_small`` and profiles anything else as
-``workers.profiling.child`` does: run as ``python -m tests.workers.fakes.crashing_profiler
+``workers.training.profiler`` does: run as ``python -m tests.workers.fakes.crashing_profiler
 SPEC RESULT`` or forked by the fork server (``main``)."""
 
 from __future__ import annotations
 
 import sys
 
-from workers.profiling import child as profiler_child
+from workers.training import profiler as profiler_child
 
 _real_profile = profiler_child.profile
 

@@ -10,7 +10,7 @@ gives task ``i``
 rounded to whole percent by the largest-remainder method (every share at least 1 %, the shares of
 a device adding up to exactly 100 %), where ``F_i`` is the model's training FLOPs per sample —
 the workload feature the throughput predictor was fitted with (counted by
-``torch.utils.flop_counter`` on the model itself, ``workers.profiling.features``). The heavier
+``torch.utils.flop_counter`` on the model itself, ``workers.training.features``). The heavier
 model gets more of the device, so, to a first approximation, the tasks finish their epochs
 together. Batch sizes are the paper's baselines' ``min(128, |D_ij|)``, so a comparison with
 ``isolation`` and ``sharing`` differs in the shares only.

@@ -3,7 +3,7 @@
 Run by :func:`workers.profiling.sweep.measure_configuration`, one OS process per task of a
 co-located configuration, either started anew::
 
-    python -m workers.profiling.child SPEC.json RESULT.json
+    python -m workers.training.profiler SPEC.json RESULT.json
 
 or forked by a :mod:`workers.forkserver` server that has imported torch and never used it,
 which calls :func:`main` with the same arguments (what a sweep does on the ``cpu`` backend).
@@ -490,13 +490,13 @@ def run_profile_job(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m workers.profiling.child SPEC.json RESULT.json``: one
+    """Entry point of ``python -m workers.training.profiler SPEC.json RESULT.json``: one
     :func:`run_profile_job` on this process's stdin and stdout.
 
     Returns:
         The exit code: 0 success, 1 profiling error, 2 bad spec.
     """
-    parser = argparse.ArgumentParser(prog="python -m workers.profiling.child", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m workers.training.profiler", description=__doc__.split("\n")[0])
     parser.add_argument("spec", type=Path, help="spec JSON file")
     parser.add_argument("result", type=Path, help="where the result JSON is written")
     args = parser.parse_args(argv)

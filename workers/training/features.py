@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from workers.protocol.messages import WorkloadFeatures
 from workers.registry.models import MODEL_REGISTRY
+from workers.training.zoo import build_model
 
 if TYPE_CHECKING:
     import torch
@@ -187,8 +188,6 @@ def _count(
     import torch
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
-
-    from workers.training.zoo import build_model
 
     # On the meta device shapes alone decide FLOPs and saved-tensor sizes: no arithmetic, no
     # weight initialisation, no oneDNN warm-up, and the numbers are identical to a CPU run.
