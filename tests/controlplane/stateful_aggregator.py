@@ -6,7 +6,7 @@ It is FedAvg with server momentum, ``v ← β v + Δ``, ``W ← W + η v`` with 
 (Hsu et al. 2019, §3), on floating tensors; integer tensors take FedAvg's rounded mean. Its server
 state also counts the aggregations it made (``"rounds"``, int64), so a test can see that a state
 was handed back, and which one. It declares two parameters and, as FedProx does, a trainer
-option (``proximal_mu`` = its ``mu``), so one record exercises every part of the settings.
+option (its ``mu``) with FedProx's client term, so one record exercises every part of the settings.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from workers.fl.fedavg import FedAvgAccumulator
-from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext, Aggregator
+from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext, Aggregator, proximal_client_term
 from workers.registry.partitioners import Parameter
 
 NAME = "test_momentum"
@@ -72,7 +72,8 @@ def record() -> Aggregator:
             Parameter("mu", "μ, asked of every trainer", "float", 0.0, 1000.0, default=0.0),
         ),
         stateful=True,
-        trainer_options=lambda params: {"proximal_mu": float(params["mu"])},
+        trainer_options=lambda params: {"mu": float(params["mu"])},
+        client_term=proximal_client_term,
     )
 
 

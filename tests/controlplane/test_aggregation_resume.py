@@ -346,17 +346,20 @@ def test_the_tasks_aggregator_sets_what_its_trainers_are_asked(
         run = begin(experiment)
 
     (_, requests), *_ = sent["round"]
-    specs = [(s.task.task_id, s.proximal_mu) for r in requests for s in r.assignments]
+    specs = [(s.task.task_id, s.aggregator, s.client_options.get("mu", 0.0)) for r in requests for s in r.assignments]
     assert (
-        sorted(specs) == sorted((task_id, 0.05 if task_id == mobilenet.id else 0.0) for task_id, _ in specs)
+        sorted(specs)
+        == sorted(
+            (task_id, MOMENTUM, 0.05) if task_id == mobilenet.id else (task_id, None, 0.0) for task_id, _, _ in specs
+        )
         and len(specs) == 3
     )
     # a retry is sent the same
     rnd = Round.objects.get(run=run, index=0)
     retry = round_device_request_load(rnd=rnd, device_id=experiment.devices.get(name="dev-b").id, attempt=1)
-    assert {s.task.task_id: s.proximal_mu for s in retry.assignments} == {
-        mobilenet.id: 0.05,
-        experiment.tasks.get(name="t-shufflenet").id: 0.0,
+    assert {s.task.task_id: (s.aggregator, s.client_options) for s in retry.assignments} == {
+        mobilenet.id: (MOMENTUM, {"mu": 0.05}),
+        experiment.tasks.get(name="t-shufflenet").id: (None, {}),
     }
 
 

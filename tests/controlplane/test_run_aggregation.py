@@ -220,7 +220,7 @@ def test_the_experiments_task_override_wins_then_the_run_then_the_experiment(mak
     run = Run(experiment=experiment, strategy="sharing", options=overridden)
     record, options = task_aggregator(run, mobilenet.id)
     assert (record.name, options) == (MOMENTUM, overridden["aggregation_params"])
-    assert task_trainer_options(run, mobilenet.id) == {"proximal_mu": 0.1}
+    assert task_trainer_options(run, mobilenet.id) == {"aggregator": MOMENTUM, "client_options": {"mu": 0.1}}
     assert task_trainer_options(run, shufflenet.id) == {}
 
 
@@ -259,7 +259,7 @@ def test_a_runs_aggregator_reaches_its_trainers_and_its_checkpoints(make_experim
 
     # each device's part of round 0, as the round sent it (rebuilt from the database as a retry is)
     mu = {
-        (name, spec.task.name): spec.proximal_mu
+        (name, spec.task.name): (spec.aggregator, spec.client_options)
         for name, run in runs.items()
         for d in devices
         for spec in round_device_request_load(
@@ -268,10 +268,10 @@ def test_a_runs_aggregator_reaches_its_trainers_and_its_checkpoints(make_experim
     }
     # the run's aggregator asks its trainers for mu; the task the experiment overrides does not
     assert mu == {
-        ("fedavg", "t-mobilenet"): 0.0,
-        ("fedavg", "t-shufflenet"): 0.0,
-        (MOMENTUM, "t-mobilenet"): 0.1,
-        (MOMENTUM, "t-shufflenet"): 0.0,
+        ("fedavg", "t-mobilenet"): (None, {}),
+        ("fedavg", "t-shufflenet"): (None, {}),
+        (MOMENTUM, "t-mobilenet"): (MOMENTUM, {"mu": 0.1}),
+        (MOMENTUM, "t-shufflenet"): (None, {}),
     }
     made = {
         (name, c.task.name): (c.aggregation, bool(c.server_state_path))

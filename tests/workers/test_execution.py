@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.fl.fedprox import ProximalTerm
 from workers.protocol.messages import ExecutionOptions, OptimizerConfig
 from workers.training.execution import (
     BF16_NEEDS_GPU,
@@ -19,7 +20,7 @@ from workers.training.execution import (
     StepRunner,
     resolve_execution,
 )
-from workers.training.trainer import ProximalTerm, build_optimizer, epoch_batches
+from workers.training.trainer import build_optimizer, epoch_batches
 from workers.training.zoo import build_model
 
 CPU = torch.device("cpu")
@@ -167,7 +168,7 @@ def _train(
     runners: list[StepRunner] = []
     refuse_host_reads = optimizer_config is None or optimizer_config.name != "adam"
     api = StandInGraphs(_guard(model, optimizer, runners), refuse_host_reads=refuse_host_reads) if graphs else None
-    runner = StepRunner(model, optimizer, CPU, options, proximal=proximal, graph_api=api)
+    runner = StepRunner(model, optimizer, CPU, options, client_term=proximal, graph_api=api)
     runners.append(runner)
     torch.manual_seed(7)
     model.train()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from workers.fl.fedavg import NoSamplesError, fedavg, load_state, save_state
-from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext
+from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext, proximal_client_term
 
 W0 = np.array([1.0, 2.0])
 
@@ -281,9 +281,15 @@ def test_the_records_declare_what_the_control_plane_needs():
     for name in SERVER_OPTIMISERS:
         record = AGGREGATOR_REGISTRY.get(name)
         assert record.uses_previous and record.stateful and record.trainer_options is None
+        assert record.client_term is None and record.assignment_options(record.check_params({})) == {}
     fedprox = AGGREGATOR_REGISTRY.get("fedprox")
     assert not fedprox.stateful and not fedprox.uses_previous
-    assert fedprox.trainer_options(fedprox.check_params({"mu": 0.5})) == {"proximal_mu": 0.5}
+    assert fedprox.trainer_options(fedprox.check_params({"mu": 0.5})) == {"mu": 0.5}
+    assert fedprox.client_term is proximal_client_term
+    assert fedprox.assignment_options(fedprox.check_params({"mu": 0.5})) == {
+        "aggregator": "fedprox",
+        "client_options": {"mu": 0.5},
+    }
 
 
 @pytest.mark.parametrize(

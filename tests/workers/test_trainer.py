@@ -212,7 +212,7 @@ def _tiny_linear():
 def test_proximal_term_is_half_mu_times_the_squared_distance_to_the_start():
     import torch
 
-    from workers.training.trainer import ProximalTerm
+    from workers.fl.fedprox import ProximalTerm
 
     model = _tiny_linear()
     term = ProximalTerm(model, mu=0.5)
@@ -238,9 +238,9 @@ def test_a_step_with_the_proximal_term_steps_along_both_gradients():
     import torch
     import torch.nn.functional as F
 
+    from workers.fl.fedprox import ProximalTerm
     from workers.protocol.messages import ExecutionOptions
     from workers.training.execution import StepRunner
-    from workers.training.trainer import ProximalTerm
 
     model = _tiny_linear()
     term = ProximalTerm(model, mu=2.0)
@@ -254,7 +254,7 @@ def test_a_step_with_the_proximal_term_steps_along_both_gradients():
     before = model[0].weight.detach().clone()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
 
-    runner = StepRunner(model, optimizer, torch.device("cpu"), ExecutionOptions(), proximal=term)
+    runner = StepRunner(model, optimizer, torch.device("cpu"), ExecutionOptions(), client_term=term)
     runner.step(x, y)
     total, samples = runner.take_loss()
     loss = total / samples
@@ -284,7 +284,11 @@ def test_fedprox_keeps_the_trained_weights_closer_to_the_global_model(
 
     distances = {}
     for mu in (0.0, 10.0):
-        result = train(spec.model_copy(update={"proximal_mu": mu}), io.StringIO(), io.StringIO("GO\n"))
+        result = train(
+            spec.model_copy(update={"aggregator": "fedprox", "client_options": {"mu": mu}}),
+            io.StringIO(),
+            io.StringIO("GO\n"),
+        )
         assert result.status == "succeeded" and result.samples_trained == 96
         distances[mu] = _trainable_distance(spec, store)
 
@@ -305,7 +309,7 @@ def test_proximal_mu_zero_trains_exactly_as_plain_sgd_steps(make_task_ref, make_
     from workers.training.zoo import build_model
 
     spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=48, batch_size=16)
-    assert spec.proximal_mu == 0.0
+    assert spec.aggregator is None and spec.client_options == {}
 
     train(spec, io.StringIO(), io.StringIO("GO\n"))
     trained = load_state(store.path(spec.output_weights))
@@ -328,10 +332,96 @@ def test_proximal_mu_zero_trains_exactly_as_plain_sgd_steps(make_task_ref, make_
     assert all((by_hand[k] == trained[k]).all() for k in trained)
 
 
+DECAY_PLUGIN = """
+import torch
+
+from workers.fl.fedavg import FedAvgAccumulator
+from workers.registry.aggregators import Aggregator
+from workers.registry.base import Parameter
+
+CALLS = []
+
+
+class Decay:
+    \"\"\"A client-side term of its own: weight decay, grad += lam * w.\"\"\"
+
+    def __init__(self, model, lam):
+        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.lam = lam
+
+    def add_gradient(self):
+        CALLS.append(self.lam)
+        with torch.no_grad():
+            for p in self.parameters:
+                if p.grad is not None:
+                    p.grad.add_(p, alpha=self.lam)
+
+
+def decay_term(model, options):
+    return Decay(model, float(options["lam"])) if options["lam"] else None
+
+
+decay_avg = Aggregator(
+    "decay_avg",
+    "FedAvg with weight decay in every trainer",
+    lambda ctx: FedAvgAccumulator(),
+    parameters=(Parameter("lam", "weight decay", "float", 0.0, 10.0, default=0.1),),
+    trainer_options=lambda params: {"lam": float(params["lam"])},
+    client_term=decay_term,
+)
+"""
+
+
+def test_a_plugin_aggregators_client_term_is_applied_by_the_trainer(
+    tmp_path, make_task_ref, make_assignment, initial_weights, store
+):
+    from tests.plugin_dist import installed_distribution
+    from workers.fl.fedavg import load_state
+    from workers.registry.aggregators import AGGREGATOR_REGISTRY
+
+    spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=48, batch_size=16)
+    train(spec, io.StringIO(), io.StringIO("GO\n"))
+    plain = load_state(store.path(spec.output_weights))
+    with installed_distribution(
+        tmp_path,
+        "mtfl-decay",
+        "0.1",
+        {"mtfl_decay": DECAY_PLUGIN},
+        "[mtfl.aggregators]\ndecay_avg = mtfl_decay:decay_avg\n",
+        registries=(AGGREGATOR_REGISTRY,),
+    ):
+        record = AGGREGATOR_REGISTRY.get("decay_avg")
+        fields = record.assignment_options(record.check_params({"lam": 0.5}))
+        assert fields == {"aggregator": "decay_avg", "client_options": {"lam": 0.5}}
+        # what the control plane sends passes the wire (and the trainer's spec file) as it is
+        sent = TrainerSpec.model_validate_json(TrainerSpec(**{**spec.model_dump(), **fields}).model_dump_json())
+        assert (sent.aggregator, sent.client_options) == ("decay_avg", {"lam": 0.5})
+
+        result = train(sent, io.StringIO(), io.StringIO("GO\n"))
+        calls = sys.modules["mtfl_decay"].CALLS
+
+    assert result.status == "succeeded", result.error
+    # once per training step, with the option the record declared
+    assert calls == [0.5] * result.iterations
+    decayed = load_state(store.path(spec.output_weights))
+    assert any(not (decayed[k] == plain[k]).all() for k in plain)
+
+
+def test_an_old_message_with_proximal_mu_is_read_as_fedprox(make_task_ref, make_assignment, initial_weights, store):
+    spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=48, batch_size=16)
+    old = {k: v for k, v in spec.model_dump().items() if k not in ("aggregator", "client_options")}
+
+    fedprox = TrainerSpec.model_validate({**old, "proximal_mu": 0.25})
+    plain = TrainerSpec.model_validate({**old, "proximal_mu": 0.0})
+
+    assert (fedprox.aggregator, fedprox.client_options) == ("fedprox", {"mu": 0.25})
+    assert (plain.aggregator, plain.client_options) == (None, {})
+
+
 def test_the_proximal_gradient_is_the_gradient_of_the_term():
     import torch
 
-    from workers.training.trainer import ProximalTerm
+    from workers.fl.fedprox import ProximalTerm
 
     model = _tiny_linear()
     term = ProximalTerm(model, mu=3.0)

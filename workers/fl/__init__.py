@@ -1,1 +1,1 @@
-"""Federated-learning arithmetic on state dicts (FedAvg) and the model weights it reads and writes: the artifact store (safetensors, SHA-256) and its HTTP transfer. Imports no torch."""
+"""Federated-learning arithmetic on state dicts (FedAvg, the server optimisers) and the model weights it reads and writes: the artifact store (safetensors, SHA-256) and its HTTP transfer. Imports no torch, except :mod:`workers.fl.fedprox` (FedProx's client term), which only trainers load."""

@@ -9,23 +9,36 @@ the server optimisers of :mod:`workers.fl.server_opt` (``fedavgm``, ``fedadagrad
 form the pseudo-gradient and keeps a *server state* (momentum, ``m``, ``v``: a flat dict of
 arrays the control plane stores beside each round's global model and hands back the next
 round); FedAvg ignores both. An aggregator declares its hyper-parameters (:class:`Parameter`, checked
-by :meth:`Aggregator.check_params`), and may turn them into options of every device's trainer
-(``trainer_options``: FedProx's ``mu`` becomes :attr:`AssignmentSpec.proximal_mu
-<workers.protocol.messages.AssignmentSpec.proximal_mu>`). Plug-ins register in the
-``mtfl.aggregators`` group.
+by :meth:`Aggregator.check_params`), and may ask every device's trainer for something: its
+``trainer_options`` turn the checked parameters into options the assignment carries
+(:attr:`AssignmentSpec.client_options <workers.protocol.messages.AssignmentSpec.client_options>`,
+beside the aggregator's name), and its ``client_term`` builds, in the trainer, what each training
+step adds to the gradients from them (FedProx: ``{"mu": μ}`` and the proximal term of
+:mod:`workers.fl.fedprox`). The trainer finds the term through this registry
+(:func:`build_client_term`), so it holds no aggregator's name, and a new client-side algorithm is
+one plug-in (installed on the agents too). Plug-ins register in the ``mtfl.aggregators`` group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from workers.fl import server_opt
+from workers.fl.fedavg import FedAvgAccumulator
 from workers.registry.base import Parameter, ParamValue, Registry
 
+if TYPE_CHECKING:
+    import torch
+
 StateDict = Mapping[str, np.ndarray]
+
+TrainerOption = bool | int | float | str
+"""A value of an aggregator's trainer options (what :attr:`AssignmentSpec.client_options
+<workers.protocol.messages.AssignmentSpec.client_options>` carries: plain JSON scalars)."""
 
 
 class Aggregation(Protocol):
@@ -53,6 +66,35 @@ class StatefulAggregation(Aggregation, Protocol):
         """The server state after this round (called after :meth:`result`): a flat dict of
         arrays (e.g. ``"m/<tensor key>"``), handed back as :attr:`AggregationContext.state`
         the next time this task is aggregated."""
+
+
+class ClientTerm(Protocol):
+    """What an aggregator adds to every training step of a device's trainer, after the loss's
+    backward pass and before the optimiser step (FedProx's proximal gradient).
+
+    :meth:`add_gradient` must read nothing back to the host (no ``.item()``, no data-dependent
+    branches): a GPU trainer captures it with the rest of the step in a CUDA graph
+    (:class:`workers.training.execution.StepRunner`), and one that cannot be captured makes the
+    trainer fall back to eager steps.
+    """
+
+    def add_gradient(self) -> None:
+        """Add the term's gradient to every trained parameter's ``.grad``, in place."""
+
+
+class ClientTermFactory(Protocol):
+    """``(model, options) -> ClientTerm | None``, called once per assignment in the trainer after
+    the global weights are loaded and before the first step: ``model`` is on its device,
+    ``options`` the assignment's ``client_options`` (what the record's ``trainer_options``
+    gave). ``None``: nothing to add this round (FedProx with ``μ = 0``), so the trainer runs
+    exactly a plain round's operations.
+
+    Raises:
+        ValueError: an option it cannot use (the assignment fails with the message).
+    """
+
+    def __call__(self, model: torch.nn.Module, options: Mapping[str, TrainerOption], /) -> ClientTerm | None:
+        """Build the term for one assignment."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +128,11 @@ class Aggregator:
             and defaults.
         stateful: its aggregations are :class:`StatefulAggregation`: the control plane stores
             their server state with each global model and passes it back.
-        trainer_options: ``checked params -> {AssignmentSpec field: value}`` for what every
-            device's trainer must do differently (FedProx's proximal term); ``None``: nothing.
+        trainer_options: ``checked params -> {option: value}``, the options every device's
+            trainer of the task is sent (``AssignmentSpec.client_options``; FedProx:
+            ``{"mu": μ}``); ``None``: none.
+        client_term: builds, in the trainer, what every training step adds from those options
+            (:class:`ClientTermFactory`; FedProx's proximal term); ``None``: plain local steps.
     """
 
     name: str
@@ -96,7 +141,22 @@ class Aggregator:
     uses_previous: bool = False
     parameters: tuple[Parameter, ...] = ()
     stateful: bool = False
-    trainer_options: Callable[[Mapping[str, ParamValue]], dict[str, Any]] | None = None
+    trainer_options: Callable[[Mapping[str, ParamValue]], Mapping[str, TrainerOption]] | None = None
+    client_term: ClientTermFactory | None = None
+
+    def assignment_options(self, params: Mapping[str, ParamValue]) -> dict[str, Any]:
+        """What every device's assignment of a task aggregated by this record carries, as
+        ``AssignmentSpec`` fields: ``{"aggregator": name, "client_options": trainer_options(params)}``
+        when the record asks anything of trainers (a ``trainer_options`` or a ``client_term``),
+        ``{}`` otherwise (the assignment is then what it was before aggregators could ask).
+
+        Args:
+            params: the checked parameters (:meth:`check_params`).
+        """
+        if self.trainer_options is None and self.client_term is None:
+            return {}
+        options = dict(self.trainer_options(params)) if self.trainer_options is not None else {}
+        return {"aggregator": self.name, "client_options": options}
 
     def check_params(self, params: Mapping[str, object] | None) -> dict[str, ParamValue]:
         """``params`` checked against :attr:`parameters`, defaults filled in.
@@ -127,9 +187,25 @@ class Aggregator:
 AGGREGATOR_REGISTRY: Registry[Aggregator] = Registry("aggregator", "mtfl.aggregators", Aggregator)
 
 
-def _fedavg(_ctx: AggregationContext) -> Aggregation:
-    from workers.fl.fedavg import FedAvgAccumulator
+def build_client_term(
+    aggregator: str | None, options: Mapping[str, TrainerOption], model: torch.nn.Module
+) -> ClientTerm | None:
+    """The client term an assignment asks for: the ``client_term`` of the aggregator record
+    ``aggregator`` (the assignment's :attr:`~workers.protocol.messages.AssignmentSpec.aggregator`),
+    built on ``model`` from ``options``; ``None`` when the assignment names no aggregator or its
+    record has no client term.
 
+    Raises:
+        workers.registry.base.UnknownEntryError: the aggregator is not installed on this host.
+        ValueError: as the record's factory, for options it cannot use.
+    """
+    if aggregator is None:
+        return None
+    record = AGGREGATOR_REGISTRY.get(aggregator, field="aggregator")
+    return record.client_term(model, options) if record.client_term is not None else None
+
+
+def _fedavg(_ctx: AggregationContext) -> Aggregation:
     return FedAvgAccumulator()
 
 
@@ -171,8 +247,6 @@ def _server_optimizer(name: str) -> Callable[[AggregationContext], Aggregation]:
     are checked again against the record (so an unchecked ``{}`` gets the defaults)."""
 
     def start(ctx: AggregationContext) -> Aggregation:
-        from workers.fl import server_opt
-
         classes: dict[str, Callable[..., Aggregation]] = {
             "fedavgm": server_opt.FedAvgM,
             "fedadagrad": server_opt.FedAdagrad,
@@ -230,9 +304,19 @@ AGGREGATOR_REGISTRY.register(
 )
 
 
-def _fedprox_trainer_options(params: Mapping[str, ParamValue]) -> dict[str, Any]:
-    """FedProx's ``mu`` becomes every trainer's :attr:`AssignmentSpec.proximal_mu`."""
-    return {"proximal_mu": float(params["mu"])}
+def fedprox_trainer_options(params: Mapping[str, ParamValue]) -> dict[str, TrainerOption]:
+    """FedProx's trainer options: its ``mu``, as a float."""
+    return {"mu": float(params["mu"])}
+
+
+def proximal_client_term(model: torch.nn.Module, options: Mapping[str, TrainerOption]) -> ClientTerm | None:
+    """FedProx's client term (:func:`workers.fl.fedprox.proximal_term`): ``μ/2·||w − w_global||²``
+    with ``μ = options["mu"]``, ``None`` for ``μ = 0``. A plug-in aggregator whose devices should
+    train FedProx's way declares it as its ``client_term`` too."""
+    # deferred: torch, imported only in a trainer (the control plane reads this registry too).
+    from workers.fl.fedprox import proximal_term
+
+    return proximal_term(model, options)
 
 
 # FedProx (Li et al. 2020, "Federated Optimization in Heterogeneous Networks", MLSys): the
@@ -244,6 +328,7 @@ AGGREGATOR_REGISTRY.register(
         "FedProx — FedAvg with the proximal term μ/2·||w − w_global||² in every device's loss (Li et al. 2020)",
         _fedavg,
         parameters=(Parameter("mu", "μ, the weight of the proximal term", "float", 0.0, 1000.0, default=0.01),),
-        trainer_options=_fedprox_trainer_options,
+        trainer_options=fedprox_trainer_options,
+        client_term=proximal_client_term,
     )
 )

@@ -1,9 +1,10 @@
 """How a trainer runs its training step: eagerly, op by op, or as a captured CUDA graph.
 
-One step is: zero the gradients, forward and cross-entropy loss, backward, FedProx's proximal
-gradient when the aggregator asks for it (:class:`workers.training.trainer.ProximalTerm`), and
-the optimiser step. :class:`StepRunner` runs it in the mode :func:`resolve_execution` chose from
-the task's :class:`~workers.protocol.messages.ExecutionOptions` and the device:
+One step is: zero the gradients, forward and cross-entropy loss, backward, the client term's
+gradient when the task's aggregator has one (:class:`workers.registry.aggregators.ClientTerm`,
+e.g. FedProx's proximal term), and the optimiser step. :class:`StepRunner` runs it in the mode
+:func:`resolve_execution` chose from the task's
+:class:`~workers.protocol.messages.ExecutionOptions` and the device:
 
 - ``eager``: the step as PyTorch issues it, one kernel launch per operation from the host.
 - ``graphs`` (CUDA only): the whole step is captured once per batch size as a CUDA graph and
@@ -37,7 +38,7 @@ from workers.protocol.messages import ExecutionOptions
 if TYPE_CHECKING:
     import torch
 
-    from workers.training.trainer import ProximalTerm
+    from workers.registry.aggregators import ClientTerm
 
 ExecutedMode = Literal["eager", "graphs"]
 """What a step runner really runs (``ExecutionOptions.mode`` with ``auto`` resolved)."""
@@ -201,7 +202,7 @@ class StepRunner:
     real batches, counted like any other, so warm-up changes the training result exactly as
     eager steps would — and the next step of that size captures the whole step (zero the
     gradients in place, i.e. ``zero_grad(set_to_none=False)``, forward, loss, backward,
-    proximal gradient, optimiser step, loss accumulation) into its graph and replays it; every
+    client term's gradient, optimiser step, loss accumulation) into its graph and replays it; every
     later step of that size copies its batch into the graph's static buffers and replays it.
     Capturing runs nothing, so the capturing step's batch is trained once, by that first replay.
     The optimiser must not read host values inside its step: SGD (no ``capturable`` flag in
@@ -238,7 +239,8 @@ class StepRunner:
             with state keeps ``capturable=False``, and its capture then falls back).
         device: where the model is.
         options: the task's execution options.
-        proximal: FedProx's term, or ``None``.
+        client_term: the aggregator's client term (its gradient is added after the backward
+            pass, inside the captured graph in graphs mode), or ``None``.
         graph_api: the CUDA calls (default :class:`CudaGraphApi` when graphs run); tests pass a
             stand-in, and with one graphs run on any device.
 
@@ -256,7 +258,7 @@ class StepRunner:
         device: torch.device,
         options: ExecutionOptions,
         *,
-        proximal: ProximalTerm | None = None,
+        client_term: ClientTerm | None = None,
         graph_api: GraphApi | None = None,
     ) -> None:
         import torch
@@ -264,7 +266,7 @@ class StepRunner:
         self.model = model
         self.optimizer = optimizer
         self.device = device
-        self.proximal = proximal
+        self.client_term = client_term
         notes: list[str] = []
         if graph_api is not None and options.mode != "eager":
             mode: ExecutedMode = "graphs"
@@ -328,7 +330,7 @@ class StepRunner:
 
     def _body(self, x: torch.Tensor, y: torch.Tensor, size: int) -> None:
         """The step itself, as captured or run eagerly after ``zero_grad``: forward, loss,
-        backward, proximal gradient, optimiser step, loss accumulation."""
+        backward, client term's gradient, optimiser step, loss accumulation."""
         import torch
         import torch.nn.functional as F
 
@@ -337,8 +339,8 @@ class StepRunner:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._bf16, cache_enabled=False):
             loss = F.cross_entropy(self.model(x), y)
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
-        if self.proximal is not None:
-            self.proximal.add_gradient()
+        if self.client_term is not None:
+            self.client_term.add_gradient()
         self.optimizer.step()
         # float64: the sum over an epoch of fp32 losses keeps the digits a host-side sum did.
         self._loss_sum.add_(loss.detach().to(torch.float64), alpha=size)
@@ -411,7 +413,7 @@ class StepRunner:
 
         Returns:
             ``(Σ_batches loss_b · N_b, Σ_batches N_b)``: the sample-weighted loss sum (mean
-            cross-entropy of each batch times its size, without the proximal term) and the
+            cross-entropy of each batch times its size, without the client term) and the
             samples it covers; divide for the mean. ``(0.0, 0)`` when no step ran.
 
         Raises:
@@ -467,7 +469,7 @@ def _restore(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_sum: torch.Tensor, saved: _Snapshot
 ) -> None:
     """Put back what :func:`_snapshot` copied, in place for the model (parameters keep their
-    identity, which the optimiser and FedProx's term hold) and the loss sum."""
+    identity, which the optimiser and the client term hold) and the loss sum."""
     import torch
 
     with torch.no_grad():

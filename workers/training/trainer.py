@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -84,6 +83,7 @@ from workers.protocol.messages import (
     StandaloneResult,
     TaskRef,
 )
+from workers.registry.aggregators import build_client_term
 from workers.registry.datasets import root_fingerprint, split_arrays
 from workers.training.datasets import load_split, load_splits
 from workers.training.execution import STEPS_BEFORE_REPLAY, StepRunner, resolve_execution
@@ -334,68 +334,6 @@ def _load_shard(task: TaskRef, shard: ShardRef) -> tuple[torch.Tensor, torch.Ten
     return x, y
 
 
-class ProximalTerm:
-    """FedProx's proximal term (Li et al. 2020, "Federated Optimization in Heterogeneous
-    Networks", MLSys, eq. 2 and Algorithm 2): a device minimises ``h(w) = F_k(w) + μ/2 ·
-    ||w − w_global||²`` instead of its loss ``F_k(w)`` alone, which keeps its model near the
-    global one it started from.
-
-    ``w`` ranges over the model's trainable parameters (``requires_grad``; buffers such as
-    BatchNorm's running statistics are not parameters and are left out); ``w_global`` is a
-    detached copy of them taken when the term is built, on their device.
-
-    A training step applies the term through its gradient: :meth:`add_gradient` adds
-    ``∇ μ/2 ||w − w_global||² = μ (w − w_global)`` to every parameter's gradient after the loss's
-    backward pass, so the optimiser steps on ``∇h``, exactly as backpropagating ``loss + term``
-    would, with two multi-tensor passes over the parameters instead of the term's autograd graph
-    (measured on ResNet-18, batch 64, 2 shared CPU threads: the autograd form added about 50 ms
-    to a 114 ms step, the gradient form takes about 13 ms). Li et al.'s reference implementation
-    (``flearn/optimizer/pgd.py``) perturbs the gradient the same way. Calling the term gives its
-    value ``μ/2 · Σ_p ||w_p − w_global,p||²``.
-
-    Args:
-        model: the model holding the global weights (build the term before training).
-        mu: ``μ >= 0``.
-
-    Raises:
-        ValueError: ``mu`` negative or not finite.
-    """
-
-    def __init__(self, model: torch.nn.Module, mu: float) -> None:
-        if not math.isfinite(mu) or mu < 0:
-            raise ValueError(f"proximal_mu must be a number >= 0, got {mu!r}")
-        self.mu = float(mu)
-        self.parameters: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
-        self.anchors: list[torch.Tensor] = [p.detach().clone() for p in self.parameters]
-
-    def __call__(self) -> torch.Tensor:
-        """``μ/2 · Σ_p ||w_p − w_global,p||²``, a scalar tensor (in the autograd graph)."""
-        import torch
-
-        if not self.parameters:
-            return torch.zeros(())
-        squared = torch.stack(
-            [torch.sum((p - anchor) ** 2) for p, anchor in zip(self.parameters, self.anchors, strict=True)]
-        )
-        return 0.5 * self.mu * squared.sum()
-
-    def add_gradient(self) -> None:
-        """Add the term's gradient ``μ (w − w_global)`` to every parameter's ``.grad`` (a
-        parameter the loss did not reach gets the term's gradient alone)."""
-        import torch
-
-        if not self.parameters:
-            return
-        with torch.no_grad():
-            grads: list[torch.Tensor] = []
-            for p in self.parameters:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-            distances = torch._foreach_sub(self.parameters, self.anchors)
-            torch._foreach_add_(grads, distances, alpha=self.mu)
-
-
 def warm_up_shapes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_sizes: Sequence[int]) -> list[int]:
     """Run one forward and backward pass at each distinct batch size, leaving the model as it was.
 
@@ -516,13 +454,13 @@ def train(
 
     With ``cache`` (a warm trainer, :func:`serve`) the model and the shard come from it: the
     model is built once and gets the global weights loaded into it, the shard is loaded once
-    and again only when it changes. The optimizer, FedProx's term and every seed are set up as
-    in a cold trainer, so the round's weights are bit-identical to a cold one's.
+    and again only when it changes. The optimizer, the aggregator's client term and every seed
+    are set up as in a cold trainer, so the round's weights are bit-identical to a cold one's.
 
     ``samples_trained`` counts every sample of every epoch (``shard.count · local_epochs``);
-    ``train_loss`` is the last epoch's mean cross-entropy weighted by batch sizes (without
-    FedProx's proximal term, which ``spec.proximal_mu > 0`` adds to every batch's loss:
-    :class:`ProximalTerm`);
+    ``train_loss`` is the last epoch's mean cross-entropy weighted by batch sizes (without the
+    client term the assignment's aggregator adds to every step, FedProx's proximal term:
+    :func:`workers.registry.aggregators.build_client_term`);
     ``throughput_sps`` is chosen by :func:`steady_state` over the timing windows of
     :func:`run_epochs`; ``execution_mode``/``execution_fallback`` are what the
     :class:`~workers.training.execution.StepRunner` ran and why it is not what ``spec.execution``
@@ -565,9 +503,11 @@ def train(
         shapes = epoch_batches(len(y), spec.batch_size, torch.Generator().manual_seed(spec.seed))
         warm_up_shapes(model, x, y, [len(batch) for batch in shapes])
     optimizer = build_optimizer(model, assignment_optimizer(spec))
-    # FedProx: w_global is the model as loaded (on the device), before any step. μ = 0 builds
-    # nothing, so a plain round runs exactly the operations it always did.
-    proximal = ProximalTerm(model, spec.proximal_mu) if spec.proximal_mu > 0 else None
+    # The aggregator's client term (FedProx's proximal term, from its registry record) is built
+    # on the model as loaded (on the device), before any step; an assignment that names no
+    # aggregator, or FedProx's μ = 0, builds nothing, so a plain round runs exactly the
+    # operations it always did.
+    client_term = build_client_term(spec.aggregator, spec.client_options, model)
     torch.manual_seed(spec.seed)  # dropout masks
 
     protocol_out.write(READY_LINE + "\n")
@@ -585,7 +525,7 @@ def train(
         execution_mode, execution_fallback = resolve_execution(spec.execution, device)
     else:
         model.train()
-        runner = StepRunner(model, optimizer, device, spec.execution, proximal=proximal)
+        runner = StepRunner(model, optimizer, device, spec.execution, client_term=client_term)
         hold = IterationLock(spec.lock_path)
         try:
             records, train_loss = run_epochs(

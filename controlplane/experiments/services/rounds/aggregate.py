@@ -73,14 +73,15 @@ def task_aggregator(run: Run, task_id: int) -> tuple[Aggregator, dict[str, Any]]
 
 def task_trainer_options(run: Run, task_id: int) -> dict[str, Any]:
     """What every device's trainer of the task must do for its aggregator in ``run``:
-    ``{AssignmentSpec field: value}`` from the record's ``trainer_options`` (FedProx:
-    ``{"proximal_mu": mu}``, Li et al. 2020), ``{}`` for aggregators that ask nothing of trainers.
+    ``{AssignmentSpec field: value}``, the record's :meth:`~workers.registry.aggregators.Aggregator.assignment_options`
+    (FedProx: ``{"aggregator": "fedprox", "client_options": {"mu": mu}}``, Li et al. 2020), ``{}``
+    for aggregators that ask nothing of trainers.
 
     Raises:
         as :func:`task_aggregator`.
     """
     record, options = task_aggregator(run, task_id)
-    return dict(record.trainer_options(options)) if record.trainer_options is not None else {}
+    return record.assignment_options(options)
 
 
 @dataclass(frozen=True)

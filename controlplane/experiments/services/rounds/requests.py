@@ -93,7 +93,7 @@ def round_device_request(
 
     Each assignment also carries what its task's aggregator in the run (``rnd.run``, whose
     ``options`` may override the experiment's aggregator) asks of trainers
-    (:func:`.aggregate.task_trainer_options`: FedProx's ``proximal_mu``).
+    (:func:`.aggregate.task_trainer_options`: the aggregator's name and ``client_options``, FedProx's ``mu``).
 
     Raises:
         KeyError: an assignment whose device–task pair has no shard, or a task with no
