@@ -48,9 +48,14 @@ judged by its mean:
   ``s`` of the task that sets ``T_j``; for a sum, ``sqrt(Σ (P_i s_i)²) / Σ P_i``, the delta
   method). The device **moves** when ``gain > Z·uncertainty`` (:data:`Z`), otherwise it
   **keeps** its fallback. A device with nothing measured yet takes the new plan.
-* With ``vres_sync``'s slack policy a device off the critical path may take a slower plan with
-  more optimizer steps: it does when its new configuration's time, pessimistic by ``Z·s``,
-  stays within the slack margin of the round time the chosen configurations set.
+* A strategy whose record declares ``slack`` (``vres_sync``), on the round-time clock and with
+  the run's slack policy, lets a device off the critical path take a slower plan with more
+  optimizer steps: it does when its new configuration's time, pessimistic by ``Z·s``, stays
+  within the slack margin of the round time the chosen configurations set.
+
+How a run is replanned is read from its strategy's record alone
+(:class:`~controlplane.planning.strategies.Strategy`: its ``plan``, ``clock`` and ``slack``), so
+a plug-in strategy is replanned as it declares, never as a built-in.
 
 Pure: NumPy and scikit-learn only (no Django, no torch).
 """
@@ -450,8 +455,9 @@ def replan(
     :func:`~controlplane.planning.planner.never_worse`).
 
     Args:
-        strategy: the run's strategy (a registered one with ``needs_predictor``; its
-            ``clock`` says how a device's configurations are judged).
+        strategy: the run's strategy (a registered one with ``needs_predictor``): its record's
+            ``plan`` makes the new plan, its ``clock`` says how a device's configurations are
+            judged and its ``slack`` whether the run's slack policy applies.
         spec: the experiment as the planner sees it.
         ctx: the run's planner context (uncorrected predictors; seconds models as priors).
         history: every measured configuration of the run's earlier rounds (devices whose
@@ -467,7 +473,9 @@ def replan(
     Raises:
         PlanningError: the strategy cannot plan (as :func:`~controlplane.planning.strategies.make_plan`).
     """
-    clock = get_strategy(strategy).clock
+    record = get_strategy(strategy)
+    clock = record.clock
+    uses_slack = clock == "round_time" and record.slack and ctx.slack == "smaller_batches"
     seconds = fit_device_seconds(_history_seconds(spec, history), prior=ctx.seconds.default)
     corrected_ctx, corrected = corrected_context(
         spec, replace(ctx, seconds=seconds), [h for h in history if h.partitioning == "mps"], heldout_rmsle
@@ -579,11 +587,11 @@ def replan(
                 f"gain {_percent(gain)} does not exceed its uncertainty ±{_percent(std_new)}",
                 **info,
             )
-            if clock == "round_time" and ctx.slack == "smaller_batches":
+            if uses_slack:
                 slack_candidates[device_id] = (float(np.max(t_new)) * math.exp(Z * std_new), new)
         pessimistic_time[device_id] = _pessimistic_time(chosen[device_id], decisions[device_id])
-    # vres_sync's slack: a device whose new (slower, more steps) plan still ends well within the
-    # round the chosen configurations set takes it.
+    # The declared slack (vres_sync's): a device whose new (slower, more steps) plan still ends
+    # well within the round the chosen configurations set takes it.
     if slack_candidates and pessimistic_time:
         round_time = max(pessimistic_time.values())
         for device_id, (time_hi, new) in slack_candidates.items():

@@ -709,7 +709,13 @@ def alone_throughput(predictor: ThroughputPredictor, archs: Sequence[str], batch
 
 
 def never_worse(
-    plan: Plan, baselines: Sequence[Plan], spec: PlanningInput, ctx: PlannerContext, *, clock: Clock
+    plan: Plan,
+    baselines: Sequence[Plan],
+    spec: PlanningInput,
+    ctx: PlannerContext,
+    *,
+    clock: Clock,
+    slack: bool = True,
 ) -> Plan:
     """``plan`` with every device whose planned configuration is predicted worse than the best
     baseline's on that device given that baseline's configuration instead (issue 31: a planner
@@ -718,8 +724,8 @@ def never_worse(
     Every plan is predicted alike (:func:`predict_plan`: the same predictor and seconds model),
     and a baseline is considered on a device only where its backend can realise its
     partitioning (:attr:`DeviceCapacity.partitionings`). On ``clock="round_time"`` a device
-    keeps its plan when its ``T_j`` is no larger than the best baseline's, or, with
-    ``vres_sync``'s slack policy (``ctx.slack == "smaller_batches"``), when it ends within
+    keeps its plan when its ``T_j`` is no larger than the best baseline's, or, with ``slack``
+    and the slack policy ``ctx.slack == "smaller_batches"`` (``vres_sync``'s), when it ends within
     :data:`SLACK_MARGIN` of the round time ``max_j min(T_j, T_j^baseline)`` the devices set: a
     device off the critical path may train a slower plan with more optimizer steps. On
     ``clock="throughput"`` it keeps its plan when its objective is no smaller.
@@ -728,6 +734,7 @@ def never_worse(
         plan: the planner's plan.
         baselines: the baselines' plans of the same experiment.
         clock: what the planner optimises (:data:`Clock`).
+        slack: the context's slack policy applies (the strategy record's ``slack``).
 
     Returns:
         The plan, with the baselines' assignments (``partitioning`` set where theirs differs
@@ -755,8 +762,8 @@ def never_worse(
     eps = 1e-9
     if lower:
         round_time = max((min(v, best[d][0]) if d in best else v for d, v in own.items()), default=0.0)
-        slack = SLACK_MARGIN * round_time if ctx.slack == "smaller_batches" else -math.inf
-        worse = {d for d, v in own.items() if d in best and v > best[d][0] * (1 + eps) and v > slack}
+        margin = SLACK_MARGIN * round_time if slack and ctx.slack == "smaller_batches" else -math.inf
+        worse = {d for d, v in own.items() if d in best and v > best[d][0] * (1 + eps) and v > margin}
     else:
         worse = {d for d, v in own.items() if d in best and v < best[d][0] * (1 - eps)}
     if not worse:

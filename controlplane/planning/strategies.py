@@ -177,13 +177,24 @@ class Strategy:
         plan: ``(PlanningInput, StrategyContext) -> Plan``; raises
             :class:`~controlplane.planning.types.PlanningError`.
         needs_predictor: plans with a fitted throughput predictor (``ctx.planner``); such a
-            strategy also takes planner options (objective, slack).
+            strategy also takes planner options (objective, slack), its run stores its first plan
+            and, unless the run says ``replan: never``, is replanned before every later round by
+            :func:`controlplane.planning.closed_loop.replan`, which calls :attr:`plan` again with
+            corrected predictors and judges each device's new plan as :attr:`clock` and
+            :attr:`slack` declare (nothing else of the record is read, never its name).
         baseline: the reference that speedups are taken against (exactly one strategy).
         compared: run by a comparison (``run_compare``), in registration order.
         takes_plan: the plan comes from the request (``manual``) rather than being computed.
         clock: for ``needs_predictor``, what the planner optimises and its plans are judged by
-            (:data:`~controlplane.planning.planner.Clock`): ``round_time`` (``vres_sync``) or
-            ``throughput`` (the planner context's objective; ``vres_greedy``).
+            (:data:`~controlplane.planning.planner.Clock`), against a baseline's predicted plan
+            and, when replanned, against the configurations measured on a device:
+            ``round_time`` (``T_j``, lower is better; ``vres_sync``) or ``throughput`` (the
+            planner context's objective, raw or fair; ``vres_greedy``).
+        slack: on the ``round_time`` clock, the run's slack policy (``options.slack``,
+            :attr:`PlannerContext.slack <controlplane.planning.planner.PlannerContext.slack>`)
+            applies to its plans: a device off the critical path may keep, or move to, a slower
+            plan with more optimizer steps when it still ends within the round's slack
+            (``vres_sync``). ``False``: a device is judged by its round time alone.
     """
 
     name: str
@@ -195,6 +206,7 @@ class Strategy:
     compared: bool = True
     takes_plan: bool = False
     clock: Clock = "round_time"
+    slack: bool = False
 
 
 STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy", "mtfl.strategies", Strategy)
@@ -218,12 +230,15 @@ def baseline_plans(spec: PlanningInput) -> list[Plan]:
     return plans
 
 
-def _planned(name: str, clock: Clock) -> PlanFunction:
+def _planned(name: str, clock: Clock, *, slack: bool) -> PlanFunction:
+    """The plan function of the built-in planner ``name`` (:data:`PLANNERS`), kept never worse
+    than a baseline on ``clock`` (with the run's slack policy when ``slack``)."""
+
     def plan(spec: PlanningInput, ctx: StrategyContext) -> Plan:
         if ctx.planner is None:
             raise PlanningError(f"strategy {name!r} needs a fitted throughput predictor", field="strategy")
         made = PLANNERS[name](spec, ctx.planner)
-        return never_worse(made, baseline_plans(spec), spec, ctx.planner, clock=clock)
+        return never_worse(made, baseline_plans(spec), spec, ctx.planner, clock=clock, slack=slack)
 
     return plan
 
@@ -248,7 +263,7 @@ for _strategy in (
         "vres_greedy",
         "vres_greedy — the paper's planner (needs a predictor)",
         "mps",
-        _planned("vres_greedy", "throughput"),
+        _planned("vres_greedy", "throughput", slack=False),
         needs_predictor=True,
         clock="throughput",
     ),
@@ -256,8 +271,9 @@ for _strategy in (
         "vres_sync",
         "vres_sync — plans the round time (needs a predictor)",
         "mps",
-        _planned("vres_sync", "round_time"),
+        _planned("vres_sync", "round_time", slack=True),
         needs_predictor=True,
+        slack=True,
     ),
     Strategy("manual", "manual — your own batch sizes and shares", "mps", _manual, compared=False, takes_plan=True),
 ):

@@ -260,3 +260,64 @@ def test_the_standalone_watchdog_starts_a_replanned_round_without_the_missing_p_
     assert failed.count() == 2 and all("no standalone measurement" in f.error for f in failed)
     services.standalone_watchdog(run_id=run.id, before_round=1)  # a second firing changes nothing
     assert Round.objects.filter(run=run).count() == 2
+
+
+HALVES_PLUGIN = """
+from controlplane.planning.planner import predict_plan
+from controlplane.planning.strategies import Strategy, plan_isolation
+
+CALLS = []
+
+
+def plan(spec, ctx):
+    CALLS.append(ctx.planner)
+    return predict_plan(plan_isolation(spec, batch_size=64), spec, ctx.planner)
+
+
+halves = Strategy(
+    "halves",
+    "halves — isolation at batch 64, predicted (needs a predictor)",
+    "mps",
+    plan,
+    needs_predictor=True,
+    clock="throughput",
+)
+"""
+
+
+def test_a_plugin_strategy_that_needs_the_predictor_is_replanned_as_it_declares(predictor, tmp_path):
+    """A plug-in planner on the throughput clock is replanned with its own plan function (given
+    the corrected predictors) and judged by its objective, not as ``vres_sync`` (round time,
+    slack)."""
+    import sys
+
+    from controlplane.planning.closed_loop import CorrectedPredictor
+    from controlplane.planning.strategies import STRATEGY_REGISTRY
+    from tests.plugin_dist import installed_distribution
+
+    spec = _spec()
+    ctx = _ctx(predictor)
+    with installed_distribution(
+        tmp_path,
+        "mtfl-halves",
+        "0.1",
+        {"mtfl_halves": HALVES_PLUGIN},
+        "[mtfl.strategies]\nhalves = mtfl_halves:halves\n",
+        registries=(STRATEGY_REGISTRY,),
+    ):
+        first = make_plan("halves", spec, planner=ctx)
+        history = _measured(first, _real({(10, 1): 0.6, (11, 2): 0.7}), 0)
+        plan, decisions = replan("halves", spec, ctx, history, heldout_rmsle={10: 0.05, 11: 0.05})
+        calls = list(sys.modules["mtfl_halves"].CALLS)
+
+    assert plan.strategy == "halves" and plan.partitioning == "mps"
+    # its own plan function made both plans, the second with the run's corrected predictors
+    assert len(calls) == 2
+    assert all(isinstance(calls[1].devices[d].predictor, CorrectedPredictor) for d in (10, 11))
+    for a in plan.assignments:
+        tasks = spec.tasks_on(a.device_id)
+        assert (a.batch_size, a.active_thread_percentage) == (min(64, a.samples), 100 // len(tasks))
+    # judged on its declared clock: throughput with the context's objective, never round time,
+    # and no slack (which it does not declare)
+    assert [d.device_id for d in decisions] == [10, 11]
+    assert all(d.objective == "raw" and d.action != "slack" for d in decisions)
