@@ -660,9 +660,10 @@ def sweep_request(**fields):
     from pydantic import ValidationError
 
     from workers.protocol.messages import ProfileSweepRequest
+    from workers.registry.names import check_names
 
     try:
-        return ProfileSweepRequest(**fields)
+        return check_names(ProfileSweepRequest(**fields))
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])

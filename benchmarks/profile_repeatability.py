@@ -54,6 +54,7 @@ def parse_configuration(text: str):
     from pydantic import ValidationError
 
     from workers.protocol.messages import ProfileTaskSpec
+    from workers.registry.names import check_names
 
     tasks = []
     for part in text.split("+"):
@@ -63,11 +64,10 @@ def parse_configuration(text: str):
         if not (fields[1].isdigit() and fields[2].isdigit()):
             raise SystemExit(f"error: {part!r}: batch_size and share must be whole numbers, e.g. resnet18/32/50")
         try:
-            tasks.append(
-                ProfileTaskSpec(
-                    architecture=fields[0], batch_size=int(fields[1]), active_thread_percentage=int(fields[2])
-                )
+            spec = ProfileTaskSpec(
+                architecture=fields[0], batch_size=int(fields[1]), active_thread_percentage=int(fields[2])
             )
+            tasks.append(check_names(spec))
         except ValidationError as exc:
             error = exc.errors()[0]
             raise SystemExit(f"error: {part!r}: {'.'.join(map(str, error['loc']))}: {error['msg']}") from None

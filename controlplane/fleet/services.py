@@ -17,6 +17,7 @@ from controlplane.fleet.models import Device, DeviceToken
 from workers.protocol.messages import DeviceInventory
 from workers.protocol.queues import DEVICE_NAME_RE
 from workers.registry.backends import BACKEND_REGISTRY
+from workers.registry.names import check_names
 
 
 def _check_name(name: str) -> None:
@@ -76,7 +77,7 @@ def device_report(*, inventory: dict, at: dt.datetime | None = None) -> Device:
         ApplicationError: the payload is not a valid inventory.
     """
     try:
-        inv = DeviceInventory.model_validate(inventory)
+        inv = check_names(DeviceInventory.model_validate(inventory))
     except PydanticValidationError as exc:
         raise ApplicationError(f"invalid device inventory: {exc}", field="inventory") from exc
     _check_name(inv.name)

@@ -314,9 +314,12 @@ def test_a_backend_record_checks_its_partitionings():
 
 def test_messages_take_a_name_registered_at_run_time():
     from workers.protocol.messages import DatasetRef, TaskRef
+    from workers.registry.names import check_names
 
     def task(architecture: str) -> TaskRef:
-        return TaskRef(task_id=1, name="t", architecture=architecture, num_classes=10, dataset=DatasetRef())
+        return check_names(
+            TaskRef(task_id=1, name="t", architecture=architecture, num_classes=10, dataset=DatasetRef())
+        )
 
     with pytest.raises(ValidationError, match="architecture\n  'tiny' is not allowed; allowed: resnet18"):
         task("tiny")

@@ -120,6 +120,7 @@ from workers.protocol.messages import (
 from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
 from workers.registry.backends import BACKEND_REGISTRY, get_backend
 from workers.registry.inventory import installed_plugins
+from workers.registry.names import check_names
 
 logger = logging.getLogger(__name__)
 
@@ -391,7 +392,7 @@ def _serve(
     try:
         settings = agent_settings()
         device = settings.device
-        parsed = schema.model_validate(request)
+        parsed = check_names(schema.model_validate(request))  # its names against this host's registries
         if parsed.device != settings.device:
             return failed(f"request for device {parsed.device!r} reached agent {settings.device!r}", device)
         if parsed.backend != settings.backend:
@@ -725,7 +726,7 @@ def build_inventory(settings: AgentSettings) -> DeviceInventory:
         "plugins": installed_plugins(),
     }
     # The accelerator's own description (its memory, not the host's) wins.
-    return DeviceInventory.model_validate({**fields, **_backend(settings.backend).describe()})
+    return check_names(DeviceInventory.model_validate({**fields, **_backend(settings.backend).describe()}))
 
 
 def _heartbeat_loop(payload: JsonDict, interval_s: float, stop: threading.Event) -> None:

@@ -7,44 +7,43 @@ of the device (``active_thread_percentage``, integer 1-100). Results carry ``sim
 when the ``simulated`` backend produced them: their throughputs come from a model, and their
 durations and timestamps are virtual (a simulated round of an hour takes no time).
 
-Model, data set and backend names are plain strings checked against their registries
-(:mod:`workers.registry`), so a plug-in's name passes the wire on a host that has the plug-in.
-This module imports neither torch nor Django.
+Model, data set and backend names are plain strings marked :class:`RegisteredName`: this module
+checks only their shape and imports no registry (it depends on pydantic, the standard library and
+nothing else of the project). They are checked against the registries where a message is built or
+received (:func:`workers.registry.names.check_names`), so a plug-in's name passes the wire on a
+host that has the plug-in. This module imports neither torch nor Django.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
-
-from workers.registry.backends import BACKEND_REGISTRY
-from workers.registry.base import Registry, UnknownEntryError
-from workers.registry.datasets import DATASET_REGISTRY
-from workers.registry.models import MODEL_REGISTRY
+from pydantic import BaseModel, ConfigDict, Field
 
 MIB = 1 << 20
 
 
-def _registered(registry: Registry[Any], field: str) -> AfterValidator:
-    """A validator that lets a name through when ``registry`` has it (plug-ins included)."""
+@dataclass(frozen=True)
+class RegisteredName:
+    """Marks a ``str`` field as the name of a registry entry (``Annotated[str, RegisteredName(...)]``).
 
-    def check(name: str) -> str:
-        try:
-            return registry.check(name, field=field)
-        except UnknownEntryError as exc:
-            # a custom error, not the ValueError: pydantic would prefix "Value error, " and its
-            # location already names the field
-            raise PydanticCustomError("unknown_name", "{reason}", {"reason": exc.reason}) from None
+    pydantic ignores the marker; :func:`workers.registry.names.check_names` finds it and looks the
+    name up in the registry of ``kind``.
 
-    return AfterValidator(check)
+    Attributes:
+        kind: which registry: ``"model"``, ``"dataset"`` or ``"backend"``.
+        field: the name an unknown name's error gives the field (``"architecture"``).
+    """
+
+    kind: str
+    field: str
 
 
-Architecture = Annotated[str, _registered(MODEL_REGISTRY, "architecture")]
+Architecture = Annotated[str, RegisteredName("model", "architecture")]
 """A model name of :data:`workers.registry.models.MODEL_REGISTRY` (``"resnet18"``)."""
 
-DatasetName = Annotated[str, _registered(DATASET_REGISTRY, "dataset")]
+DatasetName = Annotated[str, RegisteredName("dataset", "dataset")]
 """A data set name of :data:`workers.registry.datasets.DATASET_REGISTRY` (``"digits"``)."""
 
 InputShapeField = Annotated[
@@ -71,7 +70,7 @@ thread count and core set on the ``cpu`` backend). Which backend realises which 
 the table of :mod:`workers.registry.backends`.
 """
 
-BackendName = Annotated[str, _registered(BACKEND_REGISTRY, "backend")]
+BackendName = Annotated[str, RegisteredName("backend", "backend")]
 """An execution backend name of :data:`workers.registry.backends.BACKEND_REGISTRY` (``"cpu"``,
 ``"simulated"``, ``"cuda-mps"``, ``"cuda-timeslice"`` among the built-ins)."""
 
@@ -178,17 +177,12 @@ class AssignmentSpec(_Message):
         description="the optimizer's learning rate for this assignment, scaled to its batch size by the "
         "experiment's rule (controlplane.planning.lr_scaling); None: task.optimizer.learning_rate",
     )
-    aggregator: str | None = Field(
-        default=None,
-        max_length=100,
-        description="the task's aggregator when it asks anything of trainers: the trainer builds the "
-        "client term of that aggregator's registry record from client_options (fedprox: its proximal "
-        "term); None: plain local steps",
-    )
-    client_options: dict[str, bool | int | float | str] = Field(
-        default_factory=dict,
-        max_length=64,
-        description='the options the aggregator\'s record sends every trainer of the task (fedprox: {"mu": mu})',
+    proximal_mu: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="FedProx's mu (Li et al. 2020): the trainer adds mu/2 * ||w - w_global||^2 to every "
+        "batch's loss, w_global the model it started from; 0: plain local SGD",
     )
     memory_limit_bytes: int | None = Field(
         default=None,
@@ -205,19 +199,6 @@ class AssignmentSpec(_Message):
         "device refuses a round whose trainers cannot fit together",
     )
     execution: ExecutionOptions = ExecutionOptions()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_proximal_mu(cls, data: Any) -> Any:
-        """A message from before aggregators' trainer options were generic carried FedProx's mu
-        as ``proximal_mu``: it is read as ``aggregator="fedprox"``, ``client_options={"mu": mu}``
-        (0, the old default, as no aggregator: plain local steps)."""
-        if isinstance(data, dict) and "proximal_mu" in data:
-            data = dict(data)
-            mu = data.pop("proximal_mu")
-            if mu and "aggregator" not in data:
-                data.update(aggregator="fedprox", client_options={"mu": mu})
-        return data
 
 
 def round_idempotency_key(round_id: int, device: str, attempt: int) -> str:

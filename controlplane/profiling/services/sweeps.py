@@ -22,6 +22,7 @@ from controlplane.profiling.models import ProfileSample, ProfileSweep
 from workers.protocol.messages import ExecutionOptions, ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
 from workers.protocol.queues import CONTROL_QUEUE, TaskName, device_queue
 from workers.registry.models import MODEL_REGISTRY
+from workers.registry.names import check_names
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def sweep_start(
     if max_mix is not None:
         fields["max_mix"] = max_mix
     try:
-        request = ProfileSweepRequest(**fields)
+        request = check_names(ProfileSweepRequest(**fields))
     except PydanticValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else "request"
@@ -284,7 +285,7 @@ def profile_record(*, result: dict) -> int:
     Duplicate deliveries are stored once. Returns the number of samples stored.
     """
     try:
-        r = ProfileConfigResult.model_validate(result)
+        r = check_names(ProfileConfigResult.model_validate(result))
     except PydanticValidationError as exc:
         log.error("malformed profile result ignored: %s", exc)
         return 0
