@@ -162,6 +162,41 @@ def test_the_stateful_aggregator_example_steps_and_carries_its_state(register):
         record.check_params({"beta": 1})
 
 
+def test_the_client_term_example_reaches_the_trainer_through_the_registry(register):
+    import torch
+
+    from workers.registry.aggregators import AGGREGATOR_REGISTRY, build_client_term
+
+    register(AGGREGATOR_REGISTRY, _module("aggregator").DECAY)
+    record = AGGREGATOR_REGISTRY.get("fedavg_decay")
+    fields = record.assignment_options(record.check_params({"weight_decay": 0.5}))
+    assert fields == {"aggregator": "fedavg_decay", "client_options": {"weight_decay": 0.5}}
+
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -2.0]]))
+        model.bias.fill_(4.0)
+    model(torch.ones(1, 2)).sum().backward()  # ∂/∂w = [1, 1], ∂/∂b = 1
+    term = build_client_term(fields["aggregator"], fields["client_options"], model)
+    term.add_gradient()
+
+    assert model.weight.grad.tolist() == [[1.5, 0.0]] and model.bias.grad.tolist() == [3.0]
+    assert build_client_term("fedavg_decay", {"weight_decay": 0.0}, model) is None
+
+
+def test_the_predictor_driven_strategy_example_declares_how_it_is_replanned(register):
+    from controlplane.planning.strategies import STRATEGY_REGISTRY, make_plan
+    from controlplane.planning.types import PlanningError, PlanningInput
+
+    register(STRATEGY_REGISTRY, _module("strategy").HALF_PREDICTED)
+    record = STRATEGY_REGISTRY.get("half_predicted")
+    spec = PlanningInput(device_ids=(1,), task_ids=(10,), samples={(1, 10): 100})
+
+    assert (record.needs_predictor, record.clock, record.slack) == (True, "throughput", False)
+    with pytest.raises(PlanningError, match="needs a fitted throughput predictor"):
+        make_plan("half_predicted", spec)
+
+
 def test_the_backend_example_maps_shares_and_refuses_timeslice(register, tmp_path):
     from workers.backends.base import AgentContext
     from workers.registry.backends import BACKEND_REGISTRY, get_backend
