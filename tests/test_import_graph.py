@@ -26,6 +26,15 @@ How an import becomes edges:
 - ``importlib.import_module`` of a computed name (entry-point plug-ins) is not an import statement
   and is not seen here.
 
+Packages: a module's package is its first two dotted parts (``workers.registry.base`` belongs to
+``workers.registry``); a top-level module (``controlplane.celery``, ``workers.launch``) is a package
+of its own, and ``benchmarks`` (scripts) is left out. The package graph is the module graph with
+each package collapsed to one node (TYPE_CHECKING imports left out, function-level ones counted):
+it must have no loop either, so each package imports the others in one direction only.
+
+Imports inside functions: each says why it is there, with a ``deferred:`` comment (a heavy or
+optional dependency loaded on first use); one that only hid a loop belongs at module level.
+
 Private names: ``from a import _name`` (one leading underscore; dunders such as ``__version__``
 are public) is refused whenever ``a`` is a module of the project other than the importer. A
 package ``__init__`` may re-export names of its own submodules, public ones only. Importing a
@@ -191,6 +200,54 @@ def _cycle_report(graph: nx.DiGraph, component: set[str]) -> str:
     return f"  {{{', '.join(sorted(component))}}}\n  closed by:\n{edges}"
 
 
+def _package(module: str) -> str | None:
+    """The package ``module`` belongs to in the package graph (see the module docstring), or
+    ``None`` for a module the package check leaves out (``benchmarks``)."""
+    parts = module.split(".")
+    if parts[0] == "benchmarks":
+        return None
+    return ".".join(parts[:2])
+
+
+def _package_graph(graph: nx.DiGraph) -> nx.DiGraph:
+    """The quotient of the module graph by :func:`_package`: an edge ``p → q`` holds, as
+    ``edge``, one module edge ``(a, b)`` from ``p`` to ``q`` (an explicit import when there is
+    one, the first in sorted order)."""
+    packages = nx.DiGraph()
+    for a, b in sorted(graph.edges):
+        p, q = _package(a), _package(b)
+        if p is None or q is None or p == q:
+            continue
+        held = packages.edges[p, q]["edge"] if packages.has_edge(p, q) else None
+        if held is None or (graph.edges[held]["implicit"] and not graph.edges[a, b]["implicit"]):
+            packages.add_edge(p, q, edge=(a, b))
+    return packages
+
+
+def _package_loops(graph: nx.DiGraph) -> list[str]:
+    """One report per strongly connected component of more than one package: a cycle through
+    it, and for each step the module edge (file:line) that closes it."""
+    packages = _package_graph(graph)
+    reports = []
+    for component in sorted((c for c in nx.strongly_connected_components(packages) if len(c) > 1), key=sorted):
+        cycle = nx.find_cycle(packages.subgraph(component))
+        steps = []
+        for p, q in cycle:
+            a, b = packages.edges[p, q]["edge"]
+            implicit = ", via its package" if graph.edges[a, b]["implicit"] else ""
+            steps.append(
+                f"    {p} -> {q}: {a} -> {b}  ({MODULES[a].relative_to(ROOT)}:{graph.edges[a, b]['line']}{implicit})"
+            )
+        loop = " -> ".join([cycle[0][0], *(q for _, q in cycle)])
+        reports.append(f"  {{{', '.join(sorted(component))}}}\n  loop: {loop}\n" + "\n".join(steps))
+    return reports
+
+
+def test_no_import_loops_between_packages():
+    loops = _package_loops(_graph())
+    assert not loops, "packages that import each other (module-level and function-level imports):\n" + "\n".join(loops)
+
+
 def test_no_import_circles():
     graph = _graph()
     circles = [c for c in nx.strongly_connected_components(graph) if len(c) > 1]
@@ -277,3 +334,175 @@ def test_the_rules_catch_what_they_are_meant_to(tmp_path, monkeypatch):
     )
     assert graph.has_edge("controlplane.q", "controlplane.p")  # q runs p/__init__ to reach p.b
     assert _private_violations() == ["controlplane/q.py:1: from controlplane.p.b import _hidden"]
+
+
+REASONED = ("controlplane", "workers")
+"""Trees whose function-level imports must say why (``benchmarks`` are scripts: left out)."""
+
+DEFERRED = "deferred:"
+"""What the comment giving an import's reason contains (``# deferred: torch stays out of …``)."""
+
+
+def _function_level_imports(path: Path) -> list[tuple[ast.stmt, ast.stmt | None]]:
+    """Every import statement inside a function of ``path`` (not under ``if TYPE_CHECKING:``),
+    with the statement just before it in the same block (``None`` when it is the first)."""
+    found: list[tuple[ast.stmt, ast.stmt | None]] = []
+
+    def walk(block: list[ast.stmt], in_function: bool) -> None:
+        previous: ast.stmt | None = None
+        for statement in block:
+            if isinstance(statement, (ast.Import, ast.ImportFrom)) and in_function:
+                found.append((statement, previous))
+            if isinstance(statement, ast.If) and _is_type_checking(statement.test):
+                walk(statement.orelse, in_function)  # the TYPE_CHECKING branch never runs
+            else:
+                inner = in_function or isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef))
+                for field in ("body", "orelse", "finalbody"):
+                    sub = getattr(statement, field, None)
+                    if isinstance(sub, list):
+                        walk(sub, inner)
+                for part in [*getattr(statement, "handlers", []), *getattr(statement, "cases", [])]:
+                    walk(part.body, inner)
+            previous = statement
+
+    walk(ast.parse(path.read_text(), filename=str(path)).body, False)
+    return found
+
+
+def _unreasoned_imports(path: Path) -> list[str]:
+    """``file:line: statement`` of each function-level import of ``path`` without a reason.
+
+    An import has one when the line it starts on carries a ``# … deferred: …`` comment, when the
+    line directly above it is such a comment, or when it continues, line after line, a block of
+    imports whose first has one (a few imports of one heavy dependency under one reason).
+    """
+    lines = path.read_text().splitlines()
+
+    def comment(number: int) -> str:
+        text = lines[number - 1] if 0 < number <= len(lines) else ""
+        return text[text.index("#") :] if "#" in text else ""
+
+    reasoned: set[int] = set()
+    bad = []
+    for statement, previous in _function_level_imports(path):
+        above = lines[statement.lineno - 2].strip() if statement.lineno > 1 else ""
+        ok = (
+            DEFERRED in comment(statement.lineno)
+            or (above.startswith("#") and DEFERRED in above)
+            or (
+                isinstance(previous, (ast.Import, ast.ImportFrom))
+                and id(previous) in reasoned
+                and previous.end_lineno == statement.lineno - 1
+            )
+        )
+        if ok:
+            reasoned.add(id(statement))
+        else:
+            bad.append(f"{path.relative_to(ROOT)}:{statement.lineno}: {ast.unparse(statement)}")
+    return bad
+
+
+def test_imports_inside_functions_say_why():
+    """An import inside a function defers a heavy or optional dependency (torch kept out of the
+    web process, a plug-in loaded on first use) and says so; one that only hid an import loop
+    belongs at module level once the loop is gone (:func:`test_no_import_loops_between_packages`)."""
+    bad = [
+        line for name, path in MODULES.items() if name.split(".")[0] in REASONED for line in _unreasoned_imports(path)
+    ]
+    assert not bad, (
+        f"imports inside functions without a reason (a '# {DEFERRED} why' comment on the line or the line "
+        "above; move one that only hid a loop to module level):\n" + "\n".join(bad)
+    )
+
+
+def _fake_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> nx.DiGraph:
+    """The module graph of a made-up tree (``files``: path relative to the root → text), with the
+    module's globals pointed at it for the rest of the test."""
+    modules = {}
+    for relative, text in files.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    this = __import__(__name__, fromlist=["x"])
+    monkeypatch.setattr(this, "ROOT", tmp_path)
+    for relative in files:
+        modules[_module_name(tmp_path / relative)] = tmp_path / relative
+    monkeypatch.setattr(this, "MODULES", modules)
+    monkeypatch.setattr(this, "IMPORTS", [imp for name, path in modules.items() for imp in _imports(name, path)])
+    return _graph()
+
+
+LOOP_TREE = {
+    "controlplane/__init__.py": "",
+    "controlplane/a/__init__.py": "",
+    "controlplane/a/x.py": "from controlplane.b.y import g\n",
+    "controlplane/a/w.py": "def h():\n    pass\n",
+    "controlplane/b/__init__.py": "",
+    "controlplane/b/y.py": "def g():\n    pass\n",
+    "controlplane/b/z.py": "def f():\n    from controlplane.a.w import h\n",
+    "controlplane/c.py": "from controlplane.a.x import g\n",
+    "benchmarks/run.py": "from controlplane.c import g\n",
+    "benchmarks/more.py": "import benchmarks.run\n",
+}
+"""a.x → b.y at module level, b.z → a.w in a function: no module circle, but the packages
+``controlplane.a`` and ``controlplane.b`` import each other; the top-level ``controlplane.c`` and
+the benchmarks only sit above them."""
+
+
+def test_the_package_check_refuses_a_loop_between_packages(tmp_path, monkeypatch):
+    graph = _fake_tree(tmp_path, monkeypatch, LOOP_TREE)
+    assert not [c for c in nx.strongly_connected_components(graph) if len(c) > 1]  # no module circle
+
+    loops = _package_loops(graph)
+
+    assert len(loops) == 1
+    report = loops[0]
+    assert report.startswith("  {controlplane.a, controlplane.b}\n  loop: controlplane.")
+    assert "controlplane.a -> controlplane.b: controlplane.a.x -> controlplane.b.y  (controlplane/a/x.py:1)" in report
+    assert "controlplane.b -> controlplane.a: controlplane.b.z -> controlplane.a.w  (controlplane/b/z.py:2)" in report
+
+
+def test_the_package_check_passes_without_the_loop(tmp_path, monkeypatch):
+    """The same tree with b.z's import gone, or only under TYPE_CHECKING: no loop."""
+    for z in (
+        "def f():\n    pass\n",
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from controlplane.a.w import h\n",
+    ):
+        graph = _fake_tree(tmp_path, monkeypatch, {**LOOP_TREE, "controlplane/b/z.py": z})
+        assert _package_loops(graph) == []
+        assert _package("controlplane.c") == "controlplane.c" and _package("benchmarks.run") is None
+
+
+def test_the_reasons_check_wants_a_deferred_comment(tmp_path, monkeypatch):
+    text = (
+        "import os\n"
+        "from typing import TYPE_CHECKING\n"
+        "\n"
+        "if TYPE_CHECKING:\n"
+        "    import torch\n"
+        "\n"
+        "\n"
+        "def a():\n"
+        "    import torch  # deferred: torch stays out of the web process\n"
+        "    import torch.nn.functional as F\n"
+        "\n"
+        "    from controlplane.b import g\n"
+        "\n"
+        "\n"
+        "def b():\n"
+        "    # deferred: a plug-in module, loaded on first use\n"
+        "    from controlplane.plugin import thing\n"
+        "    if thing:\n"
+        "        import json  # needed here\n"
+        "\n"
+        "\n"
+        "class C:\n"
+        "    def m(self):\n"
+        "        from controlplane.b import g\n"
+    )
+    _fake_tree(tmp_path, monkeypatch, {"controlplane/m.py": text})
+    assert _unreasoned_imports(tmp_path / "controlplane/m.py") == [
+        "controlplane/m.py:12: from controlplane.b import g",
+        "controlplane/m.py:19: import json",
+        "controlplane/m.py:24: from controlplane.b import g",
+    ]
