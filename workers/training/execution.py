@@ -131,6 +131,7 @@ class CudaGraphApi:
     """
 
     def __init__(self) -> None:
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
 
         self._pool = torch.cuda.graph_pool_handle()
@@ -138,6 +139,7 @@ class CudaGraphApi:
 
     def new_graph(self) -> Graph:
         """A new, empty :class:`torch.cuda.CUDAGraph`."""
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
 
         graph: Graph = torch.cuda.CUDAGraph()
@@ -150,6 +152,7 @@ class CudaGraphApi:
             Exception: the step's own error when it fails under capture (not the "capture
                 invalidated" error ending the capture then raises).
         """
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
 
         assert isinstance(graph, torch.cuda.CUDAGraph)
@@ -170,6 +173,7 @@ class CudaGraphApi:
     @contextlib.contextmanager
     def side_stream(self) -> Iterator[None]:
         """Run the body on the side stream, ordered after and before the current stream's work."""
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
 
         current = torch.cuda.current_stream()
@@ -180,6 +184,7 @@ class CudaGraphApi:
 
     def synchronize(self) -> None:
         """Wait for all work queued on the current CUDA device (``torch.cuda.synchronize``)."""
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
 
         torch.cuda.synchronize()
@@ -261,6 +266,7 @@ class StepRunner:
         client_term: ClientTerm | None = None,
         graph_api: GraphApi | None = None,
     ) -> None:
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
 
         self.model = model
@@ -331,6 +337,7 @@ class StepRunner:
     def _body(self, x: torch.Tensor, y: torch.Tensor, size: int) -> None:
         """The step itself, as captured or run eagerly after ``zero_grad``: forward, loss,
         backward, client term's gradient, optimiser step, loss accumulation."""
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
         import torch.nn.functional as F
 
@@ -362,6 +369,7 @@ class StepRunner:
     def _capture_and_replay(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Capture the step for ``x``'s batch size and replay it once on ``(x, y)``; on any
         error put the state back, fall back to eager and run the step eagerly."""
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
 
         api = self._graph_api
@@ -431,6 +439,7 @@ class StepRunner:
     def close(self) -> None:
         """Free the graphs (their memory pool goes back to the caching allocator once no
         graph holds it) and put a ``channels_last`` model back in contiguous format."""
+        # deferred: torch (importing this module stays light; see the module docstring)
         import torch
 
         self._graphs.clear()
@@ -470,6 +479,7 @@ def _restore(
 ) -> None:
     """Put back what :func:`_snapshot` copied, in place for the model (parameters keep their
     identity, which the optimiser and the client term hold) and the loss sum."""
+    # deferred: torch (importing this module stays light; see the module docstring)
     import torch
 
     with torch.no_grad():

@@ -265,6 +265,7 @@ def epoch_batches(num_samples: int, batch_size: int, generator: torch.Generator)
     Returns:
         int64 index tensors; together a permutation of ``range(num_samples)``.
     """
+    # deferred: torch (the agent and backends import this module for its specs: it stays light)
     import torch
 
     order = torch.randperm(num_samples, generator=generator)
@@ -353,6 +354,7 @@ def warm_up_shapes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, bat
     Returns:
         The distinct batch sizes warmed, ascending.
     """
+    # deferred: torch (the agent and backends import this module for its specs: it stays light)
     import torch.nn.functional as F
 
     sizes = sorted({size for size in batch_sizes if 0 < size <= len(x)})
@@ -384,6 +386,7 @@ def recalibrate_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: i
             previous one (BatchNorm cannot normalise a single 1×1 activation). A shard of one
             sample is skipped.
     """
+    # deferred: torch (the agent and backends import this module for its specs: it stays light)
     from torch.optim.swa_utils import update_bn
 
     n = len(x)
@@ -473,6 +476,7 @@ def train(
     Raises:
         Exception: any error of setup or training (the caller turns it into a failed result).
     """
+    # deferred: torch (the agent and backends import this module for its specs: it stays light)
     import torch
 
     apply_resources(spec.threads, spec.cores)
@@ -628,6 +632,7 @@ def run_epochs(
     Raises:
         FloatingPointError: an epoch's loss is not finite (lower optimizer.learning_rate).
     """
+    # deferred: torch (the agent and backends import this module for its specs: it stays light)
     import torch
 
     device = y.device
@@ -694,6 +699,7 @@ def measure_item(
         FloatingPointError: the loss is not finite (lower optimizer.learning_rate).
         Exception: any error of setup or training.
     """
+    # deferred: torch (the agent and backends import this module for its specs: it stays light)
     import torch
 
     device = torch.device("cpu") if device is None else device
