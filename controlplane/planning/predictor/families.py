@@ -36,12 +36,13 @@ def make_model(family: str, seed: int) -> Regressor:
     Raises:
         PredictorError: ``family`` is not a learned family of :data:`FAMILIES`.
     """
+    # deferred: sklearn's ensembles are slow to import (seconds); only a fit builds a model.
     from sklearn.ensemble import (
         ExtraTreesRegressor,
         HistGradientBoostingRegressor,
         RandomForestRegressor,
     )
-    from sklearn.multioutput import MultiOutputRegressor
+    from sklearn.multioutput import MultiOutputRegressor  # deferred: as sklearn.ensemble above
 
     model: Regressor
     if family == "random_forest":

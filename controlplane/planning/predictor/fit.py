@@ -330,6 +330,7 @@ def fit_predictor(
         PredictorError: fewer than 2 mixes or 10 configurations, workloads missing, an
             unknown family or placement, or ``partitions < 1``.
     """
+    # deferred: sklearn.model_selection is heavy to import and only a fit needs it.
     from sklearn.model_selection import GroupKFold
 
     if partitions < 1:

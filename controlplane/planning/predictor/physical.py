@@ -112,6 +112,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
         ``passive_ratio``, and ``space``'s references; ``space`` itself when nothing was
         measured.
     """
+    # deferred: scipy.optimize is heavy to import and only fitting the physical laws needs it.
     from scipy.optimize import least_squares
 
     physics = space.physics
