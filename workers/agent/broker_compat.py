@@ -34,6 +34,7 @@ def patch_kombu_redis_restore() -> bool:
     if _PATCHED:
         return True
     try:
+        # deferred: kombu's Redis transport is optional; without it there is nothing to patch
         from kombu.transport import redis as kombu_redis
     except ImportError:  # no redis client: nothing to patch
         return False

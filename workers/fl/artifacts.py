@@ -278,6 +278,7 @@ def save_model_weights(model: torch.nn.Module, path: Path | str) -> str:
     Returns:
         The hex SHA-256 of the written file.
     """
+    # deferred: safetensors.torch imports torch; importing this module does not
     from safetensors.torch import save_file
 
     tensors = {name: tensor.detach().to("cpu").clone().contiguous() for name, tensor in model.state_dict().items()}
@@ -294,6 +295,7 @@ def load_model_weights(model: torch.nn.Module, path: Path | str) -> None:
         FileNotFoundError: naming ``path`` if it does not exist.
         RuntimeError: from ``load_state_dict`` if keys or shapes do not match the model.
     """
+    # deferred: safetensors.torch imports torch; importing this module does not
     from safetensors.torch import load_file
 
     path = Path(path)

@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
-from workers.fl.artifacts import atomic_write_path, sha256_file
+from workers.fl.artifacts import InvalidSafetensorsError, atomic_write_path, read_safetensors_header, sha256_file
 
 _CHUNK = 1 << 20  # elements per float64 work buffer (8 MiB)
 
@@ -249,11 +251,6 @@ def load_state(path: Path | str) -> dict[str, np.ndarray]:
         FileNotFoundError: naming ``path`` if it does not exist.
         workers.fl.artifacts.InvalidSafetensorsError: naming ``path`` and what is wrong with it.
     """
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    from workers.fl.artifacts import InvalidSafetensorsError, read_safetensors_header
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file not found: {path}")
@@ -272,8 +269,6 @@ def save_state(state: Mapping[str, np.ndarray], path: Path | str) -> str:
     Non-contiguous arrays are copied into C-contiguous memory first, as safetensors requires;
     0-d arrays stay 0-d (``np.ascontiguousarray`` would make them 1-d and break a strict load).
     """
-    from safetensors.numpy import save_file
-
     arrays = {key: np.require(value, requirements="C") for key, value in state.items()}
     with atomic_write_path(path) as tmp:
         save_file(arrays, str(tmp))

@@ -173,6 +173,7 @@ def sweep_design(request: ProfileSweepRequest) -> Iterator[list[ProfileTaskSpec]
     Yields:
         Lists of 1 to ``max_mix`` :class:`~workers.protocol.messages.ProfileTaskSpec`.
     """
+    # deferred: scipy.stats costs the agent a second at start; only a sweep's design needs it
     from scipy.stats import qmc
 
     architectures = _unique(request.architectures)

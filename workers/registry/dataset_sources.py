@@ -190,6 +190,7 @@ def digits_labels() -> tuple[np.ndarray, np.ndarray]:
     """The ``digits`` labels, ``(train, test)`` int64 arrays of shapes ``(1437,)`` and ``(360,)``,
     in the order :func:`digits_splits` gives the samples, from scikit-learn alone (no torch,
     no images resized): the same stratified split as :func:`_build_digits_arrays`."""
+    # deferred: scikit-learn loads only when the digits' labels are read
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -246,6 +247,7 @@ def _digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _build_digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    # deferred: torch and scikit-learn load only when the digits are first built
     import torch
     import torch.nn.functional as F
     from sklearn.datasets import load_digits
@@ -302,6 +304,7 @@ def _cifar10_root(root: str | None) -> Path:
 
 def _cifar10_split(root: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Return CIFAR-10 images (uint8 N×32×32×3) and labels (int64 N) from ``root``."""
+    # deferred: torchvision loads only when CIFAR-10 is read
     from torchvision.datasets import CIFAR10
 
     try:
@@ -426,6 +429,7 @@ def _imagefolder_decoded(
     root: str, size: int, split: str, train_classes: tuple[str, ...] | None
 ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Decode one split: uint8 ``N×3×size×size``, int64 labels, the split's class names."""
+    # deferred: torchvision loads only when an image folder is read
     from torchvision import transforms
     from torchvision.datasets import ImageFolder
 

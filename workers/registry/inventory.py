@@ -11,16 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from workers.registry.base import Registry
+from workers.registry.datasets import DATASET_REGISTRY
+from workers.registry.models import MODEL_REGISTRY
+from workers.registry.partitioners import PARTITIONER_REGISTRY
 
 KINDS: tuple[str, ...] = ("models", "datasets", "partitioners")
 """The kinds of plug-in a device host declares: those its trainers run."""
 
 
 def _registries() -> dict[str, Registry[Any]]:
-    from workers.registry.datasets import DATASET_REGISTRY
-    from workers.registry.models import MODEL_REGISTRY
-    from workers.registry.partitioners import PARTITIONER_REGISTRY
-
     return {"models": MODEL_REGISTRY, "datasets": DATASET_REGISTRY, "partitioners": PARTITIONER_REGISTRY}
 
 

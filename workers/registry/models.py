@@ -77,6 +77,7 @@ def torchvision_builder(name: str) -> ModelBuilder:
             raise ValueError(f"input_shape: {name} takes images of shape (3, height, width), got {tuple(input_shape)}")
         if input_shape[0] != 3:
             raise ValueError(f"input_shape: {name} takes 3 input channels, got {input_shape[0]}")
+        # deferred: torchvision (and torch) load only when a model is built
         import torchvision
 
         return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)

@@ -141,6 +141,7 @@ def load_split(ref: DatasetRef, split: Split, indices: np.ndarray | None = None)
             ``x`` and ``y`` disagree in length.
         DatasetNotFoundError: if the data set's files are not under ``ref.root``.
     """
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     if split not in SPLITS:

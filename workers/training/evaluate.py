@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workers.fl.artifacts import load_model_weights
 from workers.protocol.messages import TaskRef
+from workers.registry.datasets import root_fingerprint
+from workers.training.datasets import load_split
+from workers.training.zoo import build_model
 
 if TYPE_CHECKING:
     import torch
@@ -103,10 +107,9 @@ def evaluate(
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
     import torch.nn.functional as F
-
-    from workers.fl.artifacts import load_model_weights
 
     with _lock:
         x, y = _test_tensors(task, cached)
@@ -134,8 +137,6 @@ def _model(task: TaskRef, key: tuple[Any, ...], cached: bool) -> torch.nn.Module
     """The kept model of ``key`` (moved to the newest), else a new one (kept when ``cached``,
     the least recently used dropped beyond :data:`MODEL_CACHE_SIZE`). Its weights are whatever
     the last call loaded: the caller loads its own, all of them."""
-    from workers.training.zoo import build_model
-
     if cached and key in _models:
         _models.move_to_end(key)
         _info.model_reuses += 1
@@ -159,9 +160,6 @@ def _test_tensors(task: TaskRef, cached: bool) -> tuple[torch.Tensor, torch.Tens
         ValueError: the split is empty, its samples are not of ``task.input_shape`` or a label
             is not in ``[0, task.num_classes)``.
     """
-    from workers.registry.datasets import root_fingerprint
-    from workers.training.datasets import load_split
-
     key = (task.dataset.name, task.dataset.root, root_fingerprint(task.dataset.root))
     entry = _test_data.get(key) if cached else None
     if entry is not None:

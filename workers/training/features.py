@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
+from math import prod
 from typing import TYPE_CHECKING, Any
 
 from workers.protocol.messages import WorkloadFeatures
@@ -185,6 +186,7 @@ class _Refused(Exception):
 def _count(
     architecture: str, num_classes: int, input_shape: tuple[int, ...], device_name: str
 ) -> tuple[WorkloadFeatures, int]:
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
@@ -254,6 +256,7 @@ def _steady_step_ops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -
     counted on the second step: the first creates the momentum buffers (a ``clone`` per
     parameter instead of the steady ``mul_`` + ``add_``). ``model`` has gradients from one
     backward already."""
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -307,8 +310,6 @@ def _conv_backward_flop(
     (``w_shape = (C_out, C_in / groups, *kernel)``; the spatial size is the output's, or the
     input's for a transposed convolution).
     """
-    from math import prod
-
     conv_spatial = (x_shape if transposed else grad_out_shape)[2:]
     forward = 2 * x_shape[0] * prod(conv_spatial) * prod(w_shape)
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))

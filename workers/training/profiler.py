@@ -336,6 +336,7 @@ def profile(
         RuntimeError: if the barrier is aborted (anything but ``GO`` on stdin).
         Exception: any error of setup or training.
     """
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     global _DEVICE

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import os
 import resource
 from typing import TYPE_CHECKING
@@ -49,6 +50,7 @@ def open_device(name: str) -> torch.device:
         RuntimeError: ``cuda`` was asked for but torch sees no GPU (the message says which GPU
             was visible).
     """
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     if name != "cuda":
@@ -68,6 +70,7 @@ def open_device(name: str) -> torch.device:
 
 def synchronize(device: torch.device) -> None:
     """Wait for every kernel queued on ``device`` (a no-op on CPU, where work is synchronous)."""
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     if device.type == "cuda":
@@ -104,8 +107,6 @@ def _nvml_process_memory(gpu_uuid: str, pid: int) -> int | None:
     """Device memory NVML attributes to process ``pid`` on GPU ``gpu_uuid``, bytes, looking at
     both plain and MPS compute processes; ``None`` when NVML is missing or does not list it (a
     container's own PID namespace hides the host pids NVML reports)."""
-    import importlib
-
     try:
         lib = importlib.import_module("pynvml")
         lib.nvmlInit()
@@ -139,6 +140,7 @@ def cuda_context_bytes(device: torch.device) -> int:
     ``torch.cuda.memory_reserved``, or :data:`CUDA_CONTEXT_FALLBACK_BYTES` when NVML cannot
     attribute memory to this process or the GPU is not named by UUID in
     ``CUDA_VISIBLE_DEVICES`` (as the GPU backends name it)."""
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
@@ -156,6 +158,7 @@ def peak_memory(device: torch.device) -> int:
     (``torch.cuda.max_memory_reserved``, the segments it held, of which the peak allocated
     memory is only the part in use) plus the CUDA context (:func:`cuda_context_bytes`). On CPU
     the private (anonymous) resident memory (:func:`cpu_memory_bytes`)."""
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     if device.type == "cuda":
@@ -165,6 +168,7 @@ def peak_memory(device: torch.device) -> int:
 
 def visible_sm_count(device: torch.device) -> int | None:
     """Streaming multiprocessors the process's CUDA context reports (``None`` on CPU)."""
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     if device.type != "cuda":
@@ -174,6 +178,7 @@ def visible_sm_count(device: torch.device) -> int | None:
 
 def build_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
     """Return SGD (momentum, weight decay) or Adam (weight decay; ``momentum`` unused)."""
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     if config.name == "sgd":
@@ -246,6 +251,7 @@ def apply_resources(threads: int, cores: list[int] | None) -> None:
     Raises:
         OSError: if ``os.sched_setaffinity`` rejects the cores.
     """
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     if cores is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from workers.fl.artifacts import save_model_weights
 from workers.registry.models import MODEL_REGISTRY, InputShape, Model
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def build_model(
             model cannot take.
     """
     record = _check(architecture, num_classes, seed)
+    # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
     with torch.random.fork_rng(devices=[]):
@@ -88,6 +90,4 @@ def write_initial_weights(
     Raises:
         ValueError: as :func:`build_model`.
     """
-    from workers.fl.artifacts import save_model_weights
-
     return save_model_weights(build_model(architecture, num_classes, seed, input_shape), path)
