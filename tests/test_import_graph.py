@@ -44,6 +44,7 @@ private *module* (``a/_impl.py``) is allowed from inside the package that holds 
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,6 +282,29 @@ def _private_violations() -> list[str]:
                         f"module {imp.target}"
                     )
     return bad
+
+
+WIRE_SCHEMA = "workers.protocol.messages"
+"""The messages both sides exchange: they depend on nothing of the project but their own package."""
+
+
+def test_the_wire_schema_imports_only_pydantic_the_standard_library_and_its_own_package():
+    """Names in messages are checked where messages are built or received
+    (:mod:`workers.registry.names`), not by the schema importing the registries."""
+    allowed_project = ("workers.protocol",)
+    bad = [
+        f"{MODULES[imp.importer].relative_to(ROOT)}:{imp.line}: {imp.target}"
+        for imp in IMPORTS
+        if imp.importer == WIRE_SCHEMA
+        and not (
+            imp.target.split(".")[0] in ("pydantic", "pydantic_core", "__future__")
+            or imp.target.split(".")[0] in sys.stdlib_module_names
+            or any(imp.target == p or imp.target.startswith(p + ".") for p in allowed_project)
+        )
+    ]
+    assert not bad, f"{WIRE_SCHEMA} imports beyond pydantic, the standard library and workers.protocol:\n" + "\n".join(
+        bad
+    )
 
 
 def test_no_private_name_is_imported_from_another_module():

@@ -35,6 +35,7 @@ LIGHT_MODULES = [
     "workers.registry.partitioners",
     "workers.training.plugin_check",
     "workers.registry.inventory",
+    "workers.registry.names",
     "workers.registry.backends",
     "workers.registry.aggregators",
     "workers.training.evaluate",
