@@ -17,9 +17,9 @@ host that has the plug-in. This module imports neither torch nor Django.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MIB = 1 << 20
 
@@ -177,12 +177,17 @@ class AssignmentSpec(_Message):
         description="the optimizer's learning rate for this assignment, scaled to its batch size by the "
         "experiment's rule (controlplane.planning.lr_scaling); None: task.optimizer.learning_rate",
     )
-    proximal_mu: float = Field(
-        default=0.0,
-        ge=0,
-        le=1000,
-        description="FedProx's mu (Li et al. 2020): the trainer adds mu/2 * ||w - w_global||^2 to every "
-        "batch's loss, w_global the model it started from; 0: plain local SGD",
+    aggregator: str | None = Field(
+        default=None,
+        max_length=100,
+        description="the task's aggregator when it asks anything of trainers: the trainer builds the "
+        "client term of that aggregator's registry record from client_options (fedprox: its proximal "
+        "term); None: plain local steps",
+    )
+    client_options: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        max_length=64,
+        description='the options the aggregator\'s record sends every trainer of the task (fedprox: {"mu": mu})',
     )
     memory_limit_bytes: int | None = Field(
         default=None,
@@ -199,6 +204,19 @@ class AssignmentSpec(_Message):
         "device refuses a round whose trainers cannot fit together",
     )
     execution: ExecutionOptions = ExecutionOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_proximal_mu(cls, data: Any) -> Any:
+        """A message from before aggregators' trainer options were generic carried FedProx's mu
+        as ``proximal_mu``: it is read as ``aggregator="fedprox"``, ``client_options={"mu": mu}``
+        (0, the old default, as no aggregator: plain local steps)."""
+        if isinstance(data, dict) and "proximal_mu" in data:
+            data = dict(data)
+            mu = data.pop("proximal_mu")
+            if mu and "aggregator" not in data:
+                data.update(aggregator="fedprox", client_options={"mu": mu})
+        return data
 
 
 def round_idempotency_key(round_id: int, device: str, attempt: int) -> str:
