@@ -59,7 +59,7 @@ def accuracy_per_round(
     """Test accuracy of the initial model and after each round (see the module)."""
     record = AGGREGATOR_REGISTRY.get(aggregator, field="aggregation")
     options = record.check_params(params)
-    extra = record.trainer_options(options) if record.trainer_options else {}
+    extra = record.assignment_options(options)  # what the control plane sends every trainer
     task = TaskRef(
         task_id=1,
         name=f"digits-{architecture}",
