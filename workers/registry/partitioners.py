@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Parameter and ParamValue live in the registry base; plug-ins written before they moved still
+# import them from here.
 from workers.registry.base import Parameter, ParamValue, PluginLoadError, Registry, plugin_label
 
 SplitRule = Callable[[np.ndarray, int, Mapping[str, ParamValue], int], Sequence[np.ndarray]]
