@@ -18,7 +18,7 @@ import numpy as np
 
 from workers.fl.fedavg import FedAvgAccumulator
 from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext, Aggregator, proximal_client_term
-from workers.registry.partitioners import Parameter
+from workers.registry.base import Parameter
 
 NAME = "test_momentum"
 
