@@ -418,6 +418,23 @@ def test_an_old_message_with_proximal_mu_is_read_as_fedprox(make_task_ref, make_
     assert (plain.aggregator, plain.client_options) == (None, {})
 
 
+def test_an_older_plugins_trainer_options_still_ask_for_fedproxs_term(
+    make_task_ref, make_assignment, initial_weights, store
+):
+    """A plug-in written before client terms: its trainer_options gave AssignmentSpec fields."""
+    from workers.fl.fedavg import FedAvgAccumulator
+    from workers.registry.aggregators import Aggregator
+
+    old = Aggregator("old_prox", "old", lambda ctx: FedAvgAccumulator(), trainer_options=lambda p: {"proximal_mu": 0.5})
+    fields = old.assignment_options({})
+    spec = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=48, batch_size=16)
+
+    sent = TrainerSpec(**{**spec.model_dump(exclude={"aggregator", "client_options"}), **fields})
+
+    assert fields == {"proximal_mu": 0.5}
+    assert (sent.aggregator, sent.client_options) == ("fedprox", {"mu": 0.5})
+
+
 def test_the_proximal_gradient_is_the_gradient_of_the_term():
     import torch
 

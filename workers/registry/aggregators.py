@@ -129,10 +129,15 @@ class Aggregator:
         stateful: its aggregations are :class:`StatefulAggregation`: the control plane stores
             their server state with each global model and passes it back.
         trainer_options: ``checked params -> {option: value}``, the options every device's
-            trainer of the task is sent (``AssignmentSpec.client_options``; FedProx:
-            ``{"mu": μ}``); ``None``: none.
+            trainer of the task is sent for its ``client_term`` (``AssignmentSpec.client_options``;
+            FedProx: ``{"mu": μ}``); ``None``: none. A record without a ``client_term`` keeps
+            what its ``trainer_options`` meant before client terms existed: ``AssignmentSpec``
+            fields, of which there was only ``proximal_mu`` (read as FedProx's term), so a
+            plug-in written then still works.
         client_term: builds, in the trainer, what every training step adds from those options
             (:class:`ClientTermFactory`; FedProx's proximal term); ``None``: plain local steps.
+            The trainer finds it by the record's name, so the plug-in must be installed on the
+            agents too.
     """
 
     name: str
@@ -147,15 +152,18 @@ class Aggregator:
     def assignment_options(self, params: Mapping[str, ParamValue]) -> dict[str, Any]:
         """What every device's assignment of a task aggregated by this record carries, as
         ``AssignmentSpec`` fields: ``{"aggregator": name, "client_options": trainer_options(params)}``
-        when the record asks anything of trainers (a ``trainer_options`` or a ``client_term``),
-        ``{}`` otherwise (the assignment is then what it was before aggregators could ask).
+        for a record with a ``client_term`` (the trainer finds the term by that name); an older
+        plug-in's ``trainer_options`` as they are for a record with only those (see
+        :attr:`trainer_options`); ``{}`` for a record that asks nothing of trainers (the
+        assignment is then what it was before aggregators could ask, and agents need not have
+        the plug-in).
 
         Args:
             params: the checked parameters (:meth:`check_params`).
         """
-        if self.trainer_options is None and self.client_term is None:
-            return {}
         options = dict(self.trainer_options(params)) if self.trainer_options is not None else {}
+        if self.client_term is None:
+            return options
         return {"aggregator": self.name, "client_options": options}
 
     def check_params(self, params: Mapping[str, object] | None) -> dict[str, ParamValue]:
