@@ -125,10 +125,11 @@ def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
 
     from controlplane.common.errors import ApplicationError
     from controlplane.core.stack import LocalStack
-    from controlplane.experiments.models import DeviceLease, Round, Run, Task
+    from controlplane.experiments.models import Round, Run, Task
     from controlplane.experiments.services import experiment_create, run_cancel, run_create, task_create
-    from controlplane.experiments.services.lab.admin import pool_create
     from controlplane.fleet.models import Device, DevicePool
+    from controlplane.lab.models import DeviceLease
+    from controlplane.lab.services.admin import pool_create
 
     os.environ["MTFL_SCHEDULER_POLICY"] = policy
     os.environ["MTFL_FAIR_WINDOW_S"] = str(args.fair_window_s)
@@ -231,7 +232,8 @@ def _rows(
     policy: str, run_owner: dict[int, str], *, t0: float, t_end: float, device_ids: dict[str, list[int]]
 ) -> dict[str, Any]:
     """The rows a policy's figures come from, as plain data (seconds since ``t0``)."""
-    from controlplane.experiments.models import DeviceLease, Round, Run
+    from controlplane.experiments.models import Round, Run
+    from controlplane.lab.models import DeviceLease
 
     rel = lambda t: None if t is None else t - t0  # noqa: E731
     pool_of_run = {

@@ -4,7 +4,7 @@ Device agents run their own Django-free app (:mod:`workers.agent.app`) on the sa
 address each other's tasks by the names in :mod:`workers.protocol.queues`.
 
 The app never talks to a broker nobody configured: with ``CELERY_BROKER_URL`` unset it uses the
-embedded broker an ``mtfl`` command runs on this machine (:mod:`controlplane.core.broker_file`),
+embedded broker an ``mtfl`` command runs on this machine (:mod:`controlplane.common.broker_file`),
 and with none running its first connection raises :class:`BrokerNotConfigured` (one line)
 instead of Celery's default ``amqp://guest@localhost//``, which on a host that runs RabbitMQ
 would silently take the messages.
@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 from celery import Celery, bootsteps, signals
+from kombu import pools
 
+from controlplane.common.broker_file import embedded_broker_url, shutdown_embedded_broker
 from controlplane.common.gc_tuning import control_worker_gc
-from controlplane.core.broker_file import embedded_broker_url, shutdown_embedded_broker
 from workers.agent.broker_compat import patch_kombu_redis_restore
 from workers.agent.lifecycle import exit_with_parent, parent_died
 from workers.protocol.queues import CONTROL_QUEUE, TaskName
@@ -158,10 +160,6 @@ def use_broker(broker_url: str, result_backend: str) -> None:
     result backend on first use, so those caches are dropped here as well; otherwise messages
     would still go to the broker the app first talked to.
     """
-    import threading
-
-    from kombu import pools
-
     app.conf.broker_url = broker_url
     app.conf.result_backend = result_backend
     # app.pool and the producer pool live in kombu's process-wide registries, keyed by the

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run a management command, like ``manage.py``."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     try:
-        import django  # noqa: F401 - only to tell an agent-only install from a broken one
+        import django  # noqa: F401 - deferred: only to tell an agent-only install from a broken one
     except ImportError:
         # `pip install mtfl-lab[agent]` has no Django: say what to run instead of a traceback
         print(
@@ -27,11 +27,12 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+    # deferred: Django, once it is known to be installed (an agent-only install has none)
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 
-    from workers.agent.lifecycle import exit_with_parent
+    from workers.agent.lifecycle import exit_with_parent  # deferred: as Django, after the check above
 
     exit_with_parent()  # the web server child of `mtfl up` stops with it
 

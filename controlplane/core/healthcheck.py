@@ -108,7 +108,7 @@ def check_agent(
     url = redis_url(broker_url)
     if url is None:
         raise Unhealthy(f"CELERY_BROKER_URL={broker_url.split('://')[0]}://… is not a Redis broker")
-    import redis
+    import redis  # deferred: the Redis client, only when the broker is checked
 
     try:
         redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s).ping()

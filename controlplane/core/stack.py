@@ -13,8 +13,10 @@ from pathlib import Path
 
 from django.conf import settings
 
+from controlplane.celery import app
 from controlplane.core.embedded import EmbeddedBroker
 from controlplane.core.processes import Children, python_argv
+from controlplane.fleet.models import Device
 from workers.agent.lifecycle import PARENT_PID_ENV
 
 
@@ -130,8 +132,6 @@ class LocalStack:
         Raises:
             RuntimeError: a child exited, or not everything was ready within ``timeout_s``.
         """
-        from controlplane.celery import app
-        from controlplane.fleet.models import Device
 
         expected = {"control"} | {f"agent.{n}" for n in self.agent_names}
         deadline = time.monotonic() + timeout_s

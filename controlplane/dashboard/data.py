@@ -23,11 +23,12 @@ from django.utils import timezone
 
 from controlplane.common.jsonsafe import finite_or_none
 from controlplane.dashboard import figures
-from controlplane.experiments import lab_selectors, selectors
+from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Experiment, Round, Run, Task
 from controlplane.experiments.services.rounds.aggregate import task_aggregation_choice
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.models import Device
+from controlplane.lab import selectors as lab_selectors
 from controlplane.planning import metrics
 from controlplane.planning.metrics import format_estimate
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy, compared_strategies
@@ -717,7 +718,7 @@ def _clock(value: dt.datetime | None, now: dt.datetime) -> str:
 
 def queue_banner(entry: dict[str, Any] | None, *, now: dt.datetime | None = None) -> str | None:
     """The run page's line for a waiting round (an entry of
-    :func:`controlplane.experiments.lab_selectors.queue_state`'s ``waiting``): "queued: waiting for
+    :func:`controlplane.lab.selectors.queue_state`'s ``waiting``): "queued: waiting for
     dev-a held by run 12 (alice) since 13:41:05 (20 s ago), estimated start 13:41:25 (in 15 s)";
     ``None`` without an entry."""
     if entry is None:
@@ -857,9 +858,9 @@ def partition_parameters(experiment: Experiment) -> list[dict[str, Any]]:
 def experiment_aggregation(experiment: Experiment) -> dict[str, Any]:
     """The experiment's FL algorithm for its page: ``{"aggregation", "params": [(name, value)],
     "overrides": [{"task", "aggregation", "params"}], "participation": str}``, overrides by task
-    name (:func:`controlplane.experiments.exports.aggregation_settings`), participation in words
+    name (:func:`controlplane.storage.exports.aggregation_settings`), participation in words
     (``"every device, every round"``, ``"5 devices per round, drawn uniform"``)."""
-    from controlplane.experiments.exports import aggregation_settings
+    from controlplane.storage.exports import aggregation_settings
 
     settings = aggregation_settings(experiment)
     if settings["clients_per_round"] is not None:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
+from plotly.subplots import make_subplots
 
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
 
@@ -963,7 +964,6 @@ def gpu_telemetry(series: Sequence[Mapping], *, max_points_per_device: int = 150
             With many devices, :data:`TELEMETRY_POINTS` is shared between the
             :data:`TELEMETRY_DEVICES` drawn (spread evenly by name).
     """
-    from plotly.subplots import make_subplots
 
     fig = make_subplots(
         rows=2,

@@ -33,7 +33,7 @@ from controlplane.dashboard.forms import (
     RunForm,
     TaskForm,
 )
-from controlplane.experiments import exports, lab_selectors, selectors
+from controlplane.experiments import selectors
 from controlplane.experiments.models import Comparison, Experiment, Run, Task
 from controlplane.experiments.services import (
     comparison_cancel,
@@ -43,17 +43,19 @@ from controlplane.experiments.services import (
     experiment_update,
     run_cancel,
     run_create,
-    storage,
     task_create,
 )
-from controlplane.experiments.services.lab.admin import device_pause, device_resume
 from controlplane.experiments.services.planner_check import planner_check
 from controlplane.experiments.services.templates import DEFAULT_DIRICHLET_ALPHA, TEMPLATES, template_dataset_default
 from controlplane.fleet.models import Device
 from controlplane.fleet.services import device_create
+from controlplane.lab import selectors as lab_selectors
+from controlplane.lab.services.admin import device_pause, device_resume
 from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
 from controlplane.profiling.models import Predictor, ProfileSweep
 from controlplane.profiling.services.workloads import workload_get
+from controlplane.storage import exports
+from controlplane.storage.services import retention
 
 # --- the index: experiments, devices, recent runs ------------------------------------------------
 
@@ -75,10 +77,10 @@ def _index_context(request: HttpRequest, template_form: ExperimentFromTemplateFo
         )
         .annotate(device_count=Count("devices", distinct=True))
     )
-    disk = storage.experiments_disk_use(e.id for e in experiments)
+    disk = retention.experiments_disk_use(e.id for e in experiments)
     for e in experiments:
         e.disk_use = disk[e.id]
-    totals = storage.storage_totals()
+    totals = retention.storage_totals()
     return {
         "experiments": experiments,
         "storage": totals,
@@ -259,9 +261,9 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "collaborators_form": CollaboratorsForm.for_experiment(experiment) if can_manage else None,
         "collaborators_error": "",
         "action_error": "",
-        "disk_use": storage.experiments_disk_use([experiment.id])[experiment.id],
-        "storage": storage.storage_totals(),
-        "keep_last_checkpoints": storage.keep_last_checkpoints(experiment),
+        "disk_use": retention.experiments_disk_use([experiment.id])[experiment.id],
+        "storage": retention.storage_totals(),
+        "keep_last_checkpoints": retention.keep_last_checkpoints(experiment),
         **overrides,
     }
 
@@ -335,11 +337,11 @@ def experiment_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     progress): its runs and their artifacts go, and the index says how much was freed."""
     experiment = _member_experiment(request, pk)
     try:
-        held = storage.experiment_delete(experiment=experiment, actor=request.user)
+        held = retention.experiment_delete(experiment=experiment, actor=request.user)
     except ApplicationError as exc:
         return _experiment_page(request, experiment, exc.status_code, action_error=exc.message)
     messages.success(
-        request, f"Experiment {experiment.name!r} deleted: {storage.format_bytes(held.bytes)} of artifacts freed."
+        request, f"Experiment {experiment.name!r} deleted: {retention.format_bytes(held.bytes)} of artifacts freed."
     )
     return redirect("dashboard:index")
 
@@ -383,7 +385,7 @@ def _run_page(request: HttpRequest, run: Run, *, cancel_error: str = "", status:
             "figures_shown": shown,
             "round_plans": data.run_round_plans(run),
             "can_manage": selectors.can_manage_experiment(request.user, run.experiment),
-            "disk_use": storage.run_disk_use(run.id),
+            "disk_use": retention.run_disk_use(run.id),
         },
         status=status,
     )
@@ -408,10 +410,10 @@ def run_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     its rows and artifacts go, and the experiment page says how much was freed."""
     run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
     try:
-        held = storage.run_delete(run=run, actor=request.user)
+        held = retention.run_delete(run=run, actor=request.user)
     except ApplicationError as exc:
         return _run_page(request, run, cancel_error=exc.message, status=exc.status_code)
-    messages.success(request, f"Run {pk} deleted: {storage.format_bytes(held.bytes)} of artifacts freed.")
+    messages.success(request, f"Run {pk} deleted: {retention.format_bytes(held.bytes)} of artifacts freed.")
     return redirect("dashboard:experiment", pk=run.experiment_id)
 
 

@@ -737,60 +737,9 @@ class Checkpoint(models.Model):
         ]
 
 
-class DeviceLease(models.Model):
-    """A device leased to one run's round by the lab scheduler, from ``granted_at`` until
-    ``released_at`` (null while held).
+ROUND_ENDED = (Round.Status.SUCCEEDED, Round.Status.PARTIAL, Round.Status.FAILED, Round.Status.CANCELLED)
+"""Round states after which nothing reads its device weights again (the retention policy may
+delete them)."""
 
-    A device is held by at most one lease at a time: a partial unique constraint on the held rows,
-    so a round's leases are claimed with one conditional INSERT of all its devices, refused whole
-    when any of them is held (:func:`controlplane.experiments.services.lab.leases.leases_claim`).
-    Released rows stay: they are each owner's device-time, which the fair policy reads.
-    """
-
-    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="leases")
-    # Kept (run and round emptied) when a run is deleted: a lease is also its owner's
-    # device-time, which the fair policy must not forget because the run is gone.
-    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="leases")
-    round = models.ForeignKey(Round, null=True, blank=True, on_delete=models.SET_NULL, related_name="leases")
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="device_leases",
-        help_text="the run's experiment's owner when leased (whose device-time it counts as)",
-    )
-    granted_at = models.DateTimeField()
-    released_at = models.DateTimeField(null=True, blank=True)
-    release_reason = models.CharField(max_length=200, blank=True, default="")
-
-    class Meta:
-        ordering = ["-granted_at"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["device"], condition=models.Q(released_at__isnull=True), name="one_held_lease_per_device"
-            )
-        ]
-        indexes = [
-            models.Index(fields=["released_at", "granted_at"]),
-            models.Index(fields=["owner", "granted_at"]),
-            models.Index(fields=["round"]),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.device_id} leased to round {self.round_id}"
-
-
-class UserShare(models.Model):
-    """An admin's weight for a user under the fair scheduling policy: a user's device-seconds
-    in the window count divided by it (2.0: entitled to twice the device-time of a weight-1 user)."""
-
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="lab_share")
-    weight = models.FloatField(
-        default=1.0,
-        validators=[MinValueValidator(0.01), MaxValueValidator(100.0)],
-        help_text="0.01 to 100; users without a row weigh 1",
-    )
-
-    def __str__(self) -> str:
-        return f"{self.user} x{self.weight:g}"
+RUN_ENDED = (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED)
+"""Run states after which nothing of the run is in flight (it may be deleted)."""

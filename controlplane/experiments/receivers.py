@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from controlplane.conf import mtfl_setting
+from controlplane.experiments import services
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +20,6 @@ def liveness_on_heartbeat(**_kwargs: Any) -> None:
     """On an agent's heartbeat, run :func:`.services.runs_liveness_sweep` if this process has
     not for ``MTFL_ROUND_CHECK_S`` (agents beat every few seconds, one sweep is enough). A
     failure is logged, never raised: the heartbeat is recorded whatever happens here."""
-    from controlplane.experiments import services
-
     interval = float(mtfl_setting("ROUND_CHECK_S"))
     now = time.monotonic()
     with _lock:

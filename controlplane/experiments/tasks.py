@@ -5,16 +5,16 @@ its work with one conditional update (``RUN_BEGIN``: pending → running; ``ROUN
 round row per index; ``ROUND_SETTLE``/``ROUND_WATCHDOG``: running → aggregating, retries by
 attempt; ``STANDALONE_*``: under the run's row lock, only while no round exists;
 ``RUNS_RESUME``: every action conditional; ``CHECKPOINTS_EVALUATE``: only checkpoints still
-pending, settled with one conditional update; ``RUN_RETENTION``: rows marked only while
-unmarked, files already gone skipped), so a message redelivered after a worker died
-changes nothing twice. ``ROUND_PROGRESS`` is display only and acked on receipt.
+pending, settled with one conditional update), so a message redelivered after a worker died
+changes nothing twice. The lab's ``LAB_SCHEDULE`` and storage's ``RUN_RETENTION`` are in
+:mod:`controlplane.lab.tasks` and :mod:`controlplane.storage.tasks`. ``ROUND_PROGRESS`` is
+display only and acked on receipt.
 """
 
 from __future__ import annotations
 
 from controlplane.celery import app
 from controlplane.experiments import services
-from controlplane.experiments.services import storage
 from workers.protocol.queues import TaskName
 
 
@@ -38,11 +38,6 @@ def round_enqueue(run_id: int, index: int) -> None:
     services.round_enqueue(run_id=run_id, index=index)
 
 
-@app.task(name=TaskName.LAB_SCHEDULE, ignore_result=True, acks_late=True)
-def lab_schedule() -> None:
-    services.lab_schedule()
-
-
 @app.task(name=TaskName.ROUND_PROGRESS, ignore_result=True)
 def round_progress(round_id: int, device: str, phase: str, at: float | None = None) -> None:
     services.round_progress(round_id=round_id, device=device, phase=phase, at=at)
@@ -64,13 +59,6 @@ def round_watchdog(self, round_id: int) -> None:
 def checkpoints_evaluate(checkpoint_ids: list[int]) -> None:
     # Beside the next round's training (the control worker runs two tasks at a time).
     services.checkpoints_evaluate(checkpoint_ids=checkpoint_ids)
-
-
-@app.task(name=TaskName.RUN_RETENTION, ignore_result=True, acks_late=True)
-def run_retention(run_id: int, round_index: int) -> None:
-    # Beside the next round's training; safe twice (rows are marked only while unmarked, a
-    # file already gone is skipped), and a lost one is made up by the next round's or mtfl gc.
-    storage.retention_after_round(run_id, round_index)
 
 
 @app.task(name=TaskName.RUNS_RESUME, ignore_result=True, acks_late=True)

@@ -14,7 +14,7 @@ from workers.protocol.queues import DEVICE_NAME_RE, device_queue
 class DevicePool(models.Model):
     """A named group of devices of one device class (:func:`controlplane.fleet.selectors.device_class`)
     that runs may name instead of devices: the lab scheduler places a pool run's rounds on the
-    pool's free devices (:mod:`controlplane.experiments.services.lab`)."""
+    pool's free devices (:mod:`controlplane.lab.services`)."""
 
     name = models.SlugField(max_length=63, unique=True)
     description = models.TextField(blank=True, default="")

@@ -10,6 +10,11 @@ from django.utils import timezone
 
 from controlplane.conf import mtfl_setting
 from controlplane.fleet.models import Device, DeviceToken
+from controlplane.fleet.services import agent_token_hash
+from workers.registry.base import PROJECT_DISTRIBUTION
+from workers.registry.datasets import DATASET_REGISTRY
+from workers.registry.models import MODEL_REGISTRY
+from workers.registry.partitioners import PARTITIONER_REGISTRY
 
 
 def device_list() -> QuerySet[Device]:
@@ -58,7 +63,6 @@ def device_cores(device: Device) -> int:
 def device_token_for_key(key: str) -> DeviceToken | None:
     """The agent token whose key is ``key`` (looked up by its SHA-256), with its device; else
     ``None``."""
-    from controlplane.fleet.services import agent_token_hash
 
     if not key:
         return None
@@ -71,7 +75,6 @@ PLUGIN_KINDS: tuple[str, ...] = ("models", "datasets", "partitioners")
 
 def is_builtin_source(source: str) -> bool:
     """Whether a plug-in source (``"<distribution> <version>"``) is mtfl-lab itself: a built-in."""
-    from workers.registry.base import PROJECT_DISTRIBUTION
 
     return source.split(" ", 1)[0] == PROJECT_DISTRIBUTION
 
@@ -88,9 +91,6 @@ def device_declares(device: Device, kind: str, name: str) -> bool:
     declared = device.plugins or {}
     if declared:
         return name in (declared.get(kind) or {})
-    from workers.registry.datasets import DATASET_REGISTRY
-    from workers.registry.models import MODEL_REGISTRY
-    from workers.registry.partitioners import PARTITIONER_REGISTRY
 
     registry = {"models": MODEL_REGISTRY, "datasets": DATASET_REGISTRY, "partitioners": PARTITIONER_REGISTRY}[kind]
     return name in registry and is_builtin_source(registry.source(name))
@@ -107,10 +107,6 @@ def device_declaration_text(device: Device, kind: str) -> str:
 
 
 def _plugin_registries() -> dict[str, Any]:
-    from workers.registry.datasets import DATASET_REGISTRY
-    from workers.registry.models import MODEL_REGISTRY
-    from workers.registry.partitioners import PARTITIONER_REGISTRY
-
     return {"models": MODEL_REGISTRY, "datasets": DATASET_REGISTRY, "partitioners": PARTITIONER_REGISTRY}
 
 

@@ -2,7 +2,7 @@
 
 Many researchers' runs share one fleet. A round needs all its devices at once (a synchronous FL
 round trains them together), so the control plane leases them together
-(:mod:`controlplane.experiments.services.lab`); this module decides, at each *scheduling pass*
+(:mod:`controlplane.lab.services`); this module decides, at each *scheduling pass*
 (a round enqueued, a round's devices released, a device resumed), which waiting rounds start
 now and on which devices. Data in, decisions out: no Django, no clock.
 

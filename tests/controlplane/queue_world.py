@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 
-from controlplane.experiments.models import DeviceLease, Experiment, Round, Run
+from controlplane.experiments.models import Experiment, Round, Run
+from controlplane.lab.models import DeviceLease
 
 
 def running_round(

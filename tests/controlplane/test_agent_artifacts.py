@@ -262,7 +262,7 @@ def test_an_upload_over_the_size_limit_is_413(world, settings):
 
 def test_a_body_longer_than_its_content_length_is_cut_off_at_the_limit(world, settings):
     from controlplane.common.errors import ApplicationError
-    from controlplane.experiments.services.agent_artifacts import agent_artifact_upload
+    from controlplane.storage.services.agent_artifacts import agent_artifact_upload
 
     settings.MTFL = {**settings.MTFL, "MAX_ARTIFACT_BYTES": 100}
     body = _weights()

@@ -26,8 +26,9 @@ from django.utils import timezone
 
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
-from controlplane.experiments.services import dispatch, storage
+from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.rounds.requests import round_device_request_load
+from controlplane.storage.services.retention import retention_after_round
 from tests.conftest import in_a_fresh_django_process
 from tests.controlplane import stateful_aggregator
 from workers.fl.artifacts import (
@@ -65,7 +66,7 @@ def capture_dispatch(target) -> dict[str, list]:
     def retention(run_id: int, index: int) -> None:
         # At once, as the control worker's other slot runs RUN_RETENTION beside the next round.
         sent["retention"].append((run_id, index))
-        storage.retention_after_round(run_id, index)
+        retention_after_round(run_id, index)
 
     target.setattr(dispatch, "send_run_retention", retention)
     return sent

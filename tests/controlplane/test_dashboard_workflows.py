@@ -18,9 +18,9 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from controlplane.experiments import exports
 from controlplane.experiments.models import Assignment, Comparison, Experiment, Round, Run, Task
 from controlplane.fleet.models import Device
+from controlplane.storage import exports
 
 pytestmark = pytest.mark.django_db
 

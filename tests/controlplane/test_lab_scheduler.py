@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments import services
-from controlplane.experiments.models import DeviceLease, Round, Run, UserShare
-from controlplane.experiments.services.lab import admin, leases, scheduler
+from controlplane.experiments.models import Round, Run
+from controlplane.lab.models import DeviceLease, UserShare
+from controlplane.lab.services import admin, leases, scheduler
 from controlplane.planning.scheduling import order_waiting
 from tests.controlplane.queue_world import queued_round, running_round, running_run
 
@@ -275,7 +276,7 @@ def test_two_researchers_on_the_same_devices_the_second_is_queued_with_its_deadl
 
 def test_deleting_a_run_does_not_erase_its_owners_device_time(make_experiment, user):
     """A user cannot look lighter to the fair policy by deleting runs: their leases stay."""
-    from controlplane.experiments.services.storage import run_delete
+    from controlplane.storage.services.retention import run_delete
 
     experiment = make_experiment()
     run = running_run(experiment)

@@ -422,7 +422,7 @@ def test_a_plugin_task_on_tabular_data(own_plugins, api, make_device):
 
 
 def test_a_sweep_profiles_a_tasks_model_at_its_shape(own_plugins, make_task, make_device):
-    from controlplane.profiling.services import sweep_start
+    from controlplane.experiments.services.sweeps import sweep_start
     from controlplane.profiling.services.predictors import profiled_shapes
 
     tab = make_task("tab", "tiny_mlp", dataset="tabular")

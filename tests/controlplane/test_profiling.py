@@ -13,6 +13,7 @@ from django.core.management import call_command
 from controlplane.common.errors import ApplicationError
 from controlplane.dashboard import figures as dashboard_figures
 from controlplane.experiments.models import Assignment, Round, Run
+from controlplane.experiments.services.samples import samples_from_round
 from controlplane.planning.predictor import MAX_MIX, MixTask, passive_wait
 from controlplane.profiling import services
 from controlplane.profiling.models import Predictor, ProfileSample, ProfileSweep
@@ -155,7 +156,7 @@ def test_measured_assignments_of_shared_rounds_become_samples(make_experiment):
                 standalone_throughput_sps=80.0,
                 status="succeeded",
             )
-        stored = services.samples_from_round(round_id=rnd.id)
+        stored = samples_from_round(round_id=rnd.id)
         assert stored == (4 if strategy == "sharing" else 0)  # time-sliced tasks do not run at their shares
     samples = ProfileSample.objects.filter(source="run")
     assert samples.count() == 4 and {s.mix_size for s in samples} == {2}

@@ -43,7 +43,8 @@ def test_queue_prints_each_devices_holder_and_the_waiting_rounds_in_order(lab):
 
 
 def test_queue_names_a_profiling_sweep_that_holds_up_a_round(lab):
-    from controlplane.experiments.models import DeviceLease, Round
+    from controlplane.experiments.models import Round
+    from controlplane.lab.models import DeviceLease
     from controlplane.profiling.models import ProfileSweep
 
     DeviceLease.objects.update(released_at=timezone.now())

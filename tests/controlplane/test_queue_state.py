@@ -10,10 +10,11 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from controlplane.common.errors import ApplicationError
-from controlplane.experiments import lab_selectors
-from controlplane.experiments.lab_selectors import pool_by_ref, queue_state, run_queue_entry
-from controlplane.experiments.models import DeviceLease, Round, UserShare
+from controlplane.experiments.models import Round
 from controlplane.fleet.models import Device, DevicePool
+from controlplane.lab import selectors as lab_selectors
+from controlplane.lab.models import DeviceLease, UserShare
+from controlplane.lab.selectors import pool_by_ref, queue_state, run_queue_entry
 from controlplane.planning.scheduling import DEFAULT_ROUND_S
 from tests.controlplane.queue_world import queued_round, running_round, running_run, two_researchers
 

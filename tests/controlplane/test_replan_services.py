@@ -28,7 +28,7 @@ from controlplane.experiments.models import (
     StandaloneThroughput,
 )
 from controlplane.experiments.services.planning import predictor_guard, round_timesliced_devices
-from controlplane.profiling import services as profiling_services
+from controlplane.experiments.services.samples import samples_from_round
 from controlplane.profiling.models import ProfileSample
 
 UNTRUSTED = 1e-6
@@ -292,7 +292,7 @@ def test_an_assignment_becomes_a_sample_only_with_enough_timed_iterations(make_e
             throughput_sps=55.0,
             status="succeeded",
         )
-    assert profiling_services.samples_from_round(round_id=rnd.id) == (2 if kept else 1)
+    assert samples_from_round(round_id=rnd.id) == (2 if kept else 1)
     batches = sorted(ProfileSample.objects.filter(source="run").values_list("batch_size", flat=True))
     assert batches == ([4, 8] if kept else [4])
 
@@ -439,8 +439,8 @@ def test_a_device_whose_plan_measured_slower_than_a_finished_baseline_run_goes_b
     second.assignments.update(batch_size=2)
     sliced = round_timesliced_devices(second)
     assert sliced == set(devices)
-    assert profiling_services.samples_from_round(round_id=second.id, timesliced_devices=sliced) == 0
+    assert samples_from_round(round_id=second.id, timesliced_devices=sliced) == 0
     Round.objects.filter(id=second.id).update(replan={**second.replan, "partitionings": {}})
     second.refresh_from_db()
     assert round_timesliced_devices(second) == set()
-    assert profiling_services.samples_from_round(round_id=second.id) == second.assignments.count()
+    assert samples_from_round(round_id=second.id) == second.assignments.count()

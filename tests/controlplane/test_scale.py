@@ -163,8 +163,8 @@ def test_recording_a_round_queues_the_retention_policy_after_the_next_round_and_
     round's start: recording the round leaves its device weights on disk (at 1,000 devices,
     3,000 files and 1,000 folders that no longer hold the round up), and the task removes them
     and marks their rows."""
-    from controlplane.experiments import tasks
     from controlplane.experiments.services import dispatch
+    from controlplane.storage import tasks
 
     run, rnd = started_round(
         rounds=2,

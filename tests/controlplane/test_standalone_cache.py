@@ -16,19 +16,19 @@ import pytest
 from django.utils import timezone
 
 from controlplane.celery import app
+from controlplane.common.artifact_root import run_folder
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments import services
 from controlplane.experiments.models import (
     Checkpoint,
-    DeviceLease,
     Round,
     Run,
     StandaloneCacheEntry,
     StandaloneThroughput,
 )
-from controlplane.experiments.services.lab import leases, scheduler
-from controlplane.experiments.services.storage import run_folder
 from controlplane.fleet.services import device_report
+from controlplane.lab.models import DeviceLease
+from controlplane.lab.services import leases, scheduler
 from controlplane.profiling.models import ModelWorkload
 from controlplane.profiling.services.workloads import workload_get
 from tests.conftest import inventory

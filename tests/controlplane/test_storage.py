@@ -23,11 +23,12 @@ from django.core.management import call_command
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from controlplane.common.artifact_root import storage_space_problem
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Task
-from controlplane.experiments.services import storage
-from controlplane.experiments.services.storage import CheckpointRow, checkpoints_kept
+from controlplane.storage.services import retention
+from controlplane.storage.services.retention import CheckpointRow, checkpoints_kept
 from tests.controlplane.test_aggregation_resume import begin, capture_dispatch, device_results, trained
 from workers.fl.artifacts import device_weights_key, get_store, global_weights_key, server_state_key
 
@@ -168,8 +169,8 @@ def test_device_weights_of_a_round_not_yet_aggregated_are_never_touched(
     device_results(running, _updates(run, 1))  # the devices wrote their weights; no result recorded yet
     written = sorted(get_store().path(f"runs/{run.id}/rounds/00001").rglob("*.safetensors"))
 
-    storage.run_retention_apply(run_id=run.id, round_index=1)
-    report = storage.gc(dry_run=False)
+    retention.run_retention_apply(run_id=run.id, round_index=1)
+    report = retention.gc(dry_run=False)
 
     assert len(written) == 2 and all(p.is_file() for p in written)
     assert not Assignment.objects.filter(round=running, weights_deleted_at__isnull=False).exists()
@@ -182,7 +183,7 @@ def test_keep_device_weights_keeps_them_for_debugging(
     capture_dispatch(monkeypatch)
     run = begin(_experiment(make_experiment, one_task, rounds=1, keep_device_weights=True))
     _play(run, 0, django_capture_on_commit_callbacks)
-    storage.gc(dry_run=False)
+    retention.gc(dry_run=False)
 
     rows = list(Assignment.objects.filter(round__run=run))
     assert rows and all(a.weights_deleted_at is None and get_store().path(a.weights_path).is_file() for a in rows)
@@ -263,7 +264,7 @@ def test_a_failing_policy_is_logged_and_never_fails_the_run(
     def broken(**_kwargs):
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(storage, "run_retention_apply", broken)
+    monkeypatch.setattr(retention, "run_retention_apply", broken)
     with caplog.at_level(logging.ERROR):
         rnd = _play(run, 0, django_capture_on_commit_callbacks)
 
@@ -316,11 +317,11 @@ def test_gc_reports_in_a_dry_run_exactly_what_it_then_frees(make_experiment):
     experiment = make_experiment(name="old", rounds=4)  # two devices × two tasks
     run = _old_run(experiment, store)
     store.write_bytes("runs/987654/rounds/00000/dev-x/task-1.safetensors", b"o" * 500)  # a deleted run's
-    before = storage.run_disk_use(run.id)
+    before = retention.run_disk_use(run.id)
 
-    dry = storage.gc(dry_run=True)
-    assert storage.run_disk_use(run.id) == before and store.path("runs/987654").exists()
-    real = storage.gc(dry_run=False)
+    dry = retention.gc(dry_run=True)
+    assert retention.run_disk_use(run.id) == before and store.path("runs/987654").exists()
+    real = retention.gc(dry_run=False)
 
     # 4 rounds × 4 device weights (1000 B) + round 0's model of each task (10,000 B): the last 3
     # (MTFL_KEEP_LAST_CHECKPOINTS), the best (round 3) and the initial stay; and the orphan's file.
@@ -332,11 +333,11 @@ def test_gc_reports_in_a_dry_run_exactly_what_it_then_frees(make_experiment):
         (e.experiment_id, e.files, e.bytes) for e in dry.entries
     ]
     assert (real.files, real.bytes) == (19, 36_500)
-    assert storage.run_disk_use(run.id).bytes == before.bytes - 36_000
+    assert retention.run_disk_use(run.id).bytes == before.bytes - 36_000
     assert not store.path("runs/987654").exists()
     assert Assignment.objects.filter(round__run=run, weights_deleted_at__isnull=True).count() == 0
     assert Checkpoint.objects.filter(run=run, deleted_at__isnull=False).count() == 2
-    assert storage.gc(dry_run=False).entries == []
+    assert retention.gc(dry_run=False).entries == []
 
 
 def test_gc_counts_the_bytes_of_a_hard_linked_file_only_when_its_last_link_goes(make_experiment):
@@ -349,7 +350,7 @@ def test_gc_counts_the_bytes_of_a_hard_linked_file_only_when_its_last_link_goes(
     linked.unlink()
     os.link(store.path(global_weights_key(run.id, shard.task_id, None)), linked)
 
-    report = storage.gc(dry_run=False)
+    report = retention.gc(dry_run=False)
 
     assert (report.files, report.bytes) == (4, 3 * 1000)
     assert store.path(global_weights_key(run.id, shard.task_id, None)).read_bytes() == b"i" * 100
@@ -360,7 +361,7 @@ def test_gc_leaves_runs_in_progress_to_their_rounds(make_experiment):
     run = _old_run(make_experiment(name="busy", rounds=4), store)
     Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
 
-    assert storage.gc(dry_run=True).entries == []
+    assert retention.gc(dry_run=True).entries == []
 
 
 def test_mtfl_gc_prints_each_experiment_and_the_total(make_experiment):
@@ -467,9 +468,9 @@ def test_an_experiment_is_deleted_by_its_owner_once_no_run_is_in_progress(lab, d
 
 def test_the_command_line_deletes_any_finished_run_and_reports_what_it_held(lab, django_capture_on_commit_callbacks):
     run = lab["done"]
-    held = storage.run_disk_use(run.id)
+    held = retention.run_disk_use(run.id)
     with django_capture_on_commit_callbacks(execute=True):
-        assert storage.run_delete(run=run) == held
+        assert retention.run_delete(run=run) == held
     assert held.files == 2 * 4 + 2 + 2 * 2  # device weights, initial models, global models
     assert not Run.objects.filter(id=run.id).exists()
 
@@ -486,7 +487,7 @@ def test_storage_shows_the_total_the_free_space_and_each_visible_experiments_sha
 
     body = _api_for(lab["carol"]).get("/api/storage/").json()
 
-    mine = storage.experiments_disk_use([lab["experiment"].id])[lab["experiment"].id]
+    mine = retention.experiments_disk_use([lab["experiment"].id])[lab["experiment"].id]
     assert body["experiments"] == [
         {"experiment": lab["experiment"].id, "name": "deletable", "files": mine.files, "bytes": mine.bytes}
     ]
@@ -498,14 +499,14 @@ def test_storage_shows_the_total_the_free_space_and_each_visible_experiments_sha
 
 def test_a_round_start_is_refused_below_the_free_space_threshold_with_a_message_naming_it(settings):
     settings.MTFL = {**getattr(settings, "MTFL", {}), "MIN_FREE_BYTES": 2**50}
-    problem = storage.storage_space_problem()
+    problem = storage_space_problem()
 
     root = get_store().root
     assert problem is not None and "\n" not in problem
     assert problem.startswith(f"ARTIFACT_ROOT {root} has ")
     assert f"below MTFL_MIN_FREE_BYTES={2**50} (1024.0 TiB): free space (`mtfl gc`" in problem
     settings.MTFL = {**settings.MTFL, "MIN_FREE_BYTES": 0}
-    assert storage.storage_space_problem() is None
+    assert storage_space_problem() is None
 
 
 # --- settings ----------------------------------------------------------------------------------------
@@ -607,7 +608,7 @@ def _browser_for(user):
 def test_the_index_shows_each_experiments_disk_use_and_the_total(lab):
     html = _browser_for(lab["owner"]).get("/").content.decode()
 
-    use = storage.experiments_disk_use([lab["experiment"].id])[lab["experiment"].id]
+    use = retention.experiments_disk_use([lab["experiment"].id])[lab["experiment"].id]
     assert f'title="{use.files} files of its runs\' artifacts">{use.bytes / 1024:.1f}\xa0KB</td>' in html
     assert 'id="storage-total"' in html and "free" in html and 'id="storage-problem"' not in html
 

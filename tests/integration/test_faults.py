@@ -24,8 +24,9 @@ import pytest
 from controlplane.core.demo import run_wait
 from controlplane.core.stack import LocalStack
 from controlplane.experiments import services
-from controlplane.experiments.models import Assignment, DeviceLease, Round, Run
+from controlplane.experiments.models import Assignment, Round, Run
 from controlplane.fleet.models import Device
+from controlplane.lab.models import DeviceLease
 from tests.integration.procs import free_port
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ from django.contrib.auth import get_user_model
 from controlplane.core.demo import run_wait
 from controlplane.core.stack import LocalStack
 from controlplane.experiments import services
-from controlplane.experiments.models import DeviceLease, Round, Run
+from controlplane.experiments.models import Round, Run
+from controlplane.lab.models import DeviceLease
 from tests.integration.test_faults import _experiment, fast_faults  # noqa: F401 - fast_faults is a fixture
 
 pytestmark = pytest.mark.integration

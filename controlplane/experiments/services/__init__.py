@@ -27,7 +27,6 @@ from controlplane.experiments.services.catalog import (
     task_update,
 )
 from controlplane.experiments.services.evaluation import checkpoints_evaluate
-from controlplane.experiments.services.lab.scheduler import lab_schedule
 from controlplane.experiments.services.plugins import experiment_plugins_check
 from controlplane.experiments.services.reliability import round_watchdog, runs_liveness_sweep, runs_resume
 from controlplane.experiments.services.rounds.deadlines import round_deadline_s
@@ -61,7 +60,6 @@ __all__ = [
     "round_progress",
     "round_enqueue",
     "round_dispatch",
-    "lab_schedule",
     "round_watchdog",
     "run_begin",
     "run_cancel",

@@ -18,6 +18,7 @@ from controlplane.common.registered import registered
 from controlplane.experiments.models import (
     CLIENT_SAMPLING_RULES,
     EXECUTION_MODES,
+    MAX_DEVICE_RETRIES,
     PRECISIONS,
     Experiment,
     Shard,
@@ -35,6 +36,7 @@ from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.datasets import DATASET_REGISTRY
 from workers.registry.models import MODEL_REGISTRY
 from workers.registry.partitioners import PARTITIONER_REGISTRY, Partitioner
+from workers.training.partition import label_histogram, partition_indices, shard_indices
 
 
 def _check_choice(field: str, value: Any, allowed: Iterable[str]) -> None:
@@ -93,7 +95,6 @@ def _check_reliability(**values: Any) -> None:
     Raises:
         ApplicationError: naming the field and the allowed values.
     """
-    from controlplane.experiments.models import MAX_DEVICE_RETRIES
 
     if "device_retries" in values:
         retries = values["device_retries"]
@@ -196,6 +197,7 @@ def _task_check(*, architecture: str, dataset: str, dataset_root: str, num_class
             under the :class:`~workers.training.plugin_check.PluginCheckError`'s ``field`` with its
             reason.
     """
+    # deferred: the plug-in check builds models and loads data (torch), never in the web process at import
     from workers.training.plugin_check import PluginCheckError, check_task_in_child
 
     try:
@@ -462,8 +464,6 @@ class _ShardRow:
 
 
 def _histogram(labels: np.ndarray, positions: np.ndarray, num_classes: int) -> list[int]:
-    from workers.training.partition import label_histogram
-
     return [int(c) for c in label_histogram(labels, positions, num_classes)]
 
 
@@ -496,8 +496,6 @@ def _shard_table(
     """
     rows: list[_ShardRow] = []
     if partition_rule == Experiment.EXPLICIT:
-        from workers.training.partition import shard_indices
-
         given = _explicit_counts(tasks, devices, sample_counts)
         for task in tasks:
             labels = task_train_labels(task)
@@ -516,7 +514,6 @@ def _shard_table(
         return rows
     if sample_counts:
         raise ApplicationError("sample_counts are only allowed with partition_rule 'explicit'", field="sample_counts")
-    from workers.training.partition import partition_indices
 
     for k, task in enumerate(tasks):
         labels = task_train_labels(task)
@@ -922,7 +919,7 @@ def experiment_create(
             of it); not with ``explicit``, whose counts already say how many.
         keep_device_weights: keep every device's weights after its round is aggregated (for
             debugging); by default the retention policy deletes them
-            (:mod:`controlplane.experiments.services.storage`).
+            (:mod:`controlplane.storage.services.retention`).
         keep_last_checkpoints: global checkpoints kept per run and task beside the initial, the
             best and the latest one, 1 to 10000 (``None``: ``MTFL_KEEP_LAST_CHECKPOINTS``).
 

@@ -69,7 +69,7 @@ def model_evaluate(task: TaskRef, weights_path: Path | str) -> tuple[float, floa
         FileNotFoundError, ValueError: as :func:`workers.training.evaluate.evaluate` (missing or
             mismatched weights, a bad batch size).
     """
-    from workers.training.evaluate import evaluate
+    from workers.training.evaluate import evaluate  # deferred: torch, only in the control worker that evaluates
 
     result = evaluate(task, weights_path)
     _freeze_long_lived()

@@ -64,6 +64,7 @@ from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.evaluation import checkpoints_evaluate_resend
 from controlplane.experiments.services.rounds.advance import round_advance
 from controlplane.experiments.services.rounds.settle import round_settle
+from controlplane.experiments.signals import schedule_now
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def runs_liveness_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     leaves waiting waits for ever.
 
     - Rounds ``queued`` for longer than ``MTFL_ROUND_CHECK_S``: one scheduling pass now
-      (:func:`.lab.scheduler.lab_schedule`, idempotent): the ``LAB_SCHEDULE`` that should have
+      (:func:`controlplane.lab.services.scheduler.lab_schedule`, idempotent): the ``LAB_SCHEDULE`` that should have
       granted their freed devices may have been lost.
     - A running run with rounds, none of them in flight, whose last round ended more than
       :func:`liveness_grace_s` ago: its next step again (:func:`.rounds.advance.round_advance`:
@@ -219,13 +220,11 @@ def runs_liveness_sweep(*, now: dt.datetime | None = None) -> dict[str, int]:
     Returns:
         Counts of what was done: ``passes`` (0 or 1) and ``advanced`` (runs).
     """
-    from controlplane.experiments.services.lab.scheduler import lab_schedule
-
     now = now or timezone.now()
     counts = {"passes": 0, "advanced": 0}
     waited = now - dt.timedelta(seconds=float(mtfl_setting("ROUND_CHECK_S")))
     if Round.objects.filter(status=Round.Status.QUEUED, queued_at__lt=waited).exists():
-        lab_schedule(now=now)
+        schedule_now(now=now)
         counts["passes"] = 1
     ended_before = now - dt.timedelta(seconds=liveness_grace_s())
     idle = list(

@@ -36,10 +36,9 @@ from controlplane.experiments.models import MAX_REPEATS, Comparison, Experiment,
 from controlplane.experiments.services import dispatch, planning
 from controlplane.experiments.services.catalog import aggregation_check
 from controlplane.experiments.services.execution import experiment_execution_check
-from controlplane.experiments.services.lab.leases import leases_release
 from controlplane.experiments.services.plugins import experiment_plugins_check
-from controlplane.experiments.services.stop import run_work_stop
-from controlplane.experiments.services.storage import run_start_undo
+from controlplane.experiments.services.stop import run_start_undo, run_work_stop
+from controlplane.experiments.signals import release_devices
 from controlplane.fleet.models import DevicePool
 from controlplane.planning import metrics
 from controlplane.planning.planner import PlannerContext
@@ -81,7 +80,7 @@ def run_create(
             FL algorithms compare on one experiment's devices, data and seed.
         pool: a device pool (the pool, its id or its name) the run's rounds are placed in: each
             round trains the experiment's devices of the pool that the lab scheduler finds free
-            (:mod:`.lab.scheduler`); ``None``: the experiment's devices (or each round's drawn
+            (:mod:`controlplane.lab.services.scheduler`); ``None``: the experiment's devices (or each round's drawn
             participants).
         priority: -10 to 10; a waiting round of a higher-priority run gets free devices first.
 
@@ -474,7 +473,7 @@ def _run_devices_free(run_id: int, *, reason: str) -> None:
     cancelled = Round.objects.filter(run_id=run_id, status=Round.Status.QUEUED).update(
         status=Round.Status.CANCELLED, finished_at=timezone.now(), error=reason
     )
-    if leases_release(run_id=run_id, reason=reason) or cancelled:
+    if release_devices(run_id=run_id, reason=reason) or cancelled:
         transaction.on_commit(dispatch.send_lab_schedule)
 
 

@@ -12,7 +12,7 @@ cache) and dispatches the round; :func:`standalone_watchdog` dispatches it anywa
 deadline with the devices that did not answer recorded as failed.
 
 A run cancelled while it starts stops at its next step and its initial models go
-(:func:`.storage.run_start_undo`); a run begun again after its control worker was lost keeps its
+(:func:`.stop.run_start_undo`); a run begun again after its control worker was lost keeps its
 first ``started_at`` (:func:`.reliability.runs_resume` counts the restart).
 """
 
@@ -34,15 +34,15 @@ from controlplane.experiments import selectors
 from controlplane.experiments.models import Checkpoint, Round, Run, StandaloneThroughput
 from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.evaluation import checkpoints_evaluate_on_commit
-from controlplane.experiments.services.rounds.enqueue import round_enqueue
 from controlplane.experiments.services.participation import round_participants
 from controlplane.experiments.services.planning import plan_from_json, run_plan
 from controlplane.experiments.services.rounds.dispatch import round_dispatch
+from controlplane.experiments.services.rounds.enqueue import round_enqueue
 from controlplane.experiments.services.runs import run_fail
 from controlplane.experiments.services.standalone_cache import Measured, standalone_cache_store
-from controlplane.experiments.services.storage import run_start_undo
+from controlplane.experiments.services.stop import run_start_undo
 from controlplane.planning.types import Plan
-from workers.fl.artifacts import get_store, global_weights_key
+from workers.fl.artifacts import get_store, global_weights_key, save_model_weights
 from workers.protocol.messages import StandaloneResult
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,7 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
     store = get_store()
     initial: list[int] = []
     try:
-        from workers.fl.artifacts import save_model_weights
-        from workers.training.zoo import build_model
+        from workers.training.zoo import build_model  # deferred: torch, only where initial models are built
 
         for task in experiment.tasks.order_by("id"):
             if _start_cancelled(run.id):
@@ -111,7 +110,7 @@ def run_begin(*, run_id: int, claimant: str = "") -> None:
 
 def _start_cancelled(run_id: int) -> bool:
     """Whether the run stopped running while it was being prepared (a user cancelled it, or it
-    failed); if so, remove what its start wrote (:func:`.storage.run_start_undo`)."""
+    failed); if so, remove what its start wrote (:func:`.stop.run_start_undo`)."""
     if Run.objects.filter(id=run_id, status=Run.Status.RUNNING).exists():
         return False
     log.info("run %s ended while it was being prepared; its start stops and its initial models go", run_id)

@@ -1,5 +1,6 @@
-"""Stopping work in flight: a cancelled run's round and device tasks, and device tasks the round
-protocol no longer waits for (stragglers, devices left behind, superseded attempts)."""
+"""Stopping work in flight: a cancelled run's round and device tasks, device tasks the round
+protocol no longer waits for (stragglers, devices left behind, superseded attempts), and what the
+start of a run that ended before training wrote."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Iterable
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.experiments.models import Assignment, Round, Run
+from controlplane.common.artifact_root import run_folders_remove
+from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
 from controlplane.experiments.services import dispatch
 
 
@@ -50,3 +52,28 @@ def run_work_stop(*, run_ids: Iterable[int], reason: str) -> int:
         task_ids.update((ids or {}).values())
     device_tasks_cancel_on_commit(sorted(task_ids), reason)
     return len(task_ids)
+
+
+def run_start_undo(*, run_id: int) -> bool:
+    """Remove what the start of a run that ended before training wrote: its initial models
+    (:class:`Checkpoint` rows without a round, and the run's artifact folder once that commits).
+
+    Called when a run is cancelled (or fails) while starting — while
+    :func:`.standalone.run_begin` writes its initial models, or while round 0 waits for its
+    devices or measures ``P_alone`` — by the cancel and by ``run_begin`` itself when it sees the
+    run has ended (whichever comes last finds what the other left). A run still running, or one
+    with a round dispatched to its devices (``Round.deadline_at`` set), is left alone: its files
+    are its history, which retention and
+    :func:`controlplane.storage.services.retention.run_delete` manage.
+
+    Returns:
+        Whether the run's start was undone.
+    """
+    if Run.objects.filter(id=run_id, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).exists():
+        return False
+    if Round.objects.filter(run_id=run_id, deadline_at__isnull=False).exists():
+        return False
+    with transaction.atomic():
+        Checkpoint.objects.filter(run_id=run_id, round__isnull=True).delete()
+        transaction.on_commit(lambda: run_folders_remove([run_id]))
+    return True

@@ -1,6 +1,6 @@
 """Writes to profiling state, one module per concern: :mod:`.workloads` (model workload
-features), :mod:`.sweeps` (profiling sweeps and their samples, and the closed loop from FL
-rounds), :mod:`.predictors` (fitting and loading predictors)."""
+features), :mod:`.sweeps` (profiling sweeps and their samples; an FL round's samples are
+stored by :mod:`controlplane.experiments.services.samples`), :mod:`.predictors` (fitting and loading predictors)."""
 
 from controlplane.profiling.services.predictors import (
     predictor_current,
@@ -11,7 +11,6 @@ from controlplane.profiling.services.predictors import (
 from controlplane.profiling.services.sweeps import (
     profile_done,
     profile_record,
-    samples_from_round,
     sweep_execution,
     sweep_start,
     sweep_watchdog,
@@ -25,7 +24,6 @@ __all__ = [
     "predictor_request",
     "profile_done",
     "profile_record",
-    "samples_from_round",
     "sweep_execution",
     "sweep_start",
     "sweep_watchdog",

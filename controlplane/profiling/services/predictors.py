@@ -14,6 +14,9 @@ from django.db.models import Max
 from controlplane.celery import app
 from controlplane.common.errors import ApplicationError
 from controlplane.common.registered import registered
+from controlplane.fleet.models import Device
+from controlplane.fleet.selectors import device_class as class_of
+from controlplane.fleet.selectors import device_cores
 from controlplane.planning.predictor import (
     FAMILIES,
     MixTask,
@@ -129,8 +132,6 @@ def profiled_shapes(backend: str, architectures: set[str]) -> dict[str, tuple[in
     its input is not 3×32×32 (a plug-in model on other data cannot be built at the zoo's);
     else :data:`REFERENCE_NUM_CLASSES` at 3×32×32, as every zoo model has always been taken.
     """
-    from controlplane.experiments.models import Task
-
     shapes: dict[str, tuple[int, list[int]]] = {}
     for request in ProfileSweep.objects.filter(backend=backend).order_by("-id").values_list("request", flat=True):
         for arch, shape in ((request or {}).get("workloads") or {}).items():
@@ -138,15 +139,22 @@ def profiled_shapes(backend: str, architectures: set[str]) -> dict[str, tuple[in
                 shapes[arch] = (int(shape["num_classes"]), [int(d) for d in shape["input_shape"]])
     rest = architectures - set(shapes)
     if rest:
-        measured = ProfileSample.objects.filter(
-            backend=backend, source=ProfileSample.Source.RUN, architecture__in=rest
-        ).values("assignment__task_id")
+        # The tasks are read through the samples' assignments (newest task first), not from the
+        # experiments app's models: profiling sits below it and imports none of its modules.
         tasks = (
-            Task.objects.filter(id__in=measured)
-            .order_by("-id")
-            .values_list("architecture", "num_classes", "input_shape")
+            ProfileSample.objects.filter(
+                backend=backend, source=ProfileSample.Source.RUN, architecture__in=rest, assignment__isnull=False
+            )
+            .values_list(
+                "assignment__task_id",
+                "assignment__task__architecture",
+                "assignment__task__num_classes",
+                "assignment__task__input_shape",
+            )
+            .order_by("-assignment__task_id")
+            .distinct()
         )
-        for arch, num_classes, input_shape in tasks:
+        for _task_id, arch, num_classes, input_shape in tasks:
             if arch not in shapes and input_shape and list(input_shape) != INPUT_SHAPE:
                 shapes[arch] = (int(num_classes), [int(d) for d in input_shape])
     for arch in architectures - set(shapes):
@@ -188,10 +196,6 @@ def predictor_fit(
         predictor = _new_version(backend, _resolve_class(backend, device_class))
     else:
         predictor = Predictor.objects.get(id=predictor_id)
-    from controlplane.fleet.models import Device
-    from controlplane.fleet.selectors import device_class as class_of
-    from controlplane.fleet.selectors import device_cores
-
     samples = training_samples(predictor.backend, predictor.device_class)
     devices = [d for d in Device.objects.filter(backend=predictor.backend) if class_of(d) == predictor.device_class]
     cores = device_cores(devices[0]) if devices else 1

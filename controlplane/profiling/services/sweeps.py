@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from django.db import transaction
 from django.db.models import F
@@ -17,7 +17,6 @@ from controlplane.common.execution import execution_check
 from controlplane.common.registered import registered
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class, device_declaration_text, device_declares
-from controlplane.planning.strategies import STRATEGY_REGISTRY
 from controlplane.profiling.models import ProfileSample, ProfileSweep
 from workers.protocol.messages import ExecutionOptions, ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
 from workers.protocol.queues import CONTROL_QUEUE, TaskName, device_queue
@@ -48,7 +47,7 @@ def sweep_start(
     batch_sizes: Sequence[int] | None = None,
     max_mix: int | None = None,
     seed: int = 0,
-    tasks: Sequence[int] | None = None,
+    workloads: Mapping[str, dict] | None = None,
     execution: ExecutionOptions | Mapping[str, object] | None = None,
 ) -> ProfileSweep:
     """Ask a device's agent to profile co-located mixes for ``budget_s`` seconds.
@@ -59,8 +58,10 @@ def sweep_start(
     Args:
         architectures: models to profile at the zoo's shape (10 classes, 3×32×32); default
             :data:`DEFAULT_ARCHITECTURES` when ``tasks`` is not given either.
-        tasks: task ids whose architectures are profiled at each task's own classes and input
-            shape (``ProfileSweepRequest.workloads``), beside ``architectures``.
+        workloads: ``{architecture: {"num_classes", "input_shape"}}`` to profile at those
+            classes and input shapes (``ProfileSweepRequest.workloads``), beside
+            ``architectures``: what :func:`controlplane.experiments.services.sweeps.sweep_start`
+            reads of the tasks it is given (this app does not read tasks).
         execution: how every profiled trainer runs its steps
             (:class:`~workers.protocol.messages.ExecutionOptions` or its fields: ``mode``
             auto/eager/graphs, ``precision`` fp32/bf16, ``channels_last``); default auto, fp32.
@@ -70,28 +71,18 @@ def sweep_start(
     Raises:
         ApplicationError: budget out of range, execution options that are malformed or that the
             device's backend cannot run (400, field ``execution``: ``graphs`` or ``bf16`` on a
-            ``cpu`` device), unknown models or task ids, two tasks of one
-            architecture at different shapes (a sweep profiles a model at one shape), a model
+            ``cpu`` device), unknown models, a model
             the device's agent does not declare, bad batch sizes or mix size, or a device whose
             agent never connected (409), or a device leased to a run's round (409: the lab
             scheduler gives no round a device while its sweep is pending or running, and a
             sweep must not hold up a round whose deadline runs).
     """
-    try:
-        budget_s = float(budget_s)
-    except (TypeError, ValueError):
-        raise ApplicationError("budget_s must be a number of seconds", field="budget_s") from None
-    if not BUDGET_RANGE_S[0] <= budget_s <= BUDGET_RANGE_S[1]:
-        raise ApplicationError(
-            f"budget_s={budget_s:g} is out of range: allowed {BUDGET_RANGE_S[0]:g} to {BUDGET_RANGE_S[1]:g} seconds",
-            field="budget_s",
-        )
+    budget_s = sweep_budget(budget_s)
     options = sweep_execution(execution, device)
-    workloads = _task_workloads(tasks) if tasks is not None else {}
+    workloads = dict(workloads or {})
     architectures = list(architectures or ([] if workloads else DEFAULT_ARCHITECTURES))
     for name in architectures:
         registered(MODEL_REGISTRY, name, field="architectures")
-        _refuse_reference_shape_of_a_shaped_model(name, workloads)
     architectures += [a for a in workloads if a not in architectures]
     for name in architectures:
         if not device_declares(device, "models", name):
@@ -145,6 +136,24 @@ def sweep_start(
     return sweep
 
 
+def sweep_budget(budget_s: float) -> float:
+    """A sweep's time budget in seconds, checked.
+
+    Raises:
+        ApplicationError: (field ``budget_s``) not a number, or outside :data:`BUDGET_RANGE_S`.
+    """
+    try:
+        budget = float(budget_s)
+    except (TypeError, ValueError):
+        raise ApplicationError("budget_s must be a number of seconds", field="budget_s") from None
+    if not BUDGET_RANGE_S[0] <= budget <= BUDGET_RANGE_S[1]:
+        raise ApplicationError(
+            f"budget_s={budget:g} is out of range: allowed {BUDGET_RANGE_S[0]:g} to {BUDGET_RANGE_S[1]:g} seconds",
+            field="budget_s",
+        )
+    return budget
+
+
 EXECUTION_FIELDS = {"mode": "execution.mode", "precision": "execution.precision"}
 """How the sweep API names each :class:`ExecutionOptions` field in its messages."""
 
@@ -189,14 +198,14 @@ request's own ``num_classes`` default and ``DEFAULT_INPUT_SHAPE``)."""
 
 
 def _refuse_a_leased_device(device: Device) -> None:
-    """Refuse (409, field ``device``) to profile a device that a run's round holds."""
-    from controlplane.experiments.models import DeviceLease
+    """Refuse (409, field ``device``) to profile a device that a run's round holds.
 
-    lease = (
-        DeviceLease.objects.filter(device=device, released_at__isnull=True)
-        .select_related("run", "owner", "round")
-        .first()
-    )
+    The lease is read through the device's ``leases`` (the lab app's
+    :class:`~controlplane.lab.models.DeviceLease` rows): the lab sits above profiling (its
+    scheduler reads the sweeps in progress), so profiling reads its rows by the fleet's relation
+    instead of importing it.
+    """
+    lease = device.leases.filter(released_at__isnull=True).select_related("run", "owner", "round").first()
     if lease is not None:
         owner = lease.owner.get_username() if lease.owner else "nobody"
         held = f"round {lease.round.index} of run {lease.run_id}" if lease.round and lease.run_id else "a run"
@@ -212,71 +221,6 @@ def _refuse_a_leased_device(device: Device) -> None:
 def _send_lab_schedule() -> None:
     # A sweep ended: its device is free for waiting rounds (the lab scheduler counted it busy).
     app.send_task(TaskName.LAB_SCHEDULE, queue=CONTROL_QUEUE)
-
-
-def _refuse_reference_shape_of_a_shaped_model(architecture: str, workloads: Mapping[str, dict]) -> None:
-    """Refuse to profile ``architecture`` at :data:`REFERENCE_SHAPE` when the tasks that use it
-    take another sample shape: such a model (a plug-in on feature vectors, say) would fail every
-    configuration on the agent, after holding the device for the whole budget.
-
-    Raises:
-        ApplicationError: (field ``architectures``) naming a task and its shape and the way out
-            (``tasks=[ids]``, ``mtfl profile --tasks``).
-    """
-    from controlplane.experiments.models import Task
-
-    if architecture in workloads:
-        return
-    reference = REFERENCE_SHAPE["input_shape"]
-    for task in Task.objects.filter(architecture=architecture).only("id", "name", "input_shape").order_by("id"):
-        if task.input_shape and list(task.input_shape) != reference:
-            raise ApplicationError(
-                f"architectures: {architecture!r} is profiled at 3×32×32 when named alone, but task {task.name!r} "
-                f"feeds it samples of shape {tuple(task.input_shape)}: name the tasks instead (tasks=[{task.id}], "
-                f"or mtfl profile --tasks {task.id})",
-                field="architectures",
-            )
-
-
-def _task_workloads(task_ids: Sequence[int]) -> dict[str, dict]:
-    """``{architecture: {"num_classes", "input_shape"}}`` of the given tasks.
-
-    Raises:
-        ApplicationError: (field ``tasks``) not a list of ids, an unknown id, or two tasks
-            of one architecture at different shapes.
-    """
-    from controlplane.experiments.models import Task
-
-    try:
-        ids = [int(i) for i in task_ids]
-    except (TypeError, ValueError):
-        raise ApplicationError("tasks must be a list of task ids", field="tasks") from None
-    if not ids:
-        raise ApplicationError("tasks must list at least one task id", field="tasks")
-    found = {
-        t.id: t
-        for t in Task.objects.filter(id__in=ids).only("id", "name", "architecture", "num_classes", "input_shape")
-    }
-    missing = sorted(set(ids) - set(found))
-    if missing:
-        raise ApplicationError(f"tasks: no task with id {', '.join(map(str, missing))}", field="tasks")
-    out: dict[str, dict] = {}
-    named: dict[str, str] = {}
-    for task_id in dict.fromkeys(ids):
-        task = found[task_id]
-        shape = {
-            "num_classes": int(task.num_classes),
-            "input_shape": [int(d) for d in task.input_shape or REFERENCE_SHAPE["input_shape"]],
-        }
-        if task.architecture in out and out[task.architecture] != shape:
-            raise ApplicationError(
-                f"tasks {named[task.architecture]!r} and {task.name!r} use {task.architecture} at different shapes "
-                f"({out[task.architecture]} and {shape}): a sweep profiles a model at one shape; sweep them separately",
-                field="tasks",
-            )
-        out[task.architecture] = shape
-        named.setdefault(task.architecture, task.name)
-    return out
 
 
 def profile_record(*, result: dict) -> int:
@@ -374,106 +318,3 @@ def sweep_watchdog(*, sweep_id: int) -> None:
     )
     if failed:
         transaction.on_commit(_send_lab_schedule)
-
-
-def samples_from_round(*, round_id: int, timesliced_devices: Collection[int] = ()) -> int:
-    """The closed loop: every measured assignment of an FL round becomes a profile sample, its
-    device's assignments of that round being the co-located configuration.
-
-    Rounds of strategies with ``timeslice`` partitioning (``temporal``) are left out: their
-    tasks do not run at their shares; so are ``timesliced_devices``, the devices a
-    predictor-driven round time-sliced (a baseline's plan kept there: the caller knows the
-    round's plan, :func:`controlplane.experiments.services.planning.round_timesliced_devices`), and rounds of a strategy no longer registered (what its
-    shares meant is unknown). So is an assignment too short to time: fewer than
-    ``MTFL_MIN_TIMED_ITERATIONS`` iterations after the warm-up (``E·ceil(|D_ij| / B_ij)`` in
-    all; a 6-sample shard trains one batch a round, and the trainer then times iterations that
-    still carry one-off costs). Returns the number of samples stored.
-    """
-    from controlplane.common.bulk import bulk_insert
-    from controlplane.conf import mtfl_setting
-    from controlplane.experiments.models import Assignment, Round, Task
-
-    rnd = Round.objects.select_related("run__experiment").get(id=round_id)
-    epochs = rnd.run.experiment.local_epochs
-    untimed = int(mtfl_setting("WARMUP_ITERATIONS"))
-    needed = int(mtfl_setting("MIN_TIMED_ITERATIONS"))
-    if rnd.run.strategy not in STRATEGY_REGISTRY or STRATEGY_REGISTRY.get(rnd.run.strategy).partitioning != "mps":
-        return 0
-    # A round of 1,000 devices has 3,000 assignments: plain values, and each device and task
-    # once, rather than a model instance per assignment with its device and task joined on.
-    columns = (
-        "id",
-        "device_id",
-        "task_id",
-        "status",
-        "throughput_sps",
-        "batch_size",
-        "active_thread_percentage",
-        "standalone_throughput_sps",
-        "started_at",
-        "finished_at",
-        "simulated",
-        "samples",
-        "execution_mode",
-    )
-    if epochs > 0:
-        # A round whose shards are too short to time any assignment stores nothing: one EXISTS
-        # instead of reading its 3,000 assignments, devices and tasks. The test below keeps an
-        # assignment exactly when ceil(samples / batch) >= least, i.e. samples > (least - 1) * batch.
-        least = -(-(needed + untimed) // epochs)
-        if not rnd.assignments.filter(
-            status=Assignment.Status.SUCCEEDED, samples__gt=(least - 1) * F("batch_size")
-        ).exists():
-            return 0
-    by_device: dict[int, list[dict]] = {}
-    for values in rnd.assignments.order_by("device_id", "task_id").values_list(*columns):
-        a = dict(zip(columns, values, strict=True))
-        by_device.setdefault(a["device_id"], []).append(a)
-    used = rnd.assignments.values("device_id")
-    devices = {d.id: d for d in Device.objects.filter(id__in=used).only("id", "backend", "inventory")}
-    architecture = dict(Task.objects.filter(id__in=rnd.assignments.values("task_id")).values_list("id", "architecture"))
-    # A device a predictor-driven plan kept on a timeslice baseline's plan did not run at its shares.
-    sliced = set(timesliced_devices)
-    rows = []
-    for device_id, assignments in by_device.items():
-        if device_id in sliced:
-            continue
-        if not all(a["status"] == Assignment.Status.SUCCEEDED and a["throughput_sps"] for a in assignments):
-            continue
-        device = devices[device_id]
-        klass = device_class(device)
-        configuration = [
-            {
-                "architecture": architecture[a["task_id"]],
-                "batch_size": a["batch_size"],
-                "active_thread_percentage": a["active_thread_percentage"],
-            }
-            for a in assignments
-        ]
-        for index, a in enumerate(assignments):
-            if epochs * -(-a["samples"] // a["batch_size"]) - untimed < needed:
-                continue
-            rows.append(
-                dict(
-                    source=ProfileSample.Source.RUN,
-                    assignment_id=a["id"],
-                    device_id=device_id,
-                    backend=device.backend,
-                    device_class=klass,
-                    config_key=f"round-{rnd.id}-{device_id}",
-                    configuration=configuration,
-                    mix_size=len(assignments),
-                    task_index=index,
-                    architecture=architecture[a["task_id"]],
-                    batch_size=a["batch_size"],
-                    active_thread_percentage=a["active_thread_percentage"],
-                    throughput_sps=a["throughput_sps"],
-                    standalone_sps=a["standalone_throughput_sps"],
-                    started_at=a["started_at"],
-                    finished_at=a["finished_at"],
-                    simulated=a["simulated"],
-                    execution_mode=a["execution_mode"],
-                )
-            )
-    bulk_insert(ProfileSample, rows, ignore_conflicts=True)
-    return len(rows)

@@ -48,7 +48,7 @@ class Command(BaseCommand):
             use_running_broker()
         except RuntimeError as exc:
             raise CommandError(str(exc)) from exc
-        from workers.agent.app import main
+        from workers.agent.app import main  # deferred: the agent's Celery app and backends, on first use
 
         argv = ["--device", options["device"], "--backend", options["backend"], "--loglevel", options["loglevel"]]
         for flag, key in (

@@ -12,15 +12,14 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from rich.table import Table
 
+from controlplane.celery import use_broker
 from controlplane.common.errors import ApplicationError
 from controlplane.core.cli_support import console
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import USAGE_ERROR, list_option, params_option
 from controlplane.experiments import selectors
-from controlplane.experiments.exports import aggregation_settings
 from controlplane.experiments.models import CLIENT_SAMPLING_RULES, EXECUTION_MODES, PRECISIONS, Experiment
 from controlplane.experiments.services import experiment_create_from_template
-from controlplane.experiments.services.storage import keep_last_checkpoints
 from controlplane.experiments.services.templates import (
     DEFAULT_DIRICHLET_ALPHA,
     DEFAULT_LOCAL_EPOCHS,
@@ -32,6 +31,8 @@ from controlplane.fleet.models import Device
 from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
 from controlplane.profiling.services import workload_ensure
+from controlplane.storage.exports import aggregation_settings
+from controlplane.storage.services.retention import keep_last_checkpoints
 from workers.protocol.messages import ExecutionOptions
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
 
@@ -301,8 +302,6 @@ class Command(BaseCommand):
         try:
             use_running_broker()
         except RuntimeError:
-            from controlplane.celery import use_broker
-
             use_broker("memory://localhost/", "cache+memory://")
             return False
         return True

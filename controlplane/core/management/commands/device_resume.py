@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand
 
 from controlplane.core.lab_cli import device_named, read_lab
-from controlplane.experiments.services.lab.admin import device_resume
+from controlplane.lab.services.admin import device_resume
 
 
 class Command(BaseCommand):

@@ -1,13 +1,13 @@
 """``mtfl gc``: free what the retention policy allows in the artifact store (``--dry-run``: only
 say what it would free). The policy and what it keeps:
-:mod:`controlplane.experiments.services.storage`."""
+:mod:`controlplane.storage.services.retention`."""
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from controlplane.experiments.services import storage
-from controlplane.experiments.services.storage import format_bytes
+from controlplane.common.artifact_root import format_bytes
+from controlplane.storage.services import retention
 
 
 class Command(BaseCommand):
@@ -24,7 +24,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         dry_run = bool(opts["dry_run"])
-        report = storage.gc(dry_run=dry_run)
+        report = retention.gc(dry_run=dry_run)
         verb = "would free" if dry_run else "freed"
         for e in report.entries:
             name = (
@@ -35,7 +35,7 @@ class Command(BaseCommand):
             self.stdout.write(f"total: {verb} {format_bytes(report.bytes)} in {report.files} file(s)")
         else:
             self.stdout.write("nothing to free: every finished run already follows the retention policy")
-        totals = storage.storage_totals()
+        totals = retention.storage_totals()
         self.stdout.write(
             f"ARTIFACT_ROOT {totals.root}: {format_bytes(totals.bytes)} in {totals.files} file(s), "
             f"{format_bytes(totals.free_bytes)} free"

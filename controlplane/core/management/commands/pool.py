@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.core.lab_cli import read_lab
 from controlplane.core.options import list_option
-from controlplane.experiments.lab_selectors import pool_by_ref, pool_list
-from controlplane.experiments.services.lab import admin
+from controlplane.lab.selectors import pool_by_ref, pool_list
+from controlplane.lab.services import admin
 
 ACTIONS = ("list", "create", "set", "delete")
 

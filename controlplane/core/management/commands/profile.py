@@ -11,7 +11,8 @@ from controlplane.common.errors import ApplicationError
 from controlplane.core.cli_support import console, interrupt_on_signals, require_control_worker
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import float_option, int_option, list_option
-from controlplane.experiments.models import EXECUTION_MODES
+from controlplane.experiments.models import EXECUTION_MODES, Task
+from controlplane.experiments.services import sweeps
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class
 from controlplane.profiling import services
@@ -75,7 +76,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self._require_control_worker()
         try:
-            sweep = services.sweep_start(
+            sweep = sweeps.sweep_start(
                 device=device,
                 budget_s=budget,
                 architectures=architectures,
@@ -124,7 +125,6 @@ class Command(BaseCommand):
 
     def _task_ids(self, given: str) -> list[int]:
         """The ids of ``--tasks``' comma-separated ids or names; an unknown one is a one-line error."""
-        from controlplane.experiments.models import Task
 
         ids = []
         for key in list_option("tasks", given):

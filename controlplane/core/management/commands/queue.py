@@ -11,8 +11,9 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
+from controlplane.api.serializers import QueueSerializer
 from controlplane.core.lab_cli import read_lab
-from controlplane.experiments.lab_selectors import queue_state
+from controlplane.lab.selectors import queue_state
 
 
 def _clock(value: dt.datetime | None) -> str:
@@ -36,7 +37,7 @@ def policy_line(state: dict[str, Any]) -> str:
 
 
 def queue_lines(state: dict[str, Any]) -> list[str]:
-    """The queue as text (:func:`controlplane.experiments.lab_selectors.queue_state`)."""
+    """The queue as text (:func:`controlplane.lab.selectors.queue_state`)."""
     lines = [
         policy_line(state),
         f"{state['waiting_total']} round(s) waiting · {state['devices_held']} of {state['devices_total']} device(s) "
@@ -132,8 +133,6 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         state = read_lab("the queue", queue_state)
         if opts["json"]:
-            from controlplane.api.serializers import QueueSerializer
-
             self.stdout.write(json.dumps(QueueSerializer(state).data, indent=2))
             return
         for line in queue_lines(state):

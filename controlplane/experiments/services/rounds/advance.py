@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from controlplane.experiments.models import Round, Run
-from controlplane.experiments.services import dispatch, storage
+from controlplane.experiments.models import ROUND_ENDED, Round, Run
+from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.evaluation import (
     checkpoints_evaluate_on_commit,
     round_checkpoints_pending,
@@ -32,7 +32,7 @@ def round_advance(rnd: Round) -> None:
 
     Then, once the round's checkpoints are committed and the next round is sent, the retention
     policy is queued as its own control task (``RUN_RETENTION``:
-    :func:`.storage.retention_after_round`: device weights of ended rounds, checkpoints no
+    :func:`controlplane.storage.services.retention.retention_after_round`: device weights of ended rounds, checkpoints no
     longer kept), so neither this task nor the next round waits for it (at 1,000 devices it
     removes 3,000 files and 1,000 folders: a third of what recording the round took). Running beside that round is safe: the policy plans
     from what is committed when it runs, so it keeps the checkpoint the round reads (the latest)
@@ -55,6 +55,6 @@ def round_advance(rnd: Round) -> None:
         run_finish(run_id=run.id)
     else:
         checkpoints_evaluate_on_commit(round_checkpoints_pending(rnd.id))
-    if rnd.status in storage.ROUND_ENDED:
+    if rnd.status in ROUND_ENDED:
         run_id, index = rnd.run_id, rnd.index
         transaction.on_commit(lambda: dispatch.send_run_retention(run_id, index))

@@ -1,5 +1,5 @@
 """Dispatching a round the lab scheduler leased its devices to
-(:mod:`controlplane.experiments.services.lab.scheduler`): plan its participants, save their
+(:mod:`controlplane.lab.services.scheduler`): plan its participants, save their
 assignments (each with its device's task id and the round's deadline) and dispatch it as a
 chord, with its watchdog's first check.
 
@@ -38,7 +38,7 @@ from controlplane.planning.types import Plan, PlannedAssignment, PlanningError
 
 def round_dispatch(*, round_id: int) -> Round | None:
     """Plan a round the lab scheduler has just leased its devices to, save its assignments and
-    dispatch it (:mod:`controlplane.experiments.services.lab.scheduler` calls this once the
+    dispatch it (:mod:`controlplane.lab.services.scheduler` calls this once the
     round is ``running`` with its leases held).
 
     The round's participants (``Round.participants``: drawn when it was enqueued, or the pool

@@ -1,5 +1,6 @@
 """Enqueue: a run's round is created ``queued``, holding no device, and a scheduling pass runs
-(:func:`..lab.scheduler.lab_schedule`), which leases its devices and dispatches it
+(:func:`controlplane.lab.services.scheduler.lab_schedule`, answering the
+:data:`controlplane.experiments.signals.schedule_wanted` signal), which leases its devices and dispatches it
 (:func:`.dispatch.round_dispatch`) at once when they are free, or later when they are released.
 """
 
@@ -7,12 +8,12 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from controlplane.common.artifact_root import storage_space_problem
 from controlplane.common.errors import ApplicationError
 from controlplane.experiments.models import Round, Run
-from controlplane.experiments.services.lab.scheduler import lab_schedule
 from controlplane.experiments.services.participation import round_participants
 from controlplane.experiments.services.runs import run_fail
-from controlplane.experiments.services.storage import storage_space_problem
+from controlplane.experiments.signals import schedule_now
 
 
 def round_enqueue(*, run_id: int, index: int) -> Round | None:
@@ -52,6 +53,6 @@ def round_enqueue(*, run_id: int, index: int) -> Round | None:
     )
     if not created:
         return None
-    lab_schedule()
+    schedule_now()
     rnd.refresh_from_db()
     return rnd

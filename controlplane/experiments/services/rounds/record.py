@@ -24,15 +24,15 @@ from controlplane.common.bulk import bulk_set, db_value
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Round
 from controlplane.experiments.services import dispatch
-from controlplane.experiments.services.lab.leases import leases_release
 from controlplane.experiments.services.planning import round_timesliced_devices
 from controlplane.experiments.services.rounds.advance import round_advance
 from controlplane.experiments.services.rounds.aggregate import round_aggregate
 from controlplane.experiments.services.runs import run_fail
+from controlplane.experiments.services.samples import samples_from_round
 from controlplane.experiments.services.weights import weights_problems
+from controlplane.experiments.signals import release_devices
 from controlplane.fleet.models import Device
 from controlplane.planning import metrics
-from controlplane.profiling.services import samples_from_round
 from workers.fl.artifacts import device_weights_key, get_store
 from workers.protocol.messages import DeviceRoundResult, round_idempotency_key
 
@@ -164,7 +164,7 @@ def round_record(
     # round: then its next round's enqueue runs the pass, so its priority is not lost between
     # two of its rounds (a run that fails or ends asks for a pass itself).
     rnd = Round.objects.select_related("run__experiment").get(id=round_id)
-    if leases_release(round_ids=[round_id], reason="its round's results are in") and not _outranks_the_queue(rnd):
+    if release_devices(round_ids=[round_id], reason="its round's results are in") and not _outranks_the_queue(rnd):
         transaction.on_commit(dispatch.send_lab_schedule)
     try:
         _record_and_aggregate(rnd, results, cause, causes or {}, list(notes))

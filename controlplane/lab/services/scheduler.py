@@ -1,24 +1,28 @@
 """The lab scheduler: rounds wait (``queued``) for their devices, and a scheduling pass grants
 free devices to waiting rounds by the lab's policy and dispatches them.
 
-A run's round is *enqueued* by :func:`..rounds.enqueue.round_start` (``ROUND_START``: a run's
-first round after its initial models, each next round after the previous one's aggregation); it
-then holds no device and is ``queued``. :func:`lab_schedule` runs a pass: it releases leases whose round or
-run has ended (:func:`.leases.leases_sweep`: a crashed run never blocks a device for ever),
-reads the waiting rounds (:func:`waiting_rounds`), lets the pure policy decide
-(:func:`controlplane.planning.scheduling.schedule_pass`: ``MTFL_SCHEDULER_POLICY``, priorities,
-backfilling, AlloX-style placement in pools) and, for each round it grants, leases all its
-devices at once (:func:`.leases.leases_claim`), marks it ``running`` with ``queue_s`` (its wait)
-and dispatches it (:func:`..rounds.start.round_dispatch`: plan, ``P_alone`` if needed, train).
-Deadlines and straggler detection count from that dispatch, never from the enqueue.
+A run's round is *enqueued* by
+:func:`controlplane.experiments.services.rounds.enqueue.round_enqueue` (``ROUND_ENQUEUE``: a
+run's first round after its initial models, each next round after the previous one's
+aggregation); it then holds no device and is ``queued``. :func:`lab_schedule` runs a pass: it
+releases leases whose round or run has ended (:func:`.leases.leases_sweep`: a crashed run never
+blocks a device for ever), reads the waiting rounds (:func:`waiting_rounds`), lets the pure
+policy decide (:func:`controlplane.planning.scheduling.schedule_pass`:
+``MTFL_SCHEDULER_POLICY``, priorities, backfilling, AlloX-style placement in pools) and, for
+each round it grants, leases all its devices at once (:func:`.leases.leases_claim`), marks it
+``running`` with ``queue_s`` (its wait) and dispatches it
+(:func:`controlplane.experiments.services.rounds.dispatch.round_dispatch`: plan, ``P_alone`` if
+needed, train). Deadlines and straggler detection count from that dispatch, never from the
+enqueue.
 
-A pass runs whenever the state it reads changes: a round enqueued, a round's devices
-released (its results arrived: :func:`..rounds.record.round_finish`; a run ended, failed or was
-cancelled), a device resumed, a control worker (re)started (:mod:`..reliability`); each of
-those sends ``LAB_SCHEDULE`` or calls :func:`lab_schedule`. Passes are idempotent and safe to
-run concurrently: a device is claimed by one conditional insert and a round granted by one
-conditional update, so two passes cannot give one device to two rounds or dispatch a round
-twice.
+A pass runs whenever the state it reads changes: a round enqueued, a round's devices released
+(its results arrived: :func:`controlplane.experiments.services.rounds.record.round_record`; a
+run ended, failed or was cancelled), a device resumed, a control worker (re)started
+(:mod:`controlplane.experiments.services.reliability`); each of those sends ``LAB_SCHEDULE`` or
+the :data:`controlplane.experiments.signals.schedule_wanted` signal, which calls
+:func:`lab_schedule`. Passes are idempotent and safe to run concurrently: a device is claimed by
+one conditional insert and a round granted by one conditional update, so two passes cannot give
+one device to two rounds or dispatch a round twice.
 """
 
 from __future__ import annotations
@@ -33,13 +37,15 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from controlplane.conf import mtfl_setting
-from controlplane.experiments.models import DeviceLease, Experiment, Round, Run, Shard, UserShare
-from controlplane.experiments.services.lab.leases import held_leases, leases_claim, leases_sweep
-from controlplane.experiments.services.rounds.start import round_dispatch
+from controlplane.experiments.models import Experiment, Round, Run, Shard
+from controlplane.experiments.services.rounds.dispatch import round_dispatch
 from controlplane.experiments.services.runs import run_fail
 from controlplane.fleet.models import Device
+from controlplane.lab.models import DeviceLease, UserShare
+from controlplane.lab.services.leases import held_leases, leases_claim, leases_sweep
 from controlplane.planning.participation import participant_count
 from controlplane.planning.scheduling import WaitingRound, owner_usage, schedule_pass
+from controlplane.profiling.selectors import sweeps_in_progress
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +55,6 @@ _FINISHED = (Round.Status.SUCCEEDED, Round.Status.PARTIAL)
 def profiling_devices() -> set[int]:
     """Ids of the devices with a profiling sweep pending or running: no round is granted them
     (the sweep runs on the same agent and would hold the round up while its deadline runs)."""
-    from controlplane.profiling.selectors import sweeps_in_progress
-
     return set(sweeps_in_progress().values_list("device_id", flat=True))
 
 

@@ -28,10 +28,11 @@ from django.utils import timezone
 from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.models import Round, Run
-from controlplane.experiments.services.lab.leases import held_leases
-from controlplane.experiments.services.lab.scheduler import lab_usage, waiting_rounds
 from controlplane.fleet.models import Device, DevicePool
+from controlplane.lab.services.leases import held_leases
+from controlplane.lab.services.scheduler import lab_usage, waiting_rounds
 from controlplane.planning.scheduling import DEFAULT_ROUND_S, WaitingRound, estimate_starts, order_waiting
+from controlplane.profiling.selectors import sweeps_in_progress
 
 MAX_DEVICES_LISTED = 200
 """The most device rows a queue answer lists (held and paused devices first, then those the
@@ -127,8 +128,6 @@ def _profiling(now: dt.datetime) -> dict[int, dict[str, Any]]:
     """``{device id: {"sweep", "since", "expected_end"}}`` of the devices with a profiling sweep
     pending or running (the lab scheduler grants them to no round); the expected end is the
     sweep's start (or creation) plus its budget, never before ``now``."""
-    from controlplane.profiling.selectors import sweeps_in_progress
-
     out: dict[int, dict[str, Any]] = {}
     for sweep_id, device_id, created_at, started_at, budget_s in sweeps_in_progress().values_list(
         "id", "device_id", "created_at", "started_at", "budget_s"

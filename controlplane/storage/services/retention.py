@@ -13,7 +13,7 @@ What a run writes to the artifact store (:mod:`workers.fl.artifacts`, keys under
   (:func:`~workers.fl.artifacts.server_state_key`). A :class:`Checkpoint` row names them.
 
 The retention policy (:func:`run_retention_apply`), applied after every aggregated round
-(:func:`retention_after_round`, from :func:`.rounds.advance.round_advance`) and by
+(:func:`retention_after_round`, from :func:`controlplane.experiments.services.rounds.advance.round_advance`) and by
 :func:`gc` to every finished run:
 
 - the device weights of every round that has ended (``succeeded``, ``partial``, ``failed``,
@@ -51,18 +51,28 @@ from pathlib import Path
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.common.artifact_root import (
+    format_bytes,
+    local_store,
+    run_folder,
+    run_folders_remove,
+    space_problem,
+)
 from controlplane.common.errors import ApplicationError
 from controlplane.conf import mtfl_setting
-from controlplane.experiments.models import Assignment, Checkpoint, Comparison, Experiment, Round, Run
+from controlplane.experiments.models import (
+    ROUND_ENDED,
+    RUN_ENDED,
+    Assignment,
+    Checkpoint,
+    Comparison,
+    Experiment,
+    Run,
+)
 from controlplane.experiments.selectors import can_manage_experiment
-from workers.fl.artifacts import LocalArtifactStore, get_store, parse_device_weights_key, validate_key
+from workers.fl.artifacts import LocalArtifactStore, parse_device_weights_key, validate_key
 
 log = logging.getLogger(__name__)
-
-ROUND_ENDED = (Round.Status.SUCCEEDED, Round.Status.PARTIAL, Round.Status.FAILED, Round.Status.CANCELLED)
-"""Round states after which nothing reads its device weights again."""
-
-RUN_ENDED = (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED)
 
 STALE_TEMP_S = 3600.0
 """A temporary file of an atomic write (``.<name>.<random>.tmp``) older than this is left over
@@ -70,29 +80,6 @@ from a writer that died; a younger one may still be moved into place, and is lef
 
 _CHUNK = 500
 """Ids per ``UPDATE ... WHERE id IN (...)`` (SQLite's limit on bound parameters)."""
-
-
-def format_bytes(n: int | float) -> str:
-    """``n`` bytes in binary units, ``"375.2 MiB"`` (``"512 B"`` under a KiB)."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def _store() -> LocalArtifactStore:
-    """The control plane's artifact store (``ARTIFACT_ROOT``)."""
-    store = get_store()
-    if not isinstance(store, LocalArtifactStore):  # the factory only makes local stores today
-        raise TypeError(f"the storage lifecycle needs a local artifact store, not {store!r}")
-    return store
-
-
-def run_folder(run_id: int) -> str:
-    """The key prefix of everything a run writes: ``runs/<run id>``."""
-    return f"runs/{int(run_id)}"
 
 
 # --------------------------------------------------------------------------------- the policy
@@ -362,13 +349,13 @@ def run_retention_apply(*, run_id: int, round_index: int | None = None, dry_run:
         Run.DoesNotExist: no such run.
     """
     run = Run.objects.select_related("experiment").get(id=run_id)
-    store = _store()
+    store = local_store()
     return _apply(run, _run_plan(run, store, round_index=round_index, sweep_all=False), store, dry_run=dry_run)
 
 
 def retention_after_round(run_id: int, round_index: int) -> None:
     """:func:`run_retention_apply` after a round of the run ended and its checkpoints were
-    committed (called from :func:`.rounds.advance.round_advance`). A failure here is logged and
+    committed (called from :func:`controlplane.experiments.services.rounds.advance.round_advance`). A failure here is logged and
     never fails the run: what is left is freed by the next round or by :func:`gc`."""
     try:
         freed = run_retention_apply(run_id=run_id, round_index=round_index)
@@ -386,23 +373,6 @@ def retention_after_round(run_id: int, round_index: int) -> None:
 
 
 # --------------------------------------------------------------------------------- free space
-
-
-def storage_space_problem() -> str | None:
-    """A one-line message when ``ARTIFACT_ROOT`` has less free space than
-    ``MTFL_MIN_FREE_BYTES``, else ``None``. A round refuses to start with this message: its
-    devices' weights and its global models need room."""
-    root = _store().root
-    return _space_problem(root, shutil.disk_usage(root).free, int(mtfl_setting("MIN_FREE_BYTES")))
-
-
-def _space_problem(root: Path, free: int, threshold: int) -> str | None:
-    if free >= threshold:
-        return None
-    return (
-        f"ARTIFACT_ROOT {root} has {format_bytes(free)} free ({free} bytes), below MTFL_MIN_FREE_BYTES="
-        f"{threshold} ({format_bytes(threshold)}): free space (`mtfl gc`, or delete runs) or lower the threshold"
-    )
 
 
 # ------------------------------------------------------------------------------------ disk use
@@ -437,13 +407,13 @@ def experiments_disk_use(experiment_ids: Iterable[int]) -> dict[int, DiskUse]:
     runs: dict[int, list[int]] = {i: [] for i in ids}
     for run_id, experiment_id in Run.objects.filter(experiment_id__in=ids).values_list("id", "experiment_id"):
         runs[experiment_id].append(run_id)
-    store = _store()
+    store = local_store()
     return {i: _disk_use(store.path(run_folder(r)) for r in run_ids) for i, run_ids in runs.items()}
 
 
 def run_disk_use(run_id: int) -> DiskUse:
     """The files a run holds in the artifact store."""
-    return _disk_use([_store().path(run_folder(run_id))])
+    return _disk_use([local_store().path(run_folder(run_id))])
 
 
 @dataclass(frozen=True)
@@ -460,13 +430,13 @@ class StorageTotals:
 
     @property
     def problem(self) -> str | None:
-        """:func:`storage_space_problem`'s message for these figures (``None``: rounds start)."""
-        return _space_problem(self.root, self.free_bytes, self.min_free_bytes)
+        """:func:`controlplane.common.artifact_root.storage_space_problem`'s message for these figures (``None``: rounds start)."""
+        return space_problem(self.root, self.free_bytes, self.min_free_bytes)
 
 
 def storage_totals() -> StorageTotals:
     """The artifact store's size (walked now) and its file system's free space."""
-    root = _store().root
+    root = local_store().root
     use = _disk_use([root])
     return StorageTotals(
         root=root,
@@ -482,20 +452,6 @@ def storage_totals() -> StorageTotals:
 
 def _in_progress(runs) -> list[int]:
     return sorted(runs.filter(status__in=[Run.Status.PENDING, Run.Status.RUNNING]).values_list("id", flat=True))
-
-
-def _folders_remove(run_ids: Sequence[int]) -> None:
-    """Remove the runs' artifact folders (after their rows are gone); a failure is logged, and
-    :func:`gc` removes what is left as orphans."""
-    store = _store()
-    for run_id in run_ids:
-        folder = store.path(run_folder(run_id))
-        try:
-            shutil.rmtree(folder)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.warning("could not remove %s of deleted run %s: %s", folder, run_id, exc)
 
 
 def run_delete(*, run: Run, actor=None) -> DiskUse:
@@ -525,32 +481,8 @@ def run_delete(*, run: Run, actor=None) -> DiskUse:
             current = Run.objects.filter(id=run.id).values_list("status", flat=True).first() or "gone"
             raise ApplicationError(blocked.format(current), field="status", status_code=409)
         run_id = run.id
-        transaction.on_commit(lambda: _folders_remove([run_id]))
+        transaction.on_commit(lambda: run_folders_remove([run_id]))
     return held
-
-
-def run_start_undo(*, run_id: int) -> bool:
-    """Remove what the start of a run that ended before training wrote: its initial models
-    (:class:`Checkpoint` rows without a round, and the run's artifact folder once that commits).
-
-    Called when a run is cancelled (or fails) while starting — while
-    :func:`.standalone.run_begin` writes its initial models, or while round 0 waits for its
-    devices or measures ``P_alone`` — by the cancel and by ``run_begin`` itself when it sees the
-    run has ended (whichever comes last finds what the other left). A run still running, or one
-    with a round dispatched to its devices (``Round.deadline_at`` set), is left alone: its files
-    are its history, which retention and :func:`run_delete` manage.
-
-    Returns:
-        Whether the run's start was undone.
-    """
-    if Run.objects.filter(id=run_id, status__in=[Run.Status.PENDING, Run.Status.RUNNING]).exists():
-        return False
-    if Round.objects.filter(run_id=run_id, deadline_at__isnull=False).exists():
-        return False
-    with transaction.atomic():
-        Checkpoint.objects.filter(run_id=run_id, round__isnull=True).delete()
-        transaction.on_commit(lambda: _folders_remove([run_id]))
-    return True
 
 
 def experiment_delete(*, experiment: Experiment, actor=None) -> DiskUse:
@@ -590,7 +522,7 @@ def experiment_delete(*, experiment: Experiment, actor=None) -> DiskUse:
         run_ids = list(experiment.runs.values_list("id", flat=True))
         held = experiments_disk_use([experiment.id])[experiment.id]
         Experiment.objects.filter(id=experiment.id).delete()
-        transaction.on_commit(lambda: _folders_remove(run_ids))
+        transaction.on_commit(lambda: run_folders_remove(run_ids))
     return held
 
 
@@ -641,7 +573,7 @@ def gc(*, dry_run: bool) -> GcReport:
         Per experiment with something to free (in id order; orphan folders last): its runs
         concerned, files and bytes.
     """
-    store = _store()
+    store = local_store()
     entries: dict[int | None, GcEntry] = {}
     runs = Run.objects.filter(status__in=RUN_ENDED).select_related("experiment").order_by("experiment_id", "id")
     for run in runs.iterator(chunk_size=200):
@@ -667,7 +599,7 @@ def gc(*, dry_run: bool) -> GcReport:
 
 def storage_overview(experiments: Iterable[Experiment]) -> dict:
     """The artifact store's totals (:func:`storage_totals`), why rounds refuse to start now
-    (:func:`storage_space_problem`, ``None`` when they do not) and what each of ``experiments``
+    (:func:`controlplane.common.artifact_root.storage_space_problem`, ``None`` when they do not) and what each of ``experiments``
     holds, largest first: the body of ``GET /api/storage/``."""
     names = {e.id: e.name for e in experiments}
     use = experiments_disk_use(names)

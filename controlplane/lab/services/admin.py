@@ -3,7 +3,7 @@
 A paused device is leased to no new round (the round holding it finishes); resuming it runs a
 scheduling pass. A pool groups devices of one device class
 (:func:`controlplane.fleet.selectors.device_class`) so that runs may name the pool instead of
-devices (:func:`..runs.run_create`'s ``pool``).
+devices (:func:`controlplane.experiments.services.runs.run_create`'s ``pool``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from controlplane.common.errors import ApplicationError
+from controlplane.experiments.models import Run
 from controlplane.experiments.services import dispatch
 from controlplane.fleet.models import Device, DevicePool
 from controlplane.fleet.selectors import device_class
@@ -131,8 +132,6 @@ def pool_delete(*, pool: DevicePool, user=None) -> None:
         ApplicationError: ``user`` is not staff (403); runs name the pool (409: a run keeps the
             pool it ran on, so the pool goes once they are deleted).
     """
-    from controlplane.experiments.models import Run
-
     _staff(user, "delete a pool")
     runs = list(Run.objects.filter(pool=pool).order_by("id").values_list("id", flat=True)[:6])
     if runs:
@@ -149,8 +148,6 @@ def pool_delete(*, pool: DevicePool, user=None) -> None:
 def _pool_leaving_warnings(leaving) -> list[str]:
     """One line per running run on a pool that loses devices (a queryset of the devices that
     leave their pool): its next rounds train on fewer devices, so fewer of its shards."""
-    from controlplane.experiments.models import Run
-
     lost: dict[int, list[str]] = {}
     for name, pool_id in leaving.values_list("name", "pool_id"):
         lost.setdefault(pool_id, []).append(name)

@@ -1,4 +1,4 @@
-"""Device leases: which round holds which device (:class:`~controlplane.experiments.models.DeviceLease`).
+"""Device leases: which round holds which device (:class:`~controlplane.lab.models.DeviceLease`).
 
 A device is held by at most one lease (a partial unique constraint on the rows not yet released),
 so :func:`leases_claim` claims all of a round's devices with one conditional ``INSERT`` inside a
@@ -17,7 +17,8 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from controlplane.common.bulk import bulk_insert
-from controlplane.experiments.models import DeviceLease, Round, Run
+from controlplane.experiments.models import Round, Run
+from controlplane.lab.models import DeviceLease
 
 
 def held_leases() -> QuerySet[DeviceLease]:

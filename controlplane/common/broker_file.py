@@ -3,7 +3,8 @@
 :class:`controlplane.core.embedded.EmbeddedBroker` writes its ``redis+socket://`` URL to
 ``$MTFL_HOME/broker_url`` while it runs; other processes on the machine (``mtfl agent``,
 ``mtfl profile``, ``mtfl shell``, the control app's first connection) find it here. Imports
-neither Celery nor the control app, so the app can use it without a circle.
+neither Celery nor the control app, and lives below both (in ``common``, not with the embedded
+stack in ``core``, which imports the control app), so the app reads it without a loop.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def shutdown_embedded_broker(url: str) -> bool:
     """
     if not url.startswith("redis+socket://"):
         return False
-    import redis
+    import redis  # deferred: only a control worker stopping an orphaned broker needs the client
 
     socket_path = url.removeprefix("redis+socket://").split("?")[0]
     try:
