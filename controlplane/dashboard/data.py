@@ -34,6 +34,7 @@ from controlplane.planning.metrics import format_estimate
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy, compared_strategies
 from controlplane.profiling.models import Predictor
 from controlplane.profiling.selectors import predictor_history
+from controlplane.storage.exports import aggregation_settings
 from workers.registry.partitioners import PARTITIONER_REGISTRY
 
 
@@ -860,8 +861,6 @@ def experiment_aggregation(experiment: Experiment) -> dict[str, Any]:
     "overrides": [{"task", "aggregation", "params"}], "participation": str}``, overrides by task
     name (:func:`controlplane.storage.exports.aggregation_settings`), participation in words
     (``"every device, every round"``, ``"5 devices per round, drawn uniform"``)."""
-    from controlplane.storage.exports import aggregation_settings
-
     settings = aggregation_settings(experiment)
     if settings["clients_per_round"] is not None:
         n = settings["clients_per_round"]
