@@ -64,6 +64,7 @@ from workers.backends.base import (
     TrainerProcessBackend,
     TrainerResources,
 )
+from workers.backends.gpu import GpuTelemetry
 from workers.forkserver import ForkServerError, ForkServerPool
 from workers.launch import (
     FATES_CAUSING,
@@ -320,6 +321,99 @@ def _record_iteration(profilers: dict[int, _Profiler]) -> Callable[[Child, list[
     return on_line
 
 
+@dataclass(frozen=True)
+class _Config:
+    """One configuration being measured: what its result repeats whatever the outcome."""
+
+    tasks: Sequence[ProfileTaskSpec]
+    request: ProfileSweepRequest
+    ctx: AgentContext
+    config_index: int
+    repeat_of: int | None
+    started_at: float
+    """Unix time the measurement began."""
+
+    def failed(self, error: str, measurements: list[ProfileMeasurement] | None = None) -> ProfileConfigResult:
+        """``status="failed"`` with ``error``; without ``measurements``, one per task saying ``error``."""
+        return ProfileConfigResult(
+            sweep_id=self.request.sweep_id,
+            device=self.ctx.device,
+            backend=self.request.backend,
+            config_index=self.config_index,
+            repeat_of=self.repeat_of,
+            tasks=list(self.tasks),
+            measurements=measurements
+            or [
+                ProfileMeasurement(
+                    task_index=k,
+                    architecture=t.architecture,
+                    batch_size=t.batch_size,
+                    active_thread_percentage=t.active_thread_percentage,
+                    error=error,
+                )
+                for k, t in enumerate(self.tasks)
+            ],
+            started_at=self.started_at,
+            finished_at=time.time(),
+            status="failed",
+            error=error,
+        )
+
+    def succeeded(self, measurements: list[ProfileMeasurement]) -> ProfileConfigResult:
+        """``status="succeeded"`` with one measurement per task."""
+        return ProfileConfigResult(
+            sweep_id=self.request.sweep_id,
+            device=self.ctx.device,
+            backend=self.request.backend,
+            config_index=self.config_index,
+            repeat_of=self.repeat_of,
+            tasks=list(self.tasks),
+            measurements=measurements,
+            started_at=self.started_at,
+            finished_at=time.time(),
+            status="succeeded",
+        )
+
+
+@dataclass
+class _Watchers:
+    """What watches a configuration besides its processes (``None`` where the backend has none):
+    the cores' :class:`~workers.profiling.speed_probe.SpeedProbe` and
+    :class:`~workers.profiling.core_link_probe.CoreLinkProbe` (``cpu``) and the GPU's
+    utilisation sampler. ``wall_offset`` maps monotonic iteration times onto
+    :class:`GpuSample`'s Unix time; ``samples`` holds the GPU's samples once :meth:`finish` ran."""
+
+    probe: SpeedProbe | None
+    link: CoreLinkProbe | None
+    telemetry: GpuTelemetry | None
+    wall_offset: float = 0.0
+    samples: list[GpuSample] = field(default_factory=list)
+
+    def open_window(self) -> None:
+        """At GO: the speed probe and the GPU sampler start (the link probe started at launch)."""
+        if self.probe is not None:
+            self.probe.start()
+        if self.telemetry is not None:
+            self.telemetry.start()
+
+    def close_window(self) -> None:
+        """At STOP: no reading after it is used."""
+        if self.probe is not None:
+            self.probe.stop()  # the window is closed: no reading after STOP is used
+        if self.link is not None:
+            self.link.stop()
+        if self.telemetry is not None:
+            self.telemetry.stop()
+
+    def finish(self) -> None:
+        """Stop everything whatever happened (stopping twice is harmless) and keep the GPU's samples."""
+        if self.probe is not None:
+            self.probe.stop()
+        if self.link is not None:
+            self.link.stop()
+        self.samples = self.telemetry.stop() if self.telemetry is not None else []
+
+
 def measure_configuration(
     tasks: Sequence[ProfileTaskSpec],
     request: ProfileSweepRequest,
@@ -335,31 +429,15 @@ def measure_configuration(
     """Measure one co-located configuration on the device; never raises for its failures.
 
     One ``python -m workers.training.profiler`` process per task, with the resources
-    ``backend.resources_for_shares(shares, partitioning, ctx)`` gives. Sweeps keep the default,
-    ``"mps"`` (the predictor's input is the share); ``"timeslice"`` measures the same tasks
-    time-sliced, shares ignored, as the ``temporal`` strategy runs them (on ``cuda-mps``: plain
-    CUDA contexts outside MPS; on ``cpu``: the per-iteration device lock), which is how
-    ``benchmarks/gpu_check.py`` measures ``temporal`` next to the MPS strategies. All print
-    READY, then all get GO; each
-    warms up (``request.warmup_iterations``) and then reports every timed iteration. When
-    :func:`window_complete` holds for ``request.min_timed_iterations`` and
-    ``request.min_window_s`` the parent sends STOP to all at once, so every counted iteration
-    ran while all the other tasks were training. Throughput is :func:`window_throughput` over
-    :func:`common_window`'s iterations; peak memory is each process's own (on ``cpu`` its private
-    resident memory, :func:`workers.training.runtime.cpu_memory_bytes`; on a GPU the allocator's
-    peak reserved memory plus the context, :func:`workers.training.runtime.peak_memory`, reset
-    per job in a warm process). Where the backend has a GPU (:meth:`~workers.backends.base.TrainerProcessBackend.gpu_telemetry`),
-    its utilisation is sampled through NVML from GO to STOP and each measurement's
-    ``gpu_busy_fraction`` is :func:`busy_fraction` over the task's timed iterations. Where the
-    backend ``probes_host_speed`` (``cpu``), a :class:`~workers.profiling.speed_probe.SpeedProbe` runs on
-    the device's cores from GO to STOP and each measurement's ``speed_index`` is its cores'
-    speed over the task's timed iterations; on a device of 2 or more cores a
-    :class:`~workers.profiling.core_link_probe.CoreLinkProbe` runs from launch to STOP, and each
-    measurement of a task on 2 or more cores gets ``cross_core_rtt_ns``, the round trip between
-    its cores over its timed iterations.
-
-    Work files go to ``ctx.state_dir/work/sweep-<sweep_id>/config-<config_index>/`` and are
-    removed when the configuration succeeds (kept for a failed one).
+    ``backend.resources_for_shares(shares, partitioning, ctx)`` gives; all print READY, then all
+    get GO; each warms up (``request.warmup_iterations``) and then reports every timed iteration;
+    when :func:`window_complete` holds for ``request.min_timed_iterations`` and
+    ``request.min_window_s`` all get STOP at once, so every counted iteration ran while all the
+    other tasks were training (:func:`_run_window`). What each measurement holds (throughput,
+    peak memory, the GPU's busy fraction, the cores' speed and round trip) and where each comes
+    from: :func:`_measurements`. Work files go to
+    ``ctx.state_dir/work/sweep-<sweep_id>/config-<config_index>/``, removed when the
+    configuration succeeds (kept for a failed one).
 
     Args:
         tasks: the configuration, 1 or more tasks.
@@ -371,64 +449,60 @@ def measure_configuration(
         should_stop: polled while measuring; when true the configuration is abandoned
             (``status="failed"``, processes killed).
         partitioning: how the processes share the device (:data:`~workers.protocol.messages.Partitioning`),
-            passed to ``backend.resources_for_shares`` and ``backend.prepare_dispatch``; an
-            unknown one fails the configuration ("cannot allocate the device").
-        launcher: fork the profiler processes from these fork servers (a
-            :class:`~workers.forkserver.ForkServerPool`: :data:`PROFILER_MODULE`, torch already
-            imported), or hand each task to a warm trainer of this pool (a
-            :class:`~workers.warm.TrainerPool`: :data:`WARM_PROFILER_COMMAND`'s ``profile``
-            job), instead of starting :data:`PROFILER_COMMAND`; the same program every way. A
-            launcher that cannot start a process fails the configuration.
+            passed to ``backend.resources_for_shares`` and ``backend.prepare_dispatch``. Sweeps keep
+            ``"mps"`` (the predictor's input is the share); ``"timeslice"`` measures the tasks
+            time-sliced, shares ignored, as the ``temporal`` strategy runs them (``cuda-mps``: plain
+            CUDA contexts outside MPS; ``cpu``: the per-iteration device lock), as
+            ``benchmarks/gpu_check.py`` does; an unknown one fails the configuration ("cannot
+            allocate the device").
+        launcher: fork the profilers from these fork servers (a :class:`~workers.forkserver.ForkServerPool`:
+            :data:`PROFILER_MODULE`, torch already imported), or hand each task to a warm trainer of
+            this pool (a :class:`~workers.warm.TrainerPool`: :data:`WARM_PROFILER_COMMAND`'s
+            ``profile`` job), instead of starting :data:`PROFILER_COMMAND`; the same program every
+            way. A launcher that cannot start a process fails the configuration.
 
     Returns:
-        ``status="succeeded"`` with a measurement per task, or ``"failed"`` with ``error``
-        naming each task that failed and why (crash with its stderr tail, timeout, stop) and
-        per-task measurements saying so. ``standalone_sps`` is left unset (:func:`run_sweep`
-        fills it).
+        ``status="succeeded"`` with a measurement per task, or ``"failed"`` with ``error`` naming
+        each task that failed and why (crash with its stderr tail, timeout, stop) and per-task
+        measurements saying so. ``standalone_sps`` is left unset (:func:`run_sweep` fills it).
     """
-    started_at = time.time()
+    config = _Config(tasks, request, ctx, config_index, repeat_of, started_at=time.time())
     deadline = time.monotonic() + request.config_timeout_s
-
-    def failed(error: str, measurements: list[ProfileMeasurement] | None = None) -> ProfileConfigResult:
-        return ProfileConfigResult(
-            sweep_id=request.sweep_id,
-            device=ctx.device,
-            backend=request.backend,
-            config_index=config_index,
-            repeat_of=repeat_of,
-            tasks=list(tasks),
-            measurements=measurements
-            or [
-                ProfileMeasurement(
-                    task_index=k,
-                    architecture=t.architecture,
-                    batch_size=t.batch_size,
-                    active_thread_percentage=t.active_thread_percentage,
-                    error=error,
-                )
-                for k, t in enumerate(tasks)
-            ],
-            started_at=started_at,
-            finished_at=time.time(),
-            status="failed",
-            error=error,
-        )
-
     if not tasks:
-        return failed("a configuration needs at least one task")
+        return config.failed("a configuration needs at least one task")
     try:
         allocations = backend.resources_for_shares([t.active_thread_percentage for t in tasks], partitioning, ctx)
     except ValueError as exc:
-        return failed(f"cannot allocate the device: {exc}")
+        return config.failed(f"cannot allocate the device: {exc}")
     try:
         backend.prepare_dispatch(partitioning, ctx)
     except BackendUnavailableError as exc:
-        return failed(f"device not ready: {exc}")
+        return config.failed(f"device not ready: {exc}")
     work = ctx.state_dir / "work" / f"sweep-{request.sweep_id}" / f"config-{config_index}"
     try:
         specs = _write_specs(tasks, allocations, request, work, backend, warm=isinstance(launcher, TrainerPool))
     except (OSError, ValueError, ValidationError) as exc:
-        return failed(f"cannot write the profilers' specs: {type(exc).__name__}: {exc}")
+        return config.failed(f"cannot write the profilers' specs: {type(exc).__name__}: {exc}")
+
+    group, ordered = _process_group(
+        specs, tasks, allocations, backend, partitioning=partitioning, should_stop=should_stop, launcher=launcher
+    )
+    stop_at, watchers = _run_window(group, ordered, backend, config, deadline)
+    return _settle(config, ordered, backend, stop_at, watchers, work)
+
+
+def _process_group(
+    specs: list[ProcessSpec],
+    tasks: Sequence[ProfileTaskSpec],
+    allocations: Sequence[TrainerResources],
+    backend: TrainerProcessBackend,
+    *,
+    partitioning: Partitioning,
+    should_stop: Callable[[], bool],
+    launcher: Launcher | None,
+) -> tuple[ProcessGroup, list[_Profiler]]:
+    """The configuration's processes (not launched yet) and one :class:`_Profiler` per task, in
+    the tasks' order, that collects its iterations; ``should_stop`` interrupts the group."""
 
     def interrupt() -> tuple[str, str] | None:
         if not should_stop():
@@ -446,38 +520,42 @@ def measure_configuration(
     )
     for k, (task, resources, child) in enumerate(zip(tasks, allocations, group.children, strict=True)):
         profilers[id(child)] = _Profiler(k, task, resources, child)
-    ordered = list(profilers.values())
+    return group, list(profilers.values())
 
+
+def _run_window(
+    group: ProcessGroup, ordered: list[_Profiler], backend: TrainerProcessBackend, config: _Config, deadline: float
+) -> tuple[float | None, _Watchers]:
+    """Launch the configuration, hold it at the READY/GO barrier, release it and STOP every process
+    at once when :func:`_window_done`, the watchers running from GO to STOP (the link probe from
+    launch). Returns the STOP time (monotonic; ``None`` when the window never closed: a crash, a
+    timeout or a stop, which the children's fates say) and the watchers, finished. Never raises:
+    an error in the agent fails every process."""
+    request, ctx = config.request, config.ctx
     stop_at: float | None = None
     phases = [time.monotonic()]  # launch, GO, STOP, exit: where a configuration's time goes
-    probe = SpeedProbe(ctx.cores) if backend.probes_host_speed else None
-    link = CoreLinkProbe(ctx.cores) if backend.probes_host_speed and len(set(ctx.cores)) > 1 else None
-    telemetry = backend.gpu_telemetry(BUSY_SAMPLE_INTERVAL_S)
+    watchers = _Watchers(
+        probe=SpeedProbe(ctx.cores) if backend.probes_host_speed else None,
+        link=CoreLinkProbe(ctx.cores) if backend.probes_host_speed and len(set(ctx.cores)) > 1 else None,
+        telemetry=backend.gpu_telemetry(BUSY_SAMPLE_INTERVAL_S),
+    )
     # GpuSample.t is Unix time; iterations are monotonic: one offset maps the windows onto it.
-    wall_offset = time.time() - time.monotonic()
+    watchers.wall_offset = time.time() - time.monotonic()
     with group:
         try:
-            if link is not None:
-                link.start()  # now: its interpreter starts while the trainers import torch, not in their window
+            if watchers.link is not None:
+                watchers.link.start()  # now: its interpreter starts while the trainers import torch, not in their window
             group.launch()
             if group.wait_ready(deadline, "config_timeout_s"):
                 phases.append(time.monotonic())
-                if probe is not None:
-                    probe.start()
-                if telemetry is not None:
-                    telemetry.start()
+                watchers.open_window()
                 if group.go(close=False):
                     stop_at = group.wait_until(
-                        _window_done(ordered, request, deadline, link), deadline, "config_timeout_s"
+                        _window_done(ordered, request, deadline, watchers.link), deadline, "config_timeout_s"
                     )
                 if stop_at is not None:
                     phases.append(stop_at)
-                    if probe is not None:
-                        probe.stop()  # the window is closed: no reading after STOP is used
-                    if link is not None:
-                        link.stop()
-                    if telemetry is not None:
-                        telemetry.stop()
+                    watchers.close_window()
                     group.broadcast(STOP_LINE, close=True)
                     group.wait_exit(
                         min(deadline, time.monotonic() + _EXIT_GRACE_S), "config_timeout_s", phase="after STOP"
@@ -486,21 +564,31 @@ def measure_configuration(
                     logger.debug(
                         "sweep %s config %s: start %.1f s, warm-up + window %.1f s, stop %.1f s",
                         request.sweep_id,
-                        config_index,
+                        config.config_index,
                         *(b - a for a, b in itertools.pairwise(phases)),
                     )
         except ForkServerError as exc:
             group.fail_all(str(exc))
         except Exception as exc:  # noqa: BLE001 - the configuration is reported, never raised
-            logger.exception("configuration %s of sweep %s crashed in the agent", config_index, request.sweep_id)
+            logger.exception("configuration %s of sweep %s crashed in the agent", config.config_index, request.sweep_id)
             group.fail_all(f"{type(exc).__name__}: {exc}")
         finally:
-            if probe is not None:
-                probe.stop()
-            if link is not None:
-                link.stop()
-            samples = telemetry.stop() if telemetry is not None else []
+            watchers.finish()
+    return stop_at, watchers
 
+
+def _settle(
+    config: _Config,
+    ordered: list[_Profiler],
+    backend: TrainerProcessBackend,
+    stop_at: float | None,
+    watchers: _Watchers,
+    work: Path,
+) -> ProfileConfigResult:
+    """The configuration's result once its processes have exited. A task that crashed, timed out
+    or was stopped, or wrote no successful result, fails the configuration (the backend is told,
+    the work folder kept); otherwise the measurements (:func:`_measurements`) and the work folder
+    removed."""
     outcomes = [_child_result(p) for p in ordered]
     causes = [p for p in ordered if p.child.fate in FATES_CAUSING]
     causes += [
@@ -508,11 +596,11 @@ def measure_configuration(
         for p, r in zip(ordered, outcomes, strict=True)
         if p.child.fate is None and (r is None or r.status != "succeeded")
     ]
-    backend.finish_dispatch(ctx, failed=bool(causes) or stop_at is None)
+    backend.finish_dispatch(config.ctx, failed=bool(causes) or stop_at is None)
     if causes or stop_at is None:
         errors = [_failure(p, outcome) for p, outcome in zip(ordered, outcomes, strict=True)]
         error = "; ".join(f"{p.child.label}: {errors[p.index]}" for p in causes) or "not measured"
-        return failed(
+        return config.failed(
             error,
             [
                 ProfileMeasurement(
@@ -526,9 +614,36 @@ def measure_configuration(
                 for p, outcome in zip(ordered, outcomes, strict=True)
             ],
         )
+    measurements = _measurements(ordered, outcomes, watchers, stop_at)
+    shutil.rmtree(work, ignore_errors=True)
+    return config.succeeded(measurements)
 
+
+def _measurements(
+    ordered: list[_Profiler],
+    outcomes: list[ProfileChildResult | None],
+    watchers: _Watchers,
+    stop_at: float,
+) -> list[ProfileMeasurement]:
+    """One measurement per task of a configuration that succeeded, over :func:`common_window`'s
+    iterations (those before ``stop_at`` while all the tasks ran).
+
+    Throughput is :func:`window_throughput` (samples/s). Peak memory (bytes) is each process's
+    own: on ``cpu`` its private resident memory (:func:`workers.training.runtime.cpu_memory_bytes`);
+    on a GPU the allocator's peak reserved memory plus the context
+    (:func:`workers.training.runtime.peak_memory`, reset per job in a warm process). Where the
+    backend has a GPU (:meth:`~workers.backends.base.TrainerProcessBackend.gpu_telemetry`), its
+    utilisation is sampled through NVML from GO to STOP and ``gpu_busy_fraction`` is
+    :func:`busy_fraction` over the task's timed iterations. Where the backend
+    ``probes_host_speed`` (``cpu``), a speed probe runs on the device's cores from GO to STOP and
+    ``speed_index`` is its cores' speed over the task's timed iterations; on a device of 2 or
+    more cores a core link probe runs from launch to STOP, and a task on 2 or more cores gets
+    ``cross_core_rtt_ns``, the round trip between its cores over its timed iterations.
+    """
+    probe, link, telemetry = watchers.probe, watchers.link, watchers.telemetry
+    samples, wall_offset = watchers.samples, watchers.wall_offset
     _, counted = common_window([p.iterations for p in ordered], stop_at)
-    measurements = [
+    return [
         ProfileMeasurement(
             task_index=p.index,
             architecture=p.task.architecture,
@@ -555,19 +670,6 @@ def measure_configuration(
         )
         for p, its, outcome in zip(ordered, counted, outcomes, strict=True)
     ]
-    shutil.rmtree(work, ignore_errors=True)
-    return ProfileConfigResult(
-        sweep_id=request.sweep_id,
-        device=ctx.device,
-        backend=request.backend,
-        config_index=config_index,
-        repeat_of=repeat_of,
-        tasks=list(tasks),
-        measurements=measurements,
-        started_at=started_at,
-        finished_at=time.time(),
-        status="succeeded",
-    )
 
 
 def _write_specs(
@@ -755,29 +857,15 @@ def run_sweep(
 ) -> ProfileSweepSummary:
     """Measure configurations of :func:`sweep_design` until ``request.budget_s`` is spent.
 
-    Order of work: before a design configuration, every (architecture, batch size) of it not
-    yet measured alone is measured alone — a 1-task configuration at share 100, emitted like
-    any other — and its throughput cached as ``P_alone`` for the rest of the sweep (a failed
-    one is cached as unknown, not retried). A design configuration that is itself one task at
-    100 % serves as that measurement. ``standalone_sps`` of every measurement is filled from
-    the cache. Configurations are numbered in measuring order (``config_index``, from 0);
-    when ``repeat_every > 0``, every index ``i`` with ``(i + 1) % repeat_every == 0`` re-measures
-    an earlier succeeded configuration (``repeat_of`` set) and its :func:`relative_spread` goes
-    into ``repeat_spread``. The one repeated is a design configuration if any succeeded (else a
-    standalone one), among those the least repeated so far, ties broken by
-    ``random.Random(request.seed)``: repeats spread over many configurations.
-
-    No new configuration starts once ``budget_s`` seconds have passed (counted from when the
-    fork server, if any, is ready; the last one may run past it, up to ``config_timeout_s``) or
-    ``should_stop()`` is true. ``emit`` is called with
-    each result as soon as it exists; an exception it raises is logged and the sweep goes on.
-
-    On an :class:`~workers.backends.base.AnalyticBackend` nothing runs: each configuration is
-    answered at once by ``backend.profile_configuration``, and the clock is virtual — it
-    starts at the sweep's wall-clock start and advances by what each configuration would have
-    taken to measure (``finished_at - started_at`` of its result), so ``budget_s`` and
-    ``elapsed_s`` are simulated seconds. The order of work, standalone measurements and
-    repeats are the same as on a real device.
+    Each design configuration is preceded by the standalone measurements (``P_alone``) it still
+    lacks, and every ``repeat_every``-th one re-measures an earlier one: the order of work is
+    :meth:`_Sweep.next_work`'s. No new configuration starts once ``budget_s`` seconds have passed
+    (counted from when the fork server, if any, is ready; the last one may run past it, up to
+    ``config_timeout_s``) or ``should_stop()`` is true. ``emit`` is called with each result as
+    soon as it exists; an exception it raises is logged and the sweep goes on. On an
+    :class:`~workers.backends.base.AnalyticBackend` nothing runs and the clock is virtual
+    (:meth:`_Sweep.result`): ``budget_s`` and ``elapsed_s`` are simulated seconds, the order of
+    work the same.
 
     Args:
         request: the sweep.
@@ -787,141 +875,78 @@ def run_sweep(
         emit: receives every :class:`~workers.protocol.messages.ProfileConfigResult`.
         should_stop: polled between and during configurations; the agent's shutdown flag by
             default.
-        fork_server: fork the profiler processes from a
-            :class:`~workers.forkserver.ForkServerPool` kept for the sweep (torch imported once,
-            not once per process: a configuration takes 2–3 times less than its measurement
-            window plus 3–9 s of interpreter starts); default: where the backend
+        fork_server: fork the profiler processes from a :class:`~workers.forkserver.ForkServerPool`
+            kept for the sweep (torch imported once); default: where the backend
             :attr:`~workers.backends.base.TrainerProcessBackend.forks_profilers` and
-            :data:`FORK_SERVER_ENV` is not ``0``. Ignored on an analytic backend and where the
-            profilers are warm trainers.
+            :data:`FORK_SERVER_ENV` is not ``0`` (:func:`_sweep_launcher`).
         warm: take the profiler processes from the backend's warm pool
-            (:meth:`~workers.backends.base.TrainerProcessBackend.profiler_pool`: ``profile``
-            jobs of warm trainers, reused across configurations of the same model and
-            resources); default: where the backend
-            :attr:`~workers.backends.base.TrainerProcessBackend.profiles_warm` (the GPU
-            backends). Idle warm trainers are killed when the sweep starts (they hold GPU memory
-            and, under MPS, client slots its profilers need) and when it ends (its profilers
-            hold the same, which the next round needs). Without a pool (``MTFL_WARM_TRAINERS=0``)
-            each profiler is a new process, as before.
+            (:meth:`~workers.backends.base.TrainerProcessBackend.profiler_pool`); default: where the
+            backend :attr:`~workers.backends.base.TrainerProcessBackend.profiles_warm` (the GPU
+            backends). Idle warm trainers are killed when the sweep starts and when it ends
+            (:func:`_sweep_launcher`).
 
     Returns:
         The summary: ``configs`` emitted (failed ones included), ``samples`` = task
         measurements with a throughput, ``elapsed_s``, ``seconds_per_config``
         (``elapsed_s / configs``; ``None`` for none), ``repeat_spread``. ``status`` is
         ``"failed"`` with ``error`` if the request was refused (another device, a backend
-        without profiler processes), the sweep was stopped before
-        its budget was spent, or every configuration failed (the first error quoted); never
-        raises. ``simulated`` is set on an analytic backend.
+        without profiler processes), the sweep was stopped before its budget was spent, or
+        every configuration failed (the first error quoted); never raises. ``simulated`` is set
+        on an analytic backend.
     """
-    started = time.monotonic()
-    analytic = isinstance(backend, AnalyticBackend)
-    model = backend if isinstance(backend, AnalyticBackend) else None
-    processes = backend if isinstance(backend, TrainerProcessBackend) else None
-    virtual_start = time.time()
-    virtual_elapsed = 0.0
-    configs = samples = 0
-    spreads: list[float] = []
-    first_error = ""
-    any_succeeded = False
-
-    def elapsed() -> float:
-        return virtual_elapsed if analytic else time.monotonic() - started
-
-    def summary(status: Literal["succeeded", "failed"], error: str = "") -> ProfileSweepSummary:
-        return ProfileSweepSummary(
-            sweep_id=request.sweep_id,
-            device=ctx.device,
-            status=status,
-            error=error,
-            configs=configs,
-            samples=samples,
-            elapsed_s=elapsed(),
-            repeat_spread=spreads,
-            seconds_per_config=elapsed() / configs if configs else None,
-            simulated=analytic,
-        )
-
-    if request.device != ctx.device:
-        return summary("failed", f"request for device {request.device!r} reached agent {ctx.device!r}")
-    if model is None and processes is None:
-        return summary("failed", f"backend {backend.name!r} cannot run profiling sweeps")
-    if should_stop():
-        return summary(
-            "failed",
-            "agent shutting down: sweep refused" if shutdown_requested() else "sweep stopped before it started",
-        )
-
-    standalone: dict[tuple[str, int], float | None] = {}
-    measured: list[_Measured] = []
-    chooser = random.Random(request.seed)
-    design = sweep_design(request)
-    queue: list[tuple[list[ProfileTaskSpec], bool]] = []  # (tasks, is a standalone measurement)
-    stopped = False
-
-    def measure(tasks: list[ProfileTaskSpec], repeat_of: int | None, is_standalone: bool) -> None:
-        nonlocal configs, samples, first_error, any_succeeded, virtual_elapsed
-        index = configs
-        if model is not None:
-            result = model.profile_configuration(
-                tasks,
-                request,
-                ctx,
-                config_index=index,
-                repeat_of=repeat_of,
-                started_at=virtual_start + virtual_elapsed,
+    sweep = _Sweep(request, ctx, backend, emit, should_stop)
+    refusal = sweep.refusal(backend)
+    if refusal is not None:
+        return sweep.summary("failed", refusal)
+    processes = sweep.processes
+    warm_pool, sweep.launcher = _sweep_launcher(request, ctx, backend, processes, fork_server=fork_server, warm=warm)
+    sweep.started = time.monotonic()  # the budget is for measuring: the fork server's start is not charged
+    pool_started = warm_pool.started if warm_pool is not None else 0
+    try:
+        stopped = sweep.run()
+    except Exception as exc:  # noqa: BLE001 - failures are data
+        logger.exception("sweep %s crashed", request.sweep_id)
+        return sweep.summary("failed", f"sweep crashed: {type(exc).__name__}: {exc}")
+    finally:
+        if isinstance(sweep.launcher, ForkServerPool):
+            sweep.launcher.close()
+        elif processes is not None and warm_pool is not None:
+            logger.info(
+                "sweep %s: %d profiler processes started for %d configurations",
+                request.sweep_id,
+                warm_pool.started - pool_started,
+                sweep.configs,
             )
-            virtual_elapsed += result.finished_at - result.started_at
-        else:
-            assert processes is not None  # a sweep with neither was refused above
-            result = measure_configuration(
-                tasks,
-                request,
-                ctx,
-                processes,
-                config_index=index,
-                repeat_of=repeat_of,
-                should_stop=should_stop,
-                launcher=launcher,
-            )
-        alone = is_standalone or (len(tasks) == 1 and tasks[0].active_thread_percentage == 100)
-        key = (tasks[0].architecture, tasks[0].batch_size)
-        if alone and repeat_of is None and key not in standalone:
-            standalone[key] = result.measurements[0].throughput_sps
-        result = result.model_copy(
-            update={
-                "measurements": [
-                    m.model_copy(update={"standalone_sps": standalone.get((m.architecture, m.batch_size))})
-                    for m in result.measurements
-                ]
-            }
-        )
-        configs += 1
-        samples += sum(m.throughput_sps is not None for m in result.measurements)
-        if result.status == "succeeded":
-            any_succeeded = True
-            if repeat_of is None:
-                measured.append(_Measured(index, list(tasks), _throughputs(result), alone))
-        elif not first_error:
-            first_error = f"config {index}: {result.error}"
-        if repeat_of is not None:
-            original = next(m for m in measured if m.index == repeat_of)
-            spread = relative_spread(original.throughputs, _throughputs(result))
-            if spread is not None:
-                spreads.append(spread)
-        logger.info(
-            "sweep %s: configuration %s %s in %.1f s (%d tasks); %.2f s per configuration so far",
-            request.sweep_id,
-            index,
-            result.status,
-            result.finished_at - result.started_at,
-            len(tasks),
-            elapsed() / configs,
-        )
-        try:
-            emit(result)
-        except Exception:  # noqa: BLE001 - a lost record must not end the sweep
-            logger.exception("could not emit configuration %s of sweep %s", index, request.sweep_id)
+            processes.close_warm_pool()  # the profilers hold what the next round needs
+    return sweep.outcome(stopped)
 
+
+def _sweep_launcher(
+    request: ProfileSweepRequest,
+    ctx: AgentContext,
+    backend: ExecutionBackend,
+    processes: TrainerProcessBackend | None,
+    *,
+    fork_server: bool | None,
+    warm: bool | None,
+) -> tuple[TrainerPool | None, Launcher | None]:
+    """Where the sweep's profiler processes come from: the warm pool (if any) and the launcher.
+
+    ``warm`` (default: the backend's
+    :attr:`~workers.backends.base.TrainerProcessBackend.profiles_warm`, the GPU backends): the
+    profilers are ``profile`` jobs of the backend's warm trainers
+    (:meth:`~workers.backends.base.TrainerProcessBackend.profiler_pool`), reused across
+    configurations of the same model and resources. Idle warm trainers are killed now (they hold
+    GPU memory and, under MPS, client slots the profilers need) and again when the sweep ends
+    (:func:`run_sweep`: its profilers hold the same, which the next round needs). Without a pool
+    (``MTFL_WARM_TRAINERS=0``) each profiler is a new process, as before.
+
+    ``fork_server`` (default: :func:`fork_server_wanted`), where there is no warm pool: a
+    :class:`~workers.forkserver.ForkServerPool` kept for the sweep (torch imported once, not once
+    per process: a configuration takes 2–3 times less than its measurement window plus 3–9 s of
+    interpreter starts), or ``None`` if it cannot start (:func:`_start_fork_servers`). Ignored on
+    an analytic backend (``processes`` is ``None``): nothing is launched there.
+    """
     warm_pool = (
         processes.profiler_pool()
         if processes is not None and (warm if warm is not None else processes.profiles_warm)
@@ -938,57 +963,207 @@ def run_sweep(
         and (fork_server if fork_server is not None else fork_server_wanted(backend))
     ):
         launcher = _start_fork_servers(request, ctx, processes)
-    started = time.monotonic()  # the budget is for measuring: the fork server's start is not charged
-    pool_started = warm_pool.started if warm_pool is not None else 0
-    try:
-        while True:
-            if should_stop():
-                stopped = True
-                break
-            if elapsed() >= request.budget_s:
-                break
-            if request.repeat_every and (configs + 1) % request.repeat_every == 0 and measured:
-                pool = [m for m in measured if not m.standalone] or measured
-                fewest = min(m.repeats for m in pool)
-                original = chooser.choice([m for m in pool if m.repeats == fewest])
-                original.repeats += 1
-                measure(original.tasks, original.index, False)
-                continue
-            if not queue:
-                tasks = next(design)
-                single_full = len(tasks) == 1 and tasks[0].active_thread_percentage == 100
-                missing = _unique(
-                    [(t.architecture, t.batch_size) for t in tasks if (t.architecture, t.batch_size) not in standalone]
-                )
-                if single_full:
-                    missing = []  # the configuration is its own standalone measurement
-                queue = [
-                    ([ProfileTaskSpec(architecture=a, batch_size=b, active_thread_percentage=100)], True)
-                    for a, b in missing
-                ] + [(tasks, False)]
-            tasks, is_standalone = queue.pop(0)
-            measure(tasks, None, is_standalone)
-    except Exception as exc:  # noqa: BLE001 - failures are data
-        logger.exception("sweep %s crashed", request.sweep_id)
-        return summary("failed", f"sweep crashed: {type(exc).__name__}: {exc}")
-    finally:
-        if isinstance(launcher, ForkServerPool):
-            launcher.close()
-        elif processes is not None and warm_pool is not None:
-            logger.info(
-                "sweep %s: %d profiler processes started for %d configurations",
-                request.sweep_id,
-                warm_pool.started - pool_started,
-                configs,
-            )
-            processes.close_warm_pool()  # the profilers hold what the next round needs
+    return warm_pool, launcher
 
-    if stopped:
-        reason = "agent shutting down" if shutdown_requested() else "stopped"
-        return summary(
-            "failed",
-            f"sweep {reason} after {configs} configurations, before its budget of {request.budget_s:g} s was spent",
+
+class _Sweep:
+    """One sweep's state while it runs (:func:`run_sweep`): its clock, its counters, the
+    standalone throughputs measured so far, the configurations that may be repeated and the
+    work queued."""
+
+    def __init__(
+        self,
+        request: ProfileSweepRequest,
+        ctx: AgentContext,
+        backend: ExecutionBackend,
+        emit: Callable[[ProfileConfigResult], None],
+        should_stop: Callable[[], bool],
+    ) -> None:
+        self.request = request
+        self.ctx = ctx
+        self.emit = emit
+        self.should_stop = should_stop
+        self.started = time.monotonic()
+        self.analytic = isinstance(backend, AnalyticBackend)
+        self.model = backend if isinstance(backend, AnalyticBackend) else None
+        self.processes = backend if isinstance(backend, TrainerProcessBackend) else None
+        self.virtual_start = time.time()
+        self.virtual_elapsed = 0.0
+        self.configs = 0
+        self.samples = 0
+        self.spreads: list[float] = []
+        self.first_error = ""
+        self.any_succeeded = False
+        self.standalone: dict[tuple[str, int], float | None] = {}
+        """``P_alone`` by (architecture, batch size); ``None`` for one that failed (not retried)."""
+        self.measured: list[_Measured] = []
+        self.chooser = random.Random(request.seed)
+        self.design = sweep_design(request)
+        self.queue: list[tuple[list[ProfileTaskSpec], bool]] = []  # (tasks, is a standalone measurement)
+        self.launcher: Launcher | None = None
+
+    def elapsed(self) -> float:
+        """Seconds of the budget spent: virtual on an analytic backend, else since :attr:`started`."""
+        return self.virtual_elapsed if self.analytic else time.monotonic() - self.started
+
+    def summary(self, status: Literal["succeeded", "failed"], error: str = "") -> ProfileSweepSummary:
+        """The sweep's summary as it stands."""
+        return ProfileSweepSummary(
+            sweep_id=self.request.sweep_id,
+            device=self.ctx.device,
+            status=status,
+            error=error,
+            configs=self.configs,
+            samples=self.samples,
+            elapsed_s=self.elapsed(),
+            repeat_spread=self.spreads,
+            seconds_per_config=self.elapsed() / self.configs if self.configs else None,
+            simulated=self.analytic,
         )
-    if configs and not any_succeeded:
-        return summary("failed", f"all {configs} configurations failed; first: {first_error}")
-    return summary("succeeded")
+
+    def refusal(self, backend: ExecutionBackend) -> str | None:
+        """Why the sweep cannot start (another device's request, a backend without profiler
+        processes or model, a stop already asked for); ``None`` when it can."""
+        if self.request.device != self.ctx.device:
+            return f"request for device {self.request.device!r} reached agent {self.ctx.device!r}"
+        if self.model is None and self.processes is None:
+            return f"backend {backend.name!r} cannot run profiling sweeps"
+        if self.should_stop():
+            return "agent shutting down: sweep refused" if shutdown_requested() else "sweep stopped before it started"
+        return None
+
+    def run(self) -> bool:
+        """Measure until the budget is spent or a stop is asked for; ``True`` for a stop."""
+        while True:
+            if self.should_stop():
+                return True
+            if self.elapsed() >= self.request.budget_s:
+                return False
+            tasks, repeat_of, is_standalone = self.next_work()
+            self.measure(tasks, repeat_of, is_standalone)
+
+    def next_work(self) -> tuple[list[ProfileTaskSpec], int | None, bool]:
+        """The next configuration: its tasks, the index it repeats (or ``None``), whether it is a
+        standalone measurement.
+
+        Before a design configuration, every (architecture, batch size) of it not yet measured
+        alone is measured alone — a 1-task configuration at share 100, emitted like any other —
+        and its throughput cached as ``P_alone`` for the rest of the sweep (a failed one is
+        cached as unknown, not retried). A design configuration that is itself one task at 100 %
+        serves as that measurement. Configurations are numbered in measuring order
+        (``config_index``, from 0); when ``repeat_every > 0``, every index ``i`` with
+        ``(i + 1) % repeat_every == 0`` re-measures an earlier succeeded configuration
+        (``repeat_of`` set) and its :func:`relative_spread` goes into ``repeat_spread``. The one
+        repeated is a design configuration if any succeeded (else a standalone one), among those
+        the least repeated so far, ties broken by ``random.Random(request.seed)``: repeats spread
+        over many configurations.
+        """
+        request = self.request
+        if request.repeat_every and (self.configs + 1) % request.repeat_every == 0 and self.measured:
+            pool = [m for m in self.measured if not m.standalone] or self.measured
+            fewest = min(m.repeats for m in pool)
+            original = self.chooser.choice([m for m in pool if m.repeats == fewest])
+            original.repeats += 1
+            return original.tasks, original.index, False
+        if not self.queue:
+            tasks = next(self.design)
+            single_full = len(tasks) == 1 and tasks[0].active_thread_percentage == 100
+            missing = _unique(
+                [(t.architecture, t.batch_size) for t in tasks if (t.architecture, t.batch_size) not in self.standalone]
+            )
+            if single_full:
+                missing = []  # the configuration is its own standalone measurement
+            self.queue = [
+                ([ProfileTaskSpec(architecture=a, batch_size=b, active_thread_percentage=100)], True)
+                for a, b in missing
+            ] + [(tasks, False)]
+        tasks, is_standalone = self.queue.pop(0)
+        return tasks, None, is_standalone
+
+    def result(self, tasks: list[ProfileTaskSpec], repeat_of: int | None) -> ProfileConfigResult:
+        """Measure one configuration (:func:`measure_configuration`), or, on an
+        :class:`~workers.backends.base.AnalyticBackend`, answer it at once with
+        ``backend.profile_configuration``: the clock is then virtual — it starts at the sweep's
+        wall-clock start and advances by what each configuration would have taken to measure
+        (``finished_at - started_at`` of its result)."""
+        if self.model is not None:
+            result = self.model.profile_configuration(
+                tasks,
+                self.request,
+                self.ctx,
+                config_index=self.configs,
+                repeat_of=repeat_of,
+                started_at=self.virtual_start + self.virtual_elapsed,
+            )
+            self.virtual_elapsed += result.finished_at - result.started_at
+            return result
+        assert self.processes is not None  # a sweep with neither was refused
+        return measure_configuration(
+            tasks,
+            self.request,
+            self.ctx,
+            self.processes,
+            config_index=self.configs,
+            repeat_of=repeat_of,
+            should_stop=self.should_stop,
+            launcher=self.launcher,
+        )
+
+    def measure(self, tasks: list[ProfileTaskSpec], repeat_of: int | None, is_standalone: bool) -> None:
+        """Measure one configuration, fill its ``standalone_sps`` from the cache (caching its own
+        throughput first when it is a standalone measurement), count it, note a repeat's spread,
+        log it and emit it."""
+        index = self.configs
+        result = self.result(tasks, repeat_of)
+        alone = is_standalone or (len(tasks) == 1 and tasks[0].active_thread_percentage == 100)
+        key = (tasks[0].architecture, tasks[0].batch_size)
+        if alone and repeat_of is None and key not in self.standalone:
+            self.standalone[key] = result.measurements[0].throughput_sps
+        result = result.model_copy(
+            update={
+                "measurements": [
+                    m.model_copy(update={"standalone_sps": self.standalone.get((m.architecture, m.batch_size))})
+                    for m in result.measurements
+                ]
+            }
+        )
+        self.configs += 1
+        self.samples += sum(m.throughput_sps is not None for m in result.measurements)
+        if result.status == "succeeded":
+            self.any_succeeded = True
+            if repeat_of is None:
+                self.measured.append(_Measured(index, list(tasks), _throughputs(result), alone))
+        elif not self.first_error:
+            self.first_error = f"config {index}: {result.error}"
+        if repeat_of is not None:
+            original = next(m for m in self.measured if m.index == repeat_of)
+            spread = relative_spread(original.throughputs, _throughputs(result))
+            if spread is not None:
+                self.spreads.append(spread)
+        logger.info(
+            "sweep %s: configuration %s %s in %.1f s (%d tasks); %.2f s per configuration so far",
+            self.request.sweep_id,
+            index,
+            result.status,
+            result.finished_at - result.started_at,
+            len(tasks),
+            self.elapsed() / self.configs,
+        )
+        try:
+            self.emit(result)
+        except Exception:  # noqa: BLE001 - a lost record must not end the sweep
+            logger.exception("could not emit configuration %s of sweep %s", index, self.request.sweep_id)
+
+    def outcome(self, stopped: bool) -> ProfileSweepSummary:
+        """The summary of a sweep that ran: failed when stopped before its budget was spent or
+        when every configuration failed."""
+        if stopped:
+            reason = "agent shutting down" if shutdown_requested() else "stopped"
+            return self.summary(
+                "failed",
+                f"sweep {reason} after {self.configs} configurations, before its budget of "
+                f"{self.request.budget_s:g} s was spent",
+            )
+        if self.configs and not self.any_succeeded:
+            return self.summary("failed", f"all {self.configs} configurations failed; first: {self.first_error}")
+        return self.summary("succeeded")
