@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from controlplane.api.fast_lists import FastReadListSerializer
 from controlplane.experiments.models import (
+    ASSIGNMENT_RESULT_COLUMNS,
     CLIENT_SAMPLING_RULES,
     EXECUTION_MODES,
     MAX_DEVICE_RETRIES,
@@ -1275,28 +1276,13 @@ class AssignmentSerializer(serializers.ModelSerializer):
             "batch_size",
             "active_thread_percentage",
             "samples",
-            "samples_trained",
-            "throughput_sps",
             "predicted_throughput_sps",
             "standalone_throughput_sps",
-            "simulated",
-            "seconds",
-            "train_loss",
-            "started_at",
-            "finished_at",
+            # what the trainer measured, as the round's recorder copies it (one declaration)
+            *ASSIGNMENT_RESULT_COLUMNS.values(),
             "status",
             "error",
-            "weights_path",
-            "weights_sha256",
             "weights_deleted_at",
-            "peak_memory_bytes",
-            "torch_device",
-            "mps_active_thread_percentage",
-            "visible_sm_count",
-            "mps_verified",
-            "mps_detail",
-            "execution_mode",
-            "execution_fallback",
             "attempt",
         ]
         read_only_fields = fields

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import plotly.graph_objects as go
-from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Sum
+from django.db.models import Count, Exists, OuterRef, Sum
 from django.utils import timezone
 
 from controlplane.common.jsonsafe import finite_or_none
@@ -163,52 +163,36 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     """The comparison section: speedups inside each device and per round, round time split,
     predicted against measured throughput of planned assignments, final accuracy per task.
 
-    ``run_rows`` is :func:`experiment_runs`' result (its final accuracies are reused). Three
-    queries: per strategy, device and round the database counts, sums and finds the first start
-    and last end of the assignments (:class:`~controlplane.planning.metrics.DeviceTotals`), from
-    which :mod:`controlplane.planning.metrics` computes every number drawn; the planned
-    assignments' predictions are read for the scatter.
+    ``run_rows`` is :func:`experiment_runs`' result (its final accuracies are reused). Each
+    device's metrics in each round are read as they were stored when the round was recorded
+    (``Round.device_metrics``), not recomputed; :mod:`controlplane.planning.metrics` takes the
+    speedups and the compute/idle split of them; the planned assignments' predictions are read
+    for the scatter.
     """
     runs = compared_runs(experiment)
     strategies = list(dict.fromkeys(r.strategy for r in runs))
     assignments = Assignment.objects.filter(round__run__in=runs)
-    measured = Q(throughput_sps__isnull=False)
-    timed = Q(started_at__isnull=False, finished_at__isnull=False)
-    groups = (
-        assignments.values("round__run__strategy", "round__run__repeat", "device__name", "round__index")
-        .annotate(
-            tasks=Count("id"),
-            failed_tasks=Count("id", filter=~Q(status=Assignment.Status.SUCCEEDED)),
-            measured=Count("id", filter=measured),
-            with_standalone=Count("id", filter=measured & Q(standalone_throughput_sps__gt=0)),
-            raw=Sum("throughput_sps", filter=measured),
-            fair=Sum(
-                F("throughput_sps") / F("standalone_throughput_sps"),
-                filter=measured & Q(standalone_throughput_sps__gt=0),
-            ),
-            samples=Sum("samples_trained"),
-            first_start=Min("started_at", filter=timed),
-            last_end=Max("finished_at", filter=timed),
-        )
-        .order_by()
-    )
     # A comparison with repeats has a run per strategy and repeat: each repeat's speedups are
-    # taken against its own baseline run, then averaged over repeats (with their interval).
-    totals: dict[tuple[str, int, int], dict[str, metrics.DeviceTotals]] = defaultdict(dict)
-    for g in groups:
-        key = (g["round__run__strategy"], g["round__run__repeat"], g["round__index"])
-        totals[key][g["device__name"]] = metrics.DeviceTotals(
-            tasks=g["tasks"],
-            failed_tasks=g["failed_tasks"],
-            measured=g["measured"],
-            with_standalone=g["with_standalone"],
-            raw_sps=g["raw"],
-            fair=g["fair"],
-            samples_trained=g["samples"] or 0,
-            started_at=g["first_start"].timestamp() if g["first_start"] else None,
-            finished_at=g["last_end"].timestamp() if g["last_end"] else None,
+    # taken against its own baseline run, then averaged over repeats (with their interval). A
+    # round not recorded yet has no device metrics, and no device of it counts.
+    per_round = {
+        (r.run.strategy, r.run.repeat, r.index): metrics.RoundMetrics.from_stored(r, r.device_metrics)
+        for r in Round.objects.filter(run__in=runs)
+        .filter(Exists(Assignment.objects.filter(round=OuterRef("pk"))))
+        .select_related("run")
+        .only(
+            "index",
+            "run__strategy",
+            "run__repeat",
+            "round_time_s",
+            "samples_trained",
+            "fl_throughput_sps",
+            "raw_throughput_sps",
+            "fair_throughput",
+            "device_metrics",
         )
-    per_round = {key: metrics.round_metrics(devices) for key, devices in totals.items()}
+        .order_by("run_id", "index")
+    }
     repeats = sorted({k for _, k, _ in per_round})
     speedups, intervals = metrics.repeated_speedups(
         [

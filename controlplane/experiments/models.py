@@ -492,7 +492,10 @@ class Round(models.Model):
 
     ``round_time_s`` is the cycle's compute span, first trainer start to last trainer end
     (:func:`controlplane.planning.metrics.round_time`); ``wall_time_s`` is dispatch to
-    aggregation done, process start-up and FedAvg included.
+    aggregation done, process start-up and FedAvg included. The round's metrics (``round_time_s``,
+    ``samples_trained``, the throughputs) and each device's (``device_metrics``) are computed
+    once, when the round is recorded (:func:`controlplane.planning.metrics.round_metrics`), and
+    read as stored everywhere else.
     """
 
     class Status(models.TextChoices):
@@ -524,6 +527,13 @@ class Round(models.Model):
     fl_throughput_sps = models.FloatField(null=True, blank=True)
     raw_throughput_sps = models.FloatField(null=True, blank=True)
     fair_throughput = models.FloatField(null=True, blank=True)
+    device_metrics = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="each device's metrics in the round, by device name, computed once when the round was "
+        "recorded (controlplane.planning.metrics.DeviceMetrics.as_json: counts, raw_throughput_sps, "
+        "fair_throughput, samples_trained, compute_s, idle_s); empty until the round is recorded",
+    )
     error = models.TextField(blank=True, default="")
     flags = models.JSONField(default=list, blank=True)
     predicted_round_time_s = models.FloatField(null=True, blank=True)
@@ -562,6 +572,33 @@ class Round(models.Model):
 
     def __str__(self) -> str:
         return f"round {self.index} of run {self.run_id}"
+
+
+ASSIGNMENT_RESULT_COLUMNS: dict[str, str] = {
+    "samples_trained": "samples_trained",
+    "throughput_sps": "throughput_sps",
+    "simulated": "simulated",
+    "seconds": "seconds",
+    "train_loss": "train_loss",
+    "started_at": "started_at",
+    "finished_at": "finished_at",
+    "weights": "weights_path",
+    "weights_sha256": "weights_sha256",
+    "peak_memory_bytes": "peak_memory_bytes",
+    "torch_device": "torch_device",
+    "mps_active_thread_percentage": "mps_active_thread_percentage",
+    "visible_sm_count": "visible_sm_count",
+    "mps_verified": "mps_verified",
+    "mps_detail": "mps_detail",
+    "execution_mode": "execution_mode",
+    "execution_fallback": "execution_fallback",
+}
+"""What a trainer measured, copied onto its assignment when the round is recorded: each
+:class:`workers.protocol.messages.AssignmentResult` attribute and the :class:`Assignment` column
+it fills, declared once. The recorder copies them (with ``status`` and ``error``, which it
+decides) and writes them in one bulk update; the API's assignment serializer lists them. A
+timestamp arrives as Unix seconds, and a text column stores ``""`` for a missing value
+(:func:`controlplane.experiments.services.rounds.record.result_columns`)."""
 
 
 class Assignment(models.Model):

@@ -1,8 +1,9 @@
 """Throughput metrics of multi-task FL: the only place they are computed.
 
-Recording a round (``round_record``), the dashboard's tables and figures and the benchmarks all
-call this module, so a number means the same wherever it is shown. Pure Python: no Django, no
-NumPy needed.
+Recording a round (``round_record``) computes its metrics and each device's here, once, and stores
+them; the dashboard, the API, the exports and ``mtfl compare`` read what was stored, and the
+benchmarks call this module too, so a number means the same wherever it is shown. Pure Python:
+no Django, no NumPy needed.
 
 Formulas (Yu et al. 2022, "Powering Multi-Task Federated Learning with Competitive GPU Resource
 Sharing", §5 and footnote 1; ``docs/DESIGN.md`` §1). For device ``j`` in one round, with ``P_ij``
@@ -245,6 +246,30 @@ class DeviceMetrics:
     compute_s: float | None = None
     idle_s: float | None = None
 
+    def as_json(self) -> dict[str, Any]:
+        """The stored form (``Round.device_metrics[device]``): every attribute by name, JSON
+        numbers and booleans (``None`` as ``null``)."""
+        return {
+            "counts": self.counts,
+            "raw_throughput_sps": self.raw_throughput_sps,
+            "fair_throughput": self.fair_throughput,
+            "samples_trained": self.samples_trained,
+            "compute_s": self.compute_s,
+            "idle_s": self.idle_s,
+        }
+
+    @classmethod
+    def from_json(cls, stored: Mapping[str, Any]) -> DeviceMetrics:
+        """The metrics :meth:`as_json` stored (a key missing reads as its default)."""
+        return cls(
+            counts=bool(stored.get("counts", False)),
+            raw_throughput_sps=stored.get("raw_throughput_sps"),
+            fair_throughput=stored.get("fair_throughput"),
+            samples_trained=int(stored.get("samples_trained") or 0),
+            compute_s=stored.get("compute_s"),
+            idle_s=stored.get("idle_s"),
+        )
+
     def get(self, metric: str) -> float | None:
         """The ``raw`` or ``fair`` throughput (:data:`METRICS`).
 
@@ -282,6 +307,23 @@ class RoundMetrics:
     def counted(self) -> tuple[str, ...]:
         """Names of the devices that count, in name order."""
         return tuple(sorted(d for d, m in self.devices.items() if m.counts))
+
+    def devices_json(self) -> dict[str, dict[str, Any]]:
+        """Every device's metrics in their stored form (``Round.device_metrics``), by name."""
+        return {name: m.as_json() for name, m in self.devices.items()}
+
+    @classmethod
+    def from_stored(cls, stored: RoundSummary, device_metrics: Mapping[str, Mapping[str, Any]]) -> RoundMetrics:
+        """A recorded round's metrics as they were stored: its round-level figures (a ``Round``
+        row's columns) and each device's (``Round.device_metrics``); nothing is recomputed."""
+        return cls(
+            round_time_s=stored.round_time_s,
+            samples_trained=stored.samples_trained,
+            fl_throughput_sps=stored.fl_throughput_sps,
+            raw_throughput_sps=stored.raw_throughput_sps,
+            fair_throughput=stored.fair_throughput,
+            devices={name: DeviceMetrics.from_json(m) for name, m in device_metrics.items()},
+        )
 
 
 def round_metrics(devices: Mapping[str, DeviceTotals]) -> RoundMetrics:
@@ -336,6 +378,12 @@ def round_metrics(devices: Mapping[str, DeviceTotals]) -> RoundMetrics:
 
 class RoundSummary(Protocol):
     """Anything with a round's stored metrics: a :class:`RoundMetrics` or a ``Round`` row."""
+
+    @property
+    def round_time_s(self) -> float | None: ...
+
+    @property
+    def samples_trained(self) -> int: ...
 
     @property
     def raw_throughput_sps(self) -> float | None: ...
@@ -448,54 +496,6 @@ def time_split(rounds: Mapping[tuple[str, int], RoundMetrics]) -> dict[tuple[str
                 compute[(strategy, device)].append(d.compute_s)
                 idle[(strategy, device)].append(d.idle_s)
     return {key: (sum(c) / len(c), sum(idle[key]) / len(idle[key])) for key, c in compute.items()}
-
-
-def comparison_from_assignments(
-    rows: Iterable[Mapping[str, Any]], strategies: Sequence[str], *, baseline: str
-) -> tuple[Speedups, dict[tuple[str, str], tuple[float, float]]]:
-    """Speedups and the compute/idle split from per-assignment rows (no database at hand:
-    reports, tests, benchmarks).
-
-    Args:
-        rows: ``{"strategy", "device", "round_index", "status", "samples_trained",
-            "throughput_sps", "standalone_throughput_sps", "started_at", "finished_at"}`` per
-            assignment (timestamps Unix seconds or timezone-aware datetimes; ``status`` other
-            than ``"succeeded"`` fails the device's round; missing keys read as unknown).
-        strategies, baseline: as :func:`comparison_speedups`.
-
-    Returns:
-        ``(comparison_speedups(...), time_split(...))``.
-    """
-    grouped: dict[tuple[str, int], dict[str, list[TaskMeasurement]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        grouped[(row["strategy"], row["round_index"])][row["device"]].append(
-            TaskMeasurement(
-                succeeded=row.get("status", "succeeded") == "succeeded",
-                samples_trained=row.get("samples_trained") or 0,
-                throughput_sps=row.get("throughput_sps"),
-                standalone_sps=row.get("standalone_throughput_sps"),
-                started_at=_seconds(row.get("started_at")),
-                finished_at=_seconds(row.get("finished_at")),
-            )
-        )
-    per_round = {
-        key: round_metrics({d: DeviceTotals.from_tasks(t) for d, t in by_device.items()})
-        for key, by_device in grouped.items()
-    }
-    device_rounds = {(s, d, r): m for (s, r), rm in per_round.items() for d, m in rm.devices.items()}
-    return comparison_speedups(device_rounds, strategies, baseline=baseline), time_split(per_round)
-
-
-def _seconds(value: object) -> float | None:
-    """Unix seconds from a number or anything with ``timestamp()`` (a datetime)."""
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    timestamp = getattr(value, "timestamp", None)
-    if timestamp is None:
-        raise TypeError(f"a timestamp must be Unix seconds or a datetime, got {type(value).__name__}")
-    return float(timestamp())
 
 
 # ------------------------------------------------------------------------------ time to accuracy
@@ -619,7 +619,7 @@ class Estimate:
 
 def _t_quantile(confidence: float, df: float) -> float:
     """The two-sided Student-t quantile ``t_{(1+c)/2, df}``."""
-    from scipy.stats import t as student_t
+    from scipy.stats import t as student_t  # deferred: SciPy loads only where an interval is computed
 
     return float(student_t.ppf((1 + confidence) / 2, df))
 

@@ -13,6 +13,7 @@ import pytest
 
 from controlplane.dashboard import figures as dashboard_figures
 from controlplane.experiments.models import Assignment, Checkpoint, Round, Run
+from tests.controlplane.comparison_rows import store_round_metrics
 
 pytestmark = pytest.mark.django_db
 
@@ -62,6 +63,7 @@ def finished_runs(make_experiment):
                 started_at=T0 + dt.timedelta(seconds=1),
                 finished_at=T0 + dt.timedelta(seconds=5 + k),
             )
+        store_round_metrics([rnd])
         for task in experiment.tasks.all():
             Checkpoint.objects.create(
                 run=run,

@@ -8,6 +8,7 @@ import pytest
 
 from controlplane.planning import metrics
 from controlplane.planning.metrics import DeviceMetrics, DeviceTotals, TaskMeasurement
+from tests.controlplane.comparison_rows import comparison_from_rows
 
 
 def _ok(p: float, alone: float | None, start: float, end: float, samples: int = 100) -> TaskMeasurement:
@@ -223,7 +224,7 @@ def test_comparison_from_assignment_rows_applies_the_same_rule_as_a_round():
         },
     ]
 
-    speedups, split = metrics.comparison_from_assignments(rows, ["base", "new"], baseline="base")
+    speedups, split = comparison_from_rows(rows, ["base", "new"], baseline="base")
 
     assert speedups["per_device"]["raw"]["new"] == {"d": pytest.approx(3.0)}  # e failed under "new"
     assert split[("base", "d")] == (pytest.approx(4.0), pytest.approx(2.0))  # waits 2 s for e

@@ -23,8 +23,8 @@ from controlplane.common.bulk import bulk_insert, bulk_set
 from controlplane.dashboard import data, figures
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Checkpoint, Comparison, Round, Run
-from controlplane.planning import metrics
 from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
+from tests.controlplane.comparison_rows import comparison_from_rows, store_round_metrics
 from workers.fl.artifacts import device_weights_key, get_store
 from workers.fl.fedavg import FedAvgAccumulator, fedavg, load_state, save_state
 
@@ -334,7 +334,7 @@ def test_every_figure_of_a_1000_device_run_and_its_comparison_stays_under_2_mb()
         "timeline": _size(data.figure_json(figures.timeline(run_rows))),
     }
     compared = [row for s in STRATEGIES for row in _assignment_rows(1000, 20, s, planned=s in planned_strategies())]
-    speedups, split = metrics.comparison_from_assignments(compared, STRATEGIES, baseline=baseline_strategy().name)
+    speedups, split = comparison_from_rows(compared, STRATEGIES, baseline=baseline_strategy().name)
     sizes.update(
         {
             "per_device": _size(data.figure_json(figures.speedup_per_device(speedups, STRATEGIES))),
@@ -449,6 +449,7 @@ def large_run(db, user):
                 for t in tasks
             ],
         )
+        store_round_metrics(Round.objects.filter(run=run))
         runs.append(run)
     return experiment, runs
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import connections, models, router, transaction
 from django.utils import timezone
 from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.common.bulk import bulk_set, db_value
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Round
+from controlplane.experiments.models import ASSIGNMENT_RESULT_COLUMNS, Assignment, Checkpoint, DeviceTelemetry, Round
 from controlplane.experiments.services import dispatch
 from controlplane.experiments.services.planning import round_timesliced_devices
 from controlplane.experiments.services.rounds.advance import round_advance
@@ -34,13 +34,44 @@ from controlplane.experiments.signals import release_devices
 from controlplane.fleet.models import Device
 from controlplane.planning import metrics
 from workers.fl.artifacts import device_weights_key, get_store
-from workers.protocol.messages import DeviceRoundResult, round_idempotency_key
+from workers.protocol.messages import AssignmentResult, DeviceRoundResult, round_idempotency_key
 
 log = logging.getLogger(__name__)
 
 
 def _ts(value: float | None) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(value, tz=dt.UTC) if value is not None else None
+
+
+_TEXT_LIMIT = 10_000
+"""Characters kept of a free-text column a trainer fills (a log excerpt, a fallback's reason)."""
+
+
+def _column_converter(column: str) -> Callable[[Any], Any]:
+    """How a result's value becomes the value of ``column``, by the column's type: a timestamp
+    (Unix seconds) an aware datetime, a missing text ``""``, a free text (``TextField``) cut to
+    :data:`_TEXT_LIMIT` characters; anything else is copied as it is."""
+    field = Assignment._meta.get_field(column)
+    if isinstance(field, models.DateTimeField):
+        return _ts
+    if isinstance(field, models.TextField):
+        return lambda value: (value or "")[:_TEXT_LIMIT]
+    if isinstance(field, models.CharField):
+        return lambda value: value or ""
+    return lambda value: value
+
+
+_RESULT_COPY = tuple(
+    (attribute, column, _column_converter(column)) for attribute, column in ASSIGNMENT_RESULT_COLUMNS.items()
+)
+"""``(result attribute, column, converter)`` of every column a result fills, resolved once."""
+
+
+def result_columns(result: AssignmentResult) -> dict[str, Any]:
+    """The :class:`Assignment` column values of a trainer's result, by column name: every column
+    of :data:`~controlplane.experiments.models.ASSIGNMENT_RESULT_COLUMNS`, converted by its type
+    (:func:`_column_converter`)."""
+    return {column: convert(getattr(result, attribute)) for attribute, column, convert in _RESULT_COPY}
 
 
 def round_progress(*, round_id: int, device: str, phase: str, at: float | None = None) -> int:
@@ -227,15 +258,9 @@ def _record_and_aggregate(
                 continue
             a.status = Assignment.Status.SUCCEEDED if r.status == "succeeded" else Assignment.Status.FAILED
             a.error = r.error
-            a.samples_trained = r.samples_trained
-            a.throughput_sps = r.throughput_sps
+            for column, value in result_columns(r).items():
+                setattr(a, column, value)
             a.simulated = r.simulated or result.simulated
-            a.seconds = r.seconds
-            a.train_loss = r.train_loss
-            a.started_at = _ts(r.started_at)
-            a.finished_at = _ts(r.finished_at)
-            a.weights_path = r.weights or ""
-            a.weights_sha256 = r.weights_sha256 or ""
             expected = device_weights_key(run.id, rnd.index, device_name, a.task_id)
             if a.status == Assignment.Status.SUCCEEDED and a.weights_path != expected:
                 # The agent was told where to write (output_weights); weights anywhere else were
@@ -243,14 +268,6 @@ def _record_and_aggregate(
                 a.status = Assignment.Status.FAILED
                 a.error = f"weights reported at {a.weights_path!r}, not at this device's key {expected!r}"
                 failed_devices[device_name] = f"task {a.task.name}: {a.error}"
-            a.peak_memory_bytes = r.peak_memory_bytes
-            a.torch_device = r.torch_device or ""
-            a.mps_active_thread_percentage = r.mps_active_thread_percentage
-            a.visible_sm_count = r.visible_sm_count
-            a.mps_verified = r.mps_verified
-            a.mps_detail = r.mps_detail[:10_000]
-            a.execution_mode = r.execution_mode or ""
-            a.execution_fallback = r.execution_fallback[:10_000]
 
     # Aggregate only over devices whose whole round succeeded: a failed device's weights never
     # enter the global model, even the tasks that finished before the failure.
@@ -306,31 +323,7 @@ def _record_and_aggregate(
     error = "; ".join(f"{name}: {why}" for name, why in sorted(failed_devices.items()))
     now = timezone.now()
     with transaction.atomic():
-        bulk_set(
-            Assignment,
-            assignments,
-            [
-                "status",
-                "error",
-                "samples_trained",
-                "throughput_sps",
-                "simulated",
-                "seconds",
-                "train_loss",
-                "started_at",
-                "finished_at",
-                "weights_path",
-                "weights_sha256",
-                "peak_memory_bytes",
-                "torch_device",
-                "mps_active_thread_percentage",
-                "visible_sm_count",
-                "mps_verified",
-                "mps_detail",
-                "execution_mode",
-                "execution_fallback",
-            ],
-        )
+        bulk_set(Assignment, assignments, ["status", "error", *ASSIGNMENT_RESULT_COLUMNS.values()])
         # a redelivered result replaces the series instead of failing on the unique constraint
         DeviceTelemetry.objects.filter(round=rnd, device__in=[t.device for t in telemetry]).delete()
         DeviceTelemetry.objects.bulk_create(telemetry)
@@ -346,6 +339,7 @@ def _record_and_aggregate(
             fl_throughput_sps=measured.fl_throughput_sps,
             raw_throughput_sps=measured.raw_throughput_sps,
             fair_throughput=measured.fair_throughput,
+            device_metrics=measured.devices_json(),
         )
 
 
