@@ -207,6 +207,8 @@ class InProcessBroker:
 
     def install(self) -> None:
         import controlplane.experiments.tasks  # noqa: F401 - registers the control tasks
+        import controlplane.lab.tasks  # noqa: F401 - registers LAB_SCHEDULE
+        import controlplane.storage.tasks  # noqa: F401 - registers RUN_RETENTION
         from controlplane.celery import app
         from controlplane.experiments import services
         from controlplane.experiments.services import dispatch, standalone

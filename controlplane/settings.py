@@ -311,7 +311,7 @@ CELERY_RESULT_EXPIRES = 24 * 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SOFT_TIME_LIMIT = 600
 CELERY_TASK_TIME_LIMIT = 900
-# Late acks are per task (controlplane/experiments/tasks.py: only those that claim their work
+# Late acks are per task (the apps' tasks.py: only those that claim their work
 # with a conditional update, so a redelivery changes nothing twice); the default acks on receipt.
 CELERY_TASK_ACKS_LATE = False
 # Redis hands a delivered but unacknowledged message to another worker after this long: it
