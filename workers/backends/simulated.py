@@ -45,7 +45,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -537,68 +537,13 @@ def simulate_throughput(
 
     Inputs are broadcast together to shape ``(..., I)``: leading axes are independent
     configurations (mixes, devices), the last axis the ``I`` tasks co-located in one
-    configuration (pad with ``present=False``). Per task ``i`` (units in brackets):
-
-    - iteration work ``W = F·B`` [FLOP] (``F`` = ``flops_per_sample``, ``B`` = batch size);
-      DRAM traffic ``Q = 2·A·B + 8·P`` [byte] (``A`` = saved activation bytes per sample,
-      written forward and read backward; ``P`` = parameter bytes, see :data:`PARAM_TRAFFIC`);
-    - share ``r = R/100`` of the SMs (MPS active-thread percentage ``R``);
-    - parallel efficiency on that slice ``e = x / (x + h·r·T)``, where ``x = A·B/(4·N)`` are
-      the float32 output elements of an average layer (``N`` = ``layers``), ``T`` = SMs ×
-      resident threads per SM, ``h`` = :data:`WIDTH_HALF`: small batches cannot fill the
-      device, and a smaller slice fills with less (the paper's "small operators leave SMs
-      idle", Yu et al. 2022 §3.1);
-    - kernel efficiency ``η = η_max · I / (I + I_½)`` with ``I = F / (3·A/4)`` the FLOPs per
-      output element and pass (``F / (A/4)`` with ``inference``), i.e. the reduction length:
-      long for VGG's 3×3 convolutions, short for 1×1 and depthwise ones; ``η_max`` =
-      ``flops_efficiency``, ``I_½`` = :data:`INTENSITY_HALF`;
-    - device time alone on the slice ``D = W/(η·F_peak·r·e) + Q/(BW·min(1, r/0.5))`` [s]
-      (roofline terms added; a half-device slice draws the full bandwidth,
-      :data:`BANDWIDTH_SATURATING_SHARE`), and its work in whole-device seconds
-      ``v = W/(η·F_peak) + Q/BW``, so the task keeps ``a = v/D ≤ 1`` of the device busy;
-    - host launch time, eager: ``L = O·h`` [s] on a device with a per-operation host time
-      ``h`` = ``host_op_s > 0`` (``O`` = ``ops_per_step``, or :data:`OPS_PER_LAYER`·``N`` when
-      0), else ``L = 3·N·k_s`` (three kernels per layer, ``k_s`` = ``kernel_s``). Under CUDA
-      graphs (``graphs``) the step is one replay: ``L = g + 3·h`` (``g`` = ``graph_launch_s``;
-      :data:`GRAPH_HOST_OPS` eager ops for the batch and its copies into the static inputs;
-      ``h`` = ``kernel_s`` where ``host_op_s`` is 0), so the step takes the GPU's time.
-      Consecutive kernels of one stream leave the device idle ``O·k_g`` [s] per step
-      (``k_g`` = ``kernel_gap_s``, device-side launch latency): added to ``D`` below, not to
-      the work ``v`` (co-located work may fill the gaps);
-    - the host enqueues while the device runs, so an iteration takes the smooth maximum
-      ``t = (L^p + (σ·D)^p)^(1/p)``, ``p`` = :data:`SMOOTH_MAX_P`, stretch ``σ ≥ 1``.
-
-    Contention (``partitioning="mps"``): the tasks' demand ``Σ v_i / t_i`` [device-seconds per
-    second] may not exceed the capacity ``c = U + φ·(1 − U)``, where ``S = Σ r_i``,
-    ``U = min(1, Σ a_i / max(1, S))`` is what the slices use without overlapping, and
-    ``φ = ρ / (1 + γ·max(0, S − 1))`` (``ρ`` = :data:`RECLAIM`, ``γ`` = :data:`CONTENTION`) is
-    how much of the idle rest co-located work can fill: some overlap fills idle SMs, more
-    overlap fills less (the paper's competitive sharing, §3.1). ``σ`` is the smallest stretch
-    ``≥ 1`` with ``Σ v_i / t_i(σ) ≤ c`` (bisection), common to all tasks of the configuration
-    (each keeps its proportion of the device). A task alone is never stretched (``c ≥ a``);
-    ``k`` identical tasks at 100 % together get between 1× and ``k``× one task's throughput;
-    when all are device-bound ``σ → Σ a_i / c``: each share scaled down by about
-    ``max(1, S)``, a little more as the overlap grows.
-
-    Time slicing (``partitioning="timeslice"``, no MPS): shares are ignored; each task's
-    kernels run on the whole device (``r = 1``, device time ``D₁``) one context at a time, so
-    the contexts' device times add up: ``Σ D₁_i / t_i ≤ 1 − overhead`` when ``k > 1`` tasks
-    run (:attr:`DeviceSpec.timeslice_overhead` lost to context switches), with
-    ``t_i = smooth_max(L_i, σ·D₁_i)`` and ``σ ≥ 1`` the smallest stretch that satisfies it.
-    Device-bound tasks get ``t = t_alone · k / (1 − overhead)``, their turn of ``1/k``;
-    host-bound ones barely slow down: the driver hands the idle device to whichever context
-    has work, as measured on the H200 (``temporal`` ran each light-mix task at its alone
-    speed, benchmarks/results/gpu_check_h200).
-
-    GPU busy fraction: task ``i`` keeps kernels running ``b_i = min(1, σ·(D_i − O_i·k_g)/t_i)``
-    of the time; under MPS the device is busy when any task is, ``1 − Π(1 − b_i)``
-    (independent tasks); under time slicing ``min(1, Σ b_i)``.
-
-    Memory: task ``i`` holds ``context_bytes + 4·P + A·B`` at its peak (:data:`PARAM_MEMORY`).
-    Tasks are admitted in order; one that does not fit beside those admitted before it is
-    out of memory (``oom``), gets NaN throughput and takes no part in the contention.
-
-    Throughput ``B / t`` is multiplied by ``noise`` (e.g. :func:`noise_factors`) when given.
+    configuration (pad with ``present=False``). The model, step by step: memory and who is
+    refused for lack of it (:func:`_admit`); each task's work, traffic, efficiencies, device
+    time and host launch time (:class:`_TaskTerms`, units there); the iteration time under
+    contention, ``partitioning="mps"`` (:func:`_mps_times`: the paper's competitive sharing) or
+    ``"timeslice"`` (:func:`_timeslice_times`: no MPS, one context at a time); throughput
+    ``B / t`` multiplied by ``noise`` (e.g. :func:`noise_factors`) when given, and the GPU's busy
+    fraction (:func:`_prediction`).
 
     Args:
         flops_per_sample: training FLOPs per sample (forward + backward), ``(..., I)``.
@@ -630,26 +575,9 @@ def simulate_throughput(
     """
     if partitioning not in ("mps", "timeslice"):
         raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
-    try:
-        F, A, P, N, B, R, C, G = np.broadcast_arrays(
-            *(
-                np.asarray(x, dtype=float)
-                for x in (
-                    flops_per_sample,
-                    activation_bytes_per_sample,
-                    param_bytes,
-                    layers,
-                    batch_size,
-                    share,
-                    ops_per_step,
-                    graphs,
-                )
-            )
-        )
-    except ValueError as exc:
-        raise ValueError(f"simulate_throughput inputs do not broadcast: {exc}") from None
-    if F.ndim == 0:
-        raise ValueError("simulate_throughput needs a task axis: pass arrays of shape (..., I)")
+    F, A, P, N, B, R, C, G = _broadcast_inputs(
+        flops_per_sample, activation_bytes_per_sample, param_bytes, layers, batch_size, share, ops_per_step, graphs
+    )
     shape = F.shape
     present = np.ones(shape, dtype=bool) if present is None else np.broadcast_to(np.asarray(present, dtype=bool), shape)
     _check_inputs(
@@ -664,8 +592,51 @@ def simulate_throughput(
     )
     lead = shape[:-1]
     dev = {f: _device_field(device, f, lead) for f in _NUMERIC_FIELDS}
+    peak, oom = _admit(A, P, N, B, present, dev, inference=inference)
+    run = present & ~oom
+    terms = _TaskTerms.of(F, A, P, N, B, C, G, dev, inference=inference)
+    if partitioning == "timeslice":
+        D, stretch, t = _timeslice_times(terms, run, dev)
+    else:
+        D, stretch, t = _mps_times(terms, R, run)
+    return _prediction(terms, run, B, D, stretch, t, peak, oom, noise=noise, partitioning=partitioning)
 
-    # Memory, and who is refused for lack of it (in task order, as processes would start).
+
+def _broadcast_inputs(*arrays: npt.ArrayLike) -> tuple[np.ndarray, ...]:
+    """:func:`simulate_throughput`'s per-task inputs as float arrays broadcast together.
+
+    Raises:
+        ValueError: if they do not broadcast, or give no task axis (0-d).
+    """
+    try:
+        broadcast = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in arrays))
+    except ValueError as exc:
+        raise ValueError(f"simulate_throughput inputs do not broadcast: {exc}") from None
+    if broadcast[0].ndim == 0:
+        raise ValueError("simulate_throughput needs a task axis: pass arrays of shape (..., I)")
+    return tuple(broadcast)
+
+
+def _admit(
+    A: np.ndarray,
+    P: np.ndarray,
+    N: np.ndarray,
+    B: np.ndarray,
+    present: np.ndarray,
+    dev: dict[str, np.ndarray],
+    *,
+    inference: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Memory, and who is refused for lack of it (in task order, as processes would start).
+
+    Task ``i`` holds ``context_bytes + 4·P + A·B`` [byte] at its peak (:data:`PARAM_MEMORY`;
+    with ``inference`` ``P + 2·A·B/N``: parameters held once, two layers' activations live).
+    Tasks are admitted in order; one that does not fit beside those admitted before it is out of
+    memory (``oom``), gets NaN throughput and takes no part in the contention. Returns
+    ``(peak, oom)``, shape ``(..., I)``; ``peak`` is 0 for an absent task.
+    """
+    shape = present.shape
+    lead = shape[:-1]
     if inference:
         need = P + 2.0 * A * B / N
     else:
@@ -678,65 +649,193 @@ def simulate_throughput(
         fits = held + peak[..., i] <= capacity
         oom[..., i] = present[..., i] & ~fits
         held = held + np.where(present[..., i] & fits, peak[..., i], 0.0)
-    run = present & ~oom
+    return peak, oom
 
-    work = F * B
-    traffic = ACTIVATION_TRAFFIC * A * B + (1.0 if inference else PARAM_TRAFFIC) * P
-    kernels = 1.0 if inference else TRAIN_KERNELS_PER_LAYER
-    with np.errstate(divide="ignore", invalid="ignore"):
-        intensity = np.where(A > 0, F / (kernels * A / 4.0), np.inf)
-        kernel_efficiency = np.where(np.isinf(intensity), 1.0, intensity / (intensity + INTENSITY_HALF))
-    rate = dev["flops_efficiency"] * kernel_efficiency * dev["peak_flops"]
-    host_op = dev["host_op_s"]
-    if inference:  # op counts are a training step's: one kernel per layer, the per-layer host term
-        ops = kernels * N
-        launch = ops * dev["kernel_s"]
-    else:
-        ops = np.where(C > 0, C, OPS_PER_LAYER * N)
-        eager_launch = np.where(host_op > 0, ops * host_op, kernels * N * dev["kernel_s"])
-        graph_launch = dev["graph_launch_s"] + GRAPH_HOST_OPS * np.where(host_op > 0, host_op, dev["kernel_s"])
-        launch = np.where(G != 0, graph_launch, eager_launch)
-    gaps = ops * dev["kernel_gap_s"]
-    elements = A * B / (4.0 * N)
-    slots = dev["sms"] * dev["threads_per_sm"]
-    v = work / rate + traffic / dev["memory_bandwidth"]
 
-    def device_time(r: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class _TaskTerms:
+    """Each task's terms in :func:`simulate_throughput`'s model, shape ``(..., I)`` (units in
+    brackets):
+
+    - iteration work ``W = F·B`` [FLOP] (``F`` = ``flops_per_sample``, ``B`` = batch size);
+      DRAM traffic ``Q = 2·A·B + 8·P`` [byte] (``A`` = saved activation bytes per sample,
+      written forward and read backward; ``P`` = parameter bytes, see :data:`PARAM_TRAFFIC`);
+    - share ``r = R/100`` of the SMs (MPS active-thread percentage ``R``);
+    - parallel efficiency on that slice ``e = x / (x + h·r·T)``, where ``x = A·B/(4·N)`` are
+      the float32 output elements of an average layer (``N`` = ``layers``), ``T`` = SMs ×
+      resident threads per SM, ``h`` = :data:`WIDTH_HALF`: small batches cannot fill the
+      device, and a smaller slice fills with less (the paper's "small operators leave SMs
+      idle", Yu et al. 2022 §3.1);
+    - kernel efficiency ``η = η_max · I / (I + I_½)`` with ``I = F / (3·A/4)`` the FLOPs per
+      output element and pass (``F / (A/4)`` with ``inference``), i.e. the reduction length:
+      long for VGG's 3×3 convolutions, short for 1×1 and depthwise ones; ``η_max`` =
+      ``flops_efficiency``, ``I_½`` = :data:`INTENSITY_HALF`;
+    - device time alone on the slice ``D = W/(η·F_peak·r·e) + Q/(BW·min(1, r/0.5))`` [s]
+      (roofline terms added; a half-device slice draws the full bandwidth,
+      :data:`BANDWIDTH_SATURATING_SHARE`), and its work in whole-device seconds
+      ``v = W/(η·F_peak) + Q/BW``, so the task keeps ``a = v/D ≤ 1`` of the device busy;
+    - host launch time, eager: ``L = O·h`` [s] on a device with a per-operation host time
+      ``h`` = ``host_op_s > 0`` (``O`` = ``ops_per_step``, or :data:`OPS_PER_LAYER`·``N`` when
+      0), else ``L = 3·N·k_s`` (three kernels per layer, ``k_s`` = ``kernel_s``). Under CUDA
+      graphs (``graphs``) the step is one replay: ``L = g + 3·h`` (``g`` = ``graph_launch_s``;
+      :data:`GRAPH_HOST_OPS` eager ops for the batch and its copies into the static inputs;
+      ``h`` = ``kernel_s`` where ``host_op_s`` is 0), so the step takes the GPU's time.
+      Consecutive kernels of one stream leave the device idle ``O·k_g`` [s] per step
+      (``k_g`` = ``kernel_gap_s``, device-side launch latency): added to ``D``
+      (:meth:`device_time`), not to the work ``v`` (co-located work may fill the gaps);
+    - the host enqueues while the device runs, so an iteration takes the smooth maximum
+      ``t = (L^p + (σ·D)^p)^(1/p)``, ``p`` = :data:`SMOOTH_MAX_P`, stretch ``σ ≥ 1``
+      (:func:`_mps_times`, :func:`_timeslice_times`).
+    """
+
+    work: np.ndarray
+    traffic: np.ndarray
+    rate: np.ndarray
+    """``η·F_peak`` [FLOP/s]."""
+    launch: np.ndarray
+    gaps: np.ndarray
+    elements: np.ndarray
+    slots: np.ndarray
+    bandwidth: np.ndarray
+    v: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        F: np.ndarray,
+        A: np.ndarray,
+        P: np.ndarray,
+        N: np.ndarray,
+        B: np.ndarray,
+        C: np.ndarray,
+        G: np.ndarray,
+        dev: dict[str, np.ndarray],
+        *,
+        inference: bool,
+    ) -> _TaskTerms:
+        """The terms of tasks with these inputs (as :func:`simulate_throughput` names them) on
+        the device ``dev`` (its numeric fields over the leading axes)."""
+        work = F * B
+        traffic = ACTIVATION_TRAFFIC * A * B + (1.0 if inference else PARAM_TRAFFIC) * P
+        kernels = 1.0 if inference else TRAIN_KERNELS_PER_LAYER
+        with np.errstate(divide="ignore", invalid="ignore"):
+            intensity = np.where(A > 0, F / (kernels * A / 4.0), np.inf)
+            kernel_efficiency = np.where(np.isinf(intensity), 1.0, intensity / (intensity + INTENSITY_HALF))
+        rate = dev["flops_efficiency"] * kernel_efficiency * dev["peak_flops"]
+        host_op = dev["host_op_s"]
+        if inference:  # op counts are a training step's: one kernel per layer, the per-layer host term
+            ops = kernels * N
+            launch = ops * dev["kernel_s"]
+        else:
+            ops = np.where(C > 0, C, OPS_PER_LAYER * N)
+            eager_launch = np.where(host_op > 0, ops * host_op, kernels * N * dev["kernel_s"])
+            graph_launch = dev["graph_launch_s"] + GRAPH_HOST_OPS * np.where(host_op > 0, host_op, dev["kernel_s"])
+            launch = np.where(G != 0, graph_launch, eager_launch)
+        return cls(
+            work=work,
+            traffic=traffic,
+            rate=rate,
+            launch=launch,
+            gaps=ops * dev["kernel_gap_s"],
+            elements=A * B / (4.0 * N),
+            slots=dev["sms"] * dev["threads_per_sm"],
+            bandwidth=dev["memory_bandwidth"],
+            v=work / rate + traffic / dev["memory_bandwidth"],
+        )
+
+    def device_time(self, r: np.ndarray) -> np.ndarray:
+        """``D`` [s] on a slice ``r`` of the SMs, kernel gaps included."""
         with np.errstate(divide="ignore", invalid="ignore"):
             # No activations says nothing about parallelism: treat the slice as filled.
-            efficiency = np.where(elements > 0, elements / (elements + WIDTH_HALF * r * slots), 1.0)
+            efficiency = np.where(self.elements > 0, self.elements / (self.elements + WIDTH_HALF * r * self.slots), 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            compute = np.where(work > 0, work / (rate * r * efficiency), 0.0)
-        bandwidth = dev["memory_bandwidth"] * np.minimum(1.0, r / BANDWIDTH_SATURATING_SHARE)
-        seconds: np.ndarray = compute + traffic / bandwidth + gaps
+            compute = np.where(self.work > 0, self.work / (self.rate * r * efficiency), 0.0)
+        bandwidth = self.bandwidth * np.minimum(1.0, r / BANDWIDTH_SATURATING_SHARE)
+        seconds: np.ndarray = compute + self.traffic / bandwidth + self.gaps
         return seconds
 
-    if partitioning == "timeslice":
-        D = device_time(np.ones(shape))
-        k = run.sum(axis=-1)
-        cap = np.where(k > 1, 1.0 - np.broadcast_to(dev["timeslice_overhead"], (*lead, 1))[..., 0], 1.0)
-        slots_used = np.where(run & (D > 0), 1.0, 0.0)
-        stretch = _stretch(np.where(run, D, 0.0), launch, D, run, cap, slots_used)
-        t = _smooth_max(launch, stretch[..., None] * D)
-    else:
-        r = np.where(run, R / 100.0, 1.0)
-        D = device_time(r)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            busy = np.where(run & (D > 0), v / D, 0.0)
-        S = np.where(run, r, 0.0).sum(axis=-1)
-        used = np.minimum(1.0, busy.sum(axis=-1) / np.maximum(1.0, S))
-        reclaim = RECLAIM / (1.0 + CONTENTION * np.maximum(0.0, S - 1.0))
-        cap = used + reclaim * (1.0 - used)
-        stretch = _stretch(v, launch, D, run, cap, busy)
-        t = _smooth_max(launch, stretch[..., None] * D)
 
+def _mps_times(terms: _TaskTerms, R: np.ndarray, run: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Device times ``D``, stretch ``σ`` (shape ``(...)``) and iteration times ``t`` [s] under MPS.
+
+    The tasks' demand ``Σ v_i / t_i`` [device-seconds per second] may not exceed the capacity
+    ``c = U + φ·(1 − U)``, where ``S = Σ r_i``, ``U = min(1, Σ a_i / max(1, S))`` is what the
+    slices use without overlapping, and ``φ = ρ / (1 + γ·max(0, S − 1))`` (``ρ`` =
+    :data:`RECLAIM`, ``γ`` = :data:`CONTENTION`) is how much of the idle rest co-located work can
+    fill: some overlap fills idle SMs, more overlap fills less (the paper's competitive sharing,
+    §3.1). ``σ`` is the smallest stretch ``≥ 1`` with ``Σ v_i / t_i(σ) ≤ c`` (bisection,
+    :func:`_stretch`), common to all tasks of the configuration (each keeps its proportion of
+    the device). A task alone is never stretched (``c ≥ a``); ``k`` identical tasks at 100 %
+    together get between 1× and ``k``× one task's throughput; when all are device-bound
+    ``σ → Σ a_i / c``: each share scaled down by about ``max(1, S)``, a little more as the
+    overlap grows.
+    """
+    r = np.where(run, R / 100.0, 1.0)
+    D = terms.device_time(r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        busy = np.where(run & (D > 0), terms.v / D, 0.0)
+    S = np.where(run, r, 0.0).sum(axis=-1)
+    used = np.minimum(1.0, busy.sum(axis=-1) / np.maximum(1.0, S))
+    reclaim = RECLAIM / (1.0 + CONTENTION * np.maximum(0.0, S - 1.0))
+    cap = used + reclaim * (1.0 - used)
+    stretch = _stretch(terms.v, terms.launch, D, run, cap, busy)
+    return D, stretch, _smooth_max(terms.launch, stretch[..., None] * D)
+
+
+def _timeslice_times(
+    terms: _TaskTerms, run: np.ndarray, dev: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Device times ``D₁``, stretch ``σ`` (shape ``(...)``) and iteration times ``t`` [s] under
+    time slicing (no MPS).
+
+    Shares are ignored; each task's kernels run on the whole device (``r = 1``, device time
+    ``D₁``) one context at a time, so the contexts' device times add up: ``Σ D₁_i / t_i ≤ 1 −
+    overhead`` when ``k > 1`` tasks run (:attr:`DeviceSpec.timeslice_overhead` lost to context
+    switches), with ``t_i = smooth_max(L_i, σ·D₁_i)`` and ``σ ≥ 1`` the smallest stretch that
+    satisfies it. Device-bound tasks get ``t = t_alone · k / (1 − overhead)``, their turn of
+    ``1/k``; host-bound ones barely slow down: the driver hands the idle device to whichever
+    context has work, as measured on the H200 (``temporal`` ran each light-mix task at its
+    alone speed, benchmarks/results/gpu_check_h200).
+    """
+    shape = run.shape
+    lead = shape[:-1]
+    D = terms.device_time(np.ones(shape))
+    k = run.sum(axis=-1)
+    cap = np.where(k > 1, 1.0 - np.broadcast_to(dev["timeslice_overhead"], (*lead, 1))[..., 0], 1.0)
+    slots_used = np.where(run & (D > 0), 1.0, 0.0)
+    stretch = _stretch(np.where(run, D, 0.0), terms.launch, D, run, cap, slots_used)
+    return D, stretch, _smooth_max(terms.launch, stretch[..., None] * D)
+
+
+def _prediction(
+    terms: _TaskTerms,
+    run: np.ndarray,
+    B: np.ndarray,
+    D: np.ndarray,
+    stretch: np.ndarray,
+    t: np.ndarray,
+    peak: np.ndarray,
+    oom: np.ndarray,
+    *,
+    noise: npt.ArrayLike | None,
+    partitioning: str,
+) -> MixPrediction:
+    """:func:`simulate_throughput`'s answer from the iteration times ``t`` (NaN where a task does
+    not run).
+
+    Throughput ``B / t`` [samples/s], multiplied by ``noise`` when given. GPU busy fraction:
+    task ``i`` keeps kernels running ``b_i = min(1, σ·(D_i − O_i·k_g)/t_i)`` of the time; under
+    MPS the device is busy when any task is, ``1 − Π(1 − b_i)`` (independent tasks); under time
+    slicing ``min(1, Σ b_i)``.
+    """
+    shape = run.shape
     t = np.where(run, t, np.nan)
     throughput = B / t
     if noise is not None:
         throughput = throughput * np.broadcast_to(np.asarray(noise, dtype=float), shape)
     with np.errstate(invalid="ignore"):
-        utilisation = np.where(run, v / t, 0.0).sum(axis=-1)
-        kernels_running = np.where(run, np.minimum(1.0, stretch[..., None] * np.maximum(D - gaps, 0.0) / t), 0.0)
+        utilisation = np.where(run, terms.v / t, 0.0).sum(axis=-1)
+        kernels_running = np.where(run, np.minimum(1.0, stretch[..., None] * np.maximum(D - terms.gaps, 0.0) / t), 0.0)
     if partitioning == "timeslice":
         gpu_busy = np.minimum(1.0, kernels_running.sum(axis=-1))
     else:
@@ -747,7 +846,7 @@ def simulate_throughput(
         peak_memory_bytes=peak,
         oom=oom,
         device_utilisation=utilisation,
-        host_step_s=np.where(run, np.broadcast_to(launch, shape), np.nan),
+        host_step_s=np.where(run, np.broadcast_to(terms.launch, shape), np.nan),
         gpu_busy_fraction=gpu_busy,
     )
 
@@ -911,70 +1010,24 @@ class SimulatedBackend(AnalyticBackend):
         Returns:
             The :class:`DeviceRoundResult`, ``simulated=True`` on it and every assignment.
         """
-
-        def failed(error: str, results: list[AssignmentResult] | None = None) -> DeviceRoundResult:
-            return DeviceRoundResult(
-                run_id=request.run_id,
-                round_id=request.round_id,
-                device=ctx.device,
-                status="failed",
-                error=error,
-                host=socket.gethostname(),
-                assignments=results or [],
-                simulated=True,
-            )
-
+        failed = functools.partial(_round_failed, request, ctx)
         problem = round_request_problem(request, ctx)
         if problem:
             return failed(problem)
         if not request.assignments:
-            return DeviceRoundResult(
-                run_id=request.run_id,
-                round_id=request.round_id,
-                device=ctx.device,
-                status="succeeded",
-                host=socket.gethostname(),
-                simulated=True,
-            )
+            return _round_succeeded(request, ctx)
 
         assignments = request.assignments
         store = LocalArtifactStore(ctx.artifact_root)
-        errors: dict[int, str] = {}
-        workloads: list[SimWorkload | None] = []
-        for k, assignment in enumerate(assignments):
-            workload = None
-            try:
-                path = store.path(assignment.global_weights)
-                if not path.is_file():
-                    raise FileNotFoundError(f"global_weights {assignment.global_weights!r} not found at {path}")
-                workload = _assignment_workload(assignment)
-            except (OSError, ValueError) as exc:
-                errors[k] = f"{type(exc).__name__}: {exc}"
-            workloads.append(workload)
+        workloads, errors = _round_workloads(assignments, store)
         if errors:
             return _failed_round(failed, assignments, errors)
-
-        counts = np.array([a.shard.count for a in assignments])
-        batches = np.array([_effective_batch(a.batch_size, a.shard.count) for a in assignments])
-        noise = np.array(
-            [noise_factors(a.seed, request.round_index, ctx.device, [a.task.task_id])[0] for a in assignments]
-        )
-        loaded = [w for w in workloads if w is not None]  # all of them: a failed one returned above
-        modes = [simulated_execution_mode(a.execution) for a in assignments]
-        arrays = _TaskColumns(
-            flops_per_sample=np.array([w.flops_per_sample for w in loaded]),
-            activation_bytes_per_sample=np.array([w.activation_bytes_per_sample for w in loaded]),
-            param_bytes=np.array([w.param_bytes for w in loaded]),
-            layers=np.array([w.layers for w in loaded]),
-            batch_size=batches,
-            share=np.array([a.active_thread_percentage for a in assignments]),
-            ops_per_step=np.array([w.ops_per_step for w in loaded]),
-            graphs=np.array([m == "graphs" for m in modes]),
-        )
+        arrays, noise, modes = _round_columns(request, ctx, workloads)
         first = simulate_throughput(**arrays, device=self.device, partitioning=request.partitioning, noise=noise)
         if first.oom.any():
             return _failed_round(failed, assignments, _oom_errors(first, self.device))
 
+        counts = np.array([a.shard.count for a in assignments])
         samples = counts * np.array([a.local_epochs for a in assignments])
         seconds = _phased_seconds(samples.astype(float), arrays, self.device, request.partitioning, noise)
         started_at = time.time()
@@ -993,14 +1046,31 @@ class SimulatedBackend(AnalyticBackend):
                     for a in assignments
                 ],
             )
+        timing = _RoundTiming(counts, arrays["batch_size"], samples, seconds, started_at)
+        results = self._round_results(request, store, timing, modes, errors)
+        if errors:
+            return _failed_round(failed, assignments, errors)
+        return _round_succeeded(request, ctx, results)
 
+    def _round_results(
+        self,
+        request: TrainRoundRequest,
+        store: LocalArtifactStore,
+        timing: _RoundTiming,
+        modes: list[Literal["eager", "graphs"]],
+        errors: dict[int, str],
+    ) -> list[AssignmentResult]:
+        """Each assignment's result once the round's time has passed, its ``output_weights``
+        passed through (:meth:`_pass_through`); an assignment whose weights cannot be written
+        gets an entry in ``errors`` (by index) instead of a result."""
         results = []
-        for k, assignment in enumerate(assignments):
+        for k, assignment in enumerate(request.assignments):
             try:
                 sha = self._pass_through(store, assignment.output_weights, store.path(assignment.global_weights))
             except (OSError, ValueError) as exc:
                 errors[k] = f"cannot write output_weights: {type(exc).__name__}: {exc}"
                 continue
+            counts, batches, samples, seconds = timing.counts, timing.batches, timing.samples, timing.seconds
             iterations = epoch_iterations(int(counts[k]), int(batches[k])) * assignment.local_epochs
             trained = samples[k] > 0
             results.append(
@@ -1014,25 +1084,15 @@ class SimulatedBackend(AnalyticBackend):
                     seconds=float(seconds[k]),
                     throughput_sps=float(samples[k] / seconds[k]) if trained else None,
                     train_loss=None,
-                    started_at=started_at,
-                    finished_at=started_at + float(seconds[k]),
+                    started_at=timing.started_at,
+                    finished_at=timing.started_at + float(seconds[k]),
                     weights=assignment.output_weights,
                     weights_sha256=sha,
                     execution_mode=modes[k],
                     simulated=True,
                 )
             )
-        if errors:
-            return _failed_round(failed, assignments, errors)
-        return DeviceRoundResult(
-            run_id=request.run_id,
-            round_id=request.round_id,
-            device=ctx.device,
-            status="succeeded",
-            host=socket.gethostname(),
-            assignments=results,
-            simulated=True,
-        )
+        return results
 
     def _pass_through(self, store: LocalArtifactStore, key: str, source: Path) -> str:
         """Store the global weights ``source`` unchanged under ``key``; return their SHA-256.
@@ -1178,57 +1238,28 @@ class SimulatedBackend(AnalyticBackend):
             See :meth:`AnalyticBackend.profile_configuration`; ``peak_memory_bytes`` is the
             modelled device memory.
         """
-
-        def result(
-            status: AssignmentStatus, measurements: list[ProfileMeasurement], cost: float, error: str = ""
-        ) -> ProfileConfigResult:
-            return ProfileConfigResult(
-                sweep_id=request.sweep_id,
-                device=ctx.device,
-                backend=request.backend,
-                config_index=config_index,
-                repeat_of=repeat_of,
-                tasks=list(tasks),
-                measurements=measurements,
-                started_at=started_at,
-                finished_at=started_at + cost,
-                status=status,
-                error=error,
-                simulated=True,
-            )
-
         mode = simulated_execution_mode(request.execution)
-
-        def measurement(k: int, **values: Unpack[_Measured]) -> ProfileMeasurement:
-            task = tasks[k]
-            return ProfileMeasurement(
-                task_index=k,
-                architecture=task.architecture,
-                batch_size=task.batch_size,
-                active_thread_percentage=task.active_thread_percentage,
-                execution_mode=mode,
-                simulated=True,
-                **values,
-            )
-
+        config = _SimulatedConfig(tasks, request, ctx, config_index, repeat_of, started_at, mode)
         # Every answer costs virtual time, failures too: a sweep's clock must always advance.
         if not tasks:
-            return result("failed", [], PROFILE_STARTUP_S, "a configuration needs at least one task")
+            return config.result("failed", [], PROFILE_STARTUP_S, "a configuration needs at least one task")
         try:
             prediction = simulate_configuration(
                 request, tasks, self.device, device_name=ctx.device, config_index=config_index
             )
         except ValueError as exc:
             error = f"cannot simulate the configuration: {exc}"
-            return result("failed", [measurement(k, error=error) for k in range(len(tasks))], PROFILE_STARTUP_S, error)
+            return config.result(
+                "failed", [config.measurement(k, error=error) for k in range(len(tasks))], PROFILE_STARTUP_S, error
+            )
 
         peaks = [int(p) for p in prediction.peak_memory_bytes]
         if prediction.oom.any():
             oom = _oom_errors(prediction, self.device)
             errors = {k: oom.get(k, "not measured: another task failed") for k in range(len(tasks))}
-            return result(
+            return config.result(
                 "failed",
-                [measurement(k, peak_memory_bytes=peaks[k], error=errors[k]) for k in range(len(tasks))],
+                [config.measurement(k, peak_memory_bytes=peaks[k], error=errors[k]) for k in range(len(tasks))],
                 PROFILE_STARTUP_S,
                 "; ".join(
                     f"task {k} ({tasks[k].architecture}, batch {tasks[k].batch_size}, "
@@ -1236,40 +1267,94 @@ class SimulatedBackend(AnalyticBackend):
                     for k in sorted(oom)
                 ),
             )
-
-        iteration = prediction.iteration_s
-        slowest = float(iteration.max())
-        window = max(request.min_window_s, (request.min_timed_iterations + 1) * slowest)
-        cost = PROFILE_STARTUP_S + request.warmup_iterations * slowest + window + slowest
-        if cost > request.config_timeout_s:
-            error = "timed out while training (config_timeout_s exceeded)"
-            return result(
-                "failed",
-                [measurement(k, peak_memory_bytes=peaks[k], error=error) for k in range(len(tasks))],
-                request.config_timeout_s,
-                "; ".join(
-                    f"task {k} ({t.architecture}, batch {t.batch_size}, {t.active_thread_percentage} %): {error}"
-                    for k, t in enumerate(tasks)
-                ),
-            )
-        return result(
-            "succeeded",
-            [
-                measurement(
-                    k,
-                    throughput_sps=float(prediction.throughput_sps[k]),
-                    peak_memory_bytes=peaks[k],
-                    timed_iterations=max(request.min_timed_iterations, int(window // iteration[k])),
-                    host_step_s=float(prediction.host_step_s[k]),
-                    gpu_busy_fraction=float(prediction.gpu_busy_fraction),
-                )
-                for k in range(len(tasks))
-            ],
-            cost,
-        )
+        return _timed_configuration(config, prediction, peaks)
 
 
 # ------------------------------------------------------------------------------ helpers
+
+
+@dataclass(frozen=True)
+class _SimulatedConfig:
+    """One simulated profiling configuration (:meth:`SimulatedBackend.profile_configuration`):
+    what its result and each of its measurements repeat whatever the outcome."""
+
+    tasks: Sequence[ProfileTaskSpec]
+    request: ProfileSweepRequest
+    ctx: AgentContext
+    config_index: int
+    repeat_of: int | None
+    started_at: float
+    """Virtual Unix time the configuration starts."""
+    mode: Literal["eager", "graphs"]
+
+    def result(
+        self, status: AssignmentStatus, measurements: list[ProfileMeasurement], cost: float, error: str = ""
+    ) -> ProfileConfigResult:
+        """The configuration's result, finished ``cost`` virtual seconds after it started."""
+        return ProfileConfigResult(
+            sweep_id=self.request.sweep_id,
+            device=self.ctx.device,
+            backend=self.request.backend,
+            config_index=self.config_index,
+            repeat_of=self.repeat_of,
+            tasks=list(self.tasks),
+            measurements=measurements,
+            started_at=self.started_at,
+            finished_at=self.started_at + cost,
+            status=status,
+            error=error,
+            simulated=True,
+        )
+
+    def measurement(self, k: int, **values: Unpack[_Measured]) -> ProfileMeasurement:
+        """Task ``k``'s measurement with these values."""
+        task = self.tasks[k]
+        return ProfileMeasurement(
+            task_index=k,
+            architecture=task.architecture,
+            batch_size=task.batch_size,
+            active_thread_percentage=task.active_thread_percentage,
+            execution_mode=self.mode,
+            simulated=True,
+            **values,
+        )
+
+
+def _timed_configuration(config: _SimulatedConfig, prediction: MixPrediction, peaks: list[int]) -> ProfileConfigResult:
+    """A simulated configuration that fits in memory, timed as measuring it would be (the cost
+    :meth:`SimulatedBackend.profile_configuration` describes); failed as timed out when that
+    cost passes ``config_timeout_s``."""
+    request, tasks = config.request, config.tasks
+    iteration = prediction.iteration_s
+    slowest = float(iteration.max())
+    window = max(request.min_window_s, (request.min_timed_iterations + 1) * slowest)
+    cost = PROFILE_STARTUP_S + request.warmup_iterations * slowest + window + slowest
+    if cost > request.config_timeout_s:
+        error = "timed out while training (config_timeout_s exceeded)"
+        return config.result(
+            "failed",
+            [config.measurement(k, peak_memory_bytes=peaks[k], error=error) for k in range(len(tasks))],
+            request.config_timeout_s,
+            "; ".join(
+                f"task {k} ({t.architecture}, batch {t.batch_size}, {t.active_thread_percentage} %): {error}"
+                for k, t in enumerate(tasks)
+            ),
+        )
+    return config.result(
+        "succeeded",
+        [
+            config.measurement(
+                k,
+                throughput_sps=float(prediction.throughput_sps[k]),
+                peak_memory_bytes=peaks[k],
+                timed_iterations=max(request.min_timed_iterations, int(window // iteration[k])),
+                host_step_s=float(prediction.host_step_s[k]),
+                gpu_busy_fraction=float(prediction.gpu_busy_fraction),
+            )
+            for k in range(len(tasks))
+        ],
+        cost,
+    )
 
 
 def _task_workload(task: TaskRef) -> SimWorkload:
@@ -1296,6 +1381,106 @@ def _oom_errors(prediction: MixPrediction, device: DeviceSpec) -> dict[int, str]
         else:
             held += float(peak)
     return errors
+
+
+def _round_failed(
+    request: TrainRoundRequest, ctx: AgentContext, error: str, results: list[AssignmentResult] | None = None
+) -> DeviceRoundResult:
+    """A simulated device round that failed with ``error`` (and these assignments' results)."""
+    return DeviceRoundResult(
+        run_id=request.run_id,
+        round_id=request.round_id,
+        device=ctx.device,
+        status="failed",
+        error=error,
+        host=socket.gethostname(),
+        assignments=results or [],
+        simulated=True,
+    )
+
+
+def _round_succeeded(
+    request: TrainRoundRequest, ctx: AgentContext, results: list[AssignmentResult] | None = None
+) -> DeviceRoundResult:
+    """A simulated device round that succeeded, with these assignments' results (none given:
+    a round without assignments)."""
+    if results is None:
+        return DeviceRoundResult(
+            run_id=request.run_id,
+            round_id=request.round_id,
+            device=ctx.device,
+            status="succeeded",
+            host=socket.gethostname(),
+            simulated=True,
+        )
+    return DeviceRoundResult(
+        run_id=request.run_id,
+        round_id=request.round_id,
+        device=ctx.device,
+        status="succeeded",
+        host=socket.gethostname(),
+        assignments=results,
+        simulated=True,
+    )
+
+
+def _round_workloads(
+    assignments: Sequence[AssignmentSpec], store: LocalArtifactStore
+) -> tuple[list[SimWorkload], dict[int, str]]:
+    """Each assignment's workload, once its global model is found in ``store``; errors by
+    assignment index for those whose model is missing or whose workload cannot be built (the
+    workloads are then incomplete and not to be used)."""
+    errors: dict[int, str] = {}
+    workloads: list[SimWorkload | None] = []
+    for k, assignment in enumerate(assignments):
+        workload = None
+        try:
+            path = store.path(assignment.global_weights)
+            if not path.is_file():
+                raise FileNotFoundError(f"global_weights {assignment.global_weights!r} not found at {path}")
+            workload = _assignment_workload(assignment)
+        except (OSError, ValueError) as exc:
+            errors[k] = f"{type(exc).__name__}: {exc}"
+        workloads.append(workload)
+    return [w for w in workloads if w is not None], errors
+
+
+def _round_columns(
+    request: TrainRoundRequest, ctx: AgentContext, loaded: list[SimWorkload]
+) -> tuple[_TaskColumns, np.ndarray, list[Literal["eager", "graphs"]]]:
+    """A round's assignments as :func:`simulate_throughput`'s inputs (the batch as the trainer
+    uses it, :func:`_effective_batch`), their noise (seeded by ``(seed, round_index, device,
+    task_id)``) and their execution modes."""
+    assignments = request.assignments
+    batches = np.array([_effective_batch(a.batch_size, a.shard.count) for a in assignments])
+    noise = np.array([noise_factors(a.seed, request.round_index, ctx.device, [a.task.task_id])[0] for a in assignments])
+    modes = [simulated_execution_mode(a.execution) for a in assignments]
+    arrays = _TaskColumns(
+        flops_per_sample=np.array([w.flops_per_sample for w in loaded]),
+        activation_bytes_per_sample=np.array([w.activation_bytes_per_sample for w in loaded]),
+        param_bytes=np.array([w.param_bytes for w in loaded]),
+        layers=np.array([w.layers for w in loaded]),
+        batch_size=batches,
+        share=np.array([a.active_thread_percentage for a in assignments]),
+        ops_per_step=np.array([w.ops_per_step for w in loaded]),
+        graphs=np.array([m == "graphs" for m in modes]),
+    )
+    return arrays, noise, modes
+
+
+class _RoundTiming(NamedTuple):
+    """A simulated round's numbers per assignment, shape ``(I,)`` each."""
+
+    counts: np.ndarray
+    """Shard sizes [samples]."""
+    batches: np.ndarray
+    """Batch sizes as the trainer uses them."""
+    samples: np.ndarray
+    """Samples trained: ``local_epochs · count``."""
+    seconds: np.ndarray
+    """When each task finished [s after ``started_at``]."""
+    started_at: float
+    """Unix time the round started."""
 
 
 def _failed_round(
