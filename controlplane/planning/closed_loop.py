@@ -73,7 +73,7 @@ from sklearn.gaussian_process.kernels import RBF, ConstantKernel
 
 from controlplane.planning.planner import SLACK_MARGIN, Clock, PlannerContext
 from controlplane.planning.predictor import EncodedMixes, ThroughputPredictor
-from controlplane.planning.seconds import MeasuredSeconds, SecondsModel, fit_device_seconds
+from controlplane.planning.seconds import MeasuredSeconds, SecondsModel, SecondsModels, fit_device_seconds
 from controlplane.planning.strategies import get_strategy, make_plan
 from controlplane.planning.types import Partitioning, Plan, PlannedAssignment, PlanningInput
 
@@ -452,7 +452,10 @@ def replan(
     assignment of ``history`` with ``ctx.seconds``'s default as its prior, and the throughput
     predictors are corrected on the ``mps`` configurations (module docstring); the strategy then
     plans with both (and so never below a baseline's predicted plan:
-    :func:`~controlplane.planning.planner.never_worse`).
+    :func:`~controlplane.planning.planner.never_worse`). Each device then keeps its best measured
+    configuration or moves to the new plan (:meth:`_DeviceJudge.decide`), and a device kept only
+    for the new plan's uncertainty may still take it within the round's slack
+    (:func:`_take_slack`).
 
     Args:
         strategy: the run's strategy (a registered one with ``needs_predictor``): its record's
@@ -481,7 +484,7 @@ def replan(
         spec, replace(ctx, seconds=seconds), [h for h in history if h.partitioning == "mps"], heldout_rmsle
     )
     candidate = make_plan(strategy, spec, planner=corrected_ctx)
-    epochs = spec.local_epochs
+    judge = _DeviceJudge(clock, ctx, candidate, seconds, corrected, heldout_rmsle, spec.local_epochs)
     chosen: dict[int, tuple[PlannedAssignment, ...]] = {}
     decisions: dict[int, DeviceDecision] = {}
     pessimistic_time: dict[int, float] = {}
@@ -490,8 +493,6 @@ def replan(
     history_of: dict[int, list[MeasuredConfiguration]] = {}
     for h in history:
         history_of.setdefault(h.device_id, []).append(h)
-    fair = clock == "throughput" and ctx.objective == "fair"
-    objective = ctx.objective if clock == "throughput" else "round_time"
     for device_id in spec.device_ids:
         new = candidate.on_device(device_id)
         if not new:
@@ -502,96 +503,33 @@ def replan(
             chosen[device_id] = new
             decisions[device_id] = DeviceDecision(device_id, "new", "nothing measured on this device yet: new plan")
             continue
-        base = ctx.devices[device_id].predictor
-        predictor = corrected.get(device_id)
-        archs = [ctx.architectures[t] for t in task_ids]
-        samples = np.array([a.samples for a in new], dtype=float)
-        configurations: dict[ConfigurationKey, _Measured] = {}
-        for h in measured:
-            configurations.setdefault(_key(h), _Measured(_key(h), [])).rounds.append(h)
-        model = seconds.of(device_id)
-        for m in configurations.values():
-            batch = np.array(m.key[1], dtype=float)
-            alone = _alone(base, archs, batch) if fair else None
-            # Seconds not recorded: the seconds model's, from the measured throughput.
-            times = m.seconds if m.seconds is not None else model.seconds(batch, samples, m.throughput, epochs)
-            m.value = _value(clock, ctx.objective, times, m.throughput, alone)
-        best = max(configurations.values(), key=lambda m: m.value)
-        own = [h for h in measured if h.strategy is None]
-        last = configurations[_key(max(own, key=lambda h: h.round_index))] if own else None
-        new_key = _plan_key(candidate, new)
-        b_new = np.array([[a.batch_size for a in new]], dtype=float)
-        r_new = np.array([[a.active_thread_percentage for a in new]], dtype=float)
-        scorer = predictor or base
-        if predictor is not None and predictor.correction is not None:
-            s_new = predictor.uncertainty_arrays(_encode(predictor, archs, b_new, r_new))[0, : len(archs)]
-            info_scales: dict[str, Any] = dict(
-                offset_scale=predictor.correction.offset_scale,
-                shape_scale=predictor.correction.shape_scale,
-                residual_rms=float(np.sqrt(np.mean(predictor.correction.residual**2))),
-            )
-        else:
-            # Nothing measured under shares: the prior's sqrt(σ_off² + σ_loc²), both at the held-out error.
-            s_new = np.full(len(archs), math.sqrt(2.0) * max(heldout_rmsle.get(device_id) or 0.0, MIN_SHAPE_ERROR))
-            info_scales = {}
-        P_new = np.array([a.predicted_throughput_sps or 0.0 for a in new])
-        t_new = np.array([a.predicted_seconds or 0.0 for a in new])
-        if not all(a.predicted_seconds for a in new):
-            t_new = model.seconds(b_new[0], samples, P_new, epochs)
-        alone_new = _alone(scorer, archs, b_new[0]) if fair else None
-        value_new = _value(clock, ctx.objective, t_new, P_new, alone_new)
-        std_new = _uncertainty(clock, new, s_new, ctx.objective)
-        gain = value_new - best.value
-        info: dict[str, Any] = dict(predicted_gain=gain, objective=objective, uncertainty=std_new, **info_scales)
-        fallback = _measured_plan(best, new, candidate, model, epochs)
-        what = "s" if clock == "round_time" else objective
-        if last is not None and last.key != best.key and last.value < best.value:
-            chosen[device_id] = fallback
-            decisions[device_id] = DeviceDecision(
-                device_id,
-                "kept",
-                f"its plan of {last.label} measured {_figure(clock, last.value)} {what} against "
-                f"{_figure(clock, best.value)} {what} for {best.label}, the best measured on it: back to that plan",
-                **info,
-            )
-        elif new_key == best.key:
-            chosen[device_id] = fallback
-            decisions[device_id] = DeviceDecision(
-                device_id, "kept", "the new plan is the best configuration measured so far", **info
-            )
-        elif new_key in configurations:
-            again = configurations[new_key]
-            chosen[device_id] = fallback
-            decisions[device_id] = DeviceDecision(
-                device_id,
-                "kept",
-                f"the new plan measured {_figure(clock, again.value)} {what} in {again.label}, against "
-                f"{_figure(clock, best.value)} {what} for {best.label}: kept the best measured configuration",
-                **info,
-            )
-        elif gain > Z * std_new:
-            chosen[device_id] = new
-            decisions[device_id] = DeviceDecision(
-                device_id,
-                "moved",
-                f"predicted {_percent(gain)} better than the best measured configuration ({best.label}), "
-                f"beyond the prediction's uncertainty ±{_percent(std_new)}",
-                **info,
-            )
-        else:
-            chosen[device_id] = fallback
-            decisions[device_id] = DeviceDecision(
-                device_id,
-                "kept",
-                f"kept the best measured configuration ({best.label}): the new plan's predicted "
-                f"gain {_percent(gain)} does not exceed its uncertainty ±{_percent(std_new)}",
-                **info,
-            )
-            if uses_slack:
-                slack_candidates[device_id] = (float(np.max(t_new)) * math.exp(Z * std_new), new)
+        chosen[device_id], decisions[device_id], slack_time = judge.decide(device_id, new, measured)
+        if uses_slack and slack_time is not None:
+            slack_candidates[device_id] = (slack_time, new)
         pessimistic_time[device_id] = _pessimistic_time(chosen[device_id], decisions[device_id])
-    # The declared slack (vres_sync's): a device whose new (slower, more steps) plan still ends
-    # well within the round the chosen configurations set takes it.
+    _take_slack(chosen, decisions, slack_candidates, pessimistic_time)
+    assignments = tuple(a for d in spec.device_ids for a in chosen.get(d, ()))
+    predicted = [a.predicted_seconds for a in assignments if a.predicted_seconds is not None]
+    plan = Plan(
+        strategy=candidate.strategy,
+        partitioning=candidate.partitioning,
+        assignments=assignments,
+        predicted_round_time_s=max(predicted) if predicted else candidate.predicted_round_time_s,
+        notes=candidate.notes,
+    )
+    return plan, [decisions[d] for d in spec.device_ids if d in decisions]
+
+
+def _take_slack(
+    chosen: dict[int, tuple[PlannedAssignment, ...]],
+    decisions: dict[int, DeviceDecision],
+    slack_candidates: Mapping[int, tuple[float, tuple[PlannedAssignment, ...]]],
+    pessimistic_time: Mapping[int, float],
+) -> None:
+    """The declared slack (vres_sync's): a device whose new (slower, more steps) plan still ends
+    well within the round the chosen configurations set takes it. ``slack_candidates``: device →
+    (the new plan's pessimistic time [s], the new plan); ``chosen`` and ``decisions`` are updated
+    in place."""
     if slack_candidates and pessimistic_time:
         round_time = max(pessimistic_time.values())
         for device_id, (time_hi, new) in slack_candidates.items():
@@ -605,16 +543,157 @@ def replan(
                     reason=f"uses the round's slack: more optimizer steps ({steps_new} against {steps_kept}), "
                     f"predicted to end within {SLACK_MARGIN:.0%} of the round even {Z:g} standard deviation(s) slower",
                 )
-    assignments = tuple(a for d in spec.device_ids for a in chosen.get(d, ()))
-    predicted = [a.predicted_seconds for a in assignments if a.predicted_seconds is not None]
-    plan = Plan(
-        strategy=candidate.strategy,
-        partitioning=candidate.partitioning,
-        assignments=assignments,
-        predicted_round_time_s=max(predicted) if predicted else candidate.predicted_round_time_s,
-        notes=candidate.notes,
-    )
-    return plan, [decisions[d] for d in spec.device_ids if d in decisions]
+
+
+@dataclass(frozen=True)
+class _DeviceJudge:
+    """What :func:`replan` weighs each measured device's configurations with: the strategy's
+    clock, the run's context (uncorrected predictors, objective), the new plan, the fitted
+    seconds models and the corrected predictors."""
+
+    clock: Clock
+    ctx: PlannerContext
+    candidate: Plan
+    seconds: SecondsModels
+    corrected: Mapping[int, CorrectedPredictor]
+    heldout_rmsle: Mapping[int, float | None]
+    epochs: int
+
+    @property
+    def fair(self) -> bool:
+        return self.clock == "throughput" and self.ctx.objective == "fair"
+
+    def decide(
+        self, device_id: int, new: tuple[PlannedAssignment, ...], measured: Sequence[MeasuredConfiguration]
+    ) -> tuple[tuple[PlannedAssignment, ...], DeviceDecision, float | None]:
+        """Keep the device's best measured configuration or move it to the new plan ``new``.
+
+        The new plan moves in only when its predicted gain over the best measured configuration
+        exceeds ``Z`` times its uncertainty, it was not itself measured, and the device's last
+        plan did not measure worse than the best (then it goes back to the best). Returns the
+        chosen assignments, the decision and, for a device kept only for the new plan's
+        uncertainty, the new plan's pessimistic time [s] (its slowest task ``Z`` standard
+        deviations slower; else ``None``).
+        """
+        clock, ctx = self.clock, self.ctx
+        objective = ctx.objective if clock == "throughput" else "round_time"
+        archs = [ctx.architectures[a.task_id] for a in new]
+        samples = np.array([a.samples for a in new], dtype=float)
+        configurations = self._configurations(device_id, measured, archs, samples)
+        best = max(configurations.values(), key=lambda m: m.value)
+        own = [h for h in measured if h.strategy is None]
+        last = configurations[_key(max(own, key=lambda h: h.round_index))] if own else None
+        new_key = _plan_key(self.candidate, new)
+        t_new, value_new, std_new, info_scales = self._new_plan_figures(device_id, new, archs, samples)
+        gain = value_new - best.value
+        info: dict[str, Any] = dict(predicted_gain=gain, objective=objective, uncertainty=std_new, **info_scales)
+        fallback = _measured_plan(best, new, self.candidate, self.seconds.of(device_id), self.epochs)
+        what = "s" if clock == "round_time" else objective
+        if last is not None and last.key != best.key and last.value < best.value:
+            return (
+                fallback,
+                DeviceDecision(
+                    device_id,
+                    "kept",
+                    f"its plan of {last.label} measured {_figure(clock, last.value)} {what} against "
+                    f"{_figure(clock, best.value)} {what} for {best.label}, the best measured on it: back to that plan",
+                    **info,
+                ),
+                None,
+            )
+        if new_key == best.key:
+            return (
+                fallback,
+                DeviceDecision(device_id, "kept", "the new plan is the best configuration measured so far", **info),
+                None,
+            )
+        if new_key in configurations:
+            again = configurations[new_key]
+            return (
+                fallback,
+                DeviceDecision(
+                    device_id,
+                    "kept",
+                    f"the new plan measured {_figure(clock, again.value)} {what} in {again.label}, against "
+                    f"{_figure(clock, best.value)} {what} for {best.label}: kept the best measured configuration",
+                    **info,
+                ),
+                None,
+            )
+        if gain > Z * std_new:
+            return (
+                new,
+                DeviceDecision(
+                    device_id,
+                    "moved",
+                    f"predicted {_percent(gain)} better than the best measured configuration ({best.label}), "
+                    f"beyond the prediction's uncertainty ±{_percent(std_new)}",
+                    **info,
+                ),
+                None,
+            )
+        return (
+            fallback,
+            DeviceDecision(
+                device_id,
+                "kept",
+                f"kept the best measured configuration ({best.label}): the new plan's predicted "
+                f"gain {_percent(gain)} does not exceed its uncertainty ±{_percent(std_new)}",
+                **info,
+            ),
+            float(np.max(t_new)) * math.exp(Z * std_new),
+        )
+
+    def _configurations(
+        self, device_id: int, measured: Sequence[MeasuredConfiguration], archs: Sequence[str], samples: FloatArray
+    ) -> dict[ConfigurationKey, _Measured]:
+        """The device's measured configurations of these tasks, each with its figure on the clock
+        (:func:`_value`; seconds not recorded are the seconds model's, from the measured
+        throughput)."""
+        base = self.ctx.devices[device_id].predictor
+        configurations: dict[ConfigurationKey, _Measured] = {}
+        for h in measured:
+            configurations.setdefault(_key(h), _Measured(_key(h), [])).rounds.append(h)
+        model = self.seconds.of(device_id)
+        for m in configurations.values():
+            batch = np.array(m.key[1], dtype=float)
+            alone = _alone(base, archs, batch) if self.fair else None
+            # Seconds not recorded: the seconds model's, from the measured throughput.
+            times = m.seconds if m.seconds is not None else model.seconds(batch, samples, m.throughput, self.epochs)
+            m.value = _value(self.clock, self.ctx.objective, times, m.throughput, alone)
+        return configurations
+
+    def _new_plan_figures(
+        self, device_id: int, new: tuple[PlannedAssignment, ...], archs: Sequence[str], samples: FloatArray
+    ) -> tuple[FloatArray, float, float, dict[str, Any]]:
+        """The new plan's predicted seconds per task, its figure on the clock, that figure's
+        standard deviation (from the corrected predictor's uncertainty, or the prior's from the
+        held-out error where nothing was measured under shares) and the correction's scales for
+        the decision."""
+        base = self.ctx.devices[device_id].predictor
+        predictor = self.corrected.get(device_id)
+        b_new = np.array([[a.batch_size for a in new]], dtype=float)
+        r_new = np.array([[a.active_thread_percentage for a in new]], dtype=float)
+        scorer = predictor or base
+        if predictor is not None and predictor.correction is not None:
+            s_new = predictor.uncertainty_arrays(_encode(predictor, archs, b_new, r_new))[0, : len(archs)]
+            info_scales: dict[str, Any] = dict(
+                offset_scale=predictor.correction.offset_scale,
+                shape_scale=predictor.correction.shape_scale,
+                residual_rms=float(np.sqrt(np.mean(predictor.correction.residual**2))),
+            )
+        else:
+            # Nothing measured under shares: the prior's sqrt(σ_off² + σ_loc²), both at the held-out error.
+            s_new = np.full(len(archs), math.sqrt(2.0) * max(self.heldout_rmsle.get(device_id) or 0.0, MIN_SHAPE_ERROR))
+            info_scales = {}
+        P_new = np.array([a.predicted_throughput_sps or 0.0 for a in new])
+        t_new = np.array([a.predicted_seconds or 0.0 for a in new])
+        if not all(a.predicted_seconds for a in new):
+            t_new = self.seconds.of(device_id).seconds(b_new[0], samples, P_new, self.epochs)
+        alone_new = _alone(scorer, archs, b_new[0]) if self.fair else None
+        value_new = _value(self.clock, self.ctx.objective, t_new, P_new, alone_new)
+        std_new = _uncertainty(self.clock, new, s_new, self.ctx.objective)
+        return t_new, value_new, std_new, info_scales
 
 
 def _figure(clock: Clock, log_value: float) -> str:

@@ -330,9 +330,6 @@ def fit_predictor(
         PredictorError: fewer than 2 mixes or 10 configurations, workloads missing, an
             unknown family or placement, or ``partitions < 1``.
     """
-    # deferred: sklearn.model_selection is heavy to import and only a fit needs it.
-    from sklearn.model_selection import GroupKFold
-
     if partitions < 1:
         raise PredictorError(f"partitions must be at least 1, got {partitions}")
     say = progress or (lambda _line: None)
@@ -350,52 +347,13 @@ def fit_predictor(
     n_folds = min(folds, n_groups)
     reports = []
     heldout_by_family: dict[str, FloatArray] = {}
-    # The physical tables (SoloTable) are refitted inside every fold from its training rows.
-    splits = [
-        [
-            (train, test, *ts.fold(train))
-            for train, test in GroupKFold(n_splits=n_folds, shuffle=True, random_state=seed + p).split(
-                ts.X, groups=ts.groups
-            )
-        ]
-        for p in range(partitions)
-    ]
+    splits = _partitions(ts, n_folds, partitions, seed)
     measured = np.broadcast_to(ts.measured, (partitions, *ts.measured.shape))
     for family in families:
         say(f"cross-validating {family} ({n_folds} folds × {partitions} partitions, whole mixes held out)")
         t0 = time.perf_counter()
-        pred = np.full(measured.shape, np.nan)
-        for p, partition in enumerate(splits):
-            for train, test, X, baseline in partition:
-                if family == "baseline":
-                    pred[p, test] = baseline[test]
-                    continue
-                learned = residual(np.nan_to_num(ts.measured[train]), baseline[train], mask[train])
-                model = make_model(family, seed).fit(X[train], learned)
-                pred[p, test] = unresidual(
-                    np.asarray(model.predict(X[test])).reshape(len(test), ts.space.slots), baseline[test]
-                )
-        pred = np.clip(pred, 1e-9, None)
-        every = np.broadcast_to(mask, measured.shape)
-        by_size = {}
-        for k in sorted(set(mix_size.tolist())):
-            sel = every & (mix_size[None, :, None] == k)
-            if sel.any():
-                by_size[int(k)] = rmsle(pred[sel], measured[sel])
-        by_slice = {
-            kind: rmsle(pred[every & (slices == kind)], measured[every & (slices == kind)])
-            for kind in sorted(set(slices[0][mask].tolist()))
-        }
-        reports.append(
-            FamilyReport(
-                family,
-                rmsle(pred[every], measured[every]),
-                mape(pred[every], measured[every]),
-                time.perf_counter() - t0,
-                by_size,
-                by_slice,
-            )
-        )
+        pred = _heldout_predictions(family, ts, splits, measured.shape, seed)
+        reports.append(_family_report(family, pred, measured, mask, mix_size, slices, t0))
         heldout_by_family[family] = pred[0]  # the scatter shows one held-out prediction per sample
         say(f"{family}: held-out RMSLE {reports[-1].rmsle:.4f}, MAPE {100 * reports[-1].mape:.1f} %")
     kept = min(reports, key=lambda r: r.rmsle).family
@@ -404,18 +362,6 @@ def fit_predictor(
     if kept != "baseline":
         model = make_model(kept, seed).fit(ts.X, target)
     predictor = ThroughputPredictor(kept, ts.space, model, ts.memory)
-    pred = heldout_by_family[kept]
-    canonical_arch = np.take_along_axis(ts.enc.arch, ts.order, axis=1)
-    heldout = [
-        {
-            "architecture": ts.space.architectures[canonical_arch[r, s]],
-            "mix_size": int(mix_size[r]),
-            "measured_sps": float(ts.measured[r, s]),
-            "predicted_sps": float(pred[r, s]),
-            "slice": str(slices[0, r, s]),
-        }
-        for r, s in zip(*np.nonzero(mask), strict=True)
-    ]
     report = FitReport(
         samples=int(mask.sum()),
         configurations=len(ts.mixes),
@@ -424,7 +370,99 @@ def fit_predictor(
         partitions=partitions,
         families=reports,
         kept=kept,
-        heldout=heldout,
+        heldout=_heldout_rows(ts, heldout_by_family[kept], mix_size, slices),
         fit_seconds=time.perf_counter() - started,
     )
     return predictor, report
+
+
+_Split = tuple[IntArray, IntArray, FloatArray, FloatArray]
+"""One fold: training rows, held-out rows, and the features and baseline (``(n, slots)``) of
+every row with the physical tables refitted on the training rows (:meth:`TrainingSet.fold`)."""
+
+
+def _partitions(ts: TrainingSet, n_folds: int, partitions: int, seed: int) -> list[list[_Split]]:
+    """``partitions`` random partitions of ``ts``'s mixes into ``n_folds`` folds, whole mixes held
+    out together (``GroupKFold(shuffle=True)`` seeded ``seed + p``), each fold with its features."""
+    # deferred: sklearn.model_selection is heavy to import and only a fit needs it.
+    from sklearn.model_selection import GroupKFold
+
+    # The physical tables (SoloTable) are refitted inside every fold from its training rows.
+    return [
+        [
+            (train, test, *ts.fold(train))
+            for train, test in GroupKFold(n_splits=n_folds, shuffle=True, random_state=seed + p).split(
+                ts.X, groups=ts.groups
+            )
+        ]
+        for p in range(partitions)
+    ]
+
+
+def _heldout_predictions(
+    family: str, ts: TrainingSet, splits: list[list[_Split]], shape: tuple[int, ...], seed: int
+) -> FloatArray:
+    """``family``'s held-out prediction of every task of every partition, ``shape`` =
+    ``(partitions, n, slots)`` samples/s (floored at 1e-9; ``nan`` where no task): a learned family
+    fits the residual over the fold's baseline on the fold's training rows."""
+    mask = ts.mask
+    pred = np.full(shape, np.nan)
+    for p, partition in enumerate(splits):
+        for train, test, X, baseline in partition:
+            if family == "baseline":
+                pred[p, test] = baseline[test]
+                continue
+            learned = residual(np.nan_to_num(ts.measured[train]), baseline[train], mask[train])
+            model = make_model(family, seed).fit(X[train], learned)
+            pred[p, test] = unresidual(
+                np.asarray(model.predict(X[test])).reshape(len(test), ts.space.slots), baseline[test]
+            )
+    clipped: FloatArray = np.clip(pred, 1e-9, None)
+    return clipped
+
+
+def _family_report(
+    family: str,
+    pred: FloatArray,
+    measured: FloatArray,
+    mask: BoolArray,
+    mix_size: IntArray,
+    slices: StrArray,
+    started: float,
+) -> FamilyReport:
+    """A family's held-out errors over every partition: overall, by mix size and by slice kind;
+    ``started`` is when its cross-validation began (``time.perf_counter``)."""
+    every = np.broadcast_to(mask, measured.shape)
+    by_size = {}
+    for k in sorted(set(mix_size.tolist())):
+        sel = every & (mix_size[None, :, None] == k)
+        if sel.any():
+            by_size[int(k)] = rmsle(pred[sel], measured[sel])
+    by_slice = {
+        kind: rmsle(pred[every & (slices == kind)], measured[every & (slices == kind)])
+        for kind in sorted(set(slices[0][mask].tolist()))
+    }
+    return FamilyReport(
+        family,
+        rmsle(pred[every], measured[every]),
+        mape(pred[every], measured[every]),
+        time.perf_counter() - started,
+        by_size,
+        by_slice,
+    )
+
+
+def _heldout_rows(ts: TrainingSet, pred: FloatArray, mix_size: IntArray, slices: StrArray) -> list[dict[str, Any]]:
+    """The report's scatter: one row per measured task, its held-out prediction ``pred``
+    (``(n, slots)``, the first partition's) beside what was measured."""
+    canonical_arch = np.take_along_axis(ts.enc.arch, ts.order, axis=1)
+    return [
+        {
+            "architecture": ts.space.architectures[canonical_arch[r, s]],
+            "mix_size": int(mix_size[r]),
+            "measured_sps": float(ts.measured[r, s]),
+            "predicted_sps": float(pred[r, s]),
+            "slice": str(slices[0, r, s]),
+        }
+        for r, s in zip(*np.nonzero(ts.mask), strict=True)
+    ]

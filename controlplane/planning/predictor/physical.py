@@ -96,7 +96,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
     single-threaded ones all on one core) are few, and grouped cross-validation often holds
     them all out. Starts from ``space``'s tables, ``β`` at ``α``, ``escape_weight`` at the
     prior's mean (``scipy.optimize.least_squares``, bounded: ``α, β ∈ [-1, 1.5]``,
-    ``w ∈ [0.05, 1]``, ``escape_weight ∈ [0.01, 1]``).
+    ``w ∈ [0.05, 1]``, ``escape_weight ∈ [0.01, 1]``; the problem: :class:`_JointFit`).
 
     ``κ`` is a cost of the iteration, like ``t_0``, not of its samples: on the cpu backend a
     sleeping thread takes a wake-up at every barrier. Without the term the joint fit bent each
@@ -115,48 +115,103 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
     # deferred: scipy.optimize is heavy to import and only fitting the physical laws needs it.
     from scipy.optimize import least_squares
 
-    physics = space.physics
     mask = ~np.isnan(measured) & enc.present
     fitted = sorted({int(a) for a in enc.arch[mask]})
     if not fitted:
         return space
-    names = [space.architectures[a] for a in fitted]
-    slot = np.full(len(space.architectures) + 1, -1)
-    slot[fitted] = np.arange(len(fitted))
-    k = len(fitted)
-    rows: BoolArray = np.asarray(mask.any(axis=1))
-    enc = enc.rows(rows)
-    mask, log_measured = mask[rows], np.log(np.where(mask[rows], measured[rows], 1.0))
-    arch_slot: IntArray = slot[np.where(mask, enc.arch, -1)]
-    batch = np.where(mask, enc.batch, 1.0)
-    granted = np.where(mask, granted_fraction(enc.share, space.cores), 1.0)
-    link_x = space.link_log_ratio(enc)
-    weighted = physics.weighted_sharing
-    link = bool(np.any(link_x[mask] != 0))
-    passive = physics.slot_terms(enc.share, enc.present, space.cores).passive & mask
-
-    start = []
-    for name in names:
-        pts = space.solo.curves.get(name)
-        if pts:
-            start.append(law_from_curve(pts))
-        else:
-            p = float(space.solo.alone(name, np.array([32.0]), space.workloads)[0])
-            start.append((16.0 / p, 0.5 / p))
-    theta0 = np.concatenate(
-        [
-            np.log([t for t, _ in start]),
-            np.log([t for _, t in start]),
-            [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # α
-            [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # β starts at α
-            [np.clip(space.sharing_weight, 0.05, 1.0)],
-            [ESCAPE_PRIOR[0] if space.escape_weight is None else np.clip(space.escape_weight, 0.01, 1.0)],
-            [space.link_exponent],  # γ
-            [math.log(space.passive_ratio) if space.passive_ratio > 0 else PASSIVE_START],  # log κ
-        ]
+    problem = _JointFit(space, enc, measured, mask, fitted)
+    theta0 = problem.pinned_start()
+    solution = least_squares(
+        problem.residuals,
+        theta0,
+        jac=problem.jacobian,
+        bounds=(problem.lower, problem.upper),
+        loss="soft_l1",
+        f_scale=LOSS_SCALE,
     )
+    return problem.fitted_space(solution.x)
 
-    def unpack(theta: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, float, float, float, float]:
+
+class _JointFit:
+    """:func:`fit_physical`'s least-squares problem over the measured tasks of ``enc``.
+
+    Parameters ``θ``, ``4k + 4`` of them for the ``k`` models measured (in the order of
+    ``fitted``): ``log t_0`` (``k``), ``log t_1`` (``k``), ``α`` (``k``), ``β`` (``k``), ``w``,
+    ``escape_weight``, ``γ``, ``log κ``. Residuals: the log errors of the measured tasks
+    (row-major over ``mask``), then the priors' (``α`` ``k``, ``β`` ``k``, ``escape_weight``,
+    ``γ``). ``lower`` and ``upper`` are the bounds, pinned by :meth:`pinned_start` where a
+    parameter is not fitted.
+    """
+
+    def __init__(
+        self, space: FeatureSpace, enc: EncodedMixes, measured: FloatArray, mask: BoolArray, fitted: list[int]
+    ) -> None:
+        self.space = space
+        self.physics = space.physics
+        self.names = [space.architectures[a] for a in fitted]
+        slot = np.full(len(space.architectures) + 1, -1)
+        slot[fitted] = np.arange(len(fitted))
+        self.k = k = len(fitted)
+        rows: BoolArray = np.asarray(mask.any(axis=1))
+        self.enc = enc = enc.rows(rows)
+        self.mask = mask = mask[rows]
+        self.log_measured = np.log(np.where(mask, measured[rows], 1.0))
+        self.arch_slot: IntArray = slot[np.where(mask, enc.arch, -1)]
+        self.batch = np.where(mask, enc.batch, 1.0)
+        self.granted = np.where(mask, granted_fraction(enc.share, space.cores), 1.0)
+        self.link_x = space.link_log_ratio(enc)
+        self.weighted = self.physics.weighted_sharing
+        self.link = bool(np.any(self.link_x[mask] != 0))
+        self.passive = self.physics.slot_terms(enc.share, enc.present, space.cores).passive & mask
+        self.lower = np.concatenate([np.full(2 * k, -np.inf), np.full(2 * k, -1.0), [0.05, 0.01, -0.5, math.log(1e-4)]])
+        self.upper = np.concatenate([np.full(2 * k, np.inf), np.full(2 * k, 1.5), [1.0, 1.0, 3.0, math.log(10.0)]])
+        self.data_rows, data_slots = np.nonzero(mask)  # the order of ``(…)[mask]`` in residuals (row-major)
+        self.data_arch = self.arch_slot[self.data_rows, data_slots]
+        self.data_batch, self.data_link, self.log_g = self.batch[mask], self.link_x[mask], np.log(self.granted[mask])
+        self.data_passive = self.passive[mask]
+
+    def pinned_start(self) -> FloatArray:
+        """Where the solve starts: ``space``'s tables (a model without a curve from its
+        ``alone`` speed at batch 32), ``β`` at ``α``, ``escape_weight`` at the prior's mean, inside
+        the bounds. Pins the bounds (in place) of what is not fitted: the sharing weights where
+        the physics has no weighted sharing, ``κ`` where no task waited passively, ``γ`` where no
+        measured placement is away from the reference."""
+        space, names, k, lower, upper = self.space, self.names, self.k, self.lower, self.upper
+        start = []
+        for name in names:
+            pts = space.solo.curves.get(name)
+            if pts:
+                start.append(law_from_curve(pts))
+            else:
+                p = float(space.solo.alone(name, np.array([32.0]), space.workloads)[0])
+                start.append((16.0 / p, 0.5 / p))
+        start_theta = np.concatenate(
+            [
+                np.log([t for t, _ in start]),
+                np.log([t for _, t in start]),
+                [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # α
+                [np.clip(space.solo.exponent(n), -1.0, 1.5) for n in names],  # β starts at α
+                [np.clip(space.sharing_weight, 0.05, 1.0)],
+                [ESCAPE_PRIOR[0] if space.escape_weight is None else np.clip(space.escape_weight, 0.01, 1.0)],
+                [space.link_exponent],  # γ
+                [math.log(space.passive_ratio) if space.passive_ratio > 0 else PASSIVE_START],  # log κ
+            ]
+        )
+        theta0: FloatArray = np.clip(start_theta, lower + 1e-9, upper - 1e-9)
+        weights = slice(4 * k, 4 * k + 2)
+        if not self.weighted:  # the weights only matter where the physics weighs its sharing
+            lower[weights], upper[weights] = theta0[weights] - 1e-9, theta0[weights] + 1e-9
+        if not self.passive.any():  # no task waited passively: κ stays where it is
+            lower[4 * k + 3], upper[4 * k + 3] = theta0[4 * k + 3] - 1e-9, theta0[4 * k + 3] + 1e-9
+        if not self.link:  # no measured placement away from the reference: γ stays where it is
+            lower[4 * k + 2], upper[4 * k + 2] = theta0[4 * k + 2] - 1e-9, theta0[4 * k + 2] + 1e-9
+        return theta0
+
+    def unpack(
+        self, theta: FloatArray
+    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, float, float, float, float]:
+        """``(t_0, t_1, α, β, w, escape_weight, γ, κ)`` from ``θ``."""
+        k = self.k
         return (
             # The solver's trial steps can reach exponents that overflow; clipping keeps every
             # residual finite (the optimum is far inside: times in seconds per sample).
@@ -170,24 +225,28 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
             math.exp(theta[4 * k + 3]),
         )
 
-    def log_rate(w: float, escape: float) -> FloatArray:
-        rate: FloatArray = np.log(physics.sharing_rate(enc.share, enc.present, space.cores, w, escape))
+    def log_rate(self, w: float, escape: float) -> FloatArray:
+        """``log ρ`` of every slot, shape ``(n, w)``, with these sharing weights."""
+        rate: FloatArray = np.log(
+            self.physics.sharing_rate(self.enc.share, self.enc.present, self.space.cores, w, escape)
+        )
         return rate
 
-    def residuals(theta: FloatArray) -> FloatArray:
-        t0, t1, alpha, beta, w, escape, gamma, kappa = unpack(theta)
-        j = np.maximum(arch_slot, 0)
-        d = np.where(passive, kappa * t0[j], 0.0)
-        throughput = slice_throughput(batch, granted, t0[j], t1[j], alpha[j], beta[j], d)
-        log_p = np.log(np.maximum(throughput, TINY_THROUGHPUT)) - gamma * link_x
-        log_p = log_p + log_rate(w, escape)
+    def residuals(self, theta: FloatArray) -> FloatArray:
+        """The residuals at ``θ`` (see the class)."""
+        t0, t1, alpha, beta, w, escape, gamma, kappa = self.unpack(theta)
+        j = np.maximum(self.arch_slot, 0)
+        d = np.where(self.passive, kappa * t0[j], 0.0)
+        throughput = slice_throughput(self.batch, self.granted, t0[j], t1[j], alpha[j], beta[j], d)
+        log_p = np.log(np.maximum(throughput, TINY_THROUGHPUT)) - gamma * self.link_x
+        log_p = log_p + self.log_rate(w, escape)
         alpha_mean, alpha_weight = ALPHA_PRIOR
         beta_mean, beta_weight = BETA_PRIOR
         escape_mean, escape_weight = ESCAPE_PRIOR
         link_mean, link_weight = LINK_PRIOR
         out: FloatArray = np.concatenate(
             [
-                (log_p - log_measured)[mask],
+                (log_p - self.log_measured)[self.mask],
                 alpha_weight * (alpha - alpha_mean),
                 beta_weight * (beta - beta_mean),
                 [escape_weight * (escape - escape_mean)],
@@ -196,14 +255,7 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
         )
         return out
 
-    lower = np.concatenate([np.full(2 * k, -np.inf), np.full(2 * k, -1.0), [0.05, 0.01, -0.5, math.log(1e-4)]])
-    upper = np.concatenate([np.full(2 * k, np.inf), np.full(2 * k, 1.5), [1.0, 1.0, 3.0, math.log(10.0)]])
-    data_rows, data_slots = np.nonzero(mask)  # the order of ``(…)[mask]`` in residuals (row-major)
-    data_arch = arch_slot[data_rows, data_slots]
-    data_batch, data_link, log_g = batch[mask], link_x[mask], np.log(granted[mask])
-    data_passive = passive[mask]
-
-    def jacobian(theta: FloatArray) -> FloatArray:
+    def jacobian(self, theta: FloatArray) -> FloatArray:
         """``∂ residuals / ∂ θ``, dense ``(residuals, 4k + 4)``: analytic in the per-model
         parameters, ``γ`` and ``κ`` (with ``u = t_0·g^(−β)``, ``v = t_1·B·g^(−α)``,
         ``d = κ·t_0`` for a task waiting passively, else 0, ``S = u + v + d``:
@@ -213,65 +265,60 @@ def fit_physical(space: FeatureSpace, enc: EncodedMixes, measured: FloatArray) -
         residual depends on one model's four parameters only, so this costs about three
         residual evaluations where scipy's finite differences over all ``4k + 4`` parameters
         cost ``4k + 4``."""
-        t0, t1, alpha, beta, w, escape, _gamma, kappa = unpack(theta)
+        k, data_arch, log_g = self.k, self.data_arch, self.log_g
+        t0, t1, alpha, beta, w, escape, _gamma, kappa = self.unpack(theta)
         u = t0[data_arch] * np.exp(-beta[data_arch] * log_g)
-        v = t1[data_arch] * data_batch * np.exp(-alpha[data_arch] * log_g)
-        d = np.where(data_passive, kappa * t0[data_arch], 0.0)
+        v = t1[data_arch] * self.data_batch * np.exp(-alpha[data_arch] * log_g)
+        d = np.where(self.data_passive, kappa * t0[data_arch], 0.0)
         total = u + v + d
-        n_data = len(data_rows)
+        n_data = len(self.data_rows)
         jac = np.zeros((n_data + 2 * k + 2, 4 * k + 4))
         at = np.arange(n_data)
         jac[at, data_arch] = -(u + d) / total
         jac[at, k + data_arch] = -v / total
         jac[at, 2 * k + data_arch] = v * log_g / total
         jac[at, 3 * k + data_arch] = u * log_g / total
-        jac[:n_data, 4 * k + 2] = -data_link
+        jac[:n_data, 4 * k + 2] = -self.data_link
         jac[:n_data, 4 * k + 3] = -d / total
-        if weighted:
-            base = log_rate(w, escape)[mask]
+        if self.weighted:
+            base = self.log_rate(w, escape)[self.mask]
             for column in (4 * k, 4 * k + 1):  # w, escape_weight
                 step = 1e-6 * max(1.0, abs(theta[column]))
-                step = -step if theta[column] + step > upper[column] else step
+                step = -step if theta[column] + step > self.upper[column] else step
                 shifted = theta.copy()
                 shifted[column] += step
-                jac[:n_data, column] = (log_rate(*unpack(shifted)[4:6])[mask] - base) / step
+                jac[:n_data, column] = (self.log_rate(*self.unpack(shifted)[4:6])[self.mask] - base) / step
         jac[n_data + np.arange(k), 2 * k + np.arange(k)] = ALPHA_PRIOR[1]
         jac[n_data + k + np.arange(k), 3 * k + np.arange(k)] = BETA_PRIOR[1]
         jac[n_data + 2 * k, 4 * k + 1] = ESCAPE_PRIOR[1]
         jac[n_data + 2 * k + 1, 4 * k + 2] = LINK_PRIOR[1]
         return jac
 
-    theta0 = np.clip(theta0, lower + 1e-9, upper - 1e-9)
-    weights = slice(4 * k, 4 * k + 2)
-    if not weighted:  # the weights only matter where the physics weighs its sharing
-        lower[weights], upper[weights] = theta0[weights] - 1e-9, theta0[weights] + 1e-9
-    if not passive.any():  # no task waited passively: κ stays where it is
-        lower[4 * k + 3], upper[4 * k + 3] = theta0[4 * k + 3] - 1e-9, theta0[4 * k + 3] + 1e-9
-    if not link:  # no measured placement away from the reference: γ stays where it is
-        lower[4 * k + 2], upper[4 * k + 2] = theta0[4 * k + 2] - 1e-9, theta0[4 * k + 2] + 1e-9
-    solution = least_squares(residuals, theta0, jac=jacobian, bounds=(lower, upper), loss="soft_l1", f_scale=LOSS_SCALE)
-    t0, t1, alpha, beta, w, escape, gamma, kappa = unpack(solution.x)
-    solo = SoloTable(
-        curves=dict(space.solo.curves),
-        exponents={**space.solo.exponents, **dict(zip(names, map(float, alpha), strict=True))},
-        flop_rate=space.solo.flop_rate,
-        default_exponent=space.solo.default_exponent,
-        laws={**space.solo.laws, **{n: (float(a), float(b)) for n, a, b in zip(names, t0, t1, strict=True)}},
-        overhead_exponents={**space.solo.overhead_exponents, **dict(zip(names, map(float, beta), strict=True))},
-    )
-    return FeatureSpace(
-        space.architectures,
-        space.workloads,
-        solo,
-        space.cores,
-        space.placement,
-        w if weighted else space.sharing_weight,
-        escape if weighted else space.escape_weight,
-        space.reference_speed_index,
-        space.reference_cross_core_rtt_ns,
-        gamma if link else space.link_exponent,
-        kappa if passive.any() else space.passive_ratio,
-    )
+    def fitted_space(self, theta: FloatArray) -> FeatureSpace:
+        """The :class:`FeatureSpace` of the solution ``θ`` (what :func:`fit_physical` returns)."""
+        space, names = self.space, self.names
+        t0, t1, alpha, beta, w, escape, gamma, kappa = self.unpack(theta)
+        solo = SoloTable(
+            curves=dict(space.solo.curves),
+            exponents={**space.solo.exponents, **dict(zip(names, map(float, alpha), strict=True))},
+            flop_rate=space.solo.flop_rate,
+            default_exponent=space.solo.default_exponent,
+            laws={**space.solo.laws, **{n: (float(a), float(b)) for n, a, b in zip(names, t0, t1, strict=True)}},
+            overhead_exponents={**space.solo.overhead_exponents, **dict(zip(names, map(float, beta), strict=True))},
+        )
+        return FeatureSpace(
+            space.architectures,
+            space.workloads,
+            solo,
+            space.cores,
+            space.placement,
+            w if self.weighted else space.sharing_weight,
+            escape if self.weighted else space.escape_weight,
+            space.reference_speed_index,
+            space.reference_cross_core_rtt_ns,
+            gamma if self.link else space.link_exponent,
+            kappa if self.passive.any() else space.passive_ratio,
+        )
 
 
 def fit_space(
