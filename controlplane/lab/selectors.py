@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -138,6 +139,191 @@ def _profiling(now: dt.datetime) -> dict[int, dict[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class _Schedule:
+    """The scheduler's view of the lab now, which every part of a queue answer reads.
+
+    ``held`` and ``holders`` are :func:`_holders`'s; ``profiling`` is :func:`_profiling`'s;
+    ``free_at`` is when each held or profiled device is expected free (seconds since the epoch);
+    ``starts`` is :func:`~controlplane.planning.scheduling.estimate_starts`'s answer (round id →
+    seconds since the epoch, or None).
+    """
+
+    now: dt.datetime
+    policy: str
+    ordered: list[WaitingRound]
+    held: dict[int, dict[str, Any]]
+    holders: dict[int, dict[str, Any]]
+    paused: set[int]
+    profiling: dict[int, dict[str, Any]]
+    free_at: dict[int, float]
+    starts: dict[int, float | None]
+
+    def busy(self, device_id: int) -> bool:
+        """Whether the device is held, paused or being profiled."""
+        return device_id in self.held or device_id in self.paused or device_id in self.profiling
+
+
+def _schedule(now: dt.datetime) -> _Schedule:
+    """The waiting rounds in the policy's order, who holds what, and the replayed starts."""
+    policy = str(mtfl_setting("SCHEDULER_POLICY"))
+    waiting = waiting_rounds()
+    usage: dict[int | None, float]
+    weights: dict[int | None, float]
+    usage, weights = lab_usage(now=now) if policy == "fair" and waiting else ({}, {})
+    ordered = order_waiting(waiting, policy=policy, usage=usage, weights=weights)
+    held, holders = _holders(now)
+    paused = set(Device.objects.filter(paused=True).values_list("id", flat=True))
+    pool_ids = {r.pool for r in waiting if r.pool is not None}
+    pool_devices: dict[int, list[int]] = defaultdict(list)
+    for device_id, pool_id in Device.objects.filter(pool_id__in=pool_ids).values_list("id", "pool_id"):
+        pool_devices[pool_id].append(device_id)
+    free_at = {d: holders[h["round"]]["expected_free_at"].timestamp() for d, h in held.items() if h["round"] in holders}
+    profiling = _profiling(now)
+    for d, sweep in profiling.items():
+        # The scheduler grants no round a device whose sweep is pending or running: it is free
+        # for them when the sweep's budget has run out (or later, if a round holds it too).
+        free_at[d] = max(free_at.get(d, 0.0), sweep["expected_end"].timestamp())
+    starts = estimate_starts(
+        ordered,
+        free_at=free_at,
+        now=now.timestamp(),
+        pool_devices=pool_devices,
+        paused=paused,
+        policy=policy,
+        usage=usage,
+        weights=weights,
+    )
+    return _Schedule(now, policy, ordered, held, holders, paused, profiling, free_at, starts)
+
+
+def _waiting_details(listed_rounds: list[WaitingRound]) -> dict[int, Round]:
+    """The listed waiting rounds' rows (index, arrival, run, experiment, pool), by round id."""
+    return {
+        r.id: r
+        for r in Round.objects.filter(id__in=[w.key for w in listed_rounds])
+        .select_related("run__experiment", "run__pool")
+        .only(
+            "id",
+            "index",
+            "queued_at",
+            "run__id",
+            "run__strategy",
+            "run__priority",
+            "run__pool__name",
+            "run__experiment__id",
+            "run__experiment__name",
+        )
+    }
+
+
+def _devices_to_list(s: _Schedule) -> tuple[dict[int, list[int]], set[int], list[int]]:
+    """``(waited_by, involved, chosen)``: the round ids waiting for each named device (queue
+    order), every device held, paused, profiled or waited for, and the (at most
+    :data:`MAX_DEVICES_LISTED`) of them to list."""
+    waited_by: dict[int, list[int]] = defaultdict(list)
+    for w in s.ordered:
+        for d in sorted(w.devices or ()):
+            waited_by[d].append(w.key)
+    involved = set(s.held) | s.paused | set(s.profiling) | set(waited_by)
+    # Held, paused and profiling devices first, then those the earliest rounds wait for.
+    position = {w.key: i for i, w in enumerate(s.ordered)}
+    first_wait = {d: position[keys[0]] for d, keys in waited_by.items()}
+    chosen = sorted(
+        involved,
+        key=lambda d: (0 if s.busy(d) else 1, first_wait.get(d, 0), d),
+    )[:MAX_DEVICES_LISTED]
+    return waited_by, involved, chosen
+
+
+def _blocker_ids(s: _Schedule, listed_rounds: list[WaitingRound]) -> dict[int, list[int]]:
+    """Per listed round, its devices held by another round, profiling, or paused: paused first,
+    then by when they are expected free."""
+    blocker_ids: dict[int, list[int]] = {}
+    for w in listed_rounds:
+        needed = w.devices if w.devices is not None else w.candidates
+        blocked = [d for d in needed if s.busy(d)]
+        blocked.sort(key=lambda d: (d not in s.paused, s.free_at.get(d, float("inf")), d))
+        blocker_ids[w.key] = blocked
+    return blocker_ids
+
+
+def _holder_of(s: _Schedule, users: dict[int, str], device_id: int) -> dict[str, Any] | None:
+    """The holder dict of the round holding ``device_id`` (owner as a username), or None."""
+    h = s.held.get(device_id)
+    info = s.holders.get(h["round"]) if h else None
+    if info is None:
+        return None
+    return {k: v for k, v in info.items() if k != "owner_id"} | {"owner": users.get(info["owner_id"])}
+
+
+def _waiting_row(
+    s: _Schedule,
+    *,
+    position: int,
+    w: WaitingRound,
+    rnd: Round,
+    blockers: list[int],
+    rows: dict[int, dict[str, Any]],
+    names: dict[int, str],
+    users: dict[int, str],
+) -> dict[str, Any]:
+    """One entry of a queue answer's ``waiting`` (see :func:`queue_state`); ``rows`` and ``names``
+    are the named devices' rows and names, by id."""
+    return {
+        "position": position,
+        "round": w.key,
+        "round_index": rnd.index,
+        "run": rnd.run_id,
+        "run_strategy": rnd.run.strategy,
+        "experiment": rnd.run.experiment_id,
+        "experiment_name": rnd.run.experiment.name,
+        "owner": users.get(w.owner) if w.owner is not None else None,
+        "priority": w.priority,
+        "queued_at": rnd.queued_at,
+        "waited_s": max(0.0, (s.now - rnd.queued_at).total_seconds()) if rnd.queued_at else None,
+        "devices": sorted(names.get(d, str(d)) for d in sorted(w.devices or ())[:MAX_NAMES]),
+        "devices_count": w.width,
+        "pool": rnd.run.pool.name if rnd.run.pool_id else None,
+        "slots": w.slots if w.pool is not None else None,
+        "expected_s": w.round_s,
+        "estimated_start": _ts(s.starts.get(w.key)),
+        "blockers": sorted(
+            (
+                {
+                    "device": names.get(d, str(d)),
+                    "paused": d in s.paused,
+                    "paused_reason": rows[d]["paused_reason"] if d in s.paused and d in rows else "",
+                    "profiling_sweep": s.profiling[d]["sweep"] if d in s.profiling else None,
+                    **_blocker_holder(_holder_of(s, users, d), s.profiling.get(d)),
+                }
+                for d in blockers[:MAX_NAMES]
+            ),
+            key=lambda b: (not b["paused"], b["expected_free_at"] or s.now, b["device"]),
+        ),
+        "blockers_count": len(blockers),
+    }
+
+
+def _device_row(s: _Schedule, d: int, row: dict[str, Any], keys: list[int], users: dict[int, str]) -> dict[str, Any]:
+    """One entry of a queue answer's ``devices`` (see :func:`queue_state`); ``keys`` are the
+    rounds waiting for it, in queue order."""
+    next_starts = [s.starts.get(k) for k in keys]
+    return {
+        "id": d,
+        "name": row["name"],
+        "pool": row["pool__name"],
+        "paused": row["paused"],
+        "paused_reason": row["paused_reason"],
+        "paused_at": row["paused_at"],
+        "holder": _holder_of(s, users, d),
+        "profiling": s.profiling.get(d),
+        "waiting": keys[:MAX_WAITING_PER_DEVICE],
+        "waiting_count": len(keys),
+        "next_start": _ts(next_starts[0]) if next_starts else None,
+    }
+
+
 def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
     """The lab's queue as the scheduler sees it now.
 
@@ -168,74 +354,11 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
         - ``pools``: ``{"id", "name", "devices", "held", "paused", "free", "waiting"
           (rounds of its runs waiting)}`` per pool, by name.
     """
-    now = now or timezone.now()
-    policy = str(mtfl_setting("SCHEDULER_POLICY"))
-    waiting = waiting_rounds()
-    usage: dict[int | None, float]
-    weights: dict[int | None, float]
-    usage, weights = lab_usage(now=now) if policy == "fair" and waiting else ({}, {})
-    ordered = order_waiting(waiting, policy=policy, usage=usage, weights=weights)
-    held, holders = _holders(now)
-    paused = set(Device.objects.filter(paused=True).values_list("id", flat=True))
-    pool_ids = {r.pool for r in waiting if r.pool is not None}
-    pool_devices: dict[int, list[int]] = defaultdict(list)
-    for device_id, pool_id in Device.objects.filter(pool_id__in=pool_ids).values_list("id", "pool_id"):
-        pool_devices[pool_id].append(device_id)
-    free_at = {d: holders[h["round"]]["expected_free_at"].timestamp() for d, h in held.items() if h["round"] in holders}
-    profiling = _profiling(now)
-    for d, sweep in profiling.items():
-        # The scheduler grants no round a device whose sweep is pending or running: it is free
-        # for them when the sweep's budget has run out (or later, if a round holds it too).
-        free_at[d] = max(free_at.get(d, 0.0), sweep["expected_end"].timestamp())
-    starts = estimate_starts(
-        ordered,
-        free_at=free_at,
-        now=now.timestamp(),
-        pool_devices=pool_devices,
-        paused=paused,
-        policy=policy,
-        usage=usage,
-        weights=weights,
-    )
-
-    listed_rounds = ordered[:MAX_WAITING_LISTED]
-    details = {
-        r.id: r
-        for r in Round.objects.filter(id__in=[w.key for w in listed_rounds])
-        .select_related("run__experiment", "run__pool")
-        .only(
-            "id",
-            "index",
-            "queued_at",
-            "run__id",
-            "run__strategy",
-            "run__priority",
-            "run__pool__name",
-            "run__experiment__id",
-            "run__experiment__name",
-        )
-    }
-
-    # Which devices each waiting round waits for (named devices), in queue order.
-    waited_by: dict[int, list[int]] = defaultdict(list)
-    for w in ordered:
-        for d in sorted(w.devices or ()):
-            waited_by[d].append(w.key)
-    involved = set(held) | paused | set(profiling) | set(waited_by)
-    # Held, paused and profiling devices first, then those the earliest rounds wait for.
-    position = {w.key: i for i, w in enumerate(ordered)}
-    first_wait = {d: position[keys[0]] for d, keys in waited_by.items()}
-    chosen = sorted(
-        involved,
-        key=lambda d: (0 if d in held or d in paused or d in profiling else 1, first_wait.get(d, 0), d),
-    )[:MAX_DEVICES_LISTED]
-    # Blockers of the listed rounds: their devices held by another round, profiling, or paused.
-    blocker_ids: dict[int, list[int]] = {}
-    for w in listed_rounds:
-        needed = w.devices if w.devices is not None else w.candidates
-        blocked = [d for d in needed if d in paused or d in held or d in profiling]
-        blocked.sort(key=lambda d: (d not in paused, free_at.get(d, float("inf")), d))
-        blocker_ids[w.key] = blocked
+    s = _schedule(now or timezone.now())
+    listed_rounds = s.ordered[:MAX_WAITING_LISTED]
+    details = _waiting_details(listed_rounds)
+    waited_by, involved, chosen = _devices_to_list(s)
+    blocker_ids = _blocker_ids(s, listed_rounds)
     named = set(chosen)
     for w in listed_rounds:
         named |= set(sorted(w.devices or ())[:MAX_NAMES])
@@ -248,93 +371,30 @@ def queue_state(*, now: dt.datetime | None = None) -> dict[str, Any]:
     }
     names = {d: row["name"] for d, row in rows.items()}
     users = _usernames(
-        [h["owner_id"] for h in holders.values()] + [w.owner for w in listed_rounds]  # type: ignore[list-item]
+        [h["owner_id"] for h in s.holders.values()] + [w.owner for w in listed_rounds]  # type: ignore[list-item]
     )
-
-    def holder_of(device_id: int) -> dict[str, Any] | None:
-        h = held.get(device_id)
-        info = holders.get(h["round"]) if h else None
-        if info is None:
-            return None
-        return {k: v for k, v in info.items() if k != "owner_id"} | {"owner": users.get(info["owner_id"])}
-
-    waiting_rows = []
-    for position, w in enumerate(listed_rounds, start=1):
-        rnd = details.get(w.key)
-        if rnd is None:  # granted or ended between the reads
-            continue
-        blockers = blocker_ids[w.key]
-        waiting_rows.append(
-            {
-                "position": position,
-                "round": w.key,
-                "round_index": rnd.index,
-                "run": rnd.run_id,
-                "run_strategy": rnd.run.strategy,
-                "experiment": rnd.run.experiment_id,
-                "experiment_name": rnd.run.experiment.name,
-                "owner": users.get(w.owner) if w.owner is not None else None,
-                "priority": w.priority,
-                "queued_at": rnd.queued_at,
-                "waited_s": max(0.0, (now - rnd.queued_at).total_seconds()) if rnd.queued_at else None,
-                "devices": sorted(names.get(d, str(d)) for d in sorted(w.devices or ())[:MAX_NAMES]),
-                "devices_count": w.width,
-                "pool": rnd.run.pool.name if rnd.run.pool_id else None,
-                "slots": w.slots if w.pool is not None else None,
-                "expected_s": w.round_s,
-                "estimated_start": _ts(starts.get(w.key)),
-                "blockers": sorted(
-                    (
-                        {
-                            "device": names.get(d, str(d)),
-                            "paused": d in paused,
-                            "paused_reason": rows[d]["paused_reason"] if d in paused and d in rows else "",
-                            "profiling_sweep": profiling[d]["sweep"] if d in profiling else None,
-                            **_blocker_holder(holder_of(d), profiling.get(d)),
-                        }
-                        for d in blockers[:MAX_NAMES]
-                    ),
-                    key=lambda b: (not b["paused"], b["expected_free_at"] or now, b["device"]),
-                ),
-                "blockers_count": len(blockers),
-            }
+    waiting_rows = [
+        _waiting_row(
+            s, position=position, w=w, rnd=rnd, blockers=blocker_ids[w.key], rows=rows, names=names, users=users
         )
-    device_rows = []
-    for d in chosen:
-        row = rows.get(d)
-        if row is None:
-            continue
-        keys = waited_by.get(d, [])
-        next_starts = [starts.get(k) for k in keys]
-        device_rows.append(
-            {
-                "id": d,
-                "name": row["name"],
-                "pool": row["pool__name"],
-                "paused": row["paused"],
-                "paused_reason": row["paused_reason"],
-                "paused_at": row["paused_at"],
-                "holder": holder_of(d),
-                "profiling": profiling.get(d),
-                "waiting": keys[:MAX_WAITING_PER_DEVICE],
-                "waiting_count": len(keys),
-                "next_start": _ts(next_starts[0]) if next_starts else None,
-            }
-        )
+        for position, w in enumerate(listed_rounds, start=1)
+        if (rnd := details.get(w.key)) is not None  # else granted or ended between the reads
+    ]
+    device_rows = [_device_row(s, d, rows[d], waited_by.get(d, []), users) for d in chosen if d in rows]
     device_rows.sort(key=lambda r: r["name"])
     return {
-        "policy": policy,
+        "policy": s.policy,
         "fair_window_s": float(mtfl_setting("FAIR_WINDOW_S")),
-        "now": now,
+        "now": s.now,
         "waiting": waiting_rows,
-        "waiting_total": len(ordered),
+        "waiting_total": len(s.ordered),
         "devices": device_rows,
         "devices_listed": len(device_rows),
         "devices_involved": len(involved),
-        "devices_held": len(held),
-        "devices_paused": len(paused),
+        "devices_held": len(s.held),
+        "devices_paused": len(s.paused),
         "devices_total": Device.objects.count(),
-        "pools": _pool_rows(held=set(held), paused=paused, waiting=ordered, profiling=set(profiling)),
+        "pools": _pool_rows(held=set(s.held), paused=s.paused, waiting=s.ordered, profiling=set(s.profiling)),
     }
 
 
