@@ -36,6 +36,60 @@ def policy_line(state: dict[str, Any]) -> str:
     )
 
 
+def _device_row(d: dict[str, Any]) -> tuple[str, ...]:
+    """One device of ``state["devices"]`` as a row of the devices table."""
+    h, sweep = d["holder"], d.get("profiling")
+    state_text = "paused" if d["paused"] else "held" if h else "profiling" if sweep else "free"
+    if d["paused"] and d["paused_reason"]:
+        state_text += f" ({d['paused_reason']})"
+    if h:
+        holder = f"run {h['run']} {h['run_strategy']} ({h['owner'] or 'nobody'}) round {h['round_index']}"
+        since, free_at = h["since"], h["expected_free_at"]
+    elif sweep:
+        holder, since, free_at = f"profiling sweep {sweep['sweep']}", sweep["since"], sweep["expected_end"]
+    else:
+        holder, since, free_at = "-", None, None
+    return (
+        d["name"],
+        d["pool"] or "-",
+        state_text,
+        holder,
+        _clock(since) if since else "-",
+        _clock(free_at) if free_at else "-",
+        str(d["waiting_count"]),
+        _clock(d["next_start"]),
+    )
+
+
+def _waiting_row(w: dict[str, Any]) -> tuple[str, ...]:
+    """One round of ``state["waiting"]`` as a row of the waiting rounds' table."""
+    needs = f"{w['slots']} of pool {w['pool']}" if w["pool"] else ",".join(w["devices"])
+    if not w["pool"] and w["devices_count"] > len(w["devices"]):
+        needs += f",... ({w['devices_count']})"
+    blockers = [
+        f"{b['device']} paused"
+        if b["paused"]
+        else f"{b['device']} (run {b['holder_run']}, {b['holder_owner'] or 'nobody'})"
+        if b["holder_run"]
+        else f"{b['device']} (profiling sweep {b.get('profiling_sweep')})"
+        for b in w["blockers"]
+    ]
+    if w["blockers_count"] > len(w["blockers"]):
+        blockers.append(f"... ({w['blockers_count']})")
+    waited = f" ({w['waited_s']:.0f} s)" if w["waited_s"] is not None else ""
+    return (
+        str(w["position"]),
+        f"run {w['run']} {w['run_strategy']}",
+        w["owner"] or "nobody",
+        str(w["priority"]),
+        str(w["round_index"]),
+        _clock(w["queued_at"]) + waited,
+        needs,
+        _clock(w["estimated_start"]) if w["estimated_start"] else "none while paused",
+        "; ".join(blockers) or "its turn at the next pass",
+    )
+
+
 def queue_lines(state: dict[str, Any]) -> list[str]:
     """The queue as text (:func:`controlplane.lab.selectors.queue_state`)."""
     lines = [
@@ -46,65 +100,13 @@ def queue_lines(state: dict[str, Any]) -> list[str]:
     ]
     shown = "" if state["devices_listed"] == state["devices_involved"] else f", {state['devices_listed']} shown"
     lines.append(f"Devices held, paused or waited for ({state['devices_involved']}{shown}):")
-    rows = []
-    for d in state["devices"]:
-        h, sweep = d["holder"], d.get("profiling")
-        state_text = "paused" if d["paused"] else "held" if h else "profiling" if sweep else "free"
-        if d["paused"] and d["paused_reason"]:
-            state_text += f" ({d['paused_reason']})"
-        if h:
-            holder = f"run {h['run']} {h['run_strategy']} ({h['owner'] or 'nobody'}) round {h['round_index']}"
-            since, free_at = h["since"], h["expected_free_at"]
-        elif sweep:
-            holder, since, free_at = f"profiling sweep {sweep['sweep']}", sweep["since"], sweep["expected_end"]
-        else:
-            holder, since, free_at = "-", None, None
-        rows.append(
-            (
-                d["name"],
-                d["pool"] or "-",
-                state_text,
-                holder,
-                _clock(since) if since else "-",
-                _clock(free_at) if free_at else "-",
-                str(d["waiting_count"]),
-                _clock(d["next_start"]),
-            )
-        )
+    rows = [_device_row(d) for d in state["devices"]]
     if rows:
         lines += _table(("device", "pool", "state", "held by", "since", "free at", "waiting", "est. start"), rows)
     else:
         lines.append("  none: every device is free")
     lines += ["", f"Waiting rounds, in the order they are served ({state['waiting_total']}):"]
-    rows = []
-    for w in state["waiting"]:
-        needs = f"{w['slots']} of pool {w['pool']}" if w["pool"] else ",".join(w["devices"])
-        if not w["pool"] and w["devices_count"] > len(w["devices"]):
-            needs += f",... ({w['devices_count']})"
-        blockers = [
-            f"{b['device']} paused"
-            if b["paused"]
-            else f"{b['device']} (run {b['holder_run']}, {b['holder_owner'] or 'nobody'})"
-            if b["holder_run"]
-            else f"{b['device']} (profiling sweep {b.get('profiling_sweep')})"
-            for b in w["blockers"]
-        ]
-        if w["blockers_count"] > len(w["blockers"]):
-            blockers.append(f"... ({w['blockers_count']})")
-        waited = f" ({w['waited_s']:.0f} s)" if w["waited_s"] is not None else ""
-        rows.append(
-            (
-                str(w["position"]),
-                f"run {w['run']} {w['run_strategy']}",
-                w["owner"] or "nobody",
-                str(w["priority"]),
-                str(w["round_index"]),
-                _clock(w["queued_at"]) + waited,
-                needs,
-                _clock(w["estimated_start"]) if w["estimated_start"] else "none while paused",
-                "; ".join(blockers) or "its turn at the next pass",
-            )
-        )
+    rows = [_waiting_row(w) for w in state["waiting"]]
     if rows:
         lines += _table(("#", "run", "owner", "prio", "round", "queued", "needs", "est. start", "waiting for"), rows)
     else:
