@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable
+from functools import partial
 from typing import Any, NamedTuple
 
 from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
@@ -491,6 +492,99 @@ def _reached(points: list[metrics.AccuracyPoint], target: float | None) -> metri
     return None if target is None or not points else metrics.time_to_accuracy(points, target)
 
 
+def _comparison_targets(
+    comparison: Comparison,
+    tasks: list[Task],
+    succeeded: list[Run],
+    points: dict[int, dict[int, list[metrics.AccuracyPoint]]],
+) -> list[dict[str, Any]]:
+    """:func:`comparison_report`'s ``targets``: the comparison's given target of each task, else
+    the lowest final accuracy of its succeeded runs."""
+
+    def final(run: Run) -> dict[str, float | None]:
+        mine = points.get(run.id, {})
+        return {t.name: _last_accuracy(mine.get(t.id, [])) for t in tasks}
+
+    lowest = metrics.lowest_final_accuracy(final(r) for r in succeeded)
+    given = {str(k): float(v) for k, v in (comparison.targets or {}).items()}
+    targets = []
+    for t in tasks:
+        if str(t.id) in given:
+            targets.append({"task": t.id, "task_name": t.name, "target": given[str(t.id)], "source": "given"})
+        else:
+            targets.append(
+                {"task": t.id, "task_name": t.name, "target": lowest.get(t.name), "source": "lowest final accuracy"}
+            )
+    return targets
+
+
+def _run_row(
+    run: Run,
+    baseline: Run | None,
+    tasks: list[Task],
+    points: dict[int, list[metrics.AccuracyPoint]],
+    target_of: dict[int, float | None],
+) -> dict[str, Any]:
+    """One entry of :func:`comparison_report`'s ``runs``; ``points`` are the run's, per task."""
+    row: dict[str, Any] = {"run": run.id, "strategy": run.strategy, "repeat": run.repeat, "status": run.status}
+    for figure in RUN_FIGURES:
+        row[figure] = getattr(run, figure)
+    for name, figure in SPEEDUP_FIGURES.items():
+        row[name] = speedup(getattr(run, figure), getattr(baseline, figure) if baseline else None)
+    row["tasks"] = []
+    for t in tasks:
+        mine = points.get(t.id, [])
+        reached = _reached(mine, target_of[t.id])
+        row["tasks"].append(
+            {
+                "task": t.id,
+                "task_name": t.name,
+                "final_accuracy": _last_accuracy(mine),
+                "time_to_accuracy_s": reached.time_s if reached else None,
+                "wall_time_to_accuracy_s": reached.wall_time_s if reached else None,
+                "rounds_to_accuracy": reached.rounds if reached else None,
+                "samples_to_accuracy": reached.samples if reached else None,
+            }
+        )
+    return row
+
+
+def _figure_values(
+    run_rows: list[dict[str, Any]], strategy: str, figure: str, task: int | None = None
+) -> list[float | None]:
+    """A figure of ``strategy``'s succeeded runs, one value per run (of ``task`` when given)."""
+    out = []
+    for row in run_rows:
+        if row["strategy"] != strategy or row["status"] != Run.Status.SUCCEEDED:
+            continue
+        if task is None:
+            out.append(row[figure])
+        else:
+            out.append(next(x[figure] for x in row["tasks"] if x["task"] == task))
+    return out
+
+
+def _strategy_row(strategy: str, run_rows: list[dict[str, Any]], tasks: list[Task]) -> dict[str, Any]:
+    """One entry of :func:`comparison_report`'s ``strategies``: each figure's estimate over the
+    strategy's succeeded runs, overall and per task."""
+    mine = [r for r in run_rows if r["strategy"] == strategy]
+    entry: dict[str, Any] = {
+        "strategy": strategy,
+        "runs": [r["run"] for r in mine],
+        "succeeded": sum(r["status"] == Run.Status.SUCCEEDED for r in mine),
+    }
+    for figure in (*RUN_FIGURES, *SPEEDUP_FIGURES):
+        entry[figure] = metrics.estimate(_figure_values(run_rows, strategy, figure)).as_dict()
+    entry["tasks"] = []
+    for t in tasks:
+        per_task: dict[str, Any] = {"task": t.id, "task_name": t.name}
+        for figure in ("final_accuracy", *TASK_FIGURES):
+            per_task[figure] = metrics.estimate(_figure_values(run_rows, strategy, figure, t.id)).as_dict()
+        per_task["reached"] = sum(v is not None for v in _figure_values(run_rows, strategy, "time_to_accuracy_s", t.id))
+        entry["tasks"].append(per_task)
+    return entry
+
+
 def comparison_report(comparison: Comparison) -> dict[str, Any]:
     """Everything a comparison measured, as the API, the experiment page and ``mtfl compare``
     show it (plain JSON values; :mod:`controlplane.planning.metrics` has every definition).
@@ -525,79 +619,11 @@ def comparison_report(comparison: Comparison) -> dict[str, Any]:
     baselines = run_baselines(experiment, runs)
     points = runs_accuracy_points([r.id for r in runs])
     succeeded = [r for r in runs if r.status == Run.Status.SUCCEEDED]
-
-    def final(run: Run) -> dict[str, float | None]:
-        mine = points.get(run.id, {})
-        return {t.name: _last_accuracy(mine.get(t.id, [])) for t in tasks}
-
-    lowest = metrics.lowest_final_accuracy(final(r) for r in succeeded)
-    given = {str(k): float(v) for k, v in (comparison.targets or {}).items()}
-    targets = []
-    for t in tasks:
-        if str(t.id) in given:
-            targets.append({"task": t.id, "task_name": t.name, "target": given[str(t.id)], "source": "given"})
-        else:
-            targets.append(
-                {"task": t.id, "task_name": t.name, "target": lowest.get(t.name), "source": "lowest final accuracy"}
-            )
+    targets = _comparison_targets(comparison, tasks, succeeded, points)
     target_of = {row["task"]: row["target"] for row in targets}
-
-    run_rows = []
-    for run in runs:
-        baseline = baselines.get(run.id)
-        row: dict[str, Any] = {"run": run.id, "strategy": run.strategy, "repeat": run.repeat, "status": run.status}
-        for figure in RUN_FIGURES:
-            row[figure] = getattr(run, figure)
-        for name, figure in SPEEDUP_FIGURES.items():
-            row[name] = speedup(getattr(run, figure), getattr(baseline, figure) if baseline else None)
-        row["tasks"] = []
-        for t in tasks:
-            mine = points.get(run.id, {}).get(t.id, [])
-            reached = _reached(mine, target_of[t.id])
-            row["tasks"].append(
-                {
-                    "task": t.id,
-                    "task_name": t.name,
-                    "final_accuracy": _last_accuracy(mine),
-                    "time_to_accuracy_s": reached.time_s if reached else None,
-                    "wall_time_to_accuracy_s": reached.wall_time_s if reached else None,
-                    "rounds_to_accuracy": reached.rounds if reached else None,
-                    "samples_to_accuracy": reached.samples if reached else None,
-                }
-            )
-        run_rows.append(row)
-
-    def values(strategy: str, figure: str, task: int | None = None) -> list[float | None]:
-        out = []
-        for row in run_rows:
-            if row["strategy"] != strategy or row["status"] != Run.Status.SUCCEEDED:
-                continue
-            if task is None:
-                out.append(row[figure])
-            else:
-                out.append(next(x[figure] for x in row["tasks"] if x["task"] == task))
-        return out
-
+    run_rows = [_run_row(run, baselines.get(run.id), tasks, points.get(run.id, {}), target_of) for run in runs]
     strategies = list(comparison.strategies)
-    strategy_rows = []
-    for s in strategies:
-        mine = [r for r in run_rows if r["strategy"] == s]
-        entry: dict[str, Any] = {
-            "strategy": s,
-            "runs": [r["run"] for r in mine],
-            "succeeded": sum(r["status"] == Run.Status.SUCCEEDED for r in mine),
-        }
-        for figure in (*RUN_FIGURES, *SPEEDUP_FIGURES):
-            entry[figure] = metrics.estimate(values(s, figure)).as_dict()
-        entry["tasks"] = []
-        for t in tasks:
-            per_task: dict[str, Any] = {"task": t.id, "task_name": t.name}
-            for figure in ("final_accuracy", *TASK_FIGURES):
-                per_task[figure] = metrics.estimate(values(s, figure, t.id)).as_dict()
-            per_task["reached"] = sum(v is not None for v in values(s, "time_to_accuracy_s", t.id))
-            entry["tasks"].append(per_task)
-        strategy_rows.append(entry)
-
+    strategy_rows = [_strategy_row(s, run_rows, tasks) for s in strategies]
     return {
         "comparison": comparison.id,
         "repeats": comparison.repeats,
@@ -606,7 +632,7 @@ def comparison_report(comparison: Comparison) -> dict[str, Any]:
         "targets": targets,
         "strategies": strategy_rows,
         "runs": run_rows,
-        "verdicts": _verdicts(strategies, tasks, values),
+        "verdicts": _verdicts(strategies, tasks, partial(_figure_values, run_rows)),
     }
 
 
