@@ -8,12 +8,27 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.api.fast_lists import FastReadListSerializer
+from controlplane.common.limits import (
+    ACTIVE_THREAD_PERCENTAGE,
+    BATCH_SIZE,
+    CLIENT_FRACTION,
+    DEADLINE_FACTOR,
+    DEVICE_RETRIES,
+    DIRICHLET_ALPHA,
+    KEEP_LAST_CHECKPOINTS,
+    LOCAL_EPOCHS,
+    NUM_CLASSES,
+    PRIORITY,
+    REPEATS,
+    ROUNDS,
+    SEED,
+    TARGET_ACCURACY,
+    Limit,
+)
 from controlplane.experiments.models import (
     ASSIGNMENT_RESULT_COLUMNS,
     CLIENT_SAMPLING_RULES,
     EXECUTION_MODES,
-    MAX_DEVICE_RETRIES,
-    MAX_REPEATS,
     PRECISIONS,
     Assignment,
     Checkpoint,
@@ -41,11 +56,7 @@ from controlplane.lab.selectors import queue_state, queued_run_ids, run_queue_en
 from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
-from controlplane.planning.strategies import (
-    MAX_BATCH_SIZE,
-    MIN_BATCH_SIZE,
-    STRATEGY_REGISTRY,
-)
+from controlplane.planning.strategies import STRATEGY_REGISTRY
 from controlplane.profiling.models import (
     ModelWorkload,
     Predictor,
@@ -138,6 +149,11 @@ def integer(lo: int, hi: int, **kwargs) -> serializers.IntegerField:
         },
         **kwargs,
     )
+
+
+def bounded(limit: Limit, **kwargs) -> serializers.IntegerField:
+    """:func:`integer` over an integer field's declared range (:mod:`controlplane.common.limits`)."""
+    return integer(int(limit.low), int(limit.high), **kwargs)
 
 
 class StrictFloatField(serializers.FloatField):
@@ -297,9 +313,8 @@ class TaskWriteSerializer(StrictSerializer):
     architecture = RegisteredField(MODEL_REGISTRY.names)
     dataset = RegisteredField(DATASET_REGISTRY.names, default="digits")
     dataset_root = StrictCharField(max_length=1024, required=False, allow_blank=True, default="")
-    num_classes = integer(
-        2,
-        100_000,
+    num_classes = bounded(
+        NUM_CLASSES,
         required=False,
         allow_null=True,
         default=None,
@@ -383,7 +398,7 @@ DEVICE_RETRIES_HELP = (
     "fail (0: the round goes on without that device, as partial)"
 )
 DEADLINE_FACTOR_HELP = (
-    "a round's deadline as a multiple of its predicted round time, 1 to 100; null: "
+    f"a round's deadline as a multiple of its predicted round time, {DEADLINE_FACTOR.span}; null: "
     "MTFL_DEADLINE_FACTOR. Rounds without a prediction wait MTFL_ROUND_DEADLINE_S"
 )
 
@@ -421,7 +436,7 @@ CLIENTS_PER_ROUND_HELP = (
     "null: every device, every round"
 )
 CLIENT_FRACTION_HELP = (
-    "partial participation: the fraction of the experiment's devices trained per round, in (0, 1] (rounded up, "
+    f"partial participation: the fraction of the experiment's devices trained per round, in {CLIENT_FRACTION.interval} (rounded up, "
     "at least one); exclusive with clients_per_round"
 )
 CLIENT_SAMPLING_HELP = (
@@ -435,7 +450,8 @@ KEEP_DEVICE_WEIGHTS_HELP = (
 )
 KEEP_LAST_CHECKPOINTS_HELP = (
     "global checkpoints kept per run and task: the last N rounds', besides the initial model, the best by test "
-    "accuracy and the latest (what a resume reads); 1 to 10000, null: the lab default MTFL_KEEP_LAST_CHECKPOINTS"
+    f"accuracy and the latest (what a resume reads); {KEEP_LAST_CHECKPOINTS.span}, null: the lab default "
+    "MTFL_KEEP_LAST_CHECKPOINTS"
 )
 
 
@@ -445,8 +461,9 @@ def keep_device_weights_field(**kwargs) -> StrictBooleanField:
 
 
 def keep_last_checkpoints_field(**kwargs) -> serializers.IntegerField:
-    """``keep_last_checkpoints``: an integer 1 to 10000, or null (the lab default)."""
-    return integer(1, 10_000, allow_null=True, help_text=KEEP_LAST_CHECKPOINTS_HELP, **kwargs)
+    """``keep_last_checkpoints``: an integer in :data:`~controlplane.common.limits.KEEP_LAST_CHECKPOINTS`,
+    or null (the lab default)."""
+    return bounded(KEEP_LAST_CHECKPOINTS, allow_null=True, help_text=KEEP_LAST_CHECKPOINTS_HELP, **kwargs)
 
 
 class TaskAggregationSerializer(StrictSerializer):
@@ -486,7 +503,8 @@ def clients_per_round_field(**kwargs) -> serializers.IntegerField:
 
 
 def client_fraction_field(**kwargs) -> serializers.FloatField:
-    """``client_fraction``: a finite number or null (the service checks ``(0, 1]``)."""
+    """``client_fraction``: a finite number or null (the service checks its range,
+    :data:`~controlplane.common.limits.CLIENT_FRACTION`)."""
     return number(allow_null=True, help_text=CLIENT_FRACTION_HELP, **kwargs)
 
 
@@ -500,8 +518,8 @@ class ExperimentCreateSerializer(StrictSerializer):
     description = StrictCharField(required=False, allow_blank=True, default="", max_length=10_000)
     tasks = id_list()
     devices = id_list()
-    rounds = integer(1, 10_000)
-    local_epochs = integer(1, 1000, default=1)
+    rounds = bounded(ROUNDS)
+    local_epochs = bounded(LOCAL_EPOCHS, default=1)
     partition_rule = RegisteredField(partition_rules, default="iid")
     partition_params = serializers.DictField(
         child=number(),
@@ -518,9 +536,9 @@ class ExperimentCreateSerializer(StrictSerializer):
         help_text="partition_params.alpha under its former name (rules that take an alpha: quantity, "
         "dirichlet_labels); both given must agree",
     )
-    seed = integer(0, 2**31 - 1, default=0)
+    seed = bounded(SEED, default=0)
     sample_counts = SampleCountSerializer(many=True, required=False, default=None, allow_null=True)
-    device_retries = integer(0, MAX_DEVICE_RETRIES, default=0, help_text=DEVICE_RETRIES_HELP)
+    device_retries = bounded(DEVICE_RETRIES, default=0, help_text=DEVICE_RETRIES_HELP)
     deadline_factor = number(required=False, allow_null=True, default=None, help_text=DEADLINE_FACTOR_HELP)
     lr_scaling = ChoiceField(choices=LR_SCALING_RULES, default=DEFAULT_LR_SCALING, help_text=LR_SCALING_HELP)
     untrusted_predictor = ChoiceField(
@@ -539,9 +557,9 @@ class ExperimentCreateSerializer(StrictSerializer):
 class ExperimentUpdateSerializer(StrictSerializer):
     name = StrictCharField(max_length=200, required=False)
     description = StrictCharField(required=False, allow_blank=True, max_length=10_000)
-    rounds = integer(1, 10_000, required=False)
-    local_epochs = integer(1, 1000, required=False)
-    device_retries = integer(0, MAX_DEVICE_RETRIES, required=False, help_text=DEVICE_RETRIES_HELP)
+    rounds = bounded(ROUNDS, required=False)
+    local_epochs = bounded(LOCAL_EPOCHS, required=False)
+    device_retries = bounded(DEVICE_RETRIES, required=False, help_text=DEVICE_RETRIES_HELP)
     deadline_factor = number(required=False, allow_null=True, help_text=DEADLINE_FACTOR_HELP)
     untrusted_predictor = ChoiceField(
         choices=UNTRUSTED_PREDICTOR_CHOICES, required=False, help_text=UNTRUSTED_PREDICTOR_HELP
@@ -623,20 +641,20 @@ class ExperimentFromTemplateSerializer(StrictSerializer):
     rounds = serializers.IntegerField(
         required=False,
         error_messages={"invalid": "must be an integer"},
-        help_text=f"1 to 10000; default {DEFAULT_ROUNDS}",
+        help_text=f"{ROUNDS.span}; default {DEFAULT_ROUNDS}",
     )
     local_epochs = serializers.IntegerField(
         required=False,
         error_messages={"invalid": "must be an integer"},
-        help_text=f"1 to 1000; default {DEFAULT_LOCAL_EPOCHS}",
+        help_text=f"{LOCAL_EPOCHS.span}; default {DEFAULT_LOCAL_EPOCHS}",
     )
     dirichlet_alpha = number(
         required=False,
         help_text="Dirichlet concentration of the data volumes per task and "
-        f"device, in (0, 1000]; smaller skews more; default {DEFAULT_DIRICHLET_ALPHA}",
+        f"device, in {DIRICHLET_ALPHA.interval}; smaller skews more; default {DEFAULT_DIRICHLET_ALPHA}",
     )
     seed = serializers.IntegerField(
-        required=False, error_messages={"invalid": "must be an integer"}, help_text="0 to 2147483647; default 0"
+        required=False, error_messages={"invalid": "must be an integer"}, help_text=f"{SEED.span}; default 0"
     )
     dataset = StrictCharField(
         required=False,
@@ -743,7 +761,7 @@ class QueueWaitingSerializer(serializers.Serializer):
     experiment = serializers.IntegerField(read_only=True)
     experiment_name = serializers.CharField(read_only=True)
     owner = serializers.CharField(read_only=True, allow_null=True)
-    priority = serializers.IntegerField(read_only=True, help_text="-10 to 10; higher first")
+    priority = serializers.IntegerField(read_only=True, help_text=f"{PRIORITY.span}; higher first")
     queued_at = serializers.DateTimeField(read_only=True, allow_null=True)
     waited_s = serializers.FloatField(read_only=True, allow_null=True, help_text="seconds queued so far")
     devices = serializers.ListField(
@@ -974,8 +992,8 @@ class RunSerializer(serializers.ModelSerializer):
 class ManualPlanEntrySerializer(StrictSerializer):
     device = integer(1, MAX_ID)
     task = integer(1, MAX_ID)
-    batch_size = integer(MIN_BATCH_SIZE, MAX_BATCH_SIZE)
-    active_thread_percentage = integer(1, 100)
+    batch_size = bounded(BATCH_SIZE)
+    active_thread_percentage = bounded(ACTIVE_THREAD_PERCENTAGE)
 
 
 class PlannerOptionsSerializer(StrictSerializer):
@@ -1029,8 +1047,11 @@ class RunCreateSerializer(StrictSerializer):
         help_text="a device pool (id or name, GET /api/pools/): each round is placed on the experiment's free "
         "devices of the pool instead of fixed devices; default: the experiment's devices",
     )
-    priority = integer(
-        -10, 10, required=False, default=0, help_text="-10 to 10: the lab scheduler serves higher first (default 0)"
+    priority = bounded(
+        PRIORITY,
+        required=False,
+        default=0,
+        help_text=f"{PRIORITY.span}: the lab scheduler serves higher first (default 0)",
     )
 
 
@@ -1050,9 +1071,8 @@ class ComparisonCreateSerializer(StrictSerializer):
         help_text="strategies to run, in order, including the baseline 'temporal' (default: every compared "
         "strategy, plug-ins included)",
     )
-    repeats = integer(
-        1,
-        MAX_REPEATS,
+    repeats = bounded(
+        REPEATS,
         default=1,
         help_text="how many times every strategy runs, in interleaved orders (as given, reversed, as given...); "
         "every figure is then a mean with its 95 % confidence interval",
@@ -1062,7 +1082,8 @@ class ComparisonCreateSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         default=None,
-        help_text='test accuracy to reach per task, by task id or name, each in (0, 1], e.g. {"3": 0.8}; a task '
+        help_text=f"test accuracy to reach per task, by task id or name, each in {TARGET_ACCURACY.interval}, "
+        'e.g. {"3": 0.8}; a task '
         "left out takes the lowest final accuracy any run of the comparison reached",
     )
     pool = IdOrNameField(
@@ -1071,8 +1092,8 @@ class ComparisonCreateSerializer(StrictSerializer):
         allow_null=True,
         help_text="a device pool (id or name) every run of the comparison is placed in, as for a run",
     )
-    priority = integer(
-        -10, 10, required=False, default=0, help_text="-10 to 10: the priority of every run of the comparison"
+    priority = bounded(
+        PRIORITY, required=False, default=0, help_text=f"{PRIORITY.span}: the priority of every run of the comparison"
     )
 
 
@@ -1488,9 +1509,9 @@ class ProfileSweepCreateSerializer(StrictSerializer):
     architectures = serializers.ListField(
         child=RegisteredField(MODEL_REGISTRY.names), required=False, allow_empty=False, max_length=64
     )
-    batch_sizes = serializers.ListField(child=integer(2, 4096), required=False, allow_empty=False, max_length=64)
+    batch_sizes = serializers.ListField(child=bounded(BATCH_SIZE), required=False, allow_empty=False, max_length=64)
     max_mix = integer(1, 8, required=False)
-    seed = integer(0, 2**31 - 1, default=0)
+    seed = bounded(SEED, default=0)
     tasks = id_list(
         required=False,
         help_text="task ids: their architectures are profiled at each task's own classes and input shape "

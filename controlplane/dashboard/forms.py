@@ -15,6 +15,18 @@ from rest_framework import serializers as drf
 from controlplane.api import serializers as api
 from controlplane.api.exception_handlers import flatten_errors
 from controlplane.common.errors import ApplicationError
+from controlplane.common.limits import (
+    CLIENT_FRACTION,
+    KEEP_LAST_CHECKPOINTS,
+    LEARNING_RATE,
+    LOCAL_EPOCHS,
+    MOMENTUM,
+    NUM_CLASSES,
+    ROUNDS,
+    WEIGHT_DECAY,
+    Limit,
+    bound_text,
+)
 from controlplane.experiments.models import Experiment, Task
 from controlplane.experiments.services.templates import (
     DEFAULT_ROUNDS,
@@ -54,7 +66,10 @@ def _registered_select(form: forms.Form, field: str, choices: list[tuple[str, st
     form.fields[field].widget = _select(choices)
 
 
-def _number(**attrs) -> forms.NumberInput:
+def _number(limit: Limit | None = None, **attrs) -> forms.NumberInput:
+    """A number input; with ``limit``, its declared range as the browser's ``min``/``max``."""
+    if limit is not None:
+        attrs = {"min": bound_text(limit.low), "max": bound_text(limit.high), **attrs}
     return forms.NumberInput(attrs={"step": "any", **attrs})
 
 
@@ -199,14 +214,14 @@ class TaskForm(ApiCheckedForm):
         help_text="",
     )
     num_classes = _input(
-        _number(min=2, max=100_000, step=1, placeholder="from the data"),
+        _number(NUM_CLASSES, step=1, placeholder="from the data"),
         "Classes (optional)",
         help_text="blank: as the data set says, or the largest training label + 1",
     )
     optimizer = _input(_select(OPTIMIZERS), "Optimizer", initial="sgd")
-    learning_rate = _input(_number(min=0, max=10), "Learning rate", initial=0.05)
-    momentum = _input(_number(min=0, max=1), "Momentum", initial=0.9, help_text="sgd only")
-    weight_decay = _input(_number(min=0, max=1), "Weight decay", initial=5e-4)
+    learning_rate = _input(_number(LEARNING_RATE), "Learning rate", initial=0.05)
+    momentum = _input(_number(MOMENTUM), "Momentum", initial=0.9, help_text="sgd only")
+    weight_decay = _input(_number(WEIGHT_DECAY), "Weight decay", initial=5e-4)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -304,8 +319,8 @@ class ExperimentForm(ApiCheckedForm):
     name = _input(forms.TextInput(attrs={"maxlength": 200, "autocomplete": "off"}), "Name")
     tasks = _input(forms.SelectMultiple(), "Tasks", help_text="Ctrl or ⌘ to pick several")
     devices = _input(forms.SelectMultiple(), "Devices", help_text="Ctrl or ⌘ to pick several")
-    rounds = _input(_number(min=1, max=10_000, step=1), "Rounds", initial=DEFAULT_ROUNDS)
-    local_epochs = _input(_number(min=1, max=1000, step=1), "Local epochs", initial=1, help_text="per device and round")
+    rounds = _input(_number(ROUNDS, step=1), "Rounds", initial=DEFAULT_ROUNDS)
+    local_epochs = _input(_number(LOCAL_EPOCHS, step=1), "Local epochs", initial=1, help_text="per device and round")
     seed = _input(_number(min=0, step=1), "Seed", initial=0, help_text="of the split and the sample order")
     partition_rule = _input(
         _select([]), "Data split", initial="iid", help_text="installed partition rules; their parameters below"
@@ -348,9 +363,9 @@ class ExperimentForm(ApiCheckedForm):
         help_text="partial participation: how many devices train each round; or a fraction, not both",
     )
     client_fraction = _input(
-        _number(min=0, max=1, placeholder="every device"),
+        _number(CLIENT_FRACTION, placeholder="every device"),
         "Fraction of devices per round (optional)",
-        help_text="in (0, 1], rounded up to at least one device",
+        help_text=f"in {CLIENT_FRACTION.interval}, rounded up to at least one device",
     )
     client_sampling = _input(
         _select(
@@ -370,7 +385,7 @@ class ExperimentForm(ApiCheckedForm):
         help_text="for debugging: by default every device's weights are deleted once its round is aggregated",
     )
     keep_last_checkpoints = _input(
-        _number(min=1, max=10_000, step=1, placeholder="lab default"),
+        _number(KEEP_LAST_CHECKPOINTS, step=1, placeholder="lab default"),
         "Checkpoints kept (optional)",
         help_text="global models kept per run and task: the last N rounds', besides the initial, the best and the "
         "latest (default MTFL_KEEP_LAST_CHECKPOINTS)",
@@ -499,7 +514,7 @@ class ExperimentFromTemplateForm(ApiCheckedForm):
         forms.TextInput(attrs={"placeholder": "default: <template> mix", "maxlength": MAX_NAME_LENGTH}),
         "Name (optional)",
     )
-    rounds = _input(_number(min=1, max=10_000, step=1, placeholder=f"default {DEFAULT_ROUNDS}"), "Rounds (optional)")
+    rounds = _input(_number(ROUNDS, step=1, placeholder=f"default {DEFAULT_ROUNDS}"), "Rounds (optional)")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

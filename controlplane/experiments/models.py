@@ -19,6 +19,18 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from controlplane.common.limits import (
+    ACTIVE_THREAD_PERCENTAGE,
+    CLIENT_FRACTION,
+    DEADLINE_FACTOR,
+    DEVICE_RETRIES,
+    KEEP_LAST_CHECKPOINTS,
+    LOCAL_EPOCHS,
+    PRIORITY,
+    REPEATS,
+    ROUNDS,
+    Limit,
+)
 from controlplane.fleet.models import Device
 from controlplane.planning.guard import UNTRUSTED_PREDICTOR_CHOICES
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING, LR_SCALING_RULES
@@ -39,12 +51,17 @@ EXECUTION_HELP = (
     "; the task's, not a strategy's: every strategy of a comparison runs it so, and speedups compare like with like"
 )
 
-MAX_DEVICE_RETRIES = 10
+MAX_DEVICE_RETRIES = int(DEVICE_RETRIES.high)
 CLIENT_SAMPLING_RULES = ("uniform", "weighted")
 """How a round's participants are drawn: uniformly, or with probability proportional to each
 device's data volume (its samples over the experiment's tasks)."""
-MAX_REPEATS = 10
+MAX_REPEATS = int(REPEATS.high)
 """The most repeats a comparison takes (each repeat runs every strategy once)."""
+
+
+def _within(limit: Limit) -> list[MinValueValidator | MaxValueValidator]:
+    """The validators of ``limit``'s closed range (:mod:`controlplane.common.limits`)."""
+    return [MinValueValidator(limit.low), MaxValueValidator(limit.high)]
 
 
 def _default_input_shape() -> list[int]:
@@ -139,8 +156,8 @@ class Experiment(models.Model):
     description = models.TextField(blank=True, default="")
     tasks = models.ManyToManyField(Task, related_name="experiments")
     devices = models.ManyToManyField(Device, related_name="experiments")
-    rounds = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(10_000)])
-    local_epochs = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)])
+    rounds = models.PositiveIntegerField(validators=_within(ROUNDS))
+    local_epochs = models.PositiveIntegerField(default=1, validators=_within(LOCAL_EPOCHS))
     partition_rule = models.CharField(
         max_length=32,
         default="iid",
@@ -172,14 +189,14 @@ class Experiment(models.Model):
     )
     device_retries = models.PositiveSmallIntegerField(
         default=0,
-        validators=[MaxValueValidator(MAX_DEVICE_RETRIES)],
+        validators=[MaxValueValidator(DEVICE_RETRIES.high)],  # the lower bound, 0: a positive field
         help_text="how many times a round re-sends a device's part when its agent is lost or its trainers fail "
         "(0: the round goes on without that device, as partial)",
     )
     deadline_factor = models.FloatField(
         null=True,
         blank=True,
-        validators=[MinValueValidator(1.0), MaxValueValidator(100.0)],
+        validators=_within(DEADLINE_FACTOR),
         help_text="a round's deadline is this × its predicted round time (null: MTFL_DEADLINE_FACTOR); rounds "
         "without a prediction use MTFL_ROUND_DEADLINE_S",
     )
@@ -226,8 +243,8 @@ class Experiment(models.Model):
     client_fraction = models.FloatField(
         null=True,
         blank=True,
-        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
-        help_text="fraction of the devices trained per round, in (0, 1] (rounded up, at least 1); "
+        validators=_within(CLIENT_FRACTION),  # the open lower end: the service's check
+        help_text=f"fraction of the devices trained per round, in {CLIENT_FRACTION.interval} (rounded up, at least 1); "
         "exclusive with clients_per_round",
     )
     client_sampling = models.CharField(
@@ -245,7 +262,7 @@ class Experiment(models.Model):
     keep_last_checkpoints = models.PositiveIntegerField(
         null=True,
         blank=True,
-        validators=[MinValueValidator(1), MaxValueValidator(10_000)],
+        validators=_within(KEEP_LAST_CHECKPOINTS),
         help_text="global checkpoints kept per run and task: the last N rounds' plus the best by test "
         "accuracy and the initial model; null: the lab default MTFL_KEEP_LAST_CHECKPOINTS",
     )
@@ -296,7 +313,8 @@ class Comparison(models.Model):
     ``strategies`` order, repeat 1 reversed, repeat 2 in order again...: each run's
     :attr:`Run.repeat`), so a drift of a shared machine does not favour whichever strategy runs
     first. ``targets`` holds the test accuracy each task's time to accuracy is taken to,
-    ``{task id (a string): accuracy in (0, 1]}``; a task left out takes the lowest final
+    ``{task id (a string): accuracy}`` (each in :data:`~controlplane.common.limits.TARGET_ACCURACY`);
+    a task left out takes the lowest final
     accuracy any run of the comparison reached.
     """
 
@@ -309,7 +327,7 @@ class Comparison(models.Model):
     strategies = models.JSONField(help_text="strategy names in the order repeat 0's runs start")
     repeats = models.PositiveSmallIntegerField(
         default=1,
-        validators=[MinValueValidator(1), MaxValueValidator(MAX_REPEATS)],
+        validators=_within(REPEATS),
         help_text="how many times every strategy runs, in interleaved orders",
     )
     targets = models.JSONField(
@@ -393,8 +411,8 @@ class Run(models.Model):
     )
     priority = models.SmallIntegerField(
         default=0,
-        validators=[MinValueValidator(-10), MaxValueValidator(10)],
-        help_text="-10 to 10: a waiting round of a higher-priority run gets free devices first",
+        validators=_within(PRIORITY),
+        help_text=f"{PRIORITY.span}: a waiting round of a higher-priority run gets free devices first",
     )
     raw_throughput_sps = models.FloatField(null=True, blank=True)
     fair_throughput = models.FloatField(null=True, blank=True)
@@ -615,9 +633,7 @@ class Assignment(models.Model):
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="assignments")
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="assignments")
     batch_size = models.PositiveIntegerField()
-    active_thread_percentage = models.PositiveSmallIntegerField(
-        validators=[MinValueValidator(1), MaxValueValidator(100)]
-    )
+    active_thread_percentage = models.PositiveSmallIntegerField(validators=_within(ACTIVE_THREAD_PERCENTAGE))
     samples = models.PositiveIntegerField(help_text="|D_ij|: the shard size")
     samples_trained = models.PositiveIntegerField(default=0)
     throughput_sps = models.FloatField(null=True, blank=True)

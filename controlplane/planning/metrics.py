@@ -73,6 +73,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from controlplane.common.limits import TARGET_ACCURACY
+
 METRICS = ("raw", "fair")
 """The throughput metrics speedups are taken of: raw ``Σ P`` and fair ``Σ P / P^alone``."""
 
@@ -547,16 +549,16 @@ def time_to_accuracy(points: Sequence[AccuracyPoint], target: float) -> TimeToAc
 
     Args:
         points: the run's rounds for the task, in round order (failed rounds included).
-        target: test accuracy to reach, in (0, 1].
+        target: test accuracy to reach, in :data:`~controlplane.common.limits.TARGET_ACCURACY`.
 
     Returns:
         A :class:`TimeToAccuracy`, or ``None`` when no round reached ``target``.
 
     Raises:
-        ValueError: ``target`` outside (0, 1].
+        ValueError: ``target`` outside that range.
     """
-    if not (0 < target <= 1):
-        raise ValueError(f"target must be in (0, 1], got {target}")
+    if not TARGET_ACCURACY.contains(target):
+        raise ValueError(f"target must be in {TARGET_ACCURACY.interval}, got {target}")
     time_s = 0.0
     wall: float | None = 0.0
     samples = 0

@@ -25,6 +25,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
+from controlplane.common.limits import CLIENT_FRACTION, bound_text
 from controlplane.planning.types import Plan
 
 SAMPLING_RULES: tuple[str, ...] = ("uniform", "weighted")
@@ -46,10 +47,10 @@ def participant_count(devices: int, *, clients_per_round: int | None, client_fra
     Args:
         devices: ``K``, the experiment's devices (≥ 0).
         clients_per_round: a count ≥ 1, or ``None``.
-        client_fraction: ``C`` in (0, 1], or ``None``.
+        client_fraction: ``C`` in :data:`~controlplane.common.limits.CLIENT_FRACTION`, or ``None``.
 
     Raises:
-        ValueError: ``clients_per_round`` below 1 or ``client_fraction`` outside (0, 1]
+        ValueError: ``clients_per_round`` below 1 or ``client_fraction`` outside its range
             (the field named), or both set.
     """
     if clients_per_round is not None and client_fraction is not None:
@@ -59,8 +60,11 @@ def participant_count(devices: int, *, clients_per_round: int | None, client_fra
             raise ValueError(f"clients_per_round={clients_per_round} is out of range: at least 1")
         return min(int(clients_per_round), devices)
     if client_fraction is not None:
-        if not 0.0 < client_fraction <= 1.0:
-            raise ValueError(f"client_fraction={client_fraction} is out of range: greater than 0 and at most 1")
+        if not CLIENT_FRACTION.contains(client_fraction):
+            raise ValueError(
+                f"client_fraction={client_fraction} is out of range: greater than {bound_text(CLIENT_FRACTION.low)} "
+                f"and at most {bound_text(CLIENT_FRACTION.high)}"
+            )
         return min(devices, max(1, math.ceil(round(client_fraction * devices, 9))))
     return devices
 

@@ -63,7 +63,7 @@ class WaitingRound:
         key: the round's id.
         owner: the user its device-time counts to (``None``: nobody's; such rounds share one
             account).
-        priority: -10..10; higher first.
+        priority: in :data:`~controlplane.common.limits.PRIORITY`; higher first.
         queued_at: when it was enqueued, seconds since the epoch.
         devices: the exact devices it needs (a run on named devices, or its drawn participants);
             ``None`` for a pool round.

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from controlplane.common.limits import ACTIVE_THREAD_PERCENTAGE, BATCH_SIZE
 from controlplane.planning.planner import PLANNERS, Clock, PlannerContext, never_worse
 from controlplane.planning.types import (
     Partitioning,
@@ -37,10 +38,10 @@ from workers.registry.base import Registry, UnknownEntryError
 BASELINE_BATCH_SIZE = 128
 """The paper evaluates every baseline at batch size 128 (Yu et al. 2022, §5)."""
 
-MIN_BATCH_SIZE = 2
+MIN_BATCH_SIZE = int(BATCH_SIZE.low)
 """Training-mode BatchNorm needs at least two samples per batch at the zoo's 1×1 activations."""
-MAX_BATCH_SIZE = 4096
-SHARE_RANGE = (1, 100)
+MAX_BATCH_SIZE = int(BATCH_SIZE.high)
+SHARE_RANGE = (int(ACTIVE_THREAD_PERCENTAGE.low), int(ACTIVE_THREAD_PERCENTAGE.high))
 
 
 def _baseline(
@@ -127,7 +128,7 @@ def plan_manual(spec: PlanningInput, *, entries: Iterable[Mapping[str, int]]) ->
             )
         if not SHARE_RANGE[0] <= share <= SHARE_RANGE[1]:
             raise PlanningError(
-                f"{where}.active_thread_percentage={share} is out of range: allowed 1 to 100",
+                f"{where}.active_thread_percentage={share} is out of range: allowed {ACTIVE_THREAD_PERCENTAGE.span}",
                 field="active_thread_percentage",
             )
         given[key] = {"batch_size": batch_size, "active_thread_percentage": share}

@@ -14,11 +14,24 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.limits import (
+    CLIENT_FRACTION,
+    DEADLINE_FACTOR,
+    DEVICE_RETRIES,
+    KEEP_LAST_CHECKPOINTS,
+    LEARNING_RATE,
+    LOCAL_EPOCHS,
+    MOMENTUM,
+    NUM_CLASSES,
+    ROUNDS,
+    SEED,
+    WEIGHT_DECAY,
+    Limit,
+)
 from controlplane.common.registered import registered
 from controlplane.experiments.models import (
     CLIENT_SAMPLING_RULES,
     EXECUTION_MODES,
-    MAX_DEVICE_RETRIES,
     PRECISIONS,
     Experiment,
     Shard,
@@ -88,9 +101,20 @@ def check_finite_range(
     return v
 
 
+def check_limit(value: Any, limit: Limit) -> float:
+    """``value`` as a float when it is a finite number in ``limit``'s declared range
+    (:mod:`controlplane.common.limits`).
+
+    Raises:
+        ApplicationError: as :func:`check_finite_range`, naming ``limit.name``.
+    """
+    return check_finite_range(limit.name, value, limit.low, limit.high, lo_open=limit.low_open, hi_open=limit.high_open)
+
+
 def _check_reliability(**values: Any) -> None:
-    """Check ``device_retries`` (an integer 0 to 10) and ``deadline_factor`` (``None`` or 1 to
-    100) when given.
+    """Check ``device_retries`` (an integer in :data:`~controlplane.common.limits.DEVICE_RETRIES`)
+    and ``deadline_factor`` (``None`` or in :data:`~controlplane.common.limits.DEADLINE_FACTOR`)
+    when given.
 
     Raises:
         ApplicationError: naming the field and the allowed values.
@@ -100,16 +124,17 @@ def _check_reliability(**values: Any) -> None:
         retries = values["device_retries"]
         if isinstance(retries, bool) or not isinstance(retries, int):
             raise ApplicationError(
-                f"device_retries must be an integer: allowed 0 to {MAX_DEVICE_RETRIES}", field="device_retries"
+                f"device_retries must be an integer: allowed {DEVICE_RETRIES.span}", field="device_retries"
             )
-        check_finite_range("device_retries", retries, 0, MAX_DEVICE_RETRIES)
+        check_limit(retries, DEVICE_RETRIES)
     if values.get("deadline_factor") is not None:
-        check_finite_range("deadline_factor", values["deadline_factor"], 1.0, 100.0)
+        check_limit(values["deadline_factor"], DEADLINE_FACTOR)
 
 
 def _check_retention(**values: Any) -> None:
     """Check ``keep_device_weights`` (a boolean) and ``keep_last_checkpoints`` (``None``: the
-    lab default ``MTFL_KEEP_LAST_CHECKPOINTS``, or an integer 1 to 10000) when given.
+    lab default ``MTFL_KEEP_LAST_CHECKPOINTS``, or an integer in
+    :data:`~controlplane.common.limits.KEEP_LAST_CHECKPOINTS`) when given.
 
     Raises:
         ApplicationError: naming the field and the allowed values.
@@ -120,11 +145,12 @@ def _check_retention(**values: Any) -> None:
     if keep is not None:
         if isinstance(keep, bool) or not isinstance(keep, int):
             raise ApplicationError(
-                "keep_last_checkpoints must be an integer: allowed 1 to 10000, or null for the lab default "
+                f"keep_last_checkpoints must be an integer: allowed {KEEP_LAST_CHECKPOINTS.span}, or null for the lab "
+                "default "
                 "(MTFL_KEEP_LAST_CHECKPOINTS)",
                 field="keep_last_checkpoints",
             )
-        check_finite_range("keep_last_checkpoints", keep, 1, 10_000)
+        check_limit(keep, KEEP_LAST_CHECKPOINTS)
 
 
 def _bound(x: float) -> str:
@@ -136,10 +162,10 @@ def _check_task_fields(fields: Mapping[str, Any]) -> None:
         n = fields["num_classes"]
         if isinstance(n, bool) or not isinstance(n, int):
             raise ApplicationError(
-                f"num_classes must be an integer: allowed 2 to {MAX_NUM_CLASSES}, or null for the data's count",
+                f"num_classes must be an integer: allowed {NUM_CLASSES.span}, or null for the data's count",
                 field="num_classes",
             )
-        check_finite_range("num_classes", n, 2, MAX_NUM_CLASSES)
+        check_limit(n, NUM_CLASSES)
     if "architecture" in fields:
         registered(MODEL_REGISTRY, fields["architecture"], field="architecture")
     if "dataset" in fields:
@@ -147,11 +173,11 @@ def _check_task_fields(fields: Mapping[str, Any]) -> None:
     if "optimizer" in fields:
         _check_choice("optimizer", fields["optimizer"], OPTIMIZERS)
     if "learning_rate" in fields:
-        check_finite_range("learning_rate", fields["learning_rate"], 0.0, 10.0, lo_open=True)
+        check_limit(fields["learning_rate"], LEARNING_RATE)
     if "momentum" in fields:
-        check_finite_range("momentum", fields["momentum"], 0.0, 1.0, hi_open=True)
+        check_limit(fields["momentum"], MOMENTUM)
     if "weight_decay" in fields:
-        check_finite_range("weight_decay", fields["weight_decay"], 0.0, 1.0)
+        check_limit(fields["weight_decay"], WEIGHT_DECAY)
     if "execution_mode" in fields:
         _check_choice("execution_mode", fields["execution_mode"], EXECUTION_MODES)
     if "precision" in fields:
@@ -163,7 +189,7 @@ def _check_task_fields(fields: Mapping[str, Any]) -> None:
 DATA_FIELDS = ("architecture", "dataset", "dataset_root", "num_classes")
 """The task fields the plug-in check reads: changing one checks the task again."""
 
-MAX_NUM_CLASSES = 100_000
+MAX_NUM_CLASSES = int(NUM_CLASSES.high)
 
 TASK_FEATURES_WHEN = ("queue", "now")
 """When :func:`task_create` computes a new task's workload features: by the control worker
@@ -308,7 +334,7 @@ def task_create(
             (imports torch: seconds the first time in a process).
         num_classes: ``None`` (default): the data's class count (``max(label) + 1`` over both
             splits, or the data set's declared count); a stated count may exceed the data's
-            (2 to 100000), never fall below it.
+            (:data:`~controlplane.common.limits.NUM_CLASSES`), never fall below it.
         execution_mode, precision, channels_last: how its trainers run a step
             (:class:`workers.protocol.messages.ExecutionOptions`): ``auto``/``eager``/``graphs``,
             ``fp32``/``bf16``, channels-last memory format. They are the task's, so every strategy
@@ -791,7 +817,8 @@ def participation_check(
 
     Args:
         clients_per_round: an integer in ``[1, num_devices]``, or ``None``.
-        client_fraction: a number in ``(0, 1]``, or ``None`` (exclusive with ``clients_per_round``;
+        client_fraction: a number in :data:`~controlplane.common.limits.CLIENT_FRACTION`, or ``None``
+            (exclusive with ``clients_per_round``;
             both ``None``: every device, every round).
         client_sampling: ``uniform`` or ``weighted`` (by each device's data volume).
         num_devices: the experiment's devices.
@@ -801,7 +828,7 @@ def participation_check(
 
     Raises:
         ApplicationError: (400) both counts given (naming both), a count that is not an integer
-            or out of range, a fraction out of ``(0, 1]``, an unknown sampling rule; each naming
+            or out of range, a fraction out of its range, an unknown sampling rule; each naming
             its field and the allowed values.
     """
     if clients_per_round is not None and client_fraction is not None:
@@ -828,8 +855,10 @@ def participation_check(
     fraction = None
     if client_fraction is not None:
         if isinstance(client_fraction, bool):
-            raise ApplicationError("client_fraction must be a number: allowed (0, 1]", field="client_fraction")
-        fraction = check_finite_range("client_fraction", client_fraction, 0.0, 1.0, lo_open=True)
+            raise ApplicationError(
+                f"client_fraction must be a number: allowed {CLIENT_FRACTION.interval}", field="client_fraction"
+            )
+        fraction = check_limit(client_fraction, CLIENT_FRACTION)
     _check_choice("client_sampling", client_sampling, CLIENT_SAMPLING_RULES)
     return count, fraction, str(client_sampling)
 
@@ -893,9 +922,10 @@ def experiment_create(
         owner: the user who owns it (sees it, changes it, chooses collaborators); ``None``
             leaves it to superusers only.
         device_retries: how many times a round re-sends a device's part when its agent is lost
-            or its trainers fail, 0 to 10 (0: the round goes on without the device).
-        deadline_factor: a round's deadline as a multiple of its predicted round time, 1 to 100
-            (``None``: ``MTFL_DEADLINE_FACTOR``).
+            or its trainers fail, :data:`~controlplane.common.limits.DEVICE_RETRIES` (0: the round
+            goes on without the device).
+        deadline_factor: a round's deadline as a multiple of its predicted round time,
+            :data:`~controlplane.common.limits.DEADLINE_FACTOR` (``None``: ``MTFL_DEADLINE_FACTOR``).
         sample_counts: for ``partition_rule="explicit"``: ``[{"device": id, "task": id,
             "num_samples": n}, ...]``; pairs left out hold 0 samples.
         lr_scaling: how an assignment's learning rate follows its batch size, relative to batch
@@ -911,7 +941,8 @@ def experiment_create(
             "aggregation_params": {...}}}`` (:func:`task_aggregation_check`); stored by task id.
         clients_per_round: devices trained per round (partial participation), 1 to the number
             of devices; exclusive with ``client_fraction``.
-        client_fraction: the fraction of the devices trained per round, in (0, 1].
+        client_fraction: the fraction of the devices trained per round, in
+            :data:`~controlplane.common.limits.CLIENT_FRACTION`.
         client_sampling: how each round's participants are drawn: ``uniform`` or ``weighted``
             (by data volume); :func:`participation_check`.
         train_samples: for a quick run, the partition rule divides only the first
@@ -921,7 +952,8 @@ def experiment_create(
             debugging); by default the retention policy deletes them
             (:mod:`controlplane.storage.services.retention`).
         keep_last_checkpoints: global checkpoints kept per run and task beside the initial, the
-            best and the latest one, 1 to 10000 (``None``: ``MTFL_KEEP_LAST_CHECKPOINTS``).
+            best and the latest one, :data:`~controlplane.common.limits.KEEP_LAST_CHECKPOINTS`
+            (``None``: ``MTFL_KEEP_LAST_CHECKPOINTS``).
 
     Raises:
         ApplicationError: unknown tasks or devices, ``rounds``/``local_epochs`` out of range,
@@ -939,9 +971,9 @@ def experiment_create(
         raise ApplicationError(f"an experiment named {name!r} already exists", field="name")
     tasks = _resolve(Task, task_ids, "tasks")
     devices = _resolve(Device, device_ids, "devices")
-    check_finite_range("rounds", rounds, 1, 10_000)
-    check_finite_range("local_epochs", local_epochs, 1, 1000)
-    check_finite_range("seed", seed, 0, 2**31 - 1)
+    check_limit(rounds, ROUNDS)
+    check_limit(local_epochs, LOCAL_EPOCHS)
+    check_limit(seed, SEED)
     _check_reliability(device_retries=device_retries, deadline_factor=deadline_factor)
     _check_retention(keep_device_weights=keep_device_weights, keep_last_checkpoints=keep_last_checkpoints)
     try:
@@ -1091,9 +1123,9 @@ def experiment_update(
             status_code=409,
         )
     if "rounds" in fields:
-        check_finite_range("rounds", fields["rounds"], 1, 10_000)
+        check_limit(fields["rounds"], ROUNDS)
     if "local_epochs" in fields:
-        check_finite_range("local_epochs", fields["local_epochs"], 1, 1000)
+        check_limit(fields["local_epochs"], LOCAL_EPOCHS)
     _check_reliability(**{k: fields[k] for k in ("device_retries", "deadline_factor") if k in fields})
     _check_retention(**{k: fields[k] for k in ("keep_device_weights", "keep_last_checkpoints") if k in fields})
     if "untrusted_predictor" in fields:

@@ -33,7 +33,8 @@ def round_participants(experiment: Experiment, index: int) -> list[int] | None:
 
     Raises:
         ApplicationError: a stored setting out of range (400, the field named): both
-            ``clients_per_round`` and ``client_fraction``, a fraction outside (0, 1], a count
+            ``clients_per_round`` and ``client_fraction``, a fraction outside its range
+            (:data:`~controlplane.common.limits.CLIENT_FRACTION`), a count
             below 1, or an unknown ``client_sampling``.
     """
     if not participation_set(experiment):

@@ -30,9 +30,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.limits import PRIORITY, REPEATS, TARGET_ACCURACY, bound_text
 from controlplane.common.registered import registered
 from controlplane.experiments import selectors
-from controlplane.experiments.models import MAX_REPEATS, Comparison, Experiment, Round, Run
+from controlplane.experiments.models import Comparison, Experiment, Round, Run
 from controlplane.experiments.services import dispatch, planning
 from controlplane.experiments.services.catalog import aggregation_check
 from controlplane.experiments.services.execution import experiment_execution_check
@@ -82,7 +83,7 @@ def run_create(
             round trains the experiment's devices of the pool that the lab scheduler finds free
             (:mod:`controlplane.lab.services.scheduler`); ``None``: the experiment's devices (or each round's drawn
             participants).
-        priority: -10 to 10; a waiting round of a higher-priority run gets free devices first.
+        priority: :data:`~controlplane.common.limits.PRIORITY`; a waiting round of a higher-priority run gets free devices first.
 
     Raises:
         ApplicationError: unknown strategy, a plan for a strategy that takes none, or an invalid
@@ -95,7 +96,7 @@ def run_create(
             (:func:`.execution.experiment_execution_check`); an aggregator override that is not
             allowed (``options.aggregation``, ``options.aggregation_params.<name>``); an unknown
             ``pool`` or one holding none of the experiment's devices; a ``priority`` outside
-            -10..10.
+            :data:`~controlplane.common.limits.PRIORITY`.
     """
     lab = run_lab_options(experiment, pool=pool, priority=priority)
     run = _run_new(experiment=experiment, strategy=strategy, plan=plan, options=options, lab=lab)
@@ -197,10 +198,11 @@ def run_lab_options(
 
     Raises:
         ApplicationError: ``pool`` names no pool, or a pool holding none of the experiment's
-            devices; ``priority`` is not an integer in -10..10 (400, the field named).
+            devices; ``priority`` is not an integer in :data:`~controlplane.common.limits.PRIORITY` (400, the
+            field named).
     """
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -10 <= priority <= 10:
-        raise ApplicationError(f"priority must be an integer from -10 to 10, got {priority!r}", field="priority")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY.contains(priority):
+        raise ApplicationError(f"priority must be an integer from {PRIORITY.span}, got {priority!r}", field="priority")
     found: DevicePool | None = None
     if isinstance(pool, DevicePool):
         found = pool
@@ -276,11 +278,11 @@ def comparison_create(
         strategies: a subset to run instead, in this order, which must hold the baseline
             (:func:`~controlplane.planning.strategies.baseline_strategy`, ``temporal``): every
             speedup is taken against it.
-        repeats: how many times every strategy runs, 1 to :data:`MAX_REPEATS`, in interleaved
+        repeats: how many times every strategy runs, :data:`~controlplane.common.limits.REPEATS`, in interleaved
             orders (:func:`~controlplane.planning.metrics.interleaved_orders`: as given, reversed,
             as given...); every figure is then reported as a mean with its 95 % interval.
         targets: the test accuracy each task's time to accuracy is taken to, ``{task id or
-            name: accuracy in (0, 1]}``; a task left out takes the lowest final accuracy any run
+            name: accuracy in TARGET_ACCURACY}`` (:mod:`controlplane.common.limits`); a task left out takes the lowest final accuracy any run
             of the comparison reaches (:func:`comparison_targets`).
         pool, priority: where and how urgently every run of the comparison is scheduled in
             the lab, as for :func:`run_create`.
@@ -289,13 +291,11 @@ def comparison_create(
         ApplicationError: as :func:`run_create`, for any of the strategies; ``strategies``
             empty, repeating a name, naming an unknown strategy or lacking the baseline;
             ``repeats`` out of range; a target naming no task of the experiment or out of
-            (0, 1]; (409) another comparison of the experiment still running.
+            its range; (409) another comparison of the experiment still running.
     """
     strategies = comparison_strategies(strategies)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
-        raise ApplicationError(
-            f"repeats={repeats!r} is not allowed: an integer from 1 to {MAX_REPEATS}", field="repeats"
-        )
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not REPEATS.contains(repeats):
+        raise ApplicationError(f"repeats={repeats!r} is not allowed: an integer from {REPEATS.span}", field="repeats")
     chosen_targets = comparison_targets(experiment, targets)
     lab = run_lab_options(experiment, pool=pool, priority=priority)
     running = experiment.comparisons.filter(status=Comparison.Status.RUNNING).order_by("id").first()
@@ -357,11 +357,12 @@ def comparison_targets(experiment: Experiment, targets: Mapping[Any, Any] | None
     """A comparison's accuracy targets checked: ``{task id (a string): accuracy}``.
 
     Args:
-        targets: ``{task id or task name: test accuracy in (0, 1]}`` (ids as numbers or strings).
+        targets: ``{task id or task name: test accuracy}`` (ids as numbers or strings), each in
+            :data:`~controlplane.common.limits.TARGET_ACCURACY`.
 
     Raises:
         ApplicationError: under ``targets``: not an object, a key that is no task of the
-            experiment (listing them), a value that is not a number in (0, 1].
+            experiment (listing them), a value that is not a number in that range.
     """
     if targets is None:
         return {}
@@ -377,9 +378,10 @@ def comparison_targets(experiment: Experiment, targets: Mapping[Any, Any] | None
             raise ApplicationError(
                 f"targets: {key!r} is not a task of this experiment; its tasks: {known}", field=f"targets.{key}"
             )
-        if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value <= 1):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not TARGET_ACCURACY.contains(value):
             raise ApplicationError(
-                f"targets.{key}: {value!r} is not allowed: a test accuracy greater than 0 and at most 1",
+                f"targets.{key}: {value!r} is not allowed: a test accuracy greater than "
+                f"{bound_text(TARGET_ACCURACY.low)} and at most {bound_text(TARGET_ACCURACY.high)}",
                 field=f"targets.{key}",
             )
         out[str(task_id)] = float(value)

@@ -24,11 +24,12 @@ from typing import Any
 from django.db import transaction
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.limits import DIRICHLET_ALPHA
 from controlplane.common.registered import registered
 from controlplane.conf import mtfl_setting
 from controlplane.experiments.models import Experiment, Task
 from controlplane.experiments.services.catalog import (
-    check_finite_range,
+    check_limit,
     experiment_create,
     task_create,
 )
@@ -284,10 +285,10 @@ def experiment_create_from_template(
         device_ids: the devices (at least one; two or more for any skew across devices).
         name: the experiment's name; default ``"<template> mix"``, with `` 2``, `` 3``, … if
             that is taken. Blank means the default.
-        rounds: FL rounds, 1 to 10000.
-        local_epochs: local epochs per round, 1 to 1000.
-        dirichlet_alpha: Dirichlet concentration, in (0, 1000].
-        seed: seed of the partition and the shards' sample order, 0 to 2**31 - 1.
+        rounds: FL rounds (:data:`~controlplane.common.limits.ROUNDS`).
+        local_epochs: local epochs per round (:data:`~controlplane.common.limits.LOCAL_EPOCHS`).
+        dirichlet_alpha: Dirichlet concentration (:data:`~controlplane.common.limits.DIRICHLET_ALPHA`).
+        seed: seed of the partition and the shards' sample order (:data:`~controlplane.common.limits.SEED`).
         dataset: ``digits`` or ``cifar10``; default: ``cifar10`` if :func:`cifar10_root` finds
             it, else ``digits``.
         owner: the experiment's owner (``None``: superusers only); new tasks are theirs too.
@@ -318,9 +319,7 @@ def experiment_create_from_template(
     rounds = _require_int("rounds", rounds)
     local_epochs = _require_int("local_epochs", local_epochs)
     seed = _require_int("seed", seed)
-    dirichlet_alpha = check_finite_range(
-        "dirichlet_alpha", _require_number("dirichlet_alpha", dirichlet_alpha), 0.0, 1000.0, lo_open=True
-    )
+    dirichlet_alpha = check_limit(_require_number("dirichlet_alpha", dirichlet_alpha), DIRICHLET_ALPHA)
     dataset, dataset_root = _resolve_dataset(dataset)
     name = _experiment_name(spec, name)
     device_ids = list(device_ids or [])

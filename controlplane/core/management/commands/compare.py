@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.limits import PRIORITY, REPEATS, TARGET_ACCURACY
 from controlplane.core.cli_support import (
     comparison_report_tables,
     comparison_tables,
@@ -21,7 +22,7 @@ from controlplane.core.demo import comparison_rows
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import int_option, params_option
 from controlplane.experiments import services
-from controlplane.experiments.models import MAX_REPEATS, Experiment, Run
+from controlplane.experiments.models import Experiment, Run
 from controlplane.experiments.selectors import comparison_report
 from controlplane.experiments.services.planning import planner_options
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
@@ -78,7 +79,7 @@ class Command(BaseCommand):
             "--priority",
             type=int,
             default=0,
-            help="-10 to 10: every run's priority in the lab's queue, higher first (default 0)",
+            help=f"{PRIORITY.span}: every run's priority in the lab's queue, higher first (default 0)",
         )
         parser.add_argument(
             "--strategies",
@@ -88,7 +89,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--repeats",
             default="1",
-            help=f"how many times every strategy runs, 1 to {MAX_REPEATS}, in interleaved orders (as given, "
+            help=f"how many times every strategy runs, {REPEATS.span}, in interleaved orders (as given, "
             "reversed, ...); figures are then means with 95 %% intervals (default 1)",
         )
         parser.add_argument(
@@ -96,7 +97,8 @@ class Command(BaseCommand):
             action="append",
             default=[],
             metavar="TASK=ACCURACY",
-            help="test accuracy a task (id or name) must reach for its time to accuracy, in (0, 1]; repeatable "
+            help=f"test accuracy a task (id or name) must reach for its time to accuracy, in {TARGET_ACCURACY.interval}; "
+            "repeatable "
             "(default: the lowest final accuracy any run reached)",
         )
         parser.add_argument("--timeout", default="21600", help="seconds allowed per run (default 21600)")
@@ -104,7 +106,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         timeout_s = int_option("timeout", opts["timeout"], 10, 7 * 24 * 3600)
-        repeats = int_option("repeats", opts["repeats"], 1, MAX_REPEATS)
+        repeats = int_option("repeats", opts["repeats"], int(REPEATS.low), int(REPEATS.high))
         targets = _targets(opts["target"])
         try:
             options: dict[str, Any] = planner_options(
@@ -202,6 +204,6 @@ def _targets(given: list[str]) -> dict[str, float] | None:
             out[task.strip()] = float(value)
         except ValueError:
             raise CommandError(
-                f"--target: {item!r} is not TASK=ACCURACY (a task id or name, an accuracy in (0, 1])"
+                f"--target: {item!r} is not TASK=ACCURACY (a task id or name, an accuracy in {TARGET_ACCURACY.interval})"
             ) from None
     return out

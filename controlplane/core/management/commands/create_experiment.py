@@ -14,6 +14,14 @@ from rich.table import Table
 
 from controlplane.celery import use_broker
 from controlplane.common.errors import ApplicationError
+from controlplane.common.limits import (
+    CLIENT_FRACTION,
+    DIRICHLET_ALPHA,
+    KEEP_LAST_CHECKPOINTS,
+    LOCAL_EPOCHS,
+    ROUNDS,
+    SEED,
+)
 from controlplane.core.cli_support import console
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import USAGE_ERROR, list_option, params_option
@@ -118,18 +126,18 @@ class Command(BaseCommand):
         parser.add_argument("--template", help=f"one of {', '.join(TEMPLATES)}")
         parser.add_argument("--devices", help="comma-separated names of registered devices")
         parser.add_argument("--name", help="default: '<template> mix', numbered if taken")
-        parser.add_argument("--rounds", help=f"FL rounds, 1 to 10000 (default {DEFAULT_ROUNDS})")
+        parser.add_argument("--rounds", help=f"{ROUNDS.help}, {ROUNDS.span} (default {DEFAULT_ROUNDS})")
         parser.add_argument(
-            "--local-epochs", help=f"local epochs per round, 1 to 1000 (default {DEFAULT_LOCAL_EPOCHS})"
+            "--local-epochs", help=f"{LOCAL_EPOCHS.help}, {LOCAL_EPOCHS.span} (default {DEFAULT_LOCAL_EPOCHS})"
         )
         parser.add_argument(
             "--alpha",
             "--dirichlet-alpha",
             dest="alpha",
-            help="Dirichlet concentration of the data volumes, (0, 1000]; smaller skews more "
+            help=f"{DIRICHLET_ALPHA.help}, {DIRICHLET_ALPHA.interval}; smaller skews more "
             f"(default {DEFAULT_DIRICHLET_ALPHA})",
         )
-        parser.add_argument("--seed", help="seed of the partition, 0 to 2147483647 (default 0)")
+        parser.add_argument("--seed", help=f"{SEED.help}, {SEED.span} (default 0)")
         parser.add_argument("--dataset", help="digits or cifar10 (default: cifar10 when MTFL_CIFAR10_ROOT holds it)")
         parser.add_argument(
             "--lr-scaling",
@@ -172,7 +180,7 @@ class Command(BaseCommand):
             "device); exclusive with --client-fraction",
         )
         parser.add_argument(
-            "--client-fraction", help="partial participation: the fraction of the devices trained per round, (0, 1]"
+            "--client-fraction", help=f"partial participation: {CLIENT_FRACTION.help}, {CLIENT_FRACTION.interval}"
         )
         parser.add_argument(
             "--client-sampling",
@@ -187,8 +195,8 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--keep-last-checkpoints",
-            help="global checkpoints kept per run and task besides the initial, the best and the latest, 1 to 10000 "
-            "(default: MTFL_KEEP_LAST_CHECKPOINTS)",
+            help=f"{KEEP_LAST_CHECKPOINTS.help} besides the initial, the best and the latest, "
+            f"{KEEP_LAST_CHECKPOINTS.span} (default: MTFL_KEEP_LAST_CHECKPOINTS)",
         )
         parser.add_argument(
             "--execution-mode",

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rich.table import Table
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.limits import DIRICHLET_ALPHA
 from controlplane.core.cli_support import (
     comparison_tables,
     console,
@@ -109,7 +110,7 @@ class Command(BaseCommand):
         local_epochs = int_option("local-epochs", opts["local_epochs"], 1, 100)
         timeout_s = int_option("timeout", opts["timeout"], 10, 7 * 24 * 3600)
         samples = int_option("samples", opts["samples"], 2, train_size) if opts["samples"] else None
-        alpha = float_option("alpha", opts["alpha"], 0, 1000)
+        alpha = float_option("alpha", opts["alpha"], DIRICHLET_ALPHA.low, DIRICHLET_ALPHA.high)
         architectures = list_option("architectures", opts["architectures"], MODEL_REGISTRY.names())
         default_strategies = ALGORITHM_STRATEGY if algorithms else ",".join(_plan_free_strategies())
         given = opts["strategies"] if opts["strategies"] is not None else default_strategies

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controlplane.common.errors import ApplicationError
+from controlplane.common.limits import BATCH_SIZE, SEED
 from controlplane.core.cli_support import console, interrupt_on_signals, require_control_worker
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import float_option, int_option, list_option
@@ -62,9 +63,12 @@ class Command(BaseCommand):
             architectures: list[str] | None = list_option("architectures", given, MODEL_REGISTRY.names())
         else:
             architectures = None
-        batch_sizes = [int_option("batch-sizes", b, 2, 4096) for b in list_option("batch-sizes", opts["batch_sizes"])]
+        batch_sizes = [
+            int_option("batch-sizes", b, int(BATCH_SIZE.low), int(BATCH_SIZE.high))
+            for b in list_option("batch-sizes", opts["batch_sizes"])
+        ]
         max_mix = int_option("max-mix", opts["max_mix"], 1, 8)
-        seed = int_option("seed", opts["seed"], 0, 2**31 - 1)
+        seed = int_option("seed", opts["seed"], int(SEED.low), int(SEED.high))
         device = Device.objects.filter(name=opts["device"]).first()
         if device is None:
             known = ", ".join(Device.objects.order_by("name").values_list("name", flat=True)) or "none"
