@@ -89,6 +89,93 @@ def _stale_after_s() -> float:
     return float(getattr(settings, "CELERY_TASK_TIME_LIMIT", None) or 900)
 
 
+class _Abandoned:
+    """Whether a claim (of an aggregation, or of a run's initial models) was left by a worker
+    that is gone: older than the hard time limit (before ``stale``), or made by this same worker
+    (``nodename``) before it booted (``booted``; ``None`` on a reconnection)."""
+
+    def __init__(self, *, stale: dt.datetime, booted: dt.datetime | None, nodename: str) -> None:
+        self.stale, self.booted, self.nodename = stale, booted, nodename
+
+    def __call__(self, claimed_by: str, claimed_at: dt.datetime | None) -> bool:
+        if claimed_at is None or claimed_at < self.stale:
+            return True
+        return bool(self.booted and self.nodename and claimed_by == self.nodename and claimed_at < self.booted)
+
+
+def _reclaim_aggregations(abandoned: _Abandoned) -> int:
+    """Put every abandoned aggregation back to ``running``; how many were."""
+    reclaimed = 0
+    for rnd in Round.objects.filter(status=Round.Status.AGGREGATING).only("id", "claimed_by", "aggregating_at"):
+        if abandoned(rnd.claimed_by, rnd.aggregating_at) and Round.objects.filter(
+            id=rnd.id, status=Round.Status.AGGREGATING, aggregating_at=rnd.aggregating_at
+        ).update(status=Round.Status.RUNNING, claimed_by=""):
+            log.warning(
+                "round %s: its aggregation was abandoned by %s; it will be redone", rnd.id, rnd.claimed_by or "a worker"
+            )
+            reclaimed += 1
+    return reclaimed
+
+
+def _recheck_running_rounds(*, now: dt.datetime, deadline_s: float, counts: dict[str, int]) -> None:
+    """Send every running round its watchdog check now (``rechecked``), or, for one still
+    measuring ``P_alone``, its standalone watchdog (``standalone``); counted in ``counts``."""
+    for round_id, run_id, index, deadline_at, started_at in Round.objects.filter(
+        status=Round.Status.RUNNING
+    ).values_list("id", "run_id", "index", "deadline_at", "started_at"):
+        if deadline_at is None:
+            # Leased, measuring P_alone before it trains: its standalone watchdog, at what is
+            # left of the measurements' deadline.
+            left = (started_at + dt.timedelta(seconds=deadline_s) - now).total_seconds() if started_at else 0.0
+            transaction.on_commit(
+                lambda run_id=run_id, index=index, left=left: dispatch.send_standalone_watchdog(
+                    run_id, countdown_s=max(0.0, left), before_round=index
+                )
+            )
+            counts["standalone"] += 1
+            continue
+        transaction.on_commit(lambda round_id=round_id: dispatch.send_round_watchdog(round_id, countdown_s=0))
+        counts["rechecked"] += 1
+
+
+def _resume_run(run: Run, *, now: dt.datetime, deadline_s: float, abandoned: _Abandoned) -> str | None:
+    """Send a running run with no round in flight its next step again; the count it adds to
+    (``advanced``, ``standalone`` or ``restarted``), or ``None`` when nothing was sent."""
+    rounds = list(run.rounds.order_by("index").only("id", "index", "status", "run_id", "error"))
+    if any(r.status in IN_FLIGHT for r in rounds):
+        return None
+    if rounds:
+        round_advance(rounds[-1])
+        return "advanced"
+    if run.standalone_task_ids:
+        left = (run.started_at + dt.timedelta(seconds=deadline_s) - now).total_seconds() if run.started_at else 0
+        transaction.on_commit(
+            lambda run_id=run.id, left=left: dispatch.send_standalone_watchdog(run_id, countdown_s=max(0.0, left))
+        )
+        return "standalone"
+    if abandoned(run.claimed_by, run.claimed_at or run.started_at) and Run.objects.filter(
+        id=run.id, status=Run.Status.RUNNING, standalone_task_ids={}, claimed_at=run.claimed_at
+    ).update(
+        # started_at stays: the run's wall time counts from its first begin, restart included.
+        status=Run.Status.PENDING,
+        claimed_at=None,
+        claimed_by="",
+        restarts=F("restarts") + 1,
+        last_restart_at=now,
+    ):
+        Checkpoint.objects.filter(run=run, round__isnull=True).delete()
+        log.warning(
+            "run %s: its initial models were being written by a worker that is gone; beginning again "
+            "(restart %s, first begun %s)",
+            run.id,
+            run.restarts + 1,
+            run.started_at,
+        )
+        transaction.on_commit(lambda run_id=run.id: dispatch.send_run_begin(run_id))
+        return "restarted"
+    return None
+
+
 def runs_resume(
     *, nodename: str = "", booted_at: float | None = None, now: dt.datetime | None = None
 ) -> dict[str, int]:
@@ -121,74 +208,16 @@ def runs_resume(
     booted = dt.datetime.fromtimestamp(booted_at, tz=dt.UTC) if booted_at else None
     stale = now - dt.timedelta(seconds=_stale_after_s())
     counts = {"reclaimed": 0, "rechecked": 0, "advanced": 0, "standalone": 0, "restarted": 0}
-
-    def abandoned(claimed_by: str, claimed_at: dt.datetime | None) -> bool:
-        if claimed_at is None or claimed_at < stale:
-            return True
-        return bool(booted and nodename and claimed_by == nodename and claimed_at < booted)
-
-    for rnd in Round.objects.filter(status=Round.Status.AGGREGATING).only("id", "claimed_by", "aggregating_at"):
-        if abandoned(rnd.claimed_by, rnd.aggregating_at) and Round.objects.filter(
-            id=rnd.id, status=Round.Status.AGGREGATING, aggregating_at=rnd.aggregating_at
-        ).update(status=Round.Status.RUNNING, claimed_by=""):
-            log.warning(
-                "round %s: its aggregation was abandoned by %s; it will be redone", rnd.id, rnd.claimed_by or "a worker"
-            )
-            counts["reclaimed"] += 1
-
+    abandoned = _Abandoned(stale=stale, booted=booted, nodename=nodename)
+    counts["reclaimed"] = _reclaim_aggregations(abandoned)
     deadline_s = float(mtfl_setting("ROUND_DEADLINE_S"))
-    for round_id, run_id, index, deadline_at, started_at in Round.objects.filter(
-        status=Round.Status.RUNNING
-    ).values_list("id", "run_id", "index", "deadline_at", "started_at"):
-        if deadline_at is None:
-            # Leased, measuring P_alone before it trains: its standalone watchdog, at what is
-            # left of the measurements' deadline.
-            left = (started_at + dt.timedelta(seconds=deadline_s) - now).total_seconds() if started_at else 0.0
-            transaction.on_commit(
-                lambda run_id=run_id, index=index, left=left: dispatch.send_standalone_watchdog(
-                    run_id, countdown_s=max(0.0, left), before_round=index
-                )
-            )
-            counts["standalone"] += 1
-            continue
-        transaction.on_commit(lambda round_id=round_id: dispatch.send_round_watchdog(round_id, countdown_s=0))
-        counts["rechecked"] += 1
+    _recheck_running_rounds(now=now, deadline_s=deadline_s, counts=counts)
     # Rounds waiting for devices, and leases a worker that died never released: one pass.
     transaction.on_commit(dispatch.send_lab_schedule)
-
     for run in Run.objects.filter(status=Run.Status.RUNNING).select_related("experiment"):
-        rounds = list(run.rounds.order_by("index").only("id", "index", "status", "run_id", "error"))
-        if any(r.status in IN_FLIGHT for r in rounds):
-            continue
-        if rounds:
-            round_advance(rounds[-1])
-            counts["advanced"] += 1
-        elif run.standalone_task_ids:
-            left = (run.started_at + dt.timedelta(seconds=deadline_s) - now).total_seconds() if run.started_at else 0
-            transaction.on_commit(
-                lambda run_id=run.id, left=left: dispatch.send_standalone_watchdog(run_id, countdown_s=max(0.0, left))
-            )
-            counts["standalone"] += 1
-        elif abandoned(run.claimed_by, run.claimed_at or run.started_at) and Run.objects.filter(
-            id=run.id, status=Run.Status.RUNNING, standalone_task_ids={}, claimed_at=run.claimed_at
-        ).update(
-            # started_at stays: the run's wall time counts from its first begin, restart included.
-            status=Run.Status.PENDING,
-            claimed_at=None,
-            claimed_by="",
-            restarts=F("restarts") + 1,
-            last_restart_at=now,
-        ):
-            Checkpoint.objects.filter(run=run, round__isnull=True).delete()
-            log.warning(
-                "run %s: its initial models were being written by a worker that is gone; beginning again "
-                "(restart %s, first begun %s)",
-                run.id,
-                run.restarts + 1,
-                run.started_at,
-            )
-            transaction.on_commit(lambda run_id=run.id: dispatch.send_run_begin(run_id))
-            counts["restarted"] += 1
+        kind = _resume_run(run, now=now, deadline_s=deadline_s, abandoned=abandoned)
+        if kind is not None:
+            counts[kind] += 1
     counts["evaluations"] = checkpoints_evaluate_resend()
     if any(counts.values()):
         log.warning("resumed after a (re)connection of %s: %s", nodename or "a control worker", counts)
