@@ -100,6 +100,9 @@ ACTIVE_THREAD_PERCENTAGE = Limit(
     "active_thread_percentage", 1, 100, "%", "a trainer's share of the device (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)"
 )
 
+# --- the lab ------------------------------------------------------------------------------------
+SHARE_WEIGHT = Limit("weight", 0.01, 100.0, "", "a user's weight under the fair scheduling policy")
+
 LIMITS: dict[str, Limit] = {
     limit.name: limit
     for limit in (
@@ -120,6 +123,7 @@ LIMITS: dict[str, Limit] = {
         TARGET_ACCURACY,
         BATCH_SIZE,
         ACTIVE_THREAD_PERCENTAGE,
+        SHARE_WEIGHT,
     )
 }
 """Every declared limit by field name."""

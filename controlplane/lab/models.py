@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from controlplane.common.limits import SHARE_WEIGHT
 from controlplane.experiments.models import Round, Run
 from controlplane.fleet.models import Device
 
@@ -70,8 +71,8 @@ class UserShare(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="lab_share")
     weight = models.FloatField(
         default=1.0,
-        validators=[MinValueValidator(0.01), MaxValueValidator(100.0)],
-        help_text="0.01 to 100; users without a row weigh 1",
+        validators=[MinValueValidator(SHARE_WEIGHT.low), MaxValueValidator(SHARE_WEIGHT.high)],
+        help_text=f"{SHARE_WEIGHT.span}; users without a row weigh 1",
     )
 
     class Meta:
