@@ -20,6 +20,96 @@ from controlplane.fleet.selectors import device_class
 from controlplane.planning.strategies import STRATEGY_REGISTRY
 from controlplane.profiling.models import ProfileSample
 
+# A round of 1,000 devices has 3,000 assignments: plain values, and each device and task
+# once, rather than a model instance per assignment with its device and task joined on.
+_COLUMNS = (
+    "id",
+    "device_id",
+    "task_id",
+    "status",
+    "throughput_sps",
+    "batch_size",
+    "active_thread_percentage",
+    "standalone_throughput_sps",
+    "started_at",
+    "finished_at",
+    "simulated",
+    "samples",
+    "execution_mode",
+)
+"""The assignment columns a sample is made of."""
+
+
+def _none_timed(rnd: Round, *, epochs: int, untimed: int, needed: int) -> bool:
+    """Whether the round's shards are too short to time any of its succeeded assignments (one
+    EXISTS query)."""
+    # A round whose shards are too short to time any assignment stores nothing: one EXISTS
+    # instead of reading its 3,000 assignments, devices and tasks. The test below keeps an
+    # assignment exactly when ceil(samples / batch) >= least, i.e. samples > (least - 1) * batch.
+    least = -(-(needed + untimed) // epochs)
+    return not rnd.assignments.filter(
+        status=Assignment.Status.SUCCEEDED, samples__gt=(least - 1) * F("batch_size")
+    ).exists()
+
+
+def _assignments_by_device(rnd: Round) -> dict[int, list[dict]]:
+    """The round's assignments as :data:`_COLUMNS` dicts, per device, by device then task id."""
+    by_device: dict[int, list[dict]] = {}
+    for values in rnd.assignments.order_by("device_id", "task_id").values_list(*_COLUMNS):
+        a = dict(zip(_COLUMNS, values, strict=True))
+        by_device.setdefault(a["device_id"], []).append(a)
+    return by_device
+
+
+def _device_samples(
+    rnd: Round,
+    device: Device,
+    assignments: list[dict],
+    architecture: dict[int, str],
+    *,
+    epochs: int,
+    untimed: int,
+    needed: int,
+) -> list[dict]:
+    """The sample rows of one device's assignments in the round (the co-located configuration),
+    leaving out those with fewer than ``needed`` timed iterations."""
+    klass = device_class(device)
+    configuration = [
+        {
+            "architecture": architecture[a["task_id"]],
+            "batch_size": a["batch_size"],
+            "active_thread_percentage": a["active_thread_percentage"],
+        }
+        for a in assignments
+    ]
+    rows = []
+    for index, a in enumerate(assignments):
+        if epochs * -(-a["samples"] // a["batch_size"]) - untimed < needed:
+            continue
+        rows.append(
+            dict(
+                source=ProfileSample.Source.RUN,
+                assignment_id=a["id"],
+                device_id=device.id,
+                backend=device.backend,
+                device_class=klass,
+                config_key=f"round-{rnd.id}-{device.id}",
+                configuration=configuration,
+                mix_size=len(assignments),
+                task_index=index,
+                architecture=architecture[a["task_id"]],
+                batch_size=a["batch_size"],
+                active_thread_percentage=a["active_thread_percentage"],
+                throughput_sps=a["throughput_sps"],
+                standalone_sps=a["standalone_throughput_sps"],
+                started_at=a["started_at"],
+                finished_at=a["finished_at"],
+                simulated=a["simulated"],
+                execution_mode=a["execution_mode"],
+            )
+        )
+    return rows
+
 
 def samples_from_round(*, round_id: int, timesliced_devices: Collection[int] = ()) -> int:
     """The closed loop: every measured assignment of an FL round becomes a profile sample, its
@@ -40,36 +130,9 @@ def samples_from_round(*, round_id: int, timesliced_devices: Collection[int] = (
     needed = int(mtfl_setting("MIN_TIMED_ITERATIONS"))
     if rnd.run.strategy not in STRATEGY_REGISTRY or STRATEGY_REGISTRY.get(rnd.run.strategy).partitioning != "mps":
         return 0
-    # A round of 1,000 devices has 3,000 assignments: plain values, and each device and task
-    # once, rather than a model instance per assignment with its device and task joined on.
-    columns = (
-        "id",
-        "device_id",
-        "task_id",
-        "status",
-        "throughput_sps",
-        "batch_size",
-        "active_thread_percentage",
-        "standalone_throughput_sps",
-        "started_at",
-        "finished_at",
-        "simulated",
-        "samples",
-        "execution_mode",
-    )
-    if epochs > 0:
-        # A round whose shards are too short to time any assignment stores nothing: one EXISTS
-        # instead of reading its 3,000 assignments, devices and tasks. The test below keeps an
-        # assignment exactly when ceil(samples / batch) >= least, i.e. samples > (least - 1) * batch.
-        least = -(-(needed + untimed) // epochs)
-        if not rnd.assignments.filter(
-            status=Assignment.Status.SUCCEEDED, samples__gt=(least - 1) * F("batch_size")
-        ).exists():
-            return 0
-    by_device: dict[int, list[dict]] = {}
-    for values in rnd.assignments.order_by("device_id", "task_id").values_list(*columns):
-        a = dict(zip(columns, values, strict=True))
-        by_device.setdefault(a["device_id"], []).append(a)
+    if epochs > 0 and _none_timed(rnd, epochs=epochs, untimed=untimed, needed=needed):
+        return 0
+    by_device = _assignments_by_device(rnd)
     used = rnd.assignments.values("device_id")
     devices = {d.id: d for d in Device.objects.filter(id__in=used).only("id", "backend", "inventory")}
     architecture = dict(Task.objects.filter(id__in=rnd.assignments.values("task_id")).values_list("id", "architecture"))
@@ -81,40 +144,8 @@ def samples_from_round(*, round_id: int, timesliced_devices: Collection[int] = (
             continue
         if not all(a["status"] == Assignment.Status.SUCCEEDED and a["throughput_sps"] for a in assignments):
             continue
-        device = devices[device_id]
-        klass = device_class(device)
-        configuration = [
-            {
-                "architecture": architecture[a["task_id"]],
-                "batch_size": a["batch_size"],
-                "active_thread_percentage": a["active_thread_percentage"],
-            }
-            for a in assignments
-        ]
-        for index, a in enumerate(assignments):
-            if epochs * -(-a["samples"] // a["batch_size"]) - untimed < needed:
-                continue
-            rows.append(
-                dict(
-                    source=ProfileSample.Source.RUN,
-                    assignment_id=a["id"],
-                    device_id=device_id,
-                    backend=device.backend,
-                    device_class=klass,
-                    config_key=f"round-{rnd.id}-{device_id}",
-                    configuration=configuration,
-                    mix_size=len(assignments),
-                    task_index=index,
-                    architecture=architecture[a["task_id"]],
-                    batch_size=a["batch_size"],
-                    active_thread_percentage=a["active_thread_percentage"],
-                    throughput_sps=a["throughput_sps"],
-                    standalone_sps=a["standalone_throughput_sps"],
-                    started_at=a["started_at"],
-                    finished_at=a["finished_at"],
-                    simulated=a["simulated"],
-                    execution_mode=a["execution_mode"],
-                )
-            )
+        rows += _device_samples(
+            rnd, devices[device_id], assignments, architecture, epochs=epochs, untimed=untimed, needed=needed
+        )
     bulk_insert(ProfileSample, rows, ignore_conflicts=True)
     return len(rows)
