@@ -38,6 +38,73 @@ def config_key(sweep_id: int, config_index: int) -> str:
     return f"sweep-{sweep_id}-{config_index}"
 
 
+def _sweep_architectures(device: Device, architectures: Sequence[str] | None, workloads: dict[str, dict]) -> list[str]:
+    """The models a sweep profiles: ``architectures`` (default :data:`DEFAULT_ARCHITECTURES`
+    unless workloads are given) then the workloads' others, each registered and declared by the
+    device's agent.
+
+    Raises:
+        ApplicationError: an unknown model, or one the device's agent does not declare.
+    """
+    names = list(architectures or ([] if workloads else DEFAULT_ARCHITECTURES))
+    for name in names:
+        registered(MODEL_REGISTRY, name, field="architectures")
+    names += [a for a in workloads if a not in names]
+    for name in names:
+        if not device_declares(device, "models", name):
+            raise ApplicationError(
+                f"device {device.name!r} lacks model {name!r} (its agent declares: "
+                f"{device_declaration_text(device, 'models')}); install the plug-in on that host",
+                field="tasks" if name in workloads else "architectures",
+            )
+    return names
+
+
+def _sweep_request(
+    sweep: ProfileSweep,
+    device: Device,
+    *,
+    budget_s: float,
+    architectures: list[str],
+    seed: int,
+    options: ExecutionOptions,
+    workloads: dict[str, dict],
+    batch_sizes: Sequence[int] | None,
+    max_mix: int | None,
+) -> ProfileSweepRequest:
+    """The checked request sent to the device's agent (workloads at the zoo's shape left out:
+    ``architectures`` covers them).
+
+    Raises:
+        ApplicationError: a field the request refuses (bad batch sizes, mix size...), named.
+    """
+    fields = {
+        "sweep_id": sweep.id,
+        "device": device.name,
+        "backend": device.backend,
+        "budget_s": budget_s,
+        "architectures": architectures,
+        "seed": seed,
+        "execution": options,
+        "workloads": {
+            arch: shape
+            for arch, shape in workloads.items()
+            if (shape["num_classes"], shape["input_shape"])
+            != (REFERENCE_SHAPE["num_classes"], REFERENCE_SHAPE["input_shape"])
+        },
+    }
+    if batch_sizes is not None:
+        fields["batch_sizes"] = list(batch_sizes)
+    if max_mix is not None:
+        fields["max_mix"] = max_mix
+    try:
+        return check_names(ProfileSweepRequest(**fields))
+    except PydanticValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "request"
+        raise ApplicationError(f"{field}: {error['msg']}", field=field) from None
+
+
 @transaction.atomic
 def sweep_start(
     *,
@@ -80,17 +147,7 @@ def sweep_start(
     budget_s = sweep_budget(budget_s)
     options = sweep_execution(execution, device)
     workloads = dict(workloads or {})
-    architectures = list(architectures or ([] if workloads else DEFAULT_ARCHITECTURES))
-    for name in architectures:
-        registered(MODEL_REGISTRY, name, field="architectures")
-    architectures += [a for a in workloads if a not in architectures]
-    for name in architectures:
-        if not device_declares(device, "models", name):
-            raise ApplicationError(
-                f"device {device.name!r} lacks model {name!r} (its agent declares: "
-                f"{device_declaration_text(device, 'models')}); install the plug-in on that host",
-                field="tasks" if name in workloads else "architectures",
-            )
+    architectures = _sweep_architectures(device, architectures, workloads)
     if device.last_heartbeat_at is None:
         raise ApplicationError(
             f"device {device.name} has never connected an agent: start `mtfl agent --device {device.name}` first",
@@ -99,31 +156,17 @@ def sweep_start(
         )
     _refuse_a_leased_device(device)
     sweep = ProfileSweep.objects.create(device=device, backend=device.backend, budget_s=budget_s, request={})
-    fields = {
-        "sweep_id": sweep.id,
-        "device": device.name,
-        "backend": device.backend,
-        "budget_s": budget_s,
-        "architectures": architectures,
-        "seed": seed,
-        "execution": options,
-        "workloads": {
-            arch: shape
-            for arch, shape in workloads.items()
-            if (shape["num_classes"], shape["input_shape"])
-            != (REFERENCE_SHAPE["num_classes"], REFERENCE_SHAPE["input_shape"])
-        },
-    }
-    if batch_sizes is not None:
-        fields["batch_sizes"] = list(batch_sizes)
-    if max_mix is not None:
-        fields["max_mix"] = max_mix
-    try:
-        request = check_names(ProfileSweepRequest(**fields))
-    except PydanticValidationError as exc:
-        error = exc.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else "request"
-        raise ApplicationError(f"{field}: {error['msg']}", field=field) from None
+    request = _sweep_request(
+        sweep,
+        device,
+        budget_s=budget_s,
+        architectures=architectures,
+        seed=seed,
+        options=options,
+        workloads=workloads,
+        batch_sizes=batch_sizes,
+        max_mix=max_mix,
+    )
     sweep.request = request.model_dump(mode="json")
     sweep.save(update_fields=["request"])
     deadline_s = budget_s + request.config_timeout_s + WATCHDOG_MARGIN_S
