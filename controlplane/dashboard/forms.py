@@ -27,7 +27,8 @@ from controlplane.common.limits import (
     Limit,
     bound_text,
 )
-from controlplane.experiments.models import Experiment, Task
+from controlplane.experiments import selectors as experiment_selectors
+from controlplane.experiments.models import Experiment
 from controlplane.experiments.services.templates import (
     DEFAULT_ROUNDS,
     MAX_NAME_LENGTH,
@@ -394,7 +395,7 @@ class ExperimentForm(ApiCheckedForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        tasks = [(t.id, f"{t.name} ({t.architecture}, {t.dataset})") for t in Task.objects.order_by("name")]
+        tasks = [(t.id, f"{t.name} ({t.architecture}, {t.dataset})") for t in experiment_selectors.task_list()]
         self.fields["tasks"].widget = _multi(tasks)
         self.fields["devices"].widget = _multi(_device_choices())
         # explicit sample counts are API-only (a table per device and task)

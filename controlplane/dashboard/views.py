@@ -14,7 +14,6 @@ from collections.abc import Callable
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Prefetch
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -34,7 +33,7 @@ from controlplane.dashboard.forms import (
     TaskForm,
 )
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Comparison, Experiment, Run, Task
+from controlplane.experiments.models import Comparison, Experiment, Run
 from controlplane.experiments.services import (
     comparison_cancel,
     comparison_create,
@@ -47,12 +46,13 @@ from controlplane.experiments.services import (
 )
 from controlplane.experiments.services.planner_check import planner_check
 from controlplane.experiments.services.templates import DEFAULT_DIRICHLET_ALPHA, TEMPLATES, template_dataset_default
+from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.models import Device
 from controlplane.fleet.services import device_create
 from controlplane.lab import selectors as lab_selectors
 from controlplane.lab.services.admin import device_pause, device_resume
 from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
-from controlplane.profiling.models import Predictor, ProfileSweep
+from controlplane.profiling import selectors as profiling_selectors
 from controlplane.profiling.services.workloads import workload_get
 from controlplane.storage import exports
 from controlplane.storage.services import retention
@@ -61,22 +61,7 @@ from controlplane.storage.services import retention
 
 
 def _index_context(request: HttpRequest, template_form: ExperimentFromTemplateForm, devices: dict) -> dict:
-    # An experiment's devices are counted and the first few named, never all listed: a
-    # federation of 10,000 would make the table (and the query behind it) 10,000 names long.
-    experiments = list(
-        selectors.experiment_list(user=request.user)
-        .prefetch_related(None)
-        .prefetch_related(
-            "tasks",
-            "runs",
-            Prefetch(
-                "devices",
-                queryset=Device.objects.order_by("name").only("id", "name")[: data.INDEX_DEVICE_NAMES],
-                to_attr="first_devices",
-            ),
-        )
-        .annotate(device_count=Count("devices", distinct=True))
-    )
+    experiments = selectors.experiment_index_list(user=request.user, device_names=data.INDEX_DEVICE_NAMES)
     disk = retention.experiments_disk_use(e.id for e in experiments)
     for e in experiments:
         e.disk_use = disk[e.id]
@@ -152,7 +137,7 @@ def device_new(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def task_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/tasks.html", {"tasks": Task.objects.select_related("owner").order_by("name")})
+    return render(request, "dashboard/tasks.html", {"tasks": selectors.task_list()})
 
 
 @login_required
@@ -176,7 +161,7 @@ def task_new(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    task = get_object_or_404(Task, pk=pk)
+    task = get_object_or_404(selectors.task_list(), pk=pk)
     return render(
         request,
         "dashboard/task.html",
@@ -186,7 +171,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "workload": workload_get(
                 architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape
             ),
-            "experiments": selectors.experiment_list(user=request.user).filter(tasks=task),
+            "experiments": selectors.task_experiment_list(user=request.user, task=task),
         },
     )
 
@@ -217,11 +202,7 @@ def _member_experiment(request: HttpRequest, pk: int) -> Experiment:
 
 @login_required
 def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    # Nothing prefetched: the page reads what it shows (aggregated or bounded), never every
-    # device or shard of a federation of 10,000.
-    experiment = get_object_or_404(
-        selectors.experiment_list(user=request.user).prefetch_related(None).select_related("owner"), pk=pk
-    )
+    experiment = get_object_or_404(selectors.experiment_page_list(user=request.user), pk=pk)
     return render(request, "dashboard/experiment.html", _experiment_context(request, experiment))
 
 
@@ -230,7 +211,7 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
     comparison = data.comparison_figures(experiment, runs)
     can_manage = selectors.can_manage_experiment(request.user, experiment)
     shown = {**data.experiment_figures(experiment, runs), **comparison["figures"]}
-    tasks = list(experiment.tasks.order_by("id"))
+    tasks = selectors.experiment_tasks(experiment)
     histograms = data.experiment_label_histograms(experiment, tasks, devices_limit=figures.MAX_DEVICES)
     # The predicted-against-measured chart only means something once a planned strategy runs
     # here: an experiment of baselines only (mtfl demo's) gets no empty box for it.
@@ -246,7 +227,7 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "label_histograms": histograms,
         "label_figures": [{"task": h["task"].pk, "figure": h["figure"]} for h in histograms],
         "figures": shown,
-        "comparison": experiment.comparisons.order_by("-id").first(),
+        "comparison": selectors.experiment_latest_comparison(experiment),
         "compared_runs": comparison["runs"],
         "report": data.report_table(comparison["report"]) if comparison["report"] else None,
         "planner_check": planner_check(experiment),
@@ -257,7 +238,7 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "compared_listing": _listing(compared_strategies()),
         "baseline_strategy": baseline_strategy().name,
         "can_manage": can_manage,
-        "collaborators": sorted(u.username for u in experiment.collaborators.all()),
+        "collaborators": selectors.experiment_collaborator_names(experiment),
         "collaborators_form": CollaboratorsForm.for_experiment(experiment) if can_manage else None,
         "collaborators_error": "",
         "action_error": "",
@@ -363,7 +344,7 @@ def comparison_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    run = get_object_or_404(selectors.run_list(user=request.user).select_related("comparison"), pk=pk)
+    run = get_object_or_404(selectors.run_page_list(user=request.user), pk=pk)
     return _run_page(request, run)
 
 
@@ -467,9 +448,10 @@ def run_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
     """A run's ``rounds`` or ``assignments`` as CSV, streamed."""
     _check_table(table)
     run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
-    runs = Run.objects.filter(pk=run.pk)
     return _download(
-        exports.csv_chunks(table, runs), "text/csv; charset=utf-8", f"run-{run.pk}-{run.strategy}-{table}.csv"
+        exports.csv_chunks(table, selectors.run_only(run)),
+        "text/csv; charset=utf-8",
+        f"run-{run.pk}-{run.strategy}-{table}.csv",
     )
 
 
@@ -478,7 +460,7 @@ def run_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
     """A run with its rounds and assignments as JSON, streamed."""
     run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
     return _download(
-        exports.json_chunks(run.experiment, Run.objects.filter(pk=run.pk)),
+        exports.json_chunks(run.experiment, selectors.run_only(run)),
         "application/json",
         f"run-{run.pk}-{run.strategy}.json",
     )
@@ -490,7 +472,7 @@ def experiment_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpRe
     _check_table(table)
     experiment = _member_experiment(request, pk)
     return _download(
-        exports.csv_chunks(table, experiment.runs.all()),
+        exports.csv_chunks(table, selectors.experiment_runs_all(experiment)),
         "text/csv; charset=utf-8",
         f"experiment-{experiment.pk}-{slugify(experiment.name)}-{table}.csv",
     )
@@ -501,7 +483,7 @@ def experiment_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
     """An experiment, its runs, and all their rounds and assignments as JSON, streamed."""
     experiment = _member_experiment(request, pk)
     return _download(
-        exports.json_chunks(experiment, experiment.runs.all()),
+        exports.json_chunks(experiment, selectors.experiment_runs_all(experiment)),
         "application/json",
         f"experiment-{experiment.pk}-{slugify(experiment.name)}.json",
     )
@@ -512,7 +494,7 @@ def experiment_label_histograms_csv(request: HttpRequest, pk: int) -> StreamingH
     """Every device's class histogram of every task of an experiment as CSV, the numbers of the
     page's label histograms (:func:`data.label_histogram_csv_chunks` has the columns)."""
     experiment = _member_experiment(request, pk)
-    histograms = data.experiment_label_histograms(experiment, list(experiment.tasks.order_by("id")))
+    histograms = data.experiment_label_histograms(experiment, selectors.experiment_tasks(experiment))
     return _download(
         data.label_histogram_csv_chunks(histograms),
         "text/csv; charset=utf-8",
@@ -529,15 +511,15 @@ def predictor_list(request: HttpRequest) -> HttpResponse:
         request,
         "dashboard/predictors.html",
         {
-            "predictors": Predictor.objects.order_by("-id")[:100],
-            "sweeps": ProfileSweep.objects.select_related("device").order_by("-id")[:20],
+            "predictors": profiling_selectors.predictor_list()[:100],
+            "sweeps": profiling_selectors.sweep_list()[:20],
         },
     )
 
 
 @login_required
 def predictor_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    predictor = get_object_or_404(Predictor, pk=pk)
+    predictor = get_object_or_404(profiling_selectors.predictor_list(), pk=pk)
     return render(
         request,
         "dashboard/predictor.html",
@@ -559,7 +541,7 @@ def _queue_context(request: HttpRequest) -> dict:
     state = lab_selectors.queue_state()
     run_ids = {w["run"] for w in state["waiting"]} | {d["holder"]["run"] for d in state["devices"] if d["holder"]}
     # Every user sees the whole queue; a run's page only its experiment's members (others' 404).
-    visible = set(selectors.run_list(user=request.user).filter(id__in=run_ids).values_list("id", flat=True))
+    visible = selectors.visible_run_ids(user=request.user, run_ids=run_ids)
     return {"queue": state, "visible_runs": visible, "refresh_s": QUEUE_REFRESH_S}
 
 
@@ -579,7 +561,7 @@ def queue_tables(request: HttpRequest) -> HttpResponse:
 def _lab_admin_device(request: HttpRequest, pk: int) -> Device:
     if not request.user.is_staff:
         raise PermissionDenied("only a lab admin (a staff user) may pause or resume a device")
-    return get_object_or_404(Device, pk=pk)
+    return get_object_or_404(fleet_selectors.device_list(), pk=pk)
 
 
 @login_required

@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
-from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 
 from controlplane.experiments.models import (
     Assignment,
@@ -668,3 +668,78 @@ def _verdicts(strategies: list[str], tasks: list[Task], values) -> list[dict[str
                 }
             )
     return out
+
+
+# --- what the dashboard's pages read -----------------------------------------------------------------
+
+
+def experiment_index_list(*, user, device_names: int) -> list[Experiment]:
+    """The index page's experiments ``user`` may see, newest first, each with its tasks and runs
+    prefetched, ``device_count`` (its devices, counted in the database) and ``first_devices``
+    (at most ``device_names`` of them, by name, id and name loaded only): a federation of
+    10,000 devices is counted and its first few named, never all listed."""
+    return list(
+        experiment_list(user=user)
+        .prefetch_related(None)
+        .prefetch_related(
+            "tasks",
+            "runs",
+            Prefetch(
+                "devices",
+                queryset=Device.objects.order_by("name").only("id", "name")[:device_names],
+                to_attr="first_devices",
+            ),
+        )
+        .annotate(device_count=Count("devices", distinct=True))
+    )
+
+
+def experiment_page_list(*, user) -> QuerySet[Experiment]:
+    """Experiments ``user`` may see with their owner joined and nothing prefetched: an
+    experiment's page reads what it shows (aggregated or bounded), never every device or shard."""
+    return experiment_list(user=user).prefetch_related(None).select_related("owner")
+
+
+def experiment_tasks(experiment: Experiment) -> list[Task]:
+    """The experiment's tasks, by id."""
+    return list(experiment.tasks.order_by("id"))
+
+
+def experiment_latest_comparison(experiment: Experiment) -> Comparison | None:
+    """The experiment's newest comparison, or ``None``."""
+    return experiment.comparisons.order_by("-id").first()
+
+
+def experiment_collaborator_names(experiment: Experiment) -> list[str]:
+    """The user names of the experiment's collaborators, sorted."""
+    return sorted(u.username for u in experiment.collaborators.all())
+
+
+def experiment_runs_all(experiment: Experiment) -> QuerySet[Run]:
+    """Every run of the experiment (what its exports stream)."""
+    return experiment.runs.all()
+
+
+def run_only(run: Run) -> QuerySet[Run]:
+    """A queryset of ``run`` alone (what a run's exports stream)."""
+    return Run.objects.filter(pk=run.pk)
+
+
+def run_page_list(*, user) -> QuerySet[Run]:
+    """Runs ``user`` may see, with their comparison joined (a run's page says whether it runs)."""
+    return run_list(user=user).select_related("comparison")
+
+
+def visible_run_ids(*, user, run_ids: Collection[int]) -> set[int]:
+    """Those of ``run_ids`` whose run ``user`` may see."""
+    return set(run_list(user=user).filter(id__in=run_ids).values_list("id", flat=True))
+
+
+def task_list() -> QuerySet[Task]:
+    """Every task of the lab's catalogue, by name, with its owner joined."""
+    return Task.objects.select_related("owner").order_by("name")
+
+
+def task_experiment_list(*, user, task: Task) -> QuerySet[Experiment]:
+    """Experiments ``user`` may see that train ``task``."""
+    return experiment_list(user=user).filter(tasks=task)

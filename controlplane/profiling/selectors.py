@@ -104,3 +104,13 @@ def experiment_regime_warnings(experiment: Experiment) -> list[str]:
     """:func:`regime_warnings` of the devices holding some of ``experiment``'s data (those a run
     of it trains on): shown by the planner check and stored on a predictor-driven run's warnings."""
     return regime_warnings(experiment.shards.filter(num_samples__gt=0).values("device_id"))
+
+
+def predictor_list() -> QuerySet[Predictor]:
+    """Every predictor version, newest first."""
+    return Predictor.objects.order_by("-id")
+
+
+def sweep_list() -> QuerySet[ProfileSweep]:
+    """Every profiling sweep, newest first, with its device joined."""
+    return ProfileSweep.objects.select_related("device").order_by("-id")
