@@ -369,18 +369,30 @@ def task_create(
     check = _task_check(
         architecture=architecture, dataset=dataset, dataset_root=fields["dataset_root"], num_classes=num_classes
     )
+    _check_features_when(features)
+    task = Task(owner=owner, **fields)
+    _apply_check(task, check)
+    task.save()
+    _task_workload(task, features)
+    return task
+
+
+def _check_features_when(features: str) -> None:
+    """Raises :class:`ApplicationError` (field ``features``) unless ``features`` is one of
+    :data:`TASK_FEATURES_WHEN`."""
     if features not in TASK_FEATURES_WHEN:
         raise ApplicationError(
             f"features must be one of {', '.join(TASK_FEATURES_WHEN)}, not {features!r}", field="features"
         )
-    task = Task(owner=owner, **fields)
-    _apply_check(task, check)
-    task.save()
+
+
+def _task_workload(task: Task, features: str) -> None:
+    """Compute the task's workload features here (``features="now"``) or ask the control worker
+    to (``"queue"``)."""
     if features == "now":
         workload_ensure(architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape)
     else:
         workload_request(architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape)
-    return task
 
 
 @transaction.atomic
@@ -637,15 +649,7 @@ def partition_params_check(
     """
     given = dict(partition_params or {})
     if partition_rule == Experiment.EXPLICIT:
-        if given:
-            raise ApplicationError(
-                "partition_params are not allowed with partition_rule 'explicit': sample_counts give the shards",
-                field="partition_params",
-            )
-        if dirichlet_alpha is not None:
-            raise ApplicationError(
-                "dirichlet_alpha is not allowed with partition_rule 'explicit'", field="dirichlet_alpha"
-            )
+        _explicit_params_check(given, dirichlet_alpha)
         return {}
     record = partition_rule_get(partition_rule)
     parameters = {p.name: p for p in record.parameters}
@@ -684,22 +688,44 @@ def partition_params_check(
                 )
             out[name] = p.default
             continue
-        value = given[name]
-        if p.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-            if not (isinstance(value, float) and value.is_integer()):
-                raise ApplicationError(f"{field} must be an integer: allowed {_parameter_interval(p)}", field=field)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ApplicationError(f"{field} must be a number: allowed {_parameter_interval(p)}", field=field)
-        hi = math.inf if p.maximum is None else p.maximum
-        if not math.isfinite(float(value)):
-            raise ApplicationError(f"{field} must be a finite number: allowed {_parameter_interval(p)}", field=field)
-        # The API reads every number as a float: echo 0, not 0.0, when the researcher wrote 0.
-        shown = int(value) if p.kind == "int" and isinstance(value, float) and value.is_integer() else value
-        checked = check_finite_range(
-            field, shown, p.minimum, hi, lo_open=getattr(p, "minimum_open", False), hi_open=p.maximum is None
-        )
-        out[name] = int(checked) if p.kind == "int" else float(checked)
+        out[name] = _partition_param_value(p, field, given[name])
     return out
+
+
+def _explicit_params_check(given: Mapping[str, Any], dirichlet_alpha: float | None) -> None:
+    """Raises :class:`ApplicationError` when parameters or ``dirichlet_alpha`` come with the
+    ``explicit`` rule (which takes none: ``sample_counts`` give the shards)."""
+    if given:
+        raise ApplicationError(
+            "partition_params are not allowed with partition_rule 'explicit': sample_counts give the shards",
+            field="partition_params",
+        )
+    if dirichlet_alpha is not None:
+        raise ApplicationError("dirichlet_alpha is not allowed with partition_rule 'explicit'", field="dirichlet_alpha")
+
+
+def _partition_param_value(p: Any, field: str, value: Any) -> float | int:
+    """``value`` of the partitioner's parameter ``p``, checked: an int for an ``int`` parameter,
+    a float otherwise.
+
+    Raises:
+        ApplicationError: (naming ``field`` and the range) not a number of its kind, not finite,
+            or out of its range.
+    """
+    if p.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        if not (isinstance(value, float) and value.is_integer()):
+            raise ApplicationError(f"{field} must be an integer: allowed {_parameter_interval(p)}", field=field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ApplicationError(f"{field} must be a number: allowed {_parameter_interval(p)}", field=field)
+    hi = math.inf if p.maximum is None else p.maximum
+    if not math.isfinite(float(value)):
+        raise ApplicationError(f"{field} must be a finite number: allowed {_parameter_interval(p)}", field=field)
+    # The API reads every number as a float: echo 0, not 0.0, when the researcher wrote 0.
+    shown = int(value) if p.kind == "int" and isinstance(value, float) and value.is_integer() else value
+    checked = check_finite_range(
+        field, shown, p.minimum, hi, lo_open=getattr(p, "minimum_open", False), hi_open=p.maximum is None
+    )
+    return int(checked) if p.kind == "int" else float(checked)
 
 
 def _names(partitioner: Partitioner) -> set[str]:
@@ -915,88 +941,144 @@ def experiment_create(
 
     Args:
         partition_rule: a registered partitioner (built-ins ``iid``, ``quantity``,
-            ``dirichlet_labels``, ``shards``) or ``explicit``.
-        partition_params: the rule's parameters (``{"alpha": 0.5}``), checked against its
-            record (:func:`partition_params_check`); left-out ones take their defaults.
-        dirichlet_alpha: ``partition_params["alpha"]`` under the name older clients use.
-        owner: the user who owns it (sees it, changes it, chooses collaborators); ``None``
-            leaves it to superusers only.
-        device_retries: how many times a round re-sends a device's part when its agent is lost
-            or its trainers fail, :data:`~controlplane.common.limits.DEVICE_RETRIES` (0: the round
-            goes on without the device).
-        deadline_factor: a round's deadline as a multiple of its predicted round time,
-            :data:`~controlplane.common.limits.DEADLINE_FACTOR` (``None``: ``MTFL_DEADLINE_FACTOR``).
-        sample_counts: for ``partition_rule="explicit"``: ``[{"device": id, "task": id,
-            "num_samples": n}, ...]``; pairs left out hold 0 samples.
-        lr_scaling: how an assignment's learning rate follows its batch size, relative to batch
-            128: ``none``, ``linear`` or ``sqrt`` (:mod:`controlplane.planning.lr_scaling`).
-        untrusted_predictor: what a ``vres_*`` run does when the planner's guard distrusts a
-            device's predictor: ``plan``, ``baseline`` or ``measure``
-            (:mod:`controlplane.planning.guard`).
-        aggregation: how each task's device models become its next global model, a name of
-            :data:`~workers.registry.aggregators.AGGREGATOR_REGISTRY` (``fedavg``, ``fedadam``, …).
-        aggregation_params: its hyper-parameters (``{"server_learning_rate": 0.01}``), stored
-            checked with every left-out one at its default (:func:`aggregation_check`).
-        task_aggregation: per-task overrides, ``{task id or name: {"aggregation": name,
-            "aggregation_params": {...}}}`` (:func:`task_aggregation_check`); stored by task id.
-        clients_per_round: devices trained per round (partial participation), 1 to the number
-            of devices; exclusive with ``client_fraction``.
-        client_fraction: the fraction of the devices trained per round, in
-            :data:`~controlplane.common.limits.CLIENT_FRACTION`.
-        client_sampling: how each round's participants are drawn: ``uniform`` or ``weighted``
-            (by data volume); :func:`participation_check`.
-        train_samples: for a quick run, the partition rule divides only the first
-            ``train_samples`` samples of each task's training split, 2 to its size (``None``: all
-            of it); not with ``explicit``, whose counts already say how many.
-        keep_device_weights: keep every device's weights after its round is aggregated (for
-            debugging); by default the retention policy deletes them
-            (:mod:`controlplane.storage.services.retention`).
-        keep_last_checkpoints: global checkpoints kept per run and task beside the initial, the
-            best and the latest one, :data:`~controlplane.common.limits.KEEP_LAST_CHECKPOINTS`
-            (``None``: ``MTFL_KEEP_LAST_CHECKPOINTS``).
+            ``dirichlet_labels``, ``shards``) or ``explicit``; ``partition_params`` its parameters
+            (``{"alpha": 0.5}``), checked against its record (:func:`partition_params_check`),
+            left-out ones at their defaults; ``dirichlet_alpha``: ``partition_params["alpha"]``
+            under the name older clients use.
+        sample_counts: for ``explicit``: ``[{"device": id, "task": id, "num_samples": n}, ...]``; 0 if left out.
+        owner: the user who owns it (sees and changes it, chooses collaborators); ``None``: superusers only.
+        device_retries: how many times a round re-sends a device's part when its agent is lost or
+            its trainers fail, :data:`~controlplane.common.limits.DEVICE_RETRIES` (0: the round goes
+            on without the device); ``deadline_factor``: a round's deadline as a multiple of its
+            predicted round time, :data:`~controlplane.common.limits.DEADLINE_FACTOR` (``None``:
+            ``MTFL_DEADLINE_FACTOR``).
+        lr_scaling: how an assignment's learning rate follows its batch size, relative to batch 128:
+            ``none``, ``linear`` or ``sqrt`` (:mod:`controlplane.planning.lr_scaling`); ``untrusted_predictor``:
+            what a ``vres_*`` run does when the planner's guard distrusts a device's predictor: ``plan``,
+            ``baseline`` or ``measure`` (:mod:`controlplane.planning.guard`).
+        aggregation: a name of :data:`~workers.registry.aggregators.AGGREGATOR_REGISTRY` (``fedavg``,
+            ``fedadam``, …): how each task's device models become its next global model;
+            ``aggregation_params`` its hyper-parameters (``{"server_learning_rate": 0.01}``), stored
+            checked with every left-out one at its default (:func:`aggregation_check`);
+            ``task_aggregation``: per-task overrides, ``{task id or name: {"aggregation": name,
+            "aggregation_params": {...}}}`` (:func:`task_aggregation_check`), stored by task id.
+        clients_per_round: devices trained per round (partial participation), 1 to the number of
+            devices, or ``client_fraction`` of them (:data:`~controlplane.common.limits.CLIENT_FRACTION`;
+            exclusive); ``client_sampling``: ``uniform`` or ``weighted`` (by data volume)
+            (:func:`participation_check`).
+        train_samples: for a quick run, the partition rule divides only the first ``train_samples`` samples
+            of each task's training split, 2 to its size (``None``: all); not with ``explicit``, whose
+            counts already say how many.
+        keep_device_weights: keep every device's weights after its round is aggregated (for debugging; by
+            default the retention policy deletes them: :mod:`controlplane.storage.services.retention`);
+            ``keep_last_checkpoints``: global checkpoints kept per run and task beside the initial, best and latest,
+            :data:`~controlplane.common.limits.KEEP_LAST_CHECKPOINTS` (``None``: ``MTFL_KEEP_LAST_CHECKPOINTS``).
 
     Raises:
-        ApplicationError: unknown tasks or devices, ``rounds``/``local_epochs`` out of range,
-            an ``lr_scaling`` that is not a rule, an ``untrusted_predictor`` not allowed,
-            a partition rule or parameter that is not allowed, explicit counts that are
-            negative or exceed a training split, a task whose check fails now, a duplicate name,
-            an aggregator, aggregator parameter, per-task override or participation setting
-            that is not allowed (naming the field and the allowed values); (field ``devices``) a
-            task asking for ``execution_mode`` ``graphs`` or ``precision`` ``bf16`` while a device
-            holding its data is not a GPU backend (:mod:`.execution`).
+        ApplicationError: unknown tasks or devices, ``rounds``/``local_epochs`` out of range, an
+            ``lr_scaling`` that is not a rule, an ``untrusted_predictor`` not allowed, a partition rule or
+            parameter that is not allowed, explicit counts that are negative or exceed a training split, a
+            task whose check fails now, a duplicate name, an aggregator, aggregator parameter, per-task
+            override or participation setting that is not allowed (naming the field and the allowed values);
+            (field ``devices``) a task asking for ``execution_mode`` ``graphs`` or ``precision`` ``bf16``
+            while a device holding its data is not a GPU backend (:mod:`.execution`).
+    """
+    given = dict(locals())  # the arguments by name, for the steps (first: no other local is bound yet)
+    tasks, devices = _experiment_members(name, task_ids, device_ids)
+    stored = _experiment_stored(given, tasks=tasks, devices=devices)
+    rows = _experiment_shards(given, tasks=tasks, devices=devices, params=stored["partition_params"])
+    return _experiment_save(stored, tasks=tasks, devices=devices, rows=rows)
+
+
+def _experiment_members(
+    name: str, task_ids: Iterable[int], device_ids: Iterable[int]
+) -> tuple[list[Task], list[Device]]:
+    """A new experiment's tasks and devices, by id.
+
+    Raises:
+        ApplicationError: no name, a name taken, or unknown or repeated tasks or devices.
     """
     if not name:
         raise ApplicationError("name is required", field="name")
     if Experiment.objects.filter(name=name).exists():
         raise ApplicationError(f"an experiment named {name!r} already exists", field="name")
-    tasks = _resolve(Task, task_ids, "tasks")
-    devices = _resolve(Device, device_ids, "devices")
-    check_limit(rounds, ROUNDS)
-    check_limit(local_epochs, LOCAL_EPOCHS)
-    check_limit(seed, SEED)
-    _check_reliability(device_retries=device_retries, deadline_factor=deadline_factor)
-    _check_retention(keep_device_weights=keep_device_weights, keep_last_checkpoints=keep_last_checkpoints)
+    return _resolve(Task, task_ids, "tasks"), _resolve(Device, device_ids, "devices")
+
+
+def _experiment_stored(given: Mapping[str, Any], *, tasks: list[Task], devices: list[Device]) -> dict[str, Any]:
+    """The :class:`Experiment` fields of :func:`experiment_create`'s arguments ``given``, each
+    checked (in the order the first error is reported) and as stored.
+
+    Raises:
+        ApplicationError: as :func:`experiment_create` (not the shards' errors).
+    """
+    check_limit(given["rounds"], ROUNDS)
+    check_limit(given["local_epochs"], LOCAL_EPOCHS)
+    check_limit(given["seed"], SEED)
+    deadline_factor = given["deadline_factor"]
+    _check_reliability(device_retries=given["device_retries"], deadline_factor=deadline_factor)
+    _check_retention(
+        keep_device_weights=given["keep_device_weights"], keep_last_checkpoints=given["keep_last_checkpoints"]
+    )
     try:
-        lr_scaling_check(lr_scaling)
+        lr_scaling_check(given["lr_scaling"])
     except ValueError as exc:
         raise ApplicationError(str(exc), field="lr_scaling") from None
     try:
-        untrusted_choice(untrusted_predictor)
+        untrusted_choice(given["untrusted_predictor"])
     except ValueError as exc:
         raise ApplicationError(str(exc), field="untrusted_predictor") from None
+    partition_rule, partition_params = given["partition_rule"], given["partition_params"]
     if partition_rule != Experiment.EXPLICIT:
         partition_rule_get(partition_rule)
     if partition_params is not None and not isinstance(partition_params, Mapping):
         raise ApplicationError("partition_params must be an object of parameter names", field="partition_params")
-    params = partition_params_check(partition_rule, partition_params, dirichlet_alpha)
-    aggregation, aggregation_params = aggregation_check(aggregation, aggregation_params)
-    task_aggregation = task_aggregation_check(task_aggregation, tasks, default_aggregation=aggregation)
+    params = partition_params_check(partition_rule, partition_params, given["dirichlet_alpha"])
+    aggregation, aggregation_params = aggregation_check(given["aggregation"], given["aggregation_params"])
+    task_aggregation = task_aggregation_check(given["task_aggregation"], tasks, default_aggregation=aggregation)
     clients_per_round, client_fraction, client_sampling = participation_check(
+        clients_per_round=given["clients_per_round"],
+        client_fraction=given["client_fraction"],
+        client_sampling=given["client_sampling"],
+        num_devices=len(devices),
+    )
+    return dict(
+        name=given["name"],
+        description=given["description"] or "",
+        rounds=int(given["rounds"]),
+        local_epochs=int(given["local_epochs"]),
+        partition_rule=partition_rule,
+        partition_params=params,
+        dirichlet_alpha=params.get("alpha"),
+        seed=int(given["seed"]),
+        owner=given["owner"],
+        device_retries=int(given["device_retries"]),
+        deadline_factor=None if deadline_factor is None else float(deadline_factor),
+        lr_scaling=given["lr_scaling"],
+        untrusted_predictor=given["untrusted_predictor"],
+        aggregation=aggregation,
+        aggregation_params=aggregation_params,
+        task_aggregation=task_aggregation,
         clients_per_round=clients_per_round,
         client_fraction=client_fraction,
         client_sampling=client_sampling,
-        num_devices=len(devices),
+        keep_device_weights=given["keep_device_weights"],
+        keep_last_checkpoints=given["keep_last_checkpoints"],
     )
+
+
+def _experiment_shards(
+    given: Mapping[str, Any], *, tasks: list[Task], devices: list[Device], params: dict[str, float | int]
+) -> list[_ShardRow]:
+    """The shards of :func:`experiment_create`'s arguments ``given`` (checked ``params`` of its
+    partition rule).
+
+    Raises:
+        ApplicationError: ``train_samples`` with ``explicit`` or out of range, explicit counts
+            that are not allowed, no device holding any sample, or a task's execution options a
+            device holding its data cannot run.
+    """
+    partition_rule, train_samples = given["partition_rule"], given["train_samples"]
     if train_samples is not None:
         if partition_rule == Experiment.EXPLICIT:
             raise ApplicationError(
@@ -1009,36 +1091,21 @@ def experiment_create(
         devices=devices,
         partition_rule=partition_rule,
         partition_params=params,
-        seed=int(seed),
-        sample_counts=sample_counts,
+        seed=int(given["seed"]),
+        sample_counts=given["sample_counts"],
         train_samples=None if train_samples is None else int(train_samples),
     )
     if not any(r.num_samples > 0 for r in rows):
         raise ApplicationError("no device holds any sample: nothing would be trained", field="sample_counts")
     execution_holders_check((r.device, r.task) for r in rows if r.num_samples > 0)
-    experiment = Experiment.objects.create(
-        name=name,
-        description=description or "",
-        rounds=int(rounds),
-        local_epochs=int(local_epochs),
-        partition_rule=partition_rule,
-        partition_params=params,
-        dirichlet_alpha=params.get("alpha"),
-        seed=int(seed),
-        owner=owner,
-        device_retries=int(device_retries),
-        deadline_factor=None if deadline_factor is None else float(deadline_factor),
-        lr_scaling=lr_scaling,
-        untrusted_predictor=untrusted_predictor,
-        aggregation=aggregation,
-        aggregation_params=aggregation_params,
-        task_aggregation=task_aggregation,
-        clients_per_round=clients_per_round,
-        client_fraction=client_fraction,
-        client_sampling=client_sampling,
-        keep_device_weights=keep_device_weights,
-        keep_last_checkpoints=keep_last_checkpoints,
-    )
+    return rows
+
+
+def _experiment_save(
+    stored: Mapping[str, Any], *, tasks: list[Task], devices: list[Device], rows: list[_ShardRow]
+) -> Experiment:
+    """Save the experiment (its fields ``stored``), its tasks, devices and shards."""
+    experiment = Experiment.objects.create(**stored)
     experiment.tasks.set(tasks)
     experiment.devices.set(devices)
     Shard.objects.bulk_create(
@@ -1087,29 +1154,7 @@ def experiment_update(
                 "only the experiment's owner can change its collaborators", field="collaborators", status_code=403
             )
         new_collaborators = _resolve_users(collaborators, experiment)
-    # The reliability policy may change at any time: it decides how rounds wait, not what they train.
-    # untrusted_predictor too: each run applies it when it is planned and records what it did
-    # (Run.warnings, Run.planned), so runs already made stay readable. The retention policy
-    # too: it decides what is kept on disk, never what is trained.
-    allowed = {
-        "name",
-        "description",
-        "rounds",
-        "local_epochs",
-        "device_retries",
-        "deadline_factor",
-        "untrusted_predictor",
-        "keep_device_weights",
-        "keep_last_checkpoints",
-        *FL_SETTINGS,
-    }
-    unknown = set(fields) - allowed
-    if unknown:
-        field = sorted(unknown)[0]
-        raise ApplicationError(
-            f"{field} cannot change after creation (runs would no longer be comparable); create a new experiment",
-            field=field,
-        )
+    _check_changeable(fields)
     if any(k in fields for k in FL_SETTINGS):
         fields.update(_fl_settings_updated(experiment, {k: fields.pop(k) for k in FL_SETTINGS if k in fields}))
     changed = sorted(
@@ -1152,6 +1197,34 @@ FL_SETTINGS = (
     "client_sampling",
 )
 """The experiment's FL algorithm settings: fixed once it has runs (they decide what is trained)."""
+
+
+def _check_changeable(fields: Mapping[str, Any]) -> None:
+    """Raises :class:`ApplicationError` (naming the first, by name) when ``fields`` name one that
+    is fixed at creation (tasks, devices, the partition...)."""
+    # The reliability policy may change at any time: it decides how rounds wait, not what they train.
+    # untrusted_predictor too: each run applies it when it is planned and records what it did
+    # (Run.warnings, Run.planned), so runs already made stay readable. The retention policy
+    # too: it decides what is kept on disk, never what is trained.
+    allowed = {
+        "name",
+        "description",
+        "rounds",
+        "local_epochs",
+        "device_retries",
+        "deadline_factor",
+        "untrusted_predictor",
+        "keep_device_weights",
+        "keep_last_checkpoints",
+        *FL_SETTINGS,
+    }
+    unknown = set(fields) - allowed
+    if unknown:
+        field = sorted(unknown)[0]
+        raise ApplicationError(
+            f"{field} cannot change after creation (runs would no longer be comparable); create a new experiment",
+            field=field,
+        )
 
 
 def _fl_settings_updated(experiment: Experiment, given: Mapping[str, Any]) -> dict[str, Any]:
