@@ -11,6 +11,19 @@ of data per task, on CIFAR-10:
 The templates train on CIFAR-10 when the control plane finds it locally
 (``MTFL_CIFAR10_ROOT``, :func:`cifar10_root`) and on scikit-learn's digits otherwise; nothing is
 ever downloaded.
+
+An experiment made from a template (:func:`experiment_create_from_template`) has:
+
+- Tasks: one per architecture of the template on the data set, with :data:`TASK_RECIPE`; an
+  existing task with exactly that definition is reused (so experiments of one mix share
+  tasks and their workload features), otherwise one is created.
+- Data volumes: the ``quantity`` partition rule (quantity skew, as the paper's "highly skewed
+  data volumes per task"; ``partition_params = {"alpha": dirichlet_alpha}``): each task's whole
+  training split is divided among the devices in proportions ``p ~ Dir(alpha · 1_J)``
+  (:func:`workers.training.partition.partition_indices`). Every task
+  has its own draw (seed ``seed · 10007 + k`` for the ``k``-th task, by task id), so a task's
+  ``|D_ij|`` differ across devices *and* the three tasks on one device hold different
+  volumes; every task still covers its whole split. Smaller ``alpha`` skews more.
 """
 
 from __future__ import annotations
@@ -266,38 +279,21 @@ def experiment_create_from_template(
     precision: str = ExecutionOptions().precision,
     channels_last: bool = ExecutionOptions().channels_last,
 ) -> Experiment:
-    """Create an experiment from a built-in template (:data:`TEMPLATES`) on the given devices.
-
-    Tasks: one per architecture of the template on the data set, with :data:`TASK_RECIPE`; an
-    existing task with exactly that definition is reused (so experiments of one mix share
-    tasks and their workload features), otherwise one is created.
-
-    Data volumes: the ``quantity`` partition rule (quantity skew, as the paper's "highly skewed
-    data volumes per task"; ``partition_params = {"alpha": dirichlet_alpha}``): each task's whole
-    training split is divided among the devices in proportions ``p ~ Dir(alpha · 1_J)``
-    (:func:`workers.training.partition.partition_indices`). Every task
-    has its own draw (seed ``seed · 10007 + k`` for the ``k``-th task, by task id), so a task's
-    ``|D_ij|`` differ across devices *and* the three tasks on one device hold different
-    volumes; every task still covers its whole split. Smaller ``alpha`` skews more.
+    """Create an experiment from a built-in template (:data:`TEMPLATES`) on the given devices, with
+    the tasks and skewed data volumes (``quantity`` rule) the module describes.
 
     Args:
         template: ``heavy``, ``light`` or ``mixed``.
         device_ids: the devices (at least one; two or more for any skew across devices).
-        name: the experiment's name; default ``"<template> mix"``, with `` 2``, `` 3``, … if
-            that is taken. Blank means the default.
-        rounds: FL rounds (:data:`~controlplane.common.limits.ROUNDS`).
-        local_epochs: local epochs per round (:data:`~controlplane.common.limits.LOCAL_EPOCHS`).
-        dirichlet_alpha: Dirichlet concentration (:data:`~controlplane.common.limits.DIRICHLET_ALPHA`).
-        seed: seed of the partition and the shards' sample order (:data:`~controlplane.common.limits.SEED`).
+        name: the experiment's name; default (also when blank) ``"<template> mix"``, `` 2``, `` 3``, … if taken.
+        rounds, local_epochs, dirichlet_alpha, seed: FL rounds, local epochs per round, the Dirichlet
+            concentration, the seed of the partition and the shards' sample order (ranges: ``ROUNDS``,
+            ``LOCAL_EPOCHS``, ``DIRICHLET_ALPHA``, ``SEED`` of :mod:`controlplane.common.limits`).
         dataset: ``digits`` or ``cifar10``; default: ``cifar10`` if :func:`cifar10_root` finds
             it, else ``digits``.
         owner: the experiment's owner (``None``: superusers only); new tasks are theirs too.
-        lr_scaling: how an assignment's learning rate follows its batch size: ``none``,
-            ``linear`` or ``sqrt`` (:mod:`controlplane.planning.lr_scaling`).
-        untrusted_predictor: what a ``vres_*`` run does when the planner's guard distrusts a
-            device's predictor: ``plan``, ``baseline`` or ``measure``
-            (:mod:`controlplane.planning.guard`).
-        aggregation, aggregation_params, clients_per_round, client_fraction, client_sampling,
+        lr_scaling (``none``, ``linear`` or ``sqrt``), untrusted_predictor (``plan``, ``baseline`` or
+        ``measure``), aggregation, aggregation_params, clients_per_round, client_fraction, client_sampling,
         keep_device_weights, keep_last_checkpoints: as
             :func:`~controlplane.experiments.services.catalog.experiment_create`.
         task_aggregation: per-task aggregator overrides, each task named by one of the
@@ -315,6 +311,7 @@ def experiment_create_from_template(
             of the wrong type or out of range (ranges from
             :func:`~controlplane.experiments.services.catalog.experiment_create`).
     """
+    given = dict(locals())  # the arguments by name (the first statement: no other local is bound yet)
     spec = template_get(template)
     rounds = _require_int("rounds", rounds)
     local_epochs = _require_int("local_epochs", local_epochs)
@@ -323,18 +320,10 @@ def experiment_create_from_template(
     dataset, dataset_root = _resolve_dataset(dataset)
     name = _experiment_name(spec, name)
     device_ids = list(device_ids or [])
-    execution = {"execution_mode": execution_mode, "precision": precision, "channels_last": channels_last}
-    tasks = [
-        _template_task(architecture=a, dataset=dataset, dataset_root=dataset_root, execution=execution, owner=owner)
-        for a in spec.architectures
-    ]
+    tasks = _template_tasks(spec, dataset=dataset, dataset_root=dataset_root, given=given)
     return experiment_create(
         name=name,
-        description=(
-            f"{spec.title} (Yu et al. 2022, §5): {' + '.join(spec.architectures)} on {dataset}, "
-            f"{len(device_ids)} device(s), Dirichlet α = {dirichlet_alpha:g} data volumes per task and "
-            f"device, {rounds} round(s) × {local_epochs} local epoch(s)"
-        ),
+        description=_template_description(spec, dataset, len(device_ids), dirichlet_alpha, rounds, local_epochs),
         task_ids=[t.id for t in tasks],
         device_ids=device_ids,
         rounds=rounds,
@@ -342,17 +331,48 @@ def experiment_create_from_template(
         partition_rule="quantity",
         partition_params={"alpha": dirichlet_alpha},
         seed=seed,
-        owner=owner,
-        lr_scaling=lr_scaling,
-        untrusted_predictor=untrusted_predictor,
-        aggregation=aggregation,
-        aggregation_params=aggregation_params,
         task_aggregation=_by_task_id(task_aggregation, tasks),
-        clients_per_round=clients_per_round,
-        client_fraction=client_fraction,
-        client_sampling=client_sampling,
-        keep_device_weights=keep_device_weights,
-        keep_last_checkpoints=keep_last_checkpoints,
+        **{k: given[k] for k in _PASSED_ON},
+    )
+
+
+_PASSED_ON = (
+    "owner",
+    "lr_scaling",
+    "untrusted_predictor",
+    "aggregation",
+    "aggregation_params",
+    "clients_per_round",
+    "client_fraction",
+    "client_sampling",
+    "keep_device_weights",
+    "keep_last_checkpoints",
+)
+"""The arguments :func:`experiment_create_from_template` passes on to ``experiment_create`` as given."""
+
+
+def _template_tasks(
+    spec: ExperimentTemplate, *, dataset: str, dataset_root: str, given: Mapping[str, Any]
+) -> list[Task]:
+    """The template's tasks (:func:`_template_task`), one per architecture, with the execution
+    options and owner of :func:`experiment_create_from_template`'s arguments ``given``."""
+    execution = {k: given[k] for k in ("execution_mode", "precision", "channels_last")}
+    return [
+        _template_task(
+            architecture=a, dataset=dataset, dataset_root=dataset_root, execution=execution, owner=given["owner"]
+        )
+        for a in spec.architectures
+    ]
+
+
+def _template_description(
+    spec: ExperimentTemplate, dataset: str, num_devices: int, dirichlet_alpha: float, rounds: int, local_epochs: int
+) -> str:
+    """The description of an experiment made from ``spec``: its mix, data set, devices, data skew and length."""
+    return (
+        f"{spec.title} (Yu et al. 2022, §5): {' + '.join(spec.architectures)} on {dataset}, "
+        f"{num_devices} device(s), Dirichlet α = {dirichlet_alpha:g} data volumes per task and "
+        f"device, {rounds} round(s) × {local_epochs} local epoch(s)"
     )
 
 
