@@ -575,9 +575,63 @@ def simulate_throughput(
     """
     if partitioning not in ("mps", "timeslice"):
         raise ValueError(f"partitioning {partitioning!r} is unknown; allowed: 'timeslice', 'mps'")
-    F, A, P, N, B, R, C, G = _broadcast_inputs(
-        flops_per_sample, activation_bytes_per_sample, param_bytes, layers, batch_size, share, ops_per_step, graphs
+    (F, A, P, N, B, R, C, G), present = _checked_inputs(
+        present,
+        flops_per_sample,
+        activation_bytes_per_sample,
+        param_bytes,
+        layers,
+        batch_size,
+        share,
+        ops_per_step,
+        graphs,
     )
+    lead = F.shape[:-1]
+    dev = {f: _device_field(device, f, lead) for f in _NUMERIC_FIELDS}
+    peak, oom = _admit(A, P, N, B, present, dev, inference=inference)
+    run = present & ~oom
+    terms = _TaskTerms.of(F, A, P, N, B, C, G, dev, inference=inference)
+    if partitioning == "timeslice":
+        D, stretch, t = _timeslice_times(terms, run, dev)
+    else:
+        D, stretch, t = _mps_times(terms, R, run)
+    return _prediction(terms, run, B, D, stretch, t, peak, oom, noise=noise, partitioning=partitioning)
+
+
+def _checked_inputs(
+    present: npt.ArrayLike | None,
+    flops_per_sample: npt.ArrayLike,
+    activation_bytes_per_sample: npt.ArrayLike,
+    param_bytes: npt.ArrayLike,
+    layers: npt.ArrayLike,
+    batch_size: npt.ArrayLike,
+    share: npt.ArrayLike,
+    ops_per_step: npt.ArrayLike,
+    graphs: npt.ArrayLike,
+) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """:func:`simulate_throughput`'s per-task inputs as float arrays broadcast together (in this
+    order), and the ``present`` mask broadcast to their shape (default all), values checked.
+
+    Raises:
+        ValueError: if they do not broadcast, give no task axis (0-d), or a present task has a
+            value out of range (:func:`_check_inputs`).
+    """
+    arrays = (
+        flops_per_sample,
+        activation_bytes_per_sample,
+        param_bytes,
+        layers,
+        batch_size,
+        share,
+        ops_per_step,
+        graphs,
+    )
+    try:
+        F, A, P, N, B, R, C, G = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in arrays))
+    except ValueError as exc:
+        raise ValueError(f"simulate_throughput inputs do not broadcast: {exc}") from None
+    if F.ndim == 0:
+        raise ValueError("simulate_throughput needs a task axis: pass arrays of shape (..., I)")
     shape = F.shape
     present = np.ones(shape, dtype=bool) if present is None else np.broadcast_to(np.asarray(present, dtype=bool), shape)
     _check_inputs(
@@ -590,31 +644,7 @@ def simulate_throughput(
         share=R,
         ops_per_step=C,
     )
-    lead = shape[:-1]
-    dev = {f: _device_field(device, f, lead) for f in _NUMERIC_FIELDS}
-    peak, oom = _admit(A, P, N, B, present, dev, inference=inference)
-    run = present & ~oom
-    terms = _TaskTerms.of(F, A, P, N, B, C, G, dev, inference=inference)
-    if partitioning == "timeslice":
-        D, stretch, t = _timeslice_times(terms, run, dev)
-    else:
-        D, stretch, t = _mps_times(terms, R, run)
-    return _prediction(terms, run, B, D, stretch, t, peak, oom, noise=noise, partitioning=partitioning)
-
-
-def _broadcast_inputs(*arrays: npt.ArrayLike) -> tuple[np.ndarray, ...]:
-    """:func:`simulate_throughput`'s per-task inputs as float arrays broadcast together.
-
-    Raises:
-        ValueError: if they do not broadcast, or give no task axis (0-d).
-    """
-    try:
-        broadcast = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in arrays))
-    except ValueError as exc:
-        raise ValueError(f"simulate_throughput inputs do not broadcast: {exc}") from None
-    if broadcast[0].ndim == 0:
-        raise ValueError("simulate_throughput needs a task axis: pass arrays of shape (..., I)")
-    return tuple(broadcast)
+    return (F, A, P, N, B, R, C, G), present
 
 
 def _admit(

@@ -345,17 +345,8 @@ def fit_predictor(
     slices = np.take_along_axis(slice_labels(ts.space, ts.enc), ts.order, axis=1)[None]
     n_groups = len(set(ts.groups.tolist()))
     n_folds = min(folds, n_groups)
-    reports = []
-    heldout_by_family: dict[str, FloatArray] = {}
     splits = _partitions(ts, n_folds, partitions, seed)
-    measured = np.broadcast_to(ts.measured, (partitions, *ts.measured.shape))
-    for family in families:
-        say(f"cross-validating {family} ({n_folds} folds × {partitions} partitions, whole mixes held out)")
-        t0 = time.perf_counter()
-        pred = _heldout_predictions(family, ts, splits, measured.shape, seed)
-        reports.append(_family_report(family, pred, measured, mask, mix_size, slices, t0))
-        heldout_by_family[family] = pred[0]  # the scatter shows one held-out prediction per sample
-        say(f"{family}: held-out RMSLE {reports[-1].rmsle:.4f}, MAPE {100 * reports[-1].mape:.1f} %")
+    reports, heldout_by_family = _compare_families(ts, families, splits, mix_size, slices, seed, say)
     kept = min(reports, key=lambda r: r.rmsle).family
     say(f"refitting {kept} on all {len(ts.mixes)} configurations")
     model = None
@@ -397,6 +388,31 @@ def _partitions(ts: TrainingSet, n_folds: int, partitions: int, seed: int) -> li
         ]
         for p in range(partitions)
     ]
+
+
+def _compare_families(
+    ts: TrainingSet,
+    families: Sequence[str],
+    splits: list[list[_Split]],
+    mix_size: IntArray,
+    slices: StrArray,
+    seed: int,
+    say: Callable[[str], None],
+) -> tuple[list[FamilyReport], dict[str, FloatArray]]:
+    """Cross-validate every family on the same partitions ``splits``: its report, and its
+    held-out predictions of the first partition (``(n, slots)``, for the scatter)."""
+    n_folds, partitions = len(splits[0]), len(splits)
+    reports = []
+    heldout_by_family: dict[str, FloatArray] = {}
+    measured = np.broadcast_to(ts.measured, (partitions, *ts.measured.shape))
+    for family in families:
+        say(f"cross-validating {family} ({n_folds} folds × {partitions} partitions, whole mixes held out)")
+        t0 = time.perf_counter()
+        pred = _heldout_predictions(family, ts, splits, measured.shape, seed)
+        reports.append(_family_report(family, pred, measured, ts.mask, mix_size, slices, t0))
+        heldout_by_family[family] = pred[0]  # the scatter shows one held-out prediction per sample
+        say(f"{family}: held-out RMSLE {reports[-1].rmsle:.4f}, MAPE {100 * reports[-1].mape:.1f} %")
+    return reports, heldout_by_family
 
 
 def _heldout_predictions(
