@@ -582,26 +582,24 @@ def _run_child(message: dict[str, Any], fds: Sequence[int], server_pid: int) -> 
 
 def serve(sock: socket.socket, preload: Sequence[str]) -> int:
     """The server's loop (``python -m workers.forkserver FD [MODULE...]``): import ``preload``,
-    say ready, then fork on every spawn request until the agent's end of ``sock`` closes.
+    say ready, then fork on every spawn request until the agent's end of ``sock`` closes
+    (:meth:`_Server.handle`; SIGTERM stops it too). Children still running when it stops are
+    killed and reaped.
 
     Returns:
         The exit code: 0 after a clean close, 1 if an import failed or the server had threads.
     """
-
-    def say(**message: Any) -> None:
-        with contextlib.suppress(OSError):
-            sock.send(json.dumps(message).encode())
-
+    server = _Server(sock)
     try:
         for name in preload:
             importlib.import_module(name)
     except BaseException as exc:  # noqa: BLE001 - reported to the agent
         traceback.print_exc()
-        say(event="failed", error=f"cannot import: {type(exc).__name__}: {exc}")
+        server.say(event="failed", error=f"cannot import: {type(exc).__name__}: {exc}")
         return 1
     threads = _thread_count()
     if threads != 1:
-        say(event="failed", error=f"{threads} threads after importing {', '.join(preload)}: forking is unsafe")
+        server.say(event="failed", error=f"{threads} threads after importing {', '.join(preload)}: forking is unsafe")
         return 1
 
     wake_r, wake_w = os.pipe()
@@ -610,25 +608,10 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    children: set[int] = set()
-    me = os.getpid()
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    say(event="ready", pid=me)
-
-    def reap() -> None:
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid in children:
-                children.discard(pid)
-                say(event="exited", pid=pid, returncode=os.waitstatus_to_exitcode(status))
-
+    server.say(event="ready", pid=server.me)
     try:
         while not stopping:
             for key, _ in selector.select(timeout=1.0):
@@ -642,37 +625,73 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> int:
                     data, fds = b"", []
                 if not data:
                     return 0
-                message = json.loads(data)
-                if message.get("op") == "signal":
-                    if message["pid"] in children:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(message["pid"], message["signum"])
-                    continue
-                if message.get("op") == "spawn":
-                    try:
-                        pid = os.fork()
-                    except OSError as exc:
-                        say(event="spawn_failed", id=message["id"], error=f"fork: {exc}")
-                        pid = None
-                    if pid == 0:
-                        _run_child(message, fds, me)  # never returns
-                    for fd in fds:
-                        os.close(fd)
-                    if pid is not None:
-                        children.add(pid)
-                        say(event="spawned", id=message["id"], pid=pid)
-            reap()
+                server.handle(json.loads(data), fds)
+            server.reap()
     except KeyboardInterrupt:
         pass
     finally:
-        for pid in list(children):
+        server.kill_children()
+    return 0
+
+
+class _Server:
+    """The fork server's side of the agent's socket: its pid and the children it forked."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.children: set[int] = set()
+        self.me = os.getpid()
+
+    def say(self, **message: Any) -> None:
+        """Send one event to the agent (lost if the agent's end is gone)."""
+        with contextlib.suppress(OSError):
+            self.sock.send(json.dumps(message).encode())
+
+    def handle(self, message: dict[str, Any], fds: list[int]) -> None:
+        """One request: ``signal`` (to one of this server's children only) or ``spawn`` (fork;
+        the child runs :func:`_run_child` with ``fds`` as its standard streams, the server
+        closes its copies and says ``spawned`` or ``spawn_failed``)."""
+        if message.get("op") == "signal":
+            if message["pid"] in self.children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(message["pid"], message["signum"])
+            return
+        if message.get("op") == "spawn":
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                self.say(event="spawn_failed", id=message["id"], error=f"fork: {exc}")
+                pid = None
+            if pid == 0:
+                _run_child(message, fds, self.me)  # never returns
+            for fd in fds:
+                os.close(fd)
+            if pid is not None:
+                self.children.add(pid)
+                self.say(event="spawned", id=message["id"], pid=pid)
+
+    def reap(self) -> None:
+        """Collect the children that exited and say so, with their exit codes."""
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.children:
+                self.children.discard(pid)
+                self.say(event="exited", pid=pid, returncode=os.waitstatus_to_exitcode(status))
+
+    def kill_children(self) -> None:
+        """Kill every child still running and reap it, saying so."""
+        for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        for pid in list(children):
+        for pid in list(self.children):
             with contextlib.suppress(ChildProcessError):
                 _pid, status = os.waitpid(pid, 0)
-                say(event="exited", pid=pid, returncode=os.waitstatus_to_exitcode(status))
-    return 0
+                self.say(event="exited", pid=pid, returncode=os.waitstatus_to_exitcode(status))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

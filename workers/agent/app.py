@@ -831,6 +831,15 @@ def _check_control_plane(device: str, refuse: Callable[..., int]) -> int | None:
     return None
 
 
+class _Refused(Exception):
+    """Why the agent does not start: one line for stderr and the exit code (:func:`main`)."""
+
+    def __init__(self, message: str, code: int = EXIT_CONFIG) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent") -> int:
     """Start the agent: validate, register, start heartbeats, then serve the device queue.
 
@@ -848,89 +857,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
         return code
 
     try:
-        queue = device_queue(args.device)
-    except ValueError as exc:
-        return refuse(str(exc))
-    if args.heartbeat_s is None:
-        try:
-            args.heartbeat_s = float(os.environ.get(ENV_HEARTBEAT_S, "").strip() or DEFAULT_HEARTBEAT_S)
-        except ValueError:
-            return refuse(f"{ENV_HEARTBEAT_S}={os.environ.get(ENV_HEARTBEAT_S)!r} is not a number of seconds")
-    if not (math.isfinite(args.heartbeat_s) and 0 < args.heartbeat_s <= 3600):
-        return refuse(f"--heartbeat-s={args.heartbeat_s} is out of range: allowed (0, 3600] seconds")
-    available = sorted(os.sched_getaffinity(0))
-    if args.cores is None:
-        cores = available
-    else:
-        try:
-            cores = parse_cores(args.cores)
-        except ValueError as exc:
-            return refuse(f"--cores: {exc}")
-        outside = sorted(set(cores) - set(available))
-        if outside:
-            return refuse(
-                f"--cores {args.cores!r} includes CPUs {format_cores(outside)} this process may "
-                f"not use; available: {format_cores(available)}"
-            )
-    if args.gpu is not None:
-        os.environ[ENV_GPU] = args.gpu
-    try:
-        _backend(args.backend).check_available()
-    except BackendUnavailableError as exc:
-        return refuse(f"backend {args.backend!r} unavailable: {exc}")
-    except ValueError as exc:  # the backend's own settings, e.g. MTFL_SIM_DEVICE, MTFL_AGENT_GPU
-        return refuse(f"backend {args.backend!r} misconfigured: {exc}")
-    try:
-        config.warm_trainers()
-        config.warm_trainers_memory_bytes()
-    except ValueError as exc:
-        return refuse(str(exc))
-    try:
-        configure_broker()
-    except RuntimeError as exc:
-        return refuse(str(exc))
-    if args.control_url is not None:
-        os.environ[ENV_CONTROL_URL] = args.control_url
-    if args.agent_token is not None:
-        os.environ[ENV_AGENT_TOKEN] = args.agent_token
+        queue, cores = _checked_options(args)
+        _prepare_settings(args)
+    except _Refused as exc:
+        return refuse(exc.message, exc.code)
     stop = _check_control_plane(args.device, refuse)
     if stop is not None:
         return stop
-
-    state_dir = args.state_dir or config.mtfl_home() / "agents" / args.device
-    os.environ[ENV_DEVICE] = args.device
-    os.environ[ENV_BACKEND] = args.backend
-    os.environ[ENV_CORES] = format_cores(cores)
-    os.environ[ENV_STATE_DIR] = str(state_dir)
-    settings = agent_settings()
     try:
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        lock = _hold_device_lock(settings.state_dir)
-    except OSError as exc:
-        return refuse(f"--state-dir {str(settings.state_dir)!r} is not usable: {exc.strerror or exc}")
-    if lock is None:
-        return refuse(f"an agent for device {args.device!r} already runs with state dir {str(settings.state_dir)!r}")
-    others = _agents_serving(args.device)
-    if others:
-        return refuse(f"an agent for device {args.device!r} is already serving {queue}: {', '.join(others)}")
-
-    try:
-        payload = build_inventory(settings).model_dump(mode="json")
-    except BackendUnavailableError as exc:
-        return refuse(f"backend {args.backend!r} unavailable: {exc}")
-    # Until Celery installs its own handlers, SIGTERM exits through atexit, which stops the
-    # backend: an MPS daemon started below never outlives an agent stopped while starting.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        _backend(args.backend).start(_context(settings))
-    except BackendUnavailableError as exc:
-        stop_backends()
-        return refuse(f"backend {args.backend!r} could not prepare device {args.device!r}: {exc}", EXIT_DEVICE)
-    try:
-        app.send_task(TaskName.DEVICE_REGISTER, args=[payload], queue=CONTROL_QUEUE)
-    except Exception as exc:  # noqa: BLE001 - one clear line instead of a kombu traceback
-        stop_backends()
-        return refuse(f"cannot register with the broker at {app.conf.broker_url}: {_describe(exc)}", EXIT_BROKER)
+        settings, lock = _claim_device(args, queue, cores)  # the lock is held while the agent runs
+        payload = _start_device(args, settings)
+    except _Refused as exc:
+        return refuse(exc.message, exc.code)
     _STOP_HEARTBEAT.clear()
     threading.Thread(
         target=_heartbeat_loop,
@@ -959,6 +897,134 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m workers.agent
     _STOP_HEARTBEAT.set()
     stop_backends()
     return EXIT_OK
+
+
+def _checked_options(args: argparse.Namespace) -> tuple[str, list[int]]:
+    """The device's queue and cores from the command line, ``args.heartbeat_s`` filled from
+    ``MTFL_AGENT_HEARTBEAT_S`` (or its default) when not given.
+
+    Raises:
+        _Refused: a bad device name, heartbeat period (allowed ``(0, 3600]`` s) or core list (one
+            this process may not use).
+    """
+    try:
+        queue = device_queue(args.device)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    if args.heartbeat_s is None:
+        try:
+            args.heartbeat_s = float(os.environ.get(ENV_HEARTBEAT_S, "").strip() or DEFAULT_HEARTBEAT_S)
+        except ValueError:
+            raise _Refused(
+                f"{ENV_HEARTBEAT_S}={os.environ.get(ENV_HEARTBEAT_S)!r} is not a number of seconds"
+            ) from None
+    if not (math.isfinite(args.heartbeat_s) and 0 < args.heartbeat_s <= 3600):
+        raise _Refused(f"--heartbeat-s={args.heartbeat_s} is out of range: allowed (0, 3600] seconds")
+    available = sorted(os.sched_getaffinity(0))
+    if args.cores is None:
+        return queue, available
+    try:
+        cores = parse_cores(args.cores)
+    except ValueError as exc:
+        raise _Refused(f"--cores: {exc}") from None
+    outside = sorted(set(cores) - set(available))
+    if outside:
+        raise _Refused(
+            f"--cores {args.cores!r} includes CPUs {format_cores(outside)} this process may "
+            f"not use; available: {format_cores(available)}"
+        )
+    return queue, cores
+
+
+def _prepare_settings(args: argparse.Namespace) -> None:
+    """Put the command line's GPU, control-plane URL and token into the environment and check
+    the backend, the warm-trainer settings and the broker's.
+
+    Raises:
+        _Refused: the backend is unavailable or misconfigured, or a setting is invalid.
+    """
+    if args.gpu is not None:
+        os.environ[ENV_GPU] = args.gpu
+    try:
+        _backend(args.backend).check_available()
+    except BackendUnavailableError as exc:
+        raise _Refused(f"backend {args.backend!r} unavailable: {exc}") from None
+    except ValueError as exc:  # the backend's own settings, e.g. MTFL_SIM_DEVICE, MTFL_AGENT_GPU
+        raise _Refused(f"backend {args.backend!r} misconfigured: {exc}") from None
+    try:
+        config.warm_trainers()
+        config.warm_trainers_memory_bytes()
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    try:
+        configure_broker()
+    except RuntimeError as exc:
+        raise _Refused(str(exc)) from None
+    if args.control_url is not None:
+        os.environ[ENV_CONTROL_URL] = args.control_url
+    if args.agent_token is not None:
+        os.environ[ENV_AGENT_TOKEN] = args.agent_token
+
+
+def _claim_device(args: argparse.Namespace, queue: str, cores: list[int]) -> tuple[AgentSettings, IO[str]]:
+    """The agent's settings (written to the ``MTFL_AGENT_*`` variables the tasks read) and its
+    state dir's lock, taken (:func:`_hold_device_lock`: keep it referenced).
+
+    Raises:
+        _Refused: the state dir is not usable, or another agent holds this device's lock or
+            already serves its queue.
+    """
+    state_dir = args.state_dir or config.mtfl_home() / "agents" / args.device
+    os.environ[ENV_DEVICE] = args.device
+    os.environ[ENV_BACKEND] = args.backend
+    os.environ[ENV_CORES] = format_cores(cores)
+    os.environ[ENV_STATE_DIR] = str(state_dir)
+    settings = agent_settings()
+    try:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        lock = _hold_device_lock(settings.state_dir)
+    except OSError as exc:
+        raise _Refused(f"--state-dir {str(settings.state_dir)!r} is not usable: {exc.strerror or exc}") from None
+    if lock is None:
+        raise _Refused(f"an agent for device {args.device!r} already runs with state dir {str(settings.state_dir)!r}")
+    others = _agents_serving(args.device)
+    if others:
+        raise _Refused(f"an agent for device {args.device!r} is already serving {queue}: {', '.join(others)}")
+    return settings, lock
+
+
+def _start_device(args: argparse.Namespace, settings: AgentSettings) -> JsonDict:
+    """Prepare the device (the backend's :meth:`start`: the MPS control daemon) and register it
+    with the control plane through the broker. Returns the registration's inventory payload
+    (JSON), which the heartbeats repeat.
+
+    Raises:
+        _Refused: the inventory cannot be built (code 2), the device cannot be prepared
+            (:data:`EXIT_DEVICE`) or the broker cannot be reached (:data:`EXIT_BROKER`); the
+            backend is stopped again in the last two cases.
+    """
+    try:
+        payload = build_inventory(settings).model_dump(mode="json")
+    except BackendUnavailableError as exc:
+        raise _Refused(f"backend {args.backend!r} unavailable: {exc}") from None
+    # Until Celery installs its own handlers, SIGTERM exits through atexit, which stops the
+    # backend: an MPS daemon started below never outlives an agent stopped while starting.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _backend(args.backend).start(_context(settings))
+    except BackendUnavailableError as exc:
+        stop_backends()
+        raise _Refused(
+            f"backend {args.backend!r} could not prepare device {args.device!r}: {exc}", EXIT_DEVICE
+        ) from None
+    try:
+        app.send_task(TaskName.DEVICE_REGISTER, args=[payload], queue=CONTROL_QUEUE)
+    except Exception as exc:  # noqa: BLE001 - one clear line instead of a kombu traceback
+        stop_backends()
+        raise _Refused(
+            f"cannot register with the broker at {app.conf.broker_url}: {_describe(exc)}", EXIT_BROKER
+        ) from None
+    return payload
 
 
 if __name__ == "__main__":

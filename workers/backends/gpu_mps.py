@@ -353,70 +353,96 @@ class MpsDaemon:
             self.pipe_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._check_paths()
+            self._clear_pipe_dir()
+            self._run_daemon()
+            self._wait_until_answering()
+
+    def _clear_pipe_dir(self) -> None:
+        """Quit a daemon of this user answering in :attr:`pipe_dir`, or remove a stale socket.
+
+        Raises:
+            MpsError: a daemon there does not answer.
+        """
+        if self._control_socket.exists():
+            try:
+                if self.answers():
+                    logger.warning(
+                        "an MPS control daemon of this user already runs in %s; restarting it", self.pipe_dir
+                    )
+                    self._quit()
+                else:
+                    self._control_socket.unlink(missing_ok=True)
+            except MpsNoAnswerError as exc:
+                pid = _tail(self._pid_file, 20)
+                raise MpsError(
+                    f"{exc}: stop that daemon{' (pid ' + pid + ')' if pid else ''} or give "
+                    "this agent another --state-dir"
+                ) from None
+
+    def _run_daemon(self) -> None:
+        """Run ``nvidia-cuda-mps-control -d`` (it forks the daemon into the background and
+        returns), its output to ``log_dir/mps-control.stderr``; :attr:`started` from here on.
+
+        Raises:
+            MpsNoAnswerError: the binary does not return within :attr:`timeout_s`.
+            MpsError: it cannot run or fails (the message quotes its output or the control log).
+        """
+        stderr_path = self.log_dir / "mps-control.stderr"
+        # Counted as started from here on: if the agent is stopped (SIGTERM) while the
+        # daemon comes up, stop() must still try to quit it rather than orphan it.
+        self.started = True
+        try:
+            with open(stderr_path, "wb") as stderr:
+                # No pipes: the daemon forks into the background and would hold them open.
+                done = subprocess.run(
+                    [self.binary, "-d"],
+                    env=self.daemon_env(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=stderr,
+                    stderr=stderr,
+                    timeout=self.timeout_s,
+                    check=False,
+                    start_new_session=True,
+                )
+        except subprocess.TimeoutExpired:
+            raise MpsNoAnswerError(f"`{self.binary} -d` did not return within {self.timeout_s:g} s") from None
+        except OSError as exc:
+            self.started = False
+            raise MpsError(f"cannot run {self.binary}: {exc.strerror or exc}") from None
+        if done.returncode != 0:
+            self.started = False
+            said = " ".join((_tail(stderr_path) or _tail(self.log_dir / "control.log")).split())
+            raise MpsError(f"`{self.binary} -d` failed (exit {done.returncode}){': ' + said[-300:] if said else ''}")
+
+    def _wait_until_answering(self) -> None:
+        """Poll until the new daemon's control socket answers ``get_server_list``; then
+        :attr:`answering`.
+
+        Raises:
+            MpsNoAnswerError: it does not within :attr:`timeout_s` (the message says the last
+                problem seen).
+        """
+        deadline = time.monotonic() + self.timeout_s
+        last = "its control socket never appeared"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MpsNoAnswerError(
+                    f"the MPS control daemon started in {self.pipe_dir} did not answer "
+                    f"within {self.timeout_s:g} s ({last})"
+                )
             if self._control_socket.exists():
                 try:
-                    if self.answers():
-                        logger.warning(
-                            "an MPS control daemon of this user already runs in %s; restarting it", self.pipe_dir
-                        )
-                        self._quit()
-                    else:
-                        self._control_socket.unlink(missing_ok=True)
-                except MpsNoAnswerError as exc:
-                    pid = _tail(self._pid_file, 20)
-                    raise MpsError(
-                        f"{exc}: stop that daemon{' (pid ' + pid + ')' if pid else ''} or give "
-                        "this agent another --state-dir"
-                    ) from None
-            stderr_path = self.log_dir / "mps-control.stderr"
-            # Counted as started from here on: if the agent is stopped (SIGTERM) while the
-            # daemon comes up, stop() must still try to quit it rather than orphan it.
-            self.started = True
-            try:
-                with open(stderr_path, "wb") as stderr:
-                    # No pipes: the daemon forks into the background and would hold them open.
-                    done = subprocess.run(
-                        [self.binary, "-d"],
-                        env=self.daemon_env(),
-                        stdin=subprocess.DEVNULL,
-                        stdout=stderr,
-                        stderr=stderr,
-                        timeout=self.timeout_s,
-                        check=False,
-                        start_new_session=True,
-                    )
-            except subprocess.TimeoutExpired:
-                raise MpsNoAnswerError(f"`{self.binary} -d` did not return within {self.timeout_s:g} s") from None
-            except OSError as exc:
-                self.started = False
-                raise MpsError(f"cannot run {self.binary}: {exc.strerror or exc}") from None
-            if done.returncode != 0:
-                self.started = False
-                said = " ".join((_tail(stderr_path) or _tail(self.log_dir / "control.log")).split())
-                raise MpsError(
-                    f"`{self.binary} -d` failed (exit {done.returncode}){': ' + said[-300:] if said else ''}"
-                )
-            deadline = time.monotonic() + self.timeout_s
-            last = "its control socket never appeared"
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise MpsNoAnswerError(
-                        f"the MPS control daemon started in {self.pipe_dir} did not answer "
-                        f"within {self.timeout_s:g} s ({last})"
-                    )
-                if self._control_socket.exists():
-                    try:
-                        self.query("get_server_list", timeout_s=left)
-                    except MpsNoAnswerError:
-                        raise
-                    except MpsError as exc:
-                        last = str(exc)
-                    else:
-                        self.answering = True
-                        logger.info("MPS control daemon answering in %s (GPU %s)", self.pipe_dir, self.gpu_uuid)
-                        return
-                time.sleep(0.05)
+                    self.query("get_server_list", timeout_s=left)
+                except MpsNoAnswerError:
+                    raise
+                except MpsError as exc:
+                    last = str(exc)
+                else:
+                    self.answering = True
+                    logger.info("MPS control daemon answering in %s (GPU %s)", self.pipe_dir, self.gpu_uuid)
+                    return
+            time.sleep(0.05)
 
     def server_pids(self, timeout_s: float | None = None) -> list[int]:
         """The process ids of the MPS servers the daemon runs (``get_server_list``).

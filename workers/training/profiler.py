@@ -330,12 +330,36 @@ def profile(
     With ``models`` (a warm trainer's :class:`WarmModels`) the model comes from it, in the state
     a freshly built one has, instead of being built. Steps run through a :class:`StepRunner`
     with ``spec.execution``'s options; after the warm-up, timed steps go in chunks ended by
-    one synchronisation and one ``ITER`` line each (module docstring).
+    one synchronisation and one ``ITER`` line each (module docstring, :func:`_train_until_stop`).
 
     Raises:
         RuntimeError: if the barrier is aborted (anything but ``GO`` on stdin).
         Exception: any error of setup or training.
     """
+    device, runner, x, y = _prepare(spec, models)
+    warmup = max(spec.warmup_iterations, STEPS_BEFORE_REPLAY) if runner.mode == "graphs" else spec.warmup_iterations
+
+    protocol_out.write(READY_LINE + "\n")
+    protocol_out.flush()
+    line = commands.wait_line()
+    if line != GO_LINE:
+        raise RuntimeError(f"start barrier aborted: expected {GO_LINE!r} on stdin, got {line!r}")
+
+    iterations, host_step_s = _train_until_stop(spec, device, runner, x, y, warmup, protocol_out, commands)
+    return ProfileRun(
+        iterations=iterations,
+        execution_mode=runner.mode,
+        execution_fallback=runner.fallback,
+        host_step_s=host_step_s,
+    )
+
+
+def _prepare(
+    spec: ProfileChildSpec, models: WarmModels | None
+) -> tuple[torch.device, StepRunner, torch.Tensor, torch.Tensor]:
+    """Everything before the barrier: the process's resources, the device (kept in
+    ``_DEVICE``), the model in training mode with its optimizer and step runner, and one random
+    batch ``(x, y)`` seeded ``spec.seed`` on the device; the dropout seed set."""
     # deferred: torch stays out of processes that import this module without training (the web app, the agent)
     import torch
 
@@ -350,19 +374,27 @@ def profile(
     model.train()
     optimizer = build_optimizer(model, OptimizerConfig())
     runner = StepRunner(model, optimizer, device, spec.execution)
-    warmup = max(spec.warmup_iterations, STEPS_BEFORE_REPLAY) if runner.mode == "graphs" else spec.warmup_iterations
     generator = torch.Generator().manual_seed(spec.seed)
     # Drawn on the CPU generator, so the batch is the same on every device, then moved once.
     x = torch.randn(spec.batch_size, *spec.input_shape, generator=generator).to(device)
     y = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=generator).to(device)
     torch.manual_seed(spec.seed)  # dropout masks
+    return device, runner, x, y
 
-    protocol_out.write(READY_LINE + "\n")
-    protocol_out.flush()
-    line = commands.wait_line()
-    if line != GO_LINE:
-        raise RuntimeError(f"start barrier aborted: expected {GO_LINE!r} on stdin, got {line!r}")
 
+def _train_until_stop(
+    spec: ProfileChildSpec,
+    device: torch.device,
+    runner: StepRunner,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    warmup: int,
+    protocol_out: TextIO,
+    commands: StdinCommands,
+) -> tuple[int, float | None]:
+    """Step until ``STOP`` (or stdin closes): ``warmup`` steps, then chunks of timed steps, each
+    reported in one ``ITER`` line (:func:`next_chunk_steps` sizes the next). Returns the steps
+    run and the host time of one step [s] (``None`` when no timed step ran); closes ``runner``."""
     hold = IterationLock(spec.lock_path)
     # A lock on a GPU time-slices it: a step must have finished before the lock goes to the
     # next holder (as in workers.training.trainer.run_epochs).
@@ -414,16 +446,9 @@ def profile(
     finally:
         runner.close()
         hold.close()
-    return ProfileRun(
-        iterations=iterations,
-        execution_mode=runner.mode,
-        execution_fallback=runner.fallback,
-        host_step_s=(
-            float(statistics.median(drained_host_s))
-            if device.type == "cuda" and drained_host_s
-            else (timed_host_s / timed_steps if timed_steps else None)
-        ),
-    )
+    if device.type == "cuda" and drained_host_s:
+        return iterations, float(statistics.median(drained_host_s))
+    return iterations, (timed_host_s / timed_steps if timed_steps else None)
 
 
 def _write_result(path: Path, result: ProfileChildResult) -> None:

@@ -83,10 +83,10 @@ from workers.protocol.messages import (
     StandaloneResult,
     TaskRef,
 )
-from workers.registry.aggregators import build_client_term
+from workers.registry.aggregators import ClientTerm, build_client_term
 from workers.registry.datasets import root_fingerprint, split_arrays
 from workers.training.datasets import load_split, load_splits
-from workers.training.execution import STEPS_BEFORE_REPLAY, StepRunner, resolve_execution
+from workers.training.execution import STEPS_BEFORE_REPLAY, ExecutedMode, StepRunner, resolve_execution
 from workers.training.partition import shard_indices
 from workers.training.profiler import StdinCommands, WarmModels, run_profile_job
 from workers.training.runtime import (
@@ -457,8 +457,9 @@ def train(
 
     With ``cache`` (a warm trainer, :func:`serve`) the model and the shard come from it: the
     model is built once and gets the global weights loaded into it, the shard is loaded once
-    and again only when it changes. The optimizer, the aggregator's client term and every seed
-    are set up as in a cold trainer, so the round's weights are bit-identical to a cold one's.
+    and again only when it changes (:func:`_set_up`). The optimizer, the aggregator's
+    client term and every seed are set up as in a cold trainer, so the round's weights are
+    bit-identical to a cold one's.
 
     ``samples_trained`` counts every sample of every epoch (``shard.count · local_epochs``);
     ``train_loss`` is the last epoch's mean cross-entropy weighted by batch sizes (without the
@@ -476,13 +477,73 @@ def train(
     Raises:
         Exception: any error of setup or training (the caller turns it into a failed result).
     """
-    # deferred: torch (the agent and backends import this module for its specs: it stays light)
-    import torch
-
     apply_resources(spec.threads, spec.cores)
     device = open_device(trainer_device())
     store = LocalArtifactStore(spec.artifact_root)
     global_path = store.path(spec.global_weights)
+    model, optimizer, client_term, x, y = _set_up(spec, device, global_path, cache)
+
+    protocol_out.write(READY_LINE + "\n")
+    protocol_out.flush()
+    line = protocol_in.readline()
+    if line.strip() != GO_LINE:
+        raise BarrierAborted(f"start barrier aborted: expected {GO_LINE!r} on stdin, got {line!r}")
+
+    started_at = time.time()
+    records: list[IterationRecord] = []
+    train_loss: float | None = None
+    if len(y) == 0:
+        sha = store.put_file(spec.output_weights, global_path)
+        execution_mode, execution_fallback = resolve_execution(spec.execution, device)
+    else:
+        records, train_loss, execution_mode, execution_fallback = _train_epochs(
+            spec, model, optimizer, client_term, device, x, y
+        )
+        sha = save_model_weights(model, store.path(spec.output_weights))
+    finished_at = time.time()
+
+    timed, throughput = steady_state(records, spec.warmup_iterations)
+    return AssignmentResult(
+        assignment_id=spec.assignment_id,
+        task_id=spec.task.task_id,
+        status="succeeded",
+        samples_trained=sum(r.samples for r in records),
+        iterations=sum(r.iterations for r in records),
+        timed_iterations=sum(r.iterations for r in timed),
+        seconds=finished_at - started_at,
+        throughput_sps=throughput,
+        train_loss=train_loss,
+        started_at=started_at,
+        finished_at=finished_at,
+        weights=spec.output_weights,
+        weights_sha256=sha,
+        threads=spec.threads,
+        cores=spec.cores,
+        torch_device=device.type,
+        peak_memory_bytes=peak_memory(device),
+        visible_sm_count=visible_sm_count(device),
+        execution_mode=execution_mode,
+        execution_fallback=execution_fallback,
+    )
+
+
+def _set_up(
+    spec: TrainerSpec, device: torch.device, global_path: Path, cache: TrainerCache | None
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, ClientTerm | None, torch.Tensor, torch.Tensor]:
+    """Everything before the barrier: the model with the global weights loaded and the shard
+    ``(x, y)``, all on ``device`` (no copies inside the timing; on CUDA, warmed up at every batch
+    size the epochs will use, :func:`warm_up_shapes`), its optimizer and the aggregator's client
+    term; the dropout seed set.
+
+    A cold trainer builds the model (seeded ``spec.seed``) and loads the shard; a warm one
+    (``cache``) takes both from its cache and resets the model's gradients.
+
+    Raises:
+        FileNotFoundError: the global weights are not at ``global_path``.
+    """
+    # deferred: torch (the agent and backends import this module for its specs: it stays light)
+    import torch
+
     if cache is None:
         x, y = _load_shard(spec.task, spec.shard)
         model = build_model(spec.task.architecture, spec.task.num_classes, spec.seed, spec.task.input_shape)
@@ -513,68 +574,43 @@ def train(
     # operations it always did.
     client_term = build_client_term(spec.aggregator, spec.client_options, model)
     torch.manual_seed(spec.seed)  # dropout masks
+    return model, optimizer, client_term, x, y
 
-    protocol_out.write(READY_LINE + "\n")
-    protocol_out.flush()
-    line = protocol_in.readline()
-    if line.strip() != GO_LINE:
-        raise BarrierAborted(f"start barrier aborted: expected {GO_LINE!r} on stdin, got {line!r}")
 
-    started_at = time.time()
-    records: list[IterationRecord] = []
-    train_loss: float | None = None
-    num_samples = len(y)
-    if num_samples == 0:
-        sha = store.put_file(spec.output_weights, global_path)
-        execution_mode, execution_fallback = resolve_execution(spec.execution, device)
-    else:
-        model.train()
-        runner = StepRunner(model, optimizer, device, spec.execution, client_term=client_term)
-        hold = IterationLock(spec.lock_path)
-        try:
-            records, train_loss = run_epochs(
-                runner,
-                x,
-                y,
-                batch_size=spec.batch_size,
-                epochs=spec.local_epochs,
-                seed=spec.seed,
-                warmup_iterations=spec.warmup_iterations,
-                hold=hold,
-                sync_each_step=spec.lock_path is not None and device.type == "cuda",
-            )
-            with hold:
-                recalibrate_batchnorm(model, x, spec.batch_size)
-        finally:
-            runner.close()
-            hold.close()
-        execution_mode, execution_fallback = runner.mode, runner.fallback
-        sha = save_model_weights(model, store.path(spec.output_weights))
-    finished_at = time.time()
-
-    timed, throughput = steady_state(records, spec.warmup_iterations)
-    return AssignmentResult(
-        assignment_id=spec.assignment_id,
-        task_id=spec.task.task_id,
-        status="succeeded",
-        samples_trained=sum(r.samples for r in records),
-        iterations=sum(r.iterations for r in records),
-        timed_iterations=sum(r.iterations for r in timed),
-        seconds=finished_at - started_at,
-        throughput_sps=throughput,
-        train_loss=train_loss,
-        started_at=started_at,
-        finished_at=finished_at,
-        weights=spec.output_weights,
-        weights_sha256=sha,
-        threads=spec.threads,
-        cores=spec.cores,
-        torch_device=device.type,
-        peak_memory_bytes=peak_memory(device),
-        visible_sm_count=visible_sm_count(device),
-        execution_mode=execution_mode,
-        execution_fallback=execution_fallback,
-    )
+def _train_epochs(
+    spec: TrainerSpec,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    client_term: ClientTerm | None,
+    device: torch.device,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> tuple[list[IterationRecord], float, ExecutedMode, str]:
+    """Train the shard's ``local_epochs`` (:func:`run_epochs`, each step under the device's
+    iteration lock when ``spec.lock_path`` is set) and recalibrate BatchNorm. Returns the
+    timing records, the last epoch's loss, and the mode the steps ran in with why it is not
+    the one asked for."""
+    model.train()
+    runner = StepRunner(model, optimizer, device, spec.execution, client_term=client_term)
+    hold = IterationLock(spec.lock_path)
+    try:
+        records, train_loss = run_epochs(
+            runner,
+            x,
+            y,
+            batch_size=spec.batch_size,
+            epochs=spec.local_epochs,
+            seed=spec.seed,
+            warmup_iterations=spec.warmup_iterations,
+            hold=hold,
+            sync_each_step=spec.lock_path is not None and device.type == "cuda",
+        )
+        with hold:
+            recalibrate_batchnorm(model, x, spec.batch_size)
+    finally:
+        runner.close()
+        hold.close()
+    return records, train_loss, runner.mode, runner.fallback
 
 
 def batches_per_epoch(num_samples: int, batch_size: int) -> int:
