@@ -125,28 +125,8 @@ def _run_new(
         record = get_strategy(strategy)
     except PlanningError as exc:
         raise ApplicationError(str(exc), field=exc.field) from exc
-    never_seen = sorted(experiment.devices.filter(last_heartbeat_at__isnull=True).values_list("name", flat=True))
-    if never_seen:
-        raise ApplicationError(
-            f"device {never_seen[0]} has never connected an agent: start `mtfl agent --device {never_seen[0]}` "
-            "on its host first",
-            field="devices",
-            status_code=409,
-        )
-    experiment_plugins_check(experiment)
-    # A device's backend may have changed since the experiment was created (cpu now, say).
-    experiment_execution_check(experiment)
-    manual = None
-    if plan is not None:
-        manual = [
-            {
-                "device_id": entry.get("device"),
-                "task_id": entry.get("task"),
-                "batch_size": entry.get("batch_size"),
-                "active_thread_percentage": entry.get("active_thread_percentage"),
-            }
-            for entry in plan
-        ]
+    _run_devices_check(experiment)
+    manual = _manual_entries(plan)
     aggregation = run_aggregation_options(experiment, options)
     options = {k: v for k, v in (options or {}).items() if k not in planning.AGGREGATION_OPTIONS}
     if record.needs_predictor:
@@ -162,16 +142,7 @@ def _run_new(
         made = make_plan(strategy, selectors.planning_input(experiment), manual_entries=manual, planner=planner)
     except PlanningError as exc:
         raise ApplicationError(str(exc), field=exc.field) from exc
-    for name, backend in experiment.devices.order_by("name").values_list("name", "backend"):
-        given = BACKEND_REGISTRY.get(backend, field="backend").partitionings if backend in BACKEND_REGISTRY else ()
-        if made.partitioning not in given:
-            usable = [s.name for s in STRATEGY_REGISTRY if s.partitioning in given]
-            raise ApplicationError(
-                f"{strategy} needs {made.partitioning} partitioning, which device {name}'s {backend} backend cannot "
-                f"give (it has no MPS); run {' or '.join(usable) or 'another strategy'} there, or serve the device "
-                "with --backend cuda-mps",
-                field="strategy",
-            )
+    _partitioning_check(experiment, strategy, made.partitioning)
     warnings: list[str] = []
     extra: dict[str, Any] = {}
     if record.needs_predictor:
@@ -188,6 +159,57 @@ def _run_new(
         warnings=warnings,
         **(lab or {}),
     )
+
+
+def _run_devices_check(experiment: Experiment) -> None:
+    """Check that a run can start on the experiment's devices now.
+
+    Raises:
+        ApplicationError: (409, ``devices``) a device whose agent never connected; as
+            :func:`.plugins.experiment_plugins_check` and :func:`.execution.experiment_execution_check`.
+    """
+    never_seen = sorted(experiment.devices.filter(last_heartbeat_at__isnull=True).values_list("name", flat=True))
+    if never_seen:
+        raise ApplicationError(
+            f"device {never_seen[0]} has never connected an agent: start `mtfl agent --device {never_seen[0]}` "
+            "on its host first",
+            field="devices",
+            status_code=409,
+        )
+    experiment_plugins_check(experiment)
+    # A device's backend may have changed since the experiment was created (cpu now, say).
+    experiment_execution_check(experiment)
+
+
+def _manual_entries(plan: list[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """A manual plan's entries (``{"device", "task", "batch_size", "active_thread_percentage"}``)
+    as the planner and ``Run.manual_plan`` read them (``device_id``, ``task_id``, ...)."""
+    if plan is None:
+        return None
+    return [
+        {
+            "device_id": entry.get("device"),
+            "task_id": entry.get("task"),
+            "batch_size": entry.get("batch_size"),
+            "active_thread_percentage": entry.get("active_thread_percentage"),
+        }
+        for entry in plan
+    ]
+
+
+def _partitioning_check(experiment: Experiment, strategy: str, partitioning: str) -> None:
+    """Raises :class:`ApplicationError` (field ``strategy``) when a device's backend cannot give
+    the plan's ``partitioning``, naming the strategies that could run there."""
+    for name, backend in experiment.devices.order_by("name").values_list("name", "backend"):
+        given = BACKEND_REGISTRY.get(backend, field="backend").partitionings if backend in BACKEND_REGISTRY else ()
+        if partitioning not in given:
+            usable = [s.name for s in STRATEGY_REGISTRY if s.partitioning in given]
+            raise ApplicationError(
+                f"{strategy} needs {partitioning} partitioning, which device {name}'s {backend} backend cannot "
+                f"give (it has no MPS); run {' or '.join(usable) or 'another strategy'} there, or serve the device "
+                "with --backend cuda-mps",
+                field="strategy",
+            )
 
 
 def run_lab_options(
@@ -298,16 +320,7 @@ def comparison_create(
         raise ApplicationError(f"repeats={repeats!r} is not allowed: an integer from {REPEATS.span}", field="repeats")
     chosen_targets = comparison_targets(experiment, targets)
     lab = run_lab_options(experiment, pool=pool, priority=priority)
-    running = experiment.comparisons.filter(status=Comparison.Status.RUNNING).order_by("id").first()
-    if running is not None:
-        # Two comparisons of one experiment would interleave their runs on the same devices and
-        # stretch each other's wall-clock figures.
-        raise ApplicationError(
-            f"comparison {running.id} is still running on this experiment: wait for it to end or cancel it "
-            f"(POST /api/comparisons/{running.id}/cancel/)",
-            field="experiment",
-            status_code=409,
-        )
+    _no_comparison_running(experiment)
     aggregation = run_aggregation_options(experiment, options)
     options = planning.planner_options(options)  # passes over the aggregator
     experiment_plugins_check(experiment)
@@ -320,15 +333,47 @@ def comparison_create(
     comparison = Comparison.objects.create(
         experiment=experiment, strategies=list(strategies), repeats=int(repeats), targets=chosen_targets
     )
+    runs = _comparison_runs(comparison, options=options, aggregation=aggregation, planner=planner, lab=lab)
+    first = runs[0].id
+    transaction.on_commit(lambda: dispatch.send_run_begin(first))
+    return comparison
+
+
+def _no_comparison_running(experiment: Experiment) -> None:
+    """Raises :class:`ApplicationError` (409, ``experiment``) while another comparison of the
+    experiment runs."""
+    running = experiment.comparisons.filter(status=Comparison.Status.RUNNING).order_by("id").first()
+    if running is not None:
+        # Two comparisons of one experiment would interleave their runs on the same devices and
+        # stretch each other's wall-clock figures.
+        raise ApplicationError(
+            f"comparison {running.id} is still running on this experiment: wait for it to end or cancel it "
+            f"(POST /api/comparisons/{running.id}/cancel/)",
+            field="experiment",
+            status_code=409,
+        )
+
+
+def _comparison_runs(
+    comparison: Comparison,
+    *,
+    options: Mapping[str, Any],
+    aggregation: Mapping[str, Any],
+    planner: PlannerContext | None,
+    lab: Mapping[str, Any],
+) -> list[Run]:
+    """A comparison's pending runs (:func:`_run_new`), every strategy ``comparison.repeats`` times
+    in interleaved orders: planner ``options`` for those that need a predictor, the run's
+    ``aggregation`` override for all."""
     runs = []
     # Runs start in id order (_comparison_advance), so creating them in the interleaved order
     # is what makes it the order they run in.
-    for repeat, order in enumerate(metrics.interleaved_orders(strategies, int(repeats))):
+    for repeat, order in enumerate(metrics.interleaved_orders(comparison.strategies, comparison.repeats)):
         for strategy in order:
             planned = get_strategy(strategy).needs_predictor
             runs.append(
                 _run_new(
-                    experiment=experiment,
+                    experiment=comparison.experiment,
                     strategy=strategy,
                     options={**(options if planned else {}), **aggregation} or None,
                     comparison=comparison,
@@ -337,9 +382,7 @@ def comparison_create(
                     lab=lab,
                 )
             )
-    first = runs[0].id
-    transaction.on_commit(lambda: dispatch.send_run_begin(first))
-    return comparison
+    return runs
 
 
 def _comparison_planner(experiment: Experiment, options: Mapping[str, Any]):
