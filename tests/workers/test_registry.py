@@ -328,3 +328,30 @@ def test_messages_take_a_name_registered_at_run_time():
         assert task("tiny").architecture == "tiny"
     finally:
         MODEL_REGISTRY.unregister("tiny")
+
+
+def test_an_assignments_aggregator_is_checked_against_the_aggregators_registry():
+    """The aggregator a trainer must build a client term for is a registry name like the model's:
+    an agent without that plug-in refuses the assignment naming the field, before any trainer starts."""
+    from workers.protocol.messages import AssignmentSpec, DatasetRef, ShardRef, TaskRef
+    from workers.registry.names import check_names
+
+    def spec(aggregator: str | None) -> AssignmentSpec:
+        return check_names(
+            AssignmentSpec(
+                assignment_id=1,
+                task=TaskRef(task_id=1, name="t", architecture="resnet18", num_classes=10, dataset=DatasetRef()),
+                batch_size=8,
+                active_thread_percentage=100,
+                shard=ShardRef(permutation_seed=0, offset=0, count=8),
+                local_epochs=1,
+                global_weights="g",
+                output_weights="o",
+                aggregator=aggregator,
+            )
+        )
+
+    assert spec("fedprox").aggregator == "fedprox"
+    assert spec(None).aggregator is None
+    with pytest.raises(ValidationError, match="aggregator\n  'fedmystery' is not allowed; allowed: fedavg"):
+        spec("fedmystery")

@@ -7,7 +7,7 @@ of the device (``active_thread_percentage``, integer 1-100). Results carry ``sim
 when the ``simulated`` backend produced them: their throughputs come from a model, and their
 durations and timestamps are virtual (a simulated round of an hour takes no time).
 
-Model, data set and backend names are plain strings marked :class:`RegisteredName`: this module
+Model, data set, backend and aggregator names are plain strings marked :class:`RegisteredName`: this module
 checks only their shape and imports no registry (it depends on pydantic, the standard library and
 nothing else of the project). They are checked against the registries where a message is built or
 received (:func:`workers.registry.names.check_names`), so a plug-in's name passes the wire on a
@@ -69,6 +69,9 @@ cores while it holds it (the faithful CPU analogue of GPU time slicing, docs/DES
 thread count and core set on the ``cpu`` backend). Which backend realises which partitioning is
 the table of :mod:`workers.registry.backends`.
 """
+
+AggregatorName = Annotated[str, RegisteredName("aggregator", "aggregator")]
+"""An aggregator name of :data:`workers.registry.aggregators.AGGREGATOR_REGISTRY` (``"fedprox"``)."""
 
 BackendName = Annotated[str, RegisteredName("backend", "backend")]
 """An execution backend name of :data:`workers.registry.backends.BACKEND_REGISTRY` (``"cpu"``,
@@ -177,7 +180,7 @@ class AssignmentSpec(_Message):
         description="the optimizer's learning rate for this assignment, scaled to its batch size by the "
         "experiment's rule (controlplane.planning.lr_scaling); None: task.optimizer.learning_rate",
     )
-    aggregator: str | None = Field(
+    aggregator: AggregatorName | None = Field(
         default=None,
         max_length=100,
         description="the task's aggregator when it asks anything of trainers: the trainer builds the "

@@ -1,7 +1,7 @@
 """Registry names in wire messages, checked where a message is built or received.
 
 The wire schema (:mod:`workers.protocol.messages`) depends on nothing of the project: a field that
-holds a model, data set or backend name is a ``str`` marked with
+holds a model, data set, backend or aggregator name is a ``str`` marked with
 :class:`~workers.protocol.messages.RegisteredName` (its kind and the field name errors give it),
 and the schema checks only its shape. :func:`check_names` checks every marked name of a message
 against this process's registries, plug-ins included, so a plug-in's name passes where the
@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from workers.protocol.messages import RegisteredName
+from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.backends import BACKEND_REGISTRY
 from workers.registry.base import Registry, UnknownEntryError
 from workers.registry.datasets import DATASET_REGISTRY
@@ -36,6 +37,7 @@ REGISTRIES: Mapping[str, Registry[Any]] = {
     "model": MODEL_REGISTRY,
     "dataset": DATASET_REGISTRY,
     "backend": BACKEND_REGISTRY,
+    "aggregator": AGGREGATOR_REGISTRY,
 }
 """The registry of each :attr:`RegisteredName.kind <workers.protocol.messages.RegisteredName.kind>`."""
 
