@@ -927,8 +927,13 @@ def test_warm_mps_trainers_keep_their_share_across_rounds_and_go_before_the_daem
     assert second.status == "succeeded", second.error
     assert set(pool.idle_pids()) == warm_pids and pool.started == 2
     launches = [e for e in fake_mps.entries() if "trainer" in e]
-    assert [e["trainer"] for e in launches[2:]] == [e["trainer"] for e in launches[:2]]
-    assert [e["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for e in launches[2:]] == ["30", "70"]
+    # The two trainers log concurrently, so each round's pair may come in either order: the same
+    # warm trainers keep the same shares.
+    shares = [
+        {e["trainer"]: e["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for e in pair}
+        for pair in (launches[:2], launches[2:4])
+    ]
+    assert shares[1] == shares[0] and sorted(shares[1].values()) == ["30", "70"]
     # Their connection lines are from round 1; the shares are still verified in round 2.
     assert [a.mps_verified for a in second.assignments] == [True, True]
     assert [a.visible_sm_count for a in second.assignments] == [38, 92]
