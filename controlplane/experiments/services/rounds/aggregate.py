@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run
+from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Task
 from workers.fl.artifacts import ArtifactStore, global_weights_key, server_state_key
 from workers.fl.fedavg import NoSamplesError, load_state, save_state
 from workers.registry.aggregators import AGGREGATOR_REGISTRY, AggregationContext, Aggregator
@@ -236,20 +236,7 @@ def round_aggregate(
             flags.append(
                 f"task {task.name}: no device that succeeded trained it this round; the previous global model was kept"
             )
-            checkpoints.append(
-                Checkpoint(
-                    run=run,
-                    task=task,
-                    round=rnd,
-                    artifact_path=previous.artifact_path,
-                    sha256=previous.sha256,
-                    **_same_model_results(previous),
-                    kept_previous=True,
-                    aggregation=previous.aggregation,
-                    server_state_path=previous.server_state_path,
-                    server_state_sha256=previous.server_state_sha256,
-                )
-            )
+            checkpoints.append(_kept_previous(rnd, task, previous))
             continue
         if made.sha256 == previous.sha256:  # the same model: its test results are the previous ones
             results = _same_model_results(previous)
@@ -269,6 +256,23 @@ def round_aggregate(
             )
         )
     return checkpoints, flags
+
+
+def _kept_previous(rnd: Round, task: Task, previous: Checkpoint) -> Checkpoint:
+    """The (unsaved) checkpoint of a task no usable device trained in ``rnd``: the ``previous``
+    model, its test results (:func:`_same_model_results`), aggregator and server state."""
+    return Checkpoint(
+        run=rnd.run,
+        task=task,
+        round=rnd,
+        artifact_path=previous.artifact_path,
+        sha256=previous.sha256,
+        **_same_model_results(previous),
+        kept_previous=True,
+        aggregation=previous.aggregation,
+        server_state_path=previous.server_state_path,
+        server_state_sha256=previous.server_state_sha256,
+    )
 
 
 def _same_model_results(previous: Checkpoint) -> dict[str, Any]:

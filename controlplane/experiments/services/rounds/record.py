@@ -241,33 +241,10 @@ def _record_and_aggregate(
         result = parsed.get(device_name)
         if result is not None and (result.telemetry or result.mps_restarted):
             telemetry.append(_telemetry_row(rnd, devices[rows[0].device_id], result))
-        if result is None:
-            why = (causes or {}).get(device_name) or cause or "the device returned no result"
-            failed_devices[device_name] = why
-            for a in rows:
-                a.status, a.error = Assignment.Status.FAILED, why
-            continue
-        if result.status == "failed":
-            failed_devices[device_name] = result.error or "the device reported a failure"
-        measured = {r.assignment_id: r for r in result.assignments}
-        for a in rows:
-            r = measured.get(a.id)
-            if r is None:
-                a.status = Assignment.Status.FAILED
-                a.error = result.error or "no result for this assignment"
-                continue
-            a.status = Assignment.Status.SUCCEEDED if r.status == "succeeded" else Assignment.Status.FAILED
-            a.error = r.error
-            for column, value in result_columns(r).items():
-                setattr(a, column, value)
-            a.simulated = r.simulated or result.simulated
-            expected = device_weights_key(run.id, rnd.index, device_name, a.task_id)
-            if a.status == Assignment.Status.SUCCEEDED and a.weights_path != expected:
-                # The agent was told where to write (output_weights); weights anywhere else were
-                # not written under this device's agent token, so they never enter the aggregate.
-                a.status = Assignment.Status.FAILED
-                a.error = f"weights reported at {a.weights_path!r}, not at this device's key {expected!r}"
-                failed_devices[device_name] = f"task {a.task.name}: {a.error}"
+        missing = (causes or {}).get(device_name) or cause or "the device returned no result"
+        failure = _device_result_apply(rnd, device_name, rows, result, missing=missing)
+        if failure is not None:
+            failed_devices[device_name] = failure
 
     # Aggregate only over devices whose whole round succeeded: a failed device's weights never
     # enter the global model, even the tasks that finished before the failure.
@@ -282,38 +259,11 @@ def _record_and_aggregate(
     # fails its device with the reason, like a trainer crash: the round goes on without it.
     unusable = weights_problems(store=store, assignments=usable, previous=latest)
     if unusable:
-        refused_devices = set()
-        for a in usable:
-            if a.id in unusable:
-                a.status, a.error = Assignment.Status.FAILED, unusable[a.id]
-                failed_devices.setdefault(a.device.name, f"task {a.task.name}: {unusable[a.id]}")
-                refused_devices.add(a.device_id)
-        usable = [a for a in usable if a.device_id not in refused_devices]
+        usable = _unusable_refuse(usable, unusable, failed_devices)
     new_checkpoints, aggregate_flags = round_aggregate(rnd=rnd, usable=usable, latest=latest, store=store)
     flags: list[str] = [*rnd.flags, *problems, *notes, *aggregate_flags]
 
-    # One rule for every metric (controlplane.planning.metrics): a device counts only when its
-    # whole round succeeded, the same devices whose weights entered the aggregate.
-    measured = metrics.round_metrics(
-        {
-            device_name: metrics.DeviceTotals.from_tasks(
-                [
-                    metrics.TaskMeasurement(
-                        succeeded=a.status == Assignment.Status.SUCCEEDED,
-                        samples_trained=a.samples_trained,
-                        throughput_sps=a.throughput_sps,
-                        standalone_sps=a.standalone_throughput_sps,
-                        started_at=a.started_at.timestamp() if a.started_at else None,
-                        finished_at=a.finished_at.timestamp() if a.finished_at else None,
-                    )
-                    for a in rows
-                ],
-                device_failed=device_name in failed_devices,
-            )
-            for device_name, rows in by_device.items()
-        }
-    )
-
+    measured = _round_measured(by_device, failed_devices)
     if not failed_devices:
         status = Round.Status.SUCCEEDED
     elif len(failed_devices) < len(by_device):
@@ -341,6 +291,87 @@ def _record_and_aggregate(
             fair_throughput=measured.fair_throughput,
             device_metrics=measured.devices_json(),
         )
+
+
+def _device_result_apply(
+    rnd: Round, device_name: str, rows: list[Assignment], result: DeviceRoundResult | None, *, missing: str
+) -> str | None:
+    """Copy one device's result onto its assignments ``rows`` (unsaved): their status, error and
+    measured columns; every one failed with ``missing`` when the device returned no result.
+
+    Returns:
+        Why the device failed (``missing``, its reported failure, or weights reported away from
+        its key), or ``None`` when it did not.
+    """
+    if result is None:
+        for a in rows:
+            a.status, a.error = Assignment.Status.FAILED, missing
+        return missing
+    failure = None
+    if result.status == "failed":
+        failure = result.error or "the device reported a failure"
+    measured = {r.assignment_id: r for r in result.assignments}
+    for a in rows:
+        r = measured.get(a.id)
+        if r is None:
+            a.status = Assignment.Status.FAILED
+            a.error = result.error or "no result for this assignment"
+            continue
+        a.status = Assignment.Status.SUCCEEDED if r.status == "succeeded" else Assignment.Status.FAILED
+        a.error = r.error
+        for column, value in result_columns(r).items():
+            setattr(a, column, value)
+        a.simulated = r.simulated or result.simulated
+        expected = device_weights_key(rnd.run_id, rnd.index, device_name, a.task_id)
+        if a.status == Assignment.Status.SUCCEEDED and a.weights_path != expected:
+            # The agent was told where to write (output_weights); weights anywhere else were
+            # not written under this device's agent token, so they never enter the aggregate.
+            a.status = Assignment.Status.FAILED
+            a.error = f"weights reported at {a.weights_path!r}, not at this device's key {expected!r}"
+            failure = f"task {a.task.name}: {a.error}"
+    return failure
+
+
+def _unusable_refuse(
+    usable: list[Assignment], unusable: Mapping[int, str], failed_devices: dict[str, str]
+) -> list[Assignment]:
+    """Fail each assignment whose weights the aggregation cannot use (``unusable``: assignment
+    id → why) and its device (kept in ``failed_devices`` unless it already failed); the usable
+    assignments left, none of a refused device."""
+    refused_devices = set()
+    for a in usable:
+        if a.id in unusable:
+            a.status, a.error = Assignment.Status.FAILED, unusable[a.id]
+            failed_devices.setdefault(a.device.name, f"task {a.task.name}: {unusable[a.id]}")
+            refused_devices.add(a.device_id)
+    return [a for a in usable if a.device_id not in refused_devices]
+
+
+def _round_measured(
+    by_device: Mapping[str, list[Assignment]], failed_devices: Mapping[str, str]
+) -> metrics.RoundMetrics:
+    """The round's metrics from its assignments' measurements, per device."""
+    # One rule for every metric (controlplane.planning.metrics): a device counts only when its
+    # whole round succeeded, the same devices whose weights entered the aggregate.
+    return metrics.round_metrics(
+        {
+            device_name: metrics.DeviceTotals.from_tasks(
+                [
+                    metrics.TaskMeasurement(
+                        succeeded=a.status == Assignment.Status.SUCCEEDED,
+                        samples_trained=a.samples_trained,
+                        throughput_sps=a.throughput_sps,
+                        standalone_sps=a.standalone_throughput_sps,
+                        started_at=a.started_at.timestamp() if a.started_at else None,
+                        finished_at=a.finished_at.timestamp() if a.finished_at else None,
+                    )
+                    for a in rows
+                ],
+                device_failed=device_name in failed_devices,
+            )
+            for device_name, rows in by_device.items()
+        }
+    )
 
 
 def _telemetry_row(rnd: Round, device, result: DeviceRoundResult) -> DeviceTelemetry:

@@ -107,20 +107,7 @@ def round_device_request(
             task_id: task_trainer_options(rnd.run, task_id) for task_id in {a.task_id for a in assignments}
         }
     specs = [
-        AssignmentSpec(
-            assignment_id=a.assignment_id,
-            task=task_refs[a.task_id],
-            batch_size=a.batch_size,
-            active_thread_percentage=a.active_thread_percentage,
-            shard=shard_ref(experiment, shards[(device.id, a.task_id)]),
-            local_epochs=experiment.local_epochs,
-            global_weights=latest[a.task_id].artifact_path,
-            output_weights=device_weights_key(rnd.run_id, rnd.index, device.name, a.task_id),
-            seed=experiment.seed * 1000 + rnd.index,
-            learning_rate=assignment_learning_rate(task_refs[a.task_id], a.batch_size, experiment.lr_scaling),
-            execution=executions[a.task_id],
-            **trainer_options[a.task_id],
-        )
+        _assignment_spec(a, rnd, experiment, device, shards, latest, task_refs, executions, trainer_options)
         for a in assignments
     ]
     return TrainRoundRequest(
@@ -134,6 +121,39 @@ def round_device_request(
         assignments=specs,
         attempt=attempt,
         idempotency_key=round_idempotency_key(rnd.id, device.name, attempt),
+    )
+
+
+def _assignment_spec(
+    a: RequestedAssignment,
+    rnd: Round,
+    experiment: Experiment,
+    device: Device,
+    shards: Mapping[tuple[int, int], ShardSpan],
+    latest: Mapping[int, Checkpoint],
+    task_refs: Mapping[int, TaskRef],
+    executions: Mapping[int, ExecutionOptions],
+    trainer_options: Mapping[int, dict[str, Any]],
+) -> AssignmentSpec:
+    """One assignment of a device's part of ``rnd``; the mappings are
+    :func:`round_device_request`'s (``trainer_options`` given).
+
+    Raises:
+        KeyError: as :func:`round_device_request`.
+    """
+    return AssignmentSpec(
+        assignment_id=a.assignment_id,
+        task=task_refs[a.task_id],
+        batch_size=a.batch_size,
+        active_thread_percentage=a.active_thread_percentage,
+        shard=shard_ref(experiment, shards[(device.id, a.task_id)]),
+        local_epochs=experiment.local_epochs,
+        global_weights=latest[a.task_id].artifact_path,
+        output_weights=device_weights_key(rnd.run_id, rnd.index, device.name, a.task_id),
+        seed=experiment.seed * 1000 + rnd.index,
+        learning_rate=assignment_learning_rate(task_refs[a.task_id], a.batch_size, experiment.lr_scaling),
+        execution=executions[a.task_id],
+        **trainer_options[a.task_id],
     )
 
 

@@ -162,6 +162,38 @@ def round_settle(
         return None
     experiment = rnd.run.experiment
     slots = _device_slots(rnd)
+    known, causes = _device_outcomes(rnd, slots, results, now)
+    retried = _retry_within_budget(rnd, slots, known, causes, now) if rnd.run.status == Run.Status.RUNNING else []
+
+    deadline_at = rnd.deadline_at or (rnd.started_at or now) + dt.timedelta(
+        seconds=float(rnd.deadline_s or mtfl_setting("ROUND_DEADLINE_S"))
+    )
+    pending = [s for s in slots.values() if s.name not in known and s.name not in causes and s.name not in retried]
+    if not pending and not retried:
+        device_tasks_cancel_on_commit(
+            [slots[name].task_id for name in causes],
+            f"round {rnd.index} of run {rnd.run_id} went on without this device",
+        )
+        return round_record(round_id=round_id, results=list(known.values()), causes=causes, claimant=claimant)
+    if not retried and now >= deadline_at:
+        notes = _past_deadline(pending, causes, basis=_deadline_basis(rnd, experiment))
+        device_tasks_cancel_on_commit(
+            [slots[name].task_id for name in causes], f"round {rnd.index} of run {rnd.run_id} passed its deadline"
+        )
+        return round_record(
+            round_id=round_id, results=list(known.values()), causes=causes, notes=notes, claimant=claimant
+        )
+    if rearm:
+        countdown = round_check_after_s(max(0.0, (deadline_at - now).total_seconds()))
+        transaction.on_commit(lambda: dispatch.send_round_watchdog(round_id, countdown_s=countdown))
+    return None
+
+
+def _device_outcomes(
+    rnd: Round, slots: Mapping[str, _Slot], results: Iterable[Any] | None, now: dt.datetime
+) -> tuple[dict[str, DeviceRoundResult], dict[str, str]]:
+    """``(known, causes)``: each device's current result, from ``results`` in hand or else the
+    result backend, and why each device that has none is taken as failed or lost."""
     known: dict[str, DeviceRoundResult] = {}
     for raw in results or []:
         current = _current_result(raw, rnd, slots)
@@ -183,60 +215,54 @@ def round_settle(
         cause = _lost_cause(slot, state, slots, now)
         if cause:
             causes[slot.name] = cause
+    return known, causes
 
-    if rnd.run.status == Run.Status.RUNNING:
-        failed = {
-            name: result.error or "the device reported a failure"
-            for name, result in known.items()
-            if result.status == "failed"
-        }
-        candidates = [
-            slots[name] for name in sorted({*causes, *failed}) if slots[name].attempt < experiment.device_retries
-        ]
-        retried = _retry_devices(rnd, candidates, {**failed, **causes}, now)
-        for name in retried:
-            known.pop(name, None)
-            causes.pop(name, None)
-        if retried:
-            rnd.refresh_from_db(fields=["deadline_at", "flags"])
-    else:
-        retried = []
 
-    deadline_at = rnd.deadline_at or (rnd.started_at or now) + dt.timedelta(
-        seconds=float(rnd.deadline_s or mtfl_setting("ROUND_DEADLINE_S"))
-    )
-    pending = [s for s in slots.values() if s.name not in known and s.name not in causes and s.name not in retried]
-    if not pending and not retried:
-        device_tasks_cancel_on_commit(
-            [slots[name].task_id for name in causes],
-            f"round {rnd.index} of run {rnd.run_id} went on without this device",
-        )
-        return round_record(round_id=round_id, results=list(known.values()), causes=causes, claimant=claimant)
-    if not retried and now >= deadline_at:
-        basis = _deadline_basis(rnd, experiment)
-        notes = []
-        for slot in pending:
-            if slot.started:
-                causes[slot.name] = (
-                    f"straggler: device {slot.name} was still training at the round deadline ({basis}); "
-                    "excluded from this round's aggregate"
-                )
-                notes.append(f"straggler: {slot.name} missed the deadline ({basis}) and was left out of the aggregate")
-            else:
-                causes[slot.name] = (
-                    f"no result from device {slot.name} within the round deadline ({basis}): its agent "
-                    "never started this round (offline, or busy with other work)"
-                )
-        device_tasks_cancel_on_commit(
-            [slots[name].task_id for name in causes], f"round {rnd.index} of run {rnd.run_id} passed its deadline"
-        )
-        return round_record(
-            round_id=round_id, results=list(known.values()), causes=causes, notes=notes, claimant=claimant
-        )
-    if rearm:
-        countdown = round_check_after_s(max(0.0, (deadline_at - now).total_seconds()))
-        transaction.on_commit(lambda: dispatch.send_round_watchdog(round_id, countdown_s=countdown))
-    return None
+def _retry_within_budget(
+    rnd: Round,
+    slots: Mapping[str, _Slot],
+    known: dict[str, DeviceRoundResult],
+    causes: dict[str, str],
+    now: dt.datetime,
+) -> list[str]:
+    """Retry each failed or lost device the experiment's ``device_retries`` still allow
+    (:func:`_retry_devices`), dropping its result and cause from ``known`` and ``causes``, and
+    reload the round's deadline and flags if any was; the devices retried."""
+    failed = {
+        name: result.error or "the device reported a failure"
+        for name, result in known.items()
+        if result.status == "failed"
+    }
+    candidates = [
+        slots[name] for name in sorted({*causes, *failed}) if slots[name].attempt < rnd.run.experiment.device_retries
+    ]
+    retried = _retry_devices(rnd, candidates, {**failed, **causes}, now)
+    for name in retried:
+        known.pop(name, None)
+        causes.pop(name, None)
+    if retried:
+        rnd.refresh_from_db(fields=["deadline_at", "flags"])
+    return retried
+
+
+def _past_deadline(pending: Iterable[_Slot], causes: dict[str, str], *, basis: str) -> list[str]:
+    """At the deadline, the cause of each device still pending goes into ``causes``: a
+    straggler (it started) or a device whose agent never started the round; the round's flag
+    lines about the stragglers."""
+    notes = []
+    for slot in pending:
+        if slot.started:
+            causes[slot.name] = (
+                f"straggler: device {slot.name} was still training at the round deadline ({basis}); "
+                "excluded from this round's aggregate"
+            )
+            notes.append(f"straggler: {slot.name} missed the deadline ({basis}) and was left out of the aggregate")
+        else:
+            causes[slot.name] = (
+                f"no result from device {slot.name} within the round deadline ({basis}): its agent "
+                "never started this round (offline, or busy with other work)"
+            )
+    return notes
 
 
 def _retry_devices(rnd: Round, slots: list[_Slot], why: Mapping[str, str], now: dt.datetime) -> list[str]:
