@@ -23,6 +23,8 @@ from controlplane.experiments.services.templates import TEMPLATES, template_data
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet import services as fleet_services
 from controlplane.fleet.models import Device
+from controlplane.lab import selectors as lab_selectors
+from controlplane.profiling import selectors as profiling_selectors
 from controlplane.profiling import services as profiling_services
 from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
 from controlplane.storage.services import retention
@@ -126,10 +128,18 @@ class TaskViewSet(
     queryset = Task.objects.order_by("id")
     filterset_fields = ["architecture", "dataset"]
 
+    def get_serializer(self, *args, **kwargs):
+        """The serializer of a page of tasks (or one) with their workloads read for the page."""
+        if args:
+            tasks = list(args[0]) if kwargs.get("many") else [args[0]]
+            kwargs["context"] = {**self.get_serializer_context(), **_task_facts(tasks)}
+            args = (tasks if kwargs.get("many") else args[0], *args[1:])
+        return super().get_serializer(*args, **kwargs)
+
     @extend_schema(request=s.TaskWriteSerializer, responses={201: s.TaskSerializer})
     def create(self, request: Request) -> Response:
         task = exp_services.task_create(owner=request.user, **validated_data(s.TaskWriteSerializer, request))
-        return Response(s.TaskSerializer(task).data, status=status.HTTP_201_CREATED)
+        return Response(s.TaskSerializer(task, context=_task_facts([task])).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.TaskWriteSerializer, responses={200: s.TaskSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
@@ -137,7 +147,7 @@ class TaskViewSet(
         if partial:
             data = {k: v for k, v in data.items() if k in request.data}
         task = exp_services.task_update(task=self.get_object(), actor=request.user, **data)
-        return Response(s.TaskSerializer(task).data)
+        return Response(s.TaskSerializer(task, context=_task_facts([task])).data)
 
 
 @extend_schema_view(
@@ -236,7 +246,7 @@ class ExperimentViewSet(
             pool=data["pool"],
             priority=data["priority"],
         )
-        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED)
+        return Response(s.RunSerializer(run, context=_run_facts([run])).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: s.PlannerCheckSerializer})
     @action(detail=True, methods=["get"], url_path="planner-check", pagination_class=None, filter_backends=[])
@@ -354,6 +364,19 @@ def _visible_runs(request):
     return exp_selectors.run_list(user=request.user if request else None)
 
 
+def _task_facts(tasks: list[Task]) -> dict:
+    """What :class:`~controlplane.api.serializers.TaskSerializer` reads for ``tasks``: each task's
+    workload features (:func:`~controlplane.profiling.selectors.task_workloads`)."""
+    return {"task_workloads": profiling_selectors.task_workloads(tasks)}
+
+
+def _run_facts(runs: list[Run]) -> dict:
+    """What :class:`~controlplane.api.serializers.RunSerializer` reads for ``runs`` (a page of
+    runs, or one): each run's queue entry, the queue replayed at most once, and its speedups,
+    one baseline look-up per experiment."""
+    return {"run_queues": lab_selectors.runs_queue_entries(runs), "run_speedups": exp_selectors.runs_speedups(runs)}
+
+
 class RunFilter(FilterSet):
     experiment = django_filters.ModelChoiceFilter(queryset=_visible_experiments)
 
@@ -372,6 +395,15 @@ class RunViewSet(mixins.DestroyModelMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         return exp_selectors.run_list(user=self.request.user)
 
+    def get_serializer(self, *args, **kwargs):
+        """The serializer of a page of runs (or one) with their queue entries and speedups read
+        once for the page (:func:`_run_facts`)."""
+        if args:
+            runs = list(args[0]) if kwargs.get("many") else [args[0]]
+            kwargs["context"] = {**self.get_serializer_context(), **_run_facts(runs)}
+            args = (runs if kwargs.get("many") else args[0], *args[1:])
+        return super().get_serializer(*args, **kwargs)
+
     @extend_schema(request=None, responses={204: None})
     def destroy(self, request: Request, pk=None) -> Response:
         """Delete a finished run (its experiment's owner only): its rounds, assignments,
@@ -384,7 +416,7 @@ class RunViewSet(mixins.DestroyModelMixin, viewsets.ReadOnlyModelViewSet):
     def cancel(self, request: Request, pk=None) -> Response:
         """Cancel a run: no further round starts."""
         run = exp_services.run_cancel(run=self.get_object())
-        return Response(s.RunSerializer(run).data)
+        return Response(s.RunSerializer(run, context=_run_facts([run])).data)
 
     @extend_schema(responses={200: dict})
     @action(detail=True, methods=["get"])

@@ -496,3 +496,17 @@ def pool_list() -> QuerySet[DevicePool]:
         .prefetch_related(Prefetch("devices", queryset=Device.objects.order_by("name").only("id", "name", "pool_id")))
         .order_by("name")
     )
+
+
+def runs_queue_entries(runs: Iterable[Run]) -> dict[int, dict[str, Any] | None]:
+    """Each of ``runs``' :func:`run_queue_entry` by run id, the queue read once: replaying it is
+    the costly part, so only when a running one of ``runs`` has a round waiting in it."""
+    runs = list(runs)
+    out: dict[int, dict[str, Any] | None] = {run.id: None for run in runs}
+    running = [run for run in runs if run.status == Run.Status.RUNNING]
+    queued = queued_run_ids() if running else set()
+    waiting = [run for run in running if run.id in queued]
+    if waiting:
+        state = queue_state()
+        out.update({run.id: run_queue_entry(run, state) for run in waiting})
+    return out

@@ -11,11 +11,12 @@ from django.utils import timezone
 
 from controlplane.common.execution import runs_gpu_options
 from controlplane.planning.guard import RegimeFacts, host_bound_warnings
-from controlplane.profiling.models import Predictor, ProfileSample, ProfileSweep
+from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
+from controlplane.profiling.services.workloads import workload_get
 from workers.registry.backends import BACKEND_REGISTRY
 
 if TYPE_CHECKING:  # the experiments app imports the planning guard; profiling reads it only by duck typing
-    from controlplane.experiments.models import Experiment
+    from controlplane.experiments.models import Experiment, Task
 
 REGIME_SAMPLES = 200
 """How many of a device's latest samples with a host time or GPU busy fraction say its regime
@@ -114,3 +115,14 @@ def predictor_list() -> QuerySet[Predictor]:
 def sweep_list() -> QuerySet[ProfileSweep]:
     """Every profiling sweep, newest first, with its device joined."""
     return ProfileSweep.objects.select_related("device").order_by("-id")
+
+
+def task_workloads(tasks: Iterable[Task]) -> dict[int, ModelWorkload | None]:
+    """Each task's model workload features at its classes and input shape, by task id (``None``
+    until the control worker has computed them): :func:`~.services.workloads.workload_get`."""
+    return {
+        task.id: workload_get(
+            architecture=task.architecture, num_classes=task.num_classes, input_shape=task.input_shape
+        )
+        for task in tasks
+    }

@@ -1,0 +1,120 @@
+"""The API's serializers, one module per resource beside its views; every name is re-exported here
+for ``from controlplane.api import serializers as s`` (views, forms, tests).
+
+Shapes and types only: every rule about values lives in the services."""
+
+from controlplane.api.serializers.common import (  # noqa: F401
+    MAX_ID,
+    MAX_LIST,
+    ChoiceField,
+    IdOrNameField,
+    RegisteredField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictSerializer,
+    bounded,
+    id_list,
+    integer,
+    number,
+)
+from controlplane.api.serializers.devices import (  # noqa: F401
+    DeviceCreateSerializer,
+    DeviceSerializer,
+    DeviceUpdateSerializer,
+)
+from controlplane.api.serializers.experiments import (  # noqa: F401
+    AGGREGATION_HELP,
+    AGGREGATION_PARAMS_HELP,
+    CLIENT_FRACTION_HELP,
+    CLIENT_SAMPLING_HELP,
+    CLIENTS_PER_ROUND_HELP,
+    DEADLINE_FACTOR_HELP,
+    DEVICE_RETRIES_HELP,
+    KEEP_DEVICE_WEIGHTS_HELP,
+    KEEP_LAST_CHECKPOINTS_HELP,
+    LR_SCALING_HELP,
+    MAX_CLIENTS_PER_ROUND,
+    TASK_AGGREGATION_HELP,
+    UNTRUSTED_PREDICTOR_HELP,
+    ExperimentCreateSerializer,
+    ExperimentFromTemplateSerializer,
+    ExperimentSerializer,
+    ExperimentTemplateSerializer,
+    ExperimentUpdateSerializer,
+    PlannerCheckSerializer,
+    SampleCountSerializer,
+    ShardSerializer,
+    TaskAggregationSerializer,
+    aggregation_field,
+    aggregation_params_field,
+    client_fraction_field,
+    client_sampling_field,
+    clients_per_round_field,
+    keep_device_weights_field,
+    keep_last_checkpoints_field,
+    task_aggregation_field,
+)
+from controlplane.api.serializers.lab import (  # noqa: F401
+    POOL_DEVICES_HELP,
+    DevicePauseSerializer,
+    DeviceResumeSerializer,
+    LabDeviceSerializer,
+    PoolCreateSerializer,
+    PoolSerializer,
+    PoolUpdateSerializer,
+    QueueBlockerSerializer,
+    QueueDeviceSerializer,
+    QueueHolderSerializer,
+    QueuePoolSerializer,
+    QueueProfilingSerializer,
+    QueueSerializer,
+    QueueWaitingSerializer,
+)
+from controlplane.api.serializers.plugins import (  # noqa: F401
+    DevicePluginsSerializer,
+    InstalledPluginSerializer,
+    PluginFailureSerializer,
+    PluginsSerializer,
+)
+from controlplane.api.serializers.profiling import (  # noqa: F401
+    ModelWorkloadSerializer,
+    PredictorCreateSerializer,
+    PredictorSerializer,
+    ProfileSampleSerializer,
+    ProfileSweepCreateSerializer,
+    ProfileSweepSerializer,
+    SweepExecutionSerializer,
+)
+from controlplane.api.serializers.runs import (  # noqa: F401
+    WARNINGS_HELP,
+    AssignmentSerializer,
+    CheckpointSerializer,
+    ComparisonCreateSerializer,
+    ComparisonDetailSerializer,
+    ComparisonReportSerializer,
+    ComparisonSerializer,
+    DeviceTelemetrySerializer,
+    EstimateSerializer,
+    LabelHistogramSerializer,
+    ManualPlanEntrySerializer,
+    PlannerOptionsSerializer,
+    ReplanDecisionSerializer,
+    ReplanField,
+    ReplanSerializer,
+    RoundSerializer,
+    RunCreateSerializer,
+    RunOptionsSerializer,
+    RunSerializer,
+)
+from controlplane.api.serializers.storage import (  # noqa: F401
+    ExperimentStorageSerializer,
+    StorageSerializer,
+)
+from controlplane.api.serializers.tasks import (  # noqa: F401
+    CHANNELS_LAST_HELP,
+    EXECUTION_MODE_HELP,
+    PRECISION_HELP,
+    TaskSerializer,
+    TaskWriteSerializer,
+)
