@@ -14,11 +14,11 @@ import io
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import plotly.graph_objects as go
-from django.db.models import Count, Exists, OuterRef, Sum
+from django.db.models import Count, Exists, OuterRef, QuerySet, Sum
 from django.utils import timezone
 
 from controlplane.common.jsonsafe import finite_or_none
@@ -173,26 +173,8 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     strategies = list(dict.fromkeys(r.strategy for r in runs))
     assignments = Assignment.objects.filter(round__run__in=runs)
     # A comparison with repeats has a run per strategy and repeat: each repeat's speedups are
-    # taken against its own baseline run, then averaged over repeats (with their interval). A
-    # round not recorded yet has no device metrics, and no device of it counts.
-    per_round = {
-        (r.run.strategy, r.run.repeat, r.index): metrics.RoundMetrics.from_stored(r, r.device_metrics)
-        for r in Round.objects.filter(run__in=runs)
-        .filter(Exists(Assignment.objects.filter(round=OuterRef("pk"))))
-        .select_related("run")
-        .only(
-            "index",
-            "run__strategy",
-            "run__repeat",
-            "round_time_s",
-            "samples_trained",
-            "fl_throughput_sps",
-            "raw_throughput_sps",
-            "fair_throughput",
-            "device_metrics",
-        )
-        .order_by("run_id", "index")
-    }
+    # taken against its own baseline run, then averaged over repeats (with their interval).
+    per_round = _stored_round_metrics(runs)
     repeats = sorted({k for _, k, _ in per_round})
     speedups, intervals = metrics.repeated_speedups(
         [
@@ -206,26 +188,7 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     )
     # time_split averages over its rounds whatever their keys: every (repeat, round) one entry.
     split = metrics.time_split({(s, n): rm for n, ((s, _k, _r), rm) in enumerate(per_round.items())})
-    predicted = (
-        assignments.filter(predicted_throughput_sps__isnull=False, throughput_sps__isnull=False)
-        .order_by("round__run_id", "round__index", "device__name", "task_id")
-        .values_list(
-            "round__run__strategy",
-            "device__name",
-            "task__name",
-            "round__index",
-            "throughput_sps",
-            "predicted_throughput_sps",
-        )
-    )
-    by_strategy: dict[str, list[tuple]] = defaultdict(list)
-    for row in predicted:
-        by_strategy[row[0]].append(row)
-    points = [
-        {"strategy": s, "device": d, "task": t, "round_index": r, "throughput_sps": p, "predicted_throughput_sps": q}
-        for rows in by_strategy.values()
-        for s, d, t, r, p, q in figures.spread(rows, figures.MAX_MARKS)
-    ]
+    points = _predicted_points(assignments)
     final = {row["run"].id: row["accuracy"] for row in run_rows}
     accuracy = [{"strategy": r.strategy, "accuracy": final.get(r.id, {})} for r in runs]
     comparison = experiment.comparisons.order_by("-id").first()
@@ -252,6 +215,56 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
             ),
         },
     }
+
+
+def _stored_round_metrics(runs: list[Run]) -> dict[tuple[str, int, int], metrics.RoundMetrics]:
+    """``{(strategy, repeat, round index): RoundMetrics}`` of the runs' rounds, as stored when
+    each was recorded (a round not recorded yet has no device metrics, and no device of it
+    counts); rounds with no assignment are left out."""
+    return {
+        (r.run.strategy, r.run.repeat, r.index): metrics.RoundMetrics.from_stored(r, r.device_metrics)
+        for r in Round.objects.filter(run__in=runs)
+        .filter(Exists(Assignment.objects.filter(round=OuterRef("pk"))))
+        .select_related("run")
+        .only(
+            "index",
+            "run__strategy",
+            "run__repeat",
+            "round_time_s",
+            "samples_trained",
+            "fl_throughput_sps",
+            "raw_throughput_sps",
+            "fair_throughput",
+            "device_metrics",
+        )
+        .order_by("run_id", "index")
+    }
+
+
+def _predicted_points(assignments: QuerySet[Assignment]) -> list[dict[str, Any]]:
+    """The predicted against measured throughput scatter's points: ``{"strategy", "device",
+    "task", "round_index", "throughput_sps", "predicted_throughput_sps"}`` of the assignments
+    with both, at most :data:`figures.MAX_MARKS` per strategy (:func:`figures.spread`)."""
+    predicted = (
+        assignments.filter(predicted_throughput_sps__isnull=False, throughput_sps__isnull=False)
+        .order_by("round__run_id", "round__index", "device__name", "task_id")
+        .values_list(
+            "round__run__strategy",
+            "device__name",
+            "task__name",
+            "round__index",
+            "throughput_sps",
+            "predicted_throughput_sps",
+        )
+    )
+    by_strategy: dict[str, list[tuple]] = defaultdict(list)
+    for row in predicted:
+        by_strategy[row[0]].append(row)
+    return [
+        {"strategy": s, "device": d, "task": t, "round_index": r, "throughput_sps": p, "predicted_throughput_sps": q}
+        for rows in by_strategy.values()
+        for s, d, t, r, p, q in figures.spread(rows, figures.MAX_MARKS)
+    ]
 
 
 FIGURE_NAMES = {
@@ -578,17 +591,36 @@ def run_round_plans(run: Run) -> dict[str, Any]:
         )[:PLAN_ROUNDS]
     )
     devices_total = experiment_device_count(run.experiment_id)
+    listed = _plan_devices_listed(run, rounds)
+    wanted = sorted({d for ids in listed.values() for d in ids})
+    names = dict(Device.objects.filter(id__in=wanted).values_list("id", "name")) if wanted else {}
+    by_round = _plan_assignments(rounds, wanted)
+    out = [_plan_round_row(r, by_round.get(r["id"], {}), listed[r["id"]], names) for r in rounds]
+    return {
+        "rounds": out,
+        "rounds_total": rounds_total,
+        "devices_total": devices_total,
+        "devices_shown": min(PLAN_DEVICES, devices_total),
+        "sampled": any(r["participants"] is not None for r in rounds),
+    }
+
+
+def _plan_devices_listed(run: Run, rounds: list[dict[str, Any]]) -> dict[int, list[int]]:
+    """The device ids "Plan per round" lists per round id (at most :data:`PLAN_DEVICES`)."""
     # Each round lists its first PLAN_DEVICES participants (a sampled round), or the first
     # PLAN_DEVICES devices by name (a round of every device): never the whole federation.
     first_by_name = []
     if any(r["participants"] is None for r in rounds):
         first_by_name = list(run.experiment.devices.order_by("name").values_list("id", flat=True)[:PLAN_DEVICES])
-    listed = {
+    return {
         r["id"]: (first_by_name if r["participants"] is None else list(r["participants"][:PLAN_DEVICES]))
         for r in rounds
     }
-    wanted = sorted({d for ids in listed.values() for d in ids})
-    names = dict(Device.objects.filter(id__in=wanted).values_list("id", "name")) if wanted else {}
+
+
+def _plan_assignments(rounds: list[dict[str, Any]], wanted: list[int]) -> dict[int, dict[int, list[dict[str, Any]]]]:
+    """``{round id: {device id: [assignment row, ...]}}`` of the rounds' assignments on the
+    ``wanted`` devices, by device then task name (see :func:`run_round_plans`)."""
     rows = (
         Assignment.objects.filter(round_id__in=[r["id"] for r in rounds], device_id__in=wanted)
         .order_by("round_id", "device__name", "task__name")
@@ -619,36 +651,32 @@ def run_round_plans(run: Run) -> dict[str, Any]:
                 "execution_fallback": fallback,
             }
         )
-    out = []
-    for r in rounds:
-        replan = r["replan"] if isinstance(r["replan"], dict) else None
-        decisions = {
-            d.get("device_id"): _decision_row(d) for d in (replan or {}).get("decisions", []) if isinstance(d, dict)
-        }
-        assigned = by_round.get(r["id"], {})
-        shown = sorted(((d, names.get(d, f"device {d}")) for d in listed[r["id"]]), key=lambda pair: pair[1])
-        out.append(
-            {
-                "index": r["index"],
-                "status": r["status"],
-                "predicted_round_time_s": finite_or_none(r["predicted_round_time_s"]),
-                "replanned": replan is not None,
-                "note": (replan or {}).get("note", ""),
-                "measured_rounds": (replan or {}).get("measured_rounds", []),
-                "participants": None if r["participants"] is None else len(r["participants"]),
-                "devices": [
-                    {"device": name, "decision": decisions.get(device_id), "assignments": assigned.get(device_id, [])}
-                    for device_id, name in shown
-                    if device_id in assigned or device_id in decisions
-                ],
-            }
-        )
+    return by_round
+
+
+def _plan_round_row(
+    r: dict[str, Any], assigned: Mapping[int, list[dict[str, Any]]], listed: list[int], names: Mapping[int, str]
+) -> dict[str, Any]:
+    """One round of "Plan per round" (see :func:`run_round_plans`): its ``listed`` devices with
+    an assignment or a replanning decision, by name."""
+    replan = r["replan"] if isinstance(r["replan"], dict) else None
+    decisions = {
+        d.get("device_id"): _decision_row(d) for d in (replan or {}).get("decisions", []) if isinstance(d, dict)
+    }
+    shown = sorted(((d, names.get(d, f"device {d}")) for d in listed), key=lambda pair: pair[1])
     return {
-        "rounds": out,
-        "rounds_total": rounds_total,
-        "devices_total": devices_total,
-        "devices_shown": min(PLAN_DEVICES, devices_total),
-        "sampled": any(r["participants"] is not None for r in rounds),
+        "index": r["index"],
+        "status": r["status"],
+        "predicted_round_time_s": finite_or_none(r["predicted_round_time_s"]),
+        "replanned": replan is not None,
+        "note": (replan or {}).get("note", ""),
+        "measured_rounds": (replan or {}).get("measured_rounds", []),
+        "participants": None if r["participants"] is None else len(r["participants"]),
+        "devices": [
+            {"device": name, "decision": decisions.get(device_id), "assignments": assigned.get(device_id, [])}
+            for device_id, name in shown
+            if device_id in assigned or device_id in decisions
+        ],
     }
 
 
