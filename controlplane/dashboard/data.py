@@ -18,13 +18,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import plotly.graph_objects as go
-from django.db.models import Count, Exists, OuterRef, QuerySet, Sum
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from controlplane.common.jsonsafe import finite_or_none
 from controlplane.dashboard import figures
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Assignment, Checkpoint, DeviceTelemetry, Experiment, Round, Run, Task
+from controlplane.experiments.models import Assignment, Experiment, Round, Run, Task
 from controlplane.experiments.services.rounds.aggregate import task_aggregation_choice
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.fleet.models import Device
@@ -47,7 +47,7 @@ def figure_json(fig: go.Figure) -> dict[str, Any]:
 def experiment_runs(experiment: Experiment) -> list[dict[str, Any]]:
     """Every run of an experiment with its metrics, speedups and final accuracy per task
     (three queries, however many runs)."""
-    runs = list(experiment.runs.order_by("id"))
+    runs = selectors.experiment_runs_in_order(experiment)
     baselines = selectors.run_baselines(experiment, runs)
     accuracy = selectors.runs_final_accuracy([run.id for run in runs])
     return [
@@ -98,18 +98,13 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
     wall: dict[tuple[int, str], list] = defaultdict(list)
     per_round: dict[tuple[int, str], list] = defaultdict(list)
     made_by: dict[tuple[int, str], str] = {}
-    checkpoints = (
-        Checkpoint.objects.filter(run__experiment=experiment)
-        .order_by("run_id", "created_at", "id")
-        .values_list("run_id", "task__name", "created_at", "round__index", "test_accuracy", "aggregation")
-    )
-    for run_id, task, created_at, index, accuracy, aggregation in checkpoints:
+    for run_id, task, created_at, index, accuracy, aggregation in selectors.experiment_checkpoint_points(experiment):
         wall[(run_id, task)].append((created_at, accuracy))
         if accuracy is not None:
             per_round[(run_id, task)].append((0 if index is None else index + 1, accuracy))
         if aggregation:  # the initial model's is empty
             made_by[(run_id, task)] = aggregation
-    task_ids = dict(experiment.tasks.values_list("name", "id"))
+    task_ids = selectors.experiment_task_ids(experiment)
     series = []
     for row in runs:
         run = row["run"]
@@ -145,17 +140,11 @@ def _strategy_rank(strategy: str) -> int:
 def compared_runs(experiment: Experiment) -> list[Run]:
     """The runs the comparison section shows: the newest comparison's runs, or else the newest
     run of each compared strategy that has a finished round, in strategy order."""
-    comparison = experiment.comparisons.order_by("-id").first()
+    comparison = selectors.experiment_latest_comparison(experiment)
     if comparison is not None:
-        runs = list(comparison.runs.all())
+        runs = selectors.comparison_runs(comparison)
     else:
-        newest: dict[str, Run] = {}
-        compared = compared_strategies()
-        for run in (
-            experiment.runs.filter(strategy__in=compared, rounds__finished_at__isnull=False).distinct().order_by("id")
-        ):
-            newest[run.strategy] = run
-        runs = list(newest.values())
+        runs = selectors.newest_finished_runs(experiment, compared_strategies())
     return sorted(runs, key=lambda r: (_strategy_rank(r.strategy), r.id))
 
 
@@ -338,19 +327,14 @@ def run_assignment_rows(
 ) -> list[dict[str, Any]]:
     """Assignments of a run as plain rows (one query), optionally only of some devices (by
     name) and from a round index on."""
-    qs = Assignment.objects.filter(round__run=run)
-    if devices is not None:
-        qs = qs.filter(device__name__in=devices)
-    if from_round is not None:
-        qs = qs.filter(round__index__gte=from_round)
     keys = tuple(_ROW_COLUMNS)
-    rows = qs.order_by("round__index", "device__name", "task_id").values_list(*_ROW_COLUMNS.values())
+    rows = selectors.run_assignment_values(run, tuple(_ROW_COLUMNS.values()), devices=devices, from_round=from_round)
     return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
 def run_has_gpu_devices(run: Run) -> bool:
     """Whether any device of the run is served by a GPU backend (its page shows GPU telemetry)."""
-    return run.experiment.devices.filter(backend__startswith="cuda").exists()
+    return selectors.experiment_has_gpu_devices(run.experiment)
 
 
 def run_telemetry_series(run: Run, *, devices: list[str] | None = None) -> list[dict[str, Any]]:
@@ -382,20 +366,15 @@ def run_figures(run: Run) -> dict[str, dict]:
     per round and task by the database, the assignments of the devices and newest rounds the
     plan and the timeline draw, and, for GPU runs, the telemetry of the devices drawn.
     """
-    round_indices = list(
-        Round.objects.filter(run=run, assignments__isnull=False)
-        .distinct()
-        .order_by("index")
-        .values_list("index", flat=True)
-    )
+    round_indices = selectors.run_round_indices(run)
     devices_total = experiment_device_count(run.experiment_id)
     # A run that samples its devices (partial participation) draws the newest round's
     # participants: devices drawn from the whole federation would mostly not have trained.
-    newest_participants = run.rounds.order_by("-index").values_list("participants", flat=True).first()
+    newest_participants = selectors.run_newest_participants(run)
     if newest_participants:
-        names = sorted(Device.objects.filter(id__in=newest_participants).values_list("name", flat=True))
+        names = sorted(fleet_selectors.device_names(newest_participants).values())
     else:
-        names = list(run.experiment.devices.order_by("name").values_list("name", flat=True))
+        names = selectors.experiment_device_names(run.experiment)
     shown = figures.spread(names, figures.MAX_DEVICES)
     timeline_rounds = max(1, figures.MAX_MARKS // max(1, len(shown)))
     kept = round_indices[-max(timeline_rounds, figures.MAX_ROUNDS) :]
@@ -406,25 +385,14 @@ def run_figures(run: Run) -> dict[str, dict]:
     )
     # A task's throughput in a round: Σ_j P_ij over the devices that count (the one rule of
     # controlplane.planning.metrics: a device with an assignment that did not succeed adds nothing).
-    failed_on_device = Assignment.objects.filter(
-        round_id=OuterRef("round_id"), device_id=OuterRef("device_id")
-    ).exclude(status=Assignment.Status.SUCCEEDED)
-    totals = [
-        {"round_index": r, "task": t, "throughput_sps": p}
-        for r, t, p in Assignment.objects.filter(round__run=run, throughput_sps__isnull=False)
-        .exclude(Exists(failed_on_device))
-        .values("round__index", "task__name")
-        .annotate(total=Sum("throughput_sps"))
-        .order_by()
-        .values_list("round__index", "task__name", "total")
-    ]
+    totals = [{"round_index": r, "task": t, "throughput_sps": p} for r, t, p in selectors.run_task_throughputs(run)]
     built = {
         "plan": figure_json(figures.allocation_plan(rows, round_indices=round_indices, devices_total=devices_total)),
         "throughput": figure_json(figures.throughput_per_round(totals)),
         "timeline": figure_json(figures.timeline(rows, devices_total=devices_total, rounds_total=len(round_indices))),
     }
     if run_has_gpu_devices(run):
-        reporting = sorted(set(DeviceTelemetry.objects.filter(round__run=run).values_list("device__name", flat=True)))
+        reporting = selectors.run_telemetry_device_names(run)
         drawn = figures.spread(reporting, figures.TELEMETRY_DEVICES)
         built["gpu"] = figure_json(
             figures.gpu_telemetry(run_telemetry_series(run, devices=drawn if len(drawn) < len(reporting) else None))
@@ -454,7 +422,7 @@ def device_page(page: str | None) -> dict[str, Any]:
     Raises:
         PageError: not an integer from 1 to the number of pages.
     """
-    total = Device.objects.count()
+    total = fleet_selectors.device_count()
     pages = max(1, math.ceil(total / DEVICES_PER_PAGE))
     try:
         number = 1 if page in (None, "") else int(page)
@@ -464,10 +432,7 @@ def device_page(page: str | None) -> dict[str, Any]:
         raise PageError(f"devices_page={page!r} is out of range: an integer from 1 to {pages}")
     start = (number - 1) * DEVICES_PER_PAGE
     shown = list(fleet_selectors.device_list()[start : start + DEVICES_PER_PAGE])
-    counts = {
-        status: fleet_selectors.devices_with_status(Device.objects.all(), status).count()
-        for status in Device.Status.values
-    }
+    counts = fleet_selectors.device_status_counts()
     return {
         "rows": [(d, fleet_selectors.device_effective_status(d)) for d in shown],
         "number": number,
@@ -488,7 +453,7 @@ lists every participant's id). 100 rounds × 5 names: one query of at most 500 d
 
 def experiment_device_count(experiment_id: int) -> int:
     """How many devices an experiment has (one ``COUNT`` on the membership table)."""
-    return Experiment.devices.through.objects.filter(experiment_id=experiment_id).count()
+    return selectors.experiment_device_count(experiment_id)
 
 
 def rounds_participation(rounds: list[dict[str, Any]], devices_total: int) -> dict[int, dict[str, Any]]:
@@ -504,7 +469,7 @@ def rounds_participation(rounds: list[dict[str, Any]], devices_total: int) -> di
     """
     named = {r["id"]: list(r["participants"][:PARTICIPANT_NAMES]) for r in rounds if r["participants"]}
     wanted = sorted({d for ids in named.values() for d in ids})
-    names = dict(Device.objects.filter(id__in=wanted).values_list("id", "name")) if wanted else {}
+    names = fleet_selectors.device_names(wanted)
     out: dict[int, dict[str, Any]] = {}
     for r in rounds:
         ids = r["participants"]
@@ -815,12 +780,10 @@ def experiment_label_histograms(
     totals: dict[int, int] = {}
     if devices_limit is not None:
         # The same three queries for 2 devices or 10,000 (tests/controlplane/test_query_counts.py).
-        names = list(experiment.devices.order_by("name").values_list("id", "name"))
+        names = selectors.experiment_device_ids_and_names(experiment)
         if len(names) > devices_limit:
             drawn = [device_id for device_id, _name in figures.spread(names, devices_limit)]
-        totals = dict(
-            experiment.shards.values("task_id").annotate(n=Count("id")).order_by().values_list("task_id", "n")
-        )
+        totals = selectors.experiment_shard_counts(experiment)
     rows: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in selectors.label_histograms(experiment, device_ids=drawn):
         rows[row["task"]].append(

@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
-from django.db.models import Count, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Exists, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 
 from controlplane.experiments.models import (
     Assignment,
@@ -755,3 +755,116 @@ def runs_speedups(runs: Iterable[Run]) -> dict[int, dict[str, float | None]]:
             baselines[run.experiment_id] = run_baselines(run.experiment, run.experiment.runs.all())
         out[run.id] = run_speedups(run, baselines[run.experiment_id].get(run.id))
     return out
+
+
+# --- what the dashboard's figures and tables read (controlplane.dashboard.data) -----------------------
+
+
+def experiment_runs_in_order(experiment: Experiment) -> list[Run]:
+    """Every run of the experiment, by id."""
+    return list(experiment.runs.order_by("id"))
+
+
+def experiment_checkpoint_points(experiment: Experiment) -> QuerySet:
+    """Every checkpoint of the experiment's runs as ``(run id, task name, created_at, round index
+    or None, test accuracy, aggregation)``, by run and time (one query)."""
+    return (
+        Checkpoint.objects.filter(run__experiment=experiment)
+        .order_by("run_id", "created_at", "id")
+        .values_list("run_id", "task__name", "created_at", "round__index", "test_accuracy", "aggregation")
+    )
+
+
+def experiment_task_ids(experiment: Experiment) -> dict[str, int]:
+    """The experiment's task ids by task name."""
+    return dict(experiment.tasks.values_list("name", "id"))
+
+
+def comparison_runs(comparison: Comparison) -> list[Run]:
+    """The comparison's runs."""
+    return list(comparison.runs.all())
+
+
+def newest_finished_runs(experiment: Experiment, strategies: Collection[str]) -> list[Run]:
+    """The newest run of each of ``strategies`` on the experiment that has a finished round."""
+    newest: dict[str, Run] = {}
+    for run in (
+        experiment.runs.filter(strategy__in=strategies, rounds__finished_at__isnull=False).distinct().order_by("id")
+    ):
+        newest[run.strategy] = run
+    return list(newest.values())
+
+
+def run_assignment_values(
+    run: Run, columns: tuple[str, ...], *, devices: list[str] | None = None, from_round: int | None = None
+) -> QuerySet:
+    """The run's assignments as tuples of ``columns`` (by round, device name and task), optionally
+    only of some devices (by name) and from a round index on (one query)."""
+    qs = Assignment.objects.filter(round__run=run)
+    if devices is not None:
+        qs = qs.filter(device__name__in=devices)
+    if from_round is not None:
+        qs = qs.filter(round__index__gte=from_round)
+    return qs.order_by("round__index", "device__name", "task_id").values_list(*columns)
+
+
+def experiment_has_gpu_devices(experiment: Experiment) -> bool:
+    """Whether any device of the experiment is served by a GPU backend."""
+    return experiment.devices.filter(backend__startswith="cuda").exists()
+
+
+def run_round_indices(run: Run) -> list[int]:
+    """The indices of the run's rounds that have assignments, in order."""
+    return list(
+        Round.objects.filter(run=run, assignments__isnull=False)
+        .distinct()
+        .order_by("index")
+        .values_list("index", flat=True)
+    )
+
+
+def run_newest_participants(run: Run) -> list[int] | None:
+    """The device ids of the run's newest round's participants (``None``: every device, or no round)."""
+    return run.rounds.order_by("-index").values_list("participants", flat=True).first()
+
+
+def experiment_device_names(experiment: Experiment) -> list[str]:
+    """The names of the experiment's devices, sorted."""
+    return list(experiment.devices.order_by("name").values_list("name", flat=True))
+
+
+def experiment_device_ids_and_names(experiment: Experiment) -> list[tuple[int, str]]:
+    """``(id, name)`` of the experiment's devices, by name."""
+    return list(experiment.devices.order_by("name").values_list("id", "name"))
+
+
+def experiment_device_count(experiment_id: int) -> int:
+    """How many devices an experiment has (one ``COUNT`` on the membership table)."""
+    return Experiment.devices.through.objects.filter(experiment_id=experiment_id).count()
+
+
+def experiment_shard_counts(experiment: Experiment) -> dict[int, int]:
+    """How many shards (devices holding its data) each task of the experiment has, by task id."""
+    return dict(experiment.shards.values("task_id").annotate(n=Count("id")).order_by().values_list("task_id", "n"))
+
+
+def run_task_throughputs(run: Run) -> list[tuple[int, str, float]]:
+    """``(round index, task name, Σ_j P_ij)`` per round and task of the run, summed by the database
+    over the devices that count (the one rule of :mod:`controlplane.planning.metrics`: a device
+    with an assignment that did not succeed adds nothing)."""
+    failed_on_device = Assignment.objects.filter(
+        round_id=OuterRef("round_id"), device_id=OuterRef("device_id")
+    ).exclude(status=Assignment.Status.SUCCEEDED)
+    return list(
+        Assignment.objects.filter(round__run=run, throughput_sps__isnull=False)
+        .exclude(Exists(failed_on_device))
+        .values("round__index", "task__name")
+        .annotate(total=Sum("throughput_sps"))
+        .order_by()
+        .values_list("round__index", "task__name", "total")
+    )
+
+
+def run_telemetry_device_names(run: Run) -> list[str]:
+    """The names of the devices that reported GPU telemetry in the run, sorted."""
+    return sorted(set(DeviceTelemetry.objects.filter(round__run=run).values_list("device__name", flat=True)))

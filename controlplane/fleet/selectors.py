@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import QuerySet
@@ -187,3 +188,19 @@ def device_plugin_declarations(*, now: dt.datetime | None = None) -> list[dict[s
         }
         for d in online.only("id", "name", "backend", "plugins", "last_heartbeat_at")
     ]
+
+
+def device_count() -> int:
+    """How many devices the federation has."""
+    return Device.objects.count()
+
+
+def device_status_counts() -> dict[str, int]:
+    """How many devices are in each effective status (:func:`devices_with_status`), by status."""
+    return {status: devices_with_status(Device.objects.all(), status).count() for status in Device.Status.values}
+
+
+def device_names(ids: Iterable[int]) -> dict[int, str]:
+    """The names of the devices ``ids``, by id (no query when there are none)."""
+    wanted = list(ids)
+    return dict(Device.objects.filter(id__in=wanted).values_list("id", "name")) if wanted else {}
