@@ -26,6 +26,7 @@ from controlplane.experiments.models import (
     StandaloneCacheEntry,
     StandaloneThroughput,
 )
+from controlplane.experiments.services import standalone
 from controlplane.fleet.services import device_report
 from controlplane.lab.models import DeviceLease
 from controlplane.lab.services import leases, scheduler
@@ -248,7 +249,8 @@ def test_a_run_cancelled_while_writing_its_initial_models_stops_and_removes_them
             services.run_cancel(run=Run.objects.get(id=run.id))
         return sha
 
-    monkeypatch.setattr(artifacts, "save_model_weights", save_then_cancel)
+    # run_begin writes through the name it imported from the artifact module
+    monkeypatch.setattr(standalone, "save_model_weights", save_then_cancel)
     with django_capture_on_commit_callbacks(execute=True):
         services.run_begin(run_id=run.id)
 
