@@ -18,16 +18,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import plotly.graph_objects as go
-from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from controlplane.common.jsonsafe import finite_or_none
 from controlplane.dashboard import figures
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Assignment, Experiment, Round, Run, Task
+from controlplane.experiments.models import Experiment, Round, Run, Task
 from controlplane.experiments.services.rounds.aggregate import task_aggregation_choice
 from controlplane.fleet import selectors as fleet_selectors
-from controlplane.fleet.models import Device
 from controlplane.lab import selectors as lab_selectors
 from controlplane.planning import metrics
 from controlplane.planning.metrics import format_estimate
@@ -160,7 +158,6 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     """
     runs = compared_runs(experiment)
     strategies = list(dict.fromkeys(r.strategy for r in runs))
-    assignments = Assignment.objects.filter(round__run__in=runs)
     # A comparison with repeats has a run per strategy and repeat: each repeat's speedups are
     # taken against its own baseline run, then averaged over repeats (with their interval).
     per_round = _stored_round_metrics(runs)
@@ -177,10 +174,10 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     )
     # time_split averages over its rounds whatever their keys: every (repeat, round) one entry.
     split = metrics.time_split({(s, n): rm for n, ((s, _k, _r), rm) in enumerate(per_round.items())})
-    points = _predicted_points(assignments)
+    points = _predicted_points(runs)
     final = {row["run"].id: row["accuracy"] for row in run_rows}
     accuracy = [{"strategy": r.strategy, "accuracy": final.get(r.id, {})} for r in runs]
-    comparison = experiment.comparisons.order_by("-id").first()
+    comparison = selectors.experiment_latest_comparison(experiment)
     report = selectors.comparison_report(comparison) if comparison is not None else None
     summary = {}
     if report is not None:
@@ -212,40 +209,15 @@ def _stored_round_metrics(runs: list[Run]) -> dict[tuple[str, int, int], metrics
     counts); rounds with no assignment are left out."""
     return {
         (r.run.strategy, r.run.repeat, r.index): metrics.RoundMetrics.from_stored(r, r.device_metrics)
-        for r in Round.objects.filter(run__in=runs)
-        .filter(Exists(Assignment.objects.filter(round=OuterRef("pk"))))
-        .select_related("run")
-        .only(
-            "index",
-            "run__strategy",
-            "run__repeat",
-            "round_time_s",
-            "samples_trained",
-            "fl_throughput_sps",
-            "raw_throughput_sps",
-            "fair_throughput",
-            "device_metrics",
-        )
-        .order_by("run_id", "index")
+        for r in selectors.runs_recorded_rounds(runs)
     }
 
 
-def _predicted_points(assignments: QuerySet[Assignment]) -> list[dict[str, Any]]:
+def _predicted_points(runs: list[Run]) -> list[dict[str, Any]]:
     """The predicted against measured throughput scatter's points: ``{"strategy", "device",
     "task", "round_index", "throughput_sps", "predicted_throughput_sps"}`` of the assignments
     with both, at most :data:`figures.MAX_MARKS` per strategy (:func:`figures.spread`)."""
-    predicted = (
-        assignments.filter(predicted_throughput_sps__isnull=False, throughput_sps__isnull=False)
-        .order_by("round__run_id", "round__index", "device__name", "task_id")
-        .values_list(
-            "round__run__strategy",
-            "device__name",
-            "task__name",
-            "round__index",
-            "throughput_sps",
-            "predicted_throughput_sps",
-        )
-    )
+    predicted = selectors.runs_predicted_and_measured(runs)
     by_strategy: dict[str, list[tuple]] = defaultdict(list)
     for row in predicted:
         by_strategy[row[0]].append(row)
@@ -340,9 +312,7 @@ def run_has_gpu_devices(run: Run) -> bool:
 def run_telemetry_series(run: Run, *, devices: list[str] | None = None) -> list[dict[str, Any]]:
     """The run's GPU telemetry as :func:`figures.gpu_telemetry` rows (one query), optionally
     of some devices only (by name)."""
-    qs = selectors.run_telemetry(run)
-    if devices is not None:
-        qs = qs.filter(device__name__in=devices)
+    qs = selectors.run_telemetry(run, devices=devices)
     return [
         {
             "device": row.device.name,
@@ -549,16 +519,14 @@ def run_round_plans(run: Run) -> dict[str, Any]:
         "devices_total", "devices_shown", "sampled" (a round shown drew participants)}``, newest
         round first.
     """
-    rounds_total = run.rounds.count()
-    rounds = list(
-        run.rounds.order_by("-index").values(
-            "id", "index", "status", "predicted_round_time_s", "replan", "participants"
-        )[:PLAN_ROUNDS]
+    rounds_total = selectors.run_round_count(run)
+    rounds = selectors.run_newest_round_values(
+        run, ("id", "index", "status", "predicted_round_time_s", "replan", "participants"), PLAN_ROUNDS
     )
     devices_total = experiment_device_count(run.experiment_id)
     listed = _plan_devices_listed(run, rounds)
     wanted = sorted({d for ids in listed.values() for d in ids})
-    names = dict(Device.objects.filter(id__in=wanted).values_list("id", "name")) if wanted else {}
+    names = fleet_selectors.device_names(wanted)
     by_round = _plan_assignments(rounds, wanted)
     out = [_plan_round_row(r, by_round.get(r["id"], {}), listed[r["id"]], names) for r in rounds]
     return {
@@ -576,7 +544,7 @@ def _plan_devices_listed(run: Run, rounds: list[dict[str, Any]]) -> dict[int, li
     # PLAN_DEVICES devices by name (a round of every device): never the whole federation.
     first_by_name = []
     if any(r["participants"] is None for r in rounds):
-        first_by_name = list(run.experiment.devices.order_by("name").values_list("id", flat=True)[:PLAN_DEVICES])
+        first_by_name = selectors.experiment_first_device_ids(run.experiment, PLAN_DEVICES)
     return {
         r["id"]: (first_by_name if r["participants"] is None else list(r["participants"][:PLAN_DEVICES]))
         for r in rounds
@@ -586,22 +554,7 @@ def _plan_devices_listed(run: Run, rounds: list[dict[str, Any]]) -> dict[int, li
 def _plan_assignments(rounds: list[dict[str, Any]], wanted: list[int]) -> dict[int, dict[int, list[dict[str, Any]]]]:
     """``{round id: {device id: [assignment row, ...]}}`` of the rounds' assignments on the
     ``wanted`` devices, by device then task name (see :func:`run_round_plans`)."""
-    rows = (
-        Assignment.objects.filter(round_id__in=[r["id"] for r in rounds], device_id__in=wanted)
-        .order_by("round_id", "device__name", "task__name")
-        .values_list(
-            "round_id",
-            "device_id",
-            "task__name",
-            "batch_size",
-            "active_thread_percentage",
-            "predicted_throughput_sps",
-            "throughput_sps",
-            "status",
-            "execution_mode",
-            "execution_fallback",
-        )
-    )
+    rows = selectors.rounds_plan_assignment_values([r["id"] for r in rounds], wanted)
     by_round: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for round_id, device_id, task, batch, share, predicted, measured, status, mode, fallback in rows:
         by_round[round_id][device_id].append(
@@ -649,7 +602,7 @@ def run_live(run: Run) -> dict[str, Any]:
     """What the run page polls: progress, round table rows (the newest :data:`LIVE_ROUNDS`)
     and (re)built figures."""
     progress = selectors.run_progress(run)
-    newest = list(run.rounds.order_by("-index")[:LIVE_ROUNDS])
+    newest = selectors.run_newest_rounds(run, LIVE_ROUNDS)
     participation = rounds_participation(
         [{"id": r.id, "participants": r.participants} for r in newest], experiment_device_count(run.experiment_id)
     )

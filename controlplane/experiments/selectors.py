@@ -292,13 +292,13 @@ def round_telemetry(rnd: Round) -> QuerySet[DeviceTelemetry]:
     return DeviceTelemetry.objects.filter(round=rnd).select_related("device").order_by("device__name")
 
 
-def run_telemetry(run: Run) -> QuerySet[DeviceTelemetry]:
-    """Every GPU telemetry series of a run, by round then device (one query)."""
-    return (
-        DeviceTelemetry.objects.filter(round__run=run)
-        .select_related("device", "round")
-        .order_by("round__index", "device__name")
-    )
+def run_telemetry(run: Run, *, devices: list[str] | None = None) -> QuerySet[DeviceTelemetry]:
+    """Every GPU telemetry series of a run (``devices``: of those devices only, by name), by round
+    then device (one query)."""
+    qs = DeviceTelemetry.objects.filter(round__run=run)
+    if devices is not None:
+        qs = qs.filter(device__name__in=devices)
+    return qs.select_related("device", "round").order_by("round__index", "device__name")
 
 
 def baseline_run(experiment: Experiment) -> Run | None:
@@ -868,3 +868,85 @@ def run_task_throughputs(run: Run) -> list[tuple[int, str, float]]:
 def run_telemetry_device_names(run: Run) -> list[str]:
     """The names of the devices that reported GPU telemetry in the run, sorted."""
     return sorted(set(DeviceTelemetry.objects.filter(round__run=run).values_list("device__name", flat=True)))
+
+
+def runs_recorded_rounds(runs: list[Run]) -> QuerySet[Round]:
+    """The runs' rounds that have assignments, with their run's strategy and repeat and the round's
+    stored metrics only (``Round.device_metrics``...), by run and index (one query)."""
+    return (
+        Round.objects.filter(run__in=runs)
+        .filter(Exists(Assignment.objects.filter(round=OuterRef("pk"))))
+        .select_related("run")
+        .only(
+            "index",
+            "run__strategy",
+            "run__repeat",
+            "round_time_s",
+            "samples_trained",
+            "fl_throughput_sps",
+            "raw_throughput_sps",
+            "fair_throughput",
+            "device_metrics",
+        )
+        .order_by("run_id", "index")
+    )
+
+
+def runs_predicted_and_measured(runs: list[Run]) -> QuerySet:
+    """``(strategy, device name, task name, round index, throughput_sps, predicted_throughput_sps)``
+    of the runs' assignments that have both throughputs, by run, round, device and task (one query)."""
+    return (
+        Assignment.objects.filter(round__run__in=runs)
+        .filter(predicted_throughput_sps__isnull=False, throughput_sps__isnull=False)
+        .order_by("round__run_id", "round__index", "device__name", "task_id")
+        .values_list(
+            "round__run__strategy",
+            "device__name",
+            "task__name",
+            "round__index",
+            "throughput_sps",
+            "predicted_throughput_sps",
+        )
+    )
+
+
+def run_round_count(run: Run) -> int:
+    """How many rounds the run has."""
+    return run.rounds.count()
+
+
+def run_newest_round_values(run: Run, fields: tuple[str, ...], limit: int) -> list[dict[str, Any]]:
+    """The run's newest ``limit`` rounds as ``{field: value}`` of ``fields``, newest first."""
+    return list(run.rounds.order_by("-index").values(*fields)[:limit])
+
+
+def run_newest_rounds(run: Run, limit: int) -> list[Round]:
+    """The run's newest ``limit`` rounds, newest first."""
+    return list(run.rounds.order_by("-index")[:limit])
+
+
+def experiment_first_device_ids(experiment: Experiment, limit: int) -> list[int]:
+    """The ids of the experiment's first ``limit`` devices by name."""
+    return list(experiment.devices.order_by("name").values_list("id", flat=True)[:limit])
+
+
+def rounds_plan_assignment_values(round_ids: list[int], device_ids: list[int]) -> QuerySet:
+    """``(round id, device id, task name, batch size, share, predicted and measured throughput,
+    status, execution mode and fallback)`` of the rounds' assignments on ``device_ids``, by round,
+    device name and task name (one query)."""
+    return (
+        Assignment.objects.filter(round_id__in=round_ids, device_id__in=device_ids)
+        .order_by("round_id", "device__name", "task__name")
+        .values_list(
+            "round_id",
+            "device_id",
+            "task__name",
+            "batch_size",
+            "active_thread_percentage",
+            "predicted_throughput_sps",
+            "throughput_sps",
+            "status",
+            "execution_mode",
+            "execution_fallback",
+        )
+    )
