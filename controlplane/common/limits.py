@@ -6,12 +6,15 @@ messages all read the bounds from here, so a range is changed in one place and e
 agrees (``tests/controlplane/test_limits.py`` checks that they do, and that no bound of a field
 declared here is written as a literal elsewhere).
 
-Pure Python (no Django): :mod:`controlplane.planning` reads it too.
+Pure Python (no Django): :mod:`controlplane.planning` reads it too. The two bounds a message to
+an agent also carries (batch size, MPS share) come from the wire schema, so both ends agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from workers.protocol.messages import MAX_ACTIVE_THREAD_PERCENTAGE, MAX_BATCH_SIZE
 
 
 def bound_text(x: float) -> str:
@@ -92,12 +95,16 @@ TARGET_ACCURACY = Limit(
 BATCH_SIZE = Limit(
     "batch_size",
     2,  # training-mode BatchNorm needs at least two samples per batch at the zoo's 1×1 activations
-    4096,
+    MAX_BATCH_SIZE,
     "samples",
     "samples per training step",
 )
 ACTIVE_THREAD_PERCENTAGE = Limit(
-    "active_thread_percentage", 1, 100, "%", "a trainer's share of the device (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)"
+    "active_thread_percentage",
+    1,
+    MAX_ACTIVE_THREAD_PERCENTAGE,
+    "%",
+    "a trainer's share of the device (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)",
 )
 
 # --- the lab ------------------------------------------------------------------------------------

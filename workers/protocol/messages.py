@@ -40,6 +40,13 @@ class RegisteredName:
     field: str
 
 
+MAX_BATCH_SIZE = 4096
+"""The largest batch size any message carries (samples per training step); the control plane's
+``batch_size`` limit (:mod:`controlplane.common.limits`) reads it, so planner and wire agree."""
+
+MAX_ACTIVE_THREAD_PERCENTAGE = 100
+"""The largest MPS share (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``): the whole device."""
+
 Architecture = Annotated[str, RegisteredName("model", "architecture")]
 """A model name of :data:`workers.registry.models.MODEL_REGISTRY` (``"resnet18"``)."""
 
@@ -166,8 +173,8 @@ class AssignmentSpec(_Message):
 
     assignment_id: int
     task: TaskRef
-    batch_size: int = Field(ge=1, le=4096)
-    active_thread_percentage: int = Field(ge=1, le=100)
+    batch_size: int = Field(ge=1, le=MAX_BATCH_SIZE)
+    active_thread_percentage: int = Field(ge=1, le=MAX_ACTIVE_THREAD_PERCENTAGE)
     shard: ShardRef
     local_epochs: int = Field(ge=1, le=1000)
     global_weights: str = Field(description="artifact key of the global model to start from")
@@ -367,7 +374,7 @@ class StandaloneItem(_Message):
     """One task to be measured alone on the whole device at a given batch size."""
 
     task: TaskRef
-    batch_size: int = Field(ge=1, le=4096)
+    batch_size: int = Field(ge=1, le=MAX_BATCH_SIZE)
     shard: ShardRef
     execution: ExecutionOptions = ExecutionOptions()
 
@@ -478,8 +485,8 @@ class ProfileTaskSpec(_Message):
     """One task of a co-located configuration: a model at a batch size and a share."""
 
     architecture: Architecture
-    batch_size: int = Field(ge=2, le=4096)
-    active_thread_percentage: int = Field(ge=1, le=100)
+    batch_size: int = Field(ge=2, le=MAX_BATCH_SIZE)
+    active_thread_percentage: int = Field(ge=1, le=MAX_ACTIVE_THREAD_PERCENTAGE)
 
 
 class WorkloadShape(_Message):
@@ -503,7 +510,9 @@ class ProfileSweepRequest(_Message):
     backend: BackendName = "cpu"
     budget_s: float = Field(ge=5, le=7 * 24 * 3600)
     architectures: list[Architecture] = Field(min_length=1)
-    batch_sizes: list[Annotated[int, Field(ge=2, le=4096)]] = Field(default=[16, 32, 64, 128, 256, 512], min_length=1)
+    batch_sizes: list[Annotated[int, Field(ge=2, le=MAX_BATCH_SIZE)]] = Field(
+        default=[16, 32, 64, 128, 256, 512], min_length=1
+    )
     share_min: int = Field(default=10, ge=1, le=100)
     share_step: int = Field(default=5, ge=1, le=100)
     max_mix: int = Field(default=4, ge=1, le=8)
