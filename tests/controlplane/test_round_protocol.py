@@ -223,3 +223,23 @@ def test_weights_reported_anywhere_but_the_devices_own_key_fail_the_device(start
     assert rnd.samples_trained == 30  # dev-a's shard only
     forged_row = Assignment.objects.get(round=rnd, device__name="dev-b")
     assert forged_row.status == Assignment.Status.FAILED and "dev-b" in forged_row.error
+
+
+def test_a_request_naming_what_the_registries_do_not_know_is_refused_as_it_is_built(started_round, monkeypatch):
+    """Names are checked where a device's request is built, inside the transaction that stores the
+    round (a retry's, or the round's dispatch), not later in an on-commit send that could leave a
+    round running with nothing sent."""
+    from pydantic import ValidationError
+
+    from controlplane.experiments.services.rounds.requests import round_device_request_load
+    from workers.registry import names
+    from workers.registry.base import Registry
+    from workers.registry.models import Model
+
+    _, rnd = started_round()
+    device_id = rnd.assignments.values_list("device_id", flat=True).first()
+    assert round_device_request_load(rnd=rnd, device_id=device_id, attempt=1).assignments  # known: built
+
+    monkeypatch.setitem(names.REGISTRIES, "model", Registry("model", "mtfl.test-no-models", Model))
+    with pytest.raises(ValidationError, match="architecture"):
+        round_device_request_load(rnd=rnd, device_id=device_id, attempt=1)

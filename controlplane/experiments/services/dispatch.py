@@ -5,9 +5,11 @@ Tasks are addressed by name (:class:`workers.protocol.queues.TaskName`) because 
 Celery app. Callers send only after their transaction commits (``transaction.on_commit``), so
 a worker never sees an id whose row is not yet visible.
 
-Every request is checked here against the control plane's registries before it is sent
-(:func:`workers.registry.names.check_names`: its model, data set and backend names; the wire
-schema checks only their shape), so an unknown name is refused where the message leaves.
+Every request reaching here was checked against the control plane's registries where it was
+built (:func:`workers.registry.names.check_names` in :mod:`.rounds.requests` and
+:mod:`.rounds.alone`: its model, data set, backend and aggregator names; the wire schema checks
+only their shape), inside the transaction that stores the round, so an unknown name rolls the
+round back instead of failing in an on-commit send.
 
 Device tasks get their Celery ids here before they are sent (:func:`new_task_id`), so the ids
 are stored with the round first: the round watchdog reads results by id
@@ -28,7 +30,6 @@ from celery import chord
 from controlplane.celery import app
 from workers.protocol.messages import StandaloneRequest, TrainRoundRequest
 from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
-from workers.registry.names import check_names
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def _fan_out(
     header = [
         app.signature(
             device_task,
-            args=[check_names(r).model_dump(mode="json")],
+            args=[r.model_dump(mode="json")],
             queue=device_queue(r.device),
             task_id=task_ids[r.device],
         )
@@ -114,7 +115,7 @@ def send_device_round(request: TrainRoundRequest, *, task_id: str) -> None:
     watchdog collects its result by ``task_id``)."""
     app.send_task(
         TaskName.TRAIN_ROUND,
-        args=[check_names(request).model_dump(mode="json")],
+        args=[request.model_dump(mode="json")],
         queue=device_queue(request.device),
         task_id=task_id,
     )

@@ -29,6 +29,7 @@ from controlplane.experiments.services.execution import task_execution
 from controlplane.experiments.services.rounds.requests import shard_ref
 from controlplane.planning.types import PlannedAssignment
 from workers.protocol.messages import StandaloneItem, StandaloneRequest
+from workers.registry.names import check_names
 
 
 def standalone_dispatch(run: Run, assignments: Iterable[PlannedAssignment], *, before_round: int) -> None:
@@ -58,14 +59,16 @@ def standalone_dispatch(run: Run, assignments: Iterable[PlannedAssignment], *, b
             )
             for a in on_device[device_id]
         ]
-        requests.append(
-            StandaloneRequest(
-                run_id=run.id,
-                device=devices[device_id].name,
-                backend=devices[device_id].backend,
-                warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
-                timed_iterations=mtfl_setting("STANDALONE_TIMED_ITERATIONS"),
-                items=items,
+        requests.append(  # names checked before the task ids are written
+            check_names(
+                StandaloneRequest(
+                    run_id=run.id,
+                    device=devices[device_id].name,
+                    backend=devices[device_id].backend,
+                    warmup_iterations=mtfl_setting("WARMUP_ITERATIONS"),
+                    timed_iterations=mtfl_setting("STANDALONE_TIMED_ITERATIONS"),
+                    items=items,
+                )
             )
         )
     task_ids = {r.device: dispatch.new_task_id() for r in requests}

@@ -30,6 +30,7 @@ from workers.protocol.messages import (
     TrainRoundRequest,
     round_idempotency_key,
 )
+from workers.registry.names import check_names
 
 
 def shard_ref(experiment: Experiment, shard: ShardSpan) -> ShardRef:
@@ -110,17 +111,21 @@ def round_device_request(
         _assignment_spec(a, rnd, experiment, device, shards, latest, task_refs, executions, trainer_options)
         for a in assignments
     ]
-    return TrainRoundRequest(
-        run_id=rnd.run_id,
-        round_id=rnd.id,
-        round_index=rnd.index,
-        device=device.name,
-        backend=device.backend,
-        partitioning=partitioning,
-        warmup_iterations=warmup_iterations,
-        assignments=specs,
-        attempt=attempt,
-        idempotency_key=round_idempotency_key(rnd.id, device.name, attempt),
+    # Names are checked as the request is built, inside the caller's transaction: an unknown one
+    # rolls the round's writes back instead of failing in an on-commit send.
+    return check_names(
+        TrainRoundRequest(
+            run_id=rnd.run_id,
+            round_id=rnd.id,
+            round_index=rnd.index,
+            device=device.name,
+            backend=device.backend,
+            partitioning=partitioning,
+            warmup_iterations=warmup_iterations,
+            assignments=specs,
+            attempt=attempt,
+            idempotency_key=round_idempotency_key(rnd.id, device.name, attempt),
+        )
     )
 
 
