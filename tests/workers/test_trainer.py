@@ -161,6 +161,28 @@ def test_bad_spec_exits_2_with_a_failed_result(tmp_path):
     assert payload["status"] == "failed" and "bad spec" in payload["error"]
 
 
+def test_a_spec_naming_an_unknown_model_is_a_bad_spec(make_task_ref, make_assignment, initial_weights, store, tmp_path):
+    """The trainer checks its spec's registry names (the agent did too; a spec written by hand or an
+    older agent may not have been): exit 2 naming the field, not a training error later."""
+    good = _spec(make_task_ref, make_assignment, initial_weights, store, offset=0, count=8).model_dump(mode="json")
+    good["task"]["architecture"] = "no-such-model"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(good))
+    result = tmp_path / "result.json"
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "workers.training.trainer", "train", str(spec), str(result)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert proc.returncode == EXIT_BAD_SPEC, proc.stderr
+    error = json.loads(result.read_text())["error"]
+    assert "bad spec" in error and "architecture" in error and "no-such-model" in error
+
+
 _LOCK_SCRIPT = """
 import sys, time
 from workers.training.trainer import IterationLock

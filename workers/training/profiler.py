@@ -75,6 +75,7 @@ from workers.protocol.messages import (
     InputShapeField,
     OptimizerConfig,
 )
+from workers.registry.names import check_names
 from workers.training import zoo
 from workers.training.execution import STEPS_BEFORE_REPLAY, ExecutedMode, StepRunner
 from workers.training.runtime import (
@@ -480,7 +481,7 @@ def run_profile_job(
         The exit code: 0 success, 1 profiling error, 2 bad spec.
     """
     try:
-        spec = ProfileChildSpec.model_validate_json(spec_path.read_text())
+        spec = check_names(ProfileChildSpec.model_validate_json(spec_path.read_text()))
     except (OSError, ValidationError, ValueError) as exc:
         error = f"bad spec {spec_path}: {type(exc).__name__}: {exc}"
         print(error, file=sys.stderr)

@@ -85,6 +85,7 @@ from workers.protocol.messages import (
 )
 from workers.registry.aggregators import ClientTerm, build_client_term
 from workers.registry.datasets import root_fingerprint, split_arrays
+from workers.registry.names import check_names
 from workers.training.datasets import load_split, load_splits
 from workers.training.execution import STEPS_BEFORE_REPLAY, ExecutedMode, StepRunner, resolve_execution
 from workers.training.partition import shard_indices
@@ -854,7 +855,7 @@ def run_job(
         return run_profile_job(spec_path, result_path, protocol_out, commands, models)
     model_cls = TrainerSpec if mode == "train" else StandaloneSpec
     try:
-        spec = model_cls.model_validate_json(spec_path.read_text())
+        spec = check_names(model_cls.model_validate_json(spec_path.read_text()))
     except (OSError, ValidationError, ValueError) as exc:
         error = f"bad spec {spec_path}: {_describe(exc)}"
         print(error, file=sys.stderr)
