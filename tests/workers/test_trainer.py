@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 import workers
 from workers.training.trainer import (
@@ -438,6 +439,9 @@ def test_an_old_message_with_proximal_mu_is_read_as_fedprox(make_task_ref, make_
 
     assert (fedprox.aggregator, fedprox.client_options) == ("fedprox", {"mu": 0.25})
     assert (plain.aggregator, plain.client_options) == (None, {})
+    for bad in (-0.1, 1000.5, "0.1", True):  # the old field's bounds still hold
+        with pytest.raises(ValidationError, match="proximal_mu must be a number from 0 to 1000"):
+            TrainerSpec.model_validate({**old, "proximal_mu": bad})
 
 
 def test_an_older_plugins_trainer_options_still_ask_for_fedproxs_term(

@@ -224,6 +224,9 @@ class AssignmentSpec(_Message):
         if isinstance(data, dict) and "proximal_mu" in data:
             data = dict(data)
             mu = data.pop("proximal_mu")
+            # the old field's own bounds, so an old message is refused where it was before
+            if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu <= 1000:
+                raise ValueError(f"proximal_mu must be a number from 0 to 1000, got {mu!r}")
             if mu and "aggregator" not in data:
                 data.update(aggregator="fedprox", client_options={"mu": mu})
         return data
