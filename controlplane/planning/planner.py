@@ -715,7 +715,7 @@ def never_worse(
     ctx: PlannerContext,
     *,
     clock: Clock,
-    slack: bool = True,
+    slack: bool,
 ) -> Plan:
     """``plan`` with every device whose planned configuration is predicted worse than the best
     baseline's on that device given that baseline's configuration instead (issue 31: a planner

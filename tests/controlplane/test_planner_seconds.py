@@ -154,7 +154,7 @@ def test_a_plan_predicted_slower_than_the_best_baseline_is_replaced_by_it_per_de
     ]
     poor = plan_manual(spec, entries=entries)
     baselines = baseline_plans(spec)
-    fixed = never_worse(poor, baselines, spec, ctx, clock="round_time")
+    fixed = never_worse(poor, baselines, spec, ctx, clock="round_time", slack=True)
     predicted = {b.strategy: predict_plan(b, spec, ctx) for b in baselines}
 
     def device_time(plan, d):
@@ -201,7 +201,7 @@ def test_a_baseline_the_device_cannot_realise_is_not_chosen(predictor):
 def test_never_worse_refuses_an_unknown_clock(predictor):
     spec = _spec()
     with pytest.raises(PlanningError) as info:
-        never_worse(plan_temporal(spec), [], spec, _ctx(predictor), clock="fastest")  # type: ignore[arg-type]
+        never_worse(plan_temporal(spec), [], spec, _ctx(predictor), clock="fastest", slack=False)  # type: ignore[arg-type]
     assert info.value.field == "strategy"
 
 
