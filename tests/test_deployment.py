@@ -181,7 +181,7 @@ def _variables_the_code_reads() -> set[str]:
     settings = (REPO / "controlplane" / "settings.py").read_text()
     names = set(re.findall(rf'(?:env\.\w+|_strict_bool)\(\s*"({_NAME})"', settings))
     names |= set(
-        re.findall(rf'os\.environ\.get\(\s*"({_NAME})"', (REPO / "workers" / "agent" / "config.py").read_text())
+        re.findall(rf'os\.environ\.get\(\s*"({_NAME})"', (REPO / "workers" / "config.py").read_text())
     )
     for path in (REPO / "workers").rglob("*.py"):
         names |= set(re.findall(r'^\w+\s*=\s*"(MTFL_[A-Z0-9_]+)"', path.read_text(), flags=re.MULTILINE))

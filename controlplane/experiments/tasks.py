@@ -64,3 +64,23 @@ def checkpoints_evaluate(checkpoint_ids: list[int]) -> None:
 @app.task(name=TaskName.RUNS_RESUME, ignore_result=True, acks_late=True)
 def runs_resume(nodename: str = "", booted_at: float | None = None) -> None:
     services.runs_resume(nodename=nodename, booted_at=booted_at)
+
+
+# The names ROUND_ENQUEUE and ROUND_SETTLE had before the round's steps were renamed: a message
+# the previous release queued (a round waiting for its devices, a chord whose callback was signed
+# with the old name) is still served after an upgrade instead of being dropped as unregistered.
+# To be removed one release later.
+PREVIOUS_TASK_NAMES: dict[str, str] = {
+    TaskName.ROUND_ENQUEUE: "mtfl.round_start",
+    TaskName.ROUND_SETTLE: "mtfl.round_finish",
+}
+
+
+@app.task(name=PREVIOUS_TASK_NAMES[TaskName.ROUND_ENQUEUE], ignore_result=True, acks_late=True)
+def round_start_previous_name(run_id: int, index: int) -> None:
+    services.round_enqueue(run_id=run_id, index=index)
+
+
+@app.task(name=PREVIOUS_TASK_NAMES[TaskName.ROUND_SETTLE], ignore_result=True, acks_late=True, bind=True)
+def round_finish_previous_name(self, results: list, round_id: int) -> None:
+    services.round_settle(round_id=round_id, results=results, claimant=self.request.hostname or "")

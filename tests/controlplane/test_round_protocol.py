@@ -243,3 +243,21 @@ def test_a_request_naming_what_the_registries_do_not_know_is_refused_as_it_is_bu
     monkeypatch.setitem(names.REGISTRIES, "model", Registry("model", "mtfl.test-no-models", Model))
     with pytest.raises(ValidationError, match="architecture"):
         round_device_request_load(rnd=rnd, device_id=device_id, attempt=1)
+
+
+def test_messages_queued_under_the_previous_task_names_are_still_served(monkeypatch):
+    """An upgrade does not drop what the previous release queued: ``mtfl.round_start`` and a chord
+    callback signed ``mtfl.round_finish`` reach the same services as the renamed tasks."""
+    from controlplane.celery import app
+    from controlplane.experiments import tasks
+    from workers.protocol.queues import TaskName
+
+    called: list[tuple] = []
+    monkeypatch.setattr(services, "round_enqueue", lambda **kw: called.append(("enqueue", kw)))
+    monkeypatch.setattr(services, "round_settle", lambda **kw: called.append(("settle", kw["round_id"])))
+
+    app.tasks["mtfl.round_start"].apply(args=[7, 2])
+    app.tasks["mtfl.round_finish"].apply(args=[[], 9])
+
+    assert called == [("enqueue", {"run_id": 7, "index": 2}), ("settle", 9)]
+    assert set(tasks.PREVIOUS_TASK_NAMES) == {TaskName.ROUND_ENQUEUE, TaskName.ROUND_SETTLE}
