@@ -412,3 +412,26 @@ def test_a_run_that_outranks_every_waiting_round_keeps_its_turn_between_its_roun
     last = running_round(first.run, index=2, devices=[], started_at=now)
     Run.objects.filter(id=waiter.run_id).update(priority=0)
     assert not _outranks_the_queue(_loaded(last))  # the run ends: nothing of it comes back
+
+
+@pytest.mark.django_db
+def test_the_moved_models_content_types_and_their_permissions_follow_them_to_the_lab():
+    """lab 0002: an upgraded database's ``experiments.usershare`` content type (and the permissions
+    pointing at it) becomes ``lab.usershare``; one that already exists under ``lab`` is left alone."""
+    import importlib
+
+    from django.apps import apps as django_apps
+    from django.contrib.auth.models import Permission
+    from django.contrib.contenttypes.models import ContentType
+
+    migration = importlib.import_module("controlplane.lab.migrations.0002_content_types")
+    ContentType.objects.filter(app_label="lab", model="usershare").delete()
+    old = ContentType.objects.create(app_label="experiments", model="usershare")
+    permission = Permission.objects.create(content_type=old, codename="change_usershare", name="Can change")
+
+    migration.relabel(django_apps, None, source="experiments", target="lab")
+
+    permission.refresh_from_db()
+    assert (permission.content_type.app_label, permission.content_type.model) == ("lab", "usershare")
+    lease_types = ContentType.objects.filter(model="devicelease").values_list("app_label", flat=True)
+    assert list(lease_types) == ["lab"]  # already under lab: untouched, nothing duplicated
