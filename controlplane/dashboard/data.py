@@ -337,7 +337,7 @@ def run_figures(run: Run) -> dict[str, dict]:
     plan and the timeline draw, and, for GPU runs, the telemetry of the devices drawn.
     """
     round_indices = selectors.run_round_indices(run)
-    devices_total = experiment_device_count(run.experiment_id)
+    devices_total = selectors.experiment_device_count(run.experiment_id)
     # A run that samples its devices (partial participation) draws the newest round's
     # participants: devices drawn from the whole federation would mostly not have trained.
     newest_participants = selectors.run_newest_participants(run)
@@ -419,11 +419,6 @@ LIVE_ROUNDS = 100
 PARTICIPANT_NAMES = 5
 """Participants named per round in the run page's table (the rest counted; ``/api/rounds/{id}/``
 lists every participant's id). 100 rounds × 5 names: one query of at most 500 devices."""
-
-
-def experiment_device_count(experiment_id: int) -> int:
-    """How many devices an experiment has (one ``COUNT`` on the membership table)."""
-    return selectors.experiment_device_count(experiment_id)
 
 
 def rounds_participation(rounds: list[dict[str, Any]], devices_total: int) -> dict[int, dict[str, Any]]:
@@ -523,7 +518,7 @@ def run_round_plans(run: Run) -> dict[str, Any]:
     rounds = selectors.run_newest_round_values(
         run, ("id", "index", "status", "predicted_round_time_s", "replan", "participants"), PLAN_ROUNDS
     )
-    devices_total = experiment_device_count(run.experiment_id)
+    devices_total = selectors.experiment_device_count(run.experiment_id)
     listed = _plan_devices_listed(run, rounds)
     wanted = sorted({d for ids in listed.values() for d in ids})
     names = fleet_selectors.device_names(wanted)
@@ -604,7 +599,8 @@ def run_live(run: Run) -> dict[str, Any]:
     progress = selectors.run_progress(run)
     newest = selectors.run_newest_rounds(run, LIVE_ROUNDS)
     participation = rounds_participation(
-        [{"id": r.id, "participants": r.participants} for r in newest], experiment_device_count(run.experiment_id)
+        [{"id": r.id, "participants": r.participants} for r in newest],
+        selectors.experiment_device_count(run.experiment_id),
     )
     rounds = [
         {

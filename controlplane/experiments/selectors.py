@@ -407,22 +407,6 @@ def run_progress(run: Run) -> dict:
     }
 
 
-def run_with_rounds(run_id: int) -> Run:
-    """A run with its rounds, assignments and checkpoints prefetched (for the run page)."""
-    return (
-        Run.objects.select_related("experiment")
-        .prefetch_related(
-            Prefetch("rounds", queryset=Round.objects.order_by("index")),
-            Prefetch(
-                "rounds__assignments",
-                queryset=Assignment.objects.select_related("device", "task").order_by("device_id", "task_id"),
-            ),
-            Prefetch("checkpoints", queryset=Checkpoint.objects.select_related("task", "round")),
-        )
-        .get(id=run_id)
-    )
-
-
 # ------------------------------------------------------------------------------ comparison report
 
 RUN_FIGURES = ("raw_throughput_sps", "fair_throughput", "fl_throughput_sps")
