@@ -180,9 +180,7 @@ def _variables_the_code_reads() -> set[str]:
     declares as a module constant (``ENV_GPU = "MTFL_AGENT_GPU"``), less :data:`SET_FOR_CHILDREN`."""
     settings = (REPO / "controlplane" / "settings.py").read_text()
     names = set(re.findall(rf'(?:env\.\w+|_strict_bool)\(\s*"({_NAME})"', settings))
-    names |= set(
-        re.findall(rf'os\.environ\.get\(\s*"({_NAME})"', (REPO / "workers" / "config.py").read_text())
-    )
+    names |= set(re.findall(rf'os\.environ\.get\(\s*"({_NAME})"', (REPO / "workers" / "config.py").read_text()))
     for path in (REPO / "workers").rglob("*.py"):
         names |= set(re.findall(r'^\w+\s*=\s*"(MTFL_[A-Z0-9_]+)"', path.read_text(), flags=re.MULTILINE))
     return names - SET_FOR_CHILDREN

@@ -44,7 +44,9 @@ def sent(monkeypatch):
     monkeypatch.setattr(
         dispatch, "send_device_round", lambda request, *, task_id: log["device_round"].append((request, task_id))
     )
-    monkeypatch.setattr(dispatch, "send_round_enqueue", lambda run_id, index: log["round_enqueue"].append((run_id, index)))
+    monkeypatch.setattr(
+        dispatch, "send_round_enqueue", lambda run_id, index: log["round_enqueue"].append((run_id, index))
+    )
     monkeypatch.setattr(dispatch, "send_run_begin", lambda run_id: log["run_begin"].append(run_id))
     monkeypatch.setattr(
         dispatch,

@@ -175,7 +175,9 @@ def test_recording_a_round_queues_the_retention_policy_after_the_next_round_and_
     )
     results = _results(rnd, lambda device, state: None)
     sent: list[tuple] = []
-    monkeypatch.setattr(dispatch, "send_round_enqueue", lambda run_id, index: sent.append(("round_enqueue", run_id, index)))
+    monkeypatch.setattr(
+        dispatch, "send_round_enqueue", lambda run_id, index: sent.append(("round_enqueue", run_id, index))
+    )
     monkeypatch.setattr(dispatch, "send_run_retention", lambda run_id, index: sent.append(("retention", run_id, index)))
     monkeypatch.setattr(dispatch, "send_checkpoints_evaluate", lambda ids: sent.append(("evaluate",)))
 
