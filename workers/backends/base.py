@@ -201,6 +201,28 @@ class AnalyticBackend(ExecutionBackend):
         """
 
 
+def device_round_failed(
+    request: TrainRoundRequest,
+    ctx: AgentContext,
+    error: str,
+    results: list[AssignmentResult] | None = None,
+    *,
+    simulated: bool = False,
+) -> DeviceRoundResult:
+    """A device's round that failed with ``error`` (one line, or one per failed task), with the
+    assignments' results it has (none when the round failed before any trainer ran)."""
+    return DeviceRoundResult(
+        run_id=request.run_id,
+        round_id=request.round_id,
+        device=ctx.device,
+        status="failed",
+        error=error,
+        host=socket.gethostname(),
+        assignments=results or [],
+        simulated=simulated,
+    )
+
+
 def round_request_problem(
     request: TrainRoundRequest,
     ctx: AgentContext,
@@ -464,15 +486,7 @@ class TrainerProcessBackend(ExecutionBackend):
         """
 
         def failed(error: str, results: list[AssignmentResult] | None = None) -> DeviceRoundResult:
-            return DeviceRoundResult(
-                run_id=request.run_id,
-                round_id=request.round_id,
-                device=ctx.device,
-                status="failed",
-                error=error,
-                host=socket.gethostname(),
-                assignments=results or [],
-            )
+            return device_round_failed(request, ctx, error, results)
 
         problem = self.request_problem(request, ctx)
         if problem:

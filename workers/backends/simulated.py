@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict, Unpack
 import numpy as np
 import numpy.typing as npt
 
-from workers.backends.base import AgentContext, AnalyticBackend, round_request_problem
+from workers.backends.base import AgentContext, AnalyticBackend, device_round_failed, round_request_problem
 from workers.fl.artifacts import LocalArtifactStore, atomic_write_path, sha256_file
 from workers.launch import cancel_requested, shutdown_requested
 from workers.protocol.messages import (
@@ -1040,7 +1040,7 @@ class SimulatedBackend(AnalyticBackend):
         Returns:
             The :class:`DeviceRoundResult`, ``simulated=True`` on it and every assignment.
         """
-        failed = functools.partial(_round_failed, request, ctx)
+        failed = functools.partial(device_round_failed, request, ctx, simulated=True)
         problem = round_request_problem(request, ctx)
         if problem:
             return failed(problem)
@@ -1411,22 +1411,6 @@ def _oom_errors(prediction: MixPrediction, device: DeviceSpec) -> dict[int, str]
         else:
             held += float(peak)
     return errors
-
-
-def _round_failed(
-    request: TrainRoundRequest, ctx: AgentContext, error: str, results: list[AssignmentResult] | None = None
-) -> DeviceRoundResult:
-    """A simulated device round that failed with ``error`` (and these assignments' results)."""
-    return DeviceRoundResult(
-        run_id=request.run_id,
-        round_id=request.round_id,
-        device=ctx.device,
-        status="failed",
-        error=error,
-        host=socket.gethostname(),
-        assignments=results or [],
-        simulated=True,
-    )
 
 
 def _round_succeeded(
