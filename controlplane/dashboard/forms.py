@@ -268,7 +268,18 @@ def aggregation_parameter_field(aggregator: str, parameter: str) -> str:
 
 def _parameter_input(parameter: PartitionParameter, owner: str, data_attr: str) -> forms.Field:
     """A number input for a declared parameter of ``owner`` (a partition rule or an aggregator),
-    with its range as the browser's limits and in its help text."""
+    with its range as the browser's limits and in its help text; a select of the allowed values
+    for a switch or a name out of a list (an aggregator's ``bias_correction``, ``initial_v``)."""
+    if not parameter.numeric:
+        # Sent as the text chosen: the record's check reads "true"/"false" and the names.
+        values = ["true", "false"] if parameter.kind == "bool" else list(parameter.choices)
+        default = str(parameter.default).lower() if parameter.kind == "bool" else parameter.default
+        return _input(
+            _select(values, **{data_attr: owner}),
+            parameter.label,
+            help_text=f"{owner} only: {parameter.allowed}; default {default}",
+            initial=default,
+        )
     attrs: dict[str, Any] = {data_attr: owner}
     if parameter.kind == "int":
         attrs["step"] = 1

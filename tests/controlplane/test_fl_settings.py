@@ -148,7 +148,12 @@ def test_partial_participation_is_stored(api, catalogue):
             ["takes no parameter of that name; allowed: server_learning_rate, server_momentum, mu"],
         ),
         ({"aggregation_params": {"mu": 0.1}}, "aggregation_params.mu", ["fedavg takes no parameter", "allowed: none"]),
-        ({"aggregation_params": {"mu": "high"}}, "aggregation_params.mu", ["must be a finite number"]),
+        (
+            {"aggregation": MOMENTUM, "aggregation_params": {"mu": "high"}},
+            "aggregation_params.mu",
+            ["must be a number in [0, 1000]", "'high'"],
+        ),
+        ({"aggregation_params": {"mu": [1]}}, "aggregation_params.mu", ["must be a finite number, true or false"]),
         (
             {"task_aggregation": {"t-resnet": {"aggregation": "fedavg"}}},
             "task_aggregation",
@@ -390,7 +395,8 @@ def test_the_experiment_form_has_the_aggregators_and_their_parameters(browser_cl
         assert f'<option value="{aggregator.name}"' in html
         for parameter in aggregator.parameters:
             start = html.index(f'name="aggregation-{aggregator.name}-{parameter.name}"')
-            tag = html[html.rindex("<input", 0, start) : html.index(">", start)]
+            opened = max(html.rindex("<input", 0, start), html.rindex("<select", 0, start))  # a switch: a select
+            tag = html[opened : html.index(">", start)]
             assert f'data-aggregation="{aggregator.name}"' in tag
             assert f"{aggregator.name} only: " in html[start:]
     for field in ("clients_per_round", "client_fraction", "client_sampling"):

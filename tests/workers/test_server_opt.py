@@ -262,14 +262,17 @@ def test_a_previous_model_that_does_not_match_the_devices_is_refused_naming_the_
         _aggregate("fedadam", {}, previous, _round1_devices())
 
 
+REDDI_DEFAULTS = {"server_learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+
+
 @pytest.mark.parametrize(
     "name,defaults",
     [
         ("fedavg", {}),
         ("fedavgm", {"server_learning_rate": 0.5, "server_momentum": 0.5}),
-        ("fedadagrad", {"server_learning_rate": 0.01, "beta1": 0.0, "tau": 1e-3}),
-        ("fedadam", {"server_learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}),
-        ("fedyogi", {"server_learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}),
+        ("fedadagrad", {"server_learning_rate": 0.01, "beta1": 0.0, "tau": 1e-3, "initial_v": "tau_squared"}),
+        ("fedadam", {**REDDI_DEFAULTS, "bias_correction": False, "initial_v": "tau_squared"}),
+        ("fedyogi", {**REDDI_DEFAULTS, "bias_correction": False, "initial_v": "tau_squared"}),
         ("fedprox", {"mu": 0.01}),
     ],
 )
@@ -305,6 +308,24 @@ def test_the_records_declare_what_the_control_plane_needs():
             {"server_momentum": -0.1},
             r"aggregation_params\.server_momentum must be a number in \[0, 0\.999\]",
         ),
+        (
+            "fedadam",
+            {"bias_correction": "maybe"},
+            r"aggregation_params\.bias_correction must be true or false, got 'maybe'",
+        ),
+        ("fedyogi", {"bias_correction": 1}, r"aggregation_params\.bias_correction must be true or false, got 1"),
+        (
+            "fedadam",
+            {"initial_v": "ones"},
+            r"aggregation_params\.initial_v must be one of tau_squared, zero, got 'ones'",
+        ),
+        ("fedadagrad", {"initial_v": 0}, r"aggregation_params\.initial_v must be one of tau_squared, zero, got 0"),
+        (
+            "fedadagrad",
+            {"bias_correction": True},
+            r"aggregation_params\.bias_correction: fedadagrad takes no parameter of that name; "
+            r"allowed: server_learning_rate, beta1, tau, initial_v",
+        ),
         ("fedprox", {"mu": 1001}, r"aggregation_params\.mu must be a number in \[0, 1000\], got 1001"),
         ("fedprox", {"mu": "a lot"}, r"aggregation_params\.mu must be a number in \[0, 1000\]"),
     ],
@@ -321,3 +342,177 @@ def test_fedprox_aggregates_exactly_as_fedavg():
 
     reference = fedavg([d for d, _ in devices], [n for _, n in devices])
     assert all(np.array_equal(result[k], reference[k]) and result[k].dtype == reference[k].dtype for k in reference)
+
+
+# --- the two conventions: Reddi et al. 2021 (the defaults, above) and Flower's -------------------
+#
+# The same example (η = 0.1, β1 = 0.5, β2 = 0.8, τ = 0.3, Δ1 = [0.25, −0.5], Δ2 = [0.25, −0.25], so
+# m1 = [0.125, −0.25] and m2 = [0.1875, −0.25] as above), now from v_{−1} = 0 (initial_v=zero):
+#   FedAdam:    v1 = 0.2 Δ1² = [0.0125, 0.05];  v2 = 0.8 v1 + 0.2 Δ2² = [0.0225, 0.0525]
+#   FedYogi:    v1 = 0 − 0.2 Δ1² sign(0 − Δ1²) = [0.0125, 0.05];
+#               v2 = v1 − 0.2 Δ2² sign(v1 − Δ2²) = v1 + 0.2·0.0625 (v1 < Δ2² = 0.0625) = [0.025, 0.0625]
+#   FedAdagrad: v1 = Δ1² = [0.0625, 0.25];  v2 = v1 + Δ2² = [0.125, 0.3125]
+# With bias_correction (FedAdam, FedYogi): η_t = η √(1 − β2^(t+1)) / (1 − β1^(t+1)):
+#   η_1 = 0.1 √(1 − 0.64) / (1 − 0.25) = 0.1 · 0.6 / 0.75 = 0.08
+#   η_2 = 0.1 √(1 − 0.512) / (1 − 0.125) = 0.1 √0.488 / 0.875 = 0.0798365...
+ETA_1 = 0.08
+ETA_2 = 0.1 * math.sqrt(0.488) / 0.875
+ZERO_V = {
+    "fedadam": ([0.0125, 0.05], [0.0225, 0.0525]),
+    "fedyogi": ([0.0125, 0.05], [0.025, 0.0625]),
+    "fedadagrad": ([0.0625, 0.25], [0.125, 0.3125]),
+}
+FLOWER = {"fedadam": True, "fedyogi": True, "fedadagrad": False}
+"""Flower's convention per optimiser: initial_v zero, and bias correction where Flower applies
+or this project allows it (FedAdam: Flower's; FedYogi: allowed here; FedAdagrad: none)."""
+
+
+def _conventions_params(name: str, *, bias_correction: bool, initial_v: str) -> dict:
+    params = {**ADAPTIVE[name]["params"], "initial_v": initial_v}
+    if name != "fedadagrad":
+        params["bias_correction"] = bias_correction
+    return params
+
+
+@pytest.mark.parametrize(
+    "name,bias_correction",
+    [(name, False) for name in FLOWER] + [(name, True) for name, takes in FLOWER.items() if takes],
+)
+def test_the_flower_conventions_match_the_hand_worked_rounds(name, bias_correction):
+    params = _conventions_params(name, bias_correction=bias_correction, initial_v="zero")
+    v1, v2 = ZERO_V[name]
+    eta1, eta2 = (ETA_1, ETA_2) if bias_correction else (0.1, 0.1)
+
+    w1, state1 = _aggregate(name, params, _previous(W0), _round1_devices())
+    w2, state2 = _aggregate(name, params, w1, _round2_devices(w1["w"]), state=state1)
+
+    expected_w1 = _adaptive_w(W0, M1, v1, eta=eta1)
+    np.testing.assert_allclose(state1["m/w"], M1, rtol=1e-12)
+    np.testing.assert_allclose(state1["v/w"], v1, rtol=1e-12)
+    np.testing.assert_allclose(w1["w"], expected_w1, rtol=1e-12)
+    np.testing.assert_allclose(state2["v/w"], v2, rtol=1e-12)
+    np.testing.assert_allclose(w2["w"], _adaptive_w(w1["w"], M2, v2, eta=eta2), rtol=1e-12)
+    assert (int(state1["t"]), int(state2["t"])) == (1, 2) if bias_correction else "t" not in state2
+
+
+def test_flower_fedadam_hand_worked_weights_are_these_numbers():
+    # Round 1 of FedAdam, Flower's conventions: W1 = W0 + 0.08 m1 / (√v1 + 0.3)
+    #   = [1 + 0.08·0.125/(√0.0125 + 0.3), 2 − 0.08·0.25/(√0.05 + 0.3)]
+    params = _conventions_params("fedadam", bias_correction=True, initial_v="zero")
+
+    w1, _ = _aggregate("fedadam", params, _previous(W0), _round1_devices())
+
+    assert w1["w"].tolist() == pytest.approx([1.0242834324, 1.9618033989], abs=1e-10)
+    assert ETA_2 == pytest.approx(0.0798366, abs=1e-7)
+
+
+def test_bias_correction_from_tau_squared_changes_only_the_rate():
+    # The two parameters are independent: bias correction with v_{−1} = τ² keeps Reddi et al.'s v.
+    params = _conventions_params("fedadam", bias_correction=True, initial_v="tau_squared")
+
+    w1, state1 = _aggregate("fedadam", params, _previous(W0), _round1_devices())
+
+    np.testing.assert_allclose(state1["v/w"], ADAPTIVE["fedadam"]["v1"], rtol=1e-12)
+    np.testing.assert_allclose(w1["w"], _adaptive_w(W0, M1, ADAPTIVE["fedadam"]["v1"], eta=ETA_1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedadagrad"])
+def test_the_defaults_are_reddi_et_al_as_before(name):
+    # The parameters written out at their defaults give the numbers the records gave before they existed.
+    written = _conventions_params(name, bias_correction=False, initial_v="tau_squared")
+    _, round1, round2 = _expected(name)
+
+    w1, state1 = _aggregate(name, written, _previous(W0), _round1_devices())
+    w2, _ = _aggregate(name, written, w1, _round2_devices(w1["w"]), state=state1)
+
+    assert set(state1) == {"m/w", "v/w"}
+    np.testing.assert_allclose(w1["w"], round1["w"], rtol=1e-12)
+    np.testing.assert_allclose(w2["w"], round2["w"], rtol=1e-12)
+
+
+class FlowerFedOpt:
+    """Flower 1.x's FedAdam / FedYogi / FedAdagrad ``aggregate_fit`` after the FedAvg mean
+    (``flwr/server/strategy/fedadam.py``, ``fedyogi.py``, ``fedadagrad.py``), transcribed
+    operation for operation: m and v from ``np.zeros_like``, FedAdam's ``eta_norm`` with
+    ``server_round`` counting from 1, FedYogi and FedAdagrad without one."""
+
+    def __init__(self, kind, weights, *, eta, beta_1, beta_2, tau):
+        self.kind, self.current_weights = kind, [np.array(w, dtype=np.float64) for w in weights]
+        self.eta, self.beta_1, self.beta_2, self.tau = eta, beta_1, beta_2, tau
+        self.m_t, self.v_t = None, None
+
+    def aggregate_fit(self, server_round, fedavg_weights_aggregate):
+        delta_t = [x - y for x, y in zip(fedavg_weights_aggregate, self.current_weights, strict=True)]
+        if not self.m_t:
+            self.m_t = [np.zeros_like(x) for x in delta_t]
+        self.m_t = [np.multiply(self.beta_1, x) + (1 - self.beta_1) * y for x, y in zip(self.m_t, delta_t, strict=True)]
+        if not self.v_t:
+            self.v_t = [np.zeros_like(x) for x in delta_t]
+        if self.kind == "fedadam":
+            self.v_t = [
+                self.beta_2 * x + (1 - self.beta_2) * np.multiply(y, y) for x, y in zip(self.v_t, delta_t, strict=True)
+            ]
+            eta_norm = (
+                self.eta
+                * np.sqrt(1 - np.power(self.beta_2, server_round + 1.0))
+                / (1 - np.power(self.beta_1, server_round + 1.0))
+            )
+        elif self.kind == "fedyogi":
+            self.v_t = [
+                x - (1.0 - self.beta_2) * np.multiply(y, y) * np.sign(x - np.multiply(y, y))
+                for x, y in zip(self.v_t, delta_t, strict=True)
+            ]
+            eta_norm = self.eta
+        else:
+            self.v_t = [x + np.multiply(y, y) for x, y in zip(self.v_t, delta_t, strict=True)]
+            eta_norm = self.eta
+        self.current_weights = [
+            x + eta_norm * y / (np.sqrt(z) + self.tau)
+            for x, y, z in zip(self.current_weights, self.m_t, self.v_t, strict=True)
+        ]
+        return self.current_weights
+
+
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        # Flower's FedAdam: bias correction on, v from 0 (its defaults η = 0.1, β1 = 0.9, β2 = 0.99).
+        ("fedadam", {"server_learning_rate": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3, "bias_correction": True}),
+        # Flower's FedYogi: no bias correction, v from 0.
+        ("fedyogi", {"server_learning_rate": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3, "bias_correction": False}),
+        # Flower's FedAdagrad: β1 fixed at 0, v from 0.
+        ("fedadagrad", {"server_learning_rate": 0.1, "beta1": 0.0, "tau": 1e-3}),
+    ],
+)
+def test_flower_conventions_reproduce_flowers_strategies_exactly(name, params):
+    rng = np.random.default_rng(7)
+    weights = {"w": rng.normal(size=5), "b": rng.normal(size=(2, 3))}
+    flower = FlowerFedOpt(
+        name,
+        [weights["w"], weights["b"]],
+        eta=params["server_learning_rate"],
+        beta_1=params["beta1"],
+        beta_2=params.get("beta2", 0.0),
+        tau=params["tau"],
+    )
+    state: dict = {}
+    for server_round in range(1, 6):  # Flower's server_round counts from 1
+        # One device with every sample: the FedAvg mean is its model, bit for bit, in both.
+        device = {key: value + rng.normal(scale=0.1, size=value.shape) for key, value in weights.items()}
+        weights, state = _aggregate(name, {**params, "initial_v": "zero"}, weights, [(device, 1)], state=state)
+        expected = flower.aggregate_fit(server_round, [device["w"], device["b"]])
+
+        assert np.array_equal(weights["w"], expected[0]) and np.array_equal(weights["b"], expected[1]), server_round
+
+
+@pytest.mark.parametrize("value,expected", [(True, True), ("true", True), ("FALSE", False), (False, False)])
+def test_bias_correction_takes_json_booleans_and_the_words_a_command_line_sends(value, expected):
+    assert AGGREGATOR_REGISTRY.get("fedadam").check_params({"bias_correction": value})["bias_correction"] is expected
+
+
+def test_a_bias_corrected_state_without_its_step_count_is_refused():
+    params = {"bias_correction": True}
+    _, state = _aggregate("fedadam", {}, _previous(W0), _round1_devices())  # no "t": saved without correction
+
+    with pytest.raises(ValueError, match=r"server state has no 't'"):
+        _aggregate("fedadam", params, _previous(W0), _round1_devices(), state=state)

@@ -27,6 +27,23 @@ this sign ``Δ`` points the way the devices moved, so every optimiser *adds* its
   ``√v_0 ≈ 0.1 |Δ|``, so the step is about ``η sign(Δ)``). Initial state: ``m_{−1} = 0`` and
   ``v_{−1} = τ²``, the smallest value Algorithm 2's initialisation (``v_{−1} ≥ τ²``) allows.
 
+Two conventions, each a parameter of the adaptive ones (the defaults are Reddi et al.'s):
+
+- ``initial_v``: ``"tau_squared"`` (default: ``v_{−1} = τ²``, Reddi et al. 2021, Algorithm 2) or
+  ``"zero"`` (``v_{−1} = 0``, as Flower's ``FedAdam``, ``FedYogi`` and ``FedAdagrad`` start it,
+  ``flwr/server/strategy/fedadam.py`` etc., 1.x: ``np.zeros_like``). ``m_{−1} = 0`` in both.
+- ``bias_correction`` (FedAdam and FedYogi; default off, as Algorithm 2): the step's rate is
+  ``η_t = η·√(1 − β2^(t+1)) / (1 − β1^(t+1))`` with ``t`` the server step (1 for the first
+  aggregation of the task), exactly Flower's FedAdam (``eta_norm``, its ``server_round``
+  counting from 1; Kingma and Ba 2015, "Adam", the line before §2.1, write the same with ``t``
+  where Flower writes ``t + 1``). Flower's FedYogi has no bias correction; here FedYogi may take
+  FedAdam's, since its ``m`` is the same moving average and, from ``v_{−1} = 0``, its ``v`` grows
+  as Adam's does while ``v < Δ²``. FedAdagrad takes none: its ``v`` is a sum, not a moving
+  average, so it has no bias toward its start to correct (nor has Flower's FedAdagrad). With
+  bias correction on, the server state also holds ``"t"``, the server steps taken (0-d int64).
+  So Flower's FedAdam is ``bias_correction=true, initial_v=zero``; its FedYogi and FedAdagrad
+  (``beta1 = 0`` for the latter, which Flower fixes) are ``initial_v=zero``.
+
 Which tensors are optimised. Only floating tensors that are *not* BatchNorm running statistics.
 Integer tensors (BatchNorm's ``num_batches_tracked``) and the running statistics
 (``running_mean``, ``running_var``: keys ending ``.running_mean`` / ``.running_var``, torch's
@@ -59,6 +76,9 @@ import numpy as np
 from workers.fl.fedavg import FedAvgAccumulator, cast_mean
 
 StateLoader = Callable[[], Mapping[str, np.ndarray]]
+
+INITIAL_V = ("tau_squared", "zero")
+"""The adaptive optimisers' starts of ``v``: ``τ²`` (Reddi et al. 2021) or 0 (Flower)."""
 
 BATCHNORM_STATISTICS = ("running_mean", "running_var")
 """The last component of the keys of BatchNorm's floating running statistics (torch's names)."""
@@ -108,6 +128,12 @@ class ServerOptimizerAggregation(ABC):
 
     name = "server optimiser"
 
+    @property
+    def counters(self) -> tuple[str, ...]:
+        """The server state's whole-model keys besides the slots: each a 0-d int64 that
+        :meth:`begin` reads and updates (an adaptive optimiser's step count ``"t"``)."""
+        return ()
+
     def __init__(self, previous: StateLoader, state: StateLoader) -> None:
         self._previous = previous
         self._state = state
@@ -137,7 +163,7 @@ class ServerOptimizerAggregation(ABC):
         _check_previous(previous, means, dtypes)
         optimised = [key for key in means if is_optimised(key, dtypes[key])]
         saved = self._checked_state(self._state(), optimised, means)
-        new_state: dict[str, np.ndarray] = {}
+        new_state: dict[str, np.ndarray] = self.begin(saved)
         out: dict[str, np.ndarray] = {}
         for key, mean in means.items():
             dtype = dtypes[key]
@@ -169,6 +195,12 @@ class ServerOptimizerAggregation(ABC):
             raise RuntimeError(f"{self.name}: server_state() is only known after result() succeeded")
         return dict(self._server_state)
 
+    def begin(self, saved: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Called once per round before the tensors' steps, with the checked saved state
+        (``{}`` before the first round): returns this round's :attr:`counters` (0-d int64 arrays,
+        part of the new server state). By default there are none."""
+        return {}
+
     @abstractmethod
     def initial(self, slot: str, shape: tuple[int, ...]) -> np.ndarray:
         """A slot's value before the first round (float64, ``shape``)."""
@@ -188,7 +220,8 @@ class ServerOptimizerAggregation(ABC):
     ) -> Mapping[str, np.ndarray]:
         if not saved:
             return {}
-        expected = {f"{slot}/{key}": means[key].shape for key in optimised for slot in self.slots}
+        expected: dict[str, tuple[int, ...]] = {counter: () for counter in self.counters}
+        expected.update({f"{slot}/{key}": means[key].shape for key in optimised for slot in self.slots})
         for state_key in sorted(set(saved) - set(expected)):
             raise ValueError(
                 f"{self.name}: server state key {state_key!r} matches no optimised tensor of the model "
@@ -240,9 +273,10 @@ class FedAvgM(ServerOptimizerAggregation):
 
 class AdaptiveServerOptimizer(ServerOptimizerAggregation):
     """Reddi et al. 2021, Algorithm 2, the part the three share: ``m_t = β1 m_{t−1} + (1 − β1)
-    Δ_t``, then the variant's ``v_t`` (:meth:`second_moment`), then ``W_{t+1} = W_t + η m_t /
-    (√v_t + τ)``. ``m_{−1} = 0``, ``v_{−1} = τ²``. No bias correction (Algorithm 2 has none).
-    State: ``"m/<key>"`` and ``"v/<key>"``.
+    Δ_t``, then the variant's ``v_t`` (:meth:`second_moment`), then ``W_{t+1} = W_t + η_t m_t /
+    (√v_t + τ)``. By default (Reddi et al.) ``m_{−1} = 0``, ``v_{−1} = τ²`` and ``η_t = η`` (no
+    bias correction); ``initial_v="zero"`` and ``bias_correction=True`` give Flower's conventions
+    (module docstring). State: ``"m/<key>"`` and ``"v/<key>"``, and ``"t"`` with bias correction.
 
     Args:
         previous, state: see :class:`ServerOptimizerAggregation`.
@@ -250,9 +284,18 @@ class AdaptiveServerOptimizer(ServerOptimizerAggregation):
         beta1: ``β1`` in ``[0, 1)``.
         beta2: ``β2`` in ``[0, 1)`` (unused by FedAdagrad).
         tau: ``τ > 0``, the adaptivity (a smaller ``τ``: a more adaptive step).
+        initial_v: ``"tau_squared"`` (``v_{−1} = τ²``) or ``"zero"`` (``v_{−1} = 0``).
+        bias_correction: ``η_t = η·√(1 − β2^(t+1)) / (1 − β1^(t+1))`` (Flower's FedAdam) instead
+            of ``η``; only for the optimisers that declare it (:attr:`corrects_bias`).
+
+    Raises:
+        ValueError: an ``initial_v`` other than the two names, or ``bias_correction`` for an
+            optimiser that takes none.
     """
 
     slots = ("m", "v")
+    corrects_bias = True
+    """Whether ``bias_correction`` applies (FedAdam, FedYogi: moving averages; not FedAdagrad)."""
 
     def __init__(
         self,
@@ -263,24 +306,53 @@ class AdaptiveServerOptimizer(ServerOptimizerAggregation):
         beta1: float,
         tau: float,
         beta2: float = 0.0,
+        initial_v: str = "tau_squared",
+        bias_correction: bool = False,
     ) -> None:
         super().__init__(previous, state)
+        if initial_v not in INITIAL_V:
+            raise ValueError(f"{self.name}: initial_v must be one of {', '.join(INITIAL_V)}, got {initial_v!r}")
+        if bias_correction and not self.corrects_bias:
+            raise ValueError(f"{self.name}: takes no bias correction (its v is a sum, not a moving average)")
         self.eta = float(server_learning_rate)
         self.beta1 = float(beta1)
         self.beta2 = float(beta2)
         self.tau = float(tau)
+        self.initial_v = initial_v
+        self.bias_correction = bool(bias_correction)
+        self.rate = self.eta
+        """This round's ``η_t`` (set by :meth:`begin`)."""
+
+    @property
+    def counters(self) -> tuple[str, ...]:
+        """``("t",)`` with bias correction (the step count it needs), else none."""
+        return ("t",) if self.bias_correction else ()
+
+    def begin(self, saved: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This round's rate: ``η``, or with bias correction ``η_t = η·√(1 − β2^(t+1)) /
+        (1 − β1^(t+1))`` (Flower's FedAdam, ``eta_norm``) where ``t`` is this server step (the
+        saved ``"t"`` plus one; 1 in the first round). Returns ``{"t": t}`` with bias correction."""
+        if not self.bias_correction:
+            self.rate = self.eta
+            return {}
+        t = int(np.asarray(saved["t"])) + 1 if saved else 1
+        # Flower: eta * np.sqrt(1 - np.power(beta_2, server_round + 1.0)) / (1 - np.power(beta_1, ...)).
+        self.rate = float(self.eta * np.sqrt(1 - np.power(self.beta2, t + 1.0)) / (1 - np.power(self.beta1, t + 1.0)))
+        return {"t": np.array(t, dtype=np.int64)}
 
     def initial(self, slot: str, shape: tuple[int, ...]) -> np.ndarray:
-        """``m_{−1} = 0``; ``v_{−1} = τ²`` (Algorithm 2's initialisation: ``v_{−1} ≥ τ²``)."""
-        return np.full(shape, self.tau**2 if slot == "v" else 0.0, dtype=np.float64)
+        """``m_{−1} = 0``; ``v_{−1} = τ²`` (Algorithm 2's initialisation: ``v_{−1} ≥ τ²``) or 0
+        (``initial_v="zero"``, Flower's)."""
+        start = self.tau**2 if slot == "v" and self.initial_v == "tau_squared" else 0.0
+        return np.full(shape, start, dtype=np.float64)
 
     def step(self, delta: np.ndarray, slots: dict[str, np.ndarray]) -> np.ndarray:
-        """``m_t``, ``v_t`` and the step ``η m_t / (√v_t + τ)``."""
+        """``m_t``, ``v_t`` and the step ``η_t m_t / (√v_t + τ)``."""
         m = slots["m"]
         m *= self.beta1
         m += (1.0 - self.beta1) * delta  # m_t = β1 m_{t−1} + (1 − β1) Δ_t (Algorithm 2)
         v = slots["v"] = self.second_moment(slots["v"], delta * delta)
-        step: np.ndarray = self.eta * m / (np.sqrt(v) + self.tau)  # x_{t+1} = x_t + η m_t / (√v_t + τ)
+        step: np.ndarray = self.rate * m / (np.sqrt(v) + self.tau)  # x_{t+1} = x_t + η_t m_t / (√v_t + τ)
         return step
 
     @abstractmethod
@@ -293,6 +365,7 @@ class FedAdagrad(AdaptiveServerOptimizer):
     :class:`AdaptiveServerOptimizer`."""
 
     name = "fedadagrad"
+    corrects_bias = False
 
     def second_moment(self, v: np.ndarray, delta_sq: np.ndarray) -> np.ndarray:
         """``v_t = v_{t−1} + Δ_t²``."""

@@ -248,6 +248,23 @@ _TAU = Parameter(
 _ADAPTIVE_ETA = Parameter(
     "server_learning_rate", _SERVER_LEARNING_RATE, "float", 0.0, 10.0, minimum_open=True, default=0.01
 )
+# The two conventions where Flower (1.x, flwr/server/strategy/fedadam.py, fedyogi.py, fedadagrad.py)
+# differs from Reddi et al. 2021's Algorithm 2 (workers.fl.server_opt's docstring gives both and
+# why FedAdagrad takes no bias correction). The defaults are Algorithm 2's, so an experiment
+# stored before these parameters existed aggregates as it did.
+_INITIAL_V = Parameter(
+    "initial_v",
+    "v₋₁, where the second moment starts: tau_squared (τ², Reddi et al. 2021) or zero (Flower)",
+    "choice",
+    choices=server_opt.INITIAL_V,
+    default="tau_squared",
+)
+_BIAS_CORRECTION = Parameter(
+    "bias_correction",
+    "Adam's bias correction η·√(1−β2^(t+1))/(1−β1^(t+1)) as Flower's FedAdam (off: Reddi et al. 2021, none)",
+    "bool",
+    default=False,
+)
 
 
 def _server_optimizer(name: str) -> Callable[[AggregationContext], Aggregation]:
@@ -286,7 +303,7 @@ AGGREGATOR_REGISTRY.register(
         "FedAdagrad — Adagrad on the server over the mean device update (Reddi et al. 2021)",
         _server_optimizer("fedadagrad"),
         uses_previous=True,
-        parameters=(_ADAPTIVE_ETA, replace(_BETA1, default=0.0), _TAU),
+        parameters=(_ADAPTIVE_ETA, replace(_BETA1, default=0.0), _TAU, _INITIAL_V),
         stateful=True,
     )
 )
@@ -296,7 +313,7 @@ AGGREGATOR_REGISTRY.register(
         "FedAdam — Adam on the server over the mean device update (Reddi et al. 2021)",
         _server_optimizer("fedadam"),
         uses_previous=True,
-        parameters=(_ADAPTIVE_ETA, _BETA1, _BETA2, _TAU),
+        parameters=(_ADAPTIVE_ETA, _BETA1, _BETA2, _TAU, _BIAS_CORRECTION, _INITIAL_V),
         stateful=True,
     )
 )
@@ -306,7 +323,7 @@ AGGREGATOR_REGISTRY.register(
         "FedYogi — Yogi on the server over the mean device update (Reddi et al. 2021)",
         _server_optimizer("fedyogi"),
         uses_previous=True,
-        parameters=(_ADAPTIVE_ETA, _BETA1, _BETA2, _TAU),
+        parameters=(_ADAPTIVE_ETA, _BETA1, _BETA2, _TAU, _BIAS_CORRECTION, _INITIAL_V),
         stateful=True,
     )
 )

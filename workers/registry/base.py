@@ -35,43 +35,61 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 log = logging.getLogger(__name__)
 
 
-ParamValue = int | float
+ParamValue = int | float | bool | str
 """A declared parameter's value: ``int`` for an ``"int"`` :class:`Parameter`, ``float`` for a
-``"float"`` one."""
+``"float"`` one, ``bool`` for a ``"bool"`` one and ``str`` for a ``"choice"`` one."""
+
+PARAMETER_KINDS = ("int", "float", "bool", "choice")
+"""The kinds a :class:`Parameter` may have: two numeric ones with a range, a switch and a name
+out of a fixed list."""
+
+_TRUE_FALSE = {"true": True, "false": False}
+"""The text forms a ``"bool"`` parameter takes besides JSON booleans: what a command line's
+``NAME=VALUE`` and a form's select send."""
 
 
 @dataclass(frozen=True)
 class Parameter:
-    """A numeric parameter a registered record declares: a partition rule's (an experiment's
+    """A parameter a registered record declares: a partition rule's (an experiment's
     ``partition_params``) or an aggregator's (its ``aggregation_params``).
 
     Attributes:
         name: the key in ``partition_params`` (``"alpha"``), a Python identifier.
         label: one line for forms and docs.
-        kind: ``"int"`` or ``"float"``.
-        minimum: smallest allowed value (excluded when ``minimum_open``).
-        maximum: largest allowed value (included).
+        kind: ``"int"`` or ``"float"`` (a number in a range); ``"bool"`` (``true`` or
+            ``false``); ``"choice"`` (one of :attr:`choices`).
+        minimum: smallest allowed value (excluded when ``minimum_open``); numeric kinds only.
+        maximum: largest allowed value (included); numeric kinds only.
         minimum_open: the range is ``(minimum, maximum]`` instead of ``[minimum, maximum]``.
         default: the value when an experiment gives none; ``None``: the parameter is required.
+        choices: the names a ``"choice"`` parameter takes, in the order forms list them.
 
     Raises:
         ValueError: (at construction) an empty or non-identifier name, an unknown ``kind``, a
-            range that is empty or not finite, or a default outside it.
+            range that is empty or not finite, a ``"choice"`` without choices, or a default
+            that is not allowed.
     """
 
     name: str
     label: str
-    kind: Literal["int", "float"]
-    minimum: float
-    maximum: float
+    kind: Literal["int", "float", "bool", "choice"]
+    minimum: float = 0.0
+    maximum: float = 0.0
     minimum_open: bool = False
     default: ParamValue | None = None
+    choices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"a partition parameter's name must be an identifier, got {self.name!r}")
-        if self.kind not in ("int", "float"):
-            raise ValueError(f"partition parameter {self.name!r}: kind must be 'int' or 'float', got {self.kind!r}")
+        if self.kind not in PARAMETER_KINDS:
+            raise ValueError(
+                f"partition parameter {self.name!r}: kind must be one of {', '.join(PARAMETER_KINDS)}, got {self.kind!r}"
+            )
+        if self.kind == "choice" and not (self.choices and all(isinstance(c, str) and c for c in self.choices)):
+            raise ValueError(
+                f"parameter {self.name!r}: a choice needs its choices (non-empty names), got {self.choices!r}"
+            )
         if not (math.isfinite(self.minimum) and math.isfinite(self.maximum)) or self.minimum > self.maximum:
             raise ValueError(
                 f"partition parameter {self.name!r}: minimum and maximum must be finite with minimum <= maximum, "
@@ -83,8 +101,18 @@ class Parameter:
             self.check(self.default)
 
     @property
+    def numeric(self) -> bool:
+        """Whether the parameter is a number in a range (``"int"`` or ``"float"``)."""
+        return self.kind in ("int", "float")
+
+    @property
     def allowed(self) -> str:
-        """The allowed range as written in errors and forms: ``"a number in (0, 1000]"``."""
+        """The allowed values as written in errors and forms: ``"a number in (0, 1000]"``,
+        ``"true or false"``, ``"one of tau_squared, zero"``."""
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "choice":
+            return f"one of {', '.join(self.choices)}"
         what = "an integer" if self.kind == "int" else "a number"
         low = "(" if self.minimum_open else "["
         return f"{what} in {low}{_number(self.minimum)}, {_number(self.maximum)}]"
@@ -93,17 +121,29 @@ class Parameter:
         """Return ``value`` as this parameter's type if it is allowed.
 
         An ``"int"`` parameter takes an integer (a float with an integral value, as JSON and
-        forms may send ``2.0``, is taken as that integer); a ``"float"`` one any finite number.
+        forms may send ``2.0``, is taken as that integer); a ``"float"`` one any finite number;
+        a ``"bool"`` one ``True``/``False`` or the text ``"true"``/``"false"`` (any case: what a
+        command line and a form send); a ``"choice"`` one one of :attr:`choices`, exactly.
 
         Args:
             group: the field the parameters are given in, for messages (``"partition_params"``,
                 ``"aggregation_params"``).
 
         Raises:
-            ValueError: naming ``<group>.<name>`` and the allowed range, for a value
-                that is not a number of the kind, not finite, or outside the range.
+            ValueError: naming ``<group>.<name>`` and the allowed values, for a value that is
+                not of the kind, not finite, outside the range or not one of the choices.
         """
         field = f"{group}.{self.name}"
+        if self.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in _TRUE_FALSE:
+                return _TRUE_FALSE[value.strip().lower()]
+            raise ValueError(f"{field} must be {self.allowed}, got {value!r}")
+        if self.kind == "choice":
+            if isinstance(value, str) and value in self.choices:
+                return value
+            raise ValueError(f"{field} must be {self.allowed}, got {value!r}")
         # numbers.Real takes NumPy's scalars too (they register with it) without importing NumPy.
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError(f"{field} must be {self.allowed}, got {value!r}")

@@ -3,6 +3,7 @@ integers whose errors give their range, registered names, ids or names."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 from drf_spectacular.utils import extend_schema_field
@@ -121,6 +122,43 @@ class StrictBooleanField(serializers.BooleanField):
 def number(**kwargs) -> serializers.FloatField:
     """A float field that refuses NaN, infinity and booleans (ranges are checked by the services)."""
     return StrictFloatField(error_messages={"invalid": "must be a finite number"}, **kwargs)
+
+
+MAX_PARAM_TEXT = 64
+"""The longest text a declared parameter's value may be (a ``choice`` parameter's name)."""
+
+
+@extend_schema_field(
+    {"oneOf": [{"type": "number"}, {"type": "boolean"}, {"type": "string", "maxLength": MAX_PARAM_TEXT}]}
+)
+class ParamValueField(serializers.Field):
+    """A declared parameter's value (``aggregation_params``): a finite number (as a float, as
+    :func:`number` reads it), ``true``/``false``, or a short name (a ``choice`` parameter's, or
+    ``"true"`` typed on a command line). Which of these a parameter takes, and its range or
+    names, the services check against the record's declaration
+    (:class:`workers.registry.base.Parameter`)."""
+
+    default_error_messages = {
+        "invalid": f"must be a finite number, true or false, or a name of at most {MAX_PARAM_TEXT} characters"
+    }
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            return data
+        if isinstance(data, str):
+            if len(data) > MAX_PARAM_TEXT:
+                self.fail("invalid")
+            try:  # a number sent as text reads as the number, as number() reads it
+                value = float(data)
+            except ValueError:
+                return data
+            return value if math.isfinite(value) else self.fail("invalid")
+        if isinstance(data, (int, float)) and math.isfinite(data):
+            return float(data)
+        self.fail("invalid")
+
+    def to_representation(self, value):
+        return value
 
 
 def id_list(**kwargs) -> serializers.ListField:

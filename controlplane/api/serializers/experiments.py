@@ -8,6 +8,7 @@ from controlplane.api.serializers.common import (
     MAX_ID,
     MAX_LIST,
     ChoiceField,
+    ParamValueField,
     RegisteredField,
     StrictBooleanField,
     StrictCharField,
@@ -140,8 +141,9 @@ AGGREGATION_HELP = (
     "default fedavg"
 )
 AGGREGATION_PARAMS_HELP = (
-    'the aggregator\'s hyper-parameters by name, e.g. {"server_learning_rate": 0.01} or {"mu": 0.01} (GET '
-    "/api/plugins/ lists each aggregator's parameters, ranges and defaults); left-out ones take their defaults"
+    'the aggregator\'s hyper-parameters by name, e.g. {"server_learning_rate": 0.01}, {"mu": 0.01} or '
+    '{"bias_correction": true, "initial_v": "zero"} (docs/extending.md lists each aggregator\'s parameters, '
+    "ranges and defaults); left-out ones take their defaults"
 )
 TASK_AGGREGATION_HELP = (
     'per-task overrides of the aggregator: {task id or name: {"aggregation": name, "aggregation_params": '
@@ -191,7 +193,7 @@ class TaskAggregationSerializer(StrictSerializer):
         required=False, max_length=32, help_text="a registered aggregator; left out: the experiment's"
     )
     aggregation_params = serializers.DictField(
-        child=number(), required=False, allow_null=True, help_text=AGGREGATION_PARAMS_HELP
+        child=ParamValueField(), required=False, allow_null=True, help_text=AGGREGATION_PARAMS_HELP
     )
 
 
@@ -205,8 +207,9 @@ def aggregation_field(**kwargs) -> RegisteredField:
 
 
 def aggregation_params_field(**kwargs) -> serializers.DictField:
-    """``aggregation_params``: numbers by parameter name (the service checks names and ranges)."""
-    return serializers.DictField(child=number(), allow_null=True, help_text=AGGREGATION_PARAMS_HELP, **kwargs)
+    """``aggregation_params``: values by parameter name (numbers, booleans, names; the service
+    checks names, kinds and ranges)."""
+    return serializers.DictField(child=ParamValueField(), allow_null=True, help_text=AGGREGATION_PARAMS_HELP, **kwargs)
 
 
 def task_aggregation_field(**kwargs) -> serializers.DictField:

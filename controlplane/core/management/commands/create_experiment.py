@@ -85,12 +85,19 @@ def _task_aggregation_option(values: list[str]) -> dict[str, dict]:
     return out
 
 
+def _param_text(value: object) -> str:
+    """A parameter's value as typed on the command line: ``0.01``, ``true``, ``zero``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
 def _fl_line(experiment: Experiment) -> str:
     """``aggregation: fedadam (beta1=0.9, ...); per task: ...; participation: ...`` in one line."""
     settings = aggregation_settings(experiment)
 
     def named(name: str, params: dict) -> str:
-        return name + (f" ({', '.join(f'{k}={v:g}' for k, v in sorted(params.items()))})" if params else "")
+        return name + (f" ({', '.join(f'{k}={_param_text(v)}' for k, v in sorted(params.items()))})" if params else "")
 
     line = "aggregation: " + named(settings["aggregation"], settings["aggregation_params"] or {})
     if settings["task_aggregation"]:
