@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from django.utils import timezone
 
 from controlplane.common.jsonsafe import finite_or_none
-from controlplane.dashboard import figures
+from controlplane.dashboard import figures, run_charts
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Experiment, Round, Run, Task
 from controlplane.experiments.services.rounds.aggregate import task_aggregation_choice
@@ -624,10 +624,12 @@ def run_live(run: Run) -> dict[str, Any]:
     # are already clean, see figure_json).
     # The lab queue is read only while a round of the run waits for its devices.
     queued = any(r.status == Round.Status.QUEUED for r in newest)
+    learning = run_charts.run_learning(run)  # the learning curves first on the page, and as a table
     return {
         "progress": finite_or_none(progress),
         "rounds": finite_or_none(rounds),
-        "figures": run_figures(run),
+        "figures": {"learning": figure_json(run_charts.learning_figure(learning)), **run_figures(run)},
+        "learning": run_charts.learning_table(learning),
         "queue_banner": queue_banner(lab_selectors.run_queue_entry(run)) if queued else None,
     }
 

@@ -7,7 +7,20 @@ from collections.abc import Collection, Iterable
 from functools import partial
 from typing import Any, NamedTuple
 
-from django.db.models import Count, Exists, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
+from django.db.models import (
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Max,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
 
 from controlplane.experiments.models import (
     Assignment,
@@ -934,3 +947,33 @@ def rounds_plan_assignment_values(round_ids: list[int], device_ids: list[int]) -
             "execution_fallback",
         )
     )
+
+
+def run_checkpoint_metrics(run: Run) -> QuerySet:
+    """Every global checkpoint of the run as ``(task name, round index or None (the initial
+    model), test accuracy, test loss, evaluation status, kept_previous)``, by task and creation
+    (one query). Accuracy is a fraction in [0, 1]; loss the mean test cross-entropy."""
+    return (
+        Checkpoint.objects.filter(run=run)
+        .order_by("task__name", "created_at", "id")
+        .values_list("task__name", "round__index", "test_accuracy", "test_loss", "evaluation_status", "kept_previous")
+    )
+
+
+def run_task_train_losses(run: Run) -> list[tuple[int, str, float, int]]:
+    """``(round index, task name, training loss, devices)`` per round and task of the run: the
+    mean of the devices' ``Assignment.train_loss`` (each the last local epoch's mean
+    cross-entropy) weighted by the samples each trained, ``Σ_j n_ij·L_ij / Σ_j n_ij``, over the
+    succeeded assignments that reported one, computed by the database (one query). Rounds of the
+    ``simulated`` backend, which reports no loss, have no row."""
+    weighted = ExpressionWrapper(F("train_loss") * F("samples_trained"), output_field=FloatField())
+    rows = (
+        Assignment.objects.filter(
+            round__run=run, status=Assignment.Status.SUCCEEDED, train_loss__isnull=False, samples_trained__gt=0
+        )
+        .values("round__index", "task__name")
+        .annotate(loss_x_n=Sum(weighted), n=Sum("samples_trained"), devices=Count("id"))
+        .order_by("round__index", "task__name")
+        .values_list("round__index", "task__name", "loss_x_n", "n", "devices")
+    )
+    return [(index, task, float(loss_x_n) / n, devices) for index, task, loss_x_n, n, devices in rows if n]

@@ -82,6 +82,66 @@
     }
   }
 
+  // The learning table (the chart's numbers): rebuilt whole, as the tasks appear with their
+  // first checkpoints; the server words nothing here but the notes (data.run_live's "learning").
+  function renderLearning(learning) {
+    const table = document.getElementById("learning-table");
+    if (!table || !learning) return;
+    document.getElementById("learning-numbers").hidden = !learning.rounds.length;
+    const shown = document.getElementById("learning-shown");
+    shown.hidden = learning.shown >= learning.total;
+    shown.querySelector(".shown").textContent = learning.shown;
+    shown.querySelector(".total").textContent = learning.total;
+    const head = table.tHead;
+    head.innerHTML = "";
+    const top = head.insertRow(), sub = head.insertRow();
+    const first = document.createElement("th");
+    first.rowSpan = 2;
+    first.textContent = "Rounds done";
+    first.title = "0: the initial model";
+    top.appendChild(first);
+    for (const task of learning.tasks) {
+      const th = document.createElement("th");
+      th.colSpan = 3;
+      th.className = "task-head";
+      th.textContent = task;
+      top.appendChild(th);
+      for (const name of ["Test accuracy", "Test loss", "Training loss"]) {
+        const h = document.createElement("th");
+        h.textContent = name;
+        sub.appendChild(h);
+      }
+    }
+    const body = table.tBodies[0];
+    body.innerHTML = "";
+    for (const r of learning.rounds) {
+      const tr = body.insertRow();
+      const th = document.createElement("th");
+      th.scope = "row";
+      th.className = "num";
+      th.textContent = r.rounds_done;
+      tr.appendChild(th);
+      for (const c of r.cells) {
+        if (!c) {
+          const td = tr.insertCell();
+          td.colSpan = 3;
+          td.className = "muted";
+          td.textContent = "—";
+          continue;
+        }
+        const accuracy = tr.insertCell();
+        accuracy.className = "num";
+        if (c.note) accuracy.title = c.note;
+        accuracy.textContent = c.test_accuracy === null ? (c.note || "—") : fmt(c.test_accuracy, 3);
+        for (const v of [c.test_loss, c.train_loss]) {
+          const td = tr.insertCell();
+          td.className = "num";
+          td.textContent = fmt(v, 4);
+        }
+      }
+    }
+  }
+
   function renderFigures(figures) {
     for (const [name, fig] of Object.entries(figures)) {
       const json = JSON.stringify(fig);
@@ -105,6 +165,7 @@
     renderProgress(live.progress);
     renderQueueBanner(live.queue_banner);
     renderRounds(live.rounds);
+    renderLearning(live.learning);
     renderFigures(live.figures);
   }
 
