@@ -14,7 +14,7 @@ from collections.abc import Callable
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotFound, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.text import slugify
@@ -438,15 +438,19 @@ def _download(chunks, content_type: str, filename: str) -> StreamingHttpResponse
     return response
 
 
-def _check_table(table: str) -> None:
-    if table not in exports.TABLES:
-        raise Http404(f"no table {table!r}; allowed: {', '.join(exports.TABLES)}")
+def _check_table(table: str) -> HttpResponse | None:
+    """``None`` for a table the exports have; else a plain-text 404 naming the allowed tables
+    (Django's own 404 page would say only "Not Found", as it does with DEBUG off)."""
+    if table in exports.TABLES:
+        return None
+    return HttpResponseNotFound(exports.unknown_table_message(table) + "\n", content_type="text/plain; charset=utf-8")
 
 
 @login_or_token_required
-def run_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
-    """A run's ``rounds`` or ``assignments`` as CSV, streamed."""
-    _check_table(table)
+def run_csv(request: HttpRequest, pk: int, table: str) -> HttpResponse | StreamingHttpResponse:
+    """A run's ``rounds``, ``assignments`` or tidy ``metrics`` as CSV, streamed."""
+    if (refused := _check_table(table)) is not None:
+        return refused
     run = get_object_or_404(selectors.run_list(user=request.user), pk=pk)
     return _download(
         exports.csv_chunks(table, selectors.run_only(run)),
@@ -467,9 +471,10 @@ def run_json(request: HttpRequest, pk: int) -> StreamingHttpResponse:
 
 
 @login_or_token_required
-def experiment_csv(request: HttpRequest, pk: int, table: str) -> StreamingHttpResponse:
-    """The ``rounds`` or ``assignments`` of every run of an experiment as CSV, streamed."""
-    _check_table(table)
+def experiment_csv(request: HttpRequest, pk: int, table: str) -> HttpResponse | StreamingHttpResponse:
+    """The ``rounds``, ``assignments`` or tidy ``metrics`` of every run of an experiment as CSV, streamed."""
+    if (refused := _check_table(table)) is not None:
+        return refused
     experiment = _member_experiment(request, pk)
     return _download(
         exports.csv_chunks(table, selectors.experiment_runs_all(experiment)),

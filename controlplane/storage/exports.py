@@ -11,6 +11,10 @@ run's id, times are ISO 8601 in UTC, throughputs samples per second.
 
 The JSON holds the same two tables under ``rounds`` and ``assignments`` (same keys as the CSV
 columns), with the experiment's setup under ``experiment`` and one summary per run under ``runs``.
+
+A third CSV table, ``metrics``, is the per-round figures in tidy long format for pandas and R
+users (:data:`METRIC_COLUMNS`): one row per run, round, task and metric, ``task`` empty for a
+round's whole-run figures, and no row for a value that was not measured.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Case, ExpressionWrapper, F, FloatField, QuerySet, Sum, When
 
 from controlplane.experiments import selectors
-from controlplane.experiments.models import Assignment, Experiment, Round, Run
+from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run
 
 CHUNK_ROWS = 500
 """Rows read from the database and written to the response at a time."""
@@ -79,7 +83,27 @@ ASSIGNMENT_COLUMNS: dict[str, str] = {
 }
 """Columns of the assignments table → the :class:`Assignment` field each comes from."""
 
-TABLES = ("rounds", "assignments")
+METRIC_COLUMNS = ("experiment", "run", "strategy", "comparison", "repeat", "round", "task", "metric", "value")
+"""Columns of the tidy ``metrics`` table: the experiment's name, the run's id, strategy,
+comparison id (empty: a run of its own) and repeat, the round index, the task's name (empty for
+a whole-round figure), the metric's name (:data:`ROUND_METRICS`, :data:`TASK_METRICS`) and its
+value."""
+
+ROUND_METRICS = ("round_time_s", "wall_time_s", "elapsed_s", "samples_trained", "fl_throughput_sps")
+"""The ``metrics`` table's whole-round figures (``task`` empty): the round's compute span and its
+wall time from dispatch to aggregated (seconds; :class:`Round`), ``elapsed_s`` the wall clock
+from the run's start to the round's end (seconds), the samples trained and the FL throughput
+(samples per second)."""
+
+TASK_METRICS = ("test_accuracy", "test_loss", "train_loss", "throughput_sps", "samples_trained")
+"""The ``metrics`` table's per-task figures of a round: the global model's test accuracy (a
+fraction in [0, 1]) and test loss after the round (its checkpoint's evaluation), the training
+loss (the devices' last-epoch mean cross-entropy weighted by the samples each trained), the
+task's throughput summed over its devices (samples per second) and the samples trained."""
+
+TABLES = ("rounds", "assignments", "metrics")
+"""The CSV tables of a run or an experiment (``/runs/<id>/<table>.csv``,
+``/experiments/<id>/<table>.csv``)."""
 
 
 def round_rows(runs: QuerySet[Run]) -> Iterator[dict[str, Any]]:
@@ -102,21 +126,100 @@ def _rows(queryset: QuerySet, columns: dict[str, str]) -> Iterator[dict[str, Any
         yield dict(zip(names, values, strict=True))
 
 
+def metric_rows(runs: QuerySet[Run]) -> Iterator[dict[str, Any]]:
+    """The tidy ``metrics`` table of ``runs`` (:data:`METRIC_COLUMNS`), by run id, round, task
+    (whole-round figures first) and metric in the order of :data:`ROUND_METRICS` and
+    :data:`TASK_METRICS`; a figure not measured (a failed round's times, an evaluation still
+    pending, the ``simulated`` backend's training loss) has no row. Three queries per run."""
+    for run in runs.select_related("experiment").order_by("id"):
+        meta = {
+            "experiment": run.experiment.name,
+            "run": run.id,
+            "strategy": run.strategy,
+            "comparison": run.comparison_id,
+            "repeat": run.repeat,
+        }
+        for (index, task), figures in sorted(run_round_metrics(run).items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            for metric, value in figures.items():
+                yield {**meta, "round": index, "task": task, "metric": metric, "value": value}
+
+
+def run_round_metrics(run: Run) -> dict[tuple[int, str | None], dict[str, float]]:
+    """Every measured per-round figure of ``run``: ``{(round index, task name or None):
+    {metric: value}}``, whole-round figures under ``None`` (:data:`ROUND_METRICS`), each task's
+    under its name (:data:`TASK_METRICS`), metrics in those orders, unmeasured ones left out.
+    Three queries (rounds, checkpoints, assignments summed per round and task by the database)."""
+    out: dict[tuple[int, str | None], dict[str, float]] = {}
+    start = run.started_at
+    stored = [m for m in ROUND_METRICS if m != "elapsed_s"]  # Round's fields; elapsed_s is derived
+    for rnd in Round.objects.filter(run=run).order_by("index").only("index", "finished_at", *stored):
+        elapsed = (rnd.finished_at - start).total_seconds() if start and rnd.finished_at else None
+        values = {m: elapsed if m == "elapsed_s" else getattr(rnd, m) for m in ROUND_METRICS}
+        out[(rnd.index, None)] = {m: float(v) for m, v in values.items() if measured(v)}
+    per_task: dict[tuple[int, str | None], dict[str, Any]] = {}
+    evaluated = Checkpoint.objects.filter(run=run, round__isnull=False).values_list(
+        "round__index", "task__name", "test_accuracy", "test_loss"
+    )
+    for index, task, accuracy, loss in evaluated:
+        per_task.setdefault((index, task), {}).update(test_accuracy=accuracy, test_loss=loss)
+    for row in _task_training(run):
+        figures = per_task.setdefault((row["round__index"], row["task__name"]), {})
+        figures["train_loss"] = row["loss_x_n"] / row["loss_n"] if row["loss_n"] else None
+        figures["throughput_sps"] = row["throughput"]
+        figures["samples_trained"] = row["samples"]
+    for key, figures in per_task.items():
+        out[key] = {m: float(figures[m]) for m in TASK_METRICS if measured(figures.get(m))}
+    return {key: figures for key, figures in out.items() if figures}
+
+
+def _task_training(run: Run) -> QuerySet:
+    """Per round and task of ``run``, over its succeeded assignments: ``loss_x_n`` (Σ n·loss over
+    those that reported a loss), ``loss_n`` (their Σ n), ``throughput`` (Σ samples/s) and
+    ``samples`` (Σ samples trained)."""
+    with_loss = When(train_loss__isnull=False, samples_trained__gt=0, then=F("samples_trained"))
+    return (
+        Assignment.objects.filter(round__run=run, status=Assignment.Status.SUCCEEDED)
+        .values("round__index", "task__name")
+        .annotate(
+            loss_x_n=Sum(ExpressionWrapper(F("train_loss") * F("samples_trained"), output_field=FloatField())),
+            loss_n=Sum(Case(with_loss, default=0)),
+            throughput=Sum("throughput_sps"),
+            samples=Sum("samples_trained"),
+        )
+        .order_by("round__index", "task__name")
+    )
+
+
+def measured(value: Any) -> bool:
+    """Whether ``value`` is a figure to write: not ``None``, and finite when it is a float."""
+    return value is not None and not (isinstance(value, float) and not math.isfinite(value))
+
+
 def table_rows(table: str, runs: QuerySet[Run]) -> Iterator[dict[str, Any]]:
-    """The rows of ``table`` (``rounds`` or ``assignments``) of ``runs``.
+    """The rows of ``table`` (one of :data:`TABLES`) of ``runs``.
 
     Raises:
-        ValueError: an unknown table.
+        ValueError: an unknown table (:func:`unknown_table_message`).
     """
     if table == "rounds":
         return round_rows(runs)
     if table == "assignments":
         return assignment_rows(runs)
-    raise ValueError(f"unknown table {table!r}; allowed: {', '.join(TABLES)}")
+    if table == "metrics":
+        return metric_rows(runs)
+    raise ValueError(unknown_table_message(table))
+
+
+def unknown_table_message(table: str) -> str:
+    """``"no table 'x'; allowed: rounds, assignments, metrics"``: what a download of an unknown
+    table answers (404)."""
+    return f"no table {table!r}; allowed: {', '.join(TABLES)}"
 
 
 def table_columns(table: str) -> list[str]:
     """The column names of ``table``, in order."""
+    if table == "metrics":
+        return list(METRIC_COLUMNS)
     return list(ROUND_COLUMNS if table == "rounds" else ASSIGNMENT_COLUMNS)
 
 
