@@ -16,7 +16,7 @@ from controlplane.api.authentication import CanIssueAgentTokens
 from controlplane.api.filters import FilterSet
 from controlplane.experiments import selectors as exp_selectors
 from controlplane.experiments import services as exp_services
-from controlplane.experiments.models import Assignment, Checkpoint, Round, Run, Task
+from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run, Task
 from controlplane.experiments.services import sweeps as exp_sweeps
 from controlplane.experiments.services.planner_check import planner_check
 from controlplane.experiments.services.templates import TEMPLATES, template_dataset_default
@@ -169,6 +169,15 @@ class ExperimentViewSet(
         """Only the experiments the user owns or collaborates on: others' are 404, not 403."""
         return exp_selectors.experiment_list(user=self.request.user).prefetch_related("shards__device", "shards__task")
 
+    def get_serializer(self, *args, **kwargs):
+        """The serializer of a page of experiments (or one) with what each partition leaves
+        without data, read once for the page (:func:`_experiment_facts`)."""
+        if args:
+            experiments = list(args[0]) if kwargs.get("many") else [args[0]]
+            kwargs["context"] = {**self.get_serializer_context(), **_experiment_facts(experiments)}
+            args = (experiments if kwargs.get("many") else args[0], *args[1:])
+        return super().get_serializer(*args, **kwargs)
+
     @extend_schema(request=s.ExperimentCreateSerializer, responses={201: s.ExperimentSerializer})
     def create(self, request: Request) -> Response:
         data = validated_data(s.ExperimentCreateSerializer, request)
@@ -199,7 +208,7 @@ class ExperimentViewSet(
             keep_last_checkpoints=data["keep_last_checkpoints"],
         )
         return Response(
-            s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED
+            self.get_serializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED
         )
 
     @extend_schema(request=s.ExperimentFromTemplateSerializer, responses={201: s.ExperimentSerializer})
@@ -213,14 +222,14 @@ class ExperimentViewSet(
             template=data.pop("template"), device_ids=data.pop("devices"), owner=request.user, **data
         )
         return Response(
-            s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED
+            self.get_serializer(self.get_queryset().get(id=experiment.id)).data, status=status.HTTP_201_CREATED
         )
 
     @extend_schema(request=s.ExperimentUpdateSerializer, responses={200: s.ExperimentSerializer})
     def update(self, request: Request, pk=None, partial=False) -> Response:
         data = validated_data(s.ExperimentUpdateSerializer, request, partial=True)
         experiment = exp_services.experiment_update(experiment=self.get_object(), actor=request.user, **data)
-        return Response(s.ExperimentSerializer(self.get_queryset().get(id=experiment.id)).data)
+        return Response(self.get_serializer(self.get_queryset().get(id=experiment.id)).data)
 
     @extend_schema(request=None, responses={204: None})
     def destroy(self, request: Request, pk=None) -> Response:
@@ -362,6 +371,12 @@ def _visible_experiments(request):
 
 def _visible_runs(request):
     return exp_selectors.run_list(user=request.user if request else None)
+
+
+def _experiment_facts(experiments: list[Experiment]) -> dict:
+    """What :class:`~controlplane.api.serializers.ExperimentSerializer` reads for ``experiments``:
+    each one's partition warnings (:func:`~controlplane.experiments.selectors.experiments_data_warnings`)."""
+    return {"experiment_warnings": exp_selectors.experiments_data_warnings([e.id for e in experiments])}
 
 
 def _task_facts(tasks: list[Task]) -> dict:

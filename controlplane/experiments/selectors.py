@@ -30,11 +30,13 @@ from controlplane.experiments.models import (
     Experiment,
     Round,
     Run,
+    Shard,
     StandaloneThroughput,
     Task,
 )
 from controlplane.fleet.models import Device
 from controlplane.planning import metrics
+from controlplane.planning.data_gaps import data_gap_warnings, data_gaps
 from controlplane.planning.metrics import speedup
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
 from controlplane.planning.types import PlanningInput
@@ -977,3 +979,23 @@ def run_task_train_losses(run: Run) -> list[tuple[int, str, float, int]]:
         .values_list("round__index", "task__name", "loss_x_n", "n", "devices")
     )
     return [(index, task, float(loss_x_n) / n, devices) for index, task, loss_x_n, n, devices in rows if n]
+
+
+def experiments_data_warnings(experiment_ids: Collection[int]) -> dict[int, list[str]]:
+    """What each experiment's partition leaves without data, by experiment id
+    (:func:`controlplane.planning.data_gaps.data_gap_warnings`: each device holding 0 samples of
+    a task, the devices holding none of any task); an experiment without shards gets ``[]``. One
+    query over the experiments' shards."""
+    shards: dict[int, list[tuple[str, str, int]]] = defaultdict(list)
+    for experiment_id, device, task, n in (
+        Shard.objects.filter(experiment_id__in=experiment_ids)
+        .order_by()
+        .values_list("experiment_id", "device__name", "task__name", "num_samples")
+    ):
+        shards[experiment_id].append((device, task, n))
+    return {e: data_gap_warnings(data_gaps(shards[e])) for e in experiment_ids}
+
+
+def experiment_data_warnings(experiment: Experiment) -> list[str]:
+    """:func:`experiments_data_warnings` of one experiment (one query)."""
+    return experiments_data_warnings([experiment.id])[experiment.id]

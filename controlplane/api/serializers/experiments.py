@@ -69,6 +69,11 @@ class ExperimentSerializer(serializers.ModelSerializer):
     shards = ShardSerializer(many=True, read_only=True)
     owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
     collaborators = serializers.SlugRelatedField(slug_field="username", many=True, read_only=True)
+    warnings = serializers.SerializerMethodField(
+        help_text="what the partition leaves without data: each device holding 0 samples of a task (it trains "
+        "only the others) and the devices holding no data of any task (left out of training in every round); "
+        "empty: every device holds data of every task"
+    )
 
     class Meta:
         model = Experiment
@@ -100,8 +105,14 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "keep_device_weights",
             "keep_last_checkpoints",
             "created_at",
+            "warnings",
         ]
         read_only_fields = fields
+
+    def get_warnings(self, experiment: Experiment) -> list[str]:
+        """What the partition leaves without data, read once for the page by the view
+        (:func:`controlplane.experiments.selectors.experiments_data_warnings`)."""
+        return self.context["experiment_warnings"][experiment.id]
 
 
 class SampleCountSerializer(StrictSerializer):

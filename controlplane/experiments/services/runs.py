@@ -143,10 +143,13 @@ def _run_new(
     except PlanningError as exc:
         raise ApplicationError(str(exc), field=exc.field) from exc
     _partitioning_check(experiment, strategy, made.partitioning)
-    warnings: list[str] = []
+    # What the partition leaves without data (the plan already gives each device only the tasks
+    # it holds), then what the planner's guard found.
+    warnings: list[str] = selectors.experiment_data_warnings(experiment)
     extra: dict[str, Any] = {}
     if record.needs_predictor:
-        made, extra, warnings = planning.guarded_plan(experiment=experiment, plan=made)
+        made, extra, guard_warnings = planning.guarded_plan(experiment=experiment, plan=made)
+        warnings += guard_warnings
     return Run.objects.create(
         experiment=experiment,
         strategy=strategy,
