@@ -6,10 +6,11 @@ Kept outside ``management/commands/``, where Django would take every public modu
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -173,6 +174,54 @@ def progress_detail(p: dict) -> str:
     return detail
 
 
+PLAIN_PROGRESS_EVERY_S = 30.0
+"""Off a terminal, the longest a followed run stays silent while its progress changes inside a
+round (a line is printed at once whenever its round or state changes)."""
+
+
+class ProgressLines:
+    """Progress as plain lines, for output that is not a terminal (a file, a pipe, CI's log),
+    where rich's bars draw nothing until the end: one line when the followed thing's stage
+    (round, state) changes, and otherwise at most one every ``every_s`` seconds while its detail
+    changes. Each line is ``"<label>: <percent> % · <detail>"``, flushed at once.
+
+    Args:
+        label: what the lines are about (``"sharing"``, ``"profiling"``).
+        stream: where to write them.
+        every_s: the least seconds between two lines of the same stage.
+        clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        label: str,
+        stream: TextIO,
+        *,
+        every_s: float = PLAIN_PROGRESS_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.label, self.stream, self.every_s, self.clock = label, stream, every_s, clock
+        self._stage: object = None
+        self._detail: str | None = None
+        self._at = -math.inf
+
+    def update(self, stage: object, fraction: float, detail: str) -> None:
+        """Print a line if ``stage`` changed, or ``detail`` did and ``every_s`` has passed;
+        ``fraction``: done, from 0 to 1."""
+        now = self.clock()
+        if stage == self._stage and (detail == self._detail or now - self._at < self.every_s):
+            return
+        self._stage, self._detail, self._at = stage, detail, now
+        print(f"{self.label}: {100 * fraction:.0f} % · {detail}", file=self.stream, flush=True)
+
+
+def run_stage(p: dict) -> tuple:
+    """What a run's progress line changes with (``selectors.run_progress``'s dictionary): its
+    state, phase, rounds done and current round's index and state."""
+    current = p["current_round"] or {}
+    return (p["status"], p["phase"], p["rounds_done"], current.get("index"), current.get("status"))
+
+
 def follow_runs(
     start: Callable[[Any], Any],
     items: Sequence[Any],
@@ -180,8 +229,10 @@ def follow_runs(
     timeout_s: float,
     check: Callable[[], None] | None = None,
     label: Callable[[Any], str] = str,
+    stream: TextIO | None = None,
 ) -> list:
-    """One progress bar per run, the runs followed one after another until each ends.
+    """Follow the runs one after another until each ends: one progress bar per run on a
+    terminal, plain lines otherwise (:class:`ProgressLines`).
 
     Args:
         start: gives the run of an item (creating it, or returning one already queued).
@@ -189,10 +240,15 @@ def follow_runs(
         timeout_s: seconds allowed per run (``TimeoutError`` past it).
         check: called at every poll (e.g. to stop when a child process died).
         label: the bar's name for an item.
+        stream: where plain lines go, and whether bars are drawn (when it is a terminal);
+            ``None``: the console's output.
 
     Returns:
         The ended runs.
     """
+    terminal = console.is_terminal if stream is None else stream.isatty()
+    if not terminal:
+        return _follow_plain(start, items, timeout_s=timeout_s, check=check, label=label, stream=stream or console.file)
     ended = []
     with Progress(
         TextColumn("{task.description}"),
@@ -211,6 +267,30 @@ def follow_runs(
                 progress.update(bar, completed=p["fraction"], detail=progress_detail(p))
 
             ended.append(run_wait(run, timeout_s=timeout_s, on_progress=update))
+    return ended
+
+
+def _follow_plain(
+    start: Callable[[Any], Any],
+    items: Sequence[Any],
+    *,
+    timeout_s: float,
+    check: Callable[[], None] | None,
+    label: Callable[[Any], str],
+    stream: TextIO,
+) -> list:
+    """:func:`follow_runs` off a terminal: a :class:`ProgressLines` per run, with its id."""
+    ended = []
+    for item in items:
+        run = start(item)
+        lines = ProgressLines(f"{label(item)} (run {run.id})", stream)
+
+        def update(p, lines=lines):
+            if check is not None:
+                check()
+            lines.update(run_stage(p), p["fraction"], progress_detail(p))
+
+        ended.append(run_wait(run, timeout_s=timeout_s, on_progress=update))
     return ended
 
 

@@ -9,7 +9,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controlplane.common.errors import ApplicationError
 from controlplane.common.limits import BATCH_SIZE, SEED
-from controlplane.core.cli_support import console, interrupt_on_signals, require_control_worker
+from controlplane.core.cli_support import ProgressLines, console, interrupt_on_signals, require_control_worker
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import float_option, int_option, list_option
 from controlplane.experiments.models import EXECUTION_MODES, Task
@@ -143,6 +143,16 @@ class Command(BaseCommand):
         require_control_worker("it records the measurements")
 
     def _follow(self, sweep: ProfileSweep) -> ProfileSweep:
+        """Poll the sweep until it ends: a bar on a terminal, plain lines otherwise (a bar
+        draws nothing when the output goes to a file or a pipe)."""
+        if not console.is_terminal:
+            lines = ProgressLines("profiling", console.file)
+            while True:
+                sweep.refresh_from_db()
+                lines.update(sweep.status, sweep_progress(sweep), self._detail(sweep))
+                if sweep.status in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
+                    return sweep
+                time.sleep(1.0)
         with Progress(
             TextColumn("profiling"),
             BarColumn(),
@@ -153,11 +163,11 @@ class Command(BaseCommand):
             bar = progress.add_task("sweep", total=1.0, detail="waiting for the agent")
             while True:
                 sweep.refresh_from_db()
-                progress.update(
-                    bar,
-                    completed=sweep_progress(sweep),
-                    detail=f"{sweep.configs} configurations · {sweep.samples} samples · {sweep.status}",
-                )
+                progress.update(bar, completed=sweep_progress(sweep), detail=self._detail(sweep))
                 if sweep.status in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
                     return sweep
                 time.sleep(1.0)
+
+    @staticmethod
+    def _detail(sweep: ProfileSweep) -> str:
+        return f"{sweep.configs} configurations · {sweep.samples} samples · {sweep.status}"
