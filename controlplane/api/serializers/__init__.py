@@ -8,6 +8,7 @@ from controlplane.api.serializers.common import (  # noqa: F401
     MAX_LIST,
     ChoiceField,
     IdOrNameField,
+    ParamValueField,
     RegisteredField,
     StrictBooleanField,
     StrictCharField,
