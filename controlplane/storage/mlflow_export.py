@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -79,6 +80,9 @@ MLFLOW_STATUS = {
     Run.Status.CANCELLED: "KILLED",
 }
 """The MLflow run status of an ended mtfl run; a run still pending or running stays ``RUNNING``."""
+
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+"""Tracking URI schemes of MLflow's SQLAlchemy store (not in ``mlflow-skinny``)."""
 
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ ]")
 
@@ -268,7 +272,8 @@ def mlflow_client(uri: str) -> MlflowClient:
 
     Raises:
         MlflowNotInstalled: MLflow is not installed.
-        MlflowExportError: an empty URI.
+        MlflowExportError: an empty URI, a database URI without SQLAlchemy installed, or one
+            MLflow refuses.
     """
     if not uri.strip():
         raise MlflowExportError("--mlflow is empty: give a tracking URI (file:/path/to/mlruns, sqlite:///mlflow.db)")
@@ -279,6 +284,13 @@ def mlflow_client(uri: str) -> MlflowClient:
         raise MlflowNotInstalled(
             "MLflow is not installed: pip install 'mtfl-lab[mlflow]' (mlflow-skinny is enough)"
         ) from exc
+    scheme = uri.split(":", 1)[0].split("+", 1)[0] if ":" in uri else ""
+    if scheme in DATABASE_SCHEMES and importlib.util.find_spec("sqlalchemy") is None:
+        # mlflow-skinny's own message would be about the model registry's URI schemes.
+        raise MlflowExportError(
+            f"MLflow store {uri!r}: a {scheme}: store needs the full mlflow package (SQLAlchemy): "
+            "pip install mlflow, or export to a file:/path/to/mlruns store"
+        )
     if uri.startswith("file:") or "://" not in uri:
         # MLflow 3 refuses a file store unless asked for; the researcher named this one.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
