@@ -125,8 +125,11 @@ def learning_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.update_layout(**{**LAYOUT, "height": 520, "legend": dict(orientation="h", yanchor="top", y=-0.12, x=0)})
     fig.update_layout(title=title)
     fig.update_yaxes(title_text="test accuracy", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="cross-entropy loss", rangemode="tozero", row=2, col=1)
+    # The losses' own range: from zero, a loss going from 2.30 to 2.28 would be a flat line.
+    fig.update_yaxes(title_text="cross-entropy loss", row=2, col=1)
     fig.update_xaxes(title_text="rounds done (0: the initial model)", row=2, col=1)
+    if merged == 1 and max((r["rounds_done"] for r in rows), default=0) <= 30:
+        fig.update_xaxes(dtick=1)  # whole rounds, not 0.5
     if not drawn:
         fig.add_annotation(
             text="no accuracy or loss measured yet",

@@ -100,6 +100,7 @@ def test_the_run_page_draws_accuracy_and_both_losses_per_task_first_with_their_t
     assert traces["t-mobilenet · test loss"]["y"] == pytest.approx([2.3, 1.5, 1.0])
     assert traces["t-mobilenet · training loss"]["yaxis"] == traces["t-mobilenet · test loss"]["yaxis"] == "y2"
     assert not figures.is_empty(live["figures"]["learning"])
+    assert live["figures"]["learning"]["layout"]["xaxis2"]["dtick"] == 1  # whole rounds
     assert 'id="fig-learning"' in html and html.index('id="learning-card"') < html.index('id="rounds-table"')
     # the table, newest round first, served in the page (no script needed) and in the live JSON
     table = live["learning"]

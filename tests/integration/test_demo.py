@@ -179,3 +179,12 @@ def test_demo_compares_algorithms_on_one_label_skewed_experiment(tmp_path):
         else:
             assert (state_path, state_sha) == ("", "")
     assert wait_gone(home) == []
+
+
+def test_demo_off_a_terminal_prints_each_runs_progress_as_lines(demo_home):
+    _, out, _ = demo_home  # its output went to a pipe: rich's bars would draw nothing there
+    lines = out.stdout.splitlines()
+    for strategy in ("temporal", "isolation"):
+        mine = [line for line in lines if re.match(rf"{strategy} \(run \d+\): \d+ % · ", line)]
+        assert len(mine) >= 2, out.stdout[-3000:]  # at least its start and its end
+        assert re.fullmatch(rf"{strategy} \(run \d+\): 100 % · 1/1 rounds · succeeded", mine[-1]), mine
