@@ -2,27 +2,39 @@
 is the API's own: the API's serializer for types and ranges (:class:`ApiCheckedForm`), then the
 service, whose :class:`~controlplane.common.errors.ApplicationError` the view shows at the field it
 names (:meth:`ApiCheckedForm.add_service_error`). So a page and the API answer the same input with
-the same message, and no message is written twice."""
+the same message, and no message is written twice.
+
+A form shows every error at once (:meth:`ApiCheckedForm.submit`): the serializer reports every
+field it refuses, and the service, which stops at its first refusal, is asked again with each
+refused argument at its default until it accepts the rest, inside a transaction rolled back
+whenever anything was refused."""
 
 from __future__ import annotations
 
+import inspect
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django import forms
+from django.db import transaction
 from rest_framework import serializers as drf
 
 from controlplane.api import serializers as api
 from controlplane.api.exception_handlers import flatten_errors
 from controlplane.common.errors import ApplicationError
 from controlplane.common.limits import (
+    ACTIVE_THREAD_PERCENTAGE,
+    BATCH_SIZE,
     CLIENT_FRACTION,
     KEEP_LAST_CHECKPOINTS,
     LEARNING_RATE,
     LOCAL_EPOCHS,
     MOMENTUM,
     NUM_CLASSES,
+    REPEATS,
     ROUNDS,
+    TARGET_ACCURACY,
     WEIGHT_DECAY,
     Limit,
     bound_text,
@@ -36,7 +48,9 @@ from controlplane.experiments.services.templates import (
 )
 from controlplane.fleet import selectors as fleet_selectors
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING
-from controlplane.planning.strategies import STRATEGY_REGISTRY
+from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy, compared_strategies
+from controlplane.profiling import selectors as profiling_selectors
+from controlplane.profiling.services.sweeps import BUDGET_RANGE_S, DEFAULT_ARCHITECTURES
 from workers.protocol.messages import OPTIMIZERS
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.backends import BACKEND_REGISTRY
@@ -74,21 +88,33 @@ def _number(limit: Limit | None = None, **attrs) -> forms.NumberInput:
     return forms.NumberInput(attrs={"step": "any", **attrs})
 
 
+class _Refused(Exception):
+    """Rolls back :meth:`ApiCheckedForm.submit`'s transaction when some input was refused."""
+
+
 class ApiCheckedForm(forms.Form):
-    """A form checked by the API serializer of the same request.
+    """A form checked by the API serializer of the same request, then by the service.
 
     The payload is what a JSON client would send: every field the browser filled in (a blank
     input counts as left out, so the service's default applies; a multi-select is a list, empty
     when nothing is picked). Serializer errors land at the form field they name
     (``error_fields`` maps nested names such as ``options.slack``), the others above the form.
-    After :meth:`is_valid`, ``validated`` holds the serializer's validated data.
+    After :meth:`is_valid`, ``validated`` holds the serializer's validated data: when some fields
+    were refused, that of the others (the refused ones at the form's initial value, or left out),
+    so :meth:`submit` can still ask the service about them; ``None`` when even that is refused.
     """
 
     serializer_class: type[drf.Serializer]
     serializer_kwargs: dict[str, Any] = {}
     error_fields: dict[str, str] = {}
+    service_argument_names: dict[str, str] = {}
+    """The service's argument of each field its messages name, where the names differ
+    (``tasks`` → ``task_ids``)."""
 
-    validated: dict[str, Any]
+    validated: dict[str, Any] | None = None
+    status_code: int = 400
+    """What the page answers after :meth:`submit` refused: 400, or the service's own status
+    (409: the state forbids it) when the form was otherwise valid."""
 
     def payload(self) -> dict[str, Any]:
         """The request body a JSON client would send for this input."""
@@ -96,22 +122,49 @@ class ApiCheckedForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
-        serializer = self.serializer_class(data=self.payload(), **self.serializer_kwargs)
+        payload = self.payload()
+        serializer = self.serializer_class(data=payload, **self.serializer_kwargs)
         if serializer.is_valid():
             self.validated = dict(serializer.validated_data)
-        else:
-            for key, messages in flatten_errors(serializer.errors).items():
-                field = self._form_field(key)
-                for message in messages:
-                    # Shown at its own field: the message alone, as under the API's ``errors``;
-                    # elsewhere it keeps the name it is about (as the API's ``message`` does).
-                    shown = (
-                        message
-                        if field == key or key in self.error_fields or key == "non_field_errors"
-                        else f"{key}: {message}"
-                    )
-                    self.add_error(field, shown)
+            return cleaned
+        errors = flatten_errors(serializer.errors)
+        self._add_serializer_errors(errors)
+        self.validated = self._validated_without(payload, set(errors))
         return cleaned
+
+    def _add_serializer_errors(self, errors: Mapping[str, list[str]]) -> None:
+        for key, messages in errors.items():
+            field = self._form_field(key)
+            for message in messages:
+                # Shown at its own field: the message alone, as under the API's ``errors``;
+                # elsewhere it keeps the name it is about (as the API's ``message`` does).
+                shown = (
+                    message
+                    if field == key or key in self.error_fields or key == "non_field_errors"
+                    else f"{key}: {message}"
+                )
+                self.add_error(field, shown)
+
+    def _validated_without(self, payload: dict[str, Any], keys: set[str]) -> dict[str, Any] | None:
+        """The serializer's data for ``payload`` with the fields its errors name (``keys``, as
+        :func:`flatten_errors` writes them) at their form field's initial value, left out when
+        it has none (:meth:`probe_payload`); ``None`` if that is still refused."""
+        if "non_field_errors" in keys:
+            return None
+        probe = self.probe_payload(dict(payload), keys)
+        serializer = self.serializer_class(data=probe, **self.serializer_kwargs)
+        return dict(serializer.validated_data) if serializer.is_valid() else None
+
+    def probe_payload(self, payload: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+        """``payload`` with each field that ``keys`` name (their top-level names) at its form
+        field's initial value, or left out."""
+        refused = {re.split(r"[.\[]", key, maxsplit=1)[0] for key in keys}
+        probe = {k: v for k, v in payload.items() if k not in refused}
+        for name in refused:
+            initial = self.fields[name].initial if name in self.fields else None
+            if initial is not None and initial != "":
+                probe[name] = initial
+        return probe
 
     def _form_field(self, key: str) -> str | None:
         if key in self.error_fields:
@@ -124,6 +177,72 @@ class ApiCheckedForm(forms.Form):
         this form's fields)."""
         field = self.error_fields.get(exc.field or "", exc.field)
         self.add_error(field if field in self.fields else None, exc.message)
+
+    def service_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of the form's service (its validated data unless a form says otherwise)."""
+        return dict(self.validated or {})
+
+    def submit(self, service: Callable[..., Any], **fixed: Any) -> Any:
+        """Check the form and call ``service(**fixed, **self.service_arguments())``: its result,
+        or ``None`` with every refusal at its field (:attr:`status_code` says what to answer).
+
+        Every error shows at once: when the service refuses an argument, it is asked again with
+        that argument at the service's own default (:meth:`probe_replace`), until it accepts or
+        an argument cannot be replaced; all of it inside one transaction, rolled back (and the
+        work queued on commit dropped) whenever anything was refused.
+        """
+        valid = self.is_valid()
+        if self.validated is None:
+            return None
+        refusals: list[ApplicationError] = []
+        try:
+            with transaction.atomic():
+                result = self._call_until_accepted(service, fixed, self.service_arguments(), refusals)
+                if refusals or not valid:
+                    raise _Refused
+        except _Refused:
+            for exc in refusals:
+                self.add_service_error(exc)
+            self.status_code = refusals[0].status_code if valid and refusals else 400
+            return None
+        return result
+
+    def _call_until_accepted(
+        self, service: Callable[..., Any], fixed: dict[str, Any], arguments: dict[str, Any], refusals: list
+    ) -> Any:
+        replaced: set[Any] = set()
+        while True:
+            try:
+                with transaction.atomic():
+                    return service(**fixed, **arguments)
+            except ApplicationError as exc:
+                if refusals and self._argument_name(exc) in replaced:
+                    # About the value put in for a refused one (a default that another field
+                    # rules out): no news to the researcher.
+                    return None
+                refusals.append(exc)
+                if not self.probe_replace(exc, service, arguments, replaced):
+                    return None
+
+    def _argument_name(self, exc: ApplicationError) -> str:
+        root = re.split(r"[.\[]", exc.field or "", maxsplit=1)[0]
+        return self.service_argument_names.get(root, root)
+
+    def probe_replace(
+        self, exc: ApplicationError, service: Callable[..., Any], arguments: dict[str, Any], replaced: set[Any]
+    ) -> bool:
+        """Replace in ``arguments`` the one ``exc`` refused by the service's default, so the
+        next call reports the next refusal; ``False`` when none can be (no field named, no
+        default, or already replaced once)."""
+        name = self._argument_name(exc)
+        parameter = inspect.signature(service).parameters.get(name)
+        if not name or name in replaced or name not in arguments or parameter is None:
+            return False
+        if parameter.default is inspect.Parameter.empty:
+            return False
+        arguments[name] = parameter.default
+        replaced.add(name)
+        return True
 
 
 def _device_choices() -> list[tuple[int, str]]:
@@ -327,6 +446,7 @@ class ExperimentForm(ApiCheckedForm):
     """
 
     serializer_class = api.ExperimentCreateSerializer
+    service_argument_names = {"tasks": "task_ids", "devices": "device_ids"}
 
     name = _input(forms.TextInput(attrs={"maxlength": 200, "autocomplete": "off"}), "Name")
     tasks = _input(forms.SelectMultiple(), "Tasks", help_text="Ctrl or ⌘ to pick several")
@@ -548,43 +668,26 @@ class ExperimentFromTemplateForm(ApiCheckedForm):
 # --- runs, comparisons, members -----------------------------------------------------------------
 
 
-class RunForm(ApiCheckedForm):
-    """Launch a run of a strategy (``POST /api/experiments/{id}/runs/``). ``manual`` plans are
-    API-only: a plan is a table of batch sizes and shares per device and task.
+def _name_value_items(text: str) -> list[str]:
+    """``"a=1, b=2"`` → ``["a=1", "b=2"]`` (blank items dropped)."""
+    return [item.strip() for item in text.split(",") if item.strip()]
 
-    The run may use its own aggregator instead of the experiment's (``options.aggregation``,
-    with ``options.aggregation_params`` typed as ``NAME=VALUE, ...``): runs of several FL
-    algorithms then compare on the experiment's devices, data and seed.
-    """
 
-    serializer_class = api.RunCreateSerializer
-    error_fields = {
-        "options.objective": "objective",
-        "options.slack": "slack",
-        "options.replan": "replan",
-        "options.aggregation": "aggregation",
-        "options": "objective",
-    }
-
-    strategy = _input(_select([]), "Strategy", initial="sharing")
-    objective = _input(
+def _objective_select(label: str) -> forms.Field:
+    return _input(
         _select([("", "raw (default)"), ("raw", "raw: Σ P"), ("fair", "fair: Σ P / P_alone")]),
-        "Objective (vres_greedy)",
+        label,
     )
-    slack = _input(
-        _select([("", "smaller_batches (default)"), ("smaller_batches", "smaller_batches"), ("none", "none")]),
-        "Slack (vres_sync)",
-    )
-    replan = _input(
-        _select(
-            [
-                ("", "every_round (default)"),
-                ("every_round", "every_round: closed loop, from what it measured"),
-                ("never", "never: the first plan in every round"),
-            ]
-        ),
-        "Replanning (vres_*)",
-    )
+
+
+class _AggregatorOverride(ApiCheckedForm):
+    """The runs' own aggregator instead of the experiment's (``options.aggregation``), with its
+    parameters typed as ``NAME=VALUE, ...`` (``options.aggregation_params``): FL algorithms then
+    compare on the experiment's devices, data and seed. ``option_fields`` are the form's fields
+    sent under ``options``."""
+
+    option_fields: tuple[str, ...] = ("aggregation",)
+
     aggregation = _input(
         _select([]),
         "Aggregation (any strategy)",
@@ -598,8 +701,6 @@ class RunForm(ApiCheckedForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # manual plans are API-only (a table of batch sizes and shares per device and task)
-        _registered_select(self, "strategy", _registered(STRATEGY_REGISTRY, keep=lambda s: not s.takes_plan))
         _registered_select(
             self,
             "aggregation",
@@ -611,16 +712,17 @@ class RunForm(ApiCheckedForm):
         text = str(self.data.get("aggregation_params") or "").strip()
         bad = [item for item in _name_value_items(text) if "=" not in item or not item.partition("=")[0].strip()]
         if bad:
+            # Said at its input, and the rest is still checked (every error at once): the
+            # malformed text leaves cleaned_data with the message, so it is not sent.
             self.add_error(
                 "aggregation_params",
                 f"NAME=VALUE items separated by commas (e.g. server_learning_rate=0.01); got {bad[0]!r}",
             )
-            return self.cleaned_data
         return super().clean()
 
     def payload(self) -> dict[str, Any]:
         data = super().payload()
-        options = {k: data.pop(k) for k in ("objective", "slack", "replan", "aggregation") if k in data}
+        options = {k: data.pop(k) for k in self.option_fields if k in data}
         text = str(data.pop("aggregation_params", "") or "").strip()
         if text:
             options["aggregation_params"] = {
@@ -641,14 +743,349 @@ class RunForm(ApiCheckedForm):
             return
         super().add_service_error(exc)
 
+
+MANUAL_PLAN_MAX_CELLS = 64
+"""Up to this many device–task pairs the run form offers a ``manual`` plan's table; a bigger
+experiment's plan is sent through the API (a table that size is no form)."""
+
+_PLAN_CELL = re.compile(r"^plan\[(\d+)\](?:\.(batch_size|active_thread_percentage))?")
+
+
+class RunForm(_AggregatorOverride):
+    """Launch a run of a strategy (``POST /api/experiments/{id}/runs/``).
+
+    For ``manual``, the plan is a table of a batch size and an MPS share per device and task
+    holding data (inputs ``plan-<device>-<task>-batch_size`` and ``-active_thread_percentage``),
+    sent as ``plan`` and checked by the same serializer and service as the API's: every bad
+    cell is named at its input. The run may use its own aggregator (:class:`_AggregatorOverride`).
+    """
+
+    serializer_class = api.RunCreateSerializer
+    option_fields = ("objective", "slack", "replan", "aggregation")
+    field_order = ["strategy", "objective", "slack", "replan", "aggregation", "aggregation_params"]
+
+    strategy = _input(_select([]), "Strategy", initial="sharing")
+    objective = _objective_select("Objective (vres_greedy)")
+    slack = _input(
+        _select([("", "smaller_batches (default)"), ("smaller_batches", "smaller_batches"), ("none", "none")]),
+        "Slack (vres_sync)",
+    )
+    replan = _input(
+        _select(
+            [
+                ("", "every_round (default)"),
+                ("every_round", "every_round: closed loop, from what it measured"),
+                ("never", "never: the first plan in every round"),
+            ]
+        ),
+        "Replanning (vres_*)",
+    )
+
+    def __init__(self, *args, experiment: Experiment | None = None, tasks: list | None = None, **kwargs) -> None:
+        """``experiment``: the one the run is of (its manual plan's table); ``tasks``: its tasks
+        when the caller has read them already."""
+        super().__init__(*args, **kwargs)
+        self.error_fields = {
+            "options.objective": "objective",
+            "options.slack": "slack",
+            "options.replan": "replan",
+            "options.aggregation": "aggregation",
+            "options": "objective",
+            "plan": "strategy",
+        }
+        _registered_select(self, "strategy", _registered(STRATEGY_REGISTRY))
+        self.plan_rows: list[dict[str, Any]] = []
+        """The manual plan's table: per device, ``{"device", "cells": [per task, None or
+        {"task", "batch_size", "active_thread_percentage"} (bound fields)]}``."""
+        self.plan_tasks: list[Any] = []
+        self.plan_too_big = False
+        self._plan_cells: list[tuple[int, int, str, str]] = []
+        if experiment is not None:
+            self._add_plan_cells(experiment, tasks)
+
+    def _add_plan_cells(self, experiment: Experiment, tasks: list | None) -> None:
+        """One batch size and one share input per device–task pair with data (none when there
+        are more than :data:`MANUAL_PLAN_MAX_CELLS`)."""
+        shards = experiment_selectors.experiment_shards(experiment)
+        held = sorted(key for key, span in shards.items() if span.num_samples > 0)
+        # The names of the devices holding data (of the first ones past the limit: the same
+        # queries, bounded, whatever the experiment's size).
+        named = sorted({device_id for device_id, _ in held})[: MANUAL_PLAN_MAX_CELLS + 1]
+        devices = experiment_selectors.experiment_devices(experiment, device_ids=named, fields=["id", "name"])
+        if len(held) > MANUAL_PLAN_MAX_CELLS:
+            self.plan_too_big = True
+            return
+        self.plan_tasks = tasks if tasks is not None else experiment_selectors.experiment_tasks(experiment)
+        for device_id, task_id in held:
+            n = shards[(device_id, task_id)].num_samples
+            names = [f"plan-{device_id}-{task_id}-{key}" for key in ("batch_size", "active_thread_percentage")]
+            self.fields[names[0]] = _input(
+                _number(
+                    min=bound_text(BATCH_SIZE.low),
+                    max=min(n, int(BATCH_SIZE.high)),
+                    step=1,
+                    placeholder=f"{bound_text(BATCH_SIZE.low)}–{min(n, int(BATCH_SIZE.high))}",
+                    **{"data-plan-cell": "batch_size", "aria-label": f"batch size, device {device_id}, task {task_id}"},
+                ),
+                "Batch size",
+            )
+            self.fields[names[1]] = _input(
+                _number(
+                    ACTIVE_THREAD_PERCENTAGE,
+                    step=1,
+                    placeholder=ACTIVE_THREAD_PERCENTAGE.span,
+                    **{"data-plan-cell": "share", "aria-label": f"share %, device {device_id}, task {task_id}"},
+                ),
+                "Share %",
+            )
+            self._plan_cells.append((device_id, task_id, *names))
+        cells = {(d, t): (b, r) for d, t, b, r in self._plan_cells}
+        for device in devices:
+            row = []
+            for task in self.plan_tasks:
+                pair = cells.get((device.id, task.id))
+                row.append(
+                    None if pair is None else {"task": task, "batch_size": self[pair[0]], "share": self[pair[1]]}
+                )
+            self.plan_rows.append({"device": device, "cells": row})
+
+    @property
+    def plan_has_errors(self) -> bool:
+        """Some input of the manual plan's table is refused (the page opens the table)."""
+        return any(self.has_error(name) for _d, _t, *names in self._plan_cells for name in names)
+
+    def clean(self) -> dict[str, Any]:
+        for k, (_d, _t, batch, share) in enumerate(self._plan_cells):
+            self.error_fields[f"plan[{k}].batch_size"] = batch
+            self.error_fields[f"plan[{k}].active_thread_percentage"] = share
+            self.error_fields[f"plan[{k}]"] = batch
+        return super().clean()
+
+    def probe_payload(self, payload: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+        # A refused cell of the plan is put at its lowest allowed value, so the service still
+        # checks the others (a batch size larger than its shard is the service's to say).
+        plan = [dict(entry) for entry in payload.get("plan") or []]
+        cells = {key for key in keys if _PLAN_CELL.match(key) and _PLAN_CELL.match(key).group(2)}
+        for key in cells:
+            index, name = _PLAN_CELL.match(key).groups()
+            if int(index) < len(plan):
+                plan[int(index)][name] = int((BATCH_SIZE if name == "batch_size" else ACTIVE_THREAD_PERCENTAGE).low)
+        if plan:
+            payload["plan"] = plan
+        return super().probe_payload(payload, keys - cells)
+
+    def payload(self) -> dict[str, Any]:
+        data = {k: v for k, v in super().payload().items() if not k.startswith("plan-")}
+        if data.get("strategy") == "manual":
+            # Every cell is sent, a blank one without its value, so the serializer names it.
+            data["plan"] = []
+            for device_id, task_id, batch, share in self._plan_cells:
+                entry: dict[str, Any] = {"device": device_id, "task": task_id}
+                for key, field in (("batch_size", batch), ("active_thread_percentage", share)):
+                    text = str(self.cleaned_data.get(field) or "").strip()
+                    if text:
+                        entry[key] = _as_number(text, "int")
+                data["plan"].append(entry)
+        return data
+
+    def add_service_error(self, exc: ApplicationError) -> None:
+        cell = _PLAN_CELL.match(exc.message)
+        if cell and int(cell.group(1)) < len(self._plan_cells):
+            _d, _t, batch, share = self._plan_cells[int(cell.group(1))]
+            self.add_error(share if cell.group(2) == "active_thread_percentage" else batch, exc.message)
+            return
+        super().add_service_error(exc)
+
+    def probe_replace(
+        self, exc: ApplicationError, service: Callable[..., Any], arguments: dict[str, Any], replaced: set[Any]
+    ) -> bool:
+        # The service names the first bad cell of a plan; the next call takes it at its lowest
+        # allowed value, so every bad cell is named.
+        cell = _PLAN_CELL.match(exc.message)
+        if cell and cell.group(2) and arguments.get("plan") and (cell.groups() not in replaced):
+            plan = [dict(entry) for entry in arguments["plan"]]
+            index = int(cell.group(1))
+            if index < len(plan):
+                low = BATCH_SIZE.low if cell.group(2) == "batch_size" else ACTIVE_THREAD_PERCENTAGE.low
+                plan[index][cell.group(2)] = int(low)
+                arguments["plan"] = plan
+                replaced.add(cell.groups())
+                return True
+        return super().probe_replace(exc, service, arguments, replaced)
+
     def service_arguments(self) -> dict[str, Any]:
         """Keyword arguments of :func:`~controlplane.experiments.services.run_create` (less the experiment)."""
-        return {"strategy": self.validated["strategy"], "plan": None, "options": self.validated["options"]}
+        v = self.validated or {}
+        return {"strategy": v["strategy"], "plan": v.get("plan"), "options": v.get("options")}
 
 
-def _name_value_items(text: str) -> list[str]:
-    """``"a=1, b=2"`` → ``["a=1", "b=2"]`` (blank items dropped)."""
-    return [item.strip() for item in text.split(",") if item.strip()]
+class CompareForm(_AggregatorOverride):
+    """Compare chosen strategies on an experiment (``POST /api/experiments/{id}/compare/``):
+    which strategies (the baseline, ``temporal``, required: every speedup is taken against it),
+    how many repeats, the test accuracy each task's time to accuracy is taken to (inputs
+    ``target-<task id>``; blank: the lowest final accuracy any run reaches), the planner's
+    objective, and an aggregator for every run (:class:`_AggregatorOverride`)."""
+
+    serializer_class = api.ComparisonCreateSerializer
+    option_fields = ("objective", "aggregation")
+    field_order = ["strategies", "repeats", "objective", "aggregation", "aggregation_params"]
+
+    strategies = _input(forms.CheckboxSelectMultiple(), "Strategies")
+    chosen = _input(forms.HiddenInput(), "", initial="1")
+    """Set by the page's form: its strategies are the ticked ones (none ticked: refused). A bare
+    POST without it compares every strategy, as the page's former button did."""
+    repeats = _input(
+        _number(REPEATS, step=1),
+        "Repeats",
+        initial=1,
+        help_text=f"{REPEATS.span}: every strategy that many times, in interleaved orders; from 2, figures get "
+        "95 % intervals",
+    )
+    objective = _objective_select("Objective (vres_greedy)")
+
+    def __init__(self, *args, experiment: Experiment | None = None, tasks: list | None = None, **kwargs) -> None:
+        """``experiment``: the one compared (a target input per task); ``tasks``: its tasks when
+        the caller has read them already."""
+        super().__init__(*args, **kwargs)
+        baseline = baseline_strategy().name
+        self.fields["strategies"].widget.choices = [
+            (s.name, f"{s.name} (the baseline: required)" if s.name == baseline else s.name)
+            for s in STRATEGY_REGISTRY.records()
+            if not s.takes_plan
+        ]
+        self.fields["strategies"].initial = list(compared_strategies())
+        self.fields["strategies"].help_text = (
+            f"run one after another on the same devices, data and seeds; {baseline} is required: every speedup "
+            "is taken against it"
+        )
+        self.fields["aggregation"].label = "Aggregation (every run)"
+        self.fields["aggregation"].help_text = "every run's instead of the experiment's"
+        self.error_fields = {
+            "options.objective": "objective",
+            "options.aggregation": "aggregation",
+            "options": "objective",
+        }
+        self.target_fields: list[str] = []
+        if tasks is None:
+            tasks = experiment_selectors.experiment_tasks(experiment) if experiment is not None else []
+        for task in tasks:
+            name = f"target-{task.id}"
+            self.fields[name] = _input(
+                _number(TARGET_ACCURACY, placeholder="lowest final accuracy"),
+                f"Target accuracy of {task.name}",
+                help_text=f"test accuracy in {TARGET_ACCURACY.interval}; blank: the lowest final accuracy any run reaches",
+            )
+            self.target_fields.append(name)
+            self.error_fields[f"targets.{task.id}"] = name
+
+    def payload(self) -> dict[str, Any]:
+        data = {k: v for k, v in super().payload().items() if not k.startswith("target-") and k != "chosen"}
+        if self.cleaned_data.get("chosen"):
+            data["strategies"] = self.cleaned_data.get("strategies") or []
+        else:
+            data.pop("strategies", None)
+        targets = {}
+        for name in self.target_fields:
+            text = str(self.cleaned_data.get(name) or "").strip()
+            if text:
+                targets[name.removeprefix("target-")] = _as_number(text, "float")
+        if targets:
+            data["targets"] = targets
+        return data
+
+    def service_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~controlplane.experiments.services.comparison_create`
+        (less the experiment)."""
+        v = self.validated or {}
+        return {
+            "strategies": v.get("strategies"),
+            "repeats": v["repeats"],
+            "targets": v.get("targets"),
+            "options": v.get("options"),
+        }
+
+
+# --- profiling and predictors ---------------------------------------------------------------------
+
+
+class ProfileForm(ApiCheckedForm):
+    """Start a profiling sweep on a device (``POST /api/devices/{id}/profile/``, ``mtfl
+    profile``): co-located mixes of the tasks' models (or the default models) measured for a
+    time budget, which a predictor is then fitted on."""
+
+    serializer_class = api.ProfileSweepCreateSerializer
+
+    device = _input(_select([]), "Device", help_text="its agent runs the sweep; no round gets it meanwhile")
+    budget_s = _input(
+        _number(min=bound_text(BUDGET_RANGE_S[0]), max=bound_text(BUDGET_RANGE_S[1]), step=1),
+        "Budget (s)",
+        initial=300,
+        help_text=f"seconds of measuring, {bound_text(BUDGET_RANGE_S[0])} to {bound_text(BUDGET_RANGE_S[1])}",
+    )
+    tasks = _input(
+        forms.SelectMultiple(),
+        "Tasks (optional)",
+        help_text=f"their models at each task's classes and input shape; none: {', '.join(DEFAULT_ARCHITECTURES)}",
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["device"].widget = _select([("", "choose a device")] + _device_choices())
+        tasks = [(t.id, f"{t.name} ({t.architecture})") for t in experiment_selectors.task_list()]
+        self.fields["tasks"].widget = _multi(tasks)
+        self.device = None
+
+    def payload(self) -> dict[str, Any]:
+        data = {k: v for k, v in super().payload().items() if k != "device"}
+        if self.cleaned_data.get("tasks"):
+            data["tasks"] = self.cleaned_data["tasks"]
+        else:
+            data.pop("tasks", None)
+        return data
+
+    def clean(self) -> dict[str, Any]:
+        chosen = str(self.cleaned_data.get("device") or "")
+        # The device is the API's URL, not a field of its body: looked up here, among the fleet's.
+        self.device = fleet_selectors.device_list().filter(pk=int(chosen)).first() if chosen.isdigit() else None
+        if self.device is None:
+            known = ", ".join(d.name for d in fleet_selectors.device_list()[:20]) or "none registered"
+            self.add_error("device", f"choose a registered device ({known})")
+        cleaned = super().clean()
+        if self.device is None:
+            self.validated = None  # the service needs a device: it is not asked
+        return cleaned
+
+    def service_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`controlplane.experiments.services.sweeps.sweep_start`."""
+        v = self.validated or {}
+        return {"device": self.device, "budget_s": v["budget_s"], "tasks": v.get("tasks")}
+
+
+class PredictorFitForm(ApiCheckedForm):
+    """Fit a throughput predictor on a device class's profile samples (``POST /api/predictors/``,
+    ``mtfl fit-predictor``); the control worker fits it and its page shows the held-out error."""
+
+    serializer_class = api.PredictorCreateSerializer
+
+    backend = _input(_select([]), "Backend")
+    device_class = _input(
+        _select([]),
+        "Device class",
+        help_text="its samples are what the predictor learns from (a device class: the backend and its resources)",
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        sampled = profiling_selectors.sampled_device_classes()
+        _registered_select(self, "backend", _registered(BACKEND_REGISTRY))
+        self.fields["device_class"].widget = _select(
+            [("", "the only class with samples")]
+            + [(c["device_class"], f"{c['device_class']} ({c['backend']}, {c['samples']} samples)") for c in sampled]
+        )
+        # Default: the class profiled last (what a researcher who just ran a sweep fits).
+        self.fields["backend"].initial = sampled[0]["backend"] if sampled else "cpu"
+        self.fields["device_class"].initial = sampled[0]["device_class"] if sampled else ""
+        self.sampled = sampled
 
 
 class CollaboratorsForm(ApiCheckedForm):

@@ -40,5 +40,9 @@ urlpatterns = [
     path("devices/<int:pk>/pause/", views.device_pause_view, name="device-pause"),
     path("devices/<int:pk>/resume/", views.device_resume_view, name="device-resume"),
     path("predictors/", views.predictor_list, name="predictors"),
+    path("predictors/new/", views.predictor_new, name="predictor-new"),
+    path("profiling/new/", views.profile_new, name="profile-new"),
+    path("profiling/sweeps/<int:pk>/", views.sweep_detail, name="sweep"),
+    path("profiling/sweeps/<int:pk>/status/", views.sweep_status, name="sweep-status"),
     path("predictors/<int:pk>/", views.predictor_detail, name="predictor"),
 ]

@@ -26,9 +26,12 @@ from controlplane.common.errors import ApplicationError
 from controlplane.dashboard import data, figures
 from controlplane.dashboard.forms import (
     CollaboratorsForm,
+    CompareForm,
     DeviceForm,
     ExperimentForm,
     ExperimentFromTemplateForm,
+    PredictorFitForm,
+    ProfileForm,
     RunForm,
     TaskForm,
 )
@@ -44,6 +47,7 @@ from controlplane.experiments.services import (
     run_create,
     task_create,
 )
+from controlplane.experiments.services import sweeps as exp_sweeps
 from controlplane.experiments.services.planner_check import planner_check
 from controlplane.experiments.services.templates import DEFAULT_DIRICHLET_ALPHA, TEMPLATES, template_dataset_default
 from controlplane.fleet import selectors as fleet_selectors
@@ -53,6 +57,7 @@ from controlplane.lab import selectors as lab_selectors
 from controlplane.lab.services.admin import device_pause, device_resume
 from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
 from controlplane.profiling import selectors as profiling_selectors
+from controlplane.profiling import services as profiling_services
 from controlplane.profiling.services.workloads import workload_get
 from controlplane.storage import exports
 from controlplane.storage.services import retention
@@ -95,14 +100,12 @@ def experiment_from_template(request: HttpRequest) -> HttpResponse:
     """The index page's "New experiment from a template" form: create it and go to its page,
     or show the index again with the API's message at the field it names."""
     form = ExperimentFromTemplateForm(request.POST)
-    if form.is_valid():
-        try:
-            experiment = experiment_create_from_template(owner=request.user, **form.service_arguments())
-        except ApplicationError as exc:
-            form.add_service_error(exc)
-        else:
-            return redirect("dashboard:experiment", pk=experiment.pk)
-    return render(request, "dashboard/index.html", _index_context(request, form, data.device_page(None)), status=400)
+    experiment = form.submit(experiment_create_from_template, owner=request.user)
+    if experiment is not None:
+        return redirect("dashboard:experiment", pk=experiment.pk)
+    return render(
+        request, "dashboard/index.html", _index_context(request, form, data.device_page(None)), status=form.status_code
+    )
 
 
 def _form_page(
@@ -116,19 +119,15 @@ def device_new(request: HttpRequest) -> HttpResponse:
     """Register a device of the lab's shared fleet; its agent serves it once started."""
     form = DeviceForm(request.POST or None)
     if request.method == "POST":
-        if form.is_valid():
-            try:
-                device = device_create(**form.validated)
-            except ApplicationError as exc:
-                form.add_service_error(exc)
-            else:
-                messages.success(
-                    request,
-                    f"Device {device.name} registered ({device.backend}). It shows as unknown until its agent "
-                    f"connects: on its host run  mtfl agent --device {device.name} --backend {device.backend}",
-                )
-                return redirect(reverse("dashboard:index") + "#devices")
-        return _form_page(request, form, "dashboard/device_new.html", status=400)
+        device = form.submit(device_create)
+        if device is not None:
+            messages.success(
+                request,
+                f"Device {device.name} registered ({device.backend}). It shows as unknown until its agent "
+                f"connects: on its host run  mtfl agent --device {device.name} --backend {device.backend}",
+            )
+            return redirect(reverse("dashboard:index") + "#devices")
+        return _form_page(request, form, "dashboard/device_new.html", status=form.status_code)
     return _form_page(request, form, "dashboard/device_new.html")
 
 
@@ -145,17 +144,11 @@ def task_new(request: HttpRequest) -> HttpResponse:
     """Define a learning task, owned by the researcher (only they may change it)."""
     form = TaskForm(request.POST or None)
     if request.method == "POST":
-        if form.is_valid():
-            try:
-                task = task_create(owner=request.user, **form.validated)
-            except ApplicationError as exc:
-                form.add_service_error(exc)
-            else:
-                messages.success(
-                    request, f"Task {task.name} defined; the control worker computes its workload features."
-                )
-                return redirect("dashboard:task", pk=task.pk)
-        return _form_page(request, form, "dashboard/task_new.html", status=400)
+        task = form.submit(task_create, owner=request.user)
+        if task is not None:
+            messages.success(request, f"Task {task.name} defined; the control worker computes its workload features.")
+            return redirect("dashboard:task", pk=task.pk)
+        return _form_page(request, form, "dashboard/task_new.html", status=form.status_code)
     return _form_page(request, form, "dashboard/task_new.html")
 
 
@@ -184,14 +177,12 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     """Create an experiment from tasks and devices of the catalogue; it belongs to its creator."""
     form = ExperimentForm(request.POST or None)
     if request.method == "POST":
-        if form.is_valid():
-            try:
-                experiment = experiment_create(owner=request.user, **form.service_arguments())
-            except ApplicationError as exc:
-                form.add_service_error(exc)
-            else:
-                return redirect("dashboard:experiment", pk=experiment.pk)
-        return _form_page(request, form, "dashboard/experiment_new.html", status=400)
+        experiment = form.submit(experiment_create, owner=request.user)
+        if experiment is not None:
+            for warning in selectors.experiment_data_warnings(experiment):
+                messages.warning(request, f"Created, but {warning}.")
+            return redirect("dashboard:experiment", pk=experiment.pk)
+        return _form_page(request, form, "dashboard/experiment_new.html", status=form.status_code)
     return _form_page(request, form, "dashboard/experiment_new.html")
 
 
@@ -232,7 +223,8 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "report": data.report_table(comparison["report"]) if comparison["report"] else None,
         "planner_check": planner_check(experiment),
         "compare_error": "",
-        "run_form": RunForm(),
+        "run_form": RunForm(experiment=experiment, tasks=tasks),
+        "compare_form": CompareForm(experiment=experiment, tasks=tasks),
         "planned_strategies": " ".join(planned_strategies()),
         "planned_listing": _listing(planned_strategies()),
         "compared_listing": _listing(compared_strategies()),
@@ -245,6 +237,7 @@ def _experiment_context(request: HttpRequest, experiment: Experiment, **override
         "disk_use": retention.experiments_disk_use([experiment.id])[experiment.id],
         "storage": retention.storage_totals(),
         "keep_last_checkpoints": retention.keep_last_checkpoints(experiment),
+        "data_warnings": selectors.experiment_data_warnings(experiment),
         **overrides,
     }
 
@@ -263,13 +256,13 @@ def _experiment_page(request: HttpRequest, experiment: Experiment, status: int, 
 @login_required
 @require_POST
 def experiment_compare(request: HttpRequest, pk: int) -> HttpResponse:
-    """The experiment page's "Compare all strategies" button: launch a comparison and come
-    back to the page, or show the service's message (e.g. no predictor fitted yet)."""
+    """The experiment page's "Compare strategies" form: the chosen strategies (with the
+    baseline), repeats, targets, objective and aggregator; launch the comparison and come back
+    to the page, or show every refusal at its field (e.g. no predictor fitted yet)."""
     experiment = _member_experiment(request, pk)
-    try:
-        comparison_create(experiment=experiment)
-    except ApplicationError as exc:
-        return _experiment_page(request, experiment, exc.status_code, compare_error=exc.message)
+    form = CompareForm(request.POST, experiment=experiment)
+    if form.submit(comparison_create, experiment=experiment) is None:
+        return _experiment_page(request, experiment, form.status_code, compare_form=form)
     return redirect("dashboard:experiment", pk=experiment.pk)
 
 
@@ -278,15 +271,11 @@ def experiment_compare(request: HttpRequest, pk: int) -> HttpResponse:
 def run_new(request: HttpRequest, pk: int) -> HttpResponse:
     """The experiment page's "Launch a run" form: start it and go to its page."""
     experiment = _member_experiment(request, pk)
-    form = RunForm(request.POST)
-    if form.is_valid():
-        try:
-            run = run_create(experiment=experiment, **form.service_arguments())
-        except ApplicationError as exc:
-            form.add_service_error(exc)
-            return _experiment_page(request, experiment, exc.status_code, run_form=form)
-        return redirect("dashboard:run", pk=run.pk)
-    return _experiment_page(request, experiment, 400, run_form=form)
+    form = RunForm(request.POST, experiment=experiment)
+    run = form.submit(run_create, experiment=experiment)
+    if run is None:
+        return _experiment_page(request, experiment, form.status_code, run_form=form)
+    return redirect("dashboard:run", pk=run.pk)
 
 
 @login_required
@@ -295,16 +284,10 @@ def experiment_collaborators(request: HttpRequest, pk: int) -> HttpResponse:
     """The owner's collaborators form. A collaborator who posts it gets the service's refusal."""
     experiment = _member_experiment(request, pk)
     form = CollaboratorsForm(request.POST)
-    status = 400
-    if form.is_valid():
-        try:
-            experiment_update(experiment=experiment, actor=request.user, collaborators=form.validated["collaborators"])
-        except ApplicationError as exc:
-            form.add_service_error(exc)
-            status = exc.status_code
-        else:
-            messages.success(request, "Collaborators saved.")
-            return redirect(reverse("dashboard:experiment", args=[experiment.pk]) + "#members")
+    if form.submit(experiment_update, experiment=experiment, actor=request.user) is not None:
+        messages.success(request, "Collaborators saved.")
+        return redirect(reverse("dashboard:experiment", args=[experiment.pk]) + "#members")
+    status = form.status_code
     if not selectors.can_manage_experiment(request.user, experiment):
         error = " ".join(form.errors.get("collaborators", []) + form.non_field_errors())
         return _experiment_page(request, experiment, status, collaborators_error=error)
@@ -507,7 +490,69 @@ def experiment_label_histograms_csv(request: HttpRequest, pk: int) -> StreamingH
     )
 
 
-# --- predictors -------------------------------------------------------------------------------------
+# --- profiling and predictors -----------------------------------------------------------------------
+
+SWEEP_REFRESH_S = 2
+"""How often a sweep's page reloads its progress while the sweep runs, seconds."""
+
+SWEEP_TABLE_ROWS = 50
+"""Configurations a finished sweep's page lists (the API has every sample)."""
+
+
+@login_required
+def profile_new(request: HttpRequest) -> HttpResponse:
+    """Profile a device: start a sweep (as ``mtfl profile`` does) and go to its page, which
+    follows it. ``?device=<id>`` preselects the device (the device list's links)."""
+    if request.method == "POST":
+        form = ProfileForm(request.POST)
+        sweep = form.submit(exp_sweeps.sweep_start)
+        if sweep is not None:
+            return redirect("dashboard:sweep", pk=sweep.pk)
+        return _form_page(request, form, "dashboard/profile_new.html", status=form.status_code)
+    return _form_page(
+        request, ProfileForm(initial={"device": request.GET.get("device", "")}), "dashboard/profile_new.html"
+    )
+
+
+def _sweep_context(sweep) -> dict:
+    finished = sweep.status in ("succeeded", "failed")
+    return {
+        "sweep": sweep,
+        "progress_percent": round(100 * profiling_selectors.sweep_progress(sweep)),
+        "finished": finished,
+        "configurations": profiling_selectors.sweep_configurations(sweep, limit=SWEEP_TABLE_ROWS) if finished else [],
+        "device_class": fleet_selectors.device_class(sweep.device),
+        "refresh_s": SWEEP_REFRESH_S,
+    }
+
+
+@login_required
+def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """A profiling sweep: its progress while it runs (the page reloads its status every
+    :data:`SWEEP_REFRESH_S` s), what it measured once done, and the way on to fitting a predictor."""
+    sweep = get_object_or_404(profiling_selectors.sweep_list(), pk=pk)
+    return render(request, "dashboard/sweep.html", _sweep_context(sweep))
+
+
+@login_required
+def sweep_status(request: HttpRequest, pk: int) -> HttpResponse:
+    """A sweep page's status part alone, which the page fetches while the sweep runs."""
+    sweep = get_object_or_404(profiling_selectors.sweep_list(), pk=pk)
+    return render(request, "dashboard/_sweep_status.html", _sweep_context(sweep))
+
+
+@login_required
+def predictor_new(request: HttpRequest) -> HttpResponse:
+    """Fit a predictor on a device class's samples (as ``POST /api/predictors/``): the control
+    worker fits it, and its page follows the fit and shows its held-out error."""
+    if request.method == "POST":
+        form = PredictorFitForm(request.POST)
+        predictor = form.submit(profiling_services.predictor_request)
+        if predictor is not None:
+            return redirect("dashboard:predictor", pk=predictor.pk)
+        return _form_page(request, form, "dashboard/predictor_new.html", status=form.status_code)
+    initial = {k: request.GET[k] for k in ("backend", "device_class") if request.GET.get(k)}
+    return _form_page(request, PredictorFitForm(initial=initial or None), "dashboard/predictor_new.html")
 
 
 @login_required
@@ -522,6 +567,10 @@ def predictor_list(request: HttpRequest) -> HttpResponse:
     )
 
 
+PREDICTOR_REFRESH_S = 2
+"""How often a predictor's page reloads while the control worker fits it, seconds."""
+
+
 @login_required
 def predictor_detail(request: HttpRequest, pk: int) -> HttpResponse:
     predictor = get_object_or_404(profiling_selectors.predictor_list(), pk=pk)
@@ -532,6 +581,7 @@ def predictor_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "predictor": predictor,
             "families": data.predictor_families(predictor),
             "figures": data.predictor_figures(predictor),
+            "refresh_s": PREDICTOR_REFRESH_S,
         },
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models import Count, F, Max, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
@@ -126,3 +126,37 @@ def task_workloads(tasks: Iterable[Task]) -> dict[int, ModelWorkload | None]:
         )
         for task in tasks
     }
+
+
+def sampled_device_classes() -> list[dict[str, Any]]:
+    """Every ``(backend, device class)`` that has profile samples, newest sampled first:
+    ``{"backend", "device_class", "samples"}`` (what a predictor can be fitted on, for the
+    dashboard's fit form)."""
+    rows = (
+        ProfileSample.objects.values("backend", "device_class")
+        .annotate(samples=Count("id"), newest=Max("id"))
+        .order_by("-newest")
+    )
+    return [{"backend": r["backend"], "device_class": r["device_class"], "samples": r["samples"]} for r in rows]
+
+
+def sweep_configurations(sweep: ProfileSweep, *, limit: int = 200) -> list[dict[str, Any]]:
+    """What a sweep measured, one entry per configuration in the order measured (the first
+    ``limit``): ``{"config_key", "repeat_of", "tasks": [{"architecture", "batch_size",
+    "active_thread_percentage", "throughput_sps", "standalone_sps"}]}``, throughputs in samples/s
+    (``standalone_sps``: the task alone on the device, ``None`` if not measured)."""
+    # A configuration has at most 8 tasks (ProfileSweepRequest.max_mix): 8 rows per one shown.
+    samples = ProfileSample.objects.filter(sweep=sweep).order_by("id")[: max(0, limit) * 8]
+    out: dict[str, dict[str, Any]] = {}
+    for s in samples:
+        entry = out.setdefault(s.config_key, {"config_key": s.config_key, "repeat_of": s.repeat_of, "tasks": []})
+        entry["tasks"].append(
+            {
+                "architecture": s.architecture,
+                "batch_size": s.batch_size,
+                "active_thread_percentage": s.active_thread_percentage,
+                "throughput_sps": s.throughput_sps,
+                "standalone_sps": s.standalone_sps,
+            }
+        )
+    return list(out.values())[:limit]

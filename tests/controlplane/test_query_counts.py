@@ -35,7 +35,8 @@ T0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
 RUNS, ROUNDS_PER_RUN, DEVICES, TASKS = 10, 1000, 5, 2
 STRATEGIES = ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync"]
 MAX_API_QUERIES = 12
-MAX_PAGE_QUERIES = 31  # the experiment page's 31st: the partition's data warnings (one query over the shards)
+MAX_PAGE_QUERIES = 33  # the experiment page's 31st: the partition's data warnings (one query over the shards);
+# 32nd and 33rd: the run form's manual plan table (the shards holding data, the devices' names)
 
 
 def _experiment(name: str, owner, devices, tasks) -> Experiment:

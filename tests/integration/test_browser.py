@@ -1,7 +1,11 @@
 """The dashboard in a real browser on the embedded stack: Debian's Chromium driven by Playwright
-logs in through the login page, creates an experiment from the light template on the stack's
-simulated devices, launches a ``sharing`` run, follows it to its end on the run page, and checks
-that plotly.js actually drew the charts (not only that the pages answered 200).
+runs the README's session from the dashboard alone, on the stack's simulated devices: it logs in
+through the login page, profiles a device with the profiling form and follows the sweep's page to
+its end, fits a predictor with the fit form and follows its page until the held-out error shows,
+creates an experiment from the light template with 2 rounds, launches a ``sharing`` run and follows
+it to its end on the run page, then compares the baseline with both planners through the
+comparison form; it checks that plotly.js actually drew the charts (not only that the pages
+answered 200).
 
 Screenshots are kept as test artifacts in ``test-artifacts/browser/`` (git-ignored; or the
 folder ``MTFL_TEST_ARTIFACTS`` names). Chromium comes from the system (``.ci/run`` installs
@@ -20,7 +24,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from controlplane.core.stack import LocalStack
-from controlplane.experiments.models import Experiment, Run
+from controlplane.experiments.models import Comparison, Experiment, Run
+from controlplane.profiling.models import Predictor, ProfileSweep
 from tests.integration.procs import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.one_database]
@@ -38,6 +43,23 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(os.environ.get("MTFL_TEST_ARTIFACTS") or Path(__file__).resolve().parents[2] / "test-artifacts")
 RUN_TIMEOUT_MS = 240_000
+SWEEP_BUDGET_S = 1800
+"""Simulated seconds of profiling (about 15 s of real time idle): enough mixes to fit on."""
+COMPARED = ["temporal", "vres_greedy", "vres_sync"]
+"""The baseline and the two planners the session compares."""
+
+
+def _reload_until_compared(page, timeout_s: float) -> None:
+    """Reload the experiment page (it does not refresh itself) until its comparison line says
+    the comparison and every run of it succeeded."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        badges = [b.strip() for b in page.locator("#comparison-line .badge").all_text_contents()]
+        if badges and all(b == "succeeded" for b in badges):
+            return
+        time.sleep(2)
+        page.reload()
+    raise AssertionError(f"the comparison did not succeed within {timeout_s:.0f} s: {badges}")
 
 
 def _wait_served(url: str, stack: LocalStack, timeout_s: float = 90.0) -> None:
@@ -132,10 +154,40 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
                     ("/devices/new/", "device-new"),
                     ("/tasks/new/", "task-new"),
                     ("/experiments/new/", "experiment-new"),
+                    ("/predictors/new/", "predictor-new-empty"),
                 ):
                     page.goto(base + url)
                     expect(page.locator("main form button[type=submit]")).to_be_visible()
                     page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+
+                # Profile web-a from the device list's link: the sweep's page follows it to its end.
+                page.goto(f"{base}/")
+                page.locator("#devices ~ table a.profile-link").first.click()
+                expect(page).to_have_url(re.compile(r"/profiling/new/\?device=\d+$"))
+                expect(page.locator("#profile-form select[name=device] option:checked")).to_contain_text("web-a")
+                page.fill("#profile-form input[name=budget_s]", str(SWEEP_BUDGET_S))
+                page.screenshot(path=str(shots / "profile-new.png"), full_page=True)
+                page.click("#profile-button")
+                expect(page).to_have_url(re.compile(r"/profiling/sweeps/\d+/$"))
+                page.screenshot(path=str(shots / "sweep-running.png"), full_page=True)
+                expect(page.locator("#sweep-done")).to_be_visible(timeout=RUN_TIMEOUT_MS)
+                expect(page.locator("#sweep-state")).to_have_text("succeeded")
+                assert page.locator("#sweep-configurations tbody tr").count() > 10
+                page.screenshot(path=str(shots / "sweep-done.png"))
+
+                # Fit a predictor on what it measured (the sweep page's link fills in the form).
+                page.click("#fit-after-sweep")
+                expect(page).to_have_url(re.compile(r"/predictors/new/\?"))
+                expect(page.locator("#predictor-form select[name=device_class] option:checked")).to_contain_text(
+                    "simulated-titan-v"
+                )
+                page.screenshot(path=str(shots / "predictor-new.png"), full_page=True)
+                page.click("#fit-button")
+                expect(page).to_have_url(re.compile(r"/predictors/\d+/$"))
+                page.screenshot(path=str(shots / "predictor-fitting.png"), full_page=True)
+                expect(page.locator("#predictor-status")).to_have_text("ready", timeout=RUN_TIMEOUT_MS)
+                expect(page.locator("#predictor-rmsle")).to_have_text(re.compile(r"^\d+\.\d{4}$"))
+                page.screenshot(path=str(shots / "predictor.png"), full_page=True)
 
                 # A template experiment with no device picked: the API's message at the field.
                 page.goto(f"{base}/")
@@ -144,12 +196,12 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
                 form.locator("button[type=submit]").click()
                 expect(page.locator("#field-devices .error")).to_have_text("devices must list at least one")
 
-                # The light mix on the stack's two devices, one round.
+                # The light mix on the stack's two devices, two rounds (the README's session).
                 form = page.locator("#new-from-template form")
                 form.locator("select[name=template]").select_option("light")
                 form.locator("select[name=devices]").select_option(label=names)
                 form.locator("input[name=name]").fill("browser light")
-                form.locator("input[name=rounds]").fill("1")
+                form.locator("input[name=rounds]").fill("2")
                 page.screenshot(path=str(shots / "index-template-form.png"), full_page=True)
                 form.locator("button[type=submit]").click()
                 expect(page).to_have_url(re.compile(r"/experiments/\d+/$"))
@@ -163,7 +215,7 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
                 expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
                 run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
                 expect(page.locator("#run-status")).to_have_text("succeeded", timeout=RUN_TIMEOUT_MS)
-                expect(page.locator("#rounds-table tbody tr")).to_have_count(1)
+                expect(page.locator("#rounds-table tbody tr")).to_have_count(2)
                 expect(page.locator("#cancel-run")).to_have_count(0)  # nothing left to cancel
 
                 # plotly.js drew the run's charts: an SVG with marks in every trace it has.
@@ -177,8 +229,26 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
                 page.goto(experiment_url)
                 page.wait_for_selector("#fig-accuracy .main-svg")
                 assert _drawn_traces(page, "fig-accuracy") >= 1
-                expect(page.locator("table.data").first).to_contain_text("sharing")
+                expect(page.locator("h2:text-is('Runs') + table")).to_contain_text("sharing")
                 page.screenshot(path=str(shots / "experiment.png"), full_page=True)
+
+                # The manual plan's table, opened for a look.
+                page.locator("#manual-plan summary").click()
+                page.locator("#launch-run").screenshot(path=str(shots / "run-form-manual-plan.png"))
+
+                # Compare the baseline with both planners through the comparison form.
+                compare = page.locator("#compare-form")
+                for box in compare.locator("input[name=strategies]").all():
+                    box.set_checked(box.get_attribute("value") in COMPARED)
+                compare.locator("input[name=repeats]").fill("1")
+                compare.locator("select[name=objective]").select_option("raw")
+                page.locator("#comparison").screenshot(path=str(shots / "compare-form.png"))
+                page.click("#compare-button")
+                expect(page).to_have_url(experiment_url)
+                _reload_until_compared(page, timeout_s=RUN_TIMEOUT_MS / 1000 * 2)
+                expect(page.locator("#comparison-line .badge")).to_have_count(1 + len(COMPARED))
+                expect(page.locator("#comparison-table tbody tr")).to_have_count(len(COMPARED))
+                page.screenshot(path=str(shots / "experiment-compared.png"), full_page=True)
 
                 # Its results download as CSV from the page's link.
                 experiment_id = int(re.search(r"/experiments/(\d+)/$", experiment_url).group(1))
@@ -198,8 +268,23 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
     assert problems == [], problems
     lines = csv_path.read_text().splitlines()
     assert lines[0].startswith("run,strategy,round_index,device,task,status,batch_size,active_thread_percentage")
-    assert len(lines) == 1 + 6
+    # 2 devices × 3 tasks × 2 rounds, for the sharing run and each of the comparison's three.
+    assert len(lines) == 1 + 4 * 12
     run = Run.objects.get(id=run_id)
     assert run.status == Run.Status.SUCCEEDED and run.strategy == "sharing" and run.simulated
     experiment = Experiment.objects.get(name="browser light")
     assert experiment.owner.username == "ada" and run.experiment_id == experiment.id
+    # What the forms started, through the same services as the CLI.
+    sweep = ProfileSweep.objects.get()
+    assert sweep.device.name == "web-a" and sweep.budget_s == SWEEP_BUDGET_S and sweep.status == "succeeded"
+    predictor = Predictor.objects.get()
+    assert predictor.status == "ready" and predictor.backend == "simulated" and predictor.heldout_rmsle is not None
+    comparison = Comparison.objects.get(experiment=experiment)
+    assert comparison.strategies == COMPARED and comparison.status == Comparison.Status.SUCCEEDED
+    compared = list(comparison.runs.order_by("id"))
+    assert [r.strategy for r in compared] == COMPARED and all(r.status == Run.Status.SUCCEEDED for r in compared)
+    assert all(r.planned for r in compared if r.strategy.startswith("vres_"))
+    print(
+        f"sweep: {sweep.configs} configurations, {sweep.samples} samples; predictor v{predictor.version} "
+        f"{predictor.kept_family}, held-out RMSLE {predictor.heldout_rmsle:.4f} on {predictor.training_samples} samples"
+    )
