@@ -20,6 +20,7 @@ from rich.table import Table
 
 from controlplane.celery import app
 from controlplane.core.demo import Credentials, demo_user_ensure, run_wait
+from controlplane.planning import metrics
 from controlplane.planning.metrics import format_estimate
 
 console = Console(highlight=False)
@@ -84,17 +85,23 @@ def comparison_tables(rows: list[dict], task_names: list[str]) -> list[Table]:
 def comparison_report_tables(report: dict) -> list[Table]:
     """The tables of a comparison report
     (:func:`controlplane.experiments.selectors.comparison_report`): throughput and speedups per
-    strategy, time and rounds to each task's target accuracy per strategy, and the planners'
-    verdicts against the best baseline; each figure the mean over repeats ± half its 95 % interval."""
+    strategy; time to each task's target accuracy on both clocks (FL round time, wall-clock from
+    the run's start) and rounds to it, per strategy; the planners' verdicts against the best
+    baseline on every figure and both clocks. Throughputs, speedups and times are geometric
+    means over repeats with their 95 % interval [low, high] (log scale); fewer than three
+    repeats carry the note ``n = 2: interval wide``."""
     repeats = report["repeats"]
-    how = f"mean of {repeats} repeats ± 95 % interval" if repeats > 1 else "one repeat"
+    how = f"mean of {repeats} repeats, 95 % interval" if repeats > 1 else "one repeat"
+    note = report.get("small_n_note") or ""
+    how += f"; {note}" if note else ""
     throughput = Table(title=f"Throughput per strategy ({how}; speedups over {report['baseline']})")
     for column in ("strategy", "runs", "raw samples/s", "fair", "FL samples/s", "raw ×", "fair ×", "FL ×"):
         throughput.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=True)
     for row in report["strategies"]:
+        small = metrics.small_n_note(row["succeeded"])
         throughput.add_row(
             row["strategy"],
-            f"{row['succeeded']}/{len(row['runs'])}",
+            f"{row['succeeded']}/{len(row['runs'])}" + (f" ({small})" if small else ""),
             format_estimate(row["raw_throughput_sps"], 1),
             format_estimate(row["fair_throughput"], 3),
             format_estimate(row["fl_throughput_sps"], 1),
@@ -103,32 +110,34 @@ def comparison_report_tables(report: dict) -> list[Table]:
             format_estimate(row["fl_speedup"], 2, "×"),
         )
     targets = ", ".join(f"{t['task_name']} ≥ {_num(t['target'], '.3f')} ({t['source']})" for t in report["targets"])
-    tta = Table(title=f"Time to accuracy: seconds of FL rounds / rounds ({how}); targets: {targets}")
+    clocks = report.get("clocks") or metrics.CLOCKS
+    tta = Table(title=f"Time to accuracy on two clocks, seconds, and rounds ({how}); targets: {targets}")
     tta.add_column("task", no_wrap=True)
+    tta.add_column("clock", no_wrap=True)
     for row in report["strategies"]:
         tta.add_column(row["strategy"], justify="right")
     for k, target in enumerate(report["targets"]):
-        tta.add_row(
-            target["task_name"],
-            *[
-                f"{format_estimate(row['tasks'][k]['time_to_accuracy_s'], 1)} s / "
-                f"{format_estimate(row['tasks'][k]['rounds_to_accuracy'], 1)}"
-                for row in report["strategies"]
-            ],
-        )
+        for figure, label, unit in (*((f, c, " s") for f, c in clocks.items()), ("rounds_to_accuracy", "rounds", "")):
+            tta.add_row(
+                target["task_name"],
+                label,
+                *[format_estimate(row["tasks"][k][figure], 1, unit) for row in report["strategies"]],
+            )
     tables = [throughput, tta]
     if report["verdicts"]:
-        verdicts = Table(title="Planners against the best baseline (95 %)")
-        for column in ("strategy", "figure", "against", "verdict", "difference [interval]"):
-            verdicts.add_column(column, no_wrap=column != "difference [interval]")
+        verdicts = Table(
+            title="Planners against the best baseline (95 %; ×: ratio of geometric means, paired by repeat)"
+        )
+        for column in ("strategy", "figure", "against", "verdict", "contrast [interval]"):
+            verdicts.add_column(column, no_wrap=column != "contrast [interval]")
         for v in report["verdicts"]:
-            d = v["difference"]
+            figure = f"time to accuracy, {clocks[v['figure']]}" if v["figure"] in clocks else v["figure"]
             verdicts.add_row(
                 v["strategy"],
-                v["figure"] + (f" ({v['task_name']})" if v["task_name"] else ""),
+                figure + (f" ({v['task_name']})" if v["task_name"] else ""),
                 v["against"],
                 v["verdict"],
-                "—" if d is None else f"{d['mean']:+.3g} [{d['low']:+.3g}, {d['high']:+.3g}]",
+                metrics.format_contrast(v["difference"]),
             )
         tables.append(verdicts)
     return tables

@@ -93,13 +93,33 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
             )
         ]
     )
+    series = _accuracy_series(experiment, runs)
+    return {
+        "speedup": figure_json(bars),
+        "accuracy": figure_json(figures.accuracy_over_time(series)),
+        "accuracy_rounds": figure_json(figures.accuracy_per_round(series)),
+    }
+
+
+def _accuracy_series(experiment: Experiment, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The accuracy curves' series (:func:`figures.accuracy_over_time`), one per run and task:
+    each evaluated checkpoint's test accuracy against the wall-clock seconds since the run
+    started (``points``), the FL round time so far (``round_clock``: the sum of the round times
+    up to its round) and the rounds done (``rounds``); two queries."""
     wall: dict[tuple[int, str], list] = defaultdict(list)
     per_round: dict[tuple[int, str], list] = defaultdict(list)
+    round_clock: dict[tuple[int, str], list] = defaultdict(list)
+    trained: dict[tuple[int, str], float] = defaultdict(float)
     made_by: dict[tuple[int, str], str] = {}
-    for run_id, task, created_at, index, accuracy, aggregation in selectors.experiment_checkpoint_points(experiment):
-        wall[(run_id, task)].append((created_at, accuracy))
-        if accuracy is not None:
+    for run_id, task, created_at, index, accuracy, aggregation, round_time_s in selectors.experiment_checkpoint_points(
+        experiment
+    ):
+        # the FL round-time clock: the sum of the round times up to this checkpoint's round
+        trained[(run_id, task)] += round_time_s or 0.0
+        if accuracy is not None:  # one point per evaluated checkpoint on every clock alike
+            wall[(run_id, task)].append((created_at, accuracy))
             per_round[(run_id, task)].append((0 if index is None else index + 1, accuracy))
+            round_clock[(run_id, task)].append((trained[(run_id, task)], accuracy))
         if aggregation:  # the initial model's is empty
             made_by[(run_id, task)] = aggregation
     task_ids = selectors.experiment_task_ids(experiment)
@@ -119,14 +139,11 @@ def experiment_figures(experiment: Experiment, runs: list[dict[str, Any]]) -> di
                         "run": run.id,
                         "task": task,
                         "points": figures.seconds_since(run.started_at, mine),
+                        "round_clock": round_clock[(run_id, task)],
                         "rounds": per_round[(run_id, task)],
                     }
                 )
-    return {
-        "speedup": figure_json(bars),
-        "accuracy": figure_json(figures.accuracy_over_time(series)),
-        "accuracy_rounds": figure_json(figures.accuracy_per_round(series)),
-    }
+    return series
 
 
 def _strategy_rank(strategy: str) -> int:
@@ -137,13 +154,14 @@ def _strategy_rank(strategy: str) -> int:
 
 def compared_runs(experiment: Experiment) -> list[Run]:
     """The runs the comparison section shows: the newest comparison's runs, or else the newest
-    run of each compared strategy that has a finished round, in strategy order."""
+    run of each compared strategy that has a finished round, in the order they ran (by id: a
+    comparison's runs are created in the interleaved order they run in, ABC CBA ABC...)."""
     comparison = selectors.experiment_latest_comparison(experiment)
     if comparison is not None:
         runs = selectors.comparison_runs(comparison)
     else:
         runs = selectors.newest_finished_runs(experiment, compared_strategies())
-    return sorted(runs, key=lambda r: (_strategy_rank(r.strategy), r.id))
+    return sorted(runs, key=lambda r: r.id)
 
 
 def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -157,12 +175,12 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
     for the scatter.
     """
     runs = compared_runs(experiment)
-    strategies = list(dict.fromkeys(r.strategy for r in runs))
+    strategies = sorted(dict.fromkeys(r.strategy for r in runs), key=_strategy_rank)
     # A comparison with repeats has a run per strategy and repeat: each repeat's speedups are
     # taken against its own baseline run, then averaged over repeats (with their interval).
     per_round = _stored_round_metrics(runs)
     repeats = sorted({k for _, k, _ in per_round})
-    speedups, intervals = metrics.repeated_speedups(
+    speedups, intervals, values = metrics.repeated_speedups(
         [
             metrics.comparison_speedups(
                 {(s, d, r): m for (s, k, r), rm in per_round.items() if k == repeat for d, m in rm.devices.items()},
@@ -190,7 +208,15 @@ def comparison_figures(experiment: Experiment, run_rows: list[dict[str, Any]]) -
         "report": report,
         "figures": {
             **summary,
-            "per_device": figure_json(figures.speedup_per_device(speedups, strategies, intervals=intervals)),
+            "per_device": figure_json(
+                figures.speedup_per_device(
+                    speedups,
+                    strategies,
+                    intervals=intervals,
+                    values=values,
+                    note=metrics.small_n_note(len(repeats)),
+                )
+            ),
             "per_round": figure_json(figures.speedup_per_round(speedups, strategies)),
             "round_time": figure_json(figures.round_time_split(split, strategies)),
             "predicted": figure_json(figures.plan_predicted_vs_measured(points)),
@@ -232,19 +258,23 @@ FIGURE_NAMES = {
     "raw_throughput_sps": "raw throughput",
     "fair_throughput": "fair throughput",
     "fl_throughput_sps": "FL throughput",
-    "time_to_accuracy_s": "time to accuracy",
+    **{figure: f"time to accuracy ({label})" for figure, label in metrics.CLOCKS.items()},
 }
 
 
 def report_table(report: dict[str, Any]) -> dict[str, Any]:
     """The experiment page's comparison table from :func:`~controlplane.experiments.selectors.comparison_report`:
-    ``{"targets", "rows", "verdicts"}`` as display strings (mean ± half of the 95 % interval)."""
+    ``{"targets", "rows", "verdicts", "repeats", "clocks", "small_n_note"}`` as display strings
+    (linear figures: mean ± half of the 95 % interval; log-scale ones: geometric mean [low,
+    high]); each task has its time to accuracy on both clocks (``time``: FL round time,
+    ``wall``: wall-clock from the run's start)."""
     rows = []
     for row in report["strategies"]:
         rows.append(
             {
                 "strategy": row["strategy"],
                 "runs": f"{row['succeeded']}/{len(row['runs'])}",
+                "note": metrics.small_n_note(row["succeeded"]),
                 "raw": format_estimate(row["raw_throughput_sps"]),
                 "fair": format_estimate(row["fair_throughput"], 3),
                 "fl": format_estimate(row["fl_throughput_sps"]),
@@ -254,6 +284,7 @@ def report_table(report: dict[str, Any]) -> dict[str, Any]:
                 "tasks": [
                     {
                         "time": format_estimate(t["time_to_accuracy_s"]),
+                        "wall": format_estimate(t["wall_time_to_accuracy_s"]),
                         "rounds": format_estimate(t["rounds_to_accuracy"]),
                         "reached": f"{t['reached']}/{row['succeeded']}",
                     }
@@ -266,13 +297,18 @@ def report_table(report: dict[str, Any]) -> dict[str, Any]:
             **v,
             "figure_name": FIGURE_NAMES.get(v["figure"], v["figure"])
             + (f" of {v['task_name']}" if v["task_name"] else ""),
-            "difference_text": "—"
-            if v["difference"] is None
-            else f"{v['difference']['mean']:+.3g} [{v['difference']['low']:+.3g}, {v['difference']['high']:+.3g}]",
+            "difference_text": metrics.format_contrast(v["difference"]),
         }
         for v in report["verdicts"]
     ]
-    return {"targets": report["targets"], "rows": rows, "verdicts": verdicts, "repeats": report["repeats"]}
+    return {
+        "targets": report["targets"],
+        "rows": rows,
+        "verdicts": verdicts,
+        "repeats": report["repeats"],
+        "clocks": report["clocks"],
+        "small_n_note": report["small_n_note"],
+    }
 
 
 _ROW_COLUMNS = {  # row key: the Assignment lookup it is read from

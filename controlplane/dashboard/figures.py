@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
+from controlplane.planning.metrics import CLOCKS
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
@@ -211,102 +212,208 @@ def accuracy_labels(series: Sequence[Mapping]) -> list[str]:
     return [f"{s.get('algorithm') or '?'} · {s['strategy']}" if with_algorithm else s["strategy"] for s in series]
 
 
+LINE_DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
+"""Line styles of the accuracy curves, one per strategy (label) in order: with
+:data:`LINE_SYMBOLS`, two strategies whose curves coincide stay told apart."""
+LINE_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "star", "cross", "triangle-down"]
+"""Marker symbols of the accuracy curves, one per strategy (label) in order."""
+
+
+def _rgba(color: str, alpha: float) -> str:
+    """``#rrggbb`` as ``rgba(r, g, b, alpha)`` (a band's fill)."""
+    r, g, b = (int(color[k : k + 2], 16) for k in (1, 3, 5))
+    return f"rgba({r}, {g}, {b}, {alpha})"
+
+
+Clock = tuple[str, str, str, str]
+"""An x axis the accuracy curves offer: ``(series key, menu label, axis title, hover format)``."""
+
+
 def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
-    """Test accuracy of each task's global model against wall-clock time since the run started:
-    one colour per strategy (per algorithm and strategy when the runs differ in algorithm:
-    :func:`accuracy_labels`), one line style per task. The legend, at the right, has one entry
-    per colour (a click hides or shows all its lines) and one per task's line style, so it stays
-    short whatever the number of lines.
+    """Test accuracy of each task's global model against time, on two clocks chosen by a menu:
+    the wall-clock seconds since the run started (``"points"``) and the FL round time, the sum
+    of the round times so far (``"round_clock"``, when the series have it). Drawn as
+    :func:`accuracy_per_round` draws it (:func:`_accuracy_lines`): one panel per task, one line
+    per strategy — the mean over its runs (repeats) with a band from their lowest to highest
+    accuracy and each run as a thin line.
 
     Args:
-        series: ``{"strategy", "run", "task", "points": [(seconds, accuracy), ...]}``, and
-            optionally ``"algorithm"`` (the aggregator that made the task's models).
+        series: ``{"strategy", "run", "task", "points": [(seconds, accuracy), ...]}``, optionally
+            ``"round_clock": [(seconds of FL rounds, accuracy), ...]`` and ``"algorithm"`` (the
+            aggregator that made the task's models). The ``k``-th point of every run of a
+            strategy is the same round (one point per evaluated checkpoint, in round order).
     """
-    return _accuracy_lines(
-        series,
-        key="points",
-        title="Test accuracy against wall-clock time",
-        xaxis_title="seconds since the run started",
-        x_format="%{x:.0f} s",
-    )
+    clocks: list[Clock] = [
+        ("points", "wall-clock", "wall-clock seconds since the run started", "%{x:.0f} s wall-clock"),
+    ]
+    if any(s.get("round_clock") for s in series):
+        clocks.append(
+            ("round_clock", "FL round time", "seconds of FL rounds (sum of round times)", "%{x:.1f} s of FL rounds")
+        )
+    return _accuracy_lines(series, clocks=clocks, title="Test accuracy against time")
 
 
 def accuracy_per_round(series: Sequence[Mapping]) -> go.Figure:
     """Test accuracy of each task's global model against the FL rounds done (0: the initial
-    model), drawn as :func:`accuracy_over_time` draws it: the same colours, line styles and
-    legend, so an algorithm that learns more per round and one that is only faster per round
-    tell apart side by side.
+    model), drawn as :func:`accuracy_over_time` draws it, so an algorithm that learns more per
+    round and one that is only faster per round tell apart side by side.
 
     Args:
         series: as :func:`accuracy_over_time`, each with ``"rounds": [(rounds done,
             accuracy), ...]``.
     """
-    return _accuracy_lines(
-        series,
-        key="rounds",
-        title="Test accuracy per round",
-        xaxis_title="rounds done (0: the initial model)",
-        x_format="round %{x}",
+    clocks: list[Clock] = [("rounds", "rounds", "rounds done (0: the initial model)", "round %{x}")]
+    return _accuracy_lines(series, clocks=clocks, title="Test accuracy per round")
+
+
+def _across_runs(lines: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float, float, float, int]]:
+    """The ``k``-th points of ``lines`` (one line per run) taken together: ``(mean x, mean y,
+    lowest y, highest y, runs)`` per position ``k``."""
+    out = []
+    for k in range(max((len(line) for line in lines), default=0)):
+        here = [line[k] for line in lines if len(line) > k]
+        ys = [p[1] for p in here]
+        out.append((sum(p[0] for p in here) / len(here), sum(ys) / len(ys), min(ys), max(ys), len(here)))
+    return out
+
+
+def _accuracy_group(
+    fig: go.Figure, runs: Sequence[Mapping], clock: Clock, *, label: str, task: str, style: dict, row: int
+) -> int:
+    """One strategy's (label's) curves of one task on one clock, in panel ``row``: the band
+    (lowest to highest accuracy over its runs), each run thin, and the mean over runs with the
+    strategy's dash and marker. Returns the traces added."""
+    key, _menu, _axis, x_format = clock
+    lines = [list(r.get(key) or []) for r in runs]
+    mean = _across_runs(lines)
+    shown = spread(mean, MAX_POINTS)
+    before = len(fig.data)
+    color = style["color"]
+    if len(runs) > 1:
+        for edge, fill in (([p[3] for p in shown], None), ([p[2] for p in shown], "tonexty")):
+            fig.add_scatter(
+                x=[p[0] for p in shown], y=edge, mode="lines", line=dict(width=0, color=color), fill=fill,
+                fillcolor=_rgba(color, 0.15), legendgroup=label, showlegend=False, hoverinfo="skip",
+                name=f"{label}: lowest to highest of {len(runs)} runs", row=row, col=1,
+            )  # fmt: skip
+        for r, line in zip(runs, lines, strict=True):
+            points = spread(line, MAX_POINTS)
+            fig.add_scatter(
+                x=[p[0] for p in points], y=[p[1] for p in points], mode="lines",
+                line=dict(width=1, color=color, dash=style["dash"]), opacity=0.45, legendgroup=label,
+                showlegend=False, name=f"{label} run {r['run']}",
+                hovertemplate=f"{x_format}: %{{y:.3f}}<extra>{label} · {task} · run {r['run']}</extra>", row=row, col=1,
+            )  # fmt: skip
+    fig.add_scatter(
+        x=[p[0] for p in shown],
+        y=[p[1] for p in shown],
+        customdata=[p[4] for p in shown],
+        mode="lines+markers",
+        name=label,
+        legendgroup=label,
+        showlegend=style["legend"],
+        line=dict(color=color, dash=style["dash"], width=2.5),
+        marker=dict(symbol=style["symbol"], size=style["size"], color=color, line=dict(color="white", width=1)),
+        hovertemplate=f"{x_format}: %{{y:.3f}} (mean of %{{customdata}} runs)<extra>{label} · {task} · "
+        + (f"run {runs[0]['run']}" if len(runs) == 1 else "mean")
+        + "</extra>",
+        row=row,
+        col=1,
     )
+    return len(fig.data) - before
 
 
-def _accuracy_lines(series: Sequence[Mapping], *, key: str, title: str, xaxis_title: str, x_format: str) -> go.Figure:
-    """The accuracy figures' one drawing: ``series[i][key]`` as lines, at most
-    :data:`MAX_POINTS` points a line (spread evenly)."""
-    fig = go.Figure()
+def _accuracy_lines(series: Sequence[Mapping], *, clocks: Sequence[Clock], title: str) -> go.Figure:
+    """The accuracy figures' one drawing: one panel per task; per strategy (label,
+    :func:`accuracy_labels`) its colour, its own line dash and marker symbol, the mean over its
+    runs with a band over them (:func:`_accuracy_group`); a menu over ``clocks`` when there are
+    several; at most :data:`MAX_POINTS` points a line (spread evenly)."""
     tasks = sorted({s["task"] for s in series})
-    dashes = ["solid", "dash", "dot", "dashdot", "longdash"]
     labels = accuracy_labels(series)
     by_label = labels != [s["strategy"] for s in series]
-    # by strategy: each strategy's own colour in every chart; by algorithm and strategy: one
-    # colour per label, in the order the runs come
-    colors = {label: _color(i) for i, label in enumerate(dict.fromkeys(labels))}
-    longest = max((len(s.get(key) or []) for s in series), default=0)
-    in_legend: set[str] = set()
-    for s, label in zip(series, labels, strict=True):
-        points = spread(s.get(key) or [], MAX_POINTS)
-        fig.add_scatter(
-            x=[p[0] for p in points],
-            y=[p[1] for p in points],
-            mode="lines+markers",
-            name=label,
-            legendgroup=label,
-            showlegend=label not in in_legend,
-            line=dict(
-                color=colors[label] if by_label else strategy_color(s["strategy"]),
-                dash=dashes[tasks.index(s["task"]) % len(dashes)],
-            ),
-            hovertemplate=f"{x_format}: %{{y:.3f}}<extra>{label} · {s['task']} · run {s['run']}</extra>",
-        )
-        in_legend.add(label)
-    for task in tasks:  # the line styles' key: grey, no data
-        fig.add_scatter(
-            x=[None],
-            y=[None],
-            mode="lines",
-            name=task,
-            legendgroup="tasks",
-            legendgrouptitle_text="line style: task",
-            hoverinfo="skip",
-            line=dict(color="#555", dash=dashes[tasks.index(task) % len(dashes)]),
-        )
+    order = list(dict.fromkeys(labels))
+    fig = make_subplots(
+        rows=max(1, len(tasks)), cols=1, subplot_titles=tasks or None, vertical_spacing=0.12 / max(1, len(tasks))
+    )
+    traces_of: list[list[int]] = []
+    for clock in clocks:
+        mine: list[int] = []
+        for row, task in enumerate(tasks, start=1):
+            for i, label in enumerate(order):
+                runs = [s for s, lab in zip(series, labels, strict=True) if lab == label and s["task"] == task]
+                if not runs:
+                    continue
+                style = {
+                    # by strategy: each strategy's own colour in every chart; by algorithm and
+                    # strategy: one colour per label, in the order the runs come
+                    "color": _color(i) if by_label else strategy_color(runs[0]["strategy"]),
+                    "dash": LINE_DASHES[i % len(LINE_DASHES)],
+                    "symbol": LINE_SYMBOLS[i % len(LINE_SYMBOLS)],
+                    # earlier strategies' markers larger, so a later one drawn on the same point
+                    # leaves a rim of the earlier showing
+                    "size": max(5, 12 - 2 * i),
+                    "legend": row
+                    == min(t for t, name in enumerate(tasks, start=1) if _has(series, labels, label, name)),
+                }
+                first = len(fig.data)
+                mine += range(
+                    first, first + _accuracy_group(fig, runs, clock, label=label, task=task, style=style, row=row)
+                )
+        traces_of.append(mine)
+    longest = max((len(s.get(c[0]) or []) for s in series for c in clocks), default=0)
+    notes = [
+        "mean over runs, band: lowest to highest, thin lines: each run"
+        if len(series) > len(set(zip(labels, (s["task"] for s in series), strict=True)))
+        else ""
+    ]
+    notes.append(f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else "")
+    fig.update_yaxes(range=[0, 1], title_text="test accuracy")
     fig.update_layout(
-        title=_note(
-            title,
-            [f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else ""],
-        ),
-        xaxis_title=xaxis_title,
-        yaxis_title="test accuracy",
-        yaxis_range=[0, 1],
+        title=_note(title, notes),
         **{
             **LAYOUT,
-            "height": 460,
+            "margin": dict(l=60, r=20, t=110, b=50),
+            "height": 230 + 260 * max(1, len(tasks)),
             "legend": dict(
-                orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", groupclick="togglegroup", tracegroupgap=10
+                orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", groupclick="togglegroup", tracegroupgap=6
             ),
         },
     )
+    _clock_menu(fig, clocks, traces_of, rows=len(tasks))
     return fig if series else _empty(fig, "no run yet")
+
+
+def _has(series: Sequence[Mapping], labels: Sequence[str], label: str, task: str) -> bool:
+    return any(lab == label and s["task"] == task for s, lab in zip(series, labels, strict=True))
+
+
+def _clock_menu(fig: go.Figure, clocks: Sequence[Clock], traces_of: Sequence[list[int]], *, rows: int) -> None:
+    """Show the first clock's traces, with a menu to switch clocks (its axis title on the
+    bottom panel) when there are several."""
+    bottom = f"xaxis{rows if rows > 1 else ''}"
+    for k, mine in enumerate(traces_of):
+        for i in mine:
+            fig.data[i].visible = k == 0
+    fig.layout[bottom].title.text = clocks[0][2]
+    if len(clocks) < 2:
+        return
+    buttons = [
+        dict(
+            label=clock[1],
+            method="update",
+            # the height again: plotly.js sizes a responsive figure to its container on update
+            args=[
+                {"visible": [i in mine for i in range(len(fig.data))]},
+                {f"{bottom}.title.text": clock[2], "height": fig.layout.height},
+            ],
+        )
+        for clock, mine in zip(clocks, traces_of, strict=True)
+    ]
+    fig.update_layout(
+        updatemenus=[
+            dict(buttons=buttons, active=0, x=1.02, xanchor="left", y=1.04, yanchor="bottom", direction="down")
+        ]
+    )
 
 
 def allocation_plan(
@@ -643,54 +750,129 @@ def _error_bars(means: Sequence[float | None], intervals: Sequence[tuple[float |
     return dict(type="data", symmetric=False, array=plus, arrayminus=minus, color="#333", thickness=1.2, width=4)
 
 
+def _short(value: float, digits: int) -> str:
+    """A bar's value label, kept narrow enough to sit above its bar: no decimals from 100 on,
+    one from 10 on, else ``digits`` (``2.12``, ``22.4``, ``108``)."""
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.{min(digits, 1) if abs(value) >= 10 else digits}f}"
+
+
+def _interval_bars(
+    fig: go.Figure,
+    *,
+    name: str,
+    x: Sequence,
+    means: Sequence[float | None],
+    intervals: Sequence[tuple[float | None, float | None]],
+    values: Sequence[Sequence[float]],
+    color: str,
+    digits: int = 2,
+    suffix: str = "",
+    **trace,
+) -> tuple[list[int], float]:
+    """Bars of ``means`` with their intervals as error bars, every repeat's value as a point on
+    its bar, and each bar's value written above the top of its whisker (and of its points), so
+    no whisker crosses a label. All three traces share the offset group ``name`` (the layout
+    needs ``barmode="group"`` and ``scattermode="group"``).
+
+    Args:
+        intervals: ``(low, high)`` per bar (``(None, None)``: none).
+        values: per bar, its repeats' values.
+        trace: more trace settings for all three (``visible``, ``row``/``col`` of a subplot,
+            ``showlegend`` of the bar).
+
+    Returns:
+        The indices of the traces added, and the highest point drawn (for the axis range).
+    """
+    where = {k: trace.pop(k) for k in ("row", "col") if k in trace}
+    legend = trace.pop("showlegend", True)
+    first = len(fig.data)
+    common = dict(offsetgroup=name, alignmentgroup="bars", legendgroup=name, **trace)
+    fig.add_bar(
+        name=name, x=list(x), y=list(means), error_y=_error_bars(means, intervals), marker_color=color,
+        customdata=[len(v) for v in values], showlegend=legend,
+        hovertemplate=f"{name}<br>%{{x}}: %{{y:.3g}}{suffix} (mean of %{{customdata}})<extra></extra>",
+        **common, **where,
+    )  # fmt: skip
+    xs = [k for k, v in zip(x, values, strict=True) for _ in v]
+    fig.add_scatter(
+        x=xs, y=[y for v in values for y in v], mode="markers", name=f"{name}: each repeat", showlegend=False,
+        marker=dict(color="#1b1f23", size=6, line=dict(color="white", width=1)),
+        hovertemplate=f"{name}<br>%{{x}}: one repeat %{{y:.3g}}{suffix}<extra></extra>", **common, **where,
+    )  # fmt: skip
+    tops = [
+        max([m, *(b for b in (bounds[1],) if b is not None), *v]) if m is not None else None
+        for m, bounds, v in zip(means, intervals, values, strict=True)
+    ]
+    fig.add_scatter(
+        x=list(x), y=tops, mode="text", text=[_short(m, digits) + suffix if m is not None else "" for m in means],
+        textposition="top center", textfont=dict(size=9, color="#24292e"), showlegend=False,
+        hoverinfo="skip", name=f"{name}: value", cliponaxis=False, **common, **where,
+    )  # fmt: skip
+    return list(range(first, len(fig.data))), max((t for t in tops if t is not None), default=0.0)
+
+
 def speedup_per_device(
-    speedups: Mapping[str, dict], strategies: Sequence[str], *, intervals: Mapping[str, dict] | None = None
+    speedups: Mapping[str, dict],
+    strategies: Sequence[str],
+    *,
+    intervals: Mapping[str, dict] | None = None,
+    values: Mapping[str, dict] | None = None,
+    note: str = "",
 ) -> go.Figure:
     """Speedup over the baseline strategy inside each device (the paper's Fig. 4), raw or fair
-    by menu, each strategy in its colour.
+    by menu, each strategy in its colour, each repeat a point on its bar, each bar's value above
+    its whisker (:func:`_interval_bars`).
 
     Args:
         speedups: :func:`controlplane.planning.metrics.comparison_speedups`' result (with
-            repeats, :func:`~controlplane.planning.metrics.repeated_speedups`' means).
+            repeats, :func:`~controlplane.planning.metrics.repeated_speedups`' geometric means).
         strategies: display order.
-        intervals: the 95 % interval of each speedup over repeats, shaped as ``speedups``
-            (:func:`~controlplane.planning.metrics.repeated_speedups`): drawn as error bars.
+        intervals: the 95 % interval of each speedup over repeats (log scale), shaped as
+            ``speedups``: drawn as error bars.
+        values: each repeat's speedup, shaped as ``speedups``: drawn as points.
+        note: what the subtitle must add (:func:`~controlplane.planning.metrics.small_n_note`).
     """
     sp = speedups["per_device"]
-    all_devices = sorted({d for metric in sp.values() for values in metric.values() for d in values})
+    all_devices = sorted({d for metric in sp.values() for found in metric.values() for d in found})
     shown = set(spread(all_devices, MAX_DEVICES))
     fig = go.Figure()
     traces_of: dict[str, list[int]] = {"raw": [], "fair": []}
+    top = 0.0
     for metric in ("raw", "fair"):
         for s in strategies:
-            values = sp[metric].get(s, {})
-            devices = sorted(d for d in values if d in shown)
+            means = sp[metric].get(s, {})
+            devices = sorted(d for d in means if d in shown)
             bounds = ((intervals or {}).get("per_device", {}).get(metric, {})).get(s, {})
-            fig.add_bar(
-                name=s,
-                x=devices,
-                y=[values[d] for d in devices],
-                error_y=_error_bars([values[d] for d in devices], [bounds.get(d, (None, None)) for d in devices]),
-                marker_color=strategy_color(s),
-                visible=(metric == "raw"),
-                legendgroup=s,
-                showlegend=(metric == "raw"),
-            )
-            traces_of[metric].append(len(fig.data) - 1)
-    _value_labels(fig, "×")
+            points = ((values or {}).get("per_device", {}).get(metric, {})).get(s, {})
+            added, high = _interval_bars(
+                fig, name=s, x=devices, means=[means[d] for d in devices],
+                intervals=[bounds.get(d, (None, None)) for d in devices],
+                values=[points.get(d, (means[d],)) for d in devices], color=strategy_color(s), suffix="×",
+                visible=(metric == "raw"), showlegend=(metric == "raw"),
+            )  # fmt: skip
+            traces_of[metric] += added
+            top = max(top, high)
     _metric_menu(fig, traces_of)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
     baseline = baseline_strategy().name
     subtitle = "; ".join(
-        n for n in (f"over {baseline}, mean over rounds", _devices_note(len(shown), len(all_devices))) if n
+        n
+        for n in (
+            note,
+            f"over {baseline}, geometric mean over repeats, 95 % interval, dots: each repeat",
+            _devices_note(len(shown), len(all_devices)),
+        )
+        if n
     )
     fig.update_layout(
         title=f"Speedup inside each device<br><sup>{subtitle}</sup>",
         barmode="group",
+        scattermode="group",
         xaxis_title="device",
-        yaxis_title="speedup (×)",
+        yaxis=dict(title="speedup (×)", range=[0, max(top, 1.0) * 1.15]),
         **LAYOUT,
-        **BAR_LABELS,
     )
     has_data = any(sp["raw"].get(s) for s in strategies)
     return fig if has_data else _empty(fig, "no round of the compared runs has finished yet")
@@ -758,7 +940,10 @@ def round_time_split(split: Mapping[tuple[str, str], tuple[float, float]], strat
     fig.update_layout(
         title=_note(
             "Round time per device: compute and waiting (mean over rounds)",
-            [_devices_note(len(shown), len(all_devices))],
+            [
+                "waiting: from the device's end to the round's end (the slowest device waits 0 s)",
+                _devices_note(len(shown), len(all_devices)),
+            ],
         ),
         barmode="stack",
         yaxis_title="seconds",
@@ -839,44 +1024,62 @@ def final_accuracy(rows: Sequence[Mapping], strategies: Sequence[str]) -> go.Fig
     return fig if tasks else _empty(fig, "no run has finished yet")
 
 
-def _estimate_bars(fig: go.Figure, strategy: str, x: Sequence, estimates: Sequence[Mapping | None], **bar) -> None:
-    """One bar trace of ``strategy``: the means of ``estimates`` (``{"mean", "low", "high",
-    "n"}``, :meth:`controlplane.planning.metrics.Estimate.as_dict`) with their 95 % intervals as
-    error bars, the repeats in the hover."""
-    means = [e["mean"] if e else None for e in estimates]
-    fig.add_bar(
+def _estimate_bars(
+    fig: go.Figure, strategy: str, x: Sequence, estimates: Sequence[Mapping | None], **bar
+) -> tuple[list[int], float]:
+    """One strategy's :func:`_interval_bars` from report estimates (``{"mean", "low", "high",
+    "n", "values"}``, :meth:`controlplane.planning.metrics.Estimate.as_dict`): the means with
+    their 95 % intervals, every repeat a point, the values above the whiskers."""
+    digits = bar.pop("digits", 2)
+    suffix = bar.pop("suffix", "")
+    return _interval_bars(
+        fig,
         name=strategy,
-        x=list(x),
-        y=means,
-        error_y=_error_bars(means, [(e["low"], e["high"]) if e else (None, None) for e in estimates]),
-        marker_color=strategy_color(strategy),
-        customdata=[e["n"] if e else 0 for e in estimates],
-        hovertemplate=f"{strategy}<br>%{{x}}: %{{y:.3g}} (mean of %{{customdata}})<extra></extra>",
+        x=x,
+        means=[e["mean"] if e else None for e in estimates],
+        intervals=[(e["low"], e["high"]) if e else (None, None) for e in estimates],
+        values=[list(e.get("values") or []) if e else [] for e in estimates],
+        color=strategy_color(strategy),
+        digits=digits,
+        suffix=suffix,
         **bar,
     )
 
 
+def _repeats_note(report: Mapping, *, log: bool = True) -> str:
+    """A comparison chart's subtitle: the small-n note first (where it cannot be cut off), then
+    how its bars were taken (``log``: geometric means with log-scale intervals)."""
+    repeats = report["repeats"]
+    if repeats < 2:
+        return "one repeat: no interval"
+    mean = "geometric mean" if log else "mean"
+    how = f"{mean} of {repeats} repeats, 95 % interval{' (log scale)' if log else ''}, dots: each repeat"
+    return "; ".join(n for n in (report.get("small_n_note", ""), how) if n)
+
+
 def comparison_throughput(report: Mapping) -> go.Figure:
-    """Raw, fair and FL throughput speedup of each strategy over the baseline, the mean over
-    repeats with its 95 % interval as an error bar (one bar group per figure).
+    """Raw, fair and FL throughput speedup of each strategy over the baseline: the geometric mean
+    over repeats with its 95 % interval (log scale) as an error bar, every repeat a point, one
+    bar group per figure.
 
     Args:
         report: :func:`controlplane.experiments.selectors.comparison_report`'s result.
     """
     figures_ = [("raw_speedup", "raw"), ("fair_speedup", "fair"), ("fl_speedup", "FL")]
     fig = go.Figure()
+    top = 1.0
     for row in report["strategies"]:
-        _estimate_bars(fig, row["strategy"], [label for _, label in figures_], [row[f] for f, _ in figures_])
+        _, high = _estimate_bars(
+            fig, row["strategy"], [label for _, label in figures_], [row[f] for f, _ in figures_], suffix="×"
+        )
+        top = max(top, high)
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    repeats = report["repeats"]
     fig.update_layout(
-        title=_note(
-            f"Throughput speedup over {report['baseline']}",
-            [f"mean of {repeats} repeats, 95 % intervals" if repeats > 1 else "one repeat: no interval"],
-        ),
+        title=_note(f"Throughput speedup over {report['baseline']}", [_repeats_note(report)]),
         barmode="group",
+        scattermode="group",
         xaxis_title="throughput",
-        yaxis_title="speedup (×)",
+        yaxis=dict(title="speedup (×)", range=[0, top * 1.15]),
         **LAYOUT,
     )
     has_data = any(row[f]["mean"] is not None for row in report["strategies"] for f, _ in figures_)
@@ -884,38 +1087,52 @@ def comparison_throughput(report: Mapping) -> go.Figure:
 
 
 def time_to_accuracy(report: Mapping) -> go.Figure:
-    """Time to each task's target accuracy (the sum of FL round times until its test accuracy
-    first reached the target), per task and strategy, the mean over repeats with its 95 %
-    interval; lower is better.
+    """Time to each task's target accuracy on both clocks side by side — the FL round-time
+    clock (the sum of FL round times until the test accuracy first reached the target) and the
+    wall clock (from the run's start until that round was aggregated) — per task and strategy:
+    the geometric mean over repeats with its 95 % interval (log scale), every repeat a point;
+    lower is better.
 
     Args:
         report: :func:`controlplane.experiments.selectors.comparison_report`'s result.
     """
     targets = {t["task"]: t for t in report["targets"]}
-    fig = go.Figure()
+    clocks = report.get("clocks") or CLOCKS
+    fig = make_subplots(
+        rows=1, cols=len(clocks), subplot_titles=[f"{label} (s)" for label in clocks.values()], horizontal_spacing=0.12
+    )
     labels: list[str] = []
+    tops = [0.0] * len(clocks)
     for row in report["strategies"]:
         tasks = [t for t in row["tasks"] if targets[t["task"]]["target"] is not None]
         labels = [f"{t['task_name']} ≥ {targets[t['task']]['target']:.3f}" for t in tasks]
-        _estimate_bars(fig, row["strategy"], labels, [t["time_to_accuracy_s"] for t in tasks])
-    repeats = report["repeats"]
+        for col, clock in enumerate(clocks, start=1):
+            _, high = _estimate_bars(
+                fig, row["strategy"], labels, [t.get(clock) for t in tasks], digits=1,
+                row=1, col=col, showlegend=col == 1,
+            )  # fmt: skip
+            tops[col - 1] = max(tops[col - 1], high)
+    for col, top in enumerate(tops, start=1):
+        fig.update_yaxes(range=[0, max(top, 1e-9) * 1.18], title_text="seconds" if col == 1 else None, row=1, col=col)
     fig.update_layout(
-        title=_note(
-            "Time to accuracy per task (lower is better)",
-            [f"mean of {repeats} repeats, 95 % intervals" if repeats > 1 else ""],
-        ),
+        title=_note("Time to accuracy per task, on two clocks (lower is better)", [_repeats_note(report)]),
         barmode="group",
-        xaxis_title="task ≥ target test accuracy",
-        yaxis_title="seconds of FL rounds",
-        **LAYOUT,
+        scattermode="group",
+        **{**LAYOUT, "height": 440, "margin": dict(l=60, r=20, t=90, b=50)},
     )
-    has_data = any(t["time_to_accuracy_s"]["mean"] is not None for row in report["strategies"] for t in row["tasks"])
+    has_data = any(
+        (t.get(clock) or {}).get("mean") is not None
+        for row in report["strategies"]
+        for t in row["tasks"]
+        for clock in clocks
+    )
     return fig if has_data and labels else _empty(fig, "no compared run has reached a target yet")
 
 
 def final_accuracy_estimates(report: Mapping) -> go.Figure:
-    """Final test accuracy of each task's global model per strategy, the mean over repeats with
-    its 95 % interval (:func:`final_accuracy` draws single runs).
+    """Final test accuracy of each task's global model per strategy: the mean over repeats with
+    its 95 % interval (clipped to [0, 1]), every repeat a point (:func:`final_accuracy` draws
+    single runs).
 
     Args:
         report: :func:`controlplane.experiments.selectors.comparison_report`'s result.
@@ -923,15 +1140,19 @@ def final_accuracy_estimates(report: Mapping) -> go.Figure:
     fig = go.Figure()
     for row in report["strategies"]:
         _estimate_bars(
-            fig, row["strategy"], [t["task_name"] for t in row["tasks"]], [t["final_accuracy"] for t in row["tasks"]]
+            fig,
+            row["strategy"],
+            [t["task_name"] for t in row["tasks"]],
+            [t["final_accuracy"] for t in row["tasks"]],
+            digits=3,
         )
     fig.update_layout(
         title=_note(
-            "Final test accuracy per task",
-            [f"mean of {report['repeats']} repeats, 95 % intervals" if report["repeats"] > 1 else ""],
+            "Final test accuracy per task", [_repeats_note(report, log=False) if report["repeats"] > 1 else ""]
         ),
         barmode="group",
-        yaxis=dict(range=[0, 1.05], title="accuracy"),
+        scattermode="group",
+        yaxis=dict(range=[0, 1.12], title="accuracy"),
         xaxis_title="task",
         **LAYOUT,
     )

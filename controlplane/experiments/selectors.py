@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable
-from functools import partial
 from typing import Any, NamedTuple
 
 from django.db.models import (
@@ -435,22 +434,39 @@ SPEEDUP_FIGURES = {
 """Each speedup a comparison reports → the figure it is a ratio of (over the same repeat's baseline run)."""
 
 TASK_FIGURES = ("time_to_accuracy_s", "wall_time_to_accuracy_s", "rounds_to_accuracy", "samples_to_accuracy")
-"""A run's figures per task a comparison reports, besides the final accuracy (lower is better)."""
+"""A run's figures per task a comparison reports, besides the final accuracy (lower is better):
+time to accuracy on both clocks (:data:`~controlplane.planning.metrics.CLOCKS`), rounds and
+samples to it."""
+
+LINEAR_FIGURES = {"final_accuracy": (0.0, 1.0)}
+"""Figures summarised on the linear scale, with the range their interval is clipped to; every
+other figure is positive and summarised on the log scale (:mod:`controlplane.planning.metrics`)."""
+
+
+def figure_estimate(values: Iterable[float | None], figure: str) -> metrics.Estimate:
+    """A comparison figure over repeats on its scale (:data:`LINEAR_FIGURES`; the log scale
+    otherwise)."""
+    if figure in LINEAR_FIGURES:
+        return metrics.estimate(values, scale="linear", bounds=LINEAR_FIGURES[figure])
+    return metrics.estimate(values, scale="log")
 
 
 def runs_accuracy_points(run_ids: list[int]) -> dict[int, dict[int, list[metrics.AccuracyPoint]]]:
-    """Every task's test accuracy per round against round time, wall time and samples, for
-    time to accuracy: ``{run id: {task id: [AccuracyPoint, ...] in round order}}``. A task's
-    points are the run's rounds that have its checkpoint (every round that ended, failed
-    ones included: they keep the previous model). Three queries.
+    """Every task's test accuracy per round against round time, wall-clock time since the run's
+    start and samples, for time to accuracy on both clocks: ``{run id: {task id:
+    [AccuracyPoint, ...] in round order}}``. A round's elapsed time is its ``finished_at``
+    (aggregation done) less its run's ``started_at``. A task's points are the run's rounds that
+    have its checkpoint (every round that ended, failed ones included: they keep the previous
+    model). Three queries.
     """
     rounds: dict[int, dict[int, tuple[float | None, float | None]]] = defaultdict(dict)
-    for run_id, index, round_time_s, wall_time_s in (
+    for run_id, index, round_time_s, finished_at, run_started_at in (
         Round.objects.filter(run_id__in=run_ids)
         .order_by("run_id", "index")
-        .values_list("run_id", "index", "round_time_s", "wall_time_s")
+        .values_list("run_id", "index", "round_time_s", "finished_at", "run__started_at")
     ):
-        rounds[run_id][index] = (round_time_s, wall_time_s)
+        elapsed = (finished_at - run_started_at).total_seconds() if finished_at and run_started_at else None
+        rounds[run_id][index] = (round_time_s, elapsed)
     samples: dict[tuple[int, int, int], int] = {}
     for row in (
         Assignment.objects.filter(round__run_id__in=run_ids, status=Assignment.Status.SUCCEEDED)
@@ -473,7 +489,7 @@ def runs_accuracy_points(run_ids: list[int]) -> dict[int, dict[int, list[metrics
             metrics.AccuracyPoint(
                 round_index=index,
                 round_time_s=times.get(index, (None, None))[0],
-                wall_time_s=times.get(index, (None, None))[1],
+                elapsed_s=times.get(index, (None, None))[1],
                 samples_trained=samples.get((run_id, index, task_id), 0),
                 test_accuracy=by_round.get(index),
             )
@@ -573,12 +589,12 @@ def _strategy_row(strategy: str, run_rows: list[dict[str, Any]], tasks: list[Tas
         "succeeded": sum(r["status"] == Run.Status.SUCCEEDED for r in mine),
     }
     for figure in (*RUN_FIGURES, *SPEEDUP_FIGURES):
-        entry[figure] = metrics.estimate(_figure_values(run_rows, strategy, figure)).as_dict()
+        entry[figure] = figure_estimate(_figure_values(run_rows, strategy, figure), figure).as_dict()
     entry["tasks"] = []
     for t in tasks:
         per_task: dict[str, Any] = {"task": t.id, "task_name": t.name}
         for figure in ("final_accuracy", *TASK_FIGURES):
-            per_task[figure] = metrics.estimate(_figure_values(run_rows, strategy, figure, t.id)).as_dict()
+            per_task[figure] = figure_estimate(_figure_values(run_rows, strategy, figure, t.id), figure).as_dict()
         per_task["reached"] = sum(v is not None for v in _figure_values(run_rows, strategy, "time_to_accuracy_s", t.id))
         entry["tasks"].append(per_task)
     return entry
@@ -590,25 +606,35 @@ def comparison_report(comparison: Comparison) -> dict[str, Any]:
 
     Returns:
         ``{"comparison", "repeats", "baseline", "confidence", "targets", "strategies", "runs",
-        "verdicts"}``:
+        "clocks", "small_n_note", "verdicts"}``:
 
         * ``targets``: per task of the experiment ``{"task", "task_name", "target", "source"}``,
           ``source`` ``"given"`` (the comparison's ``targets``) or ``"lowest final accuracy"``
           (:func:`~controlplane.planning.metrics.lowest_final_accuracy` over its succeeded runs;
           ``target`` null until one has a final accuracy);
-        * ``runs``: per run in start order ``{"run", "strategy", "repeat", "status", figures of
-          :data:`RUN_FIGURES` and :data:`SPEEDUP_FIGURES`, "tasks": [{"task", "task_name",
-          "final_accuracy", figures of :data:`TASK_FIGURES` (null: not reached)}]}``;
+        * ``runs``: per run in start order (the interleaved order they ran in) ``{"run",
+          "strategy", "repeat", "status", figures of :data:`RUN_FIGURES` and
+          :data:`SPEEDUP_FIGURES`, "tasks": [{"task", "task_name", "final_accuracy", figures of
+          :data:`TASK_FIGURES` (null: not reached)}]}``;
         * ``strategies``: per strategy in the comparison's order, each figure over its
-          succeeded runs (one per repeat) as ``{"mean", "low", "high", "n"}``
-          (:func:`~controlplane.planning.metrics.estimate`; no interval below two repeats),
-          per task too, with ``reached``: how many of its succeeded runs reached the target;
+          succeeded runs (one per repeat) as ``{"mean", "low", "high", "n", "values",
+          "scale"}`` (:func:`figure_estimate`: geometric mean and log-scale interval for the
+          positive figures, linear for accuracies; ``values`` each repeat's value; no interval
+          below two repeats), per task too, with ``reached``: how many of its succeeded runs
+          reached the target;
+        * ``clocks``: ``{figure: label}`` of the two times to accuracy
+          (:data:`~controlplane.planning.metrics.CLOCKS`): ``time_to_accuracy_s`` on the FL
+          round-time clock, ``wall_time_to_accuracy_s`` wall-clock from the run's start;
+        * ``small_n_note``: ``"n = 2: interval wide"`` (or ``"n = 1: no interval"``) when a
+          strategy has fewer than three succeeded runs, else ``""``;
         * ``verdicts``: for each planned strategy (``needs_predictor``: ``vres_greedy``,
-          ``vres_sync``) and each figure (per task for times to accuracy), ``{"strategy",
-          "figure", "task_name", "against", "verdict", "difference"}``: against the best baseline
-          strategy by mean (higher throughput, lower time), ``verdict`` one of
-          :data:`~controlplane.planning.metrics.VERDICTS`, ``difference`` Welch's interval of the
-          difference of means ``{"mean", "low", "high"}`` or null.
+          ``vres_sync``) and each figure (per task for times to accuracy, on both clocks),
+          ``{"strategy", "figure", "task_name", "against", "verdict", "difference"}``: against
+          the best baseline strategy by mean (higher throughput, lower time), ``verdict`` one of
+          :data:`~controlplane.planning.metrics.VERDICTS`, ``difference`` the contrast
+          (:meth:`~controlplane.planning.metrics.Contrast.as_dict`: ``{"mean", "low", "high",
+          "kind", "method", "n"}``, ``kind`` ``"ratio"`` candidate / reference on the log scale,
+          ``method`` ``"paired t"`` over repeats paired by index or ``"Welch"``) or null.
 
     Eight queries, however many runs and rounds.
     """
@@ -631,39 +657,55 @@ def comparison_report(comparison: Comparison) -> dict[str, Any]:
         "targets": targets,
         "strategies": strategy_rows,
         "runs": run_rows,
-        "verdicts": _verdicts(strategies, tasks, partial(_figure_values, run_rows)),
+        "clocks": dict(metrics.CLOCKS),
+        "small_n_note": metrics.small_n_note(min((row["succeeded"] for row in strategy_rows), default=0)),
+        "verdicts": _verdicts(strategies, tasks, run_rows),
     }
 
 
-def _verdicts(strategies: list[str], tasks: list[Task], values) -> list[dict[str, Any]]:
+def _by_repeat(run_rows: list[dict[str, Any]], strategy: str, figure: str, task: int | None) -> dict[int, Any]:
+    """A figure of ``strategy``'s succeeded runs by repeat (of ``task`` when given): what pairs
+    a strategy's repeat ``k`` with the reference's repeat ``k``."""
+    out = {}
+    for row in run_rows:
+        if row["strategy"] == strategy and row["status"] == Run.Status.SUCCEEDED:
+            out[row["repeat"]] = (
+                row[figure] if task is None else next(x[figure] for x in row["tasks"] if x["task"] == task)
+            )
+    return out
+
+
+def _verdicts(strategies: list[str], tasks: list[Task], run_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """:func:`comparison_report`'s verdicts: each planned strategy against the best baseline
-    strategy (by mean) of each figure."""
+    strategy (by mean) of each figure, repeat ``k`` paired with repeat ``k`` (the paired
+    t-interval on the log scale; Welch's where fewer than two repeats pair up)."""
     registered_ = {s: STRATEGY_REGISTRY.get(s) for s in strategies if s in STRATEGY_REGISTRY}
     candidates = [s for s, r in registered_.items() if r.needs_predictor]
     references = [s for s, r in registered_.items() if not r.needs_predictor and not r.takes_plan]
     checks: list[tuple[str, int | None, str | None, bool]] = [(f, None, None, True) for f in RUN_FIGURES]
-    checks += [("time_to_accuracy_s", t.id, t.name, False) for t in tasks]
+    checks += [(clock, t.id, t.name, False) for t in tasks for clock in metrics.CLOCKS]
     out = []
     for figure, task, task_name, higher in checks:
-        means = {s: metrics.estimate(values(s, figure, task)).mean for s in references}
+        reference_of = {s: _by_repeat(run_rows, s, figure, task) for s in references}
+        means = {s: figure_estimate(v.values(), figure).mean for s, v in reference_of.items()}
         ranked = [s for s in references if means[s] is not None]
         if not ranked:
             continue
         best = max(ranked, key=lambda s: means[s]) if higher else min(ranked, key=lambda s: means[s])
-        reference = [v for v in values(best, figure, task) if v is not None]
         for s in candidates:
-            mine = [v for v in values(s, figure, task) if v is not None]
-            interval = metrics.difference_interval(mine, reference)
+            mine = _by_repeat(run_rows, s, figure, task)
+            repeats = sorted(set(mine) | set(reference_of[best]))
+            pair = [mine.get(k) for k in repeats], [reference_of[best].get(k) for k in repeats]
+            scale = "linear" if figure in LINEAR_FIGURES else "log"
+            found = metrics.contrast(*pair, scale=scale, paired=True)
             out.append(
                 {
                     "strategy": s,
                     "figure": figure,
                     "task_name": task_name,
                     "against": best,
-                    "verdict": metrics.verdict(mine, reference, higher_is_better=higher),
-                    "difference": None
-                    if interval is None
-                    else {"mean": interval[0], "low": interval[1], "high": interval[2]},
+                    "verdict": metrics.verdict(*pair, higher_is_better=higher, scale=scale, paired=True),
+                    "difference": None if found is None else found.as_dict(),
                 }
             )
     return out
@@ -766,11 +808,14 @@ def experiment_runs_in_order(experiment: Experiment) -> list[Run]:
 
 def experiment_checkpoint_points(experiment: Experiment) -> QuerySet:
     """Every checkpoint of the experiment's runs as ``(run id, task name, created_at, round index
-    or None, test accuracy, aggregation)``, by run and time (one query)."""
+    or None, test accuracy, aggregation, its round's FL round time or None)``, by run and time
+    (one query)."""
     return (
         Checkpoint.objects.filter(run__experiment=experiment)
         .order_by("run_id", "created_at", "id")
-        .values_list("run_id", "task__name", "created_at", "round__index", "test_accuracy", "aggregation")
+        .values_list(
+            "run_id", "task__name", "created_at", "round__index", "test_accuracy", "aggregation", "round__round_time_s"
+        )
     )
 
 

@@ -16,8 +16,11 @@ whole device at the same batch size:
 * round time: from the first trainer's start to the last trainer's end over the devices that
   count (seconds);
 * FL throughput: samples trained in the round by the devices that count / round time;
-* a device's compute time: its first trainer's start to its last one's end; its idle time: the
-  round time minus its compute time (the wait for the slowest device);
+* a device's compute time: its first trainer's start to its last one's end; its idle time: from
+  its last trainer's end to the round's end (the last trainer's end over the devices that count):
+  the wait for the slowest device. The slowest device waits 0 s; a device that started late but
+  finished last does not wait either (its late start is not a wait for another device), so compute
+  plus idle is at most the round time;
 * a task's throughput in a round: ``Σ_j P_ij`` over the devices that count;
 * a round's raw and fair throughput: the mean over the devices that count; a run's: the mean
   over its rounds (a round with no device that counts has none and adds nothing);
@@ -37,30 +40,61 @@ raw throughput sums the tasks with a measured throughput (``None`` when none was
 throughput needs every task measured with a positive standalone throughput, else that device's
 fair throughput is ``None`` and the round's is the mean over the devices that have one.
 
-**Time to accuracy** (:func:`time_to_accuracy`). A run's rounds are read in index order; for a
-task, round ``r`` has the round time ``round_time_s`` (first trainer start to last trainer end
-over the devices that count: the FL round time the planners minimise; a failed round has none
-and adds 0 s), the wall time ``wall_time_s`` (dispatch to aggregation done, start-up and FedAvg
-included), the samples of that task trained by its succeeded assignments, and the test accuracy
-of the task's global model after the round (its checkpoint). A round's times end when its global
-model was saved: the model is evaluated beside the next round, and that evaluation's duration
-counts in no round's time, so the time to accuracy is the time until the model that reached
-the target existed, not until its evaluation said so. The time to accuracy of a task for
-a target accuracy ``a*`` is ``Σ round_time_s`` over rounds ``0..r``, where ``r`` is the first
-round whose test accuracy is ``≥ a*``; the rounds to accuracy are ``r + 1``; the wall time and
-the samples to accuracy are the sums of those rounds' wall times and samples. A run that never
-reaches ``a*`` has none. A comparison's default target for a task
-(:func:`lowest_final_accuracy`) is the lowest final test accuracy any of its runs reached, so
-every run with a final accuracy reaches it.
+**Time to accuracy, on two clocks** (:func:`time_to_accuracy`). A run's rounds are read in
+index order; for a task, round ``r`` has the round time ``round_time_s`` (first trainer start to
+last trainer end over the devices that count: the FL round time the planners minimise; a failed
+round has none and adds 0 s), the elapsed time ``elapsed_s`` (wall-clock seconds from the run's
+start, ``Run.started_at``, to the round's aggregation done, ``Round.finished_at``), the samples of
+that task trained by its succeeded assignments, and the test accuracy of the task's global model
+after the round (its checkpoint). For a target accuracy ``a*``, with ``r`` the first round whose
+test accuracy is ``≥ a*``:
 
-**Repeats and confidence** (:func:`estimate`, :func:`verdict`). A comparison with ``n`` repeats
-reports every figure as the mean over repeats with a Student-t confidence interval,
-``mean ± t_{(1+c)/2, n-1} · s / √n`` (``s`` the sample standard deviation; ``c = 0.95``); with one
-value there is no interval. A strategy is *better* or *worse* than a reference when Welch's
-confidence interval of the difference of their means (``Δ ± t_{(1+c)/2, ν} · √(s_1²/n_1 +
-s_2²/n_2)``, ``ν`` by the Welch–Satterthwaite equation; Welch 1947) lies entirely on one side
-of 0, else *not distinguishable*; lower is better for times to accuracy. With fewer than two
-values on either side there is no verdict but *not distinguishable*.
+* the **FL round-time clock** ``time_to_accuracy_s = Σ round_time_s`` over rounds ``0..r``: what
+  the planners optimise, the training the devices did;
+* the **wall clock** ``wall_time_to_accuracy_s = elapsed_s`` of round ``r``: what the researcher
+  waits, from the run's start until the round whose global model reached the target was
+  aggregated — the standalone measurement before round 0, each round's dispatch, queueing for
+  devices, process start-up, FedAvg and the planning between rounds all count;
+* the rounds to accuracy ``r + 1`` and the samples to accuracy (the sum of those rounds' samples).
+
+A round's times end when its global model was saved: the model is evaluated beside the next
+round, and the evaluation's own duration counts on neither clock, so the time to accuracy is the
+time until the model that reached the target existed, not until its evaluation said so. A run
+that never reaches ``a*`` has none. A comparison's default target for a task
+(:func:`lowest_final_accuracy`) is the lowest final test accuracy any of its runs reached, so
+every run with a final accuracy reaches it. (Before issue 33 ``wall_time_to_accuracy_s`` summed
+each round's dispatch-to-aggregation time, leaving out everything between rounds; the name is
+kept with the definition above, which is what a researcher waits.)
+
+**Repeats and confidence** (:func:`estimate`, :func:`contrast`, :func:`verdict`). A comparison
+with ``n`` repeats reports every figure over its repeats with a confidence interval at
+``c = 0.95``; with one value there is no interval, and below three values the interval is wide
+(``t_{0.975, 1} = 12.7``): every view shows :func:`small_n_note` ("n = 2: interval wide") then.
+
+* Positive figures — speedups (ratios), times (both clocks), rounds and samples to accuracy,
+  throughputs — are summarised on the **log scale**: the geometric mean ``exp(mean log x)`` with
+  the interval ``exp(mean log x ± t_{(1+c)/2, n-1} · s_log / √n)``, ``s_log`` the sample standard
+  deviation of ``log x``. The interval is multiplicative (asymmetric around the mean) and can
+  never reach 0 or below. A speedup of repeat ``k`` is already paired: the strategy's run of
+  repeat ``k`` over the baseline's run of repeat ``k`` (interleaved blocks are pairs), so this is
+  the paired t-interval on log ratios. Source: Fleming & Wallace 1986, "How not to lie with
+  statistics: the correct way to summarize benchmark results" (CACM 29(3)): ratios are summarised
+  by their geometric mean; the interval is Student's t on the logs (e.g. Limpert, Stahel & Abbt
+  2001, "Log-normal distributions across the sciences", BioScience 51(5)). Should a value not be
+  positive (a time of 0 s), that figure falls back to the linear scale and says so in its
+  ``scale``.
+* Final accuracies are on the **linear scale**: ``mean ± t_{(1+c)/2, n-1} · s / √n``, the
+  interval clipped to ``[0, 1]``, where an accuracy lives.
+
+A strategy is *better* or *worse* than a reference when the interval of their contrast
+(:func:`contrast`) lies entirely on one side of "no difference", else *not distinguishable*;
+lower is better for times to accuracy. On the log scale the contrast is the ratio
+``candidate / reference``: with at least two **pairs** (repeat ``k`` of each, both with a value)
+the paired t-interval of ``mean(log c_k − log r_k)``, exponentiated (no difference: 1); without
+pairs, Welch's interval of the difference of the mean logs (Welch 1947, ``ν`` by the
+Welch–Satterthwaite equation), exponentiated. On the linear scale the contrast is the difference
+of means (paired, else Welch; no difference: 0). With fewer than two values (pairs) on either
+side there is no verdict but *not distinguishable*.
 
 Throughputs are in samples per second (``sps``), times in seconds, timestamps in Unix seconds.
 """
@@ -71,7 +105,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from controlplane.common.limits import TARGET_ACCURACY
 
@@ -238,7 +272,8 @@ class DeviceMetrics:
         fair_throughput: ``Σ_i P_ij / P_ij^alone``.
         samples_trained: samples its tasks trained (0 when it does not count).
         compute_s: its first trainer's start to its last one's end, seconds.
-        idle_s: round time minus ``compute_s``: the wait for the slowest device, seconds.
+        idle_s: its last trainer's end to the round's end: the wait for the slowest device,
+            seconds (0 for the device that ends last).
     """
 
     counts: bool
@@ -345,7 +380,6 @@ def round_metrics(devices: Mapping[str, DeviceTotals]) -> RoundMetrics:
         if t.started_at is not None and t.finished_at is not None
     ]
     time_s = round_time(spans)
-    first = min((s for s, _ in spans), default=None)
     last = max((e for _, e in spans), default=None)
     per_device: dict[str, DeviceMetrics] = {}
     for name, t in devices.items():
@@ -353,9 +387,11 @@ def round_metrics(devices: Mapping[str, DeviceTotals]) -> RoundMetrics:
             per_device[name] = DeviceMetrics(counts=False)
             continue
         compute = (t.finished_at - t.started_at) if t.started_at is not None and t.finished_at is not None else None
-        idle = None
-        if compute is not None and first is not None and last is not None:
-            idle = (last - first) - compute
+        # the wait for the slowest device runs from this device's end to the round's end: the
+        # device that ends last waits 0 s, whenever it started
+        idle = (
+            (last - t.finished_at) if t.finished_at is not None and compute is not None and last is not None else None
+        )
         per_device[name] = DeviceMetrics(
             counts=True,
             raw_throughput_sps=t.raw_sps if t.measured else None,
@@ -510,7 +546,8 @@ class AccuracyPoint:
     Attributes:
         round_index: the round's index (points are given in index order).
         round_time_s: the round's FL round time, seconds; ``None`` (a failed round) adds 0.
-        wall_time_s: dispatch to aggregation done, seconds; ``None`` when unknown.
+        elapsed_s: wall-clock seconds from the run's start (``Run.started_at``) to the round's
+            aggregation done (``Round.finished_at``); ``None`` when either is unknown.
         samples_trained: samples of the task trained in the round by its succeeded assignments.
         test_accuracy: the task's global model's test accuracy after the round, in [0, 1];
             ``None`` when it was not evaluated (yet: a running run's newest rounds; or its
@@ -519,19 +556,21 @@ class AccuracyPoint:
 
     round_index: int
     round_time_s: float | None
-    wall_time_s: float | None
+    elapsed_s: float | None
     samples_trained: int
     test_accuracy: float | None
 
 
 @dataclass(frozen=True)
 class TimeToAccuracy:
-    """How long a run took to bring a task to a target accuracy (module docstring).
+    """How long a run took to bring a task to a target accuracy, on both clocks (module
+    docstring).
 
     Attributes:
         rounds: rounds run up to and including the first that reached the target.
-        time_s: the sum of their FL round times, seconds.
-        wall_time_s: the sum of their wall times, seconds (``None`` if one is unknown).
+        time_s: the FL round-time clock: the sum of their FL round times, seconds.
+        wall_time_s: the wall clock: seconds from the run's start until that round was
+            aggregated (``None`` when unknown).
         samples: the task's samples trained in them.
         accuracy: the test accuracy that round reached.
     """
@@ -543,9 +582,17 @@ class TimeToAccuracy:
     accuracy: float
 
 
+CLOCKS = {
+    "time_to_accuracy_s": "FL round time",
+    "wall_time_to_accuracy_s": "wall-clock from the run's start",
+}
+"""The two clocks of time to accuracy, by the report's figure name, with the label every view
+shows (module docstring): the sum of FL round times, and the wall-clock time a researcher waits."""
+
+
 def time_to_accuracy(points: Sequence[AccuracyPoint], target: float) -> TimeToAccuracy | None:
-    """The time, rounds, wall time and samples until a task's test accuracy first reaches
-    ``target`` (module docstring: the definition).
+    """The FL round time, wall-clock time, rounds and samples until a task's test accuracy
+    first reaches ``target`` (module docstring: the two clocks).
 
     Args:
         points: the run's rounds for the task, in round order (failed rounds included).
@@ -560,14 +607,12 @@ def time_to_accuracy(points: Sequence[AccuracyPoint], target: float) -> TimeToAc
     if not TARGET_ACCURACY.contains(target):
         raise ValueError(f"target must be in {TARGET_ACCURACY.interval}, got {target}")
     time_s = 0.0
-    wall: float | None = 0.0
     samples = 0
     for k, p in enumerate(points):
         time_s += p.round_time_s or 0.0
-        wall = None if wall is None or p.wall_time_s is None else wall + p.wall_time_s
         samples += p.samples_trained
         if p.test_accuracy is not None and p.test_accuracy >= target:
-            return TimeToAccuracy(k + 1, time_s, wall, samples, p.test_accuracy)
+            return TimeToAccuracy(k + 1, time_s, p.elapsed_s, samples, p.test_accuracy)
     return None
 
 
@@ -598,25 +643,58 @@ CONFIDENCE = 0.95
 
 VERDICTS = ("better", "worse", "not distinguishable")
 
+SCALES = ("linear", "log")
+"""Where an :class:`Estimate` is taken: ``linear`` (arithmetic mean, additive interval) or ``log``
+(geometric mean, multiplicative interval; module docstring)."""
+
+SMALL_N = 3
+"""Below this many values an interval is wide (``t_{0.975, 1} = 12.7``) or missing, and every view
+says so (:func:`small_n_note`)."""
+
+
+def small_n_note(n: int) -> str:
+    """What a figure over ``n`` values must carry: ``"n = 2: interval wide"`` for two values,
+    ``"n = 1: no interval"`` for one, ``""`` for none or :data:`SMALL_N` and more."""
+    if n == 1:
+        return "n = 1: no interval"
+    if 1 < n < SMALL_N:
+        return f"n = {n}: interval wide"
+    return ""
+
 
 @dataclass(frozen=True)
 class Estimate:
-    """A figure over repeats: the mean and its Student-t confidence interval.
+    """A figure over repeats: its mean and confidence interval (module docstring).
 
     Attributes:
-        mean: the mean of the values (``None`` with none).
-        low, high: the interval's ends (``None`` with fewer than two values).
+        mean: the arithmetic mean (``scale`` linear) or the geometric mean (log); ``None`` with
+            no value.
+        low, high: the interval's ends (``None`` with fewer than two values); on the log scale
+            both are positive.
         n: how many values.
+        values: the values themselves, one per repeat in the order given (``None`` left out):
+            what the charts draw as points.
+        scale: ``"linear"`` or ``"log"`` (:data:`SCALES`): where the mean and interval were taken.
     """
 
     mean: float | None
     low: float | None
     high: float | None
     n: int
+    values: tuple[float, ...] = ()
+    scale: str = "linear"
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        """``{"mean", "low", "high", "n"}`` (what the API and exports show)."""
-        return {"mean": self.mean, "low": self.low, "high": self.high, "n": self.n}
+    def as_dict(self) -> dict[str, Any]:
+        """``{"mean", "low", "high", "n", "values", "scale"}`` (what the API and exports show;
+        ``values`` the per-repeat values, ``scale`` ``"linear"`` or ``"log"``)."""
+        return {
+            "mean": self.mean,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "values": list(self.values),
+            "scale": self.scale,
+        }
 
 
 def _t_quantile(confidence: float, df: float) -> float:
@@ -633,31 +711,69 @@ def _mean_var(values: Sequence[float]) -> tuple[float, float]:
     return mean, sum((v - mean) ** 2 for v in values) / (n - 1)
 
 
-def estimate(values: Iterable[float | None], *, confidence: float = CONFIDENCE) -> Estimate:
+def _t_interval(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
+    """``(mean, low, high)``: Student's t-interval of the mean of two or more values."""
+    mean, var = _mean_var(values)
+    half = _t_quantile(confidence, len(values) - 1) * math.sqrt(var / len(values))
+    return mean, mean - half, mean + half
+
+
+def _check_scale(scale: str) -> None:
+    if scale not in SCALES:
+        raise ValueError(f"scale: {scale!r} is not allowed; allowed: {', '.join(SCALES)}")
+
+
+def estimate(
+    values: Iterable[float | None],
+    *,
+    scale: str = "linear",
+    bounds: tuple[float, float] | None = None,
+    confidence: float = CONFIDENCE,
+) -> Estimate:
     """The mean of ``values`` with its Student-t confidence interval (module docstring).
 
     Args:
         values: one value per repeat; ``None`` (a repeat without the figure) is left out.
+        scale: ``"linear"``: the arithmetic mean ± ``t · s / √n``; ``"log"``: the geometric
+            mean with ``exp(mean log x ± t · s_log / √n)`` (never 0 or below; Fleming & Wallace
+            1986). A log-scale figure with a value that is not positive is taken on the linear
+            scale, and the result's ``scale`` says so.
+        bounds: ``(lowest, highest)`` possible value: the interval is clipped to it (accuracies:
+            ``(0, 1)``).
         confidence: in (0, 1).
 
     Returns:
         An :class:`Estimate`: no interval with fewer than two values, no mean with none.
+
+    Raises:
+        ValueError: an unknown ``scale``.
     """
-    present = [float(v) for v in values if v is not None]
+    _check_scale(scale)
+    present = tuple(float(v) for v in values if v is not None)
     n = len(present)
+    if scale == "log" and any(v <= 0 for v in present):
+        scale = "linear"
     if n == 0:
-        return Estimate(None, None, None, 0)
-    if n == 1:
-        return Estimate(present[0], None, None, 1)
-    mean, var = _mean_var(present)
-    half = _t_quantile(confidence, n - 1) * math.sqrt(var / n)
-    return Estimate(mean, mean - half, mean + half, n)
+        return Estimate(None, None, None, 0, (), scale)
+    if scale == "log":
+        logs = [math.log(v) for v in present]
+        if n == 1:
+            return Estimate(present[0], None, None, 1, present, scale)
+        mean, low, high = (math.exp(x) for x in _t_interval(logs, confidence))
+    elif n == 1:
+        return Estimate(present[0], None, None, 1, present, scale)
+    else:
+        mean, low, high = _t_interval(present, confidence)
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return Estimate(mean, low, high, n, present, scale)
 
 
 def difference_interval(
     candidate: Sequence[float], reference: Sequence[float], *, confidence: float = CONFIDENCE
 ) -> tuple[float, float, float] | None:
-    """Welch's confidence interval of ``mean(candidate) - mean(reference)`` (Welch 1947).
+    """Welch's confidence interval of ``mean(candidate) - mean(reference)`` (Welch 1947), for
+    samples that are not paired.
 
     Returns:
         ``(difference, low, high)``, or ``None`` with fewer than two values on either side.
@@ -677,31 +793,133 @@ def difference_interval(
     return diff, diff - half, diff + half
 
 
+def paired_interval(
+    differences: Sequence[float], *, confidence: float = CONFIDENCE
+) -> tuple[float, float, float] | None:
+    """The paired t-interval of the mean of per-pair differences (``c_k - r_k``, or
+    ``log c_k - log r_k`` for ratios): ``(mean, low, high)``, ``None`` below two pairs; with no
+    spread at all the interval is the mean itself."""
+    if len(differences) < 2:
+        return None
+    mean, var = _mean_var(differences)
+    if var == 0:
+        return mean, mean, mean
+    return _t_interval(differences, confidence)
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """How a candidate strategy's figure compares with a reference's (module docstring).
+
+    Attributes:
+        kind: ``"ratio"`` (log scale: candidate / reference, no difference at 1) or
+            ``"difference"`` (linear: candidate − reference, no difference at 0).
+        method: ``"paired t"`` (repeat ``k`` against repeat ``k``) or ``"Welch"`` (unpaired).
+        mean, low, high: the contrast and its interval.
+        n: pairs (paired) or the smaller of the two samples (Welch).
+    """
+
+    kind: str
+    method: str
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def null(self) -> float:
+        """The value meaning no difference: 1 for a ratio, 0 for a difference."""
+        return 1.0 if self.kind == "ratio" else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"mean", "low", "high", "kind", "method", "n"}`` (the API's verdict ``difference``)."""
+        return {
+            "mean": self.mean,
+            "low": self.low,
+            "high": self.high,
+            "kind": self.kind,
+            "method": self.method,
+            "n": self.n,
+        }
+
+
+def contrast(
+    candidate: Sequence[float | None],
+    reference: Sequence[float | None],
+    *,
+    scale: str = "linear",
+    paired: bool = False,
+    confidence: float = CONFIDENCE,
+) -> Contrast | None:
+    """The contrast of ``candidate`` against ``reference`` with its interval (module docstring).
+
+    Args:
+        candidate, reference: one value per repeat; when ``paired``, position ``k`` of each is
+            repeat ``k`` (``None``: that repeat has no value, and its pair is left out).
+        scale: ``"log"``: the ratio of geometric means (paired: of ``c_k / r_k``); a value that
+            is not positive takes the contrast to the linear scale. ``"linear"``: the
+            difference of means.
+        paired: pair the repeats (paired t-interval); with fewer than two pairs the unpaired
+            Welch interval is used instead.
+
+    Returns:
+        A :class:`Contrast`, or ``None`` with fewer than two values on either side.
+
+    Raises:
+        ValueError: an unknown ``scale``; ``paired`` with sequences of different lengths.
+    """
+    _check_scale(scale)
+    if paired and len(candidate) != len(reference):
+        raise ValueError("paired: candidate and reference must have one value per repeat each")
+    present = [float(v) for v in (*candidate, *reference) if v is not None]
+    log = scale == "log" and all(v > 0 for v in present)
+    f = math.log if log else float
+    kind = "ratio" if log else "difference"
+    back = math.exp if log else float
+    pairs = (
+        [(f(c), f(r)) for c, r in zip(candidate, reference, strict=True) if c is not None and r is not None]
+        if paired
+        else []
+    )
+    if len(pairs) >= 2:
+        found = paired_interval([c - r for c, r in pairs], confidence=confidence)
+        assert found is not None  # two pairs or more always have one
+        mean, low, high = found
+        return Contrast(kind, "paired t", back(mean), back(low), back(high), len(pairs))
+    mine = [f(v) for v in candidate if v is not None]
+    theirs = [f(v) for v in reference if v is not None]
+    welch = difference_interval(mine, theirs, confidence=confidence)
+    if welch is None:
+        return None
+    mean, low, high = welch
+    return Contrast(kind, "Welch", back(mean), back(low), back(high), min(len(mine), len(theirs)))
+
+
 def verdict(
-    candidate: Iterable[float | None],
-    reference: Iterable[float | None],
+    candidate: Sequence[float | None],
+    reference: Sequence[float | None],
     *,
     higher_is_better: bool = True,
+    scale: str = "linear",
+    paired: bool = False,
     confidence: float = CONFIDENCE,
 ) -> str:
     """Whether ``candidate`` is ``"better"``, ``"worse"`` or ``"not distinguishable"`` from
-    ``reference`` at ``confidence`` (Welch's interval of the difference, module docstring).
+    ``reference`` at ``confidence``: the interval of their :func:`contrast` lies entirely above
+    or below no difference (module docstring).
 
     Args:
-        candidate, reference: one value per repeat (``None`` left out).
+        candidate, reference: one value per repeat (``None`` left out; paired by position
+            when ``paired``).
         higher_is_better: ``False`` for times (lower is better).
+        scale, paired: as :func:`contrast`.
     """
-    interval = difference_interval(
-        [float(v) for v in candidate if v is not None],
-        [float(v) for v in reference if v is not None],
-        confidence=confidence,
-    )
-    if interval is None:
+    found = contrast(candidate, reference, scale=scale, paired=paired, confidence=confidence)
+    if found is None:
         return "not distinguishable"
-    _diff, low, high = interval
-    if low > 0:
+    if found.low > found.null:
         return "better" if higher_is_better else "worse"
-    if high < 0:
+    if found.high < found.null:
         return "worse" if higher_is_better else "better"
     return "not distinguishable"
 
@@ -709,37 +927,56 @@ def verdict(
 Intervals = dict[str, dict[str, dict[str, dict[Any, tuple[float | None, float | None]]]]]
 """:data:`Speedups`' shape with each speedup's ``(low, high)`` interval over repeats."""
 
+SpeedupValues = dict[str, dict[str, dict[str, dict[Any, tuple[float, ...]]]]]
+""":data:`Speedups`' shape with each speedup's per-repeat values (the charts' points)."""
 
-def repeated_speedups(per_repeat: Sequence[Speedups], *, confidence: float = CONFIDENCE) -> tuple[Speedups, Intervals]:
+
+class RepeatedSpeedups(NamedTuple):
+    """:func:`repeated_speedups`' result, each shaped as :data:`Speedups`."""
+
+    means: Speedups
+    """Geometric means over repeats."""
+    intervals: Intervals
+    """``(low, high)`` on the log scale; ``(None, None)`` below two repeats."""
+    values: SpeedupValues
+    """Each repeat's speedup, in repeat order."""
+
+
+def repeated_speedups(per_repeat: Sequence[Speedups], *, confidence: float = CONFIDENCE) -> RepeatedSpeedups:
     """Speedups of a comparison with repeats: each repeat's :func:`comparison_speedups` (each
-    against its own baseline run) averaged over the repeats that have it, with its Student-t
-    interval (:func:`estimate`; ``(None, None)`` below two repeats).
+    against its own baseline run, so every value is already a paired ratio) summarised over the
+    repeats that have it on the log scale (:func:`estimate` with ``scale="log"``: the geometric
+    mean and the paired t-interval of the log ratios; Fleming & Wallace 1986).
 
     Returns:
-        ``(means, intervals)``, both shaped as :data:`Speedups`; no repeats give empty tables.
+        ``(means, intervals, values)`` (:class:`RepeatedSpeedups`); no repeats give empty tables.
     """
     collected: dict[tuple[str, str, str, Any], list[float]] = defaultdict(list)
     for speedups in per_repeat:
         for view, by_metric in speedups.items():
             for metric, by_strategy in by_metric.items():
-                for strategy, values in by_strategy.items():
-                    for key, value in values.items():
+                for strategy, found in by_strategy.items():
+                    for key, value in found.items():
                         collected[(view, metric, strategy, key)].append(value)
-    means: Speedups = {"per_device": {m: {} for m in METRICS}, "per_round": {m: {} for m in METRICS}}
-    intervals: Intervals = {"per_device": {m: {} for m in METRICS}, "per_round": {m: {} for m in METRICS}}
-    for (view, metric, strategy, key), found in collected.items():
-        e = estimate(found, confidence=confidence)
+
+    def empty() -> dict[str, dict[str, dict[str, Any]]]:
+        return {"per_device": {m: {} for m in METRICS}, "per_round": {m: {} for m in METRICS}}
+
+    out = RepeatedSpeedups(empty(), empty(), empty())
+    for (view, metric, strategy, key), repeats in collected.items():
+        e = estimate(repeats, scale="log", confidence=confidence)
         if e.mean is None:
             continue
-        means[view][metric].setdefault(strategy, {})[key] = e.mean
-        intervals[view][metric].setdefault(strategy, {})[key] = (e.low, e.high)
+        out.means[view][metric].setdefault(strategy, {})[key] = e.mean
+        out.intervals[view][metric].setdefault(strategy, {})[key] = (e.low, e.high)
+        out.values[view][metric].setdefault(strategy, {})[key] = e.values
     for speedups in per_repeat:  # strategies with no value still get their (empty) entry
         for view, by_metric in speedups.items():
             for metric, by_strategy in by_metric.items():
                 for strategy in by_strategy:
-                    means[view][metric].setdefault(strategy, {})
-                    intervals[view][metric].setdefault(strategy, {})
-    return means, intervals
+                    for table in out:
+                        table[view][metric].setdefault(strategy, {})
+    return out
 
 
 def interleaved_orders(strategies: Sequence[str], repeats: int) -> list[list[str]]:
@@ -758,12 +995,28 @@ def interleaved_orders(strategies: Sequence[str], repeats: int) -> list[list[str
 
 
 def format_estimate(e: Mapping[str, Any] | None, digits: int = 1, suffix: str = "") -> str:
-    """``"mean ± half-width"`` of an estimate as reports carry it (``{"mean", "low", "high",
-    "n"}``; its Student-t interval is symmetric), the mean alone with no interval, ``"—"`` with
-    no mean: the dashboard's and ``mtfl compare``'s one text for a figure over repeats."""
+    """A figure over repeats as text, the dashboard's and ``mtfl compare``'s one form of it
+    (``{"mean", "low", "high", "n", "scale"}`` as reports carry it): ``"mean ± half-width"`` on
+    the linear scale (a symmetric Student-t interval), ``"mean [low, high]"`` on the log scale
+    (a multiplicative interval is not symmetric), the mean alone with no interval, ``"—"`` with
+    no mean."""
     if not e or e["mean"] is None:
         return "—"
     text = f"{e['mean']:.{digits}f}{suffix}"
-    if e["high"] is not None:
+    if e["high"] is not None and e.get("scale") == "log":
+        text += f" [{e['low']:.{digits}f}, {e['high']:.{digits}f}]"
+    elif e["high"] is not None:
         text += f" ± {e['high'] - e['mean']:.{digits}f}"
     return text
+
+
+def format_contrast(difference: Mapping[str, Any] | None) -> str:
+    """A verdict's contrast (:meth:`Contrast.as_dict`) as text, the dashboard's and ``mtfl
+    compare``'s one form of it: ``"×0.67 [0.55, 0.81], paired t, n = 3"`` for a ratio (log
+    scale), ``"+1.5 [+0.2, +2.8], Welch, n = 3"`` for a difference, ``"—"`` without one."""
+    if difference is None:
+        return "—"
+    how = f"{difference.get('method', 'Welch')}, n = {difference.get('n', '?')}"
+    if difference.get("kind") == "ratio":
+        return f"×{difference['mean']:.3g} [{difference['low']:.3g}, {difference['high']:.3g}], {how}"
+    return f"{difference['mean']:+.3g} [{difference['low']:+.3g}, {difference['high']:+.3g}], {how}"

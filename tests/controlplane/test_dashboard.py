@@ -108,8 +108,8 @@ def test_experiment_page_speedup_bars_carry_the_runs_speedups(browser_client, fi
     assert bars["raw throughput"]["temporal"] == pytest.approx(1.0)
     assert bars["raw throughput"]["sharing"] == pytest.approx(90.0 / 40.0)
     assert bars["fair throughput"]["sharing"] == pytest.approx(0.8 / 0.5)
-    accuracy = [t for t in figures["accuracy"]["data"] if t["x"] != [None]]  # not the line styles' key
-    # one line per task and run, grouped by strategy in the legend
+    accuracy = [t for t in figures["accuracy"]["data"] if t.get("visible") is not False]  # the first clock's
+    # one line per task and strategy (one run each: no band), grouped by strategy in the legend
     assert {t["legendgroup"] for t in accuracy} == {"temporal", "sharing"}
     assert len(accuracy) == 2 * experiment.tasks.count()
     assert any(0.42 in t["y"] for t in accuracy)
@@ -322,7 +322,8 @@ def test_the_accuracy_legend_stands_beside_the_plot_clear_of_the_axis_title():
     assert fig.layout.legend.orientation == "v" and fig.layout.legend.x > 1
     assert fig.layout.legend.groupclick == "togglegroup"
     entries = [t.name for t in fig.data if t.showlegend is not False]
-    assert entries == ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync", "t1", "t2", "t3"]
+    assert entries == ["temporal", "isolation", "sharing", "vres_greedy", "vres_sync"]
+    assert [a.text for a in fig.layout.annotations] == ["t1", "t2", "t3"]  # a panel per task
 
 
 def test_a_failed_runs_page_shows_its_error_and_no_empty_chart(browser_client, make_experiment):

@@ -46,7 +46,7 @@ def test_a_round_of_two_healthy_devices_averages_them_and_times_the_slowest():
     assert m.raw_throughput_sps == pytest.approx((80.0 + 20.0) / 2)
     assert m.fair_throughput == pytest.approx((1.0 + 0.5) / 2)
     assert m.devices["a"].idle_s == pytest.approx(10.0 - 5.0)  # a computes 0-5 s, waits for b
-    assert m.devices["b"].idle_s == pytest.approx(10.0 - 8.0)  # b computes 2-10 s
+    assert m.devices["b"].idle_s == pytest.approx(0.0)  # b computes 2-10 s: it is the slowest
     assert m.counted == ("a", "b")
 
 
@@ -235,3 +235,24 @@ def test_comparison_from_assignment_rows_applies_the_same_rule_as_a_round():
 def test_an_unknown_metric_name_is_refused_with_the_allowed_ones():
     with pytest.raises(ValueError, match="metric: 'speed' is not allowed; allowed: raw, fair"):
         DeviceMetrics(counts=True).get("speed")
+
+
+def test_only_the_devices_that_finished_early_wait_for_the_slowest():
+    # Issue 33: one round, three devices. a trains 0-6 s, b starts late and trains 1-10 s (it
+    # ends last: the slowest), c trains 0.5-8 s. The round runs 0-10 s. a waits 10 - 6 = 4 s,
+    # c 10 - 8 = 2 s, b 0 s: its late start is not a wait for another device.
+    devices = {
+        "a": DeviceTotals.from_tasks([_ok(10.0, 20.0, 0.0, 6.0)]),
+        "b": DeviceTotals.from_tasks([_ok(10.0, 20.0, 1.0, 10.0)]),
+        "c": DeviceTotals.from_tasks([_ok(10.0, 20.0, 0.5, 8.0)]),
+    }
+
+    m = metrics.round_metrics(devices)
+
+    assert m.round_time_s == pytest.approx(10.0)
+    assert {d: m.devices[d].idle_s for d in devices} == pytest.approx({"a": 4.0, "b": 0.0, "c": 2.0})
+    assert {d: m.devices[d].compute_s for d in devices} == pytest.approx({"a": 6.0, "b": 9.0, "c": 7.5})
+    # what the round-time chart draws: per strategy and device, the mean over rounds
+    split = metrics.time_split({("sharing", 0): m})
+    assert split[("sharing", "b")] == pytest.approx((9.0, 0.0))
+    assert split[("sharing", "a")] == pytest.approx((6.0, 4.0))

@@ -266,18 +266,33 @@ class ComparisonReportSerializer(serializers.Serializer):
         child=serializers.DictField(),
         help_text="per strategy: {strategy, runs, succeeded, raw_throughput_sps, fair_throughput, "
         "fl_throughput_sps, raw_speedup, fair_speedup, fl_speedup, tasks: [{task, task_name, final_accuracy, "
-        "time_to_accuracy_s, wall_time_to_accuracy_s, rounds_to_accuracy, samples_to_accuracy, reached}]}, "
-        "each figure {mean, low, high, n}",
+        "time_to_accuracy_s (FL round-time clock: the sum of round times), wall_time_to_accuracy_s (wall clock: "
+        "from the run's start until the round that reached the target was aggregated), rounds_to_accuracy, "
+        "samples_to_accuracy, reached}]}, each figure {mean, low, high, n, values (each repeat's value), scale "
+        "('log': geometric mean, 95 % interval exp(mean log ± t·s/√n), never below 0; 'linear': mean ± "
+        "t·s/√n, accuracies clipped to [0, 1])}",
     )
     runs = serializers.ListField(
         child=serializers.DictField(),
-        help_text="per run in start order: {run, strategy, repeat, status, the figures, tasks: [...]} (null: "
-        "not measured, or the target not reached)",
+        help_text="per run in the order they ran (interleaved): {run, strategy, repeat, status, the figures, "
+        "tasks: [...]} (null: not measured, or the target not reached)",
+    )
+    clocks = serializers.DictField(
+        child=serializers.CharField(),
+        help_text="the two clocks of time to accuracy, {figure: label}: time_to_accuracy_s 'FL round time', "
+        "wall_time_to_accuracy_s 'wall-clock from the run's start'",
+    )
+    small_n_note = serializers.CharField(
+        allow_blank=True,
+        help_text="'n = 2: interval wide' (or 'n = 1: no interval') when a strategy has fewer than 3 succeeded "
+        "runs, else empty",
     )
     verdicts = serializers.ListField(
         child=serializers.DictField(),
-        help_text="per planned strategy and figure: {strategy, figure, task_name, against (the best baseline "
-        "by mean), verdict (better, worse, not distinguishable at 95 %), difference {mean, low, high}}",
+        help_text="per planned strategy and figure (times to accuracy per task, on both clocks): {strategy, "
+        "figure, task_name, against (the best baseline by mean), verdict (better, worse, not distinguishable at "
+        "95 %), difference {mean, low, high, kind ('ratio' candidate/reference on the log scale, or "
+        "'difference'), method ('paired t': repeat k against repeat k, or 'Welch'), n}}",
     )
 
 
