@@ -149,6 +149,10 @@ def test_a_device_without_data_is_left_out_with_the_reason_and_the_rest_train(
         ("dev-b", "t-mobilenet", "succeeded"),
     }
     assert run.status == Run.Status.SUCCEEDED
+    # the round's participants are the devices holding data: the lab leases (and waits for) those only
+    assert rnd.participants == sorted(d.id for d in devices[:2])
     html = browser_client.get(f"/runs/{run.id}/").content.decode()
     box = html[html.index('id="run-warnings"') : html.index("</section>", html.index('id="run-warnings"'))]
     assert IDLE in box and PARTIAL in box
+    live = browser_client.get(f"/runs/{run.id}/live/").json()
+    assert live["rounds"][0]["participants"]["count"] == 2 and live["rounds"][0]["participants"]["of"] == 3

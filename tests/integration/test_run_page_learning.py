@@ -69,6 +69,8 @@ def test_a_real_runs_page_shows_its_learning_curves_and_the_device_left_out(chil
         tasks = sorted(run.experiment.tasks.values_list("name", flat=True))
         assert {(d, t) for d, t, _ in trained} == {("lp-a", tasks[0]), ("lp-a", tasks[1]), ("lp-b", tasks[0])}
         assert {s for _, _, s in trained} == {"succeeded"}
+        holders = sorted(Device.objects.filter(name__in=["lp-a", "lp-b"]).values_list("id", flat=True))
+        assert [r.participants for r in run.rounds.order_by("index")] == [holders, holders]  # lp-c never leased
         idle = "lp-c holds no data of any task: it is left out of training in every round"
         assert idle in run.warnings
         assert f"lp-b holds 0 samples of {tasks[1]}: it trains {tasks[0]} only" in run.warnings

@@ -25,6 +25,12 @@ def round_participants(experiment: Experiment, index: int) -> list[int] | None:
     increasing order, or ``None`` when every device takes part (no participation set, or a
     count that reaches every device).
 
+    Without partial participation, a device holding no sample of any task is not a participant
+    (:func:`_data_holders`): it would train nothing, and the lab would hold it for the round
+    (and make the round wait for it) all the same. Drawn samples are left as they are drawn: a
+    drawn device without data trains nothing (the experiment and its runs say so in their
+    ``warnings``, :mod:`controlplane.planning.data_gaps`).
+
     Drawn by :func:`controlplane.planning.participation.draw_participants` with the experiment's
     ``client_sampling`` (``uniform``, or ``weighted`` by data volume), seeded by the experiment's
     ``seed`` and ``index``: the same devices every time it is asked, whichever run asks, and
@@ -38,7 +44,7 @@ def round_participants(experiment: Experiment, index: int) -> list[int] | None:
             below 1, or an unknown ``client_sampling``.
     """
     if not participation_set(experiment):
-        return None
+        return _data_holders(experiment)
     # The membership table alone (no join onto the devices): 10,000 ids in a few milliseconds.
     device_ids = list(
         Experiment.devices.through.objects.filter(experiment_id=experiment.id).values_list("device_id", flat=True)
@@ -74,3 +80,20 @@ def round_participants(experiment: Experiment, index: int) -> list[int] | None:
         )
     except ValueError as exc:
         raise ApplicationError(str(exc), field="client_sampling") from exc
+
+
+def _data_holders(experiment: Experiment) -> list[int] | None:
+    """The ids of the experiment's devices holding a sample of some task, in increasing order,
+    or ``None`` when every device does (one query: the devices' sample totals)."""
+    totals = dict(
+        Shard.objects.filter(experiment=experiment)
+        .values("device_id")
+        .annotate(n=Sum("num_samples"))
+        .order_by()
+        .values_list("device_id", "n")
+    )
+    members = list(
+        Experiment.devices.through.objects.filter(experiment_id=experiment.id).values_list("device_id", flat=True)
+    )
+    holders = sorted(d for d in members if totals.get(d, 0) > 0)
+    return None if len(holders) == len(members) else holders
