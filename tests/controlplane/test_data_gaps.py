@@ -156,3 +156,21 @@ def test_a_device_without_data_is_left_out_with_the_reason_and_the_rest_train(
     assert IDLE in box and PARTIAL in box
     live = browser_client.get(f"/runs/{run.id}/live/").json()
     assert live["rounds"][0]["participants"]["count"] == 2 and live["rounds"][0]["participants"]["of"] == 3
+
+
+def test_mtfl_create_experiment_prints_the_warnings_under_its_data_table(make_device, capsys):
+    from django.core.management import call_command
+
+    from controlplane.experiments.models import Experiment
+
+    for name in ("dev-a", "dev-b", "dev-c"):
+        make_device(name)
+
+    # Dirichlet volumes this peaked leave some device nothing of some task (seed 0)
+    call_command("create_experiment", template="light", devices="dev-a,dev-b,dev-c", alpha="0.01")
+
+    expected = experiment_data_warnings(Experiment.objects.get())
+    out = capsys.readouterr().out
+    assert expected
+    for warning in expected:
+        assert f"warning: {warning}" in " ".join(out.split())

@@ -395,6 +395,8 @@ class Command(BaseCommand):
         totals = [sum(shards[(d.id, t.id)].num_samples for d in devices) for t in tasks]
         table.add_row("total", *map(str, totals), str(sum(totals)))
         console.print(table)
+        for warning in selectors.experiment_data_warnings(experiment):
+            console.print(f"[yellow]warning: {warning}[/yellow]", soft_wrap=True)
         console.print(
             f"experiment page: /experiments/{experiment.id}/ · launch a run: "
             f"POST /api/experiments/{experiment.id}/runs/",
