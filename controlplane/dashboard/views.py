@@ -102,6 +102,8 @@ def experiment_from_template(request: HttpRequest) -> HttpResponse:
     form = ExperimentFromTemplateForm(request.POST)
     experiment = form.submit(experiment_create_from_template, owner=request.user)
     if experiment is not None:
+        for warning in selectors.experiment_data_warnings(experiment):
+            messages.warning(request, f"Created, but {warning}.")
         return redirect("dashboard:experiment", pk=experiment.pk)
     return render(
         request, "dashboard/index.html", _index_context(request, form, data.device_page(None)), status=form.status_code

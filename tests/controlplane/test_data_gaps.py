@@ -174,3 +174,19 @@ def test_mtfl_create_experiment_prints_the_warnings_under_its_data_table(make_de
     assert expected
     for warning in expected:
         assert f"warning: {warning}" in " ".join(out.split())
+
+
+def test_the_template_form_says_after_creating_which_devices_lack_data(browser_client, make_device):
+    from controlplane.experiments.models import Experiment
+
+    devices = [make_device(f"dev-{k:02d}") for k in range(12)]
+
+    # the template's Dirichlet volumes over 12 devices leave some device nothing of some task (seed 0)
+    response = browser_client.post(
+        "/experiments/from-template/", {"template": "light", "devices": [d.id for d in devices], "name": ""}
+    )
+
+    assert response.status_code == 302, response.content.decode()[:3000]
+    expected = experiment_data_warnings(Experiment.objects.get())
+    assert expected
+    assert [str(m) for m in get_messages(response.wsgi_request)] == [f"Created, but {w}." for w in expected]
