@@ -16,6 +16,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_POST
@@ -102,12 +103,23 @@ def experiment_from_template(request: HttpRequest) -> HttpResponse:
     form = ExperimentFromTemplateForm(request.POST)
     experiment = form.submit(experiment_create_from_template, owner=request.user)
     if experiment is not None:
-        for warning in selectors.experiment_data_warnings(experiment):
-            messages.warning(request, f"Created, but {warning}.")
+        _warn_of_data_gaps(request, experiment)
         return redirect("dashboard:experiment", pk=experiment.pk)
     return render(
         request, "dashboard/index.html", _index_context(request, form, data.device_page(None)), status=form.status_code
     )
+
+
+def _warn_of_data_gaps(request: HttpRequest, experiment: Experiment) -> None:
+    """After creating an experiment: one message when its partition left devices without data
+    (the experiment page, where it leads, lists them at the top)."""
+    n = len(selectors.experiment_data_warnings(experiment))
+    if n:
+        messages.warning(
+            request,
+            f"Created, with {n} warning{pluralize(n)}: the partition leaves devices without data "
+            "(listed below; every run of this experiment carries them).",
+        )
 
 
 def _form_page(
@@ -181,8 +193,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         experiment = form.submit(experiment_create, owner=request.user)
         if experiment is not None:
-            for warning in selectors.experiment_data_warnings(experiment):
-                messages.warning(request, f"Created, but {warning}.")
+            _warn_of_data_gaps(request, experiment)
             return redirect("dashboard:experiment", pk=experiment.pk)
         return _form_page(request, form, "dashboard/experiment_new.html", status=form.status_code)
     return _form_page(request, form, "dashboard/experiment_new.html")
