@@ -110,6 +110,10 @@ def test_the_run_page_draws_accuracy_and_both_losses_per_task_first_with_their_t
     assert "0.700" in newest and "0.8750" in newest and "evaluating" in newest
     polled = browser_client.get(f"/runs/{learned_run.id}/live/").json()
     assert polled["learning"] == table
+    # the same values in long format for pandas, linked from the page
+    assert f'href="/runs/{learned_run.id}/metrics.csv" download' in html
+    csv_text = b"".join(browser_client.get(f"/runs/{learned_run.id}/metrics.csv").streaming_content).decode()
+    assert f"{learned_run.id}" in csv_text and "train_loss" in csv_text and "0.875" in csv_text
 
 
 def test_a_run_without_measurements_yet_says_so_and_a_finished_one_leaves_the_chart_out(
