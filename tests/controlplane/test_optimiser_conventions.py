@@ -97,7 +97,9 @@ def test_the_cli_takes_the_conventions_as_words(make_device, capsys):
     call_command("create_experiment", "--template", "light", "--devices", "dev-a", "--aggregation", "fedadam", *words)
 
     assert Experiment.objects.get().aggregation_params == {**REDDI, "bias_correction": True, "initial_v": "zero"}
-    assert "aggregation: fedadam (beta1=0.9, beta2=0.99, bias_correction=true, initial_v=zero," in capsys.readouterr().out
+    assert (
+        "aggregation: fedadam (beta1=0.9, beta2=0.99, bias_correction=true, initial_v=zero," in capsys.readouterr().out
+    )
     with pytest.raises(
         CommandError, match=r"aggregation_params\.initial_v must be one of tau_squared, zero, got 'ones'"
     ):
