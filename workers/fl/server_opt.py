@@ -41,6 +41,14 @@ Two conventions, each a parameter of the adaptive ones (the defaults are Reddi e
   as Adam's does while ``v < Δ²``. FedAdagrad takes none: its ``v`` is a sum, not a moving
   average, so it has no bias toward its start to correct (nor has Flower's FedAdagrad). With
   bias correction on, the server state also holds ``"t"``, the server steps taken (0-d int64).
+  ``t`` counts the task's *aggregations*, not rounds: a round in which no device that succeeded
+  trained the task (every count 0, no contribution) keeps the previous model and server state
+  (the control plane flags the round), so ``t`` stays, while
+  Flower's ``server_round`` advances every round, aggregated or not (its FedAdam returns early
+  when ``aggregate_fit`` has no results, and the next round's ``eta_norm`` uses the next
+  ``server_round``). The two agree while every round aggregates the task; after ``k`` such
+  rounds Flower's rate is that of step ``t + k``. Here the rate follows the steps the moments
+  ``m`` and ``v`` actually took, which is what Adam's correction is for.
   So Flower's FedAdam is ``bias_correction=true, initial_v=zero``; its FedYogi and FedAdagrad
   (``beta1 = 0`` for the latter, which Flower fixes) are ``initial_v=zero``.
 
@@ -331,7 +339,10 @@ class AdaptiveServerOptimizer(ServerOptimizerAggregation):
     def begin(self, saved: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """This round's rate: ``η``, or with bias correction ``η_t = η·√(1 − β2^(t+1)) /
         (1 − β1^(t+1))`` (Flower's FedAdam, ``eta_norm``) where ``t`` is this server step (the
-        saved ``"t"`` plus one; 1 in the first round). Returns ``{"t": t}`` with bias correction."""
+        saved ``"t"`` plus one; 1 in the first round). ``t`` advances only when the task is
+        aggregated (a round that keeps the previous model keeps its state), whereas Flower's
+        ``server_round`` advances every round (module docstring). Returns ``{"t": t}`` with bias
+        correction."""
         if not self.bias_correction:
             self.rate = self.eta
             return {}
