@@ -14,7 +14,10 @@ columns), with the experiment's setup under ``experiment`` and one summary per r
 
 A third CSV table, ``metrics``, is the per-round figures in tidy long format for pandas and R
 users (:data:`METRIC_COLUMNS`): one row per run, round, task and metric, ``task`` empty for a
-round's whole-run figures, and no row for a value that was not measured.
+round's whole-run figures, and no row for a value that was not measured. Its rounds are counted
+both ways: ``round`` is the round index (from 0, as in the other tables) and ``rounds_done`` the
+rounds trained, the dashboard's axis (``round`` + 1; 0 is the initial model, evaluated before any
+training, whose row has ``round`` empty).
 """
 
 from __future__ import annotations
@@ -83,11 +86,23 @@ ASSIGNMENT_COLUMNS: dict[str, str] = {
 }
 """Columns of the assignments table → the :class:`Assignment` field each comes from."""
 
-METRIC_COLUMNS = ("experiment", "run", "strategy", "comparison", "repeat", "round", "task", "metric", "value")
+METRIC_COLUMNS = (
+    "experiment",
+    "run",
+    "strategy",
+    "comparison",
+    "repeat",
+    "round",
+    "rounds_done",
+    "task",
+    "metric",
+    "value",
+)
 """Columns of the tidy ``metrics`` table: the experiment's name, the run's id, strategy,
-comparison id (empty: a run of its own) and repeat, the round index, the task's name (empty for
-a whole-round figure), the metric's name (:data:`ROUND_METRICS`, :data:`TASK_METRICS`) and its
-value."""
+comparison id and repeat (both empty: a run of its own), the round index (empty for the initial
+model), the rounds done (the round index + 1; 0: the initial model, the dashboard's x axis), the
+task's name (empty for a whole-round figure), the metric's name (:data:`ROUND_METRICS`,
+:data:`TASK_METRICS`) and its value."""
 
 ROUND_METRICS = ("round_time_s", "wall_time_s", "elapsed_s", "samples_trained", "fl_throughput_sps")
 """The ``metrics`` table's whole-round figures (``task`` empty): the round's compute span and its
@@ -99,7 +114,8 @@ TASK_METRICS = ("test_accuracy", "test_loss", "train_loss", "throughput_sps", "s
 """The ``metrics`` table's per-task figures of a round: the global model's test accuracy (a
 fraction in [0, 1]) and test loss after the round (its checkpoint's evaluation), the training
 loss (the devices' last-epoch mean cross-entropy weighted by the samples each trained), the
-task's throughput summed over its devices (samples per second) and the samples trained."""
+task's throughput summed over its devices (samples per second) and the samples trained. The
+initial model (0 rounds done) has its test accuracy and loss only."""
 
 TABLES = ("rounds", "assignments", "metrics")
 """The CSV tables of a run or an experiment (``/runs/<id>/<table>.csv``,
@@ -127,49 +143,65 @@ def _rows(queryset: QuerySet, columns: dict[str, str]) -> Iterator[dict[str, Any
 
 
 def metric_rows(runs: QuerySet[Run]) -> Iterator[dict[str, Any]]:
-    """The tidy ``metrics`` table of ``runs`` (:data:`METRIC_COLUMNS`), by run id, round, task
-    (whole-round figures first) and metric in the order of :data:`ROUND_METRICS` and
-    :data:`TASK_METRICS`; a figure not measured (a failed round's times, an evaluation still
-    pending, the ``simulated`` backend's training loss) has no row. Three queries per run."""
+    """The tidy ``metrics`` table of ``runs`` (:data:`METRIC_COLUMNS`), by run id, rounds done
+    (the initial model first), task (whole-round figures first) and metric in the order of
+    :data:`ROUND_METRICS` and :data:`TASK_METRICS`; a figure not measured (a failed round's
+    times, an evaluation still pending, the ``simulated`` backend's training loss) has no row.
+    Three queries per run."""
     for run in runs.select_related("experiment").order_by("id"):
         meta = {
             "experiment": run.experiment.name,
             "run": run.id,
             "strategy": run.strategy,
             "comparison": run.comparison_id,
-            "repeat": run.repeat,
+            "repeat": run_repeat(run),
         }
-        for (index, task), figures in sorted(run_round_metrics(run).items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        for (done, task), figures in run_round_metrics(run).items():
             for metric, value in figures.items():
-                yield {**meta, "round": index, "task": task, "metric": metric, "value": value}
+                row = {"round": done - 1 if done else None, "rounds_done": done, "task": task}
+                yield {**meta, **row, "metric": metric, "value": value}
+
+
+def run_repeat(run: Run) -> int | None:
+    """The run's repeat in its comparison, ``None`` for a run of its own (whose stored
+    :attr:`Run.repeat` is a placeholder 0)."""
+    return run.repeat if run.comparison_id is not None else None
 
 
 def run_round_metrics(run: Run) -> dict[tuple[int, str | None], dict[str, float]]:
-    """Every measured per-round figure of ``run``: ``{(round index, task name or None):
-    {metric: value}}``, whole-round figures under ``None`` (:data:`ROUND_METRICS`), each task's
-    under its name (:data:`TASK_METRICS`), metrics in those orders, unmeasured ones left out.
-    Three queries (rounds, checkpoints, assignments summed per round and task by the database)."""
+    """Every measured per-round figure of ``run``: ``{(rounds done, task name or None):
+    {metric: value}}`` sorted by rounds done then task (``None`` first). Rounds done is the round
+    index + 1: round ``k``'s figures, its training loss and the test results of the model it
+    made, are under ``k + 1``, as the dashboard draws them, and the initial model's test
+    results under 0. Whole-round figures are under ``None`` (:data:`ROUND_METRICS`), each
+    task's under its name (:data:`TASK_METRICS`), metrics in those orders, unmeasured ones left
+    out. Three queries (rounds, checkpoints, assignments summed per round and task by the
+    database)."""
     out: dict[tuple[int, str | None], dict[str, float]] = {}
     start = run.started_at
     stored = [m for m in ROUND_METRICS if m != "elapsed_s"]  # Round's fields; elapsed_s is derived
     for rnd in Round.objects.filter(run=run).order_by("index").only("index", "finished_at", *stored):
         elapsed = (rnd.finished_at - start).total_seconds() if start and rnd.finished_at else None
         values = {m: elapsed if m == "elapsed_s" else getattr(rnd, m) for m in ROUND_METRICS}
-        out[(rnd.index, None)] = {m: float(v) for m, v in values.items() if measured(v)}
+        out[(rnd.index + 1, None)] = {m: float(v) for m, v in values.items() if measured(v)}
     per_task: dict[tuple[int, str | None], dict[str, Any]] = {}
-    evaluated = Checkpoint.objects.filter(run=run, round__isnull=False).values_list(
-        "round__index", "task__name", "test_accuracy", "test_loss"
+    # The latest checkpoint of a round and task wins (a restarted run's initial model is remade).
+    evaluated = (
+        Checkpoint.objects.filter(run=run)
+        .order_by("created_at", "id")
+        .values_list("round__index", "task__name", "test_accuracy", "test_loss")
     )
     for index, task, accuracy, loss in evaluated:
-        per_task.setdefault((index, task), {}).update(test_accuracy=accuracy, test_loss=loss)
+        done = 0 if index is None else index + 1
+        per_task.setdefault((done, task), {}).update(test_accuracy=accuracy, test_loss=loss)
     for row in _task_training(run):
-        figures = per_task.setdefault((row["round__index"], row["task__name"]), {})
+        figures = per_task.setdefault((row["round__index"] + 1, row["task__name"]), {})
         figures["train_loss"] = row["loss_x_n"] / row["loss_n"] if row["loss_n"] else None
         figures["throughput_sps"] = row["throughput"]
         figures["samples_trained"] = row["samples"]
     for key, figures in per_task.items():
         out[key] = {m: float(figures[m]) for m in TASK_METRICS if measured(figures.get(m))}
-    return {key: figures for key, figures in out.items() if figures}
+    return {key: out[key] for key in sorted(out, key=lambda k: (k[0], k[1] or "")) if out[key]}
 
 
 def _task_training(run: Run) -> QuerySet:
@@ -354,7 +386,7 @@ def run_summaries(experiment: Experiment, runs: Iterable[Run]) -> Iterator[dict[
             "status": run.status,
             "simulated": run.simulated,
             "comparison": run.comparison_id,
-            "repeat": run.repeat,
+            "repeat": run_repeat(run),
             "options": run.options,
             "created_at": run.created_at,
             "started_at": run.started_at,

@@ -40,7 +40,8 @@ class Command(BaseCommand):
     help = (
         "Export an experiment's runs: to MLflow (--mlflow URI: one MLflow run per run, with its parameters, "
         "per-round metrics and the comparison's figures) and/or as one tidy CSV of per-round, per-task metrics "
-        "(--csv PATH). Re-exporting to MLflow skips unchanged runs and replaces changed ones."
+        "(--csv PATH). Re-exporting to MLflow skips unchanged runs and replaces changed ones, this control "
+        "plane's only."
     )
 
     def add_arguments(self, parser):
@@ -62,8 +63,8 @@ class Command(BaseCommand):
             "--csv",
             metavar="PATH",
             default=None,
-            help="write the tidy metrics table (experiment, run, strategy, comparison, repeat, round, task, "
-            "metric, value) to PATH ('-': standard output)",
+            help="write the tidy metrics table (experiment, run, strategy, comparison, repeat, round, rounds_done, "
+            "task, metric, value) to PATH ('-': standard output)",
         )
 
     def handle(self, *args, **opts):
@@ -106,4 +107,7 @@ class Command(BaseCommand):
         except (mlflow_export.MlflowNotInstalled, mlflow_export.MlflowExportError) as exc:
             raise CommandError(str(exc)) from exc
         target = name or experiment.name
-        self.stdout.write(f"{len(done)} runs of {experiment.name!r} in MLflow experiment {target!r} at {uri}")
+        self.stdout.write(
+            f"{len(done)} runs of {experiment.name!r} in MLflow experiment {target!r} at {uri} "
+            f"(tag mtfl.installation={mlflow_export.installation_id()}: this control plane's)"
+        )
