@@ -87,21 +87,35 @@ def comparison_report_tables(report: dict) -> list[Table]:
     (:func:`controlplane.experiments.selectors.comparison_report`): throughput and speedups per
     strategy; time to each task's target accuracy on both clocks (FL round time, wall-clock from
     the run's start) and rounds to it, per strategy; the planners' verdicts against the best
-    baseline on every figure and both clocks. Throughputs, speedups and times are geometric
-    means over repeats with their 95 % interval [low, high] (log scale); fewer than three
-    repeats carry the note ``n = 2: interval wide``."""
+    baseline on every figure and both clocks. Throughputs, speedups, times and rounds are
+    geometric means over repeats with their 95 % interval [low, high] (log scale); fewer than
+    three repeats carry the note ``n = 2: interval wide``. "P_alone measured" says how many of a
+    strategy's runs measured ``P_alone`` themselves (their wall clock includes it; the others
+    took it from the cache)."""
     repeats = report["repeats"]
-    how = f"mean of {repeats} repeats, 95 % interval" if repeats > 1 else "one repeat"
+    # every figure these tables show is positive: a geometric mean with its log-scale interval
+    how = f"geometric mean of {repeats} repeats, 95 % interval" if repeats > 1 else "one repeat"
     note = report.get("small_n_note") or ""
     how += f"; {note}" if note else ""
     throughput = Table(title=f"Throughput per strategy ({how}; speedups over {report['baseline']})")
-    for column in ("strategy", "runs", "raw samples/s", "fair", "FL samples/s", "raw ×", "fair ×", "FL ×"):
+    for column in (
+        "strategy",
+        "runs",
+        "P_alone measured",
+        "raw samples/s",
+        "fair",
+        "FL samples/s",
+        "raw ×",
+        "fair ×",
+        "FL ×",
+    ):
         throughput.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=True)
     for row in report["strategies"]:
         small = metrics.small_n_note(row["succeeded"])
         throughput.add_row(
             row["strategy"],
             f"{row['succeeded']}/{len(row['runs'])}" + (f" ({small})" if small else ""),
+            f"{len(row.get('alone_measured_runs') or [])}/{len(row['runs'])} runs",
             format_estimate(row["raw_throughput_sps"], 1),
             format_estimate(row["fair_throughput"], 3),
             format_estimate(row["fl_throughput_sps"], 1),

@@ -105,7 +105,9 @@ def _accuracy_series(experiment: Experiment, runs: list[dict[str, Any]]) -> list
     """The accuracy curves' series (:func:`figures.accuracy_over_time`), one per run and task:
     each evaluated checkpoint's test accuracy against the wall-clock seconds since the run
     started (``points``), the FL round time so far (``round_clock``: the sum of the round times
-    up to its round) and the rounds done (``rounds``); two queries."""
+    up to its round) and the rounds done (``rounds``: what the figures align runs on), and
+    ``aside``: why the run stays out of its strategy's mean and band (:func:`_runs_aside`), or
+    ``None``; two queries."""
     wall: dict[tuple[int, str], list] = defaultdict(list)
     per_round: dict[tuple[int, str], list] = defaultdict(list)
     round_clock: dict[tuple[int, str], list] = defaultdict(list)
@@ -123,6 +125,7 @@ def _accuracy_series(experiment: Experiment, runs: list[dict[str, Any]]) -> list
         if aggregation:  # the initial model's is empty
             made_by[(run_id, task)] = aggregation
     task_ids = selectors.experiment_task_ids(experiment)
+    aside = _runs_aside(experiment, [row["run"] for row in runs])
     series = []
     for row in runs:
         run = row["run"]
@@ -141,9 +144,42 @@ def _accuracy_series(experiment: Experiment, runs: list[dict[str, Any]]) -> list
                         "points": figures.seconds_since(run.started_at, mine),
                         "round_clock": round_clock[(run_id, task)],
                         "rounds": per_round[(run_id, task)],
+                        "aside": aside[run.id],
                     }
                 )
     return series
+
+
+def _runs_aside(experiment: Experiment, runs: list[Run]) -> dict[int, str | None]:
+    """Which runs the accuracy curves average, and why each other run stays out (drawn dotted
+    beside them): ``{run id: None (in the mean) or the reason}``.
+
+    With a comparison, the mean and band of a strategy are over the succeeded runs of the newest
+    comparison that has runs (its repeats); every other run is set aside as ``"failed"``,
+    ``"cancelled"``, ``"running"``, ``"pending"`` (its status), ``"one-off"`` (no comparison) or
+    ``"earlier comparison"``. Without one, each strategy and FL algorithm has one line: its newest
+    succeeded run (or, with none, its newest run), the others set aside by status or as
+    ``"earlier run"``. No query: the runs carry their comparison.
+    """
+    latest = max((r.comparison_id for r in runs if r.comparison_id is not None), default=None)
+    if latest is not None:
+        kept = {r.id for r in runs if r.comparison_id == latest and r.status == Run.Status.SUCCEEDED}
+    else:
+        newest: dict[tuple[str, str], Run] = {}
+        for run in sorted(runs, key=lambda r: (r.status == Run.Status.SUCCEEDED, r.id)):
+            newest[(run.strategy, (run.options or {}).get("aggregation") or experiment.aggregation)] = run
+        kept = {r.id for r in newest.values()}
+    out: dict[int, str | None] = {}
+    for run in runs:
+        if run.id in kept:
+            out[run.id] = None
+        elif run.status != Run.Status.SUCCEEDED:
+            out[run.id] = str(run.status)
+        elif latest is None:
+            out[run.id] = "earlier run"
+        else:
+            out[run.id] = "one-off" if run.comparison_id is None else "earlier comparison"
+    return out
 
 
 def _strategy_rank(strategy: str) -> int:
@@ -267,7 +303,8 @@ def report_table(report: dict[str, Any]) -> dict[str, Any]:
     ``{"targets", "rows", "verdicts", "repeats", "clocks", "small_n_note"}`` as display strings
     (linear figures: mean ± half of the 95 % interval; log-scale ones: geometric mean [low,
     high]); each task has its time to accuracy on both clocks (``time``: FL round time,
-    ``wall``: wall-clock from the run's start)."""
+    ``wall``: wall-clock from the run's start); ``alone_measured``: how many of a strategy's runs
+    measured ``P_alone`` themselves (their wall clock includes it)."""
     rows = []
     for row in report["strategies"]:
         rows.append(
@@ -275,6 +312,7 @@ def report_table(report: dict[str, Any]) -> dict[str, Any]:
                 "strategy": row["strategy"],
                 "runs": f"{row['succeeded']}/{len(row['runs'])}",
                 "note": metrics.small_n_note(row["succeeded"]),
+                "alone_measured": f"{len(row.get('alone_measured_runs') or [])}/{len(row['runs'])}",
                 "raw": format_estimate(row["raw_throughput_sps"]),
                 "fair": format_estimate(row["fair_throughput"], 3),
                 "fl": format_estimate(row["fl_throughput_sps"]),

@@ -234,14 +234,20 @@ def accuracy_over_time(series: Sequence[Mapping]) -> go.Figure:
     the wall-clock seconds since the run started (``"points"``) and the FL round time, the sum
     of the round times so far (``"round_clock"``, when the series have it). Drawn as
     :func:`accuracy_per_round` draws it (:func:`_accuracy_lines`): one panel per task, one line
-    per strategy — the mean over its runs (repeats) with a band from their lowest to highest
-    accuracy and each run as a thin line.
+    per strategy — the mean over its runs (repeats) round by round, with a band from their
+    lowest to highest accuracy and each run as a thin line — and the runs set aside dotted.
+
+    The runs of a strategy are aligned on the round: the mean point of ``r`` rounds done
+    averages the accuracies of the runs evaluated after ``r`` rounds, at the mean of their
+    times of that round (a run that missed an evaluation is left out of that round only).
 
     Args:
         series: ``{"strategy", "run", "task", "points": [(seconds, accuracy), ...]}``, optionally
-            ``"round_clock": [(seconds of FL rounds, accuracy), ...]`` and ``"algorithm"`` (the
-            aggregator that made the task's models). The ``k``-th point of every run of a
-            strategy is the same round (one point per evaluated checkpoint, in round order).
+            ``"round_clock": [(seconds of FL rounds, accuracy), ...]``, ``"rounds": [(rounds
+            done, accuracy), ...]`` (the same points in the same order: what aligns them; without
+            it the ``k``-th point counts as ``k`` rounds done), ``"algorithm"`` (the aggregator
+            that made the task's models) and ``"aside"`` (why the run stays out of the mean and
+            band, e.g. ``"failed"`` or ``"one-off"``: drawn dotted and labelled with it).
     """
     clocks: list[Clock] = [
         ("points", "wall-clock", "wall-clock seconds since the run started", "%{x:.0f} s wall-clock"),
@@ -266,12 +272,29 @@ def accuracy_per_round(series: Sequence[Mapping]) -> go.Figure:
     return _accuracy_lines(series, clocks=clocks, title="Test accuracy per round")
 
 
-def _across_runs(lines: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float, float, float, int]]:
-    """The ``k``-th points of ``lines`` (one line per run) taken together: ``(mean x, mean y,
-    lowest y, highest y, runs)`` per position ``k``."""
+def _by_round(run: Mapping, key: str) -> dict[int, tuple[float, float]]:
+    """A run's points on one clock keyed by rounds done: ``{rounds done: (x, accuracy)}``.
+
+    The rounds done of each point come from the run's ``"rounds"`` line (the points of every
+    clock are the same evaluated checkpoints in the same order); a series without it counts its
+    points 0, 1, 2, … A later point of the same round replaces an earlier one."""
+    line = list(run.get(key) or [])
+    done = [int(p[0]) for p in run.get("rounds") or []]
+    if len(done) != len(line):
+        done = list(range(len(line)))
+    return {d: (float(x), float(y)) for d, (x, y) in zip(done, line, strict=True)}
+
+
+def _across_runs(lines: Sequence[Mapping[int, tuple[float, float]]]) -> list[tuple[float, float, float, float, int]]:
+    """The points of ``lines`` (one ``{rounds done: (x, accuracy)}`` per run, :func:`_by_round`)
+    taken together round by round: ``(mean x, mean accuracy, lowest, highest, runs)`` per
+    rounds-done value any run has, in round order. Aligned on the round, not on the point's
+    position, so a run that misses an evaluation leaves that round to the others instead of
+    shifting its later rounds onto earlier ones; on the rounds clock ``x`` stays the round, on a
+    time clock it is the mean time at which the runs reached that round."""
     out = []
-    for k in range(max((len(line) for line in lines), default=0)):
-        here = [line[k] for line in lines if len(line) > k]
+    for d in sorted({d for line in lines for d in line}):
+        here = [line[d] for line in lines if d in line]
         ys = [p[1] for p in here]
         out.append((sum(p[0] for p in here) / len(here), sum(ys) / len(ys), min(ys), max(ys), len(here)))
     return out
@@ -281,53 +304,80 @@ def _accuracy_group(
     fig: go.Figure, runs: Sequence[Mapping], clock: Clock, *, label: str, task: str, style: dict, row: int
 ) -> int:
     """One strategy's (label's) curves of one task on one clock, in panel ``row``: the band
-    (lowest to highest accuracy over its runs), each run thin, and the mean over runs with the
-    strategy's dash and marker. Returns the traces added."""
+    (lowest to highest accuracy over its runs, round by round), each run thin, and the mean over
+    runs with the strategy's dash and marker; then the runs set aside (``"aside"``: failed,
+    one-off, …) dotted and labelled with why, outside the mean and band. Returns the traces
+    added."""
     key, _menu, _axis, x_format = clock
-    lines = [list(r.get(key) or []) for r in runs]
-    mean = _across_runs(lines)
-    shown = spread(mean, MAX_POINTS)
+    members = [r for r in runs if not r.get("aside")]
+    lines = [_by_round(r, key) for r in members]
+    shown = spread(_across_runs(lines), MAX_POINTS)
     before = len(fig.data)
     color = style["color"]
-    if len(runs) > 1:
+    if len(members) > 1:
         for edge, fill in (([p[3] for p in shown], None), ([p[2] for p in shown], "tonexty")):
             fig.add_scatter(
                 x=[p[0] for p in shown], y=edge, mode="lines", line=dict(width=0, color=color), fill=fill,
                 fillcolor=_rgba(color, 0.15), legendgroup=label, showlegend=False, hoverinfo="skip",
-                name=f"{label}: lowest to highest of {len(runs)} runs", row=row, col=1,
+                name=f"{label}: lowest to highest of {len(members)} runs", row=row, col=1,
             )  # fmt: skip
-        for r, line in zip(runs, lines, strict=True):
-            points = spread(line, MAX_POINTS)
+        for r, line in zip(members, lines, strict=True):
+            points = spread([line[d] for d in sorted(line)], MAX_POINTS)
             fig.add_scatter(
                 x=[p[0] for p in points], y=[p[1] for p in points], mode="lines",
                 line=dict(width=1, color=color, dash=style["dash"]), opacity=0.45, legendgroup=label,
                 showlegend=False, name=f"{label} run {r['run']}",
                 hovertemplate=f"{x_format}: %{{y:.3f}}<extra>{label} · {task} · run {r['run']}</extra>", row=row, col=1,
             )  # fmt: skip
-    fig.add_scatter(
-        x=[p[0] for p in shown],
-        y=[p[1] for p in shown],
-        customdata=[p[4] for p in shown],
-        mode="lines+markers",
-        name=label,
-        legendgroup=label,
-        showlegend=style["legend"],
-        line=dict(color=color, dash=style["dash"], width=2.5),
-        marker=dict(symbol=style["symbol"], size=style["size"], color=color, line=dict(color="white", width=1)),
-        hovertemplate=f"{x_format}: %{{y:.3f}} (mean of %{{customdata}} runs)<extra>{label} · {task} · "
-        + (f"run {runs[0]['run']}" if len(runs) == 1 else "mean")
-        + "</extra>",
-        row=row,
-        col=1,
-    )
+    if members:
+        fig.add_scatter(
+            x=[p[0] for p in shown],
+            y=[p[1] for p in shown],
+            customdata=[p[4] for p in shown],
+            mode="lines+markers",
+            name=label,
+            legendgroup=label,
+            showlegend=style["legend"],
+            line=dict(color=color, dash=style["dash"], width=2.5),
+            marker=dict(symbol=style["symbol"], size=style["size"], color=color, line=dict(color="white", width=1)),
+            hovertemplate=f"{x_format}: %{{y:.3f}} (mean of %{{customdata}} runs)<extra>{label} · {task} · "
+            + (f"run {members[0]['run']}" if len(members) == 1 else "mean")
+            + "</extra>",
+            row=row,
+            col=1,
+        )
+    asides = [r for r in runs if r.get("aside")]
+    _aside_lines(fig, asides, clock, label=label, task=task, style=style, row=row, legend=not members)
     return len(fig.data) - before
+
+
+def _aside_lines(
+    fig: go.Figure, runs: Sequence[Mapping], clock: Clock, *, label: str, task: str, style: dict, row: int, legend: bool
+) -> None:
+    """The runs of a label that are not in its mean (``"aside"`` says why: ``"failed"``,
+    ``"one-off"``, …), each a thin dotted line named ``"<label> run <id> (<why>)"``. When the
+    label has no run in its mean (``legend``), the first of them carries the legend entry, so
+    the label can still be found and toggled."""
+    key, _menu, _axis, x_format = clock
+    for k, r in enumerate(runs):
+        name = f"{label} run {r['run']} ({r['aside']})"
+        line = _by_round(r, key)
+        points = spread([line[d] for d in sorted(line)], MAX_POINTS)
+        fig.add_scatter(
+            x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
+            line=dict(width=1, color=style["color"], dash="dot"), marker=dict(size=4, symbol=style["symbol"]),
+            opacity=0.5, legendgroup=label, showlegend=style["legend"] and legend and k == 0, name=name,
+            hovertemplate=f"{x_format}: %{{y:.3f}}<extra>{label} · {task} · run {r['run']} ({r['aside']})</extra>",
+            row=row, col=1,
+        )  # fmt: skip
 
 
 def _accuracy_lines(series: Sequence[Mapping], *, clocks: Sequence[Clock], title: str) -> go.Figure:
     """The accuracy figures' one drawing: one panel per task; per strategy (label,
     :func:`accuracy_labels`) its colour, its own line dash and marker symbol, the mean over its
-    runs with a band over them (:func:`_accuracy_group`); a menu over ``clocks`` when there are
-    several; at most :data:`MAX_POINTS` points a line (spread evenly)."""
+    runs with a band over them and its runs set aside dotted (:func:`_accuracy_group`); a menu
+    over ``clocks`` when there are several; at most :data:`MAX_POINTS` points a line (spread
+    evenly)."""
     tasks = sorted({s["task"] for s in series})
     labels = accuracy_labels(series)
     by_label = labels != [s["strategy"] for s in series]
@@ -361,10 +411,13 @@ def _accuracy_lines(series: Sequence[Mapping], *, clocks: Sequence[Clock], title
                 )
         traces_of.append(mine)
     longest = max((len(s.get(c[0]) or []) for s in series for c in clocks), default=0)
+    members = [(lab, s["task"]) for s, lab in zip(series, labels, strict=True) if not s.get("aside")]
+    asides = sorted({s["aside"] for s in series if s.get("aside")})
     notes = [
-        "mean over runs, band: lowest to highest, thin lines: each run"
-        if len(series) > len(set(zip(labels, (s["task"] for s in series), strict=True)))
-        else ""
+        "mean over runs round by round, band: lowest to highest, thin lines: each run"
+        if len(members) > len(set(members))
+        else "",
+        f"dotted: runs outside the mean ({', '.join(asides)})" if asides else "",
     ]
     notes.append(f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else "")
     fig.update_yaxes(range=[0, 1], title_text="test accuracy")

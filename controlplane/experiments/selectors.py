@@ -533,6 +533,25 @@ def _comparison_targets(
     return targets
 
 
+def _with_alone_sources(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """``runs`` annotated with how their ``P_alone`` came (in the same query): ``alone_measured``,
+    the measurements the run asked its devices for (its wall clock includes them: before round 0
+    and before a round with new batch sizes), and ``alone_cached``, the ones it took from the
+    cross-run cache (:mod:`controlplane.experiments.services.standalone_cache`), which cost it no
+    time. Which runs measure depends on the order they ran: the first run of a device, workload
+    and batch size pays, the others do not (never cached on ``simulated``)."""
+    by_source = {
+        "alone_measured": StandaloneThroughput.Source.MEASURED,
+        "alone_cached": StandaloneThroughput.Source.CACHE,
+    }
+    return runs.annotate(
+        **{
+            name: Count("standalone_throughputs", filter=Q(standalone_throughputs__source=source))
+            for name, source in by_source.items()
+        }
+    )
+
+
 def _run_row(
     run: Run,
     baseline: Run | None,
@@ -542,6 +561,8 @@ def _run_row(
 ) -> dict[str, Any]:
     """One entry of :func:`comparison_report`'s ``runs``; ``points`` are the run's, per task."""
     row: dict[str, Any] = {"run": run.id, "strategy": run.strategy, "repeat": run.repeat, "status": run.status}
+    row["alone_measured"] = getattr(run, "alone_measured", None)
+    row["alone_cached"] = getattr(run, "alone_cached", None)
     for figure in RUN_FIGURES:
         row[figure] = getattr(run, figure)
     for name, figure in SPEEDUP_FIGURES.items():
@@ -587,6 +608,8 @@ def _strategy_row(strategy: str, run_rows: list[dict[str, Any]], tasks: list[Tas
         "strategy": strategy,
         "runs": [r["run"] for r in mine],
         "succeeded": sum(r["status"] == Run.Status.SUCCEEDED for r in mine),
+        # the wall clock of these runs includes measuring P_alone; the others took it from the cache
+        "alone_measured_runs": [r["run"] for r in mine if r["alone_measured"]],
     }
     for figure in (*RUN_FIGURES, *SPEEDUP_FIGURES):
         entry[figure] = figure_estimate(_figure_values(run_rows, strategy, figure), figure).as_dict()
@@ -613,20 +636,25 @@ def comparison_report(comparison: Comparison) -> dict[str, Any]:
           (:func:`~controlplane.planning.metrics.lowest_final_accuracy` over its succeeded runs;
           ``target`` null until one has a final accuracy);
         * ``runs``: per run in start order (the interleaved order they ran in) ``{"run",
-          "strategy", "repeat", "status", figures of :data:`RUN_FIGURES` and
-          :data:`SPEEDUP_FIGURES`, "tasks": [{"task", "task_name", "final_accuracy", figures of
-          :data:`TASK_FIGURES` (null: not reached)}]}``;
+          "strategy", "repeat", "status", "alone_measured", "alone_cached", figures of
+          :data:`RUN_FIGURES` and :data:`SPEEDUP_FIGURES`, "tasks": [{"task", "task_name",
+          "final_accuracy", figures of :data:`TASK_FIGURES` (null: not reached)}]}``:
+          ``alone_measured`` the ``P_alone`` measurements the run made itself (its wall clock
+          includes their time), ``alone_cached`` the ones it took from the cache
+          (:func:`_with_alone_sources`);
         * ``strategies``: per strategy in the comparison's order, each figure over its
           succeeded runs (one per repeat) as ``{"mean", "low", "high", "n", "values",
           "scale"}`` (:func:`figure_estimate`: geometric mean and log-scale interval for the
           positive figures, linear for accuracies; ``values`` each repeat's value; no interval
           below two repeats), per task too, with ``reached``: how many of its succeeded runs
-          reached the target;
+          reached the target; ``alone_measured_runs``: its runs that measured ``P_alone``
+          themselves (their wall clock includes it, the others' does not);
         * ``clocks``: ``{figure: label}`` of the two times to accuracy
           (:data:`~controlplane.planning.metrics.CLOCKS`): ``time_to_accuracy_s`` on the FL
           round-time clock, ``wall_time_to_accuracy_s`` wall-clock from the run's start;
         * ``small_n_note``: ``"n = 2: interval wide"`` (or ``"n = 1: no interval"``) when a
-          strategy has fewer than three succeeded runs, else ``""``;
+          strategy with succeeded runs has fewer than three, else ``""`` (a strategy with none
+          has no figures and does not hide the note);
         * ``verdicts``: for each planned strategy (``needs_predictor``: ``vres_greedy``,
           ``vres_sync``) and each figure (per task for times to accuracy, on both clocks),
           ``{"strategy", "figure", "task_name", "against", "verdict", "difference"}``: against
@@ -639,7 +667,7 @@ def comparison_report(comparison: Comparison) -> dict[str, Any]:
     Eight queries, however many runs and rounds.
     """
     experiment = comparison.experiment
-    runs = list(comparison.runs.order_by("id"))
+    runs = list(_with_alone_sources(comparison.runs.order_by("id")))
     tasks = list(experiment.tasks.order_by("id"))
     baselines = run_baselines(experiment, runs)
     points = runs_accuracy_points([r.id for r in runs])
@@ -658,9 +686,17 @@ def comparison_report(comparison: Comparison) -> dict[str, Any]:
         "strategies": strategy_rows,
         "runs": run_rows,
         "clocks": dict(metrics.CLOCKS),
-        "small_n_note": metrics.small_n_note(min((row["succeeded"] for row in strategy_rows), default=0)),
+        "small_n_note": _small_n_note(strategy_rows),
         "verdicts": _verdicts(strategies, tasks, run_rows),
     }
+
+
+def _small_n_note(strategy_rows: list[dict[str, Any]]) -> str:
+    """:func:`comparison_report`'s note: that of the fewest succeeded runs among the strategies
+    with any. A strategy with none has no figure to qualify (its row shows none), so it must not
+    hide the note the others' two repeats need (``small_n_note(0)`` is empty)."""
+    counts = [row["succeeded"] for row in strategy_rows if row["succeeded"] > 0]
+    return metrics.small_n_note(min(counts, default=0))
 
 
 def _by_repeat(run_rows: list[dict[str, Any]], strategy: str, figure: str, task: int | None) -> dict[int, Any]:

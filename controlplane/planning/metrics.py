@@ -54,7 +54,13 @@ test accuracy is ``≥ a*``:
 * the **wall clock** ``wall_time_to_accuracy_s = elapsed_s`` of round ``r``: what the researcher
   waits, from the run's start until the round whose global model reached the target was
   aggregated — the standalone measurement before round 0, each round's dispatch, queueing for
-  devices, process start-up, FedAvg and the planning between rounds all count;
+  devices, process start-up, FedAvg and the planning between rounds all count. So it depends on
+  the order runs ran in: ``P_alone`` is measured before round 0 and before a round with new
+  batch sizes only where no earlier run measured it on that device at that batch size (the
+  cross-run cache, ``controlplane.experiments.services.standalone_cache``; never on the
+  ``simulated`` backend, which measures every time), so the first run of a workload pays for it
+  and the later ones do not. The comparison report says which runs measured it
+  (``alone_measured``); the FL round-time clock does not depend on it;
 * the rounds to accuracy ``r + 1`` and the samples to accuracy (the sum of those rounds' samples).
 
 A round's times end when its global model was saved: the model is evaluated beside the next
@@ -82,7 +88,8 @@ with ``n`` repeats reports every figure over its repeats with a confidence inter
   by their geometric mean; the interval is Student's t on the logs (e.g. Limpert, Stahel & Abbt
   2001, "Log-normal distributions across the sciences", BioScience 51(5)). Should a value not be
   positive (a time of 0 s), that figure falls back to the linear scale and says so in its
-  ``scale``.
+  ``scale``, its interval clipped to ``[0, ∞)`` where a positive figure lives (with values 0 and
+  2 at n = 2: mean 1, interval ``[max(0, 1 − 12.71), 1 + 12.71] = [0, 13.71]``).
 * Final accuracies are on the **linear scale**: ``mean ± t_{(1+c)/2, n-1} · s / √n``, the
   interval clipped to ``[0, 1]``, where an accuracy lives.
 
@@ -363,6 +370,19 @@ class RoundMetrics:
         )
 
 
+def waits(ends: Mapping[str, float]) -> dict[str, float]:
+    """Each device's wait for the slowest device in one round (module docstring): the round's
+    end (the latest of ``ends``) less the device's own end, seconds; the device that ends last
+    waits 0 s, whenever it started.
+
+    Args:
+        ends: ``{device name: its last trainer's end}`` (Unix seconds) of the devices that count
+            and have their spans.
+    """
+    last = max(ends.values(), default=0.0)
+    return {name: last - end for name, end in ends.items()}
+
+
 def round_metrics(devices: Mapping[str, DeviceTotals]) -> RoundMetrics:
     """The metrics of one round from each device's totals (module docstring: formulas and the
     one rule for failed and partial devices).
@@ -380,18 +400,16 @@ def round_metrics(devices: Mapping[str, DeviceTotals]) -> RoundMetrics:
         if t.started_at is not None and t.finished_at is not None
     ]
     time_s = round_time(spans)
-    last = max((e for _, e in spans), default=None)
+    idle_of = waits(
+        {name: t.finished_at for name, t in counted.items() if t.started_at is not None and t.finished_at is not None}
+    )
     per_device: dict[str, DeviceMetrics] = {}
     for name, t in devices.items():
         if not t.counts:
             per_device[name] = DeviceMetrics(counts=False)
             continue
         compute = (t.finished_at - t.started_at) if t.started_at is not None and t.finished_at is not None else None
-        # the wait for the slowest device runs from this device's end to the round's end: the
-        # device that ends last waits 0 s, whenever it started
-        idle = (
-            (last - t.finished_at) if t.finished_at is not None and compute is not None and last is not None else None
-        )
+        idle = idle_of.get(name)
         per_device[name] = DeviceMetrics(
             counts=True,
             raw_throughput_sps=t.raw_sps if t.measured else None,
@@ -737,7 +755,8 @@ def estimate(
         scale: ``"linear"``: the arithmetic mean ± ``t · s / √n``; ``"log"``: the geometric
             mean with ``exp(mean log x ± t · s_log / √n)`` (never 0 or below; Fleming & Wallace
             1986). A log-scale figure with a value that is not positive is taken on the linear
-            scale, and the result's ``scale`` says so.
+            scale, and the result's ``scale`` says so; its interval is then clipped to
+            ``[0, ∞)`` (and to ``bounds``), since the figure cannot be negative.
         bounds: ``(lowest, highest)`` possible value: the interval is clipped to it (accuracies:
             ``(0, 1)``).
         confidence: in (0, 1).
@@ -752,7 +771,9 @@ def estimate(
     present = tuple(float(v) for v in values if v is not None)
     n = len(present)
     if scale == "log" and any(v <= 0 for v in present):
+        # a positive figure with a 0 in it: linear, but still never below 0
         scale = "linear"
+        bounds = (max(0.0, bounds[0]), bounds[1]) if bounds is not None else (0.0, math.inf)
     if n == 0:
         return Estimate(None, None, None, 0, (), scale)
     if scale == "log":

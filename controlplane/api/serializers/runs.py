@@ -195,7 +195,8 @@ class ComparisonCreateSerializer(StrictSerializer):
         REPEATS,
         default=1,
         help_text="how many times every strategy runs, in interleaved orders (as given, reversed, as given...); "
-        "every figure is then a mean with its 95 % confidence interval",
+        "every figure is then summarised over the repeats with its 95 % confidence interval: throughputs, "
+        "speedups, times, rounds and samples as geometric means (log scale), final accuracies as arithmetic means",
     )
     targets = serializers.DictField(
         child=number(),
@@ -264,7 +265,8 @@ class ComparisonReportSerializer(serializers.Serializer):
     )
     strategies = serializers.ListField(
         child=serializers.DictField(),
-        help_text="per strategy: {strategy, runs, succeeded, raw_throughput_sps, fair_throughput, "
+        help_text="per strategy: {strategy, runs, succeeded, alone_measured_runs (its runs that measured P_alone "
+        "themselves: their wall clock includes it), raw_throughput_sps, fair_throughput, "
         "fl_throughput_sps, raw_speedup, fair_speedup, fl_speedup, tasks: [{task, task_name, final_accuracy, "
         "time_to_accuracy_s (FL round-time clock: the sum of round times), wall_time_to_accuracy_s (wall clock: "
         "from the run's start until the round that reached the target was aggregated), rounds_to_accuracy, "
@@ -274,8 +276,9 @@ class ComparisonReportSerializer(serializers.Serializer):
     )
     runs = serializers.ListField(
         child=serializers.DictField(),
-        help_text="per run in the order they ran (interleaved): {run, strategy, repeat, status, the figures, "
-        "tasks: [...]} (null: not measured, or the target not reached)",
+        help_text="per run in the order they ran (interleaved): {run, strategy, repeat, status, alone_measured "
+        "(P_alone measurements it made: its wall clock includes them), alone_cached (taken from the cross-run "
+        "cache), the figures, tasks: [...]} (null: not measured, or the target not reached)",
     )
     clocks = serializers.DictField(
         child=serializers.CharField(),
@@ -284,8 +287,8 @@ class ComparisonReportSerializer(serializers.Serializer):
     )
     small_n_note = serializers.CharField(
         allow_blank=True,
-        help_text="'n = 2: interval wide' (or 'n = 1: no interval') when a strategy has fewer than 3 succeeded "
-        "runs, else empty",
+        help_text="'n = 2: interval wide' (or 'n = 1: no interval') when a strategy with succeeded runs has "
+        "fewer than 3, else empty",
     )
     verdicts = serializers.ListField(
         child=serializers.DictField(),

@@ -305,7 +305,8 @@ def comparison_create(
             speedup is taken against it.
         repeats: how many times every strategy runs, :data:`~controlplane.common.limits.REPEATS`, in interleaved
             orders (:func:`~controlplane.planning.metrics.interleaved_orders`: as given, reversed,
-            as given...); every figure is then reported as a mean with its 95 % interval.
+            as given...); every figure is then reported over the repeats with its 95 % interval
+            (geometric means for throughputs, speedups and times, arithmetic for accuracies).
         targets: the test accuracy each task's time to accuracy is taken to, ``{task id or
             name: accuracy in TARGET_ACCURACY}`` (:mod:`controlplane.common.limits`); a task left out takes the lowest final accuracy any run
             of the comparison reaches (:func:`comparison_targets`).
