@@ -1002,9 +1002,10 @@ def round_time_split(split: Mapping[tuple[str, str], tuple[float, float]], strat
         yaxis_title="seconds",
         **{
             **LAYOUT,
-            "height": 440,
-            "margin": dict(l=60, r=20, t=80, b=90),
-            "legend": dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
+            "height": 460,
+            # the legend under the subtitle, not over it
+            "margin": dict(l=60, r=20, t=100, b=90),
+            "legend": dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1),
         },
     )
     return fig if keys else _empty(fig, "no round of the compared runs has finished yet")

@@ -1,9 +1,10 @@
 """A finished comparison with repeats written straight into the database, as recording its rounds
 would have left it: runs in the interleaved order, rounds with their stored metrics
 (:func:`controlplane.planning.metrics.round_metrics`), assignments with their spans, checkpoints
-with test accuracies, and wall-clock times with the waiting between rounds that the FL round time
-leaves out. The numbers are made up but deterministic (a seeded generator), so a test can rely on
-them and the screenshots in ``docs/screenshots/`` come out the same each time.
+with test accuracies, ``P_alone`` measured by every run (its runs are ``simulated``, which the
+cross-run cache never answers), and wall-clock times with the waiting between rounds that the FL
+round time leaves out. The numbers are made up but deterministic (a seeded generator), so a test
+can rely on them and the screenshots in ``docs/screenshots/`` come out the same each time.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from controlplane.experiments.models import Assignment, Checkpoint, Comparison, Experiment, Round, Run
+from controlplane.experiments.models import (
+    Assignment,
+    Checkpoint,
+    Comparison,
+    Experiment,
+    Round,
+    Run,
+    StandaloneThroughput,
+)
 from controlplane.planning import metrics
 
 SPEED = {"temporal": 1.0, "isolation": 1.25, "sharing": 1.6, "vres_greedy": 1.8, "vres_sync": 2.1}
@@ -80,6 +89,19 @@ def _seed_run(run: Run, rng: random.Random, *, rounds: int, drift: float, start:
     tasks = list(experiment.tasks.order_by("id"))
     speed = SPEED.get(run.strategy, 1.0) * rng.uniform(0.9, 1.1) / drift
     elapsed = rng.uniform(4.0, 6.0)  # measuring P_alone before round 0
+    StandaloneThroughput.objects.bulk_create(
+        StandaloneThroughput(
+            run=run,
+            device=d,
+            task=t,
+            batch_size=128,
+            throughput_sps=260.0 + 40 * k,
+            simulated=True,
+            source=StandaloneThroughput.Source.MEASURED,
+        )  # fmt: skip
+        for k, d in enumerate(devices)
+        for t in tasks
+    )
     summaries = []
     for index in range(rounds):
         rnd = Round.objects.create(run=run, index=index, status=Round.Status.SUCCEEDED)
