@@ -26,7 +26,7 @@ from controlplane.fleet.models import Device
 from controlplane.lab import selectors as lab_selectors
 from controlplane.profiling import selectors as profiling_selectors
 from controlplane.profiling import services as profiling_services
-from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample, ProfileSweep
+from controlplane.profiling.models import ModelWorkload, Predictor, ProfileSample
 from controlplane.storage.services import retention
 
 
@@ -92,9 +92,11 @@ class DeviceViewSet(
     @action(detail=True, methods=["post"])
     def profile(self, request: Request, pk=None) -> Response:
         """Start a profiling sweep on the device for ``budget_s`` seconds; follow it at
-        ``/api/profile-sweeps/{id}/`` (``progress``, ``configs``, ``samples``)."""
+        ``/api/profile-sweeps/{id}/`` (``progress``, ``configs``, ``samples``) and cancel it with
+        ``POST /api/profile-sweeps/{id}/cancel/``. A researcher without staff rights may give at
+        most :data:`~controlplane.common.limits.SWEEP_BUDGET_SELF_SERVE` (403 above it)."""
         sweep = exp_sweeps.sweep_start(
-            device=self.get_object(), **validated_data(s.ProfileSweepCreateSerializer, request)
+            device=self.get_object(), actor=request.user, **validated_data(s.ProfileSweepCreateSerializer, request)
         )
         return Response(s.ProfileSweepSerializer(sweep).data, status=status.HTTP_202_ACCEPTED)
 
@@ -508,8 +510,19 @@ class ProfileSweepViewSet(viewsets.ReadOnlyModelViewSet):
     """Profiling sweeps; start one with ``POST /api/devices/{id}/profile/``."""
 
     serializer_class = s.ProfileSweepSerializer
-    queryset = ProfileSweep.objects.order_by("-id")
     filterset_fields = ["device", "status", "backend"]
+
+    def get_queryset(self):
+        return profiling_selectors.sweep_list()
+
+    @extend_schema(request=None, responses={200: s.ProfileSweepSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk=None) -> Response:
+        """Cancel a pending or running sweep (the user who started it, or lab staff): it ends
+        ``cancelled``, its device is free for rounds at once, the agent stops measuring, and what
+        it reports afterwards is dropped. 403 for anyone else, 409 once the sweep has ended."""
+        sweep = profiling_services.sweep_cancel(sweep=self.get_object(), actor=request.user)
+        return Response(s.ProfileSweepSerializer(sweep).data)
 
 
 class ProfileSampleViewSet(viewsets.ReadOnlyModelViewSet):

@@ -107,6 +107,22 @@ ACTIVE_THREAD_PERCENTAGE = Limit(
     "a trainer's share of the device (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)",
 )
 
+# --- profiling ----------------------------------------------------------------------------------
+SWEEP_BUDGET = Limit("budget_s", 5.0, 7 * 24 * 3600.0, "s", "seconds a profiling sweep measures")
+"""A sweep's budget as lab staff and the operator's CLI may give it: a device being profiled gets
+no round (the lab scheduler), so a week-long sweep is an admin's decision, like a pause."""
+SWEEP_BUDGET_SELF_SERVE = Limit(
+    "budget_s",
+    SWEEP_BUDGET.low,
+    30 * 60.0,
+    "s",
+    "seconds a profiling sweep measures when a researcher without staff rights starts it",
+)
+"""The same field for a researcher who is not lab staff (dashboard, API): long enough for the
+README's session (a 300 s sweep) and a thorough profile, short enough that one researcher cannot
+hold a shared device from everyone's rounds. Not in :data:`LIMITS`: it narrows ``budget_s`` by
+role, :data:`SWEEP_BUDGET` is the field's range."""
+
 # --- the lab ------------------------------------------------------------------------------------
 SHARE_WEIGHT = Limit("weight", 0.01, 100.0, "", "a user's weight under the fair scheduling policy")
 
@@ -130,6 +146,7 @@ LIMITS: dict[str, Limit] = {
         TARGET_ACCURACY,
         BATCH_SIZE,
         ACTIVE_THREAD_PERCENTAGE,
+        SWEEP_BUDGET,
         SHARE_WEIGHT,
     )
 }

@@ -34,6 +34,8 @@ from controlplane.common.limits import (
     NUM_CLASSES,
     REPEATS,
     ROUNDS,
+    SWEEP_BUDGET,
+    SWEEP_BUDGET_SELF_SERVE,
     TARGET_ACCURACY,
     WEIGHT_DECAY,
     Limit,
@@ -50,7 +52,7 @@ from controlplane.fleet import selectors as fleet_selectors
 from controlplane.planning.lr_scaling import DEFAULT_LR_SCALING
 from controlplane.planning.strategies import STRATEGY_REGISTRY, baseline_strategy, compared_strategies
 from controlplane.profiling import selectors as profiling_selectors
-from controlplane.profiling.services.sweeps import BUDGET_RANGE_S, DEFAULT_ARCHITECTURES
+from controlplane.profiling.services.sweeps import DEFAULT_ARCHITECTURES, is_lab_staff, sweep_budget_limit
 from workers.protocol.messages import OPTIMIZERS
 from workers.registry.aggregators import AGGREGATOR_REGISTRY
 from workers.registry.backends import BACKEND_REGISTRY
@@ -1016,20 +1018,22 @@ class ProfileForm(ApiCheckedForm):
     serializer_class = api.ProfileSweepCreateSerializer
 
     device = _input(_select([]), "Device", help_text="its agent runs the sweep; no round gets it meanwhile")
-    budget_s = _input(
-        _number(min=bound_text(BUDGET_RANGE_S[0]), max=bound_text(BUDGET_RANGE_S[1]), step=1),
-        "Budget (s)",
-        initial=300,
-        help_text=f"seconds of measuring, {bound_text(BUDGET_RANGE_S[0])} to {bound_text(BUDGET_RANGE_S[1])}",
-    )
+    budget_s = _input(_number(SWEEP_BUDGET_SELF_SERVE, step=1), "Budget (s)", initial=300)
     tasks = _input(
         forms.SelectMultiple(),
         "Tasks (optional)",
         help_text=f"their models at each task's classes and input shape; none: {', '.join(DEFAULT_ARCHITECTURES)}",
     )
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, user: Any = None, **kwargs) -> None:
+        """``user``: who starts the sweep; the budget's input offers the range they may give
+        (:func:`~controlplane.profiling.services.sweeps.sweep_budget_limit`)."""
         super().__init__(*args, **kwargs)
+        low, high = sweep_budget_limit(user)
+        self.fields["budget_s"].widget = _number(min=bound_text(low), max=bound_text(high), step=1)
+        self.fields["budget_s"].help_text = f"seconds of measuring, {bound_text(low)} to {bound_text(high)}" + (
+            "" if is_lab_staff(user) else f" (lab staff: up to {bound_text(SWEEP_BUDGET.high)})"
+        )
         self.fields["device"].widget = _select([("", "choose a device")] + _device_choices())
         tasks = [(t.id, f"{t.name} ({t.architecture})") for t in experiment_selectors.task_list()]
         self.fields["tasks"].widget = _multi(tasks)

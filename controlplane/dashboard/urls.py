@@ -44,5 +44,6 @@ urlpatterns = [
     path("profiling/new/", views.profile_new, name="profile-new"),
     path("profiling/sweeps/<int:pk>/", views.sweep_detail, name="sweep"),
     path("profiling/sweeps/<int:pk>/status/", views.sweep_status, name="sweep-status"),
+    path("profiling/sweeps/<int:pk>/cancel/", views.sweep_cancel_view, name="sweep-cancel"),
     path("predictors/<int:pk>/", views.predictor_detail, name="predictor"),
 ]

@@ -59,6 +59,7 @@ from controlplane.lab.services.admin import device_pause, device_resume
 from controlplane.planning.strategies import baseline_strategy, compared_strategies, planned_strategies
 from controlplane.profiling import selectors as profiling_selectors
 from controlplane.profiling import services as profiling_services
+from controlplane.profiling.services.sweeps import sweep_cancel_allowed
 from controlplane.profiling.services.workloads import workload_get
 from controlplane.storage import exports
 from controlplane.storage.services import retention
@@ -517,47 +518,68 @@ def profile_new(request: HttpRequest) -> HttpResponse:
     """Profile a device: start a sweep (as ``mtfl profile`` does) and go to its page, which
     follows it. ``?device=<id>`` preselects the device (the device list's links)."""
     if request.method == "POST":
-        form = ProfileForm(request.POST)
-        sweep = form.submit(exp_sweeps.sweep_start)
+        form = ProfileForm(request.POST, user=request.user)
+        sweep = form.submit(exp_sweeps.sweep_start, actor=request.user)
         if sweep is not None:
             return redirect("dashboard:sweep", pk=sweep.pk)
         return _form_page(request, form, "dashboard/profile_new.html", status=form.status_code)
     return _form_page(
-        request, ProfileForm(initial={"device": request.GET.get("device", "")}), "dashboard/profile_new.html"
+        request,
+        ProfileForm(initial={"device": request.GET.get("device", "")}, user=request.user),
+        "dashboard/profile_new.html",
     )
 
 
-def _sweep_context(sweep) -> dict:
-    finished = sweep.status in ("succeeded", "failed")
+def _sweep_context(request: HttpRequest, sweep, **overrides) -> dict:
+    finished = sweep.ended
     return {
         "sweep": sweep,
         "progress_percent": round(100 * profiling_selectors.sweep_progress(sweep)),
         "finished": finished,
+        "may_cancel": not finished and sweep_cancel_allowed(sweep, request.user),
         "configurations": profiling_selectors.sweep_configurations(sweep, limit=SWEEP_TABLE_ROWS) if finished else [],
         "device_class": fleet_selectors.device_class(sweep.device),
         "refresh_s": SWEEP_REFRESH_S,
+        **overrides,
     }
 
 
 @login_required
 def sweep_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """A profiling sweep: its progress while it runs (the page reloads its status every
-    :data:`SWEEP_REFRESH_S` s), what it measured once done, and the way on to fitting a predictor."""
+    :data:`SWEEP_REFRESH_S` s), a cancel button for whoever started it and lab staff, what it
+    measured once done, and the way on to fitting a predictor."""
     sweep = get_object_or_404(profiling_selectors.sweep_list(), pk=pk)
-    return render(request, "dashboard/sweep.html", _sweep_context(sweep))
+    return render(request, "dashboard/sweep.html", _sweep_context(request, sweep))
 
 
 @login_required
 def sweep_status(request: HttpRequest, pk: int) -> HttpResponse:
     """A sweep page's status part alone, which the page fetches while the sweep runs."""
     sweep = get_object_or_404(profiling_selectors.sweep_list(), pk=pk)
-    return render(request, "dashboard/_sweep_status.html", _sweep_context(sweep))
+    return render(request, "dashboard/_sweep_status.html", _sweep_context(request, sweep))
+
+
+@login_required
+@require_POST
+def sweep_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """The sweep page's "Cancel the sweep" button (whoever started it, or lab staff): the sweep
+    ends ``cancelled``, the agent stops measuring and its device is free for rounds at once."""
+    sweep = get_object_or_404(profiling_selectors.sweep_list(), pk=pk)
+    try:
+        profiling_services.sweep_cancel(sweep=sweep, actor=request.user)
+    except ApplicationError as exc:
+        context = _sweep_context(request, sweep, cancel_error=exc.message)
+        return render(request, "dashboard/sweep.html", context, status=exc.status_code)
+    messages.success(request, f"Sweep {sweep.pk} cancelled: {sweep.device.name} is free for rounds again.")
+    return redirect("dashboard:sweep", pk=sweep.pk)
 
 
 @login_required
 def predictor_new(request: HttpRequest) -> HttpResponse:
     """Fit a predictor on a device class's samples (as ``POST /api/predictors/``): the control
-    worker fits it, and its page follows the fit and shows its held-out error."""
+    worker fits it, and its page follows the fit and shows its held-out error. Any researcher
+    may: a fit only reads the shared samples (:func:`~controlplane.profiling.services.predictor_request`)."""
     if request.method == "POST":
         form = PredictorFitForm(request.POST)
         predictor = form.submit(profiling_services.predictor_request)

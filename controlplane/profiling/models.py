@@ -6,6 +6,7 @@ Model and backend names are plain strings checked by the services against their 
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from controlplane.fleet.models import Device
@@ -48,12 +49,30 @@ class ProfileSweep(models.Model):
         RUNNING = "running"
         SUCCEEDED = "succeeded"
         FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+    """The statuses a sweep keeps for good (its device's agent is free of it)."""
 
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="profile_sweeps")
     backend = models.CharField(max_length=32)
     budget_s = models.FloatField()
     request = models.JSONField(help_text="the ProfileSweepRequest sent to the agent")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="profile_sweeps",
+        help_text="who started it (dashboard, API); null: the operator's CLI or a script",
+    )
+    task_id = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="the device task's id on the agent's queue, under which a cancellation is marked",
+    )
     configs = models.PositiveIntegerField(default=0)
     samples = models.PositiveIntegerField(default=0)
     repeat_spread = models.JSONField(default=list, blank=True)
@@ -65,6 +84,11 @@ class ProfileSweep(models.Model):
 
     class Meta:
         ordering = ["-id"]
+
+    @property
+    def ended(self) -> bool:
+        """The sweep succeeded, failed or was cancelled."""
+        return self.status in self.ENDED
 
     @property
     def max_repeat_spread(self) -> float | None:

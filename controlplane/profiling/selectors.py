@@ -31,7 +31,7 @@ def sweeps_in_progress() -> QuerySet[ProfileSweep]:
 
 def sweep_progress(sweep: ProfileSweep) -> float:
     """Fraction of a sweep's time budget spent, in [0, 1] (1 once it ended)."""
-    if sweep.status in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
+    if sweep.ended:
         return 1.0
     if sweep.started_at is None:
         return 0.0
@@ -113,8 +113,8 @@ def predictor_list() -> QuerySet[Predictor]:
 
 
 def sweep_list() -> QuerySet[ProfileSweep]:
-    """Every profiling sweep, newest first, with its device joined."""
-    return ProfileSweep.objects.select_related("device").order_by("-id")
+    """Every profiling sweep, newest first, with its device and who started it joined."""
+    return ProfileSweep.objects.select_related("device", "started_by").order_by("-id")
 
 
 def task_workloads(tasks: Iterable[Task]) -> dict[int, ModelWorkload | None]:

@@ -188,6 +188,7 @@ SCAN: dict[str, tuple[str, str]] = {
     "target_accuracy": (r"target|accuracy", r"\(0, 1\]|0 < value <= 1|at most 1\b"),
     "dirichlet_alpha": (r"dirichlet|alpha", r"\(0, 1000\]|1000\.0|1_?000\b"),
     "weight": (r"UserShare|lab_share|weigh 1", r"0\.01\b|100\.0"),
+    "budget_s": (r"[Bb]udget|BUDGET", r"\b604_?800\b|7 \* 24 \* 3600|\b1_?800\b|30 \* 60"),
 }
 WINDOW = 4
 # Numbers that look like a declared bound but are something else, by file and the line's text.

@@ -166,6 +166,45 @@ def test_profile_sweep_reports_an_invalid_request_as_data(agent_env, monkeypatch
     assert result["sweep_id"] == 7
 
 
+def test_a_sweep_cancelled_before_it_starts_is_not_run_and_still_reports_done(agent_env, monkeypatch):
+    sent = []
+    monkeypatch.setattr(agent.app, "send_task", lambda name, args, **kwargs: sent.append((name, args)))
+    monkeypatch.setattr(agent, "run_sweep", lambda *args, **kwargs: pytest.fail("a cancelled sweep ran"))
+    reason = "sweep 7 cancelled by researcher"
+    agent.app.backend.store_result(cancel_marker_id("s-cancelled"), {"reason": reason}, CANCELLED_STATE)
+
+    result = agent.profile_sweep.apply(args=[_sweep_request("dev-a")], task_id="s-cancelled").get()
+
+    assert result["status"] == "failed" and result["error"] == f"{reason} (before it started)"
+    assert sent == [(TaskName.PROFILE_DONE, [result])]
+
+
+def test_a_sweep_cancelled_while_it_runs_is_told_to_stop(agent_env, monkeypatch):
+    """The control plane's cancel marker reaches the running sweep as its ``should_stop`` (which
+    :func:`workers.profiling.sweep.run_sweep` obeys between and during configurations, tested
+    with it); the trainers in flight are killed by the same watch as a round's."""
+    monkeypatch.setenv(agent.ENV_CANCEL_POLL_S, "0.1")
+    monkeypatch.setattr(agent.app, "send_task", lambda *args, **kwargs: None)
+    reason = "sweep 7 cancelled by researcher"
+    seen = {}
+
+    def sweep_until_stopped(request, ctx, backend, emit, should_stop):
+        seen["before"] = should_stop()
+        agent.app.backend.store_result(cancel_marker_id("s-running"), {"reason": reason}, CANCELLED_STATE)
+        deadline = time.monotonic() + 10
+        while not should_stop() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["stopped"], seen["reason"] = should_stop(), agent.cancel_requested()
+        return agent.ProfileSweepSummary(sweep_id=request.sweep_id, device=request.device, status="failed", error="x")
+
+    monkeypatch.setattr(agent, "run_sweep", sweep_until_stopped)
+
+    agent.profile_sweep.apply(args=[_sweep_request("dev-a")], task_id="s-running").get()
+
+    assert seen == {"before": False, "stopped": True, "reason": reason}
+    assert agent.cancel_requested() is None  # cleared for the agent's next task
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

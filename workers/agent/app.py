@@ -91,6 +91,7 @@ from workers.backends import (
     AgentContext,
     BackendUnavailableError,
     ExecutionBackend,
+    cancel_requested,
     clear_cancel,
     request_cancel,
     request_shutdown,
@@ -620,8 +621,8 @@ def _send_to_control(name: str, payload: JsonDict) -> None:
         logger.warning("could not send %s to the control plane", name, exc_info=True)
 
 
-@_task(name=TaskName.PROFILE_SWEEP)
-def profile_sweep(request: JsonDict) -> JsonDict:
+@_task(name=TaskName.PROFILE_SWEEP, bind=True)
+def profile_sweep(self: Task, request: JsonDict) -> JsonDict:
     """Run a profiling sweep on this device; return its ``ProfileSweepSummary`` as JSON.
 
     Every measured configuration goes to :data:`TaskName.PROFILE_RECORD` on the ``control``
@@ -629,8 +630,11 @@ def profile_sweep(request: JsonDict) -> JsonDict:
     :data:`TaskName.PROFILE_DONE` at the end — also when the sweep was refused or failed, so
     the control plane always learns it ended. Both sends are best effort (logged on failure).
     The sweep stops starting configurations when the agent shuts down
-    (:func:`~workers.launch.shutdown_requested`); the running one is killed with the
-    other trainers. The agent serves one task at a time, so rounds wait for a running sweep.
+    (:func:`~workers.launch.shutdown_requested`) or the control plane cancels it (its cancel
+    marker, :func:`workers.protocol.queues.cancel_marker_id`, read before it starts and every
+    few seconds while it runs); the running configuration is killed with its trainers. A sweep
+    cancelled before it starts is not run. The agent serves one task at a time, so rounds wait
+    for a running sweep.
 
     Args:
         request: a :class:`~workers.protocol.messages.ProfileSweepRequest` as JSON.
@@ -652,10 +656,18 @@ def profile_sweep(request: JsonDict) -> JsonDict:
     def emit(result: ProfileConfigResult) -> None:
         _send_to_control(TaskName.PROFILE_RECORD, result.model_dump(mode="json"))
 
-    def work(parsed: ProfileSweepRequest, settings: AgentSettings) -> ProfileSweepSummary:
-        return run_sweep(parsed, _context(settings), _backend(settings.backend), emit, should_stop=shutdown_requested)
+    def stop() -> bool:
+        return shutdown_requested() or cancel_requested() is not None
 
-    summary = _serve(request, ProfileSweepRequest, failed, work)
+    def work(parsed: ProfileSweepRequest, settings: AgentSettings) -> ProfileSweepSummary:
+        return run_sweep(parsed, _context(settings), _backend(settings.backend), emit, should_stop=stop)
+
+    reason = _cancel_reason(self.request.id)
+    if reason is not None:
+        summary = failed(f"{reason} (before it started)")
+    else:
+        with _CancelWatch(self.request.id):
+            summary = _serve(request, ProfileSweepRequest, failed, work)
     _send_to_control(TaskName.PROFILE_DONE, summary)
     return summary
 

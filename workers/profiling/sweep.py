@@ -72,6 +72,7 @@ from workers.launch import (
     Launcher,
     ProcessGroup,
     ProcessSpec,
+    cancel_requested,
     shutdown_requested,
 )
 from workers.profiling.core_link_probe import CoreLinkProbe
@@ -507,7 +508,7 @@ def _process_group(
     def interrupt() -> tuple[str, str] | None:
         if not should_stop():
             return None
-        return "stopped", ("agent shutting down" if shutdown_requested() else "sweep stopped (agent shutting down?)")
+        return "stopped", ("agent shutting down" if shutdown_requested() else cancel_requested() or "sweep stopped")
 
     profilers: dict[int, _Profiler] = {}
     group = ProcessGroup(
@@ -1158,7 +1159,9 @@ class _Sweep:
         """The summary of a sweep that ran: failed when stopped before its budget was spent or
         when every configuration failed."""
         if stopped:
-            reason = "agent shutting down" if shutdown_requested() else "stopped"
+            cancelled = cancel_requested()
+            reason = f"cancelled ({cancelled})" if cancelled else "stopped"
+            reason = "agent shutting down" if shutdown_requested() else reason
             return self.summary(
                 "failed",
                 f"sweep {reason} after {self.configs} configurations, before its budget of "

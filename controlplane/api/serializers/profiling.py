@@ -19,6 +19,8 @@ from controlplane.api.serializers.common import (
 from controlplane.common.limits import (
     BATCH_SIZE,
     SEED,
+    SWEEP_BUDGET,
+    SWEEP_BUDGET_SELF_SERVE,
 )
 from controlplane.experiments.models import (
     EXECUTION_MODES,
@@ -58,6 +60,12 @@ class ModelWorkloadSerializer(serializers.ModelSerializer):
 
 class ProfileSweepSerializer(serializers.ModelSerializer):
     progress = serializers.SerializerMethodField()
+    started_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="who started it; null: the lab's operator (mtfl profile, a script)",
+    )
 
     class Meta:
         model = ProfileSweep
@@ -68,6 +76,7 @@ class ProfileSweepSerializer(serializers.ModelSerializer):
             "budget_s",
             "request",
             "status",
+            "started_by",
             "configs",
             "samples",
             "repeat_spread",
@@ -101,7 +110,10 @@ class SweepExecutionSerializer(StrictSerializer):
 
 
 class ProfileSweepCreateSerializer(StrictSerializer):
-    budget_s = number()
+    budget_s = number(
+        help_text=f"seconds of measuring: {SWEEP_BUDGET_SELF_SERVE.span} for a researcher, {SWEEP_BUDGET.span} for "
+        "lab staff (no round gets the device meanwhile; a larger budget than yours is a 403)"
+    )
     architectures = serializers.ListField(
         child=RegisteredField(MODEL_REGISTRY.names), required=False, allow_empty=False, max_length=64
     )

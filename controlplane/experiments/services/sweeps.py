@@ -9,6 +9,7 @@ this module reads the tasks and hands their shapes to
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from controlplane.common.errors import ApplicationError
 from controlplane.common.registered import registered
@@ -31,6 +32,7 @@ def sweep_start(
     seed: int = 0,
     tasks: Sequence[int] | None = None,
     execution: ExecutionOptions | Mapping[str, object] | None = None,
+    actor: Any = None,
 ) -> ProfileSweep:
     """Ask a device's agent to profile co-located mixes for ``budget_s`` seconds
     (:func:`controlplane.profiling.services.sweeps.sweep_start`), naming tasks as well as models.
@@ -38,7 +40,8 @@ def sweep_start(
     Args:
         tasks: task ids whose architectures are profiled at each task's own classes and input
             shape (``ProfileSweepRequest.workloads``), beside ``architectures``.
-        others: as :func:`controlplane.profiling.services.sweeps.sweep_start`.
+        others: as :func:`controlplane.profiling.services.sweeps.sweep_start` (``actor``: who
+            starts it; ``None``, the operator, may give the whole budget range).
 
     Raises:
         ApplicationError: as :func:`controlplane.profiling.services.sweeps.sweep_start`; also
@@ -47,7 +50,7 @@ def sweep_start(
             sample shape than the reference 3×32×32.
     """
     # The budget and the execution options are checked first, as before tasks were read here.
-    profiling_sweeps.sweep_budget(budget_s)
+    profiling_sweeps.sweep_budget(budget_s, actor=actor)
     profiling_sweeps.sweep_execution(execution, device)
     workloads = _task_workloads(tasks) if tasks is not None else {}
     for name in list(architectures or ([] if workloads else DEFAULT_ARCHITECTURES)):
@@ -62,6 +65,7 @@ def sweep_start(
         seed=seed,
         workloads=workloads,
         execution=execution,
+        actor=actor,
     )
 
 

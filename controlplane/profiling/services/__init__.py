@@ -11,6 +11,7 @@ from controlplane.profiling.services.predictors import (
 from controlplane.profiling.services.sweeps import (
     profile_done,
     profile_record,
+    sweep_cancel,
     sweep_execution,
     sweep_start,
     sweep_watchdog,
@@ -24,6 +25,7 @@ __all__ = [
     "predictor_request",
     "profile_done",
     "profile_record",
+    "sweep_cancel",
     "sweep_execution",
     "sweep_start",
     "sweep_watchdog",

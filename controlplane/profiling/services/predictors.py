@@ -72,6 +72,10 @@ def _resolve_class(backend: str, device_class: str | None) -> str:
 def predictor_request(*, backend: str = "cpu", device_class: str | None = None) -> Predictor:
     """Create a predictor (status ``fitting``) and have the control worker fit it.
 
+    Open to every user, not only lab staff, although planners take the newest ready version
+    (:func:`predictor_current`): a fit reads nothing but the shared samples of ``backend`` and
+    ``device_class`` and is seeded, so its model is the one anyone's fit of those samples gives.
+
     Raises:
         ApplicationError: unknown backend, no samples, or an ambiguous / unknown device class.
     """

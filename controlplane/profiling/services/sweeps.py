@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F
@@ -14,18 +16,18 @@ from pydantic import ValidationError as PydanticValidationError
 from controlplane.celery import app
 from controlplane.common.errors import ApplicationError
 from controlplane.common.execution import execution_check
+from controlplane.common.limits import SWEEP_BUDGET, SWEEP_BUDGET_SELF_SERVE, bound_text
 from controlplane.common.registered import registered
 from controlplane.fleet.models import Device
 from controlplane.fleet.selectors import device_class, device_declaration_text, device_declares
 from controlplane.profiling.models import ProfileSample, ProfileSweep
 from workers.protocol.messages import ExecutionOptions, ProfileConfigResult, ProfileSweepRequest, ProfileSweepSummary
-from workers.protocol.queues import CONTROL_QUEUE, TaskName, device_queue
+from workers.protocol.queues import CANCELLED_STATE, CONTROL_QUEUE, TaskName, cancel_marker_id, device_queue
 from workers.registry.models import MODEL_REGISTRY
 from workers.registry.names import check_names
 
 log = logging.getLogger(__name__)
 
-BUDGET_RANGE_S = (5.0, 7 * 24 * 3600.0)
 DEFAULT_ARCHITECTURES = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x1_0", "mobilenet_v3_large")
 WATCHDOG_MARGIN_S = 600.0
 
@@ -116,6 +118,7 @@ def sweep_start(
     seed: int = 0,
     workloads: Mapping[str, dict] | None = None,
     execution: ExecutionOptions | Mapping[str, object] | None = None,
+    actor: Any = None,
 ) -> ProfileSweep:
     """Ask a device's agent to profile co-located mixes for ``budget_s`` seconds.
 
@@ -134,9 +137,14 @@ def sweep_start(
             auto/eager/graphs, ``precision`` fp32/bf16, ``channels_last``); default auto, fp32.
             A predictor is fitted on what was measured, so profile with the options the rounds
             will use.
+        actor: the user starting it (recorded as ``started_by``); ``None`` is the lab's operator
+            (``mtfl profile``, scripts), who, like lab staff, may give the whole
+            :data:`~controlplane.common.limits.SWEEP_BUDGET`; anyone else at most
+            :data:`~controlplane.common.limits.SWEEP_BUDGET_SELF_SERVE` (:func:`sweep_budget`).
 
     Raises:
-        ApplicationError: budget out of range, execution options that are malformed or that the
+        ApplicationError: budget out of range (400), or above what ``actor`` may give (403),
+            execution options that are malformed or that the
             device's backend cannot run (400, field ``execution``: ``graphs`` or ``bf16`` on a
             ``cpu`` device), unknown models, a model
             the device's agent does not declare, bad batch sizes or mix size, or a device whose
@@ -144,7 +152,7 @@ def sweep_start(
             scheduler gives no round a device while its sweep is pending or running, and a
             sweep must not hold up a round whose deadline runs).
     """
-    budget_s = sweep_budget(budget_s)
+    budget_s = sweep_budget(budget_s, actor=actor)
     options = sweep_execution(execution, device)
     workloads = dict(workloads or {})
     architectures = _sweep_architectures(device, architectures, workloads)
@@ -155,7 +163,14 @@ def sweep_start(
             status_code=409,
         )
     _refuse_a_leased_device(device)
-    sweep = ProfileSweep.objects.create(device=device, backend=device.backend, budget_s=budget_s, request={})
+    sweep = ProfileSweep.objects.create(
+        device=device,
+        backend=device.backend,
+        budget_s=budget_s,
+        request={},
+        started_by=actor if actor is not None and actor.is_authenticated else None,
+        task_id=f"profile-sweep-{uuid.uuid4()}",
+    )
     request = _sweep_request(
         sweep,
         device,
@@ -170,29 +185,61 @@ def sweep_start(
     sweep.request = request.model_dump(mode="json")
     sweep.save(update_fields=["request"])
     deadline_s = budget_s + request.config_timeout_s + WATCHDOG_MARGIN_S
-
-    def send() -> None:
-        app.send_task(TaskName.PROFILE_SWEEP, args=[sweep.request], queue=device_queue(device.name))
-        app.send_task(TaskName.PROFILE_SWEEP_WATCHDOG, args=[sweep.id], queue=CONTROL_QUEUE, countdown=deadline_s)
-
-    transaction.on_commit(send)
+    transaction.on_commit(lambda: _send_sweep(sweep, deadline_s))
     return sweep
 
 
-def sweep_budget(budget_s: float) -> float:
-    """A sweep's time budget in seconds, checked.
+def _send_sweep(sweep: ProfileSweep, deadline_s: float) -> None:
+    """Queue the sweep on its device's agent, under its ``task_id`` (where :func:`sweep_cancel`
+    marks a cancellation), and its watchdog on the control queue in ``deadline_s`` seconds."""
+    app.send_task(
+        TaskName.PROFILE_SWEEP, args=[sweep.request], queue=device_queue(sweep.device.name), task_id=sweep.task_id
+    )
+    app.send_task(TaskName.PROFILE_SWEEP_WATCHDOG, args=[sweep.id], queue=CONTROL_QUEUE, countdown=deadline_s)
+
+
+def is_lab_staff(actor: Any) -> bool:
+    """Whether ``actor`` may do what the lab's admins do (give a sweep the whole budget range,
+    cancel anyone's sweep, pause a device): the operator (``None``: the CLI, scripts), staff and
+    superusers, as :mod:`controlplane.lab.services.admin` decides for a pause."""
+    return actor is None or bool(getattr(actor, "is_staff", False) or getattr(actor, "is_superuser", False))
+
+
+def sweep_budget_limit(actor: Any = None) -> tuple[float, float]:
+    """The ``(low, high)`` seconds ``actor`` may give a sweep: :data:`SWEEP_BUDGET` for lab staff
+    and the operator (:func:`is_lab_staff`), :data:`SWEEP_BUDGET_SELF_SERVE` for anyone else."""
+    limit = SWEEP_BUDGET if is_lab_staff(actor) else SWEEP_BUDGET_SELF_SERVE
+    return float(limit.low), float(limit.high)
+
+
+def sweep_budget(budget_s: float, *, actor: Any = None) -> float:
+    """A sweep's time budget in seconds, checked against what ``actor`` may give.
+
+    A sweep keeps its device from every round until it ends (the lab scheduler), so a long one
+    is a lab admin's decision, like a pause: a researcher without staff rights gets
+    :data:`~controlplane.common.limits.SWEEP_BUDGET_SELF_SERVE`.
 
     Raises:
-        ApplicationError: (field ``budget_s``) not a number, or outside :data:`BUDGET_RANGE_S`.
+        ApplicationError: (field ``budget_s``) not a number, or outside
+            :data:`~controlplane.common.limits.SWEEP_BUDGET` (400); above
+            :data:`~controlplane.common.limits.SWEEP_BUDGET_SELF_SERVE` for a user who is not
+            staff (403), naming the range they may give.
     """
     try:
         budget = float(budget_s)
     except (TypeError, ValueError):
         raise ApplicationError("budget_s must be a number of seconds", field="budget_s") from None
-    if not BUDGET_RANGE_S[0] <= budget <= BUDGET_RANGE_S[1]:
+    if not SWEEP_BUDGET.contains(budget):
         raise ApplicationError(
-            f"budget_s={budget:g} is out of range: allowed {BUDGET_RANGE_S[0]:g} to {BUDGET_RANGE_S[1]:g} seconds",
+            f"budget_s={budget:g} is out of range: allowed {SWEEP_BUDGET.span} seconds", field="budget_s"
+        )
+    if not is_lab_staff(actor) and not SWEEP_BUDGET_SELF_SERVE.contains(budget):
+        raise ApplicationError(
+            f"budget_s={budget:g} is more than a researcher may give a sweep: allowed {SWEEP_BUDGET_SELF_SERVE.span} "
+            f"seconds (no round gets the device meanwhile); a lab admin (staff) may give up to "
+            f"{bound_text(SWEEP_BUDGET.high)}",
             field="budget_s",
+            status_code=403,
         )
     return budget
 
@@ -266,10 +313,78 @@ def _send_lab_schedule() -> None:
     app.send_task(TaskName.LAB_SCHEDULE, queue=CONTROL_QUEUE)
 
 
+def sweep_cancel_allowed(sweep: ProfileSweep, actor: Any) -> bool:
+    """Whether ``actor`` may cancel ``sweep``: the user who started it, lab staff, or the
+    operator (``None``)."""
+    return is_lab_staff(actor) or (
+        sweep.started_by_id is not None and sweep.started_by_id == getattr(actor, "pk", None)
+    )
+
+
+@transaction.atomic
+def sweep_cancel(*, sweep: ProfileSweep, actor: Any = None) -> ProfileSweep:
+    """Cancel a pending or running sweep: it ends ``cancelled`` at once, so the lab scheduler
+    gives its device to waiting rounds (a scheduling pass is queued), and what the agent reports
+    afterwards is dropped (:func:`profile_record`, :func:`profile_done`); samples stored before
+    are kept (they were measured). The agent is told through the sweep's cancel marker
+    (:func:`workers.protocol.queues.cancel_marker_id` of its ``task_id``), which it reads before
+    it starts the sweep and every few seconds while it runs: it kills the configuration in
+    progress and starts no other.
+
+    Args:
+        sweep: the sweep.
+        actor: who cancels: the user who started it, lab staff, or ``None`` (the operator).
+
+    Raises:
+        ApplicationError: ``actor`` is someone else (403); the sweep has already ended (409).
+    """
+    if not sweep_cancel_allowed(sweep, actor):
+        starter = sweep.started_by.get_username() if sweep.started_by else "the lab's operator"
+        raise ApplicationError(
+            f"sweep {sweep.id} was started by {starter}: only they or a lab admin (staff) may cancel it",
+            field="sweep",
+            status_code=403,
+        )
+    reason = f"sweep {sweep.id} cancelled by {actor.get_username() if actor is not None else 'the operator'}"
+    cancelled = ProfileSweep.objects.filter(
+        id=sweep.id, status__in=[ProfileSweep.Status.PENDING, ProfileSweep.Status.RUNNING]
+    ).update(status=ProfileSweep.Status.CANCELLED, error=reason, finished_at=timezone.now())
+    sweep.refresh_from_db()
+    if not cancelled:
+        raise ApplicationError(
+            f"sweep {sweep.id} has already ended ({sweep.status}): there is nothing to cancel",
+            field="sweep",
+            status_code=409,
+        )
+    task_id = sweep.task_id
+    transaction.on_commit(lambda: _stop_on_agent(task_id, reason))
+    transaction.on_commit(_send_lab_schedule)
+    return sweep
+
+
+def _stop_on_agent(task_id: str, reason: str) -> None:
+    """Mark the sweep's device task cancelled in the result backend (the agent polls it, also
+    when busy in its solo pool) and revoke it (an agent drops a revoked message it has not
+    started). Best effort, as :func:`controlplane.experiments.services.dispatch.cancel_device_tasks`
+    (which profiling, below the experiments app, does not import): the sweep is cancelled in the
+    database whatever happens here, and its budget and watchdog still bound the agent's work."""
+    if not task_id:  # a sweep started before sweeps had task ids: nothing to mark
+        return
+    try:
+        app.backend.store_result(cancel_marker_id(task_id), {"reason": reason}, CANCELLED_STATE)
+    except Exception:  # noqa: BLE001 - see docstring
+        log.warning("could not mark profiling task %s cancelled", task_id, exc_info=True)
+    try:
+        app.control.revoke([task_id])
+    except Exception:  # noqa: BLE001 - see docstring
+        log.warning("could not broadcast the revocation of profiling task %s", task_id, exc_info=True)
+
+
 def profile_record(*, result: dict) -> int:
     """Store one measured configuration of a sweep (one sample per measured task).
 
-    Duplicate deliveries are stored once. Returns the number of samples stored.
+    Duplicate deliveries are stored once, and a configuration that arrives after its sweep was
+    cancelled (:func:`sweep_cancel`) is dropped. Returns the number of samples stored.
     """
     try:
         r = check_names(ProfileConfigResult.model_validate(result))
@@ -315,12 +430,17 @@ def profile_record(*, result: dict) -> int:
     with transaction.atomic():
         if ProfileSample.objects.filter(config_key=key).exists():
             return 0
-        ProfileSample.objects.bulk_create(rows)
-        ProfileSweep.objects.filter(id=sweep.id).update(
-            configs=F("configs") + 1,
-            samples=F("samples") + len(rows),
-            last_record_at=timezone.now(),
+        # Counted first, and only while the sweep is not cancelled: the update locks the row,
+        # so a cancellation committed meanwhile drops this record instead of racing it.
+        counted = (
+            ProfileSweep.objects.filter(id=sweep.id)
+            .exclude(status=ProfileSweep.Status.CANCELLED)
+            .update(configs=F("configs") + 1, samples=F("samples") + len(rows), last_record_at=timezone.now())
         )
+        if not counted:
+            log.info("profile result of cancelled sweep %s dropped", sweep.id)
+            return 0
+        ProfileSample.objects.bulk_create(rows)
         # Only a pending sweep becomes running: the control worker runs records and the end of
         # the sweep concurrently, so a record handled after profile_done must not reopen it.
         ProfileSweep.objects.filter(id=sweep.id, status=ProfileSweep.Status.PENDING).update(
@@ -331,7 +451,8 @@ def profile_record(*, result: dict) -> int:
 
 
 def profile_done(*, summary: dict) -> ProfileSweep | None:
-    """Close a sweep with the agent's summary (status, repeat spread)."""
+    """Close a sweep with the agent's summary (status, repeat spread); a sweep that already
+    ended (cancelled, or failed by its watchdog) keeps its end and the summary is dropped."""
     try:
         s = ProfileSweepSummary.model_validate(summary)
     except PydanticValidationError as exc:

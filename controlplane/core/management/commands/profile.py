@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from controlplane.common.errors import ApplicationError
-from controlplane.common.limits import BATCH_SIZE, SEED
+from controlplane.common.limits import BATCH_SIZE, SEED, SWEEP_BUDGET, SWEEP_BUDGET_SELF_SERVE
 from controlplane.core.cli_support import ProgressLines, console, interrupt_on_signals, require_control_worker
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import float_option, int_option, list_option
@@ -19,7 +19,7 @@ from controlplane.fleet.selectors import device_class
 from controlplane.profiling import services
 from controlplane.profiling.models import ProfileSweep
 from controlplane.profiling.selectors import sweep_progress
-from controlplane.profiling.services.sweeps import BUDGET_RANGE_S, DEFAULT_ARCHITECTURES
+from controlplane.profiling.services.sweeps import DEFAULT_ARCHITECTURES
 from workers.protocol.messages import ExecutionOptions
 from workers.registry.models import MODEL_REGISTRY
 
@@ -32,7 +32,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--device", required=True, help="the device to profile")
-        parser.add_argument("--budget", required=True, help="seconds to spend measuring")
+        parser.add_argument(
+            "--budget",
+            required=True,
+            help=f"seconds to spend measuring, {SWEEP_BUDGET.span}: the CLI runs as the lab's operator, so it may "
+            f"give the whole range as lab staff may (a researcher on the dashboard or the API: "
+            f"{SWEEP_BUDGET_SELF_SERVE.span}); no round gets the device meanwhile",
+        )
         parser.add_argument(
             "--architectures",
             default=None,
@@ -56,7 +62,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        budget = float_option("budget", opts["budget"], BUDGET_RANGE_S[0] - 1e-9, BUDGET_RANGE_S[1])
+        budget = float_option("budget", opts["budget"], SWEEP_BUDGET.low - 1e-9, SWEEP_BUDGET.high)
         task_ids = self._task_ids(opts["tasks"]) if opts["tasks"] else None
         if opts["architectures"] is not None or task_ids is None:
             given = opts["architectures"] if opts["architectures"] is not None else ",".join(DEFAULT_ARCHITECTURES)
@@ -89,6 +95,7 @@ class Command(BaseCommand):
                 max_mix=max_mix,
                 seed=seed,
                 execution=execution,
+                actor=None,  # the operator's command line: lab staff's budget range
             )
         except ApplicationError as exc:
             raise CommandError(exc.message) from exc
@@ -100,7 +107,8 @@ class Command(BaseCommand):
             sweep = self._follow(sweep)
         except KeyboardInterrupt:
             console.print(
-                f"stopped following: sweep {sweep.id} goes on on the agent (GET /api/profile-sweeps/{sweep.id}/)"
+                f"stopped following: sweep {sweep.id} goes on on the agent (GET /api/profile-sweeps/{sweep.id}/; "
+                f"cancel it with POST /api/profile-sweeps/{sweep.id}/cancel/ or on its dashboard page)"
             )
             raise SystemExit(130) from None
         spread = sweep.max_repeat_spread
@@ -110,7 +118,7 @@ class Command(BaseCommand):
         )
         if sweep.error:
             console.print(f"[red]{sweep.error}[/red]")
-        if sweep.status == ProfileSweep.Status.FAILED:
+        if sweep.status in (ProfileSweep.Status.FAILED, ProfileSweep.Status.CANCELLED):
             raise SystemExit(1)
         console.print(
             f"next: `mtfl fit-predictor --backend {device.backend} --device-class {device_class(device)}` fits a "
@@ -150,7 +158,7 @@ class Command(BaseCommand):
             while True:
                 sweep.refresh_from_db()
                 lines.update(sweep.status, sweep_progress(sweep), self._detail(sweep))
-                if sweep.status in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
+                if sweep.ended:
                     return sweep
                 time.sleep(1.0)
         with Progress(
@@ -164,7 +172,7 @@ class Command(BaseCommand):
             while True:
                 sweep.refresh_from_db()
                 progress.update(bar, completed=sweep_progress(sweep), detail=self._detail(sweep))
-                if sweep.status in (ProfileSweep.Status.SUCCEEDED, ProfileSweep.Status.FAILED):
+                if sweep.ended:
                     return sweep
                 time.sleep(1.0)
 
