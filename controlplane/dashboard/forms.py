@@ -113,6 +113,15 @@ class ApiCheckedForm(forms.Form):
     """The service's argument of each field its messages name, where the names differ
     (``tasks`` → ``task_ids``)."""
 
+    max_probes: int = 1
+    """How many more times :meth:`submit` may ask the service after it refused (each past the
+    refused argument, :meth:`probe_replace`), so a page shows the service's next refusal too.
+    A service that is expensive to ask (task creation checks the plug-in and its data in a child
+    process) sets 0 and :attr:`expensive`."""
+    expensive: bool = False
+    """The service is not asked at all while the serializer refuses some field: the call could
+    only probe (it is rolled back), and costs a child process."""
+
     validated: dict[str, Any] | None = None
     status_code: int = 400
     """What the page answers after :meth:`submit` refused: 400, or the service's own status
@@ -188,13 +197,15 @@ class ApiCheckedForm(forms.Form):
         """Check the form and call ``service(**fixed, **self.service_arguments())``: its result,
         or ``None`` with every refusal at its field (:attr:`status_code` says what to answer).
 
-        Every error shows at once: when the service refuses an argument, it is asked again with
-        that argument at the service's own default (:meth:`probe_replace`), until it accepts or
-        an argument cannot be replaced; all of it inside one transaction, rolled back (and the
-        work queued on commit dropped) whenever anything was refused.
+        Every error shows at once, within bounds: when the service refuses an argument, it is
+        asked again with that argument at the service's own default (:meth:`probe_replace`), at
+        most :attr:`max_probes` more times (each call may run the whole service); all of it
+        inside one transaction, rolled back (and the work queued on commit dropped) whenever
+        anything was refused. An :attr:`expensive` service is not asked while the serializer
+        refuses a field.
         """
         valid = self.is_valid()
-        if self.validated is None:
+        if self.validated is None or (self.expensive and not valid):
             return None
         refusals: list[ApplicationError] = []
         try:
@@ -213,7 +224,7 @@ class ApiCheckedForm(forms.Form):
         self, service: Callable[..., Any], fixed: dict[str, Any], arguments: dict[str, Any], refusals: list
     ) -> Any:
         replaced: set[Any] = set()
-        while True:
+        for _ in range(1 + max(0, self.max_probes)):
             try:
                 with transaction.atomic():
                     return service(**fixed, **arguments)
@@ -225,6 +236,7 @@ class ApiCheckedForm(forms.Form):
                 refusals.append(exc)
                 if not self.probe_replace(exc, service, arguments, replaced):
                     return None
+        return None
 
     def _argument_name(self, exc: ApplicationError) -> str:
         root = re.split(r"[.\[]", exc.field or "", maxsplit=1)[0]
@@ -322,6 +334,9 @@ class TaskForm(ApiCheckedForm):
     ``num_classes``)."""
 
     serializer_class = api.TaskWriteSerializer
+    # task_create checks the plug-in and its data in a child process: asked once, never to probe.
+    max_probes = 0
+    expensive = True
 
     name = _input(
         forms.TextInput(attrs={"placeholder": "e.g. digits-resnet18", "maxlength": 100, "autocomplete": "off"}),
