@@ -14,16 +14,40 @@ from typing import Any, TextIO
 
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import DatabaseError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from controlplane.celery import app
 from controlplane.core.demo import Credentials, demo_user_ensure, run_wait
+from controlplane.experiments.models import Experiment
 from controlplane.planning import metrics
 from controlplane.planning.metrics import format_estimate
 
 console = Console(highlight=False)
+
+
+def experiment_by_id_or_name(key: str) -> Experiment:
+    """The experiment whose id (digits) or name is ``key``.
+
+    Raises:
+        CommandError: no such experiment, or the database cannot be read (one line each).
+    """
+    try:
+        experiment = Experiment.objects.filter(id=int(key)).first() if key.isdigit() else None
+        experiment = experiment or Experiment.objects.filter(name=key).first()
+    except DatabaseError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CommandError(
+            f"cannot read experiments from the database ({first}): if it is new, start `mtfl up` "
+            "or run `mtfl migrate`, then create one"
+        ) from exc
+    if experiment is None:
+        raise CommandError(
+            f"experiment {key!r} does not exist (give its id or name; `GET /api/experiments/` lists them)"
+        )
+    return experiment
 
 
 def interrupt_on_signals() -> None:

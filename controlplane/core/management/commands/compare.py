@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
 
 from controlplane.common.errors import ApplicationError
 from controlplane.common.limits import PRIORITY, REPEATS, TARGET_ACCURACY
@@ -14,6 +13,7 @@ from controlplane.core.cli_support import (
     comparison_report_tables,
     comparison_tables,
     console,
+    experiment_by_id_or_name,
     follow_runs,
     interrupt_on_signals,
     require_control_worker,
@@ -22,7 +22,7 @@ from controlplane.core.demo import comparison_rows
 from controlplane.core.embedded import use_running_broker
 from controlplane.core.options import int_option, params_option
 from controlplane.experiments import services
-from controlplane.experiments.models import Experiment, Run
+from controlplane.experiments.models import Run
 from controlplane.experiments.selectors import comparison_report
 from controlplane.experiments.services.planning import planner_options
 from controlplane.planning.planner import OBJECTIVES, SLACK_POLICIES
@@ -121,20 +121,7 @@ class Command(BaseCommand):
             options["aggregation_params"] = aggregation_params
         if opts["pool"] is not None and not opts["pool"].strip():
             raise CommandError("--pool is empty: give a pool's name or id (`mtfl pool list`)")
-        key = opts["experiment"]
-        try:
-            experiment = Experiment.objects.filter(id=int(key)).first() if key.isdigit() else None
-            experiment = experiment or Experiment.objects.filter(name=key).first()
-        except DatabaseError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise CommandError(
-                f"cannot read experiments from the database ({first}): if it is new, start `mtfl up` "
-                "or run `mtfl migrate`, then create one"
-            ) from exc
-        if experiment is None:
-            raise CommandError(
-                f"experiment {key!r} does not exist (give its id or name; `GET /api/experiments/` lists them)"
-            )
+        experiment = experiment_by_id_or_name(opts["experiment"])
         try:
             use_running_broker()
         except RuntimeError as exc:

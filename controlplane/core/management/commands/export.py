@@ -9,31 +9,10 @@ import sys
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
 
+from controlplane.core.cli_support import experiment_by_id_or_name
 from controlplane.experiments.models import Experiment
 from controlplane.storage import exports, mlflow_export
-
-
-def experiment_by_id_or_name(key: str) -> Experiment:
-    """The experiment whose id (digits) or name is ``key``.
-
-    Raises:
-        CommandError: no such experiment, or the database cannot be read (one line each).
-    """
-    try:
-        experiment = Experiment.objects.filter(id=int(key)).first() if key.isdigit() else None
-        experiment = experiment or Experiment.objects.filter(name=key).first()
-    except DatabaseError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CommandError(
-            f"cannot read experiments from the database ({first}): if it is new, start `mtfl up` or run `mtfl migrate`"
-        ) from exc
-    if experiment is None:
-        raise CommandError(
-            f"experiment {key!r} does not exist (give its id or name; `GET /api/experiments/` lists them)"
-        )
-    return experiment
 
 
 class Command(BaseCommand):
