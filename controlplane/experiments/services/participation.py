@@ -62,13 +62,7 @@ def round_participants(experiment: Experiment, index: int) -> list[int] | None:
         return None
     volumes = None
     if experiment.client_sampling == "weighted":
-        volumes = dict(
-            Shard.objects.filter(experiment=experiment)
-            .values("device_id")
-            .annotate(n=Sum("num_samples"))
-            .order_by()
-            .values_list("device_id", "n")
-        )
+        volumes = _sample_totals(experiment)
     try:
         return draw_participants(
             device_ids,
@@ -82,16 +76,22 @@ def round_participants(experiment: Experiment, index: int) -> list[int] | None:
         raise ApplicationError(str(exc), field="client_sampling") from exc
 
 
-def _data_holders(experiment: Experiment) -> list[int] | None:
-    """The ids of the experiment's devices holding a sample of some task, in increasing order,
-    or ``None`` when every device does (one query: the devices' sample totals)."""
-    totals = dict(
+def _sample_totals(experiment: Experiment) -> dict[int, int]:
+    """``{device id: samples it holds over all tasks}`` (one grouped query; a device without
+    shards is absent)."""
+    return dict(
         Shard.objects.filter(experiment=experiment)
         .values("device_id")
         .annotate(n=Sum("num_samples"))
         .order_by()
         .values_list("device_id", "n")
     )
+
+
+def _data_holders(experiment: Experiment) -> list[int] | None:
+    """The ids of the experiment's devices holding a sample of some task, in increasing order,
+    or ``None`` when every device does (one query: the devices' sample totals)."""
+    totals = _sample_totals(experiment)
     members = list(
         Experiment.devices.through.objects.filter(experiment_id=experiment.id).values_list("device_id", flat=True)
     )
