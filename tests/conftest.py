@@ -257,6 +257,11 @@ ENGINE_SENSITIVE = frozenset(
         "controlplane/test_api.py",
         "controlplane/test_health.py",
         "test_database_selection.py",
+        # aggregates the database computes (each task's sample-weighted training loss, the tidy
+        # metrics export) and the 0021 data migration recomputing stored device waits
+        "controlplane/test_run_learning.py",
+        "controlplane/test_export_tracker.py",
+        "controlplane/test_comparison_followups.py",
     }
 )
 """Modules (paths under tests/) whose tests the PostgreSQL pass runs besides the integration
