@@ -7,7 +7,9 @@ Kept outside ``management/commands/``, where Django would take every public modu
 from __future__ import annotations
 
 import math
+import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -25,7 +27,15 @@ from controlplane.experiments.models import Experiment
 from controlplane.planning import metrics
 from controlplane.planning.metrics import format_estimate
 
-console = Console(highlight=False)
+REDIRECTED_WIDTH = 200
+"""Columns the tables are laid out in when the output is not a terminal (a file, a pipe, CI's
+log) and ``COLUMNS`` is not set: rich's default there is 80, which squeezed the comparison
+tables' intervals into ``…``."""
+
+console = Console(
+    highlight=False,
+    width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else REDIRECTED_WIDTH,
+)
 
 
 def experiment_by_id_or_name(key: str) -> Experiment:

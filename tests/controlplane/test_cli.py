@@ -199,3 +199,23 @@ def test_plugins_on_a_new_home_lists_the_host_and_says_the_database_is_not_set_u
     assert "Installed on this host" in out.stdout and "Traceback" not in out.stderr
     assert "Devices: cannot read devices from the database" in out.stdout and "mtfl migrate" in out.stdout
     assert out.stdout.rstrip().splitlines()[-1].startswith("Devices: cannot read")
+
+
+def test_tables_keep_their_columns_when_the_output_is_redirected():
+    """``mtfl compare > file``: rich lays a non-terminal out in 80 columns, which squeezed the
+    comparison tables' intervals into ``…``; redirected output gets REDIRECTED_WIDTH instead,
+    and a ``COLUMNS`` the user set still wins."""
+    code = (
+        "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'controlplane.settings'); "
+        "django.setup(); from controlplane.core.cli_support import console, REDIRECTED_WIDTH; "
+        "print(console.width, REDIRECTED_WIDTH)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    width, wanted = done.stdout.split()
+    assert width == wanted == "200"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**env, "COLUMNS": "132"}, timeout=120
+    )
+    assert done.stdout.split()[0] == "132", done.stderr
