@@ -212,6 +212,10 @@ def accuracy_labels(series: Sequence[Mapping]) -> list[str]:
     return [f"{s.get('algorithm') or '?'} · {s['strategy']}" if with_algorithm else s["strategy"] for s in series]
 
 
+ROUND_DODGE = 0.07
+"""Rounds between neighbouring strategies' points on the accuracy-per-round chart (at most;
+less with many strategies, so a round's points stay within half a round of it)."""
+
 LINE_DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]
 """Line styles of the accuracy curves, one per strategy (label) in order: with
 :data:`LINE_SYMBOLS`, two strategies whose curves coincide stay told apart."""
@@ -268,7 +272,7 @@ def accuracy_per_round(series: Sequence[Mapping]) -> go.Figure:
         series: as :func:`accuracy_over_time`, each with ``"rounds": [(rounds done,
             accuracy), ...]``.
     """
-    clocks: list[Clock] = [("rounds", "rounds", "rounds done (0: the initial model)", "round %{x}")]
+    clocks: list[Clock] = [("rounds", "rounds", "rounds done (0: the initial model)", "round %{x:.0f}")]
     return _accuracy_lines(series, clocks=clocks, title="Test accuracy per round")
 
 
@@ -310,7 +314,8 @@ def _accuracy_group(
     added."""
     key, _menu, _axis, x_format = clock
     members = [r for r in runs if not r.get("aside")]
-    lines = [_by_round(r, key) for r in members]
+    dx = style.get("dx", 0.0) if key == "rounds" else 0.0
+    lines = [{d: (x + dx, y) for d, (x, y) in _by_round(r, key).items()} for r in members]
     shown = spread(_across_runs(lines), MAX_POINTS)
     before = len(fig.data)
     color = style["color"]
@@ -359,9 +364,10 @@ def _aside_lines(
     label has no run in its mean (``legend``), the first of them carries the legend entry, so
     the label can still be found and toggled."""
     key, _menu, _axis, x_format = clock
+    dx = style.get("dx", 0.0) if key == "rounds" else 0.0
     for k, r in enumerate(runs):
         name = f"{label} run {r['run']} ({r['aside']})"
-        line = _by_round(r, key)
+        line = {d: (x + dx, y) for d, (x, y) in _by_round(r, key).items()}
         points = spread([line[d] for d in sorted(line)], MAX_POINTS)
         fig.add_scatter(
             x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers",
@@ -402,6 +408,9 @@ def _accuracy_lines(series: Sequence[Mapping], *, clocks: Sequence[Clock], title
                     # earlier strategies' markers larger, so a later one drawn on the same point
                     # leaves a rim of the earlier showing
                     "size": max(5, 12 - 2 * i),
+                    # on the rounds clock each strategy's points sit side by side around the
+                    # round (a dodge), so strategies that reach the same accuracy stay visible
+                    "dx": (i - (len(order) - 1) / 2) * min(ROUND_DODGE, 0.5 / max(1, len(order))),
                     "legend": row
                     == min(t for t, name in enumerate(tasks, start=1) if _has(series, labels, label, name)),
                 }
@@ -413,14 +422,16 @@ def _accuracy_lines(series: Sequence[Mapping], *, clocks: Sequence[Clock], title
     longest = max((len(s.get(c[0]) or []) for s in series for c in clocks), default=0)
     members = [(lab, s["task"]) for s, lab in zip(series, labels, strict=True) if not s.get("aside")]
     asides = sorted({s["aside"] for s in series if s.get("aside")})
+    dodged = clocks[0][0] == "rounds" and len(order) > 1
     notes = [
-        "mean over runs round by round, band: lowest to highest, thin lines: each run"
-        if len(members) > len(set(members))
-        else "",
+        "mean over runs, band: lowest to highest, thin: each run" if len(members) > len(set(members)) else "",
         f"dotted: runs outside the mean ({', '.join(asides)})" if asides else "",
+        "strategies side by side at each round" if dodged else "",
     ]
     notes.append(f"{MAX_POINTS} of up to {longest:,} checkpoints a line, spread evenly" if longest > MAX_POINTS else "")
     fig.update_yaxes(range=[0, 1], title_text="test accuracy")
+    if clocks[0][0] == "rounds" and longest <= 30:
+        fig.update_xaxes(dtick=1)  # whole rounds, not 0.5 steps
     fig.update_layout(
         title=_note(title, notes),
         **{
@@ -822,6 +833,7 @@ def _interval_bars(
     color: str,
     digits: int = 2,
     suffix: str = "",
+    value_labels: bool = True,
     **trace,
 ) -> tuple[list[int], float]:
     """Bars of ``means`` with their intervals as error bars, every repeat's value as a point on
@@ -832,6 +844,8 @@ def _interval_bars(
     Args:
         intervals: ``(low, high)`` per bar (``(None, None)``: none).
         values: per bar, its repeats' values.
+        value_labels: write each bar's value above it (off where the bars are too narrow for
+            their labels: the hover and the table still give them).
         trace: more trace settings for all three (``visible``, ``row``/``col`` of a subplot,
             ``showlegend`` of the bar).
 
@@ -858,6 +872,8 @@ def _interval_bars(
         max([m, *(b for b in (bounds[1],) if b is not None), *v]) if m is not None else None
         for m, bounds, v in zip(means, intervals, values, strict=True)
     ]
+    if not value_labels:
+        return list(range(first, len(fig.data))), max((t for t in tops if t is not None), default=0.0)
     fig.add_scatter(
         x=list(x), y=tops, mode="text", text=[_short(m, digits) + suffix if m is not None else "" for m in means],
         textposition="top center", textfont=dict(size=9, color="#24292e"), showlegend=False,
@@ -1086,6 +1102,7 @@ def _estimate_bars(
     their 95 % intervals, every repeat a point, the values above the whiskers."""
     digits = bar.pop("digits", 2)
     suffix = bar.pop("suffix", "")
+    bar.setdefault("value_labels", True)
     return _interval_bars(
         fig,
         name=strategy,
@@ -1098,6 +1115,11 @@ def _estimate_bars(
         suffix=suffix,
         **bar,
     )
+
+
+MAX_LABELLED_BARS = 16
+"""Bars in a panel up to which each carries its value written above it; beyond, they are too
+narrow for a label (the hover and the comparison table give the values)."""
 
 
 def _repeats_note(report: Mapping, *, log: bool = True) -> str:
@@ -1141,7 +1163,7 @@ def comparison_throughput(report: Mapping) -> go.Figure:
 
 
 def time_to_accuracy(report: Mapping) -> go.Figure:
-    """Time to each task's target accuracy on both clocks side by side — the FL round-time
+    """Time to each task's target accuracy on both clocks, one panel each — the FL round-time
     clock (the sum of FL round times until the test accuracy first reached the target) and the
     wall clock (from the run's start until that round was aggregated) — per task and strategy:
     the geometric mean over repeats with its 95 % interval (log scale), every repeat a point;
@@ -1152,27 +1174,30 @@ def time_to_accuracy(report: Mapping) -> go.Figure:
     """
     targets = {t["task"]: t for t in report["targets"]}
     clocks = report.get("clocks") or CLOCKS
+    # one clock per row, each the card's full width: side by side, 5 strategies × 3 tasks left
+    # bars too narrow for their values and the task names overlapping
     fig = make_subplots(
-        rows=1, cols=len(clocks), subplot_titles=[f"{label} (s)" for label in clocks.values()], horizontal_spacing=0.12
+        rows=len(clocks), cols=1, subplot_titles=[f"{label} (s)" for label in clocks.values()], vertical_spacing=0.2
     )
     labels: list[str] = []
     tops = [0.0] * len(clocks)
+    bars = sum(1 for row in report["strategies"] for t in row["tasks"] if targets[t["task"]]["target"] is not None)
     for row in report["strategies"]:
         tasks = [t for t in row["tasks"] if targets[t["task"]]["target"] is not None]
-        labels = [f"{t['task_name']} ≥ {targets[t['task']]['target']:.3f}" for t in tasks]
-        for col, clock in enumerate(clocks, start=1):
+        labels = [f"{t['task_name']}<br>≥ {targets[t['task']]['target']:.3f}" for t in tasks]
+        for k, clock in enumerate(clocks, start=1):
             _, high = _estimate_bars(
                 fig, row["strategy"], labels, [t.get(clock) for t in tasks], digits=1,
-                row=1, col=col, showlegend=col == 1,
+                row=k, col=1, showlegend=k == 1, value_labels=bars <= MAX_LABELLED_BARS,
             )  # fmt: skip
-            tops[col - 1] = max(tops[col - 1], high)
-    for col, top in enumerate(tops, start=1):
-        fig.update_yaxes(range=[0, max(top, 1e-9) * 1.18], title_text="seconds" if col == 1 else None, row=1, col=col)
+            tops[k - 1] = max(tops[k - 1], high)
+    for k, top in enumerate(tops, start=1):
+        fig.update_yaxes(range=[0, max(top, 1e-9) * 1.18], title_text="seconds", row=k, col=1)
     fig.update_layout(
         title=_note("Time to accuracy per task, on two clocks (lower is better)", [_repeats_note(report)]),
         barmode="group",
         scattermode="group",
-        **{**LAYOUT, "height": 440, "margin": dict(l=60, r=20, t=90, b=50)},
+        **{**LAYOUT, "height": 130 + 300 * len(clocks), "margin": dict(l=60, r=20, t=90, b=50)},
     )
     has_data = any(
         (t.get(clock) or {}).get("mean") is not None

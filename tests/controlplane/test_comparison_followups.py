@@ -71,6 +71,28 @@ def _curve(run: int, accuracies: dict[int, float], *, seconds_per_round: float =
     }
 
 
+def test_strategies_that_reach_the_same_accuracies_are_drawn_side_by_side_at_each_round():
+    """Deterministic training gave temporal, sharing and a planner exactly the same accuracies
+    (a real 3-repeat comparison on digits): on the rounds chart their points stand apart around
+    each round, each with its own marker, instead of one hiding the others."""
+    same = {0: 0.1, 1: 0.6, 2: 0.8}
+    series = [_curve(k, same, strategy=name) for k, name in enumerate(["temporal", "sharing", "vres_sync"])]
+    fig = figures.accuracy_per_round(series)
+    means = {t.name: t for t in fig.data if t.mode == "lines+markers"}
+    assert set(means) == {"temporal", "sharing", "vres_sync"}
+    xs = [list(means[name].x) for name in ("temporal", "sharing", "vres_sync")]
+    for d in range(3):
+        at = [x[d] for x in xs]
+        assert len(set(at)) == 3 and all(abs(x - d) <= 0.5 for x in at)  # apart, but near round d
+    assert len({means[name].marker.symbol for name in means}) == 3
+    assert fig.layout.xaxis.dtick == 1 and "side by side" in fig.layout.title.text
+    # the time clocks are not moved: a point's time is what was measured
+    wall = figures.accuracy_over_time(series)
+    assert {tuple(t.x) for t in wall.data if t.mode == "lines+markers" and t.visible is not False} == {
+        (0.0, 10.0, 20.0)
+    }
+
+
 def test_runs_are_averaged_round_by_round_when_one_missed_an_evaluation():
     full = _curve(1, {0: 0.1, 1: 0.3, 2: 0.5, 3: 0.7}, seconds_per_round=10.0)
     missing = _curve(2, {0: 0.1, 1: 0.4, 3: 0.8}, seconds_per_round=20.0)  # round 2 not evaluated
@@ -149,7 +171,9 @@ def test_the_bands_hold_only_the_newest_comparisons_succeeded_runs(comparison_be
     }
     rounds = _shown(built["accuracy_rounds"])
     mean = next(t for t in rounds if t["name"] == "sharing" and task.name in t["hovertemplate"])
-    assert mean["x"] == [0, 1, 2, 3, 4]
+    # whole rounds, each strategy's points moved by the same dodge beside the others'
+    assert [round(x) for x in mean["x"]] == [0, 1, 2, 3, 4]
+    assert len({round(x - round(x), 6) for x in mean["x"]}) == 1 and abs(mean["x"][0]) <= figures.ROUND_DODGE
     # round 2 of repeat 1 was not evaluated: the mean there is repeat 0's alone, the others both
     for d, (y, n) in enumerate(zip(mean["y"], mean["customdata"], strict=True)):
         present = [accuracy[(r.id, d)] for r in repeats if accuracy[(r.id, d)] is not None]

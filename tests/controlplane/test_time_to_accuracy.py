@@ -430,7 +430,7 @@ def test_a_comparisons_report_has_time_to_accuracy_intervals_and_verdicts(
     assert "n = 2: interval wide" in page
     fig = figures.time_to_accuracy(report)
     assert not figures.is_empty(fig)
-    # both clocks side by side, each with its own axis; per strategy and clock a bar with its
+    # both clocks, one panel each with its own axis; per strategy and clock a bar with its
     # interval, a point per repeat, and the value written above the whisker
     assert [a.text for a in fig.layout.annotations] == ["FL round time (s)", "wall-clock from the run's start (s)"]
     bars = {(t.name, t.xaxis): t for t in fig.data if t.type == "bar"}
