@@ -432,11 +432,13 @@ def _accuracy_lines(series: Sequence[Mapping], *, clocks: Sequence[Clock], title
     fig.update_yaxes(range=[0, 1], title_text="test accuracy")
     if clocks[0][0] == "rounds" and longest <= 30:
         fig.update_xaxes(dtick=1)  # whole rounds, not 0.5 steps
+    notes = [n for n in notes if n]
     fig.update_layout(
-        title=_note(title, notes),
+        # a line per note: on one line they ran off a half-width card
+        title=f"{title}<br><sup>{'<br>'.join(notes)}</sup>" if notes else title,
         **{
             **LAYOUT,
-            "margin": dict(l=60, r=20, t=110, b=50),
+            "margin": dict(l=60, r=20, t=80 + 16 * len(notes), b=50),
             "height": 230 + 260 * max(1, len(tasks)),
             "legend": dict(
                 orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", groupclick="togglegroup", tracegroupgap=6
