@@ -438,7 +438,7 @@ def _accuracy_lines(series: Sequence[Mapping], *, clocks: Sequence[Clock], title
         title=f"{title}<br><sup>{'<br>'.join(notes)}</sup>" if notes else title,
         **{
             **LAYOUT,
-            "margin": dict(l=60, r=20, t=80 + 16 * len(notes), b=50),
+            "margin": dict(l=60, r=20, t=100 + 22 * len(notes), b=50),
             "height": 230 + 260 * max(1, len(tasks)),
             "legend": dict(
                 orientation="v", x=1.02, xanchor="left", y=1, yanchor="top", groupclick="togglegroup", tracegroupgap=6
