@@ -1043,19 +1043,24 @@ def run_checkpoint_metrics(run: Run) -> QuerySet:
     )
 
 
+TRAIN_LOSS_X_SAMPLES = ExpressionWrapper(F("train_loss") * F("samples_trained"), output_field=FloatField())
+"""An assignment's ``n_ij·L_ij``: summed over a round's devices and divided by their samples it
+gives the task's sample-weighted training loss (:func:`run_task_train_losses`, the tidy
+``metrics`` export); ``NULL`` where no loss was reported, which ``Sum`` leaves out."""
+
+
 def run_task_train_losses(run: Run) -> list[tuple[int, str, float, int]]:
     """``(round index, task name, training loss, devices)`` per round and task of the run: the
     mean of the devices' ``Assignment.train_loss`` (each the last local epoch's mean
     cross-entropy) weighted by the samples each trained, ``Σ_j n_ij·L_ij / Σ_j n_ij``, over the
     succeeded assignments that reported one, computed by the database (one query). Rounds of the
     ``simulated`` backend, which reports no loss, have no row."""
-    weighted = ExpressionWrapper(F("train_loss") * F("samples_trained"), output_field=FloatField())
     rows = (
         Assignment.objects.filter(
             round__run=run, status=Assignment.Status.SUCCEEDED, train_loss__isnull=False, samples_trained__gt=0
         )
         .values("round__index", "task__name")
-        .annotate(loss_x_n=Sum(weighted), n=Sum("samples_trained"), devices=Count("id"))
+        .annotate(loss_x_n=Sum(TRAIN_LOSS_X_SAMPLES), n=Sum("samples_trained"), devices=Count("id"))
         .order_by("round__index", "task__name")
         .values_list("round__index", "task__name", "loss_x_n", "n", "devices")
     )

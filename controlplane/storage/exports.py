@@ -30,7 +30,7 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from django.db.models import Case, ExpressionWrapper, F, FloatField, QuerySet, Sum, When
+from django.db.models import Case, F, QuerySet, Sum, When
 
 from controlplane.experiments import selectors
 from controlplane.experiments.models import Assignment, Checkpoint, Experiment, Round, Run
@@ -213,7 +213,7 @@ def _task_training(run: Run) -> QuerySet:
         Assignment.objects.filter(round__run=run, status=Assignment.Status.SUCCEEDED)
         .values("round__index", "task__name")
         .annotate(
-            loss_x_n=Sum(ExpressionWrapper(F("train_loss") * F("samples_trained"), output_field=FloatField())),
+            loss_x_n=Sum(selectors.TRAIN_LOSS_X_SAMPLES),
             loss_n=Sum(Case(with_loss, default=0)),
             throughput=Sum("throughput_sps"),
             samples=Sum("samples_trained"),
