@@ -43,6 +43,9 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(os.environ.get("MTFL_TEST_ARTIFACTS") or Path(__file__).resolve().parents[2] / "test-artifacts")
 RUN_TIMEOUT_MS = 240_000
+STEP_TIMEOUT_MS = 60_000
+"""Each click, navigation and expectation: Playwright's 5 s default is too short for a form that
+checks a task's model in a child process on a 2-core machine the rest of the suite is loading."""
 SWEEP_BUDGET_S = 1800
 """Simulated seconds of profiling (about 15 s of real time idle): enough mixes to fit on."""
 COMPARED = ["temporal", "vres_greedy", "vres_sync"]
@@ -120,6 +123,8 @@ def test_a_researcher_runs_an_experiment_from_the_browser(child_env, monkeypatch
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.set_default_timeout(STEP_TIMEOUT_MS)
+                expect.set_options(timeout=STEP_TIMEOUT_MS)
                 page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
                 page.on(
                     "console",
