@@ -199,7 +199,11 @@ def print_credentials(creds: Credentials, how: str) -> None:
 
 
 def serve_until_interrupted(stack, addr: str, creds: Credentials) -> None:
-    """Serve the web app until Ctrl-C or SIGTERM, with the stack's workers running."""
+    """Serve the web app until Ctrl-C or SIGTERM, with the stack's workers running.
+
+    The children are supervised (:meth:`~controlplane.core.processes.Children.supervise`): one
+    that exits is restarted with back-off, and a ``RuntimeError`` ends the serving only when one
+    keeps crashing."""
     stack.start_web(addr)
     console.print(f"\nDashboard: http://{addr}/", soft_wrap=True)
     console.print(f"API docs:  http://{addr}/api/docs/", soft_wrap=True)
@@ -208,7 +212,7 @@ def serve_until_interrupted(stack, addr: str, creds: Credentials) -> None:
     console.print("Press Ctrl-C to stop.")
     try:
         while True:
-            stack.children.check_alive()
+            stack.children.supervise()
             time.sleep(1.0)
     except KeyboardInterrupt:
         console.print("stopping…")

@@ -60,7 +60,7 @@ class LocalStack:
         self.cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
         self.log = log
         self.broker = EmbeddedBroker()
-        self.children = Children(Path(settings.MTFL_HOME) / "logs")
+        self.children = Children(Path(settings.MTFL_HOME) / "logs", log=log)
         self.agent_cores: dict[str, list[int]] = {}
         self.backend = backend
 
@@ -128,6 +128,11 @@ class LocalStack:
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until the control worker and every agent answer a Celery ping and every agent's
         device is registered.
+
+        Fails fast (:meth:`Children.check_alive`) rather than restarting: a child that exits
+        before it was ever ready is a broken configuration, which restarts would only hide for
+        half a minute. Once ready, the long-running callers supervise the children
+        (:meth:`Children.supervise`).
 
         Raises:
             RuntimeError: a child exited, or not everything was ready within ``timeout_s``.

@@ -174,7 +174,9 @@ class Command(BaseCommand):
             ),
             [(a, s) for a in algorithms for s in strategies],
             timeout_s=timeout_s,
-            check=stack.children.check_alive,
+            # Runs last minutes to hours: a crashed child is restarted as under `mtfl up`, and
+            # the protocol fails or retries its device for the round it was in.
+            check=stack.children.supervise,
             label=lambda item: f"{item[0]} · {item[1]}",
         )
 
@@ -183,7 +185,7 @@ class Command(BaseCommand):
             lambda strategy: exp_services.run_create(experiment=experiment, strategy=strategy),
             strategies,
             timeout_s=timeout_s,
-            check=stack.children.check_alive,
+            check=stack.children.supervise,  # as in _run_algorithms
         )
 
 
