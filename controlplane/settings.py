@@ -263,6 +263,9 @@ SPECTACULAR_SETTINGS = {
     "multi-task federated learning on shared GPUs.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and the docs page need a login like every other page (docs/deployment.md,
+    # "Security and access"), through the API's authentication classes: a session or a token.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     # Swagger UI from the sidecar package's static files: the API docs work with no internet.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

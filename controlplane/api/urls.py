@@ -1,8 +1,9 @@
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from controlplane.api import agent_views, lab_views, views
+from controlplane.api.schema_views import SwaggerUiView
 
 router = DefaultRouter()
 router.register("devices", views.DeviceViewSet, basename="device")
@@ -21,8 +22,9 @@ router.register("predictors", views.PredictorViewSet, basename="predictor")
 router.register("pools", lab_views.PoolViewSet, basename="pool")
 
 urlpatterns = [
+    # Both need a login (SPECTACULAR_SETTINGS["SERVE_PERMISSIONS"]); the docs page redirects to it.
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("docs/", SwaggerUiView.as_view(url_name="schema"), name="docs"),
     # Device agents only (Authorization: Agent <key>), see controlplane/api/agent_views.py.
     path("agent/device/", agent_views.AgentDeviceApi.as_view(), name="agent-device"),
     path("agent/artifacts/<path:key>", agent_views.AgentArtifactApi.as_view(), name="agent-artifact"),

@@ -1,6 +1,6 @@
 """Every API operation fuzzed with schemathesis from the project's own OpenAPI schema.
 
-The schema is the one ``/api/schema/`` serves (drf-spectacular); schemathesis generates valid
+The schema is the one ``/api/schema/`` serves to a logged-in user (drf-spectacular); schemathesis generates valid
 and invalid requests for each operation (its examples, coverage and fuzzing phases, positive
 and negative data) and sends them to the Django app in process (WSGI), authenticated as a user
 who owns an experiment with a run, rounds, assignments, checkpoints and a comparison, so detail
@@ -96,8 +96,15 @@ CHECKS = [
 
 
 def _load_schema():
-    """The app's own OpenAPI schema, loaded through its WSGI handler (no database needed)."""
+    """The app's own OpenAPI schema as ``/api/schema/`` serves it to a logged-in user, bound to
+    the WSGI handler the fuzzed requests go through.
+
+    The schema needs a login, and no database exists while pytest collects: the request is
+    authenticated as an unsaved user (DRF's forced authentication), which reads no table.
+    """
+    from django.contrib.auth import get_user_model
     from django.core.wsgi import get_wsgi_application
+    from rest_framework.test import APIClient
 
     config = schemathesis.Config.from_dict(
         {
@@ -115,7 +122,15 @@ def _load_schema():
             },
         }
     )
-    return schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application(), config=config)
+    client = APIClient()
+    client.force_authenticate(user=get_user_model()(username="schema-reader"))
+    # localhost: Django's test environment (which allows "testserver") is not set up yet.
+    response = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json", HTTP_HOST="localhost")
+    assert response.status_code == 200, response.content[:300]
+    loaded = schemathesis.openapi.from_dict(response.json(), config=config)
+    loaded.app = get_wsgi_application()
+    loaded.location = "/api/schema/"
+    return loaded
 
 
 schema = _load_schema()
