@@ -3,7 +3,7 @@ mid-round is restarted as the same device, the round protocol fails that device 
 it was in, and the later round trains on the restarted agent.
 
 Real processes: the embedded broker, a Celery control worker and two ``simulated`` agents whose
-rounds last about 10 s of real time (``MTFL_SIM_TIME_SCALE``), as in test_faults.py.
+rounds last about 6 s of real time (``MTFL_SIM_TIME_SCALE``), as in test_faults.py.
 """
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ def _agent_pid(device: str) -> int | None:
 @pytest.fixture
 def fast_faults(child_env, monkeypatch):
     """Heartbeats every second, an agent silent for 6 s is lost, the round watchdog looks every
-    second, rounds of about 10 s."""
+    second, rounds of about 6 s (long enough to be killed in, short enough for a quick test)."""
     monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
     monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)
     monkeypatch.setenv("MTFL_AGENT_HEARTBEAT_S", "1")
     monkeypatch.setenv("MTFL_HEARTBEAT_OFFLINE_S", "6")
     monkeypatch.setenv("MTFL_ROUND_CHECK_S", "1")
-    monkeypatch.setenv("MTFL_SIM_TIME_SCALE", "150")
+    monkeypatch.setenv("MTFL_SIM_TIME_SCALE", "90")
     return monkeypatch
 
 
