@@ -64,7 +64,7 @@ class RestartPolicy:
     def backoff_s(self, streak: int) -> float:
         """Seconds to wait before restarting after the ``streak``-th exit in a row (1-based)
         without a healthy run between: ``first · 2^(streak-1)``, capped at ``max_backoff_s``."""
-        return min(self.max_backoff_s, self.first_backoff_s * 2 ** max(0, streak - 1))
+        return float(min(self.max_backoff_s, self.first_backoff_s * 2 ** max(0, streak - 1)))
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Child:
     """
 
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log_path: Path
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -212,7 +212,7 @@ class Children:
         self.children = []
 
 
-def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+def _spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a session of its own, appending its output to ``log_path`` after a
     ``=== <time> <argv>`` header."""
     log_file = open(log_path, "ab", buffering=0)  # noqa: SIM115 - handed to the child, closed here after
@@ -248,7 +248,7 @@ def _tail(log_path: Path, lines: int = 15) -> str:
     return f"last lines of {log_path}:\n" + "\n".join(tail)
 
 
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
     try:
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
