@@ -1,13 +1,21 @@
-# One image for web, control worker, Flower and device agents (docker-compose.yml picks the
-# command). `docker build` downloads from PyPI; nothing is downloaded when a container starts.
-FROM python:3.11-slim
+# The lab deployment's two images (docker-compose.yml; docs/deployment.md, "Images"):
+#
+#   --target controlplane  web app, control worker and Flower: mtfl-lab[deploy] (Django, gunicorn,
+#                          Flower); torch from TORCH_INDEX_URL (a CPU-only index where the site
+#                          reaches one: the control plane evaluates models on the CPU).
+#   --target agent         a device agent (`mtfl-agent`): mtfl-lab[agent], no Django; torch from
+#                          PyPI, whose Linux x86_64 wheels are CUDA builds (the driver and
+#                          nvidia-cuda-mps-control come from the host through the NVIDIA
+#                          container toolkit). The compose `cpu` profile runs it on the CPU.
+#
+# `docker build` downloads from PyPI; nothing is downloaded when a container starts.
 
-# The torch pair this project is tested with. PyPI's Linux x86_64 wheels are CUDA builds: they
-# bring the CUDA runtime libraries; the driver (and nvidia-cuda-mps-control) come from the host
-# through the NVIDIA container toolkit.
-ARG TORCH_VERSION=2.14.1
-ARG TORCHVISION_VERSION=0.29.1
+# The base image, as a build argument, so a site without Docker Hub supplies its own
+# (deploy/standins/build.sh makes one from Debian packages). It must give `python` (3.11 or newer)
+# and `pip` on PATH, pip's trust store included.
+ARG PYTHON_IMAGE=python:3.11-slim
 
+FROM ${PYTHON_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -16,38 +24,62 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     ARTIFACT_ROOT=/var/lib/mtfl/artifacts \
     STATIC_ROOT=/app/static
 WORKDIR /app
+# The app user (uid 1000) and the folders it writes, created owned by it so the named volumes
+# mounted on them start writable. deploy/entrypoint.sh hands a host folder mounted there to it.
+RUN useradd --create-home --uid 1000 mtfl \
+ && mkdir -p /var/lib/mtfl/artifacts /var/lib/mtfl/datasets \
+             /var/lib/mtfl/agent/mps/pipe /var/lib/mtfl/agent/mps/log \
+ && chown -R mtfl:mtfl /var/lib/mtfl
+COPY deploy/entrypoint.sh /usr/local/bin/mtfl-entrypoint
+ENTRYPOINT ["mtfl-entrypoint"]
 
-# The biggest layer first, so code changes do not download torch again.
-RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
+# The device agent. Its first steps are the control plane's too (same instructions, same
+# arguments), so where both use the same torch index the torch layer is built once and shared.
+FROM base AS agent
+# The torch pair this project is tested with; the biggest layer first, so code changes do not
+# download torch again. An empty TORCH_INDEX_URL means PyPI.
+ARG TORCH_VERSION=2.14.1
+ARG TORCHVISION_VERSION=0.29.1
+ARG TORCH_INDEX_URL=""
+RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+      "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
+COPY pyproject.toml README.md manage.py ./
+COPY controlplane ./controlplane
+COPY workers ./workers
+# Editable, as the control plane's: one layout for both images. `agent` adds nothing to the
+# base dependencies: no Django, DRF, psycopg or plotly.
+RUN pip install -e ".[agent]"
+# Plug-in packages (docs/extending.md; docs/deployment.md, "Plug-ins"): pip requirement
+# specifiers, space-separated, installed after mtfl-lab: a folder of the build context
+# (./examples/custom-task), a PyPI name, a VCS URL. docker-compose.yml passes MTFL_PLUGINS from
+# .env to both images, so every build gets the same ones. Empty (the default): none.
+ARG MTFL_PLUGINS=""
+COPY examples ./examples
+RUN if [ -n "$MTFL_PLUGINS" ]; then pip install $MTFL_PLUGINS && pip check; fi
+CMD ["mtfl-agent", "--help"]
 
+# The web app, the control worker and Flower.
+FROM base AS controlplane
+ARG TORCH_VERSION=2.14.1
+ARG TORCHVISION_VERSION=0.29.1
+ARG TORCH_INDEX_URL=""
+RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+      "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
 COPY pyproject.toml README.md manage.py ./
 COPY controlplane ./controlplane
 COPY workers ./workers
 COPY templates ./templates
 COPY frontend ./frontend
-# Editable: settings find templates/ and frontend/ next to the package. The `deploy` extra adds
-# gunicorn and Flower.
+# Editable: settings find templates/ and frontend/ next to the package. `deploy` adds the
+# control plane's packages, gunicorn and Flower.
 RUN pip install -e ".[deploy]"
-
-# Plug-in packages (docs/extending.md; docs/deployment.md, "Plug-ins"): pip requirement
-# specifiers, space-separated, installed after mtfl-lab — a folder of the build context
-# (./examples/custom-task), a PyPI name, a VCS URL. Every service runs this image, so the web app,
-# the control worker (it evaluates the global models) and the agents all get them; a run that
-# needs a plug-in its devices or the control worker lack is refused. Empty (the default): none.
-#   MTFL_PLUGINS="./examples/custom-task" docker compose build
+# The control worker evaluates global models and the web app checks tasks, so both need the
+# plug-ins the agents have (a run that needs one its control worker lacks is refused).
 ARG MTFL_PLUGINS=""
 COPY examples ./examples
 RUN if [ -n "$MTFL_PLUGINS" ]; then pip install $MTFL_PLUGINS && pip check; fi
-
 # Static files collected at build time (whitenoise serves STATIC_ROOT). The throwaway key and
-# home keep any secret out of the image. The folders below are created owned by the app user,
-# so the named volumes mounted on them start writable by it.
-RUN useradd --create-home --uid 1000 mtfl \
- && SECRET_KEY=collectstatic-only MTFL_HOME=/tmp/build-home mtfl collectstatic --noinput \
- && rm -rf /tmp/build-home \
- && mkdir -p /var/lib/mtfl/artifacts /var/lib/mtfl/datasets \
-             /var/lib/mtfl/agent/mps/pipe /var/lib/mtfl/agent/mps/log \
- && chown -R mtfl:mtfl /var/lib/mtfl
-USER mtfl
-EXPOSE 8000 5555
+# home keep any secret out of the image.
+RUN SECRET_KEY=collectstatic-only MTFL_HOME=/tmp/build-home mtfl collectstatic --noinput \
+ && rm -rf /tmp/build-home
 CMD ["gunicorn", "controlplane.wsgi:application", "--bind", "0.0.0.0:8000"]

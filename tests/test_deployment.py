@@ -1,8 +1,9 @@
-"""The lab deployment: docker-compose.yml, .env.example and the Dockerfile.
+"""The lab deployment: docker-compose.yml, .env.example, the Dockerfile and its entry point.
 
-No Docker engine runs here, so nothing is started: ``docker-compose config`` (Debian's
+CI starts no Docker engine (deploy/compose_check.sh builds, starts and exercises the stack on a
+real one, outside CI: docs/deployment.md). Here ``docker-compose config`` (Debian's
 docker-compose package, which `.ci/run` installs and also runs by itself) validates the file
-with a ``.env`` made from ``.env.example``, and the rest reads the files.
+with a ``.env`` made from ``.env.example``, the rest reads the files, and the entry point runs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -20,7 +22,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
-APP_SERVICES = ("web", "worker", "flower", "agent")
+CONTROLPLANE_SERVICES = ("web", "worker", "flower")
+AGENT_SERVICES = ("agent", "agent-cpu")
 _NAME = r"[A-Z][A-Z0-9_]*"
 
 
@@ -55,6 +58,8 @@ def _compose_config(env_text: str, tmp_path: Path) -> subprocess.CompletedProces
             str(tmp_path / ".env"),
             "--profile",
             "gpu",
+            "--profile",
+            "cpu",
             "-f",
             str(COMPOSE),
             "config",
@@ -94,24 +99,67 @@ def test_docker_compose_config_names_a_missing_required_variable(tmp_path):
 def test_every_service_has_a_healthcheck():
     services = _compose()["services"]
 
-    assert set(services) == {"postgres", "redis", "web", "worker", "flower", "agent"}
+    assert set(services) == {"postgres", "redis", "web", "worker", "flower", "agent", "agent-cpu"}
     for name, service in services.items():
         assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
 
 
-def test_web_worker_flower_and_agent_run_one_image_built_from_the_dockerfile():
+def test_two_images_by_role_each_built_by_one_service_of_a_profile():
+    """The control-plane image is built by web alone (worker and flower run it); the agent image by
+    each agent service, of which one profile is usually active."""
     services = _compose()["services"]
 
-    assert {services[name]["build"]["context"] for name in APP_SERVICES} == {"."}
-    assert len({services[name]["image"] for name in APP_SERVICES}) == 1
-    assert (REPO / "Dockerfile").exists()
+    assert services["web"]["build"]["target"] == "controlplane" and services["web"]["build"]["context"] == "."
+    assert "build" not in services["worker"] and "build" not in services["flower"]
+    assert len({services[name]["image"] for name in CONTROLPLANE_SERVICES}) == 1
+    assert {services[name]["build"]["target"] for name in AGENT_SERVICES} == {"agent"}
+    assert len({services[name]["image"] for name in AGENT_SERVICES}) == 1
+    assert services["web"]["image"] != services["agent"]["image"]
+    assert {services[name]["profiles"][0] for name in AGENT_SERVICES} == {"gpu", "cpu"}
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM base AS agent$", dockerfile, flags=re.MULTILINE)
+    assert re.search(r"^FROM base AS controlplane$", dockerfile, flags=re.MULTILINE)
 
 
-def test_the_images_of_the_servers_are_the_pinned_majors():
+def test_the_base_images_are_build_arguments_defaulting_to_the_pinned_majors():
+    services = _compose()["services"]
+    env = ENV_EXAMPLE.read_text()
+
+    assert services["postgres"]["image"] == "${POSTGRES_IMAGE:-postgres:16}"
+    assert services["redis"]["image"] == "${REDIS_IMAGE:-redis:7}"
+    assert services["web"]["build"]["args"]["PYTHON_IMAGE"] == "${PYTHON_IMAGE:-python:3.11-slim}"
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in (REPO / "Dockerfile").read_text()
+    for line in ("POSTGRES_IMAGE=postgres:16", "REDIS_IMAGE=redis:7", "PYTHON_IMAGE=python:3.11-slim"):
+        assert re.search(rf"^{re.escape(line)}$", env, flags=re.MULTILINE), line
+
+
+def test_the_control_plane_takes_its_own_torch_index_and_the_dockerfile_exposes_no_port():
+    services = _compose()["services"]
+    dockerfile = (REPO / "Dockerfile").read_text()
+
+    assert services["web"]["build"]["args"]["TORCH_INDEX_URL"] == "${CONTROLPLANE_TORCH_INDEX_URL:-}"
+    assert services["agent"]["build"]["args"]["TORCH_INDEX_URL"] == "${AGENT_TORCH_INDEX_URL:-}"
+    # Both stages install torch with the same instruction, so an equal index shares the layer.
+    install = re.findall(r"^RUN pip install \$\{TORCH_INDEX_URL.*\n.*$", dockerfile, flags=re.MULTILINE)
+    assert len(install) == 2 and install[0] == install[1]
+    assert "EXPOSE" not in dockerfile
+
+
+def test_published_ports_leave_the_hosts_own_redis_and_postgres_alone():
     services = _compose()["services"]
 
-    assert services["postgres"]["image"] == "postgres:16"
-    assert services["redis"]["image"] == "redis:7"
+    assert services["redis"]["ports"] == ["${REDIS_PUBLISH:-127.0.0.1:16379}:6379"]
+    assert "ports" not in services["postgres"]
+    assert re.search(r"^REDIS_PUBLISH=127\.0\.0\.1:16379$", ENV_EXAMPLE.read_text(), flags=re.MULTILINE)
+    published = [p for service in services.values() for p in service.get("ports", [])]
+    defaults = [re.fullmatch(r"\$\{\w+:-([^}]*)\}:\d+", p).group(1) for p in published]
+    assert not {d.rsplit(":", 1)[-1] for d in defaults} & {"6379", "5432"}, defaults
+
+
+def test_flower_starts_after_the_worker_is_healthy():
+    flower = _compose()["services"]["flower"]
+
+    assert flower["depends_on"] == {"worker": {"condition": "service_healthy"}}
 
 
 def test_web_migrates_then_serves_with_gunicorn_and_the_worker_serves_the_control_queue():
@@ -133,8 +181,8 @@ def test_the_agent_is_a_gpu_agent_with_its_mps_directories_as_volumes():
     mounts = {target: source for source, target in map(_mount, agent["volumes"])}
 
     command = agent["command"]
-    assert command[:2] == ["mtfl", "agent"] and command[command.index("--backend") + 1] == "cuda-mps"
-    assert agent["runtime"] == "nvidia" and agent["ipc"] == "host"
+    assert command[0] == "mtfl-agent" and command[command.index("--backend") + 1] == "cuda-mps"
+    assert agent["runtime"] == "nvidia" and agent["ipc"] == "host" and agent["init"] is True
     (device,) = agent["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     state_dir = env["MTFL_AGENT_STATE_DIR"]
@@ -144,6 +192,23 @@ def test_the_agent_is_a_gpu_agent_with_its_mps_directories_as_volumes():
         assert env[variable] in mounts, f"{variable} is not a volume"
     assert state_dir in mounts
     assert "MTFL_ENV" not in env  # the agent needs no Django secrets
+
+
+def test_the_cpu_agent_trains_on_the_cpu_without_the_nvidia_runtime():
+    services = _compose()["services"]
+    cpu, gpu = services["agent-cpu"], services["agent"]
+    mounts = {target: source for source, target in map(_mount, cpu["volumes"])}
+
+    command = cpu["command"]
+    assert command[0] == "mtfl-agent" and command[command.index("--backend") + 1] == "cpu"
+    assert command[command.index("--device") + 1] == "${MTFL_CPU_AGENT_DEVICE:-cpu-0}"
+    assert "runtime" not in cpu and "deploy" not in cpu and "ipc" not in cpu
+    state_dir = cpu["environment"]["MTFL_AGENT_STATE_DIR"]
+    # Its own state folder (its device lock), the shared weights and data sets.
+    assert mounts[state_dir] != {t: s for s, t in map(_mount, gpu["volumes"])}[state_dir]
+    assert mounts["/var/lib/mtfl/artifacts"] == "artifacts" and mounts["/var/lib/mtfl/datasets"] == "datasets"
+    shared = {k: v for k, v in gpu["environment"].items() if not k.startswith(("CUDA_", "NVIDIA_", "MTFL_MPS"))}
+    assert cpu["environment"] == shared
 
 
 def test_every_named_volume_is_declared():
@@ -205,27 +270,70 @@ def test_env_example_placeholders_are_what_production_settings_refuse():
     assert re.search(rf"^REDIS_PASSWORD=.*{settings.PLACEHOLDER}", text, flags=re.MULTILINE)
 
 
-def test_the_image_collects_static_files_and_installs_the_deploy_extra():
+def test_the_images_install_their_extras_and_the_control_plane_collects_static_files():
     dockerfile = (REPO / "Dockerfile").read_text()
+    agent_stage, controlplane_stage = dockerfile.split("FROM base AS agent")[1].split("FROM base AS controlplane")
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
-    assert "mtfl collectstatic --noinput" in dockerfile and "STATIC_ROOT=" in dockerfile
-    assert 'pip install -e ".[deploy]"' in dockerfile
+    assert 'pip install -e ".[agent]"' in agent_stage and '".[deploy]"' not in agent_stage
+    assert 'pip install -e ".[deploy]"' in controlplane_stage
+    assert "mtfl collectstatic --noinput" in controlplane_stage and "STATIC_ROOT=" in dockerfile
     # the web app and control worker need the control plane on top of the servers
     assert "mtfl-lab[controlplane]" in extras["deploy"]
     assert {re.split(r"[<>=\[]", dep)[0] for dep in extras["deploy"]} == {"mtfl-lab", "gunicorn", "flower"}
+    assert extras["agent"] == []  # the agent image gets no Django
     assert ".env" in (REPO / ".dockerignore").read_text().split()
 
 
-def test_the_image_installs_the_plugins_named_at_build_time_for_every_service():
-    """``MTFL_PLUGINS`` (pip specifiers) is a build argument every app service's image gets, installed
-    after mtfl-lab and before the unprivileged user takes over; the example is in the build context."""
+def test_both_images_install_the_plugins_named_in_the_env_file():
+    """``MTFL_PLUGINS`` (pip specifiers) is read from .env by compose for every build, so a rebuild
+    from a shell that never set it keeps the plug-ins; both images install them after mtfl-lab."""
     dockerfile = (REPO / "Dockerfile").read_text()
     services = _compose()["services"]
 
-    assert {tuple(services[name]["build"]["args"]) for name in APP_SERVICES} == {("MTFL_PLUGINS",)}
-    assert 'ARG MTFL_PLUGINS=""' in dockerfile and "COPY examples ./examples" in dockerfile
-    install = dockerfile.index('if [ -n "$MTFL_PLUGINS" ]; then pip install $MTFL_PLUGINS')
-    assert dockerfile.index('pip install -e ".[deploy]"') < install < dockerfile.index("USER mtfl")
+    for name in ("web", *AGENT_SERVICES):
+        assert services[name]["build"]["args"]["MTFL_PLUGINS"] == "${MTFL_PLUGINS:-}", name
+    assert re.search(r"^MTFL_PLUGINS=$", ENV_EXAMPLE.read_text(), flags=re.MULTILINE)
+    for stage in dockerfile.split("FROM base AS ")[1:]:
+        assert 'ARG MTFL_PLUGINS=""' in stage and "COPY examples ./examples" in stage
+        install = stage.index('if [ -n "$MTFL_PLUGINS" ]; then pip install $MTFL_PLUGINS')
+        assert stage.index('pip install -e ".[') < install
     assert (REPO / "examples" / "custom-task" / "pyproject.toml").exists()
     assert "examples" not in (REPO / ".dockerignore").read_text().split()
+
+
+def _entrypoint(tmp_path: Path, *argv: str, user: str) -> subprocess.CompletedProcess:
+    """deploy/entrypoint.sh with its app user renamed to ``user`` (this machine has no ``mtfl``)."""
+    script = tmp_path / "entrypoint.sh"
+    source = (REPO / "deploy" / "entrypoint.sh").read_text()
+    assert "\napp_user=mtfl\n" in source
+    script.write_text(source.replace("\napp_user=mtfl\n", f"\napp_user={user}\n"))
+    env = {**os.environ, "MTFL_WRITABLE_DIRS": str(tmp_path / "store")}
+    return subprocess.run(["sh", str(script), *argv], capture_output=True, text=True, timeout=30, env=env)
+
+
+@pytest.fixture
+def open_tmp():
+    """A temporary folder others may enter (pytest's own are root's alone, mode 0700)."""
+    with tempfile.TemporaryDirectory(prefix="mtfl-entrypoint-") as path:
+        os.chmod(path, 0o755)
+        yield Path(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the entry point's root path needs root (CI runs as root)")
+def test_the_entrypoint_hands_a_root_owned_host_folder_to_the_app_user_then_drops_root(open_tmp):
+    store = open_tmp / "store"
+    (store / "runs").mkdir(parents=True)
+    (store / "runs" / "w.safetensors").write_bytes(b"x")
+    nobody = "nobody"
+
+    out = _entrypoint(open_tmp, "sh", "-c", f"id -un; touch {store}/new && echo $HOME", user=nobody)
+
+    assert out.returncode == 0, out.stderr
+    home = subprocess.check_output(["getent", "passwd", nobody], text=True).split(":")[5]
+    assert out.stdout.split() == [nobody, home]
+    assert f"giving {store} to {nobody}" in out.stderr
+    owners = {p.stat().st_uid for p in [store, *store.rglob("*")]}
+    assert owners == {int(subprocess.check_output(["id", "-u", nobody]))}
+    again = _entrypoint(open_tmp, "true", user=nobody)
+    assert again.returncode == 0 and "giving" not in again.stderr  # nothing left to hand over
