@@ -5,6 +5,13 @@
     request carries a ``Host`` header from ``ALLOWED_HOSTS`` (its first concrete name), so the
     check passes Django's host validation as a real client does, whatever the lab's host names.
 
+``python -m controlplane.core.healthcheck worker NODE``
+    The Celery worker named ``NODE`` (``control@<hostname>``) answers a control ``ping`` over the
+    broker at ``CELERY_BROKER_URL``: what ``celery inspect ping -d NODE`` asks, from a bare Celery
+    app, so the check imports neither Django nor the project's tasks (a fraction of the CPU time,
+    which matters at a 10 s interval). The control worker's prefork pool answers while its
+    children work.
+
 ``python -m controlplane.core.healthcheck agent``
     The device agent of this container holds its device lock (``$MTFL_AGENT_STATE_DIR/agent.lock``,
     taken by :func:`workers.agent.app.main` once its backend, broker and state folder checked out
@@ -117,6 +124,34 @@ def check_agent(
     return f"agent holds {lock}; broker answers"
 
 
+def check_worker(node: str, *, timeout_s: float = TIMEOUT_S) -> str:
+    """Check that the Celery worker ``node`` answers a control ``ping`` through the broker at
+    ``CELERY_BROKER_URL`` (read by Celery itself, which prefers that variable to any URL an app is
+    given, so the check takes no other).
+
+    Returns:
+        One line naming the worker that answered.
+
+    Raises:
+        Unhealthy: the variable is unset, the broker does not answer, or the worker does not
+            reply within ``timeout_s``.
+    """
+    if not os.environ.get("CELERY_BROKER_URL", "").strip():
+        raise Unhealthy("CELERY_BROKER_URL is not set")
+    from celery import Celery  # deferred: only this check needs Celery
+
+    app = Celery("mtfl-healthcheck", set_as_current=False)
+    try:
+        replies = app.control.ping(destination=[node], timeout=timeout_s) or []
+    except Exception as exc:  # noqa: BLE001 - kombu's connection errors vary by transport
+        raise Unhealthy(f"the broker does not answer: {type(exc).__name__}: {exc}") from None
+    finally:
+        app.close()
+    if not any(node in reply for reply in replies):
+        raise Unhealthy(f"{node} did not answer a ping within {timeout_s:.0f} s")
+    return f"{node} answers"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one check; return 0 (healthy) or 1 (one line on stderr)."""
     parser = argparse.ArgumentParser(
@@ -125,11 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="service", required=True)
     web = sub.add_parser("web", help="GET the web app's /healthz")
     web.add_argument("url", nargs="?", default="http://127.0.0.1:8000/healthz")
+    worker = sub.add_parser("worker", help="a Celery worker answers a control ping")
+    worker.add_argument("node", help="the worker's node name, e.g. control@$HOSTNAME")
     sub.add_parser("agent", help="the device agent holds its lock and the broker answers")
     args = parser.parse_args(argv)
     try:
         if args.service == "web":
             check_web(args.url, allowed_hosts=os.environ.get("ALLOWED_HOSTS", ""))
+        elif args.service == "worker":
+            check_worker(args.node)
         else:
             check_agent(
                 state_dir=os.environ.get("MTFL_AGENT_STATE_DIR", "").strip(),

@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 from django.db import OperationalError
 
-from controlplane.core.healthcheck import Unhealthy, check_agent, check_web, host_header
+from controlplane.core.healthcheck import Unhealthy, check_agent, check_web, check_worker, host_header
 
 
 def test_healthz_answers_ok_without_login_when_the_database_answers(client, db):
@@ -159,3 +159,41 @@ def test_the_check_command_imports_no_django():
 
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def _start_worker(tmp_path: Path, node: str) -> subprocess.Popen:
+    """A real Celery worker named ``node`` (solo pool, no project code) on ``CELERY_BROKER_URL``."""
+    (tmp_path / "bare_app.py").write_text("from celery import Celery\napp = Celery('bare')\n")
+    argv = [sys.executable, "-m", "celery", "-A", "bare_app", "worker", "-n", node, "--pool", "solo"]
+    argv += ["--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"]
+    return subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_the_worker_check_passes_once_the_named_worker_answers_and_fails_for_another(
+    tmp_path, redis_server, monkeypatch
+):
+    monkeypatch.setenv("CELERY_BROKER_URL", redis_server)
+    worker = _start_worker(tmp_path, "control@check-host")
+    try:
+        answered = None
+        for _ in range(60):  # the worker takes a few seconds to start consuming
+            try:
+                answered = check_worker("control@check-host", timeout_s=2)
+                break
+            except Unhealthy:
+                assert worker.poll() is None, "the worker exited"
+        assert answered == "control@check-host answers"
+        with pytest.raises(Unhealthy, match=r"control@other-host did not answer a ping within 1 s"):
+            check_worker("control@other-host", timeout_s=1)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+def test_the_worker_check_fails_when_the_broker_does_not_answer_or_none_is_set(monkeypatch):
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:9/0")
+    with pytest.raises(Unhealthy, match=r"the broker does not answer: OperationalError"):
+        check_worker("control@x", timeout_s=1)
+    monkeypatch.delenv("CELERY_BROKER_URL")
+    with pytest.raises(Unhealthy, match=r"CELERY_BROKER_URL is not set"):
+        check_worker("control@x")
