@@ -4,21 +4,26 @@
 #   1. starts a Docker engine if none answers (Debian's docker.io, installed if missing);
 #   2. builds the two images, on the base images named by PYTHON_IMAGE, POSTGRES_IMAGE and
 #      REDIS_IMAGE, or, when Docker Hub's cannot be had, on stand-ins made from Debian packages
-#      (deploy/standins/build.sh), with MTFL_PLUGINS=./examples/custom-task in its .env;
+#      (deploy/standins/build.sh), with MTFL_PLUGINS=./examples/custom-task in its .env and a
+#      root-owned host folder as ARTIFACT_SOURCE;
 #   3. brings the stack up with the `cpu` profile's agent and times it until every container is
 #      healthy;
-#   4. creates a user and a token, and runs a small experiment (the light template, digits, on the
-#      CPU agent) through the REST API, restarting the control worker and Redis while its first
-#      round trains; the run must succeed with every round counted once;
+#   4. creates a user and a token, checks that anonymous API and schema requests are refused, and
+#      runs a small experiment (the light template, digits, on the CPU agent) through the REST API,
+#      restarting the control worker and Redis while the agent trains its first round; the run
+#      must succeed with every round and assignment counted once, its weights written to the
+#      host folder as uid 1000;
 #   5. rebuilds without MTFL_PLUGINS in the environment and checks `mtfl plugins` still lists the
 #      plug-in (the setting is read from .env, not from the shell that builds);
 #   6. tears down what it made, by ID (containers, volumes, networks, and the images it built
 #      unless --keep-images; a Docker engine it started is stopped), and prints one line of
 #      figures last:
-#        compose_check=ok build_s=... up_healthy_s=... image_mb=... agent_image_mb=... run_s=...
+#        compose_check=ok build_s=... up_healthy_s=... image_mb=... agent_image_mb=... cuda_only_mb=... run_s=...
 #
 # Not part of .ci/run: a cold build downloads torch (several minutes). Run as root from any folder:
-#   deploy/compose_check.sh [--keep-images] [--keep-on-failure]
+#   deploy/compose_check.sh [--keep-images] [--keep-on-failure] [--json FILE]
+# --json FILE also appends the figures, with the versions and base images, to a results file
+# (benchmarks/results/compose_check.json keeps the runs on record).
 # Environment: COMPOSE (the compose command; default `docker compose` where the v2 plugin is
 # installed, else `docker-compose`), PYTHON_IMAGE/POSTGRES_IMAGE/REDIS_IMAGE (base images),
 # CONTROLPLANE_TORCH_INDEX_URL (a CPU-only torch index for the control-plane image),
@@ -29,14 +34,18 @@ cd "$repo"
 
 keep_images=0
 keep_on_failure=0
-for arg in "$@"; do
-  case $arg in
+json_out=""
+while [ $# -gt 0 ]; do
+  case $1 in
     --keep-images) keep_images=1 ;;
     --keep-on-failure) keep_on_failure=1 ;;
-    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "compose_check: unknown argument $arg (allowed: --keep-images, --keep-on-failure)" >&2; exit 2 ;;
+    --json) json_out=${2:?--json needs a file}; shift ;;
+    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "compose_check: unknown argument $1 (allowed: --keep-images, --keep-on-failure, --json FILE)" >&2; exit 2 ;;
   esac
+  shift
 done
+[ -z "$json_out" ] || json_out=$(realpath -m "$json_out")
 
 log() { echo "compose_check: $*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
@@ -90,6 +99,10 @@ secret() { python3 -c 'import secrets; print(secrets.token_urlsafe(24))'; }
 project=mtflcheck$$
 tag=check$$
 work=$(mktemp -d /tmp/compose-check.XXXXXX)
+chmod 755 "$work"
+# A host folder for the weights, root's as an admin's mkdir makes it: the containers (uid 1000)
+# must take it over themselves (deploy/entrypoint.sh).
+mkdir -m 755 "$work/artifacts"
 web_port=$(free_port)
 env_file=$work/.env
 # Every variable from .env.example, the secrets and ports replaced: the file a lab admin fills in.
@@ -109,6 +122,7 @@ sed -e "s|^SECRET_KEY=.*|SECRET_KEY=$(secret)|" \
     -e "s|^CONTROLPLANE_TORCH_INDEX_URL=.*|CONTROLPLANE_TORCH_INDEX_URL=${CONTROLPLANE_TORCH_INDEX_URL:-}|" \
     -e "s|^MTFL_CPU_AGENT_DEVICE=.*|MTFL_CPU_AGENT_DEVICE=cpu-check|" \
     -e "s|^MTFL_ROUND_CHECK_S=.*|MTFL_ROUND_CHECK_S=5|" \
+    -e "s|^ARTIFACT_SOURCE=.*|ARTIFACT_SOURCE=$work/artifacts|" \
     .env.example >"$env_file"
 # The compose file's own variables come from the .env alone, never from this shell.
 for name in $(grep -o '^[A-Z][A-Z0-9_]*' .env.example); do unset "$name"; done
@@ -154,7 +168,9 @@ t0=$(now)
 log "building the images (tag $tag; a cold build downloads torch)"
 compose build >"$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; die "the build failed"; }
 build_s=$(elapsed "$t0")
-log "built in ${build_s} s"
+# Cold: pip downloaded torch (no cached layer had it).
+cold_build=$(grep -q 'Downloading torch-' "$work/build.log" && echo True || echo False)
+log "built in ${build_s} s (cold: $cold_build)"
 
 t0=$(now)
 compose up -d >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; die "up -d failed"; }
@@ -191,8 +207,10 @@ api() {  # api METHOD PATH [JSON]: the response body; fails on an HTTP error, pr
 }
 field() { python3 -c "import json, sys; d = json.load(sys.stdin); print(eval(sys.argv[1], {}, {'d': d}))" "$1"; }
 
-anonymous=$(curl -s -o /dev/null -w '%{http_code}' "$base/api/experiments/")
-[ "$anonymous" = 401 ] || [ "$anonymous" = 403 ] || die "an anonymous API request answered $anonymous"
+for path in /api/experiments/ /api/schema/; do
+  anonymous=$(curl -s -o /dev/null -w '%{http_code}' "$base$path")
+  [ "$anonymous" = 401 ] || die "an anonymous GET $path answered $anonymous, not 401"
+done
 device_id=$(api GET "/api/devices/?name=cpu-check" | field "[x['id'] for x in d['results'] if x['name'] == 'cpu-check'][0]")
 plugins=$(api GET /api/plugins/)
 echo "$plugins" | grep -q tabular_mlp || die "the control plane lists no custom-task plug-in: $plugins"
@@ -204,14 +222,17 @@ run_id=$(api POST "/api/experiments/$experiment_id/runs/" '{"strategy": "sharing
 log "run $run_id of experiment $experiment_id ($rounds rounds, light template, device cpu-check)"
 
 run_status() { api GET "/api/runs/$run_id/" | field "d['status']"; }
-# The first round is training: restart the control worker, then Redis, under it.
-for _ in $(seq 120); do
-  [ "$(api GET "/api/rounds/?run=$run_id" | field "len(d['results'])")" -ge 1 ] && break
+# Once the agent has taken its first round's training task, restart the control worker, then
+# Redis, under it: the round's result must still be counted, once.
+for _ in $(seq 300); do
+  compose logs --no-color agent-cpu 2>/dev/null | grep -q 'mtfl.train_round\[.*\] received' && break
   sleep 1
 done
-log "restarting the control worker mid-run"
+compose logs --no-color agent-cpu 2>/dev/null | grep -q 'mtfl.train_round\[.*\] received' \
+  || die "the agent received no training task within 300 s"
+log "the agent is training round 0: restarting the control worker"
 compose restart worker >/dev/null 2>&1
-log "restarting Redis mid-run"
+log "restarting Redis"
 compose restart redis >/dev/null 2>&1
 deadline=$((SECONDS + ${CHECK_TIMEOUT_S:-900}))
 while :; do
@@ -225,7 +246,17 @@ counted=$(api GET "/api/rounds/?run=$run_id&limit=1000" \
   | field "sorted(r['index'] for r in d['results'] if r['status'] == 'succeeded')")
 expected=$(python3 -c "print(list(range($rounds)))")
 [ "$counted" = "$expected" ] || die "rounds counted $counted, expected $expected, each once"
-log "run $run_id succeeded in ${run_s} s across a worker and a Redis restart: rounds $counted, each once"
+tasks=$(api GET "/api/experiments/$experiment_id/" | field "len(d['tasks'])")
+assignments=$(api GET "/api/assignments/?run=$run_id&limit=1000" \
+  | field "sorted((a['round_index'], a['device'], a['task']) for a in d['results'] if a['status'] == 'succeeded')")
+python3 -c "import sys; a = eval(sys.argv[1]); sys.exit(len(a) != len(set(a)) or len(a) != $rounds * $tasks)" "$assignments" \
+  || die "assignments counted $assignments, expected each of $tasks tasks once per round"
+trained=$(find "$work/artifacts" -name '*.safetensors' | wc -l)
+foreign=$(find "$work/artifacts" ! -uid 1000 | wc -l)
+[ "$trained" -gt 0 ] && [ "$foreign" = 0 ] \
+  || die "the host folder holds $trained weights files and $foreign entries not owned by uid 1000"
+log "run $run_id succeeded in ${run_s} s across a worker and a Redis restart: rounds $counted and" \
+  "$((rounds * tasks)) assignments, each once; $trained weights files in the host folder, all uid 1000's"
 wait_healthy 180
 
 # ---- 5. the plug-in setting survives a rebuild from a shell that never set it --------------
@@ -239,5 +270,44 @@ log "after a rebuild, mtfl plugins still lists the plug-in"
 size_mb() { docker image inspect -f '{{.Size}}' "$1" | awk '{printf "%.0f", $1 / 1e6}'; }
 image_mb=$(size_mb "mtfl-lab-controlplane:$tag")
 agent_image_mb=$(size_mb "mtfl-lab-agent:$tag")
+# What only a GPU needs in the control-plane image: the NVIDIA libraries, triton, the CUDA
+# bindings and torch's CUDA libraries. Where no CPU-only torch index is reachable (here), the image
+# less these is an estimate of the CPU-only image's size, reported as such.
+cuda_mb=$(docker run --rm --entrypoint sh "mtfl-lab-controlplane:$tag" -c '
+  site=$(python -c "import site; print(site.getsitepackages()[0])")
+  du -smc "$site"/nvidia "$site"/triton "$site"/cuda "$site"/torch/lib/*cuda* "$site"/torch/lib/*nvshmem* \
+    "$site"/torch/lib/*nvrtc* 2>/dev/null | tail -1 | cut -f1')
 status=ok
-echo "compose_check=ok build_s=$build_s up_healthy_s=$up_healthy_s image_mb=$image_mb agent_image_mb=$agent_image_mb run_s=$run_s rounds=$rounds compose=\"$($COMPOSE version --short 2>/dev/null || echo unknown)\""
+if [ -n "$json_out" ]; then
+  # An entry of a benchmarks/results file: appended, so earlier runs stay on record.
+  python3 - "$json_out" <<PY
+import datetime, json, os, platform, sys
+path = sys.argv[1]
+data = json.load(open(path)) if os.path.exists(path) else {
+    "benchmark": "deploy/compose_check.sh",
+    "description": "The lab deployment built, started and exercised end to end on a Docker engine "
+    "(docs/deployment.md, 'The end-to-end check'). Sizes in MB (10^6 bytes) as docker reports them.",
+    "entries": [],
+}
+data["entries"].append({
+    "command": "deploy/compose_check.sh --json benchmarks/results/compose_check.json",
+    "date": datetime.date.today().isoformat(),
+    "host": f"{platform.node()} ({os.cpu_count()} CPUs)",
+    "build_s": $build_s, "up_healthy_s": $up_healthy_s, "run_s": $run_s,
+    "image_mb": $image_mb, "agent_image_mb": $agent_image_mb,
+    "controlplane_cuda_only_mb": $cuda_mb,
+    "controlplane_cpu_only_estimate_mb": $image_mb - $cuda_mb,
+    "rounds": $rounds, "tasks": $tasks, "restarted_while_round_0_trained": ["worker", "redis"],
+    "compose": "$($COMPOSE version --short 2>/dev/null || echo unknown)",
+    "dockerd": "$(docker version -f '{{.Server.Version}}')",
+    "base_images": {"python": "$python_image", "postgres": "$postgres_image", "redis": "$redis_image"},
+    "controlplane_torch_index": "${CONTROLPLANE_TORCH_INDEX_URL:-PyPI}",
+    "cold_build": $cold_build,
+})
+with open(path, "w") as out:
+    json.dump(data, out, indent=2)
+    out.write("\n")
+PY
+  log "figures appended to $json_out"
+fi
+echo "compose_check=ok build_s=$build_s up_healthy_s=$up_healthy_s image_mb=$image_mb agent_image_mb=$agent_image_mb cuda_only_mb=$cuda_mb run_s=$run_s rounds=$rounds compose=\"$($COMPOSE version --short 2>/dev/null || echo unknown)\""

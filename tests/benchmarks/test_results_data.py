@@ -15,13 +15,14 @@ REPOSITORY = BENCHMARKS.parent
 
 
 def _is_a_command_here(command: str) -> bool:
-    """A benchmark script of the repository (``python benchmarks/x.py ...``) or one of the
-    project's own ``mtfl`` commands (a management command module: ``mtfl demo --algorithms``)."""
+    """A benchmark script of the repository (``python benchmarks/x.py ...``), the lab deployment's
+    check (``deploy/compose_check.sh``) or one of the project's own ``mtfl`` commands (a
+    management command module: ``mtfl demo --algorithms``)."""
     words = command.split()
     if words and words[0] == "mtfl":
         module = words[1].replace("-", "_")
         return bool(list(REPOSITORY.glob(f"controlplane/*/management/commands/{module}.py")))
-    script = next((word for word in words if word.startswith("benchmarks/")), None)
+    script = next((word for word in words if word.startswith(("benchmarks/", "deploy/"))), None)
     return script is not None and (REPOSITORY / script).is_file()
 
 
