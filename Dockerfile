@@ -33,9 +33,10 @@ RUN useradd --create-home --uid 1000 mtfl \
 COPY deploy/entrypoint.sh /usr/local/bin/mtfl-entrypoint
 ENTRYPOINT ["mtfl-entrypoint"]
 
-# The device agent. Its first steps are the control plane's too (same instructions, same
-# arguments), so where both use the same torch index the torch layer is built once and shared.
-FROM base AS agent
+# torch and the project's code: the layers both images start from. Each image's build passes its
+# own TORCH_INDEX_URL; where both use the same index (PyPI by default), the torch layer is built
+# once and shared on disk.
+FROM base AS torch
 # The torch pair this project is tested with; the biggest layer first, so code changes do not
 # download torch again. An empty TORCH_INDEX_URL means PyPI.
 ARG TORCH_VERSION=2.14.1
@@ -46,28 +47,23 @@ RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
 COPY pyproject.toml README.md manage.py ./
 COPY controlplane ./controlplane
 COPY workers ./workers
-# Editable, as the control plane's: one layout for both images. `agent` adds nothing to the
-# base dependencies: no Django, DRF, psycopg or plotly.
-RUN pip install -e ".[agent]"
 # Plug-in packages (docs/extending.md; docs/deployment.md, "Plug-ins"): pip requirement
 # specifiers, space-separated, installed after mtfl-lab: a folder of the build context
 # (./examples/custom-task), a PyPI name, a VCS URL. docker-compose.yml passes MTFL_PLUGINS from
 # .env to both images, so every build gets the same ones. Empty (the default): none.
-ARG MTFL_PLUGINS=""
 COPY examples ./examples
+
+# The device agent.
+FROM torch AS agent
+# Editable, as the control plane's: one layout for both images. `agent` adds nothing to the
+# base dependencies: no Django, DRF, psycopg or plotly.
+RUN pip install -e ".[agent]"
+ARG MTFL_PLUGINS=""
 RUN if [ -n "$MTFL_PLUGINS" ]; then pip install $MTFL_PLUGINS && pip check; fi
 CMD ["mtfl-agent", "--help"]
 
 # The web app, the control worker and Flower.
-FROM base AS controlplane
-ARG TORCH_VERSION=2.14.1
-ARG TORCHVISION_VERSION=0.29.1
-ARG TORCH_INDEX_URL=""
-RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
-      "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
-COPY pyproject.toml README.md manage.py ./
-COPY controlplane ./controlplane
-COPY workers ./workers
+FROM torch AS controlplane
 COPY templates ./templates
 COPY frontend ./frontend
 # Editable: settings find templates/ and frontend/ next to the package. `deploy` adds the
@@ -76,7 +72,6 @@ RUN pip install -e ".[deploy]"
 # The control worker evaluates global models and the web app checks tasks, so both need the
 # plug-ins the agents have (a run that needs one its control worker lacks is refused).
 ARG MTFL_PLUGINS=""
-COPY examples ./examples
 RUN if [ -n "$MTFL_PLUGINS" ]; then pip install $MTFL_PLUGINS && pip check; fi
 # Static files collected at build time (whitenoise serves STATIC_ROOT). The throwaway key and
 # home keep any secret out of the image.
