@@ -45,6 +45,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+json_arg=$json_out
 [ -z "$json_out" ] || json_out=$(realpath -m "$json_out")
 
 log() { echo "compose_check: $*" >&2; }
@@ -52,12 +53,64 @@ die() { log "FAILED: $*"; exit 1; }
 now() { date +%s.%N; }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.0f}')" "$1" "$(now)"; }
 
-# ---- 1. a Docker engine ----------------------------------------------------------------------
+# ---- teardown, by ID, whatever happens -------------------------------------------------------
+# Set before anything is made: each step below registers what it made (dockerd, the work folder,
+# the compose project), and the trap removes exactly that, step by step, none stopping the rest.
+status=failed
 started_dockerd=""
+work=""
+project=""
+teardown() {
+  local code=$?
+  set +e
+  if [ "$status" != ok ] && [ "$keep_on_failure" = 1 ] && [ -n "$project" ]; then
+    log "kept for a look (--keep-on-failure): project $project, .env $env_file"
+    return "$code"
+  fi
+  if [ -n "$project" ]; then
+    if [ "$status" != ok ]; then
+      log "last log lines of each service:"
+      compose logs --no-color --tail 30 2>&1 | sed 's/^/  /' >&2
+    fi
+    local label=com.docker.compose.project=$project ids
+    ids=$(docker ps -aq --filter "label=$label")
+    [ -z "$ids" ] || docker rm -f $ids >/dev/null || log "could not remove containers $ids"
+    ids=$(docker volume ls -q --filter "label=$label")
+    [ -z "$ids" ] || docker volume rm $ids >/dev/null || log "could not remove volumes $ids"
+    ids=$(docker network ls -q --filter "label=$label")
+    [ -z "$ids" ] || docker network rm $ids >/dev/null || log "could not remove networks $ids"
+    if [ "$keep_images" = 0 ]; then
+      # By name and without -f: an image another tag also names (an identical cached build an
+      # admin tagged) keeps that tag; only this run's goes.
+      for image in "mtfl-lab-controlplane:$tag" "mtfl-lab-agent:$tag"; do
+        if docker image inspect "$image" >/dev/null 2>&1; then
+          docker rmi "$image" >/dev/null || log "could not remove image $image"
+        fi
+      done
+    fi
+    log "torn down: project $project"
+  fi
+  [ -z "$work" ] || rm -rf --one-file-system "$work"
+  if [ -n "$started_dockerd" ]; then
+    kill "$started_dockerd" 2>/dev/null
+    wait "$started_dockerd" 2>/dev/null
+    log "stopped the dockerd it started"
+  fi
+  return "$code"
+}
+trap teardown EXIT
+
+[ "$(id -u)" = 0 ] || die "run as root (it may start dockerd and install Debian packages)"
+apt_install() {  # apt_install PACKAGE...: from the package lists, refreshed once if that fails
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+}
+
+# ---- 1. a Docker engine ----------------------------------------------------------------------
 if ! docker info >/dev/null 2>&1; then
   if ! command -v dockerd >/dev/null; then
     log "installing Debian's docker.io"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+    apt_install docker.io
   fi
   log "starting dockerd"
   dockerd_log=$(mktemp /tmp/compose-check-dockerd.XXXXXX)
@@ -73,7 +126,7 @@ if [ -z "${COMPOSE:-}" ]; then
     COMPOSE="docker-compose"
   else
     log "installing Debian's docker-compose"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
+    apt_install docker-compose
     COMPOSE="docker-compose"
   fi
 fi
@@ -96,7 +149,6 @@ log "base images: $python_image, $postgres_image, $redis_image"
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 secret() { python3 -c 'import secrets; print(secrets.token_urlsafe(24))'; }
-project=mtflcheck$$
 tag=check$$
 work=$(mktemp -d /tmp/compose-check.XXXXXX)
 chmod 755 "$work"
@@ -105,6 +157,9 @@ chmod 755 "$work"
 mkdir -m 755 "$work/artifacts"
 web_port=$(free_port)
 env_file=$work/.env
+# The .env holds the stack's secrets: readable by root alone.
+touch "$env_file" && chmod 600 "$env_file"
+controlplane_torch_index=${CONTROLPLANE_TORCH_INDEX_URL:-}
 # Every variable from .env.example, the secrets and ports replaced: the file a lab admin fills in.
 sed -e "s|^SECRET_KEY=.*|SECRET_KEY=$(secret)|" \
     -e "s|^POSTGRES_PASSWORD=.*|POSTGRES_PASSWORD=$(secret)|" \
@@ -119,7 +174,7 @@ sed -e "s|^SECRET_KEY=.*|SECRET_KEY=$(secret)|" \
     -e "s|^PYTHON_IMAGE=.*|PYTHON_IMAGE=$python_image|" \
     -e "s|^POSTGRES_IMAGE=.*|POSTGRES_IMAGE=$postgres_image|" \
     -e "s|^REDIS_IMAGE=.*|REDIS_IMAGE=$redis_image|" \
-    -e "s|^CONTROLPLANE_TORCH_INDEX_URL=.*|CONTROLPLANE_TORCH_INDEX_URL=${CONTROLPLANE_TORCH_INDEX_URL:-}|" \
+    -e "s|^CONTROLPLANE_TORCH_INDEX_URL=.*|CONTROLPLANE_TORCH_INDEX_URL=$controlplane_torch_index|" \
     -e "s|^MTFL_CPU_AGENT_DEVICE=.*|MTFL_CPU_AGENT_DEVICE=cpu-check|" \
     -e "s|^MTFL_ROUND_CHECK_S=.*|MTFL_ROUND_CHECK_S=5|" \
     -e "s|^ARTIFACT_SOURCE=.*|ARTIFACT_SOURCE=$work/artifacts|" \
@@ -127,41 +182,8 @@ sed -e "s|^SECRET_KEY=.*|SECRET_KEY=$(secret)|" \
 # The compose file's own variables come from the .env alone, never from this shell.
 for name in $(grep -o '^[A-Z][A-Z0-9_]*' .env.example); do unset "$name"; done
 compose() { $COMPOSE --env-file "$env_file" -p "$project" -f "$repo/docker-compose.yml" --profile cpu "$@"; }
+project=mtflcheck$$
 
-# ---- teardown, by ID, whatever happens -------------------------------------------------------
-status=failed
-teardown() {
-  local code=$?
-  if [ "$status" != ok ] && [ "$keep_on_failure" = 1 ]; then
-    log "kept for a look (--keep-on-failure): project $project, .env $env_file"
-    return
-  fi
-  if [ "$status" != ok ]; then
-    log "last log lines of each service:"
-    compose logs --no-color --tail 30 2>&1 | sed 's/^/  /' >&2 || true
-  fi
-  local label=com.docker.compose.project=$project ids
-  ids=$(docker ps -aq --filter "label=$label")
-  [ -z "$ids" ] || docker rm -f $ids >/dev/null
-  ids=$(docker volume ls -q --filter "label=$label")
-  [ -z "$ids" ] || docker volume rm $ids >/dev/null
-  ids=$(docker network ls -q --filter "label=$label")
-  [ -z "$ids" ] || docker network rm $ids >/dev/null
-  if [ "$keep_images" = 0 ]; then
-    for image in "mtfl-lab-controlplane:$tag" "mtfl-lab-agent:$tag"; do
-      ids=$(docker image ls -q "$image")
-      [ -z "$ids" ] || docker rmi -f $ids >/dev/null 2>&1 || true
-    done
-  fi
-  rm -rf "$work"
-  if [ -n "$started_dockerd" ]; then
-    kill "$started_dockerd" 2>/dev/null || true
-    wait "$started_dockerd" 2>/dev/null || true
-  fi
-  log "torn down: project $project"
-  return "$code"
-}
-trap teardown EXIT
 
 # ---- 3. build, then up -----------------------------------------------------------------------
 t0=$(now)
@@ -211,9 +233,16 @@ for path in /api/experiments/ /api/schema/; do
   anonymous=$(curl -s -o /dev/null -w '%{http_code}' "$base$path")
   [ "$anonymous" = 401 ] || die "an anonymous GET $path answered $anonymous, not 401"
 done
-device_id=$(api GET "/api/devices/?name=cpu-check" | field "[x['id'] for x in d['results'] if x['name'] == 'cpu-check'][0]")
+# The agent is healthy once it holds its lock; its device registers over the broker soon after.
+device_id=""
+for _ in $(seq 60); do
+  device_id=$(api GET "/api/devices/?limit=1000" | field "next((x['id'] for x in d['results'] if x['name'] == 'cpu-check'), '')")
+  [ -n "$device_id" ] && break
+  sleep 1
+done
+[ -n "$device_id" ] || die "the CPU agent's device cpu-check did not register within 60 s"
 plugins=$(api GET /api/plugins/)
-echo "$plugins" | grep -q tabular_mlp || die "the control plane lists no custom-task plug-in: $plugins"
+[[ $plugins == *tabular_mlp* ]] || die "the control plane lists no custom-task plug-in: $plugins"
 rounds=${CHECK_ROUNDS:-2}
 experiment_id=$(api POST /api/experiments/from-template/ \
   "{\"template\": \"light\", \"devices\": [$device_id], \"name\": \"compose check\", \"rounds\": $rounds}" | field "d['id']")
@@ -224,12 +253,13 @@ log "run $run_id of experiment $experiment_id ($rounds rounds, light template, d
 run_status() { api GET "/api/runs/$run_id/" | field "d['status']"; }
 # Once the agent has taken its first round's training task, restart the control worker, then
 # Redis, under it: the round's result must still be counted, once.
+# (The logs are read whole before grep: `grep -q` quitting early would fail the pipe.)
+training() { compose logs --no-color agent-cpu 2>/dev/null | grep -c 'mtfl.train_round\[.*\] received' || true; }
 for _ in $(seq 300); do
-  compose logs --no-color agent-cpu 2>/dev/null | grep -q 'mtfl.train_round\[.*\] received' && break
+  [ "$(training)" -ge 1 ] && break
   sleep 1
 done
-compose logs --no-color agent-cpu 2>/dev/null | grep -q 'mtfl.train_round\[.*\] received' \
-  || die "the agent received no training task within 300 s"
+[ "$(training)" -ge 1 ] || die "the agent received no training task within 300 s"
 log "the agent is training round 0: restarting the control worker"
 compose restart worker >/dev/null 2>&1
 log "restarting Redis"
@@ -263,7 +293,7 @@ wait_healthy 180
 compose build >"$work/rebuild.log" 2>&1 || { tail -40 "$work/rebuild.log" >&2; die "the rebuild failed"; }
 compose up -d >/dev/null 2>&1
 listed=$(compose exec -T web mtfl plugins 2>&1)
-echo "$listed" | grep -q tabular_mlp || die "after a rebuild, mtfl plugins lists no custom-task plug-in: $listed"
+[[ $listed == *tabular_mlp* ]] || die "after a rebuild, mtfl plugins lists no custom-task plug-in: $listed"
 log "after a rebuild, mtfl plugins still lists the plug-in"
 
 # ---- 6. figures ------------------------------------------------------------------------------
@@ -290,7 +320,7 @@ data = json.load(open(path)) if os.path.exists(path) else {
     "entries": [],
 }
 data["entries"].append({
-    "command": "deploy/compose_check.sh --json benchmarks/results/compose_check.json",
+    "command": "deploy/compose_check.sh --json $json_arg",
     "date": datetime.date.today().isoformat(),
     "host": f"{platform.node()} ({os.cpu_count()} CPUs)",
     "build_s": $build_s, "up_healthy_s": $up_healthy_s, "run_s": $run_s,
@@ -301,7 +331,7 @@ data["entries"].append({
     "compose": "$($COMPOSE version --short 2>/dev/null || echo unknown)",
     "dockerd": "$(docker version -f '{{.Server.Version}}')",
     "base_images": {"python": "$python_image", "postgres": "$postgres_image", "redis": "$redis_image"},
-    "controlplane_torch_index": "${CONTROLPLANE_TORCH_INDEX_URL:-PyPI}",
+    "controlplane_torch_index": "${controlplane_torch_index:-PyPI}",
     "cold_build": $cold_build,
 })
 with open(path, "w") as out:

@@ -26,7 +26,7 @@ have() { docker image inspect "$1" >/dev/null 2>&1; }
 if [ "$force" = "--force" ] || ! have "$base"; then
   command -v debootstrap >/dev/null || { echo "standins: debootstrap is missing: apt-get install debootstrap" >&2; exit 2; }
   rootfs=$(mktemp -d)
-  trap 'rm -rf "$rootfs"' EXIT
+  trap 'rm -rf --one-file-system "$rootfs"' EXIT
   echo "standins: debootstrap $suite (minbase) from $mirror"
   debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >/dev/null
   # What a Debian container image leaves out: apt caches and docs it never needs.
@@ -39,7 +39,7 @@ fi
 
 # The host's extra CA certificates (a TLS-inspecting proxy's) into each image's trust store.
 ctx=$(mktemp -d)
-trap 'rm -rf "$ctx" ${rootfs:-}' EXIT
+trap 'rm -rf --one-file-system "$ctx" ${rootfs:-}' EXIT
 cp "$here"/*.Dockerfile "$here"/postgres-entrypoint.sh "$ctx"/
 mkdir -p "$ctx/ca"
 cp /usr/local/share/ca-certificates/*.crt "$ctx/ca/" 2>/dev/null || true
