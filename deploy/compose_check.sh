@@ -321,6 +321,7 @@ data = json.load(open(path)) if os.path.exists(path) else {
 }
 data["entries"].append({
     "command": "deploy/compose_check.sh --json $json_arg",
+    "commit": "$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)",
     "date": datetime.date.today().isoformat(),
     "host": f"{platform.node()} ({os.cpu_count()} CPUs)",
     "build_s": $build_s, "up_healthy_s": $up_healthy_s, "run_s": $run_s,
