@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable
 
 import pytest
@@ -22,6 +21,7 @@ from controlplane.core.stack import LocalStack
 from controlplane.experiments import services
 from controlplane.experiments.models import Assignment, Round, Run
 from controlplane.fleet.models import Device
+from tests.integration.test_faults import _experiment, fast_faults  # noqa: F401 - fast_faults is a fixture
 
 pytestmark = pytest.mark.integration
 
@@ -47,34 +47,8 @@ def _agent_pid(device: str) -> int | None:
     return (Device.objects.get(name=device).inventory or {}).get("agent_pid")
 
 
-@pytest.fixture
-def fast_faults(child_env, monkeypatch):
-    """Heartbeats every second, an agent silent for 6 s is lost, the round watchdog looks every
-    second, rounds of about 6 s (long enough to be killed in, short enough for a quick test)."""
-    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
-    monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)
-    monkeypatch.setenv("MTFL_AGENT_HEARTBEAT_S", "1")
-    monkeypatch.setenv("MTFL_HEARTBEAT_OFFLINE_S", "6")
-    monkeypatch.setenv("MTFL_ROUND_CHECK_S", "1")
-    monkeypatch.setenv("MTFL_SIM_TIME_SCALE", "90")
-    return monkeypatch
-
-
-def _experiment(names: list[str], *, rounds: int):
-    devices = list(Device.objects.filter(name__in=names).order_by("name"))
-    task = services.task_create(name=f"mobilenet-{uuid.uuid4().hex[:6]}", architecture="mobilenet_v3_small")
-    return services.experiment_create(
-        name=f"supervise-{uuid.uuid4().hex[:8]}",
-        task_ids=[task.id],
-        device_ids=[d.id for d in devices],
-        rounds=rounds,
-        local_epochs=1,
-        partition_rule="explicit",
-        sample_counts=[{"device": d.id, "task": task.id, "num_samples": 200} for d in devices],
-    )
-
-
-def test_an_agent_killed_mid_round_is_restarted_and_trains_the_next_round(fast_faults):
+def test_an_agent_killed_mid_round_is_restarted_and_trains_the_next_round(fast_faults):  # noqa: F811
+    fast_faults.setenv("MTFL_SIM_TIME_SCALE", "90")  # rounds of about 6 s: long enough to be killed in
     names = ["sup-a", "sup-b"]
     lines: list[str] = []
     with LocalStack(agents=names, backend="simulated", log=lines.append) as stack:
